@@ -1,0 +1,447 @@
+"""A real rollout engine in torch: continuous batching over a per-request KV cache.
+
+``EngineCore`` is synchronous (no asyncio, no threads) so it runs in any process; one
+``step()`` admits waiting requests up to ``max_running`` by prefilling them under the
+current weights, then runs one batched decode step in which every running request
+samples exactly one token. Requests join and leave between steps.
+
+Bookkeeping kept per request: the KV holds ``prompt + output[:-1]`` (the last token is
+the next decode input) and ``kv_version``, the weight version of the oldest entry in
+that KV. Every sampled token records ``(version, kv_version)`` into ``VersionRuns``.
+
+Log-probs: the engine reports the log-prob of the sampled token under the *sampling*
+distribution, ``log_softmax(logits / temperature)``, as SGLang does by default
+(its sampler divides by the temperature before the softmax it takes the log of), and
+Miles' trainer divides its logits by ``rollout_temperature`` to match. Temperature 0 is
+greedy and reports ``log_softmax(logits)``. ``TorchTrainer`` uses the same rule.
+
+Pause modes (``contracts.py``, spec §5.2): ``abort`` finishes every running and waiting
+request now as ABORTED with its partial output; ``retract`` frees the KV of running
+requests and puts them at the front of the waiting queue, so they are re-prefilled
+under the weights current at re-admission; ``in_place`` keeps their KV, so after an
+update they decode with the new weights on top of the old KV. While paused ``step()``
+does nothing; ``update_weights`` is legal only while paused.
+
+Sampling draws one uniform per token from the request's own seeded ``torch.Generator``
+(on the CPU, so the stream is the same on any device) and inverts the CDF, so a
+request's tokens do not depend on what else is in the batch.
+
+``TorchEngine`` adapts a core to the asyncio ``RolloutEngine`` contract: one background
+thread owns the core and applies commands (add, cancel, pause, update, resume) only
+between steps, so a weight update never races a decode step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from miles_async_core import events as ev
+from miles_async_core.contracts import PAUSE_MODES, EventSink, NullSink
+from miles_async_core.errors import ConfigError
+from miles_async_core.types import Sample, SamplingParams, Status, VersionRuns
+
+from .torch_models import EngineModel
+
+
+@dataclass(eq=False)
+class Request:
+    req_id: Any
+    prompt_tokens: list[int]
+    max_new_tokens: int
+    temperature: float
+    generator: torch.Generator
+    output_tokens: list[int] = field(default_factory=list)
+    log_probs: list[float] = field(default_factory=list)
+    token_versions: VersionRuns = field(default_factory=VersionRuns)
+    slot: int | None = None
+    kv_len: int = 0
+    kv_version: int = -1
+
+
+@dataclass(frozen=True, kw_only=True)
+class FinishedRequest:
+    req_id: Any
+    output_tokens: list[int]
+    log_probs: list[float]
+    token_versions: VersionRuns
+    weight_version: int
+    status: Status
+
+
+@dataclass
+class EngineCounters:
+    tokens_generated: int = 0
+    decode_steps: int = 0
+    prefill_tokens: int = 0
+    busy_s: float = 0.0
+
+
+class EngineCore:
+    def __init__(self, model: EngineModel, *, max_running: int = 16, eos_token_id: int | None = None,
+                 version: int = 0, clock: Callable[[], float] = time.perf_counter,
+                 on_event: Callable[..., None] | None = None) -> None:
+        if max_running < 1:
+            raise ConfigError(f"max_running={max_running} must be >= 1. Fix: pass a positive batch size.")
+        self.model = model
+        self.max_running = max_running
+        self.eos_token_id = eos_token_id
+        self.version = version
+        self.paused = False
+        self.counters = EngineCounters()
+        self._clock = clock
+        self._on_event = on_event
+        self._waiting: collections.deque[Request] = collections.deque()
+        self._running: list[Request] = []
+        self._free_slots = list(range(max_running - 1, -1, -1))
+        model.alloc_cache(max_running)
+
+    # --- queue management ------------------------------------------------------------
+    def add_request(self, req_id: Any, prompt_tokens: list[int], max_new_tokens: int,
+                    temperature: float = 1.0, seed: int = 0) -> None:
+        total = len(prompt_tokens) + max_new_tokens
+        if not prompt_tokens:
+            raise ConfigError(f"request {req_id!r}: prompt_tokens is empty; a prompt needs at least one token.")
+        if max_new_tokens < 1 or total > self.model.max_seq_len:
+            raise ConfigError(
+                f"max_new_tokens={max_new_tokens} with a {len(prompt_tokens)}-token prompt: allowed is "
+                f"1 <= max_new_tokens and prompt + max_new_tokens <= max_seq_len={self.model.max_seq_len}. "
+                f"Fix: lower max_new_tokens or build the model with a larger max_seq_len."
+            )
+        if temperature < 0:
+            raise ConfigError(f"temperature={temperature} must be >= 0 (0 = greedy).")
+        gen = torch.Generator().manual_seed(int(seed) % (2**63))
+        self._waiting.append(Request(req_id, list(prompt_tokens), max_new_tokens, float(temperature), gen))
+
+    def cancel(self, req_id: Any) -> bool:
+        for req in self._waiting:
+            if req.req_id == req_id:
+                self._waiting.remove(req)
+                return True
+        for req in self._running:
+            if req.req_id == req_id:
+                self._running.remove(req)
+                self._release(req)
+                return True
+        return False
+
+    def has_work(self) -> bool:
+        return bool(self._running or self._waiting)
+
+    def num_running(self) -> int:
+        return len(self._running)
+
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    # --- one iteration -------------------------------------------------------------------
+    def step(self) -> list[FinishedRequest]:
+        if self.paused or not self.has_work():
+            return []
+        t0 = self._clock()
+        self._admit()
+        finished = self._decode() if self._running else []
+        self.counters.busy_s += self._clock() - t0
+        return finished
+
+    def _admit(self) -> None:
+        while self._waiting and len(self._running) < self.max_running:
+            req = self._waiting.popleft()
+            req.slot = self._free_slots.pop()
+            prefix = req.prompt_tokens + req.output_tokens
+            self.model.prefill(req.slot, prefix[:-1])
+            req.kv_len = len(prefix) - 1
+            req.kv_version = self.version
+            self.counters.prefill_tokens += req.kv_len
+            self._running.append(req)
+            self._emit(ev.ADMITTED, index=req.req_id, version=self.version, prefix_tokens=len(prefix))
+
+    def _decode(self) -> list[FinishedRequest]:
+        reqs = self._running
+        device = self.model.device
+        slots = torch.tensor([r.slot for r in reqs], dtype=torch.long, device=device)
+        positions = torch.tensor([r.kv_len for r in reqs], dtype=torch.long, device=device)
+        last = [(r.output_tokens or r.prompt_tokens)[-1] for r in reqs]
+        logits = self.model.decode(slots, positions, torch.tensor(last, dtype=torch.long, device=device))
+        tokens, logps = sample_tokens(logits, [r.temperature for r in reqs], [r.generator for r in reqs])
+        self.counters.decode_steps += 1
+        self.counters.tokens_generated += len(reqs)
+        finished, still = [], []
+        for req, tok, lp in zip(reqs, tokens, logps):
+            req.output_tokens.append(tok)
+            req.log_probs.append(lp)
+            req.token_versions.append(self.version, req.kv_version)
+            req.kv_len += 1
+            if self.eos_token_id is not None and tok == self.eos_token_id:
+                finished.append(self._finish(req, Status.COMPLETED))
+            elif len(req.output_tokens) >= req.max_new_tokens:
+                finished.append(self._finish(req, Status.TRUNCATED))
+            else:
+                still.append(req)
+        self._running = still
+        return finished
+
+    # --- pause / update / resume -----------------------------------------------------------
+    def pause(self, mode: str) -> list[FinishedRequest]:
+        """Stop decoding; returns the requests ``abort`` finished (empty otherwise)."""
+        if mode not in PAUSE_MODES:
+            raise ConfigError(
+                f"pause_generation_mode={mode!r} is not one of {list(PAUSE_MODES)}. "
+                f"Fix: pass --pause-generation-mode with one of those values."
+            )
+        self.paused = True
+        aborted: list[FinishedRequest] = []
+        if mode == "abort":
+            for req in list(self._running) + list(self._waiting):
+                self._emit(ev.ABORTED, index=req.req_id, version=self.version,
+                           generated_tokens=len(req.output_tokens))
+                aborted.append(self._finish(req, Status.ABORTED))
+            self._running, self._waiting = [], collections.deque()
+        elif mode == "retract":
+            for req in reversed(self._running):
+                self._emit(ev.RETRACTED, index=req.req_id, version=self.version,
+                           generated_tokens=len(req.output_tokens))
+                self._release(req)
+                self._waiting.appendleft(req)
+            self._running = []
+        else:
+            for req in self._running:
+                self._emit(ev.PAUSED_REQ, index=req.req_id, version=self.version, mode=mode)
+        return aborted
+
+    def update_weights(self, version: int, state_dict: dict[str, torch.Tensor]) -> None:
+        if not self.paused:
+            raise RuntimeError(
+                f"update_weights(version={version}) called while the engine is running "
+                f"(state=running, {len(self._running)} running); call pause(mode) first."
+            )
+        self.model.load_weights(state_dict)
+        self.version = version
+
+    def resume(self) -> None:
+        self.paused = False
+
+    # --- helpers -------------------------------------------------------------------------
+    def _release(self, req: Request) -> None:
+        if req.slot is not None:
+            self._free_slots.append(req.slot)
+        req.slot, req.kv_len, req.kv_version = None, 0, -1
+
+    def _finish(self, req: Request, status: Status) -> FinishedRequest:
+        self._release(req)
+        return FinishedRequest(req_id=req.req_id, output_tokens=req.output_tokens, log_probs=req.log_probs,
+                               token_versions=req.token_versions, weight_version=self.version, status=status)
+
+    def _emit(self, kind: str, **fields: Any) -> None:
+        if self._on_event is not None:
+            self._on_event(kind, **fields)
+
+
+def sample_tokens(logits: torch.Tensor, temperatures: list[float],
+                  generators: list[torch.Generator]) -> tuple[list[int], list[float]]:
+    """Sample one token per row; returns (tokens, log-probs under the sampling distribution)."""
+    temps = torch.tensor([t if t > 0 else 1.0 for t in temperatures], dtype=torch.float32)
+    logp = torch.log_softmax(logits.float() / temps.to(logits.device).view(-1, 1), dim=-1)
+    u = torch.cat([torch.rand(1, generator=g) for g in generators]).to(logits.device)
+    cdf = logp.exp().cumsum(dim=-1)
+    drawn = torch.searchsorted(cdf, (u * cdf[:, -1]).view(-1, 1)).clamp_(max=logits.shape[-1] - 1)
+    greedy = torch.tensor([t <= 0 for t in temperatures], device=logits.device).view(-1, 1)
+    chosen = torch.where(greedy, logp.argmax(dim=-1, keepdim=True), drawn)
+    return chosen.view(-1).tolist(), logp.gather(1, chosen).view(-1).tolist()
+
+
+def fill_sample(sample: Sample, done: FinishedRequest) -> Sample:
+    """Write an engine result into ``sample`` (appending to any partial response)."""
+    sample.response_tokens = sample.response_tokens + done.output_tokens
+    sample.rollout_log_probs = sample.rollout_log_probs + done.log_probs
+    runs = VersionRuns(sample.token_versions.runs)
+    for version, kv_version, count in done.token_versions.runs:
+        runs.append(version, kv_version, count)
+    sample.token_versions = runs
+    sample.weight_versions.append(str(done.weight_version))
+    sample.status = done.status
+    return sample
+
+
+def request_seed(base_seed: int, sample: Sample) -> int:
+    """Per-request sampling seed: stable across runs, distinct per sample and retry."""
+    return (base_seed * 1_000_003 + sample.index * 7_919 + sample.retry_count * 104_729) % (2**63)
+
+
+class TorchEngine:
+    """asyncio adapter over an ``EngineCore`` driven by one background thread."""
+
+    def __init__(self, core: EngineCore, *, seed: int = 0, sink: EventSink | None = None) -> None:
+        self.core = core
+        self.seed = seed
+        self.sink = sink or NullSink()
+        self._cond = threading.Condition()
+        self._commands: collections.deque = collections.deque()
+        self._futures: dict[int, tuple[asyncio.Future, Sample]] = {}
+        self._next_id = 0
+        self._stop = False
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def weight_version(self) -> int:
+        return self.core.version
+
+    # --- the RolloutEngine contract ------------------------------------------------------
+    def generate(self, sample: Sample, sampling: SamplingParams) -> asyncio.Future:
+        self._ensure_started()
+        if self._error is not None:
+            raise RuntimeError("the torch engine thread died") from self._error
+        fut = self._loop.create_future()
+        req_id, self._next_id = self._next_id, self._next_id + 1
+        self._futures[req_id] = (fut, sample)
+        prefix = list(sample.prompt_tokens) + list(sample.response_tokens)
+        budget = sampling.max_new_tokens - len(sample.response_tokens)
+        seed = request_seed(self.seed, sample)
+        try:  # the checks add_request makes, here so a bad request raises in the caller
+            _validate(self.core, prefix, budget, sampling.temperature)
+        except ConfigError:
+            del self._futures[req_id]
+            raise
+        self._post(lambda: self.core.add_request(req_id, prefix, budget, sampling.temperature, seed))
+        fut.add_done_callback(lambda f, rid=req_id: self._on_done(f, rid))
+        return fut
+
+    async def pause_generation(self, mode: str) -> None:
+        if mode not in PAUSE_MODES:
+            self.core.pause(mode)  # raises the ConfigError
+        in_flight = len(self._futures)
+        await self._call(lambda: self._resolve_all(self.core.pause(mode)))
+        if self.sink.enabled:
+            self.sink.emit(ev.ENGINE_PAUSE, mode=mode, in_flight=in_flight)
+
+    async def update_weights(self, version: int, weights: Any) -> None:
+        await self._call(lambda: self.core.update_weights(version, weights))
+        if self.sink.enabled:
+            self.sink.emit(ev.ENGINE_VERSION, version=version)
+
+    async def continue_generation(self) -> None:
+        await self._call(self.core.resume)
+        if self.sink.enabled:
+            self.sink.emit(ev.ENGINE_RESUME)
+
+    def close(self) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    # --- loop-thread side ---------------------------------------------------------------------
+    def _ensure_started(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self._thread is None:
+            self._loop = loop
+            self._stop = False
+            self._thread = threading.Thread(target=self._run, name="torch-engine", daemon=True)
+            self._thread.start()
+        elif loop is not self._loop:
+            raise RuntimeError("TorchEngine is bound to another event loop; create one engine per loop.")
+
+    def _post(self, fn: Callable[[], Any]) -> None:
+        with self._cond:
+            self._commands.append(fn)
+            self._cond.notify_all()
+
+    async def _call(self, fn: Callable[[], Any]) -> Any:
+        """Run ``fn`` on the engine thread between steps and wait for it."""
+        self._ensure_started()
+        if self._error is not None:
+            raise RuntimeError("the torch engine thread died") from self._error
+        loop = self._loop
+        done = loop.create_future()
+
+        def command() -> None:
+            try:
+                result = fn()
+            except BaseException as exc:  # re-raised in the awaiting caller
+                loop.call_soon_threadsafe(_set_exception, done, exc)
+            else:
+                loop.call_soon_threadsafe(_set_result, done, result)
+
+        self._post(command)
+        return await done
+
+    def _on_done(self, fut: asyncio.Future, req_id: int) -> None:
+        if fut.cancelled():
+            self._futures.pop(req_id, None)
+            self._post(lambda: self.core.cancel(req_id))
+
+    def _resolve(self, finished: list[FinishedRequest]) -> None:
+        for done in finished:
+            entry = self._futures.pop(done.req_id, None)
+            if entry is None or entry[0].done():
+                continue
+            fut, sample = entry
+            fut.set_result(fill_sample(sample, done))
+            if self.sink.enabled:
+                self.sink.emit(ev.FINISHED, index=sample.index, group_index=sample.group_index,
+                               status=sample.status.value, response_length=sample.response_length,
+                               token_versions=sample.token_versions.to_json(),
+                               weight_versions=list(sample.weight_versions))
+
+    def _fail_all(self, exc: BaseException) -> None:
+        for fut, _ in self._futures.values():
+            if not fut.done():
+                fut.set_exception(RuntimeError(f"the torch engine thread died: {exc!r}"))
+        self._futures.clear()
+
+    # --- engine-thread side -------------------------------------------------------------------
+    def _resolve_all(self, finished: list[FinishedRequest]) -> None:
+        if finished:
+            self._loop.call_soon_threadsafe(self._resolve, finished)
+
+    def _run(self) -> None:
+        core = self.core
+        try:
+            while True:
+                with self._cond:
+                    while not self._stop and not self._commands and (core.paused or not core.has_work()):
+                        self._cond.wait()
+                    if self._stop:
+                        return
+                    commands = list(self._commands)
+                    self._commands.clear()
+                for command in commands:
+                    command()
+                self._resolve_all(core.step())
+        except BaseException as exc:  # surfaced to every waiter, never swallowed
+            self._error = exc
+            self._loop.call_soon_threadsafe(self._fail_all, exc)
+
+
+def _validate(core: EngineCore, prefix: list[int], budget: int, temperature: float) -> None:
+    """The checks ``add_request`` makes, run in the caller so a bad request raises there."""
+    if not prefix:
+        raise ConfigError("sample.prompt_tokens is empty; a prompt needs at least one token.")
+    if budget < 1 or len(prefix) + budget > core.model.max_seq_len:
+        raise ConfigError(
+            f"max_new_tokens leaves {budget} new tokens after a {len(prefix)}-token prefix; allowed is "
+            f">= 1 and prefix + new <= max_seq_len={core.model.max_seq_len}. "
+            f"Fix: lower --rollout-max-response-len or raise the model's max_seq_len."
+        )
+    if temperature < 0:
+        raise ConfigError(f"temperature={temperature} must be >= 0 (0 = greedy).")
+
+
+def _set_result(fut: asyncio.Future, value: Any) -> None:
+    if not fut.done():
+        fut.set_result(value)
+
+
+def _set_exception(fut: asyncio.Future, exc: BaseException) -> None:
+    if not fut.done():
+        fut.set_exception(exc)
