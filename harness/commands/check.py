@@ -1,0 +1,63 @@
+"""`miles-harness check [--profile P] [--json] -- <miles args>`: validate a Miles command line.
+
+Prints the resolved config (one ``name = value`` per line, derived values included), the
+notes about ignored flags, then every violated rule as ``[rule-id] message``. Exit codes:
+0 when no error-severity rule is violated (notes never fail), 2 when one is or when the
+command line cannot be parsed (the message, never a traceback). With ``--json`` the same
+content is printed as one JSON document.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from miles_async_core.config import parse_miles_args
+from miles_async_core.rules import DEFAULT_PROFILE, PROFILES, errors, get_profile, validate
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--profile",
+        default=DEFAULT_PROFILE,
+        help=f"rule profile: {', '.join(PROFILES)} (default {DEFAULT_PROFILE}: the seed manual)",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON document")
+    parser.add_argument(
+        "miles_args",
+        nargs=argparse.REMAINDER,
+        metavar="-- MILES_ARGS",
+        help="a Miles command line, e.g. -- train_async.py --fully-async --rollout-batch-size 32",
+    )
+
+
+def main(args: argparse.Namespace) -> int:
+    get_profile(args.profile)  # unknown profile: ConfigError before anything is printed
+    miles_args = list(args.miles_args)
+    if miles_args and miles_args[0] == "--":
+        miles_args = miles_args[1:]
+    config, notes = parse_miles_args(miles_args)
+    violations = validate(config, args.profile)
+    failed = bool(errors(violations))
+    resolved = config.resolved_dict()
+    if args.json:
+        print(json.dumps({
+            "profile": args.profile,
+            "ok": not failed,
+            "config": config.to_dict(),
+            "resolved": resolved,
+            "notes": notes,
+            "violations": [v.to_dict() for v in violations],
+        }, indent=2, sort_keys=True))
+        return 2 if failed else 0
+    print(f"# profile = {args.profile}")
+    for name, value in resolved.items():
+        print(f"{name} = {'undefined' if value is None and name == 'group_budget' else value}")
+    for note in notes:
+        print(f"note: {note}")
+    for v in violations:
+        print(f"[{v.rule_id}] {v.severity}: {v.message}")
+    n_errors = sum(v.severity == "error" for v in violations)
+    n_notes = len(violations) - n_errors
+    print(f"# {'FAIL' if failed else 'OK'}: {n_errors} error(s), {n_notes} note(s) under {args.profile}")
+    return 2 if failed else 0

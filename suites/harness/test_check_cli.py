@@ -1,0 +1,94 @@
+"""`miles-harness check`: resolved config, notes, violations and exit codes."""
+
+from __future__ import annotations
+
+import json
+
+from harness.cli import main
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    rc = main(["check", *argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_fully_async_with_abort_fails_naming_both_flags(capsys):
+    rc, out, _ = run(capsys, "--", "--fully-async", "--pause-generation-mode", "abort")
+    assert rc == 2
+    line = next(x for x in out.splitlines() if x.startswith("[manual-fully-async-no-abort]"))
+    assert "--fully-async" in line and "--pause-generation-mode" in line
+
+
+def test_colocated_fully_async_passes_manual_and_fails_upstream(capsys):
+    argv = ["--", "train_async.py", "--fully-async", "--colocate", "--pause-generation-mode", "retract"]
+    rc, out, _ = run(capsys, *argv)
+    assert rc == 0 and "# OK: 0 error(s)" in out
+    rc, out, _ = run(capsys, "--profile", "miles-31f1ca9", *argv)
+    assert rc == 2
+    assert "[miles-colocate-not-async]" in out and "Colocation is not supported for async training." in out
+
+
+def test_one_step_colocate_fails_both_profiles(capsys):
+    for profile in ("manual", "miles-31f1ca9"):
+        rc, out, _ = run(capsys, "--profile", profile, "--", "train_async.py", "--colocate")
+        assert rc == 2, profile
+        assert "--colocate" in out
+
+
+def test_resolved_values_and_ignored_flags_are_printed(capsys):
+    rc, out, _ = run(
+        capsys, "--", "python", "train_async.py", "--fully-async", "--rollout-batch-size", "4",
+        "--n-samples-per-prompt", "2", "--async-max-concurrent-samples", "6", "--lr", "1e-6",
+    )
+    assert rc == 0
+    lines = set(out.splitlines())
+    assert {
+        "rollout_batch_size = 4",
+        "capacity = 8",
+        "group_budget = 3",
+        "over_sampling_batch_size = 4",
+        "rollout_submission_granularity = sample",
+        "driver = train_async",
+        "note: ignored unknown flag --lr 1e-6",
+    } <= lines
+
+
+def test_a_note_does_not_fail_the_check(capsys):
+    rc, out, _ = run(capsys, "--", "--fully-async", "--over-sampling-batch-size", "16")
+    assert rc == 0
+    assert "[manual-fully-async-over-sampling-no-effect] note:" in out
+    assert "# OK: 0 error(s), 1 note(s)" in out
+
+
+def test_a_parse_error_exits_2_with_the_message_and_no_traceback(capsys):
+    rc, out, err = run(capsys, "--", "--rollout-batch-size", "abc")
+    assert rc == 2 and out == ""
+    assert "--rollout-batch-size 'abc'" in err and "Traceback" not in err
+
+
+def test_an_unknown_profile_exits_2_naming_the_choices(capsys):
+    rc, _, err = run(capsys, "--profile", "upstream", "--", "--fully-async")
+    assert rc == 2
+    assert "--profile 'upstream'" in err and "miles-31f1ca9" in err
+
+
+def test_an_undefined_group_budget_is_printed_not_raised(capsys):
+    rc, out, _ = run(capsys, "--", "--n-samples-per-prompt", "0", "--async-max-concurrent-samples", "4")
+    assert rc == 2
+    assert "group_budget = undefined" in out and "[n-samples-per-prompt-positive]" in out
+
+
+def test_json_output_is_one_document_with_config_and_violations(capsys):
+    rc, out, _ = run(capsys, "--json", "--profile", "miles-31f1ca9", "--", "--fully-async",
+                     "--update-weights-interval", "0", "--seed", "3")
+    assert rc == 2
+    doc = json.loads(out)
+    assert doc["ok"] is False and doc["profile"] == "miles-31f1ca9"
+    assert doc["config"]["seed"] == 3 and doc["resolved"]["capacity"] == 16
+    assert [v["rule_id"] for v in doc["violations"]] == ["update-weights-interval-positive"]
+
+
+def test_an_empty_command_line_is_the_valid_default(capsys):
+    rc, out, _ = run(capsys, "--")
+    assert rc == 0 and "rollout_batch_size = 8" in out
