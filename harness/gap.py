@@ -266,7 +266,7 @@ def _veto_mask(raw: torch.Tensor, mask: torch.Tensor, veto_threshold: float, met
 
 
 def _validate_mis_args(
-    *, tis_level: str, rs_level: str, tis_mode: str, tis_lower_bound: float | None, tis_upper_bound: float | None,
+    *, use_rs: bool, tis_level: str, rs_level: str, tis_mode: str, tis_lower_bound: float | None, tis_upper_bound: float | None,
     rs_lower_bound: float | None, rs_upper_bound: float | None, rs_veto_threshold: float | None,
 ) -> tuple[float, float, float]:
     _check_choice("tis_level", tis_level, TIS_LEVELS)
@@ -283,6 +283,11 @@ def _validate_mis_args(
         )
     rs_lower = rs_lower_bound if rs_lower_bound is not None else lower
     rs_upper = rs_upper_bound if rs_upper_bound is not None else tis_upper_bound
+    if use_rs and not rs_lower < rs_upper:
+        raise ConfigError(
+            f"use_rs needs rs_lower_bound < rs_upper_bound; got {rs_lower!r} and {rs_upper!r} (unset bounds "
+            "default to the TIS bounds). Fix the RS bounds or set use_rs=False."
+        )
     if rs_veto_threshold is not None and not rs_veto_threshold > 0:
         raise ConfigError(f"rs_veto_threshold={rs_veto_threshold!r}; it must be > 0 or None (mis.yaml: 1e-4).")
     return lower, rs_lower, rs_upper
@@ -313,7 +318,7 @@ def compute_mis_weights(
     """
     train, rollout, loss_masks = as_samples(train_logprobs, rollout_logprobs, masks)
     lower, rs_lower, rs_upper = _validate_mis_args(
-        tis_level=tis_level, rs_level=rs_level, tis_mode=tis_mode, tis_lower_bound=tis_lower_bound,
+        use_rs=use_rs, tis_level=tis_level, rs_level=rs_level, tis_mode=tis_mode, tis_lower_bound=tis_lower_bound,
         tis_upper_bound=tis_upper_bound, rs_lower_bound=rs_lower_bound, rs_upper_bound=rs_upper_bound,
         rs_veto_threshold=rs_veto_threshold,
     )
@@ -336,7 +341,9 @@ def compute_mis_weights(
         if use_rs:
             log_ratio_rs = log_ratio_tis if rs_level == tis_level else _level_log_ratio(raw, m, rs_level)
             rs_w = torch.exp(torch.clamp(log_ratio_rs, -SAFETY_BOUND, SAFETY_BOUND))
-            _, modified = _bound_weights(rs_w, modified, metrics, mode="mask", lower=rs_lower, upper=rs_upper, prefix="rs_")
+            _, modified = _bound_weights(
+                rs_w, modified, metrics, mode="mask", lower=rs_lower, upper=rs_upper, prefix="rs_"
+            )
             if rs_veto_threshold is not None:
                 modified = modified * _veto_mask(raw, m, rs_veto_threshold, metrics)
         _append(metrics, "is_ratio_mean_after_tis_rs", w)

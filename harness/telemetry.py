@@ -43,7 +43,9 @@ RECORD_FIELDS = (
     "t_s", "gpu", "util_gpu_pct", "util_mem_pct", "sm_active_pct", "sm_occupancy_pct",
     "mem_used_bytes", "power_w", "clock_sm_mhz", "clock_mem_mhz", "phase",
 )
-MEAN_FIELDS = ("util_gpu_pct", "util_mem_pct", "sm_active_pct", "sm_occupancy_pct", "power_w", "clock_sm_mhz", "clock_mem_mhz")
+MEAN_FIELDS = (
+    "util_gpu_pct", "util_mem_pct", "sm_active_pct", "sm_occupancy_pct", "power_w", "clock_sm_mhz", "clock_mem_mhz",
+)
 UNKNOWN_PHASE = "unknown"
 
 

@@ -212,6 +212,8 @@ def test_mask_mode_keeps_weights_and_rejects_out_of_range_tokens():
 def test_clip_with_lower_not_below_upper_is_a_config_error():
     with pytest.raises(ConfigError, match="tis_lower_bound"):
         mis_one(tis_mode="clip", tis_lower_bound=2.0, tis_upper_bound=2.0, **NO_RS)
+    with pytest.raises(ConfigError, match="rs_lower_bound"):
+        mis_one(use_rs=True, rs_lower_bound=3.0, rs_upper_bound=1.0)
 
 
 @pytest.mark.parametrize("seed", SEEDS)
