@@ -445,3 +445,21 @@ def _set_result(fut: asyncio.Future, value: Any) -> None:
 def _set_exception(fut: asyncio.Future, exc: BaseException) -> None:
     if not fut.done():
         fut.set_exception(exc)
+
+
+def run_groups(core: EngineCore, groups: list[list[Sample]], sampling: SamplingParams, *, seed: int = 0) -> None:
+    """Synchronous generate for every sample of ``groups`` (filled in place), for the
+    one-process sync loop and tests. The engine must not be paused."""
+    if core.paused:
+        raise RuntimeError("run_groups on a paused engine would never finish; call resume() first.")
+    by_id: dict[tuple[str, int], Sample] = {}
+    for group in groups:
+        for sample in group:
+            prefix = list(sample.prompt_tokens) + list(sample.response_tokens)
+            budget = sampling.max_new_tokens - len(sample.response_tokens)
+            req_id = ("run_groups", len(by_id))
+            core.add_request(req_id, prefix, budget, sampling.temperature, seed=request_seed(seed, sample))
+            by_id[req_id] = sample
+    while core.has_work():
+        for done in core.step():
+            fill_sample(by_id.pop(done.req_id), done)
