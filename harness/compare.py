@@ -46,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.results import SCHEMA, Results, _looks_like_pytest_benchmark, _read_json, load_any
+from harness.results import SCHEMA, Results, load_any, looks_like_pytest_benchmark, read_json
 from miles_async_core.errors import ConfigError
 
 EXACT_BELOW = 8  # exact permutation p-value when the smaller side has fewer samples
@@ -325,8 +325,8 @@ def load_history(directory: str | Path, new: Results) -> list[Results]:
         raise ConfigError(f"--history {directory}: not a directory. Pass the folder holding earlier results files.")
     runs = []
     for path in sorted(root.rglob("*.json")):
-        doc = _read_json(path)
-        if not isinstance(doc, dict) or (doc.get("schema") != SCHEMA and not _looks_like_pytest_benchmark(doc)):
+        doc = read_json(path)
+        if not isinstance(doc, dict) or (doc.get("schema") != SCHEMA and not looks_like_pytest_benchmark(doc)):
             continue
         res = load_any(path)
         if res.run_id != new.run_id and res.kind == new.kind and machine_key(res) == machine_key(new):

@@ -354,7 +354,7 @@ def results_from_dict(doc: Any, source: str = "<dict>") -> Results:
         hint = (
             " It looks like pytest-benchmark output; miles-harness compare/report read it directly, "
             "or convert it with harness.results.from_pytest_benchmark."
-            if _looks_like_pytest_benchmark(doc)
+            if looks_like_pytest_benchmark(doc)
             else ""
         )
         raise ConfigError(
@@ -391,7 +391,7 @@ def results_from_dict(doc: Any, source: str = "<dict>") -> Results:
     return Results(doc)
 
 
-def _read_json(path: str | os.PathLike[str]) -> Any:
+def read_json(path: str | os.PathLike[str]) -> Any:
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -407,13 +407,13 @@ def _read_json(path: str | os.PathLike[str]) -> Any:
 
 def load_results(path: str | os.PathLike[str]) -> Results:
     """Read and validate a results file (strict: our schema only)."""
-    return results_from_dict(_read_json(path), source=str(path))
+    return results_from_dict(read_json(path), source=str(path))
 
 
 def load_any(path: str | os.PathLike[str]) -> Results:
     """Read a results file, or a pytest-benchmark JSON file converted on the fly."""
-    doc = _read_json(path)
-    if isinstance(doc, dict) and doc.get("schema") is None and _looks_like_pytest_benchmark(doc):
+    doc = read_json(path)
+    if isinstance(doc, dict) and doc.get("schema") is None and looks_like_pytest_benchmark(doc):
         return from_pytest_benchmark(doc, source=str(path))
     return results_from_dict(doc, source=str(path))
 
@@ -421,7 +421,7 @@ def load_any(path: str | os.PathLike[str]) -> Results:
 # --- pytest-benchmark conversion --------------------------------------------------------
 
 
-def _looks_like_pytest_benchmark(doc: dict[str, Any]) -> bool:
+def looks_like_pytest_benchmark(doc: dict[str, Any]) -> bool:
     return isinstance(doc.get("benchmarks"), list) and "machine_info" in doc
 
 
@@ -432,9 +432,9 @@ def from_pytest_benchmark(path_or_dict: str | os.PathLike[str] | dict[str, Any],
     if isinstance(path_or_dict, dict):
         doc, source = path_or_dict, source or "<pytest-benchmark dict>"
     else:
-        doc, source = _read_json(path_or_dict), source or str(path_or_dict)
+        doc, source = read_json(path_or_dict), source or str(path_or_dict)
     chk = _Checker(source)
-    if not isinstance(doc, dict) or not _looks_like_pytest_benchmark(doc):
+    if not isinstance(doc, dict) or not looks_like_pytest_benchmark(doc):
         raise chk.fail("benchmarks", "is not a pytest-benchmark list; expected --benchmark-json output")
     mi = doc.get("machine_info") or {}
     cpu = mi.get("cpu") or {}

@@ -41,6 +41,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     thresholds = [parse_threshold(t) for t in args.threshold]
+    if not 0.0 < args.alpha < 1.0:
+        raise ConfigError(f"--alpha {args.alpha}: must be between 0 and 1 (exclusive), e.g. 0.05.")
     if args.last is not None and args.history is None:
         raise ConfigError(f"--last {args.last} needs --history DIR: it selects how many earlier runs to use.")
     if args.history is None and len(args.files) < 2:

@@ -160,6 +160,20 @@ def test_too_few_samples_for_significance_fall_back_to_the_threshold_alone(tmp_p
     assert "3 vs 3 samples cannot reach p < 0.05" in out and "threshold alone" in out
 
 
+def test_a_large_but_not_significant_drop_passes_the_threshold(tmp_path, capsys):
+    # medians 95 -> 77.5 (-18%), but the samples overlap: exact p = 0.486
+    def one(samples):
+        res = Results.new("run", {})
+        res.add_benchmark("tokens_per_s", samples, "tokens/s", True)
+        return str(res.write(tmp_path / f"{samples[0]}.json"))
+
+    code, out, _ = _cli(capsys, one([100, 60, 140, 90]), one([85, 50, 130, 70]), "--threshold", "tokens_per_s:-10%")
+    assert code == 0
+    row = _row(out, "tokens_per_s")
+    assert row[5] == "-18.4%" and row[6] == "0.486" and row[7] == "~"
+    assert "threshold tokens_per_s:-10%: not significant, passed" in out
+
+
 # --- pytest-benchmark input -------------------------------------------------------------
 
 
