@@ -1,0 +1,25 @@
+# Two entry points that do all set-up on a fresh machine: `make run` and `make test`.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: run test simulate clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[cpu,test,plot]'
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/miles-harness run
+
+simulate: $(STAMP)
+	$(BIN)/miles-harness simulate
+
+test: $(STAMP)
+	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(BIN)/python -m pytest suites/ -q
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

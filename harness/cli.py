@@ -1,0 +1,55 @@
+"""`miles-harness`: the command line.
+
+Each subcommand lives in its own module exposing ``add_arguments(parser)`` and
+``main(args) -> int``; modules are imported only when their command runs, so a
+command that needs torch or matplotlib costs nothing to the others.
+
+Exit codes: 0 ok, 1 a check or comparison failed, 2 bad input (flags, files).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from miles_async_core.errors import ConfigError
+
+COMMANDS: dict[str, tuple[str, str]] = {
+    "check": ("harness.commands.check", "validate a Miles command line against a rule profile"),
+    "simulate": ("harness.commands.simulate", "run a scenario on virtual time with simulated backends"),
+    "run": ("harness.commands.run", "real engine + trainer: sync vs one-step vs fully-async (the main job)"),
+    "gap": ("harness.commands.gap", "kernel-level trainer-engine gap ablation with identical weights"),
+    "compare": ("harness.commands.compare", "compare benchmark results files"),
+    "report": ("harness.commands.report", "make PNG plots from results files"),
+}
+
+
+def build_parser(command: str | None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="miles-harness", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if name == command:
+            importlib.import_module(module).add_arguments(p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = argv[0] if argv and argv[0] in COMMANDS else None
+    parser = build_parser(command)
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    module = importlib.import_module(COMMANDS[args.command][0])
+    try:
+        return int(module.main(args) or 0)
+    except ConfigError as exc:
+        print(f"miles-harness {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,340 @@
+"""A simulated rollout engine with continuous batching, on (virtual) asyncio time.
+
+Cost model: every engine step decodes one token for each running request and costs
+``decode_base_s + decode_per_seq_s * running``; a step that admits requests also pays
+``prefill_per_token_s`` per prefilled token (prompt, plus the tokens already generated
+for a retracted request). Requests join and leave the batch only between steps.
+Response lengths come from a seeded distribution keyed by (seed, index, retry), so the
+same sample gets the same length whatever the schedule, and are capped at
+``max_new_tokens`` (status TRUNCATED).
+
+The engine is event driven: all running requests advance together, so it keeps one
+global step counter and a heap of finish steps, and wakes only at step boundaries
+where something changes (a finish, an admission, a pause). Cost is O(log n) per event,
+independent of the number of tokens.
+
+Pause modes follow `contracts.py` exactly, and every token records the version that
+sampled it and the oldest version in the KV it attended to (``VersionRuns``). Sampled
+tokens and log-probs are synthetic: token id = the sampling version, log-prob
+``-1 - 0.1 * (version - kv_version)``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from statistics import NormalDist
+from typing import Any
+
+from miles_async_core import events as ev
+from miles_async_core.contracts import PAUSE_MODES, NullSink
+from miles_async_core.errors import ConfigError
+from miles_async_core.types import Sample, SamplingParams, Status
+
+_MASK64 = (1 << 64) - 1
+_NORMAL = NormalDist()
+
+
+class EngineRequestError(RuntimeError):
+    """An injected failure of one generate request."""
+
+
+def _uniform(*keys: int) -> float:
+    """A deterministic uniform in (0, 1) from integer keys (splitmix64)."""
+    x = 0x9E3779B97F4A7C15
+    for k in keys:
+        x = (x ^ (k & _MASK64)) * 0xBF58476D1CE4E5B9 & _MASK64
+        x = (x ^ (x >> 27)) * 0x94D049BB133111EB & _MASK64
+        x ^= x >> 31
+    return ((x >> 11) + 0.5) / float(1 << 53)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LengthDist:
+    """Response lengths: ``lognormal`` (median, sigma: long tail), ``uniform`` (low, high) or ``fixed`` (median)."""
+
+    kind: str = "lognormal"
+    median: float = 64.0
+    sigma: float = 0.8
+    low: int = 1
+    high: int = 128
+
+    def draw(self, u: float) -> int:
+        if self.kind == "fixed":
+            return max(1, int(self.median))
+        if self.kind == "uniform":
+            return self.low + int(u * (self.high - self.low + 1))
+        return max(1, int(round(self.median * math.exp(self.sigma * _NORMAL.inv_cdf(u)))))
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimEngineConfig:
+    max_running: int = 1024
+    decode_base_s: float = 0.02
+    decode_per_seq_s: float = 0.0002
+    prefill_per_token_s: float = 0.00002
+    prompt_tokens: int = 64
+    response_length: LengthDist = field(default_factory=LengthDist)
+    request_failure_rate: float = 0.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.decode_base_s > 0:
+            raise ConfigError(f"engine.decode_base_s = {self.decode_base_s!r}: must be > 0 (a decode step takes time); "
+                              "fix: give a positive number of seconds, e.g. 0.02")
+        for name in ("decode_per_seq_s", "prefill_per_token_s", "request_failure_rate"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"engine.{name} = {getattr(self, name)!r}: must be >= 0; fix: use 0 or a positive value")
+        if self.max_running < 1:
+            raise ConfigError(f"engine.max_running = {self.max_running!r}: must be >= 1; fix: e.g. 1024")
+        if self.response_length.kind not in ("lognormal", "uniform", "fixed"):
+            raise ConfigError(f"engine.response_length.kind = {self.response_length.kind!r}: allowed lognormal, "
+                              "uniform, fixed; fix: pick one of them")
+
+
+_WAITING, _RUNNING, _DONE = 0, 1, 2
+
+
+class _Req:
+    __slots__ = ("sample", "fut", "target", "truncated", "base", "join_step", "kv_floor", "finish_step", "state",
+                 "fail")
+
+    def __init__(self, sample: Sample, fut: asyncio.Future, target: int, truncated: bool, fail: bool) -> None:
+        self.sample, self.fut, self.target, self.truncated, self.fail = sample, fut, target, truncated, fail
+        self.base = len(sample.response_tokens)  # tokens already generated (non-zero only for resumed samples)
+        self.join_step = 0
+        self.kv_floor = 0
+        self.finish_step = 0
+        self.state = _WAITING
+
+
+class SimEngine:
+    def __init__(self, config: SimEngineConfig | None = None, *, sink: Any = None) -> None:
+        self.cfg = config or SimEngineConfig()
+        self.sink = sink or NullSink()
+        self.weight_version = 0
+        self.paused = False
+        self.running: dict[int, _Req] = {}
+        self.waiting: deque[_Req] = deque()
+        self._heap: list[tuple[int, int, _Req]] = []
+        self._step = 0  # global count of completed engine steps
+        self._seg = (0.0, 0.0, 1.0, 0)  # (t0, extra prefill seconds, seconds per step, step at t0)
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_step = -1
+        self._kick_scheduled = False
+        self._pause: tuple[str, asyncio.Future] | None = None
+        self._busy = False
+        self._seq = 0
+        self.stats = {"tokens": 0, "steps": 0, "prefill_tokens": 0, "requests": 0}
+
+    # --- contract -----------------------------------------------------------------------
+    def generate(self, sample: Sample, sampling: SamplingParams) -> asyncio.Future:
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        cfg = self.cfg
+        u = _uniform(cfg.seed, sample.index, sample.retry_count)
+        drawn = cfg.response_length.draw(u)
+        target = min(drawn, sampling.max_new_tokens)
+        fail = cfg.request_failure_rate > 0 and _uniform(cfg.seed + 1, sample.index, sample.retry_count) < cfg.request_failure_rate
+        req = _Req(sample, fut, max(target, len(sample.response_tokens)), drawn >= sampling.max_new_tokens, fail)
+        fut.add_done_callback(lambda f, r=req: self._on_cancel(r) if f.cancelled() else None)
+        self.stats["requests"] += 1
+        if self.sink.enabled:
+            self.sink.emit(ev.SUBMITTED, index=sample.index, group_index=sample.group_index, version=self.weight_version)
+        self.waiting.append(req)
+        if not self.paused:
+            if self.running:
+                self._wake_at_next_boundary()
+            elif not self._kick_scheduled:
+                self._kick_scheduled = True
+                loop.call_soon(self._kick)
+        return fut
+
+    async def pause_generation(self, mode: str) -> None:
+        if mode not in PAUSE_MODES:
+            raise ConfigError(f"pause mode {mode!r} is not one of {PAUSE_MODES}")
+        if self.running and not self.paused:
+            fut = asyncio.get_running_loop().create_future()
+            self._pause = (mode, fut)
+            self._wake_at_next_boundary()
+            await fut
+        else:
+            self._apply_pause(mode)
+
+    async def update_weights(self, version: int, weights: Any) -> None:
+        if not self.paused:
+            raise RuntimeError(f"update_weights(version={version}) while the engine is generating: "
+                               "call pause_generation(mode) first")
+        self.weight_version = version
+
+    async def continue_generation(self) -> None:
+        self.paused = False
+        if self.sink.enabled:
+            self.sink.emit(ev.ENGINE_RESUME)
+        if self.running or self.waiting:
+            self._start_segment(self._now())
+
+    # --- internals ----------------------------------------------------------------------
+    def _now(self) -> float:
+        return asyncio.get_running_loop().time()
+
+    def _step_cost(self) -> float:
+        return self.cfg.decode_base_s + self.cfg.decode_per_seq_s * len(self.running)
+
+    def _boundary_time(self, step: int) -> float:
+        t0, extra, c, s0 = self._seg
+        return t0 + extra + (step - s0) * c
+
+    def _set_timer(self, step: int) -> None:
+        if self._timer is not None:
+            if self._timer_step == step:
+                return
+            self._timer.cancel()
+        self._timer_step = step
+        self._timer = asyncio.get_running_loop().call_at(self._boundary_time(step), self._on_timer, step)
+
+    def _schedule(self) -> None:
+        if self.paused or not self.running:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer, self._timer_step = None, -1
+            return
+        while self._heap and not self._valid(self._heap[0]):
+            heapq.heappop(self._heap)
+        self._set_timer(self._heap[0][0])
+
+    def _wake_at_next_boundary(self) -> None:
+        t0, extra, c, s0 = self._seg
+        done = max(0, math.floor((self._now() - t0 - extra) / c))
+        nxt = s0 + done + 1
+        if self._timer is None or nxt < self._timer_step:
+            self._set_timer(nxt)
+
+    @staticmethod
+    def _valid(entry: tuple[int, int, _Req]) -> bool:
+        req = entry[2]
+        return req.state == _RUNNING and req.finish_step == entry[0]
+
+    def _kick(self) -> None:
+        self._kick_scheduled = False
+        if not self.paused and not self.running and self.waiting:
+            self._start_segment(self._now())
+
+    def _on_timer(self, step: int) -> None:
+        self._timer, self._timer_step = None, -1
+        self.stats["steps"] += step - self._step
+        self.stats["tokens"] += (step - self._step) * len(self.running)
+        self._step = step
+        while self._heap and self._heap[0][0] <= step:
+            entry = heapq.heappop(self._heap)
+            if self._valid(entry):
+                self._finish(entry[2], aborted=False)
+        if self._pause is not None:
+            mode, fut = self._pause
+            self._pause = None
+            self._apply_pause(mode)
+            fut.set_result(None)
+            return
+        self._start_segment(self._now())
+
+    def _start_segment(self, now: float) -> None:
+        prefill = 0
+        while self.waiting and len(self.running) < self.cfg.max_running:
+            req = self.waiting.popleft()
+            if req.state != _WAITING:
+                continue
+            prefix = len(req.sample.prompt_tokens) or self.cfg.prompt_tokens
+            prefix += req.base
+            prefill += prefix
+            req.state, req.join_step, req.kv_floor = _RUNNING, self._step, self.weight_version
+            req.finish_step = self._step + req.target - req.base
+            self._seq += 1
+            heapq.heappush(self._heap, (req.finish_step, self._seq, req))
+            self.running[req.sample.index] = req
+            if self.sink.enabled:
+                self.sink.emit(ev.ADMITTED, index=req.sample.index, version=self.weight_version, prefix_tokens=prefix)
+        self.stats["prefill_tokens"] += prefill
+        self._seg = (now, prefill * self.cfg.prefill_per_token_s, self._step_cost(), self._step)
+        self._set_busy(bool(self.running) and not self.paused)
+        self._schedule()
+
+    def _set_busy(self, busy: bool) -> None:
+        if busy != self._busy:
+            self._busy = busy
+            if self.sink.enabled:
+                self.sink.emit(ev.PHASE_START if busy else ev.PHASE_END, side="rollout", phase="generating")
+
+    def _account(self, req: _Req) -> None:
+        """Record the tokens made since ``req`` joined the batch, under the current version."""
+        n = self._step - req.join_step
+        if n > 0:
+            req.sample.token_versions.append(self.weight_version, req.kv_floor, n)
+            lp = -1.0 - 0.1 * (self.weight_version - req.kv_floor)
+            req.sample.response_tokens.extend([self.weight_version] * n)
+            req.sample.rollout_log_probs.extend([lp] * n)
+            req.base += n
+        req.join_step = self._step
+
+    def _finish(self, req: _Req, *, aborted: bool) -> None:
+        self._account(req)
+        req.state = _DONE
+        self.running.pop(req.sample.index, None)
+        s = req.sample
+        s.weight_versions.append(str(self.weight_version))
+        if aborted:
+            s.status = Status.ABORTED
+        else:
+            s.status = Status.TRUNCATED if req.truncated else Status.COMPLETED
+        if self.sink.enabled:
+            if aborted:
+                self.sink.emit(ev.ABORTED, index=s.index, version=self.weight_version, generated_tokens=s.response_length)
+            self.sink.emit(ev.FINISHED, index=s.index, group_index=s.group_index, status=s.status.value,
+                           response_length=s.response_length, token_versions=s.token_versions.to_json(),
+                           weight_versions=list(s.weight_versions))
+        if not req.fut.done():
+            if req.fail and not aborted:
+                req.fut.set_exception(EngineRequestError(f"injected failure of request index={s.index}"))
+            else:
+                req.fut.set_result(s)
+
+    def _apply_pause(self, mode: str) -> None:
+        self.paused = True
+        if self.sink.enabled:
+            self.sink.emit(ev.ENGINE_PAUSE, mode=mode, in_flight=len(self.running) + len(self.waiting))
+        if mode == "abort":
+            for req in list(self.running.values()) + [r for r in self.waiting if r.state == _WAITING]:
+                self._finish(req, aborted=True)
+            self.waiting.clear()
+            self._heap.clear()
+        elif mode == "retract":
+            retracted = list(self.running.values())
+            for req in retracted:
+                self._account(req)
+                req.state = _WAITING
+                if self.sink.enabled:
+                    self.sink.emit(ev.RETRACTED, index=req.sample.index, version=self.weight_version,
+                                   generated_tokens=req.base)
+            self.running.clear()
+            self._heap.clear()
+            self.waiting.extendleft(reversed(retracted))
+        else:  # in_place: keep KV and batch; freeze
+            for req in self.running.values():
+                self._account(req)
+                if self.sink.enabled:
+                    self.sink.emit(ev.PAUSED_REQ, index=req.sample.index, version=self.weight_version, mode=mode)
+        self._set_busy(False)
+        self._schedule()
+
+    def _on_cancel(self, req: _Req) -> None:
+        if req.state == _DONE:
+            return
+        was_running = req.state == _RUNNING
+        req.state = _DONE
+        self.running.pop(req.sample.index, None)
+        if was_running and not self.paused:
+            self._schedule()
+            if not self.running:
+                self._set_busy(False)

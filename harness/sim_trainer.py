@@ -1,0 +1,50 @@
+"""A simulated trainer: a step costs ``step_base_s + per_token_s * tokens`` of virtual
+time; its "weights" are the number of optimizer steps taken, so a weight version's
+provenance is exact. ``fail_at_step`` injects a trainer exception."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+from miles_async_core.errors import ConfigError
+from miles_async_core.types import iter_samples
+
+
+class TrainerStepError(RuntimeError):
+    """An injected failure of one training step."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimTrainerConfig:
+    step_base_s: float = 1.0
+    per_token_s: float = 0.0
+    fail_at_step: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("step_base_s", "per_token_s"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"trainer.{name} = {getattr(self, name)!r}: must be >= 0 seconds; "
+                                  "fix: use 0 or a positive number")
+
+
+class SimTrainer:
+    def __init__(self, config: SimTrainerConfig | None = None) -> None:
+        self.cfg = config or SimTrainerConfig()
+        self.steps = 0
+        self.consumed: list[list[int]] = []  # sample indices per step, for differential checks
+
+    async def train(self, rollout_id: int, groups: list[Any]) -> dict[str, float]:
+        samples = [s for g in groups for s in iter_samples(g)]
+        tokens = sum(s.response_length for s in samples)
+        if self.cfg.fail_at_step is not None and self.steps == self.cfg.fail_at_step:
+            raise TrainerStepError(f"injected trainer failure at step {self.steps} (rollout_id={rollout_id})")
+        await asyncio.sleep(self.cfg.step_base_s + self.cfg.per_token_s * tokens)
+        self.steps += 1
+        self.consumed.append([s.index for s in samples])
+        rewards = [s.reward for s in samples if s.reward is not None]
+        return {"train/tokens": float(tokens), "train/reward_mean": sum(rewards) / len(rewards) if rewards else 0.0}
+
+    def get_weights(self) -> int:
+        return self.steps

@@ -1,0 +1,80 @@
+"""The narrow interfaces the core drives: engine, trainer, clock and event sink.
+
+Backends (simulated in `harness/`, real in `miles_async_core/backends/`) implement
+these; the drivers never look behind them.
+
+Engine contract (the semantics every backend must honour):
+
+* ``generate(sample, sampling)`` returns an awaitable that resolves to the same
+  ``Sample`` with ``response_tokens``, ``rollout_log_probs`` and ``token_versions``
+  filled (one entry per token) and exactly one entry appended to ``weight_versions``:
+  the engine version when the output is emitted (SGLang's ``meta_info``). Status is
+  ``COMPLETED``, ``TRUNCATED`` (hit ``max_new_tokens``) or ``ABORTED``. Cancelling
+  the awaitable removes the request from the engine.
+* ``pause_generation(mode)`` stops every decode step before it returns:
+  ``abort`` finishes all in-flight requests now as ``ABORTED`` with their partial
+  output and the pre-update version; ``retract`` frees their KV and puts them back
+  in the waiting queue, so on resume the prompt and the tokens so far are prefilled
+  again under the new weights; ``in_place`` freezes them with their KV, and after the
+  update decoding continues with the new weights on top of the old KV.
+  New requests wait for admission while paused.
+* ``update_weights(version, weights)`` loads weights and sets the engine version;
+  only legal while paused.
+* ``continue_generation()`` resumes.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Awaitable, Protocol, runtime_checkable
+
+from miles_async_core.types import Sample, SamplingParams
+
+PAUSE_MODES = ("abort", "retract", "in_place")
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    weight_version: int
+
+    def generate(self, sample: Sample, sampling: SamplingParams) -> Awaitable[Sample]: ...
+
+    async def pause_generation(self, mode: str) -> None: ...
+
+    async def update_weights(self, version: int, weights: Any) -> None: ...
+
+    async def continue_generation(self) -> None: ...
+
+
+@runtime_checkable
+class Trainer(Protocol):
+    """Consumes one batch of B groups per rollout id and hands out its weights."""
+
+    async def train(self, rollout_id: int, groups: list[Any]) -> dict[str, float]: ...
+
+    def get_weights(self) -> Any: ...
+
+
+class Clock(Protocol):
+    def now(self) -> float: ...
+
+
+class EventSink(Protocol):
+    def emit(self, kind: str, /, **fields: Any) -> None: ...
+
+
+class NullSink:
+    """Records nothing; the drivers check ``sink.enabled`` before building payloads."""
+
+    enabled = False
+
+    def emit(self, kind: str, /, **fields: Any) -> None:  # pragma: no cover - trivial
+        return None
+
+
+class LoopClock:
+    """Time as the running asyncio loop sees it (virtual under the harness' loop)."""
+
+    def now(self) -> float:
+        import asyncio
+
+        return asyncio.get_running_loop().time()

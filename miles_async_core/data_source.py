@@ -1,0 +1,73 @@
+"""Prompt data sources (`miles/rollout/data_source.py`).
+
+``RolloutDataSourceWithBuffer.get_samples(m)`` returns ``m`` prompt groups: recycled
+groups first (FIFO), then fresh prompts. A fresh prompt becomes ``n`` samples with one
+new ``group_index`` and strictly increasing ``index`` values. ``RolloutDataSource`` is
+read-only: ``add_samples`` raises, as upstream.
+
+Invariant: every group handed out is recorded through the sink (``taken``), so a trace
+can account for every prompt that entered the system.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any, Callable
+
+from miles_async_core import events as ev
+from miles_async_core.contracts import NullSink
+from miles_async_core.types import Sample
+
+# prompt_fn(k) -> (prompt text, prompt token ids, label) for the k-th fresh prompt.
+PromptFn = Callable[[int], tuple[str, list[int], Any]]
+
+
+class RolloutDataSource:
+    def __init__(self, n_samples_per_prompt: int, prompt_fn: PromptFn, *, sink: Any = None) -> None:
+        self.n = n_samples_per_prompt
+        self.prompt_fn = prompt_fn
+        self.sink = sink or NullSink()
+        self.sample_offset = 0
+        self.sample_group_index = 0
+        self.sample_index = 0
+
+    def _fresh_group(self) -> list[Sample]:
+        text, tokens, label = self.prompt_fn(self.sample_offset)
+        self.sample_offset += 1
+        gi = self.sample_group_index
+        self.sample_group_index += 1
+        first = self.sample_index
+        self.sample_index += self.n
+        # The prompt token list is shared by the copies: nothing mutates a prompt.
+        return [Sample(prompt=text, prompt_tokens=tokens, label=label, group_index=gi, index=first + i)
+                for i in range(self.n)]
+
+    def get_samples(self, num_samples: int) -> list[list[Sample]]:
+        groups = [self._fresh_group() for _ in range(num_samples)]
+        if self.sink.enabled:
+            for g in groups:
+                self.sink.emit(ev.TAKEN, group_index=g[0].group_index, indices=[s.index for s in g], recycled=False)
+        return groups
+
+    def add_samples(self, groups: list[list[Sample]]) -> None:
+        raise RuntimeError("Cannot add samples to RolloutDataSource. This is a read-only data source.")
+
+
+class RolloutDataSourceWithBuffer(RolloutDataSource):
+    def __init__(self, n_samples_per_prompt: int, prompt_fn: PromptFn, *, sink: Any = None) -> None:
+        super().__init__(n_samples_per_prompt, prompt_fn, sink=sink)
+        self.buffer: deque[list[Sample]] = deque()
+
+    def get_samples(self, num_samples: int) -> list[list[Sample]]:
+        recycled = []
+        while self.buffer and len(recycled) < num_samples:
+            recycled.append(self.buffer.popleft())
+        if self.sink.enabled:
+            for g in recycled:
+                self.sink.emit(ev.TAKEN, group_index=g[0].group_index, indices=[s.index for s in g], recycled=True)
+        return recycled + super().get_samples(num_samples - len(recycled))
+
+    def add_samples(self, groups: list[list[Sample]]) -> None:
+        for group in groups:
+            assert len(group) == self.n, f"recycled group has {len(group)} samples, expected {self.n}"
+            self.buffer.append(group)

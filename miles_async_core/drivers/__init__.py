@@ -1,0 +1,42 @@
+"""Drivers: ``train`` (synchronous) and ``train_async`` (one-step-ahead or fully async).
+
+``make_context`` wires a config, an engine, a trainer and a prompt source into a
+``RunContext`` the way Miles' ``arguments.py`` selects the rollout function;
+``run`` executes the configured driver.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from miles_async_core.contracts import NullSink
+from miles_async_core.data_source import RolloutDataSourceWithBuffer
+from miles_async_core.drivers.common import RolloutManager, RunContext
+from miles_async_core.drivers.train import train
+from miles_async_core.drivers.train_async import train_async
+from miles_async_core.fully_async import FullyAsyncRolloutFn
+from miles_async_core.rollout import OneStepRollout
+from miles_async_core.types import SamplingParams
+
+
+def make_context(args: Any, engine: Any, trainer: Any, prompt_fn: Callable, *, sampling: SamplingParams,
+                 reward_fn: Callable | None = None, sink: Any = None, clock: Any = None,
+                 buffer_factory: Callable | None = None, data_source: Any = None) -> RunContext:
+    sink = sink or NullSink()
+    data_source = data_source or RolloutDataSourceWithBuffer(args.n_samples_per_prompt, prompt_fn, sink=sink)
+    if args.fully_async:
+        rollout_fn = FullyAsyncRolloutFn(args, engine, data_source, sampling=sampling, reward_fn=reward_fn,
+                                         buffer_factory=buffer_factory, sink=sink)
+    else:
+        rollout_fn = OneStepRollout(args, engine, data_source, sampling=sampling, reward_fn=reward_fn, sink=sink)
+    rm = RolloutManager(rollout_fn, sink=sink)
+    ctx = RunContext(args=args, engine=engine, trainer=trainer, rollout_manager=rm, sink=sink, clock=clock)
+    ctx.data_source = data_source  # type: ignore[attr-defined]
+    return ctx
+
+
+async def run(ctx: RunContext) -> list[dict]:
+    return await (train(ctx) if ctx.args.driver == "train" else train_async(ctx))
+
+
+__all__ = ["RunContext", "make_context", "run", "train", "train_async"]

@@ -1,0 +1,140 @@
+"""Pieces shared by the drivers: the rollout manager, the weight updater, the context.
+
+``RolloutManager`` (`miles/ray/rollout/rollout_manager.py`) reads ``weight_version``
+once when a generate (drain) starts and refuses a version that goes backwards.
+``WeightUpdater`` bumps its version by one per ``update_weights`` and runs the
+Megatron sequence pause(mode) -> load weights + version -> continue; the FSDP backend
+ignores ``--pause-generation-mode`` and always retracts (`fsdp_utils/update_weight_utils.py:L74`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from miles_async_core import events as ev
+from miles_async_core.contracts import Clock, NullSink, RolloutEngine, Trainer
+from miles_async_core.types import iter_samples
+
+
+def weight_version_metrics(groups: list) -> dict[str, float]:
+    """`rollout/weight_version/*` as `miles/ray/rollout/metrics.py:L107-L111` computes them,
+    plus this harness' true per-token figures under `rollout/token_version/*`."""
+    samples = [s for g in groups for s in iter_samples(g)]
+    m: dict[str, float] = {}
+    oldest = sorted(v for v in (s.oldest_weight_version for s in samples) if v is not None)
+    if oldest and samples:
+        m["rollout/weight_version/mean"] = sum(oldest) / len(oldest)
+        mid = len(oldest) // 2
+        m["rollout/weight_version/median"] = (oldest[mid] if len(oldest) % 2 else (oldest[mid - 1] + oldest[mid]) / 2)
+        m["rollout/weight_version/max"] = float(oldest[-1])
+        m["rollout/weight_version/min"] = float(oldest[0])
+        mixed = sum(1 for s in samples if len(set(s.weight_versions)) > 1)
+        m["rollout/weight_version/mixed_version_ratio"] = mixed / len(samples)
+    token_oldest = [s.token_versions.oldest for s in samples if s.token_versions.runs]
+    if token_oldest:
+        m["rollout/token_version/min"] = float(min(token_oldest))
+        m["rollout/token_version/mixed_ratio"] = sum(
+            1 for s in samples if s.token_versions.oldest != s.token_versions.newest) / len(samples)
+        m["rollout/token_version/old_kv_token_share"] = sum(
+            s.token_versions.old_kv_token_count() for s in samples) / max(1, sum(s.response_length for s in samples))
+    return m
+
+
+class RolloutManager:
+    def __init__(self, rollout_fn: Any, *, sink: Any = None) -> None:
+        self.rollout_fn = rollout_fn
+        self.sink = sink or NullSink()
+        self.weight_version: int | None = None
+
+    def set_weight_version(self, version: int) -> None:
+        if self.weight_version is not None and version < self.weight_version:
+            raise RuntimeError(f"Engine weight version went backwards: {self.weight_version} -> {version}")
+        self.weight_version = version
+        if self.sink.enabled:
+            self.sink.emit(ev.SET_WEIGHT_VERSION, version=version)
+
+    async def generate(self, rollout_id: int) -> tuple[list, dict]:
+        version = self.weight_version  # read once, when the drain starts (rollout_manager.py:L252)
+        if self.sink.enabled:
+            self.sink.emit(ev.GENERATE_START, rollout_id=rollout_id, version=version)
+        data, metrics = await self.rollout_fn(rollout_id, version)
+        metrics = {**metrics, **weight_version_metrics(data)}
+        if self.sink.enabled:
+            self.sink.emit(ev.GENERATE_END, rollout_id=rollout_id)
+            self.sink.emit(ev.METRICS, rollout_id=rollout_id, metrics=metrics)
+        return data, metrics
+
+
+@dataclass
+class RunContext:
+    args: Any
+    engine: RolloutEngine
+    trainer: Trainer
+    rollout_manager: RolloutManager
+    sink: Any = field(default_factory=NullSink)
+    clock: Clock | None = None
+    weight_version: int = 0  # the updater's counter (mixin.py:L358)
+    trainer_steps: int = 0  # optimizer steps taken so far
+    history: list[dict] = field(default_factory=list)  # per-step records for callers
+    version_steps: dict[int, int] = field(default_factory=dict)  # engine version -> trainer steps of its weights
+
+    def phase(self, side: str, phase: str, start: bool, **extra: Any) -> None:
+        if self.sink.enabled:
+            self.sink.emit(ev.PHASE_START if start else ev.PHASE_END, side=side, phase=phase, **extra)
+
+
+async def update_weights(ctx: RunContext) -> int:
+    """One weight update: pause with the configured mode, load, bump the version, resume."""
+    args = ctx.args
+    mode = "retract" if args.train_backend == "fsdp" else args.pause_generation_mode
+    ctx.weight_version += 1
+    ctx.phase("train", "weight_sync", True, version=ctx.weight_version)
+    await ctx.engine.pause_generation(mode)
+    await ctx.engine.update_weights(ctx.weight_version, ctx.trainer.get_weights())
+    ctx.version_steps[ctx.weight_version] = ctx.trainer_steps
+    if ctx.sink.enabled:
+        ctx.sink.emit(ev.ENGINE_VERSION, version=ctx.weight_version, trainer_steps=ctx.trainer_steps)
+    await ctx.engine.continue_generation()
+    ctx.rollout_manager.set_weight_version(ctx.weight_version)
+    ctx.phase("train", "weight_sync", False, version=ctx.weight_version)
+    return ctx.weight_version
+
+
+def group_ages(ctx: RunContext, data: list) -> dict[str, list[int]]:
+    """Per group: Miles' age (trainer version - oldest recorded version), the true age
+    (trainer version - oldest token version) and the policy lag in optimizer steps."""
+    miles, token, lag = [], [], []
+    for g in data:
+        samples = list(iter_samples(g))
+        recorded = [v for v in (s.oldest_weight_version for s in samples) if v is not None]
+        tokens = [v for v in (s.token_versions.oldest for s in samples) if v is not None]
+        if recorded:
+            miles.append(ctx.weight_version - min(recorded))
+        if tokens:
+            oldest = min(tokens)
+            token.append(ctx.weight_version - oldest)
+            lag.append(ctx.trainer_steps - ctx.version_steps.get(oldest, 0))
+    return {"age_versions": miles, "token_age_versions": token, "lag_steps": lag}
+
+
+async def train_step(ctx: RunContext, rollout_id: int, data: list, metrics: dict) -> dict:
+    """Train on one batch; under ``--colocate`` generation stops for the whole window."""
+    colocate_pause = ctx.args.colocate and ctx.args.fully_async
+    if colocate_pause:
+        await ctx.engine.pause_generation(ctx.args.pause_generation_mode)
+    ages = group_ages(ctx, data)
+    ctx.phase("train", "training", True, rollout_id=rollout_id)
+    if ctx.sink.enabled:
+        ctx.sink.emit(ev.TRAINED, rollout_id=rollout_id,
+                      group_indices=[next(iter_samples(g)).group_index for g in data],
+                      trainer_version=ctx.weight_version, trainer_steps=ctx.trainer_steps)
+    train_metrics = await ctx.trainer.train(rollout_id, data)
+    ctx.trainer_steps += 1
+    ctx.phase("train", "training", False, rollout_id=rollout_id)
+    if colocate_pause:
+        await ctx.engine.continue_generation()
+    record = {"rollout_id": rollout_id, "trainer_version": ctx.weight_version, "trainer_steps": ctx.trainer_steps - 1,
+              **ages, **metrics, **(train_metrics or {})}
+    ctx.history.append(record)
+    return record

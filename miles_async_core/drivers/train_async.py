@@ -1,0 +1,51 @@
+"""The async driver (`train_async.py:L22-L128`): one-step-ahead, or fully async when the
+rollout function is ``FullyAsyncRolloutFn``.
+
+Loop, for each ``rollout_id``: await the generate launched earlier, launch the next one
+*before* training, train, and after iterations with ``(rollout_id + 1) % k == 0`` await
+the in-flight generate and only then update the weights. So a weight update never
+overlaps a generate call (spec §9 items 28-32): in one-step mode nothing is generating
+during an update; in fully-async mode only the drain has finished and the worker's
+live requests are paused with ``--pause-generation-mode``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from miles_async_core.drivers.common import RunContext, train_step, update_weights
+
+
+async def _await_generate(ctx: RunContext, task: asyncio.Future, rollout_id: int) -> tuple[list, dict]:
+    ctx.phase("train", "waiting", True, rollout_id=rollout_id)
+    try:
+        return await task
+    finally:
+        ctx.phase("train", "waiting", False, rollout_id=rollout_id)
+
+
+async def train_async(ctx: RunContext) -> list[dict]:
+    args = ctx.args
+    k = args.update_weights_interval
+    rm = ctx.rollout_manager
+    await update_weights(ctx)  # initial update -> version 1 (train_async.py:L50)
+    start, num = args.start_rollout_id, args.num_rollout
+    next_task: asyncio.Future | None = asyncio.ensure_future(rm.generate(start))
+    curr = None
+    try:
+        for rollout_id in range(start, num):
+            if next_task is not None:
+                curr = await _await_generate(ctx, next_task, rollout_id)
+            if rollout_id + 1 < num:
+                next_task = asyncio.ensure_future(rm.generate(rollout_id + 1))
+            data, metrics = curr
+            await train_step(ctx, rollout_id, data, metrics)
+            if (rollout_id + 1) % k == 0:  # absolute rollout_id, as upstream
+                curr = (await _await_generate(ctx, next_task, rollout_id + 1)) if next_task is not None else None
+                next_task = None
+                await update_weights(ctx)
+    finally:
+        if next_task is not None and not next_task.done():
+            next_task.cancel()
+            await asyncio.gather(next_task, return_exceptions=True)
+    return ctx.history

@@ -1,0 +1,82 @@
+"""The typed events the core and the backends emit through an injected ``EventSink``.
+
+Every event is ``(t, kind, fields)``; ``EVENT_FIELDS[kind]`` lists the fields an event
+of that kind always carries (more may be present). The harness' trace recorder checks
+this schema, so the invariant checkers can rely on it.
+
+Identity: ``index`` is a sample, ``group_index`` a prompt group, ``rollout_id`` a
+training step (drain), ``version`` an engine weight version.
+"""
+
+from __future__ import annotations
+
+# --- sample lifecycle -------------------------------------------------------------
+TAKEN = "taken"  # data source handed out a prompt group
+SUBMITTED = "submitted"  # a sample's generate request reached the engine
+ADMITTED = "admitted"  # the engine started (or, after retract, re-started) a request
+PAUSED_REQ = "paused_req"  # a running request was frozen (in_place) at a pause
+RETRACTED = "retracted"  # a running request lost its KV and went back to waiting
+ABORTED = "aborted"  # a request finished early as ABORTED by a pause(abort)
+FINISHED = "finished"  # a request returned from the engine
+GROUP_DONE = "group_done"  # every sample of a group returned (or it failed)
+PUT_ACCEPTED = "put_accepted"  # group stored in the data buffer
+PUT_BLOCKED = "put_blocked"  # producer waits: buffer full
+PUT_REJECTED = "put_rejected"  # aborted or dynamic-filter reject at put
+GOT = "got"  # group returned by buffer.get
+STALE_REJECTED = "stale_rejected"  # group popped by get, then filtered as stale
+HANDLER = "handler"  # unused-samples handler called (drop | retry)
+RECYCLED = "recycled"  # group re-added to the data source
+DROPPED = "dropped"  # group gone for good (handler drop, retry cap, kept beyond B)
+TRAINED = "trained"  # groups consumed by a training step
+
+# --- engine / weights / phases ------------------------------------------------------
+ENGINE_PAUSE = "engine_pause"
+ENGINE_RESUME = "engine_resume"
+ENGINE_VERSION = "engine_version"  # engine loaded weights of a new version
+SET_WEIGHT_VERSION = "set_weight_version"  # rollout manager learned the version
+DRAIN_START = "drain_start"
+DRAIN_END = "drain_end"
+GENERATE_START = "generate_start"  # one-step / sync generate call
+GENERATE_END = "generate_end"
+METRICS = "metrics"
+PHASE_START = "phase_start"  # side: rollout | train ; phase: generating | training | weight_sync | waiting
+PHASE_END = "phase_end"
+ENGINE_BUSY = "engine_busy"  # engine decode loop started running requests
+ENGINE_IDLE = "engine_idle"  # engine has nothing to run
+FAULT = "fault"  # an injected or observed failure
+RUN_END = "run_end"
+
+EVENT_FIELDS: dict[str, tuple[str, ...]] = {
+    TAKEN: ("group_index", "indices", "recycled"),
+    SUBMITTED: ("index", "group_index", "version"),
+    ADMITTED: ("index", "version", "prefix_tokens"),
+    PAUSED_REQ: ("index", "version", "mode"),
+    RETRACTED: ("index", "version", "generated_tokens"),
+    ABORTED: ("index", "version", "generated_tokens"),
+    FINISHED: ("index", "group_index", "status", "response_length", "token_versions", "weight_versions"),
+    GROUP_DONE: ("group_index", "ok"),
+    PUT_ACCEPTED: ("group_index", "queue_size"),
+    PUT_BLOCKED: ("group_index", "queue_size"),
+    PUT_REJECTED: ("group_index", "reason"),
+    GOT: ("group_index", "staleness", "current_version", "queue_size"),
+    STALE_REJECTED: ("group_index", "staleness", "current_version"),
+    HANDLER: ("group_index", "handler", "cause"),
+    RECYCLED: ("group_index",),
+    DROPPED: ("group_index", "reason"),
+    TRAINED: ("rollout_id", "group_indices", "trainer_version"),
+    ENGINE_PAUSE: ("mode", "in_flight"),
+    ENGINE_RESUME: (),
+    ENGINE_VERSION: ("version",),
+    SET_WEIGHT_VERSION: ("version",),
+    DRAIN_START: ("rollout_id", "current_version"),
+    DRAIN_END: ("rollout_id",),
+    GENERATE_START: ("rollout_id", "version"),
+    GENERATE_END: ("rollout_id",),
+    METRICS: ("rollout_id", "metrics"),
+    PHASE_START: ("side", "phase"),
+    PHASE_END: ("side", "phase"),
+    ENGINE_BUSY: (),
+    ENGINE_IDLE: (),
+    FAULT: ("what",),
+    RUN_END: ("pending_groups",),
+}

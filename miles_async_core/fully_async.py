@@ -1,0 +1,159 @@
+"""``--fully-async`` rollout: a persistent worker and per-step drains
+(`miles/rollout/fully_async_rollout.py`).
+
+The worker starts on the first train call and never restarts. It keeps at most G
+groups (group granularity) or G·n samples (sample granularity) in flight, always
+pulls one prompt group at a time (``--over-sampling-batch-size`` has no effect), and
+awaits ``buffer.put`` for each finished group. Any exception from a group kills it.
+
+A drain collects B groups with ``buffer.get(current_version=weight_version)``, the
+version read once when the drain starts, checks the worker first (a dead worker fails
+every later drain, even with groups buffered), sorts by first sample index, and ends
+with exactly one ``buffer.get_metrics()``.
+
+The unused-samples handler: ``drop`` forgets the group, ``retry`` resets every sample
+(``reset_for_retry``) and re-adds the flat prompt group to the data source, unless the
+harness' retry cap (``async_max_retries``) is reached, in which case it is dropped.
+Every call is counted and reported in the drain metrics and through the sink.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Callable
+
+from miles_async_core import events as ev
+from miles_async_core.buffer import DefaultDataBuffer
+from miles_async_core.contracts import NullSink, RolloutEngine
+from miles_async_core.errors import WorkerDiedError
+from miles_async_core.rollout import RewardFn, generate_and_rm_group
+from miles_async_core.scheduler import Progress, make_submission_scheduler
+from miles_async_core.types import (DataBufferConstructorInput, DataBufferInput, SamplingParams, first_sample,
+                                    iter_samples)
+
+logger = logging.getLogger(__name__)
+
+NO_PROGRESS_WARN_SECS = 30.0
+HANDLER_PREFIX = "rollout/fully_async/handler_"
+
+
+class FullyAsyncRolloutFn:
+    def __init__(self, args: Any, engine: RolloutEngine, data_source: Any, *, sampling: SamplingParams,
+                 reward_fn: RewardFn | None = None, buffer_factory: Callable | None = None,
+                 sink: Any = None) -> None:
+        assert args.async_unused_samples_handler in ("retry", "drop")
+        self.args = args
+        self.engine = engine
+        self.data_source = data_source
+        self.sampling = sampling
+        self.reward_fn = reward_fn
+        self.buffer_factory = buffer_factory or (lambda ci: DefaultDataBuffer(ci, sink=sink))
+        self.sink = sink or NullSink()
+        self.scheduler = make_submission_scheduler(args.rollout_submission_granularity, args.n_samples_per_prompt,
+                                                   default="sample")
+        self.group_budget = args.group_budget
+        self.buffer: Any = None
+        self._worker: asyncio.Task | None = None
+        self._producer_resumed = asyncio.Event()
+        self._producer_resumed.set()
+        self._handler_counts = {"dropped": 0, "retried": 0, "retry_cap": 0}
+
+    # --- unused-samples handler -----------------------------------------------------
+    def unused_handler_fn(self, prompt_group: list, cause: str = "unknown") -> None:
+        gi = prompt_group[0].group_index
+        handler = self.args.async_unused_samples_handler
+        if self.sink.enabled:
+            self.sink.emit(ev.HANDLER, group_index=gi, handler=handler, cause=cause)
+        if handler == "drop":
+            self._handler_counts["dropped"] += 1
+            if self.sink.enabled:
+                self.sink.emit(ev.DROPPED, group_index=gi, reason=f"handler_drop:{cause}")
+            return
+        cap = self.args.async_max_retries
+        if cap is not None and prompt_group[0].retry_count >= cap:
+            self._handler_counts["retry_cap"] += 1
+            if self.sink.enabled:
+                self.sink.emit(ev.DROPPED, group_index=gi, reason=f"retry_cap:{cause}")
+            return
+        self._recycle(prompt_group)
+
+    def _recycle(self, prompt_group: list) -> None:
+        for s in prompt_group:
+            s.reset_for_retry()
+        self.data_source.add_samples([prompt_group])
+        self._handler_counts["retried"] += 1
+        if self.sink.enabled:
+            self.sink.emit(ev.RECYCLED, group_index=prompt_group[0].group_index)
+
+    # --- entry point ------------------------------------------------------------------
+    async def __call__(self, rollout_id: int, weight_version: int | None) -> tuple[list, dict]:
+        if self._worker is None:
+            self.buffer = self.buffer_factory(DataBufferConstructorInput(self.args, self.unused_handler_fn))
+            self._worker = asyncio.ensure_future(self._worker_loop())
+            logger.info("Started fully-async rollout worker")
+        return await self._drain(rollout_id, weight_version)
+
+    @property
+    def worker(self) -> asyncio.Task | None:
+        return self._worker
+
+    async def _worker_loop(self) -> None:
+        scheduler, progress = self.scheduler, Progress(self.scheduler)
+        active: set[asyncio.Task] = set()
+        while True:
+            await self._producer_resumed.wait()
+            while scheduler.has_capacity(pending_groups=len(active), group_budget=self.group_budget):
+                prompt_group = self.data_source.get_samples(1)[0]
+                scheduler.on_submit([prompt_group])
+                task = asyncio.ensure_future(generate_and_rm_group(
+                    self.engine, prompt_group, self.sampling, reward_fn=self.reward_fn,
+                    sample_done_callback=scheduler.sample_done_callback, sink=self.sink))
+                task.prompt_group = prompt_group  # type: ignore[attr-defined]
+                progress.track(task)
+                active.add(task)
+            done, active = await progress.wait_for_progress(active)
+            # Upstream puts in set-iteration order (unspecified); sorting keeps runs reproducible.
+            for task in sorted(done, key=lambda t: t.prompt_group[0].index):
+                await self.buffer.put(DataBufferInput(task.prompt_group, task.result()))
+
+    async def _next_group(self, weight_version: int | None) -> DataBufferInput:
+        worker = self._worker
+        get_task = asyncio.ensure_future(self.buffer.get(current_version=weight_version))
+        try:
+            while True:
+                if worker.done():
+                    if worker.cancelled():
+                        raise WorkerDiedError("fully-async rollout worker was cancelled")
+                    exc = worker.exception()
+                    if exc is not None:
+                        raise exc
+                    raise RuntimeError("fully-async rollout worker exited without an exception")
+                if get_task.done():
+                    return get_task.result()
+                await asyncio.wait({get_task, worker}, timeout=NO_PROGRESS_WARN_SECS,
+                                   return_when=asyncio.FIRST_COMPLETED)
+                if not (get_task.done() or worker.done()):
+                    logger.warning("No completed rollout groups for %.1fs", NO_PROGRESS_WARN_SECS)
+        finally:
+            if not get_task.done():
+                get_task.cancel()
+
+    async def _drain(self, rollout_id: int, weight_version: int | None) -> tuple[list, dict]:
+        args = self.args
+        if self.sink.enabled:
+            self.sink.emit(ev.DRAIN_START, rollout_id=rollout_id, current_version=weight_version)
+        data = []
+        while len(data) < args.rollout_batch_size:
+            entry = await self._next_group(weight_version)
+            size = sum(1 for _ in iter_samples(entry.group))
+            assert size == args.n_samples_per_prompt, f"group has {size} samples, expected {args.n_samples_per_prompt}"
+            data.append(entry.group)
+        data.sort(key=lambda g: first_sample(g).index)
+        metrics = self.buffer.get_metrics()
+        for key, count in self._handler_counts.items():
+            metrics[HANDLER_PREFIX + key] = float(count)
+            self._handler_counts[key] = 0
+        if self.sink.enabled:
+            self.sink.emit(ev.DRAIN_END, rollout_id=rollout_id)
+        return data, metrics

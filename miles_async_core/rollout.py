@@ -1,0 +1,131 @@
+"""Group generation and the one-step-ahead rollout (`inference_rollout_train.py`).
+
+``generate_and_rm_group`` submits every sample of a group, fires the scheduler's
+sample callback exactly once per sample (success, error or cancellation), and returns
+or raises only after every sample is done; on a failure it cancels the siblings.
+
+``OneStepRollout`` is one ``generate`` call of the default (non fully-async) path:
+pull ``over_sampling_batch_size`` groups per submission while the scheduler has
+capacity, keep the first B groups the dynamic filter accepts, abort what is still in
+flight at the end (``abort_request abort_all``), return the B groups sorted by index.
+Every group it does not return is accounted for through the sink (``dropped`` with a
+reason): nothing is lost silently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Callable
+
+from miles_async_core import events as ev
+from miles_async_core.buffer import call_dynamic_filter
+from miles_async_core.contracts import NullSink, RolloutEngine
+from miles_async_core.scheduler import Progress, make_submission_scheduler
+from miles_async_core.types import Sample, SamplingParams, Status, first_sample, iter_samples
+
+logger = logging.getLogger(__name__)
+
+RewardFn = Callable[[Sample], float]
+
+
+async def generate_and_rm_group(
+    engine: RolloutEngine,
+    group: list[Sample],
+    sampling: SamplingParams,
+    *,
+    reward_fn: RewardFn | None = None,
+    sample_done_callback: Callable | None = None,
+    sink: Any = None,
+) -> list[Sample]:
+    futs = [asyncio.ensure_future(engine.generate(s, sampling)) for s in group]
+    if sample_done_callback is not None:
+        for f in futs:
+            f.add_done_callback(sample_done_callback)
+    try:
+        await asyncio.gather(*futs)
+    except BaseException:
+        for f in futs:
+            f.cancel()
+        await asyncio.gather(*futs, return_exceptions=True)
+        if sink is not None and sink.enabled:
+            sink.emit(ev.GROUP_DONE, group_index=group[0].group_index, ok=False)
+        raise
+    if reward_fn is not None:
+        for s in group:
+            if s.status != Status.ABORTED:
+                s.reward = reward_fn(s)
+    if sink is not None and sink.enabled:
+        sink.emit(ev.GROUP_DONE, group_index=group[0].group_index, ok=True)
+    return group
+
+
+class OneStepRollout:
+    """The rollout function of ``train.py`` and one-step ``train_async.py``."""
+
+    def __init__(self, args: Any, engine: RolloutEngine, data_source: Any, *, sampling: SamplingParams,
+                 reward_fn: RewardFn | None = None, sink: Any = None) -> None:
+        self.args = args
+        self.engine = engine
+        self.data_source = data_source
+        self.sampling = sampling
+        self.reward_fn = reward_fn
+        self.sink = sink or NullSink()
+        self.dynamic_filter = getattr(args, "dynamic_sampling_filter", None)
+
+    def _drop(self, group: Any, reason: str) -> None:
+        if self.sink.enabled:
+            self.sink.emit(ev.DROPPED, group_index=first_sample(group).group_index, reason=reason)
+
+    async def __call__(self, rollout_id: int, weight_version: int | None) -> tuple[list, dict]:
+        args = self.args
+        B, n = args.rollout_batch_size, args.n_samples_per_prompt
+        scheduler = make_submission_scheduler(args.rollout_submission_granularity, n, default="group")
+        progress = Progress(scheduler)
+        data: list[list[Sample]] = []
+        pendings: set[asyncio.Task] = set()
+        dropped = {"generate_error": 0, "dynamic_filter": 0, "kept_beyond_B": 0, "aborted_at_rollout_end": 0}
+        while len(data) < B:
+            while scheduler.has_capacity(pending_groups=len(pendings), group_budget=B - len(data)):
+                for group in self.data_source.get_samples(args.resolved_over_sampling_batch_size):
+                    scheduler.on_submit([group])
+                    task = asyncio.ensure_future(generate_and_rm_group(
+                        self.engine, group, self.sampling, reward_fn=self.reward_fn,
+                        sample_done_callback=scheduler.sample_done_callback, sink=self.sink))
+                    task.prompt_group = group  # type: ignore[attr-defined]
+                    progress.track(task)
+                    pendings.add(task)
+            done, pendings = await progress.wait_for_progress(pendings)
+            for task in sorted(done, key=lambda t: t.prompt_group[0].index):
+                if task.exception() is not None:
+                    logger.warning("group generation failed: %r", task.exception())
+                    dropped["generate_error"] += 1
+                    self._drop(task.prompt_group, "generate_error")
+                    continue
+                group = task.result()
+                assert len(group) == n, f"group has {len(group)} samples, expected {n}"
+                keep, reason = call_dynamic_filter(self.dynamic_filter, args, group)
+                if not keep:
+                    dropped["dynamic_filter"] += 1
+                    self._drop(group, f"dynamic_filter:{reason}")
+                elif len(data) < B:
+                    data.append(group)
+                else:
+                    dropped["kept_beyond_B"] += 1
+                    self._drop(group, "kept_beyond_B")
+        if pendings:
+            dropped["aborted_at_rollout_end"] += await self._abort(pendings)
+        assert len(data) == B, f"Got {len(data)} samples, expected {B}"
+        data.sort(key=lambda g: first_sample(g).index)
+        metrics = {f"rollout/dropped_groups/{k}": float(v) for k, v in dropped.items()}
+        return data, metrics
+
+    async def _abort(self, pendings: set[asyncio.Task]) -> int:
+        """`abort()`: abort every in-flight request, await every pending group, drop them
+        (no ``--partial-rollout``)."""
+        await self.engine.pause_generation("abort")
+        await self.engine.continue_generation()
+        await asyncio.gather(*pendings, return_exceptions=True)
+        for task in pendings:
+            self._drop(task.prompt_group, "aborted_at_rollout_end")
+        return len(pendings)

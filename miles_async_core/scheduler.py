@@ -1,0 +1,107 @@
+"""Submission schedulers (`miles/rollout/submission_scheduler.py`).
+
+``GroupLevelSubmission``: ``has_capacity <=> pending_groups < group_budget``.
+``SampleBackfillSubmission(n)``: counts samples in flight; admits a new group iff
+``samples_in_flight + n <= group_budget * n``; with no pending group it resets a
+non-zero count to 0 (upstream's self-healing).
+
+The schedulers are pure state machines (they own no task). ``Progress`` replaces
+``asyncio.wait(FIRST_COMPLETED)`` over every active task with an O(1) completion
+queue: group tasks and sample completions both signal it, and
+``wait_for_progress`` returns ``(done, pending)`` with ``done ∪ pending`` equal to the
+active set and never an internal waiter (spec §9 item 5). It may return an empty
+``done`` when only samples finished, as upstream does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Callable
+
+logger = logging.getLogger(__name__)
+
+
+class GroupLevelSubmission:
+    granularity = "group"
+    sample_done_callback: Callable | None = None
+
+    def has_capacity(self, *, pending_groups: int, group_budget: int) -> bool:
+        return pending_groups < group_budget
+
+    def on_submit(self, groups: list[list[Any]]) -> None:
+        return None
+
+
+class SampleBackfillSubmission:
+    granularity = "sample"
+
+    def __init__(self, n_samples_per_prompt: int) -> None:
+        self.n = n_samples_per_prompt
+        self.samples_in_flight = 0
+        self.progress: Progress | None = None  # set by Progress so sample completions wake waiters
+
+    def has_capacity(self, *, pending_groups: int, group_budget: int) -> bool:
+        if pending_groups == 0 and self.samples_in_flight != 0:
+            logger.warning("samples_in_flight=%d with no pending groups; resetting to 0", self.samples_in_flight)
+            self.samples_in_flight = 0
+        if self.samples_in_flight + self.n <= group_budget * self.n:
+            return True
+        if self.progress is not None:
+            self.progress.sample_signal = False  # only later completions wake the waiter
+        return False
+
+    def on_submit(self, groups: list[list[Any]]) -> None:
+        self.samples_in_flight += sum(len(g) for g in groups)
+
+    def sample_done_callback(self, _fut: Any = None) -> None:
+        self.samples_in_flight -= 1
+        if self.progress is not None:
+            self.progress.signal_sample()
+
+
+def make_submission_scheduler(granularity: str | None, n: int, *, default: str):
+    g = granularity or default
+    if g == "group":
+        return GroupLevelSubmission()
+    assert g == "sample", f"unknown submission granularity: {g}"
+    return SampleBackfillSubmission(n)
+
+
+class Progress:
+    """Completion queue for group tasks plus the sample-level wake-up of a scheduler."""
+
+    def __init__(self, scheduler: Any) -> None:
+        self._done: list[asyncio.Future] = []
+        self._waiter: asyncio.Future | None = None
+        self.sample_signal = False
+        if isinstance(scheduler, SampleBackfillSubmission):
+            scheduler.progress = self
+
+    def track(self, task: asyncio.Future) -> None:
+        task.add_done_callback(self._on_task_done)
+
+    def _on_task_done(self, task: asyncio.Future) -> None:
+        self._done.append(task)
+        self._wake()
+
+    def signal_sample(self) -> None:
+        self.sample_signal = True
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def wait_for_progress(self, active: set) -> tuple[set, set]:
+        if not self._done and not self.sample_signal:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        self.sample_signal = False
+        done = {t for t in self._done if t in active}
+        self._done = []
+        active.difference_update(done)
+        return done, active

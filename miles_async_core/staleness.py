@@ -1,0 +1,32 @@
+"""Staleness as Miles defines it (`fully_async_data_buffer.py:L187-L192`, `L40-L43`).
+
+``staleness(group, current_version) = current_version - min over every sample (nested
+groups flattened, all turns) of sample.oldest_weight_version``; ``None`` when the
+version is unknown or no sample carries a numeric version. Pure functions only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from miles_async_core.types import iter_samples
+
+
+def group_oldest_weight_version(group: Any) -> int | None:
+    versions = [s.oldest_weight_version for s in iter_samples(group)]
+    numeric = [v for v in versions if v is not None]
+    return min(numeric) if numeric else None
+
+
+def group_staleness(group: Any, current_version: int | None) -> int | None:
+    if current_version is None:
+        return None
+    oldest = group_oldest_weight_version(group)
+    return None if oldest is None else current_version - oldest
+
+
+def group_token_staleness(group: Any, trainer_version: int) -> int | None:
+    """True age: the trainer version minus the oldest weight version of any *token*."""
+    oldest = [s.token_versions.oldest for s in iter_samples(group)]
+    numeric = [v for v in oldest if v is not None]
+    return trainer_version - min(numeric) if numeric else None
