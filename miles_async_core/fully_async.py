@@ -58,6 +58,7 @@ class FullyAsyncRolloutFn:
         self._producer_resumed = asyncio.Event()
         self._producer_resumed.set()
         self._handler_counts = {"dropped": 0, "retried": 0, "retry_cap": 0}
+        self.in_flight_groups: dict[int, list] = {}  # submitted, not yet through put (for accounting)
 
     # --- unused-samples handler -----------------------------------------------------
     def unused_handler_fn(self, prompt_group: list, cause: str = "unknown") -> None:
@@ -106,6 +107,7 @@ class FullyAsyncRolloutFn:
             while scheduler.has_capacity(pending_groups=len(active), group_budget=self.group_budget):
                 prompt_group = self.data_source.get_samples(1)[0]
                 scheduler.on_submit([prompt_group])
+                self.in_flight_groups[prompt_group[0].group_index] = prompt_group
                 task = asyncio.ensure_future(generate_and_rm_group(
                     self.engine, prompt_group, self.sampling, reward_fn=self.reward_fn,
                     sample_done_callback=scheduler.sample_done_callback, sink=self.sink))
@@ -116,6 +118,7 @@ class FullyAsyncRolloutFn:
             # Upstream puts in set-iteration order (unspecified); sorting keeps runs reproducible.
             for task in sorted(done, key=lambda t: t.prompt_group[0].index):
                 await self.buffer.put(DataBufferInput(task.prompt_group, task.result()))
+                del self.in_flight_groups[task.prompt_group[0].group_index]
 
     async def _next_group(self, weight_version: int | None) -> DataBufferInput:
         worker = self._worker

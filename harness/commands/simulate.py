@@ -1,0 +1,62 @@
+"""`miles-harness simulate`: run a scenario on virtual time, print a summary, write the trace.
+
+    miles-harness simulate [--scenario FILE] [--trace PATH] [--num-rollout N] [-- MILES ARGS]
+
+With no scenario the built-in default runs (fully-async, B=16, n=4). Miles arguments
+after ``--`` override the scenario's config, and are validated with the rule profile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from pathlib import Path
+
+from miles_async_core.config import AsyncConfig, parse_miles_args
+from miles_async_core.errors import ConfigError
+from miles_async_core.rules import validate
+from harness.scenario import DEFAULT_SCENARIO, load_scenario
+from harness.simulate import format_summary, simulate, summarize
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--scenario", help="scenario file (.toml or .json); default: the built-in scenario")
+    p.add_argument("--trace", default="results/sim/trace.jsonl", help="where to write the JSONL trace")
+    p.add_argument("--num-rollout", type=int, help="override the number of training steps")
+    p.add_argument("--profile", default="manual", help="rule profile for validation (manual | miles-31f1ca9)")
+    p.add_argument("--json", action="store_true", help="print the summary as one JSON document")
+    p.add_argument("miles_args", nargs=argparse.REMAINDER, help="Miles flags after --")
+
+
+def main(args: argparse.Namespace) -> int:
+    scenario = load_scenario(args.scenario) if args.scenario else DEFAULT_SCENARIO
+    extra = [a for a in args.miles_args if a != "--"]
+    cfg = scenario.config.to_dict()
+    if extra:
+        parsed, notes = parse_miles_args(extra)
+        given = {k: v for k, v in parsed.to_dict().items() if v != getattr(AsyncConfig(), k)}
+        cfg.update(given)
+        for note in notes:
+            print(f"note: {note}")
+    if args.num_rollout is not None:
+        cfg["num_rollout"] = args.num_rollout
+    config = AsyncConfig.from_dict(cfg)
+    errors = [v for v in validate(config, args.profile) if v.severity == "error"]
+    if errors:
+        raise ConfigError("; ".join(f"[{v.rule_id}] {v.message}" for v in errors))
+    scenario = dataclasses.replace(scenario, config=config)
+    result = simulate(scenario)
+    summary = summarize(result)
+    if args.trace:
+        from harness.trace import write_jsonl
+
+        write_jsonl(result.events, args.trace)
+    if args.json:
+        print(json.dumps(summary, default=str, sort_keys=True))
+    else:
+        print(f"scenario: {scenario.name}")
+        print(format_summary(summary))
+        if args.trace:
+            print(f"trace: {Path(args.trace)} ({len(result.events)} events)")
+    return 1 if result.error else 0

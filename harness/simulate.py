@@ -1,0 +1,186 @@
+"""Run one scenario on virtual time with the simulated backends, and summarise it.
+
+``simulate(scenario)`` wires the core's drivers to ``SimEngine`` and ``SimTrainer`` on a
+fresh ``VirtualTimeLoop``, records a trace (unless ``trace=False``), and returns a
+``SimResult``. Same scenario, same seed -> the identical trace, event for event.
+
+A run that fails (a dead worker, a trainer exception, a deadlock) still returns a
+result: ``error`` holds the exception and the trace holds everything up to it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from miles_async_core import events as ev
+from miles_async_core.config import AsyncConfig
+from miles_async_core.contracts import NullSink
+from miles_async_core.drivers import make_context, run
+from miles_async_core.drivers.common import RunContext
+from miles_async_core.types import Sample, SamplingParams
+from harness.scenario import Scenario
+from harness.sim_engine import SimEngine, _uniform
+from harness.sim_trainer import SimTrainer
+from harness.trace import Event, TraceRecorder
+from harness.vtime import run_virtual
+
+
+@dataclass
+class SimResult:
+    scenario: Scenario
+    history: list[dict]
+    wall_s: float
+    events: list[Event]
+    engine_stats: dict[str, int]
+    error: BaseException | None = None
+    ctx: RunContext | None = field(default=None, repr=False)
+
+    @property
+    def config(self) -> AsyncConfig:
+        return self.scenario.config
+
+
+def sim_reward(seed: int) -> Callable[[Sample], float]:
+    """A deterministic 0/1 reward keyed by (seed, sample index)."""
+    return lambda s: 1.0 if _uniform(seed + 7, s.index) < 0.5 else 0.0
+
+
+def simulate(scenario: Scenario, *, trace: bool = True, buffer_factory: Callable | None = None,
+             engine_factory: Callable | None = None, trainer_factory: Callable | None = None,
+             hooks: Callable[[RunContext], None] | None = None) -> SimResult:
+    """``engine_factory(cfg, sink)`` / ``trainer_factory(cfg)`` let suites swap in variants."""
+    cfg = scenario.config
+    prompt = [0] * scenario.engine.prompt_tokens
+    holder: dict[str, Any] = {}
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        sink = TraceRecorder(loop.time) if trace else NullSink()
+        holder["sink"] = sink
+        engine = (engine_factory or SimEngine)(scenario.engine, sink=sink)
+        trainer = (trainer_factory or SimTrainer)(scenario.trainer)
+        holder["engine"] = engine
+        ctx = make_context(cfg, engine, trainer, lambda k: (f"prompt-{k}", prompt, k),
+                           sampling=SamplingParams(max_new_tokens=scenario.max_new_tokens),
+                           reward_fn=sim_reward(cfg.seed), sink=sink, clock=None, buffer_factory=buffer_factory)
+        holder["ctx"] = ctx
+        if hooks is not None:
+            hooks(ctx)
+        try:
+            await run(ctx)
+        finally:
+            holder["t_end"] = loop.time()
+            _emit_run_end(ctx)
+
+    error = None
+    try:
+        run_virtual(main())
+    except Exception as exc:  # the result carries it; suites decide whether it was expected
+        error = exc
+    ctx = holder.get("ctx")
+    sink = holder.get("sink")
+    return SimResult(scenario=scenario, history=ctx.history if ctx else [], wall_s=holder.get("t_end", 0.0),
+                     events=sink.events if isinstance(sink, TraceRecorder) else [],
+                     engine_stats=dict(holder["engine"].stats) if "engine" in holder else {}, error=error, ctx=ctx)
+
+
+def _emit_run_end(ctx: RunContext) -> None:
+    """Record what is still pending (buffered, in flight, recycled) so conservation can close."""
+    if not ctx.sink.enabled:
+        return
+    pending: list[int] = []
+    rollout_fn = ctx.rollout_manager.rollout_fn
+    buffer = getattr(rollout_fn, "buffer", None)
+    if buffer is not None and hasattr(buffer, "_buffer"):
+        pending += [e.prompt_group[0].group_index for e in buffer._buffer]
+    pending += list(getattr(rollout_fn, "in_flight_groups", {}))
+    ds = getattr(ctx, "data_source", None)
+    if ds is not None and hasattr(ds, "buffer"):
+        pending += [g[0].group_index for g in ds.buffer]
+    ctx.sink.emit(ev.RUN_END, pending_groups=pending)
+
+
+def _phase_totals(events: list[Event], wall_s: float) -> dict[tuple[str, str], float]:
+    """Seconds spent in each (side, phase), from matched start/end events."""
+    open_at: dict[tuple[str, str], list[float]] = {}
+    totals: dict[tuple[str, str], float] = {}
+    for e in events:
+        if e.kind not in (ev.PHASE_START, ev.PHASE_END):
+            continue
+        key = (e["side"], e["phase"])
+        if e.kind == ev.PHASE_START:
+            open_at.setdefault(key, []).append(e.t)
+        elif open_at.get(key):
+            totals[key] = totals.get(key, 0.0) + e.t - open_at[key].pop()
+    for key, starts in open_at.items():
+        totals[key] = totals.get(key, 0.0) + sum(wall_s - t for t in starts)
+    return totals
+
+
+def _histogram(values: list[int]) -> dict[int, int]:
+    out: dict[int, int] = {}
+    for v in values:
+        out[v] = out.get(v, 0) + 1
+    return dict(sorted(out.items()))
+
+
+def summarize(result: SimResult) -> dict[str, Any]:
+    h = result.history
+    taken = sum(1 for e in result.events if e.kind == ev.TAKEN)
+    handler = [e for e in result.events if e.kind == ev.HANDLER]
+    dropped = [e for e in result.events if e.kind == ev.DROPPED]
+    retried = sum(1 for e in result.events if e.kind == ev.RECYCLED)
+    queue = [r.get("rollout/fully_async/queue_size") for r in h if "rollout/fully_async/queue_size" in r]
+    phases = _phase_totals(result.events, result.wall_s)
+    wall = result.wall_s or 1.0
+    generating = phases.get(("rollout", "generating"), 0.0)
+    return {
+        "steps": len(h),
+        "wall_s": result.wall_s,
+        "age_versions": _histogram([a for r in h for a in r.get("age_versions", [])]),
+        "token_age_versions": _histogram([a for r in h for a in r.get("token_age_versions", [])]),
+        "lag_steps": _histogram([a for r in h for a in r.get("lag_steps", [])]),
+        "groups_taken": taken,
+        "groups_trained": sum(len(r.get("age_versions", [])) for r in h),
+        "dropped_share": len(dropped) / taken if taken else 0.0,
+        "retried_share": retried / taken if taken else 0.0,
+        "handler_calls": len(handler),
+        "drop_reasons": _histogram([e["reason"] for e in dropped]),  # type: ignore[arg-type]
+        "queue_size_mean": sum(queue) / len(queue) if queue else None,
+        "queue_size_max": max(queue) if queue else None,
+        "train_waiting_s": phases.get(("train", "waiting"), 0.0),
+        "train_training_s": phases.get(("train", "training"), 0.0),
+        "weight_sync_s": phases.get(("train", "weight_sync"), 0.0),
+        "rollout_generating_s": generating,
+        "rollout_idle_s": max(0.0, result.wall_s - generating),
+        "train_wait_time_ratio": phases.get(("train", "waiting"), 0.0) / wall,
+        "rollout_idle_ratio": max(0.0, result.wall_s - generating) / wall,
+        "error": repr(result.error) if result.error else None,
+    }
+
+
+def format_summary(s: dict[str, Any]) -> str:
+    def hist(d: dict) -> str:
+        return " ".join(f"{k}:{v}" for k, v in d.items()) or "-"
+
+    rows = [
+        ("steps", s["steps"]),
+        ("simulated wall time", f"{s['wall_s']:.2f} s"),
+        ("age at training, versions (Miles: recorded)", hist(s["age_versions"])),
+        ("age at training, versions (true: oldest token)", hist(s["token_age_versions"])),
+        ("policy lag, optimizer steps", hist(s["lag_steps"])),
+        ("groups taken / trained", f"{s['groups_taken']} / {s['groups_trained']}"),
+        ("dropped share", f"{s['dropped_share']:.1%}  {hist(s['drop_reasons'])}"),
+        ("retried share", f"{s['retried_share']:.1%}"),
+        ("queue size mean / max", "-" if s["queue_size_mean"] is None else
+         f"{s['queue_size_mean']:.1f} / {s['queue_size_max']:.0f}"),
+        ("trainer waiting", f"{s['train_waiting_s']:.2f} s ({s['train_wait_time_ratio']:.1%} of wall)"),
+        ("trainer training / weight sync", f"{s['train_training_s']:.2f} s / {s['weight_sync_s']:.2f} s"),
+        ("engine idle", f"{s['rollout_idle_s']:.2f} s ({s['rollout_idle_ratio']:.1%} of wall)"),
+    ]
+    if s["error"]:
+        rows.append(("run failed", s["error"]))
+    width = max(len(r[0]) for r in rows)
+    return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
