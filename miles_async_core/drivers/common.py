@@ -9,6 +9,7 @@ ignores ``--pause-generation-mode`` and always retracts (`fsdp_utils/update_weig
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,10 +55,17 @@ class RolloutManager:
         if self.sink.enabled:
             self.sink.emit(ev.SET_WEIGHT_VERSION, version=version)
 
-    async def generate(self, rollout_id: int) -> tuple[list, dict]:
+    def launch(self, rollout_id: int) -> "asyncio.Future[tuple[list, dict]]":
+        """Start a generate now (``generate.remote``): the version is read at launch."""
         version = self.weight_version  # read once, when the drain starts (rollout_manager.py:L252)
         if self.sink.enabled:
             self.sink.emit(ev.GENERATE_START, rollout_id=rollout_id, version=version)
+        return asyncio.ensure_future(self._generate(rollout_id, version))
+
+    async def generate(self, rollout_id: int) -> tuple[list, dict]:
+        return await self.launch(rollout_id)
+
+    async def _generate(self, rollout_id: int, version: int | None) -> tuple[list, dict]:
         data, metrics = await self.rollout_fn(rollout_id, version)
         metrics = {**metrics, **weight_version_metrics(data)}
         if self.sink.enabled:

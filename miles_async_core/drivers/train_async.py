@@ -30,14 +30,14 @@ async def train_async(ctx: RunContext) -> list[dict]:
     rm = ctx.rollout_manager
     await update_weights(ctx)  # initial update -> version 1 (train_async.py:L50)
     start, num = args.start_rollout_id, args.num_rollout
-    next_task: asyncio.Future | None = asyncio.ensure_future(rm.generate(start))
+    next_task: asyncio.Future | None = rm.launch(start)
     curr = None
     try:
         for rollout_id in range(start, num):
             if next_task is not None:
                 curr = await _await_generate(ctx, next_task, rollout_id)
             if rollout_id + 1 < num:
-                next_task = asyncio.ensure_future(rm.generate(rollout_id + 1))
+                next_task = rm.launch(rollout_id + 1)
             data, metrics = curr
             await train_step(ctx, rollout_id, data, metrics)
             if (rollout_id + 1) % k == 0:  # absolute rollout_id, as upstream

@@ -1,0 +1,105 @@
+"""Driver loops: Miles' version arithmetic and ordering (spec §2, §9 items 28-36)."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.scenario import Scenario
+from harness.sim_engine import LengthDist, SimEngineConfig
+from harness.sim_trainer import SimTrainerConfig
+from harness.simulate import simulate
+from miles_async_core import events as ev
+from miles_async_core.config import AsyncConfig
+
+
+def run(**cfg):
+    config = AsyncConfig(**{"rollout_batch_size": 3, "n_samples_per_prompt": 2, "num_rollout": 7, **cfg})
+    scenario = Scenario(config=config, engine=SimEngineConfig(response_length=LengthDist(kind="uniform", low=4, high=40)),
+                        trainer=SimTrainerConfig(step_base_s=0.5), max_new_tokens=64)
+    result = simulate(scenario)
+    assert result.error is None, result.error
+    return result
+
+
+def generate_versions(result) -> dict[int, int]:
+    return {e["rollout_id"]: e["version"] for e in result.events if e.kind == ev.GENERATE_START}
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 4])
+def test_one_step_generate_version_follows_miles_formula(k):
+    result = run(update_weights_interval=k)
+    S = 0
+    for M, version in generate_versions(result).items():
+        updates_before = sum(1 for N in range(S, M - 1) if (N + 1) % k == 0)
+        assert version == (1 if M == S else 1 + updates_before)
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_update_count_is_one_plus_the_iterations_with_rollout_id_plus_one_divisible_by_k(k):
+    result = run(update_weights_interval=k)
+    updates = [e for e in result.events if e.kind == ev.ENGINE_VERSION]
+    assert len(updates) == 1 + sum(1 for N in range(7) if (N + 1) % k == 0)
+    assert [e["version"] for e in updates] == list(range(1, len(updates) + 1))
+
+
+def test_sync_driver_generates_rollout_m_at_version_m_plus_one_and_ignores_the_interval():
+    result = run(driver="train", update_weights_interval=3)
+    assert generate_versions(result) == {M: M + 1 for M in range(7)}
+    assert all(set(r["lag_steps"]) == {0} for r in result.history)
+
+
+def test_one_step_launches_the_next_generate_before_training_and_never_updates_during_one():
+    result = run()
+    generating: set[int] = set()
+    launched_before_train: dict[int, bool] = {}
+    for e in result.events:
+        if e.kind == ev.GENERATE_START:
+            generating.add(e["rollout_id"])
+        elif e.kind == ev.GENERATE_END:
+            generating.discard(e["rollout_id"])
+        elif e.kind == ev.TRAINED:
+            launched_before_train[e["rollout_id"]] = (e["rollout_id"] + 1) in generating or e["rollout_id"] == 6
+        elif e.kind == ev.ENGINE_PAUSE and e["mode"] != "abort":
+            assert not generating, f"weight update at t={e.t} while generate {generating} is in flight"
+    assert all(launched_before_train.values())
+
+
+def test_a_trained_sample_in_one_step_mode_carries_a_single_version():
+    result = run(update_weights_interval=2)
+    for e in result.events:
+        if e.kind == ev.FINISHED and e["status"] != "aborted":
+            assert len({r[0] for r in e["token_versions"]}) == 1
+            assert e["weight_versions"] == [str(e["token_versions"][-1][0])]
+
+
+def test_fully_async_drain_reads_the_version_once_and_judges_staleness_against_it():
+    result = run(fully_async=True, max_weight_staleness=1, async_unused_samples_handler="retry")
+    drain_version = {}
+    current = None
+    for e in result.events:
+        if e.kind == ev.DRAIN_START:
+            current = e["current_version"]
+            drain_version[e["rollout_id"]] = current
+        elif e.kind in (ev.GOT, ev.STALE_REJECTED):
+            assert e["current_version"] == current
+    assert drain_version[0] == 1
+
+
+def test_fsdp_backend_ignores_the_pause_mode_and_retracts():
+    result = run(fully_async=True, pause_generation_mode="in_place", train_backend="fsdp")
+    modes = {e["mode"] for e in result.events if e.kind == ev.ENGINE_PAUSE}
+    assert modes == {"retract"}
+
+
+def test_a_dead_worker_fails_the_next_drain_with_its_exception():
+    config = AsyncConfig(rollout_batch_size=2, n_samples_per_prompt=2, num_rollout=5, fully_async=True)
+    scenario = Scenario(config=config, engine=SimEngineConfig(request_failure_rate=0.2))
+    result = simulate(scenario)
+    assert result.error is not None and "injected failure" in str(result.error)
+
+
+def test_a_trainer_exception_stops_the_run_and_is_reported():
+    config = AsyncConfig(rollout_batch_size=2, n_samples_per_prompt=2, num_rollout=5, fully_async=True)
+    result = simulate(Scenario(config=config, trainer=SimTrainerConfig(fail_at_step=2)))
+    assert "injected trainer failure at step 2" in str(result.error)
+    assert len(result.history) == 2

@@ -1,0 +1,123 @@
+"""SimEngine against a direct model of its schedule, and its pause-mode semantics."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from harness.sim_engine import LengthDist, SimEngine, SimEngineConfig
+from harness.vtime import VirtualDeadlock, run_virtual
+from miles_async_core.errors import ConfigError
+from miles_async_core.types import Sample, SamplingParams, Status
+
+BASE, PER_SEQ, PREFILL = 0.01, 0.001, 0.0001
+
+
+def engine(length: int = 10, **kw) -> SimEngine:
+    return SimEngine(SimEngineConfig(decode_base_s=BASE, decode_per_seq_s=PER_SEQ, prefill_per_token_s=PREFILL,
+                                     response_length=LengthDist(kind="fixed", median=length), **kw))
+
+
+def sample(i: int, prompt: int = 20) -> Sample:
+    return Sample(index=i, group_index=i, prompt_tokens=[0] * prompt)
+
+
+def test_one_request_alone_finishes_after_prefill_plus_length_steps():
+    async def main():
+        eng = engine(10)
+        s = await eng.generate(sample(0), SamplingParams(max_new_tokens=100))
+        return asyncio.get_running_loop().time(), s
+
+    t, s = run_virtual(main())
+    assert t == pytest.approx(20 * PREFILL + 10 * (BASE + PER_SEQ))
+    assert s.status == Status.COMPLETED and s.response_length == 10 and s.weight_versions == ["0"]
+
+
+def test_two_requests_share_steps_and_the_batch_shrinks_when_one_leaves():
+    async def main():
+        eng = engine(10)
+        loop = asyncio.get_running_loop()
+        short = eng.generate(sample(0), SamplingParams(max_new_tokens=4))  # truncated at 4 tokens
+        long = eng.generate(sample(1), SamplingParams(max_new_tokens=100))
+        await short
+        t_short = loop.time()
+        await long
+        return t_short, loop.time(), short.result(), long.result()
+
+    t_short, t_long, s, l = run_virtual(main())
+    first = 40 * PREFILL + 4 * (BASE + 2 * PER_SEQ)
+    assert t_short == pytest.approx(first)
+    assert t_long == pytest.approx(first + 6 * (BASE + PER_SEQ))
+    assert s.status == Status.TRUNCATED and l.status == Status.COMPLETED
+
+
+@pytest.mark.parametrize("mode", ["abort", "retract", "in_place"])
+def test_pause_modes_record_versions_and_kv_provenance(mode):
+    async def main():
+        eng = engine(10)
+        fut = eng.generate(sample(0), SamplingParams(max_new_tokens=100))
+        await asyncio.sleep(20 * PREFILL + 4.5 * (BASE + PER_SEQ))  # mid-step 5
+        await eng.pause_generation(mode)
+        await eng.update_weights(1, None)
+        await eng.continue_generation()
+        return await fut
+
+    s = run_virtual(main())
+    if mode == "abort":
+        assert s.status == Status.ABORTED and s.token_versions.runs == [[0, 0, 5]] and s.weight_versions == ["0"]
+    elif mode == "retract":
+        assert s.token_versions.runs == [[0, 0, 5], [1, 1, 5]]  # prefix recomputed under version 1
+        assert s.weight_versions == ["1"]  # Miles records only the completion-time version
+    else:
+        assert s.token_versions.runs == [[0, 0, 5], [1, 0, 5]]  # new weights on old KV
+        assert s.token_versions.old_kv_token_count() == 5
+
+
+def test_update_weights_while_generating_is_refused():
+    async def main():
+        eng = engine(10)
+        eng.generate(sample(0), SamplingParams())
+        await asyncio.sleep(0.001)
+        await eng.update_weights(1, None)
+
+    with pytest.raises(RuntimeError, match="call pause_generation"):
+        run_virtual(main())
+
+
+def test_nothing_is_admitted_while_paused():
+    async def main():
+        eng = engine(10)
+        await eng.pause_generation("retract")
+        fut = eng.generate(sample(0), SamplingParams())
+        await asyncio.sleep(5.0)
+        assert not fut.done() and not eng.running
+        await eng.continue_generation()
+        return await fut
+
+    assert run_virtual(main()).response_length == 10
+
+
+def test_a_deadlocked_simulation_raises_instead_of_hanging():
+    async def main():
+        await asyncio.get_running_loop().create_future()
+
+    with pytest.raises(VirtualDeadlock, match="every task is blocked"):
+        run_virtual(main())
+
+
+def test_response_lengths_are_keyed_by_sample_not_by_schedule():
+    dist = LengthDist(kind="lognormal", median=50, sigma=1.0)
+    cfg = SimEngineConfig(response_length=dist, seed=3)
+
+    async def lengths(order):
+        eng = SimEngine(cfg)
+        futs = {i: eng.generate(sample(i), SamplingParams(max_new_tokens=10_000)) for i in order}
+        return {i: (await f).response_length for i, f in futs.items()}
+
+    assert run_virtual(lengths([0, 1, 2, 3])) == run_virtual(lengths([3, 1, 0, 2]))
+
+
+def test_bad_engine_config_names_the_field():
+    with pytest.raises(ConfigError, match="engine.decode_base_s"):
+        SimEngineConfig(decode_base_s=0)
