@@ -100,7 +100,7 @@ _WAITING, _RUNNING, _DONE = 0, 1, 2
 
 class _Req:
     __slots__ = ("sample", "fut", "target", "truncated", "base", "join_step", "kv_floor", "finish_step", "state",
-                 "fail")
+                 "fail", "engine")
 
     def __init__(self, sample: Sample, fut: asyncio.Future, target: int, truncated: bool, fail: bool) -> None:
         self.sample, self.fut, self.target, self.truncated, self.fail = sample, fut, target, truncated, fail
@@ -109,6 +109,10 @@ class _Req:
         self.kv_floor = 0
         self.finish_step = 0
         self.state = _WAITING
+
+    def on_done(self, fut: asyncio.Future) -> None:
+        if fut.cancelled():
+            self.engine._on_cancel(self)
 
 
 class SimEngine:
@@ -140,7 +144,8 @@ class SimEngine:
         target = min(drawn, sampling.max_new_tokens)
         fail = cfg.request_failure_rate > 0 and _uniform(cfg.seed + 1, sample.index, sample.retry_count) < cfg.request_failure_rate
         req = _Req(sample, fut, max(target, len(sample.response_tokens)), drawn >= sampling.max_new_tokens, fail)
-        fut.add_done_callback(lambda f, r=req: self._on_cancel(r) if f.cancelled() else None)
+        req.engine = self
+        fut.add_done_callback(req.on_done)
         self.stats["requests"] += 1
         if self.sink.enabled:
             self.sink.emit(ev.SUBMITTED, index=sample.index, group_index=sample.group_index, version=self.weight_version)

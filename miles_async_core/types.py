@@ -65,7 +65,10 @@ class VersionRuns:
 
     @property
     def oldest(self) -> int | None:
-        return min((r[0] for r in self.runs), default=None)
+        runs = self.runs
+        if len(runs) == 1:
+            return runs[0][0]
+        return min((r[0] for r in runs), default=None)
 
     @property
     def newest(self) -> int | None:
@@ -109,7 +112,11 @@ class Sample:
     @property
     def oldest_weight_version(self) -> int | None:
         """Miles' definition (`types.py:L270-L274`): min over numeric ``weight_versions``."""
-        numeric = [int(v) for v in self.weight_versions if str(v).isdigit()]
+        wv = self.weight_versions
+        if len(wv) == 1:  # the common single-turn case, kept cheap for long simulations
+            v = wv[0]
+            return int(v) if str(v).isdigit() else None
+        numeric = [int(v) for v in wv if str(v).isdigit()]
         return min(numeric) if numeric else None
 
     @property
