@@ -10,9 +10,10 @@ draws the same prompts.
   fraction of the prompt symbols reproduced position by position at the start of the
   response. Char-level vocabulary; the tiny model learns it from scratch in tens of
   GRPO steps.
-* ``arithmetic``: ``What is 3+4? Answer:``; reward 1 when the first integer in the
-  response equals the sum. Built for SmolLM2 (its GGUF tokenizer), usable with any
-  tokenizer that has encode/decode.
+* ``arithmetic``: ``What is 3+4?`` (inside the chat template when the tokenizer has
+  one, else ``... Answer:``); reward 1 when the last integer in the response equals
+  the sum. Built for SmolLM2-Instruct (its GGUF tokenizer), usable with any tokenizer
+  that has encode/decode.
 """
 
 from __future__ import annotations
@@ -108,7 +109,8 @@ class CopyTask:
 class ArithmeticTask:
     tokenizer: Any
     max_operand: int = 9
-    max_new_tokens: int = 6
+    max_new_tokens: int = 12
+    chat: bool = True
     name: str = "arithmetic"
 
     @property
@@ -119,13 +121,23 @@ class ArithmeticTask:
         out = []
         for _ in range(k):
             a, b = rng.randint(0, self.max_operand), rng.randint(0, self.max_operand)
-            prompt = f"What is {a}+{b}? Answer:"
-            out.append(Sample(prompt=prompt, prompt_tokens=list(self.tokenizer.encode(prompt)), label=str(a + b)))
+            prompt, tokens = self._encode(f"What is {a}+{b}?")
+            out.append(Sample(prompt=prompt, prompt_tokens=tokens, label=str(a + b)))
         return out
 
+    def _encode(self, question: str) -> tuple[str, list[int]]:
+        """Instruct models (SmolLM2-Instruct) answer only inside their chat template."""
+        if self.chat and hasattr(self.tokenizer, "apply_chat_template"):
+            messages = [{"role": "user", "content": f"{question} Answer with the number only."}]
+            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            return text, list(self.tokenizer.encode(text, add_special_tokens=False))
+        text = f"{question} Answer:"
+        return text, list(self.tokenizer.encode(text))
+
     def reward(self, sample: Sample) -> float:
-        match = re.search(r"-?\d+", self.tokenizer.decode(sample.response_tokens))
-        return 1.0 if match is not None and match.group(0) == sample.label else 0.0
+        """1 when the last integer of the response is the sum ("3 + 4 = 7", "It is 7.")."""
+        numbers = re.findall(r"-?\d+", self.tokenizer.decode(sample.response_tokens))
+        return 1.0 if numbers and numbers[-1] == sample.label else 0.0
 
 
 def _arithmetic(**kwargs: Any) -> ArithmeticTask:

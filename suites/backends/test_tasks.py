@@ -57,7 +57,7 @@ def test_copy_reward_is_the_fraction_of_symbols_reproduced_position_by_position(
     assert task.reward(sample) == pytest.approx(reward)
 
 
-def test_arithmetic_reward_checks_the_first_integer_of_the_response():
+def test_arithmetic_reward_checks_the_last_integer_of_the_response():
     task = ArithmeticTask(tokenizer=ByteTokenizer(), max_operand=9)
     prompts = task.sample_prompts(random.Random(1), 20)
     for s in prompts:
@@ -65,8 +65,8 @@ def test_arithmetic_reward_checks_the_first_integer_of_the_response():
         assert s.label == str(a + b) and 0 <= a <= 9 and 0 <= b <= 9
     s = prompts[0]
     scored = [Sample(label=s.label, response_tokens=task.tokenizer.encode(text))
-              for text in (f" {s.label}.", f" {s.label}0", " no idea", f" 1{s.label}")]
-    assert [task.reward(x) for x in scored] == [1.0, 0.0, 0.0, 0.0]
+              for text in (f" {s.label}.", f"1 + 2 = {s.label}", f" {s.label}0", " no idea", f"{s.label} or 1")]
+    assert [task.reward(x) for x in scored] == [1.0, 1.0, 0.0, 0.0, 0.0]
 
 
 def test_make_groups_gives_n_fresh_samples_per_prompt_with_running_indices():

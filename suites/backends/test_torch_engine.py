@@ -271,3 +271,85 @@ def test_an_engine_thread_failure_is_raised_where_the_caller_waits():
             healthy.close()
 
     asyncio.run(main())
+
+
+# --- transformers models through the HF wrapper ---------------------------------------------
+
+
+def hf_llama(*, n_kv_heads: int, fast_decode: bool):
+    transformers = pytest.importorskip("transformers", reason="the HF wrapper needs transformers (model extra)")
+    from miles_async_core.backends.torch_models import HFCausalLM
+
+    cfg = transformers.LlamaConfig(vocab_size=32, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=n_kv_heads,
+                                   max_position_embeddings=64, tie_word_embeddings=True)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(4)
+        return HFCausalLM(transformers.LlamaForCausalLM(cfg), fast_decode=fast_decode)
+
+
+@pytest.mark.parametrize("n_kv_heads", [4, 2])
+@pytest.mark.parametrize("fast_decode", [True, False])
+def test_hf_models_decode_like_their_own_full_forward_in_both_decode_paths(fast_decode, n_kv_heads):
+    model = hf_llama(n_kv_heads=n_kv_heads, fast_decode=fast_decode)
+    core = EngineCore(model, max_running=3)
+    for i, p in enumerate(PROMPTS):
+        core.add_request(i, p, 4 + i, 1.0, seed=100 + i)
+    for i, done in run_all(core).items():
+        ref = fresh_log_probs(model, PROMPTS[i], done.output_tokens, 1.0)
+        assert done.log_probs == pytest.approx(ref, abs=1e-5)
+
+
+def test_hf_model_retract_continues_under_the_new_weights():
+    model = hf_llama(n_kv_heads=2, fast_decode=True)
+    new_weights = {k: v + 0.05 * torch.randn(v.shape, generator=torch.Generator().manual_seed(1))
+                   for k, v in model.weights_copy().items()}
+    core = EngineCore(model, max_running=2)
+    core.add_request(0, PROMPTS[2], 8, 1.0, seed=7)
+    for _ in range(3):
+        core.step()
+    core.pause("retract")
+    core.update_weights(1, new_weights)
+    core.resume()
+    done = run_all(core)[0]
+    assert done.token_versions.runs == [[0, 0, 3], [1, 1, 5]]
+    ref = fresh_log_probs(model, PROMPTS[2], done.output_tokens, 1.0)  # model now holds the new weights
+    assert done.log_probs[3:] == pytest.approx(ref[3:], abs=1e-5)
+    assert min(abs(a - b) for a, b in zip(done.log_probs[:3], ref[:3])) > 1e-4
+
+
+def test_a_missing_model_directory_raises_a_config_error_naming_the_flag_and_the_fix(tmp_path):
+    from miles_async_core.backends.torch_models import load_hf_dir
+
+    missing = tmp_path / "no-such-model"
+    with pytest.raises(ConfigError, match=r"--model=.*no-such-model.*does not exist.*Fix:"):
+        load_hf_dir(str(missing))
+
+
+@pytest.mark.slow
+def test_smollm2_from_its_gguf_file_decodes_like_its_full_forward_and_scores_on_arithmetic():
+    """Loads in about 15 s on 2 cores (Q4_1 dequantisation)."""
+    pytest.importorskip("gguf", reason="SmolLM2 ships as GGUF; needs the model extra")
+    import random
+
+    from miles_async_core.backends.tasks import get_task
+    from miles_async_core.backends.torch_models import load_smollm2, load_smollm2_tokenizer
+
+    torch.set_num_threads(2)
+    model, tokenizer = load_smollm2(max_seq_len=128), load_smollm2_tokenizer()
+    task = get_task("arithmetic", tokenizer=tokenizer)
+    prompts = task.sample_prompts(random.Random(0), 8)
+    core = EngineCore(model, max_running=8, eos_token_id=task.eos_token_id)
+    for i, s in enumerate(prompts):
+        core.add_request(i, s.prompt_tokens, task.max_new_tokens, 0.0, seed=i)
+    results = run_all(core)
+    rewards = []
+    for i, s in enumerate(prompts):
+        s.response_tokens = results[i].output_tokens
+        rewards.append(task.reward(s))
+        ref = torch.log_softmax(model.logits(torch.tensor([s.prompt_tokens + s.response_tokens]))[0], -1)
+        p = len(s.prompt_tokens)
+        expected = [ref[p - 1 + j, t].item() for j, t in enumerate(s.response_tokens)]
+        assert results[i].log_probs == pytest.approx(expected, abs=1e-4)
+    print(f"\nSmolLM2 greedy arithmetic: {sum(rewards):.0f}/{len(rewards)} correct")
+    assert sum(rewards) >= 1, "the instruct model answers some single-digit sums"
