@@ -436,32 +436,46 @@ class HFCausalLM(EngineModel):
                       use_cache=True, **{self.cache_kwarg: cache})
         return out.logits[:, -1].float()
 
+    def _layer_params(self) -> list[tuple]:
+        """Per-layer parameter references, taken once: module attribute lookups cost more
+        than the tiny matmuls. ``load_weights`` copies into these same tensors in place."""
+        if getattr(self, "_params", None) is None:
+            self._params = []
+            for layer in self.hf.model.layers:
+                attn, mlp = layer.self_attn, layer.mlp
+                self._params.append((
+                    layer.input_layernorm.weight, attn.q_proj.weight, attn.q_proj.bias, attn.k_proj.weight,
+                    attn.k_proj.bias, attn.v_proj.weight, attn.v_proj.bias, attn.o_proj.weight, attn.o_proj.bias,
+                    layer.post_attention_layernorm.weight, mlp.gate_proj.weight, mlp.gate_proj.bias,
+                    mlp.up_proj.weight, mlp.up_proj.bias, mlp.down_proj.weight, mlp.down_proj.bias, mlp.act_fn,
+                    attn.scaling,
+                ))
+        return self._params
+
     def _fast_decode(self, positions: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor, span: int):
         """Llama's decoder layer, op for op, on the model's own parameters and the slot pool."""
-        b, hd = positions.numel(), self.head_dim
+        b, hd, eps = positions.numel(), self.head_dim, self.eps
         rows = self.rows[:b]
         cos = self.rope_cos[positions].view(b, 1, 1, hd)
         sin = self.rope_sin[positions].view(b, 1, 1, hd)
-        model = self.hf.model
-        x = F.embedding(tokens.view(b, 1), model.embed_tokens.weight)
-        for layer_idx, layer in enumerate(model.layers):
-            attn, mlp = layer.self_attn, layer.mlp
-            h = _rms(x, layer.input_layernorm.weight, self.eps)
-            q = F.linear(h, attn.q_proj.weight, attn.q_proj.bias).view(b, 1, self.n_heads, hd).transpose(1, 2)
-            k = F.linear(h, attn.k_proj.weight, attn.k_proj.bias).view(b, 1, self.n_kv_heads, hd).transpose(1, 2)
-            v = F.linear(h, attn.v_proj.weight, attn.v_proj.bias).view(b, 1, self.n_kv_heads, hd).transpose(1, 2)
+        gqa = self.n_heads != self.n_kv_heads
+        x = F.embedding(tokens.view(b, 1), self.hf.model.embed_tokens.weight)
+        for layer_idx, params in enumerate(self._layer_params()):
+            (in_norm, qw, qb, kw, kb, vw, vb, ow, ob, post_norm, gw, gb, uw, ub, dw, db, act, scaling) = params
+            h = _rms(x, in_norm, eps)
+            q = F.linear(h, qw, qb).view(b, 1, self.n_heads, hd).transpose(1, 2)
+            k = F.linear(h, kw, kb).view(b, 1, self.n_kv_heads, hd).transpose(1, 2)
+            v = F.linear(h, vw, vb).view(b, 1, self.n_kv_heads, hd).transpose(1, 2)
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
             kc, vc = self.k_pool[layer_idx], self.v_pool[layer_idx]
             kc[rows, :, positions] = k[:, :, 0]
             vc[rows, :, positions] = v[:, :, 0]
             out = F.scaled_dot_product_attention(q, kc[:b, :, :span], vc[:b, :, :span], attn_mask=mask,
-                                                 scale=attn.scaling, enable_gqa=self.n_heads != self.n_kv_heads)
-            x = x + F.linear(out.transpose(1, 2).reshape(b, 1, -1), attn.o_proj.weight, attn.o_proj.bias)
-            h = _rms(x, layer.post_attention_layernorm.weight, self.eps)
-            gate = F.linear(h, mlp.gate_proj.weight, mlp.gate_proj.bias)
-            gated = mlp.act_fn(gate) * F.linear(h, mlp.up_proj.weight, mlp.up_proj.bias)
-            x = x + F.linear(gated, mlp.down_proj.weight, mlp.down_proj.bias)
-        x = _rms(x, model.norm.weight, self.eps)
+                                                 scale=scaling, enable_gqa=gqa)
+            x = x + F.linear(out.transpose(1, 2).reshape(b, 1, -1), ow, ob)
+            h = _rms(x, post_norm, eps)
+            x = x + F.linear(act(F.linear(h, gw, gb)) * F.linear(h, uw, ub), dw, db)
+        x = _rms(x, self.hf.model.norm.weight, eps)
         return F.linear(x[:, 0], self.hf.lm_head.weight).float()
 
 
