@@ -1,0 +1,150 @@
+"""Shared pieces of the trace invariant checkers: ``Violation``, the registry, and the
+indexes every checker builds from a trace.
+
+Contract: a checker is ``check_<name>(events, config) -> list[Violation]``; it reads the
+trace only (never the objects that produced it), never raises on a well-formed trace
+(``events.EVENT_FIELDS``), and reports each failure with the slice of trace around it so
+a person can read what happened (``Violation.format()``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+from miles_async_core import events as ev
+from miles_async_core.config import AsyncConfig
+from harness.trace import Event
+
+CONTEXT_EVENTS = 10
+
+
+@dataclass(frozen=True, kw_only=True)
+class Violation:
+    invariant: str
+    message: str
+    events: list[Event] = field(default_factory=list)
+
+    def format(self, *, max_events: int = 40) -> str:
+        lines = [f"[{self.invariant}] {self.message}"]
+        shown = self.events[-max_events:]
+        if len(self.events) > len(shown):
+            lines.append(f"  ... {len(self.events) - len(shown)} earlier events not shown")
+        lines += ["  " + format_event(e) for e in shown]
+        return "\n".join(lines)
+
+
+def format_event(e: Event) -> str:
+    parts = []
+    for key, value in e.fields.items():
+        if key == "metrics" and isinstance(value, dict):
+            value = {k.rsplit("/", 1)[-1]: v for k, v in value.items() if "fully_async" in k}
+        parts.append(f"{key}={value}")
+    return f"t={e.t:9.3f}s  #{e.seq:<5d} {e.kind:<16s} " + " ".join(parts)
+
+
+def window(events: list[Event], pos: int, before: int = CONTEXT_EVENTS) -> list[Event]:
+    """The offending event at ``pos`` and up to ``before`` events before it."""
+    return events[max(0, pos - before):pos + 1]
+
+
+def lifecycle(events: list[Event], group_index: int, upto: int | None = None) -> list[Event]:
+    """Every event that names ``group_index`` (or one of its samples), up to position ``upto``."""
+    idx = sample_indices(events).get(group_index, set())
+    end = len(events) if upto is None else upto + 1
+    out = []
+    for e in events[:end]:
+        gi = e.fields.get("group_index")
+        if gi == group_index or e.fields.get("index") in idx or group_index in (e.fields.get("group_indices") or ()):
+            out.append(e)
+    return out
+
+
+def sample_indices(events: list[Event]) -> dict[int, set[int]]:
+    """group_index -> sample indices, from ``taken`` events."""
+    out: dict[int, set[int]] = {}
+    for e in events:
+        if e.kind == ev.TAKEN:
+            out.setdefault(e["group_index"], set()).update(e["indices"])
+    return out
+
+
+def engine_versions_at(events: list[Event]) -> list[int]:
+    """The engine weight version in force at each event position (0 before the first load)."""
+    out, v = [], 0
+    for e in events:
+        if e.kind == ev.ENGINE_VERSION:
+            v = e["version"]
+        out.append(v)
+    return out
+
+
+def latest_finished(events: list[Event], upto: int) -> dict[int, Event]:
+    """sample index -> the last ``finished`` event at or before position ``upto``."""
+    out: dict[int, Event] = {}
+    for e in events[:upto + 1]:
+        if e.kind == ev.FINISHED:
+            out[e["index"]] = e
+    return out
+
+
+def oldest_weight_version(fin: Event) -> int | None:
+    numeric = [int(v) for v in fin["weight_versions"] if str(v).isdigit()]
+    return min(numeric) if numeric else None
+
+
+def effective_pause_mode(config: AsyncConfig) -> str:
+    """The mode the updater really uses: FSDP always retracts (`update_weight_utils.py:L74`)."""
+    return "retract" if config.train_backend == "fsdp" else config.pause_generation_mode
+
+
+def is_fully_async(config: AsyncConfig) -> bool:
+    return bool(config.fully_async)
+
+
+def is_one_step(config: AsyncConfig) -> bool:
+    return config.driver == "train_async" and not config.fully_async
+
+
+Checker = Callable[[list[Event], AsyncConfig], list[Violation]]
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    fn: Checker
+    applies: Callable[[AsyncConfig], bool]
+    needs_complete_run: bool  # False: holds on the prefix of a run that failed or was cancelled
+    spec_items: tuple[int, ...]
+
+
+REGISTRY: list[Check] = []
+
+
+def invariant(name: str, *, applies: Callable[[AsyncConfig], bool] = lambda c: True,
+              complete_only: bool = False, spec: Iterable[int] = ()) -> Callable[[Checker], Checker]:
+    """Register ``fn`` under ``name``; ``Violation.invariant`` must be that name."""
+
+    def wrap(fn: Checker) -> Checker:
+        assert all(c.name != name for c in REGISTRY), f"duplicate invariant {name}"
+        REGISTRY.append(Check(name, fn, applies, complete_only, tuple(spec)))
+        fn.invariant_name = name  # type: ignore[attr-defined]
+        return fn
+
+    return wrap
+
+
+def pos_of(events: list[Event], e: Event) -> int:
+    """Position of ``e`` in ``events`` (seq numbers are positions in a recorder's trace)."""
+    if 0 <= e.seq < len(events) and events[e.seq] is e:
+        return e.seq
+    return events.index(e)
+
+
+def violation(name: str, message: str, events: list[Event], pos: int, *, context: list[Event] | None = None,
+              ) -> Violation:
+    return Violation(invariant=name, message=message, events=context if context is not None else window(events, pos))
+
+
+def as_list(x: Any) -> list:
+    return list(x) if x is not None else []

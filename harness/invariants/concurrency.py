@@ -1,0 +1,73 @@
+"""Submission and concurrency (spec §9 items 9, 10).
+
+* ``in_flight_cap``: under fully-async, in-flight samples (submitted, not finished, not
+  cancelled with a failed group) never exceed ``G * n`` with sample granularity, and
+  in-flight groups (submitted, no ``group_done``) never exceed ``G`` with group
+  granularity.
+* ``whole_group_submission``: groups are submitted whole and in the order they were
+  taken: after a ``taken``, that group's ``n`` samples are submitted before any sample
+  of a later group. (Whether the fully-async worker pulls one group per submission,
+  item 9, is not visible here: group tasks start on the next loop tick, so G takes
+  always precede their submissions. Pulling several at once shows as a broken
+  ``in_flight_cap``.)
+"""
+
+from __future__ import annotations
+
+from miles_async_core import events as ev
+from miles_async_core.config import AsyncConfig
+from harness.invariants.base import Violation, invariant, is_fully_async, violation
+from harness.trace import Event
+
+
+@invariant("in_flight_cap", applies=is_fully_async, spec=(10,))
+def check_in_flight_cap(events: list[Event], config: AsyncConfig) -> list[Violation]:
+    name, out = "in_flight_cap", []
+    n, g_budget = config.n_samples_per_prompt, config.group_budget
+    by_sample = config.resolved_rollout_submission_granularity == "sample"
+    cap = g_budget * n if by_sample else g_budget
+    samples: dict[int, int] = {}  # in-flight sample index -> group
+    groups: set[int] = set()
+    for pos, e in enumerate(events):
+        k = e.kind
+        if k == ev.SUBMITTED:
+            samples[e["index"]] = e["group_index"]
+            groups.add(e["group_index"])
+            count = len(samples) if by_sample else len(groups)
+            if count > cap:
+                unit = "samples" if by_sample else "groups"
+                out.append(violation(name, f"{count} {unit} in flight, cap is {cap} (G={g_budget}, n={n}, "
+                                     f"{config.resolved_rollout_submission_granularity} granularity)", events, pos))
+        elif k == ev.FINISHED:
+            samples.pop(e["index"], None)
+        elif k == ev.GROUP_DONE:
+            groups.discard(e["group_index"])
+            if not e["ok"]:
+                for i in [i for i, gi in samples.items() if gi == e["group_index"]]:
+                    samples.pop(i)
+    return out
+
+
+@invariant("whole_group_submission", spec=(9,))
+def check_whole_group_submission(events: list[Event], config: AsyncConfig) -> list[Violation]:
+    name, out = "whole_group_submission", []
+    queue: list[list] = []  # [group_index, indices still to submit]
+    for pos, e in enumerate(events):
+        k = e.kind
+        if k == ev.TAKEN:
+            queue.append([e["group_index"], list(e["indices"])])
+        elif k == ev.SUBMITTED:
+            if not queue or queue[0][0] != e["group_index"] or e["index"] not in queue[0][1]:
+                head = queue[0][0] if queue else None
+                out.append(violation(name, f"sample {e['index']} of group {e['group_index']} submitted while group "
+                                     f"{head} is not fully submitted (groups are submitted whole, in take order)",
+                                     events, pos))
+                for q in queue:
+                    if q[0] == e["group_index"] and e["index"] in q[1]:
+                        q[1].remove(e["index"])
+            else:
+                queue[0][1].remove(e["index"])
+            queue = [q for q in queue if q[1]]
+        elif k == ev.FAULT and e["what"] == "worker_crash":
+            queue = [q for q in queue if q[0] != e.fields.get("group_index")]
+    return out
