@@ -1,5 +1,6 @@
 """Trace recording: an ``EventSink`` that keeps every event with its time and a
-sequence number, and JSONL export/import.
+sequence number, and JSONL export/import. An event may carry ``_t`` (seconds on the
+recorder's clock) when its producer measured the time itself, e.g. another process.
 
 A trace line is ``{"seq": i, "t": seconds, "kind": ..., **fields}``. With
 ``strict=True`` the recorder checks each event against ``events.EVENT_FIELDS`` and
@@ -49,7 +50,9 @@ class TraceRecorder:
             missing = [f for f in required if f not in fields]
             if missing:
                 raise ValueError(f"event {kind!r} lacks fields {missing}")
-        self.events.append(Event(len(self.events), self.clock(), kind, fields))
+        # A producer in another process may stamp the event itself (same monotonic clock).
+        t = fields.pop("_t") if "_t" in fields else self.clock()
+        self.events.append(Event(len(self.events), t, kind, fields))
 
     def of(self, *kinds: str) -> list[Event]:
         return [e for e in self.events if e.kind in kinds]

