@@ -130,6 +130,11 @@ class EngineCore:
                 return True
         return False
 
+    def set_event_hook(self, on_event: Callable[..., None] | None) -> None:
+        """``on_event(kind, **fields)`` for ADMITTED / RETRACTED / ABORTED / PAUSED_REQ
+        (``index`` is the req_id), called synchronously inside ``step`` / ``pause``."""
+        self._on_event = on_event
+
     def has_work(self) -> bool:
         return bool(self._running or self._waiting)
 
@@ -299,6 +304,8 @@ class TorchEngine:
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        if self.sink.enabled:
+            core.set_event_hook(self._forward_event)
 
     @property
     def weight_version(self) -> int:
@@ -409,7 +416,16 @@ class TorchEngine:
                 fut.set_exception(RuntimeError(f"the torch engine thread died: {exc!r}"))
         self._futures.clear()
 
+    def _emit_request_event(self, kind: str, fields: dict[str, Any]) -> None:
+        entry = self._futures.get(fields["index"])
+        if entry is not None:  # the sink sees sample indices, not engine request ids
+            fields["index"] = entry[1].index
+            self.sink.emit(kind, **fields)
+
     # --- engine-thread side -------------------------------------------------------------------
+    def _forward_event(self, kind: str, **fields: Any) -> None:
+        self._loop.call_soon_threadsafe(self._emit_request_event, kind, fields)
+
     def _resolve_all(self, finished: list[FinishedRequest]) -> None:
         if finished:
             self._loop.call_soon_threadsafe(self._resolve, finished)

@@ -245,6 +245,46 @@ def test_cancelling_a_generate_removes_the_request_from_the_engine():
     assert kept.status is Status.TRUNCATED and not has_work and tokens == 5
 
 
+class RecordingSink:
+    enabled = True
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, dict]] = []
+
+    def emit(self, kind: str, /, **fields) -> None:
+        self.events.append((kind, fields))
+
+
+def test_torch_engine_reports_engine_and_request_events_with_sample_indices():
+    from miles_async_core import events as ev
+
+    sink = RecordingSink()
+
+    async def main():
+        model = TinyLM(CFG)
+        engine = TorchEngine(EngineCore(model, max_running=2), seed=5, sink=sink)
+        try:
+            await engine.pause_generation("in_place")
+            samples = [Sample(prompt_tokens=PROMPTS[0], index=40 + i, group_index=9) for i in range(3)]
+            futs = [engine.generate(s, SamplingParams(max_new_tokens=4)) for s in samples]
+            await engine.continue_generation()
+            await asyncio.gather(*futs)
+            await engine.pause_generation("retract")
+            await engine.update_weights(1, perturbed(model, seed=3))
+        finally:
+            engine.close()
+
+    asyncio.run(main())
+    kinds = [k for k, _ in sink.events]
+    assert kinds.count(ev.ENGINE_PAUSE) == 2 and kinds.count(ev.ENGINE_RESUME) == 1
+    assert kinds[-1] == ev.ENGINE_VERSION and sink.events[-1][1] == {"version": 1}
+    admitted = sorted(f["index"] for k, f in sink.events if k == ev.ADMITTED)
+    finished = sorted(f["index"] for k, f in sink.events if k == ev.FINISHED)
+    assert admitted == finished == [40, 41, 42]
+    for kind, fields in sink.events:
+        assert set(ev.EVENT_FIELDS[kind]) <= set(fields), kind
+
+
 class ExplodingModel(TinyLM):
     def decode(self, positions, tokens):
         raise FloatingPointError("decode blew up")

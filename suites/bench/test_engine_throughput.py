@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import platform
 import statistics
+import subprocess
 import time
 
 import pytest
@@ -58,6 +59,13 @@ def run_hf_generate(hf, batch: list[list[int]]) -> int:
     return (out.shape[1] - width) * out.shape[0]
 
 
+def git_state() -> dict:
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], capture_output=True, text=True, check=False).stdout.strip()
+
+    return {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+
+
 def timed(fn, *args) -> tuple[float, int]:
     t0 = time.perf_counter()
     produced = fn(*args)
@@ -97,6 +105,7 @@ def test_engine_continuous_batching_vs_hf_generate_tokens_per_s(capsys):
         "bench": "engine_throughput",
         "machine": {"platform": platform.platform(), "python": platform.python_version(),
                     "torch": torch.__version__, "torch_threads": 1},
+        "git": git_state(),
         "config": {"model": {"vocab_size": CFG.vocab_size, "d_model": CFG.d_model, "n_layers": CFG.n_layers,
                              "n_heads": CFG.n_heads, "attn_impl": CFG.attn_impl, "dtype": CFG.dtype},
                    "batch": BATCH, "prompt_lens": PROMPT_LENS, "new_tokens": NEW_TOKENS, "rounds": ROUNDS},
