@@ -393,3 +393,14 @@ def test_smollm2_from_its_gguf_file_decodes_like_its_full_forward_and_scores_on_
         assert results[i].log_probs == pytest.approx(expected, abs=1e-4)
     print(f"\nSmolLM2 greedy arithmetic: {sum(rewards):.0f}/{len(rewards)} correct")
     assert sum(rewards) >= 1, "the instruct model answers some single-digit sums"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device; this box is CPU-only")
+def test_the_engine_runs_unchanged_on_cuda_and_matches_the_full_forward_there():
+    model = TinyLM(CFG, device="cuda")
+    core = EngineCore(model, max_running=3)
+    add_all(core, max_new_tokens=8)
+    for i, done in run_all(core).items():
+        ref = fresh_log_probs(model, PROMPTS[i], done.output_tokens, 1.0)
+        assert done.log_probs == pytest.approx(ref, abs=1e-4)

@@ -130,3 +130,17 @@ def test_bad_trainer_inputs_raise_clear_errors():
     run_groups(core, groups, SamplingParams(max_new_tokens=3))
     with pytest.raises(ValueError, match="without a reward"):
         trainer.train_step(groups)
+
+
+def test_a_seeded_loop_reproduces_its_metrics_exactly():
+    def run() -> list[dict]:
+        trainer = TorchTrainer(TinyLM(CFG), TrainerConfig(lr=2e-3, use_tis=True))
+        core = EngineCore(TinyLM(CFG), max_running=32, eos_token_id=TASK.eos_token_id)
+        rng, out = random.Random(5), []
+        for step in range(3):
+            out.append(trainer.train_step(rollout(core, rng, step)))
+            sync_weights(core, trainer, step + 1)
+        return out
+
+    first, second = run(), run()
+    assert first == second and first[-1]["train/loss"] != first[0]["train/loss"]
