@@ -109,13 +109,16 @@ class UpdateRecord:
 
 
 # --- translation layer (pure) ---------------------------------------------------------------------
-def build_generate_request(sample: Sample, sampling: SamplingParams, *, rid: str | None = None) -> dict:
+def build_generate_request(sample: Sample, sampling: SamplingParams, *, rid: str | None = None,
+                           sampling_overrides: Mapping[str, Any] | None = None) -> dict:
     """Keyword arguments for ``Engine.async_generate`` for ``sample``.
 
     A partially generated sample (Miles' partial rollout) resumes: the prefix is
     ``prompt_tokens + response_tokens`` and the budget what is left of
     ``max_new_tokens``. ``no_stop_trim`` and ``skip_special_tokens=False`` keep the
     stop token in the output, as Miles' rollout sampling parameters do.
+    ``sampling_overrides`` adds other SGLang sampling parameters (``stop_token_ids``,
+    ``ignore_eos``, ``top_p`` ...); it may not set the two this harness owns.
     """
     prefix = list(sample.prompt_tokens) + list(sample.response_tokens)
     budget = sampling.max_new_tokens - len(sample.response_tokens)
@@ -132,6 +135,12 @@ def build_generate_request(sample: Sample, sampling: SamplingParams, *, rid: str
         )
     if sampling.temperature < 0:
         raise ConfigError(f"temperature={sampling.temperature} must be >= 0 (0 = greedy). Fix: pass --rollout-temperature >= 0.")
+    owned = sorted({"max_new_tokens", "temperature"} & set(sampling_overrides or {}))
+    if owned:
+        raise ConfigError(
+            f"sampling_overrides sets {owned}; allowed are other SGLang sampling parameters. "
+            f"Fix: set those through SamplingParams (--rollout-max-response-len, --rollout-temperature)."
+        )
     request: dict[str, Any] = {
         "input_ids": prefix,
         "sampling_params": {
@@ -139,6 +148,7 @@ def build_generate_request(sample: Sample, sampling: SamplingParams, *, rid: str
             "temperature": sampling.temperature,
             "skip_special_tokens": False,
             "no_stop_trim": True,
+            **dict(sampling_overrides or {}),
         },
         "return_logprob": True,
     }
@@ -251,13 +261,16 @@ class SGLangEngine:
     """asyncio adapter over an ``sglang.Engine``; bind it to one event loop.
 
     Pass ``engine`` (and ``io_struct``, the module holding SGLang's request types) to
-    wrap an existing engine; otherwise ``model_path`` and ``engine_kwargs`` launch one.
+    wrap an existing engine; otherwise ``model_path`` and ``engine_kwargs`` launch one
+    (``sglang.Engine(model_path=..., **engine_kwargs)``, i.e. ``ServerArgs`` fields).
+    Construct it inside the event loop that will drive it: SGLang's tokenizer manager
+    binds its receive loop to the loop that first awaits it.
     """
 
     def __init__(self, engine: Any = None, *, model_path: str | None = None,
                  engine_kwargs: Mapping[str, Any] | None = None, io_struct: Any = None,
                  initial_version: int = 0, flush_cache_timeout_s: float = 60.0,
-                 sink: EventSink | None = None) -> None:
+                 sampling_overrides: Mapping[str, Any] | None = None, sink: EventSink | None = None) -> None:
         if engine is None or io_struct is None:
             sglang, sgl_io = _import_sglang()
             io_struct = io_struct or sgl_io
@@ -270,6 +283,7 @@ class SGLangEngine:
         self.initial_version = initial_version
         self.weight_version = initial_version
         self.flush_cache_timeout_s = flush_cache_timeout_s
+        self.sampling_overrides = dict(sampling_overrides or {})
         self.sink = sink or NullSink()
         self.updates: list[UpdateRecord] = []
         self.paused_mode: str | None = None
@@ -279,7 +293,8 @@ class SGLangEngine:
     # --- the RolloutEngine contract ---------------------------------------------------------
     def generate(self, sample: Sample, sampling: SamplingParams) -> Awaitable[Sample]:
         rid = f"miles-{sample.index}-{next(self._rids)}"
-        request = build_generate_request(sample, sampling, rid=rid)  # raises here, in the caller
+        request = build_generate_request(sample, sampling, rid=rid,  # raises here, in the caller
+                                         sampling_overrides=self.sampling_overrides)
         return asyncio.ensure_future(self._generate(sample, request, rid))
 
     async def pause_generation(self, mode: str) -> None:

@@ -150,6 +150,16 @@ def test_generate_request_sends_token_ids_with_log_probs_and_the_remaining_budge
     }
 
 
+def test_sampling_overrides_add_sglang_parameters_but_not_the_owned_ones():
+    sample = Sample(prompt_tokens=[1])
+    request = build_generate_request(sample, SamplingParams(max_new_tokens=3),
+                                     sampling_overrides={"ignore_eos": True, "stop_token_ids": [2]})
+    assert request["sampling_params"]["ignore_eos"] is True
+    assert request["sampling_params"]["stop_token_ids"] == [2]
+    with pytest.raises(ConfigError, match=r"sampling_overrides sets \['temperature'\]"):
+        build_generate_request(sample, SamplingParams(), sampling_overrides={"temperature": 0.0})
+
+
 @pytest.mark.parametrize("sample, sampling, field", [
     (Sample(prompt_tokens=[]), SamplingParams(), "prompt_tokens"),
     (Sample(prompt_tokens=[1], response_tokens=[2, 3]), SamplingParams(max_new_tokens=2), "max_new_tokens=2"),

