@@ -129,7 +129,7 @@ def group_ages(ctx: RunContext, data: list) -> dict[str, Any]:
 
 async def train_step(ctx: RunContext, rollout_id: int, data: list, metrics: dict) -> dict:
     """Train on one batch; under ``--colocate`` generation stops for the whole window."""
-    colocate_pause = ctx.args.colocate and ctx.args.fully_async
+    colocate_pause = ctx.args.colocate  # engine and trainer share the device: generation stops
     if colocate_pause:
         await ctx.engine.pause_generation(ctx.args.pause_generation_mode)
     ages = group_ages(ctx, data)

@@ -1,0 +1,62 @@
+"""The real layouts: true overlap on split, none on colocate, and clear failures.
+
+Small runs of the tiny model (a few seconds each). No wall-clock thresholds: overlap is
+asserted as a structural property (the phases intersect, or they never do)."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+
+import pytest
+
+from harness.cli import main as cli
+from harness.realrun import RunSpec, run_mode, summarize_mode
+from miles_async_core.config import AsyncConfig
+
+BASE = AsyncConfig(rollout_batch_size=4, n_samples_per_prompt=4)
+SPEC = RunSpec(steps=4, tiny_d_model=32, tiny_layers=1, max_running=16)
+
+
+def test_split_one_step_truly_overlaps_rollout_and_training():
+    r = run_mode("one-step", BASE, SPEC)
+    assert r.error is None
+    assert len(r.history) == 4
+    assert r.overlap["both_busy_s"] > 0.0
+    ages = sorted({a for h in r.history for a in h["age_versions"]})
+    assert ages == [0, 1]
+
+
+def test_colocate_never_generates_while_training():
+    r = run_mode("fully-async", BASE, RunSpec(**{**SPEC.__dict__, "layout": "colocate"}))
+    assert r.error is None and len(r.history) == 4
+    assert r.overlap["both_busy_fraction"] < 0.01
+
+
+def test_a_killed_engine_process_fails_the_run_clearly_and_keeps_finished_steps():
+    def kill_after_two(metrics, state={"n": 0}):
+        state["n"] += 1
+        if state["n"] == 2:
+            for child in multiprocessing.active_children():
+                if child.name == "miles-engine":
+                    os.kill(child.pid, signal.SIGKILL)
+
+    r = run_mode("one-step", BASE, RunSpec(**{**SPEC.__dict__, "steps": 8}), on_step=kill_after_two)
+    assert r.error is not None and "engine process exited" in r.error
+    assert 2 <= len(r.history) < 8
+    row = summarize_mode(r, None)
+    assert row["steps"] == len(r.history) and row["error"] == r.error
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--layout", "colocate", "--modes", "one-step"], "--colocate"),
+    (["--model", "/nonexistent/model-dir"], "--model"),
+    (["--task", "poetry"], "--task"),
+    (["--layout", "mesh"], "--layout"),
+    (["--modes", "sync,turbo"], "--modes"),
+])
+def test_bad_main_job_input_is_a_clear_error_not_a_traceback(argv, needle, capsys, tmp_path):
+    rc = cli(["run", "--steps", "2", "--out", str(tmp_path), *argv])
+    err = capsys.readouterr().err
+    assert rc == 2 and needle in err and "Traceback" not in err
