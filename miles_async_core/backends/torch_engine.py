@@ -206,11 +206,7 @@ class EngineCore:
     # --- pause / update / resume -----------------------------------------------------------
     def pause(self, mode: str) -> list[FinishedRequest]:
         """Stop decoding; returns the requests ``abort`` finished (empty otherwise)."""
-        if mode not in PAUSE_MODES:
-            raise ConfigError(
-                f"pause_generation_mode={mode!r} is not one of {list(PAUSE_MODES)}. "
-                f"Fix: pass --pause-generation-mode with one of those values."
-            )
+        check_pause_mode(mode)
         self.paused = True
         aborted: list[FinishedRequest] = []
         if mode == "abort":
@@ -256,6 +252,14 @@ class EngineCore:
     def _emit(self, kind: str, **fields: Any) -> None:
         if self._on_event is not None:
             self._on_event(kind, **fields)
+
+
+def check_pause_mode(mode: str) -> None:
+    if mode not in PAUSE_MODES:
+        raise ConfigError(
+            f"pause_generation_mode={mode!r} is not one of {list(PAUSE_MODES)}. "
+            f"Fix: pass --pause-generation-mode with one of those values."
+        )
 
 
 def sample_tokens(logits: torch.Tensor, temperatures: list[float],
@@ -332,8 +336,7 @@ class TorchEngine:
         return fut
 
     async def pause_generation(self, mode: str) -> None:
-        if mode not in PAUSE_MODES:
-            self.core.pause(mode)  # raises the ConfigError
+        check_pause_mode(mode)
         in_flight = len(self._futures)
         await self._call(lambda: self._resolve_all(self.core.pause(mode)))
         if self.sink.enabled:
@@ -350,6 +353,7 @@ class TorchEngine:
             self.sink.emit(ev.ENGINE_RESUME)
 
     def close(self) -> None:
+        """Stop the engine thread (requests still in flight stay unresolved)."""
         with self._cond:
             self._stop = True
             self._cond.notify_all()
