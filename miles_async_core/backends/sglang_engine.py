@@ -229,6 +229,7 @@ def apply_generate_output(
             f"log-probs do not match its tokens."
         )
     runs, exact = token_versions_from_output(meta, len(tokens), updates=updates, initial_version=initial_version)
+    carried_exact = sample.metadata.get("token_versions_exact", True) if sample.response_tokens else True
     merged = VersionRuns(sample.token_versions.runs)
     for version, kv_version, count in runs.runs:
         merged.append(version, kv_version, count)
@@ -237,7 +238,7 @@ def apply_generate_output(
     sample.token_versions = merged
     sample.weight_versions.append(str(meta["weight_version"]))
     sample.status = status
-    sample.metadata["token_versions_exact"] = exact and sample.metadata.get("token_versions_exact", True)
+    sample.metadata["token_versions_exact"] = exact and carried_exact
     sample.metadata["engine_version_at_submit"] = engine_version_at_submit
     sample.metadata["num_retractions"] = meta.get("num_retractions", 0)
     return sample

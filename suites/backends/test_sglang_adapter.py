@@ -104,6 +104,15 @@ def test_a_resumed_partial_sample_appends_tokens_versions_and_one_weight_version
     assert sample.weight_versions == ["2", "3"]
 
 
+def test_exactness_carries_over_a_resumed_response_but_not_a_retry_from_scratch():
+    inexact = load("legacy_no_spans_across_update")
+    resumed = apply_case(load("completed"), apply_case(inexact))
+    assert resumed.metadata["token_versions_exact"] is False
+    retried = apply_case(inexact)
+    retried.reset_for_retry()
+    assert apply_case(load("completed"), retried).metadata["token_versions_exact"] is True
+
+
 def test_log_probs_that_name_other_tokens_are_refused():
     case = load("completed")
     case["output"]["meta_info"]["output_token_logprobs"][1][1] = 99
