@@ -129,7 +129,7 @@ def test_steps_install_test_benchmark_compare_and_plot_in_order():
     assert bench["run"].strip() == 'bash suites/gpu/run_gpu_checks.sh "$RUNNER_TEMP/gpu-results"'
     assert " ".join(compare["run"].split()) == (
         'miles-harness compare results/gpu/baseline.json "$RUNNER_TEMP/gpu-results/run.json" '
-        "--threshold overlap_efficiency:-5% --threshold tokens_per_s:-10% --markdown > comparison.md")
+        "--threshold one-step/overlap_efficiency:-5% --threshold one-step/tokens_per_s:-10% --markdown > comparison.md")
     assert compare["continue-on-error"] is False
     assert plots["run"].startswith("miles-harness report ") and plots["run"].rstrip().endswith("--out plots")
     assert i_venv < i_test < i_bench < i_cmp < i_plot
