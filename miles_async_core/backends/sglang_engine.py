@@ -331,9 +331,7 @@ class SGLangEngine:
         if not success:
             raise RuntimeError(f"SGLang update_weights_from_tensor(version={version}) failed: {message}")
         self.updates.append(UpdateRecord(version=version, pause_mode=self.paused_mode))
-        self.weight_version = version
-        if self.sink.enabled:
-            self.sink.emit(ev.ENGINE_VERSION, version=version)
+        self.weight_version = version  # the driver records engine_version once per update
 
     async def continue_generation(self) -> None:
         await self.engine.tokenizer_manager.continue_generation(self.io.ContinueGenerationReqInput())
