@@ -343,9 +343,7 @@ class TorchEngine:
             self.sink.emit(ev.ENGINE_PAUSE, mode=mode, in_flight=in_flight)
 
     async def update_weights(self, version: int, weights: Any) -> None:
-        await self._call(lambda: self.core.update_weights(version, weights))
-        if self.sink.enabled:
-            self.sink.emit(ev.ENGINE_VERSION, version=version)
+        await self._call(lambda: self.core.update_weights(version, weights))  # the driver records engine_version
 
     async def continue_generation(self) -> None:
         await self._call(self.core.resume)

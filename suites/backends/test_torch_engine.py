@@ -277,7 +277,7 @@ def test_torch_engine_reports_engine_and_request_events_with_sample_indices():
     asyncio.run(main())
     kinds = [k for k, _ in sink.events]
     assert kinds.count(ev.ENGINE_PAUSE) == 2 and kinds.count(ev.ENGINE_RESUME) == 1
-    assert kinds[-1] == ev.ENGINE_VERSION and sink.events[-1][1] == {"version": 1}
+    assert ev.ENGINE_VERSION not in kinds  # recorded once per update by the driver, not the engine
     admitted = sorted(f["index"] for k, f in sink.events if k == ev.ADMITTED)
     finished = sorted(f["index"] for k, f in sink.events if k == ev.FINISHED)
     assert admitted == finished == [40, 41, 42]
