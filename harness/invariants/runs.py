@@ -13,9 +13,11 @@ Every run is small (B <= 8, n <= 4, 3-8 rollouts) so an example costs millisecon
 from __future__ import annotations
 
 import asyncio
+import os
 from dataclasses import dataclass
 
-from hypothesis import assume
+from hypothesis import HealthCheck, assume, settings
+from hypothesis.errors import InvalidArgument
 from hypothesis import strategies as st
 
 from miles_async_core import rules
@@ -169,3 +171,19 @@ def violations(outcome: RunOutcome, case: RunCase) -> list[Violation]:
         out.append(Violation(invariant="run_error", message=f"run failed: {outcome.error!r}",
                              events=outcome.events[-10:]))
     return out
+
+
+def property_settings(max_examples: int, **overrides: object) -> settings:
+    """Settings for a whole-run property: the profile picked by ``HYPOTHESIS_PROFILE`` (the
+    root conftest registers ``dev``/``ci``/``nightly``) with ``max_examples`` scaled by its
+    budget relative to hypothesis' default 100; if that profile is not registered, a
+    ``ci``-like one (derandomized, no deadline, ``print_blob``)."""
+    name = os.environ.get("HYPOTHESIS_PROFILE")
+    try:
+        base = settings.get_profile(name) if name else settings.default
+    except InvalidArgument:
+        base = settings(derandomize=True, database=None, print_blob=True)
+    scale = max(0.1, base.max_examples / 100)
+    return settings(base, max_examples=max(1, int(max_examples * scale)), deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
+                                           HealthCheck.data_too_large], **overrides)
