@@ -33,6 +33,7 @@ an evicted version raises ``ConfigError`` naming the capacity and the fix.
 from __future__ import annotations
 
 import collections
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -42,7 +43,7 @@ from harness.gap import GapDecomposition, aggregate_by, decompose_gap
 from miles_async_core.backends.torch_models import EngineModel
 from miles_async_core.backends.torch_trainer import response_log_probs
 from miles_async_core.errors import ConfigError
-from miles_async_core.types import Sample
+from miles_async_core.types import Sample, VersionRuns
 
 CATEGORIES = ("fresh", "stale", "in_place_old_kv")
 StateDict = dict[str, torch.Tensor]
@@ -174,3 +175,50 @@ def summarize(decompositions: Sequence[GapDecomposition]) -> dict[str, Any]:
         "by_step": aggregate_by(decompositions, lambda d: d.meta.get("step")),
         "by_age": dict(sorted(aggregate_by(decompositions, lambda d: d.meta["age"]).items())),
     }
+
+
+class GapTracker:
+    """The decomposition wired to a training loop whose engine counts versions its own way.
+
+    Drivers number engine weight versions by updates (``RunContext.weight_version``),
+    the trainer by optimizer steps. ``on_engine_update(engine_version, trainer_version,
+    weights)`` is called where the driver loads weights into the engine: the weights go
+    into the store under the trainer version. ``observe(step, samples, ...)`` is called
+    just before the optimizer step on ``samples``: token versions are translated to
+    trainer versions, so sample age is the policy lag in optimizer steps, and a token is
+    ``fresh`` only when it was sampled with exactly the weights being trained."""
+
+    def __init__(self, *, capacity: int, model_builder: Callable[[], EngineModel], temperature: float) -> None:
+        self.store = VersionStore(capacity)
+        self.model_builder, self.temperature = model_builder, temperature
+        self.decompositions: list[GapDecomposition] = []
+        self._to_trainer: dict[int, int] = {}
+
+    def on_engine_update(self, engine_version: int, trainer_version: int, weights: StateDict) -> None:
+        self.store.put(trainer_version, weights)
+        self._to_trainer[int(engine_version)] = int(trainer_version)
+
+    def _translated(self, sample: Sample) -> Sample:
+        runs = VersionRuns()
+        for version, kv_version, count in sample.token_versions.runs:
+            missing = [v for v in (version, kv_version) if v not in self._to_trainer]
+            if missing:
+                raise ConfigError(
+                    f"sample {sample.index} has tokens of engine version {missing[0]}, which was never reported "
+                    f"(known: {sorted(self._to_trainer)}). Fix: call on_engine_update at every engine weight load, "
+                    "including the initial one."
+                )
+            runs.append(self._to_trainer[version], self._to_trainer[kv_version], count)
+        return dataclasses.replace(sample, token_versions=runs)
+
+    def observe(self, step: int, samples: Sequence[Sample], *, current_weights: StateDict,
+                current_version: int) -> dict[str, float]:
+        """Decompose ``samples`` against the weights about to be trained; returns this
+        step's pooled aggregates under ``gap/`` keys (kept in ``decompositions`` too)."""
+        decomps = decompose_samples([self._translated(s) for s in samples], self.store, current_weights,
+                                    self.model_builder, self.temperature, current_version=current_version, step=step)
+        self.decompositions += decomps
+        return {f"gap/{k}": v for k, v in GapDecomposition.concat(decomps).aggregates().items()}
+
+    def summary(self) -> dict[str, Any]:
+        return summarize(self.decompositions)

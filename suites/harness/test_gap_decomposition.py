@@ -16,7 +16,7 @@ import random
 import pytest
 import torch
 
-from harness.gap_decompose import VersionStore, decompose_samples, summarize, token_categories
+from harness.gap_decompose import GapTracker, VersionStore, decompose_samples, summarize, token_categories
 from miles_async_core.backends.tasks import CopyTask, make_groups
 from miles_async_core.backends.torch_engine import EngineCore, fill_sample, run_groups
 from miles_async_core.backends.torch_models import TinyLM, TinyLMConfig
@@ -42,16 +42,24 @@ def build() -> TinyLM:
 
 
 def one_step_ahead(k: int, *, steps: int, seed: int = 0) -> list:
-    """Decompositions of every trained batch of a one-step-ahead loop with interval k."""
+    """Decompositions of every trained batch of a one-step-ahead loop with interval k.
+
+    The engine numbers versions by updates as the drivers do (1 = the initial load);
+    ``GapTracker`` translates them to trainer versions (optimizer steps)."""
     torch.manual_seed(seed)
     rng = random.Random(seed)
     trainer = TorchTrainer(build(), TrainerConfig(lr=1e-3))
     engine = EngineCore(build(), max_running=16, eos_token_id=TASK.eos_token_id)
-    engine.pause("retract")
-    engine.update_weights(0, trainer.get_weights())
-    engine.resume()
-    store = VersionStore(k + 2)
-    store.put(0, trainer.get_weights())
+    tracker = GapTracker(capacity=3, model_builder=build, temperature=1.0)
+
+    def sync_weights() -> None:
+        weights = trainer.get_weights()
+        engine.pause("retract")
+        engine.update_weights(engine.version + 1, weights)
+        engine.resume()
+        tracker.on_engine_update(engine.version, trainer.weight_version, weights)
+
+    sync_weights()
     sampling = SamplingParams(max_new_tokens=TASK.max_new_tokens, temperature=1.0)
     next_index = 0
 
@@ -64,19 +72,16 @@ def one_step_ahead(k: int, *, steps: int, seed: int = 0) -> list:
             s.reward = TASK.reward(s)
         return groups
 
-    decomps, pending = [], generate()
+    pending = generate()
     for step in range(steps):
         batch, pending = pending, generate()  # one step ahead: the next batch is made first
-        samples = [s for g in batch for s in g]
-        decomps += decompose_samples(samples, store, trainer.get_weights(), build, 1.0,
-                                     current_version=trainer.weight_version, step=step)
+        metrics = tracker.observe(step, [s for g in batch for s in g], current_weights=trainer.get_weights(),
+                                  current_version=trainer.weight_version)
+        assert metrics["gap/num_tokens"] == sum(s.response_length for g in batch for s in g)
         trainer.train_step(batch)
-        store.put(trainer.weight_version, trainer.get_weights())
         if trainer.weight_version % k == 0:
-            engine.pause("retract")
-            engine.update_weights(trainer.weight_version, trainer.get_weights())
-            engine.resume()
-    return decomps
+            sync_weights()
+    return tracker.decompositions
 
 
 @pytest.fixture(scope="module")
@@ -195,3 +200,12 @@ def test_a_sample_newer_than_the_current_version_is_refused():
     s = Sample(prompt_tokens=[3], response_tokens=[4], rollout_log_probs=[-1.0], token_versions=VersionRuns([[2, 2, 1]]))
     with pytest.raises(ConfigError, match="current_version=1"):
         decompose_samples([s], VersionStore(2), build().weights_copy(), build, 1.0, current_version=1)
+
+
+def test_the_tracker_refuses_a_sample_from_an_unreported_engine_version():
+    tracker = GapTracker(capacity=2, model_builder=build, temperature=1.0)
+    tracker.on_engine_update(1, 0, build().weights_copy())
+    s = Sample(prompt_tokens=[3], response_tokens=[4], rollout_log_probs=[-1.0], token_versions=VersionRuns([[2, 2, 1]]),
+               index=5)
+    with pytest.raises(ConfigError, match=r"sample 5 .*engine version 2.*known: \[1\].*on_engine_update"):
+        tracker.observe(0, [s], current_weights=build().weights_copy(), current_version=0)
