@@ -1,0 +1,145 @@
+#!/usr/bin/env bash
+# GPU benchmark checks in one script: torch only, no network, no sglang, < 8 minutes.
+#
+#   [DEVICE=cuda|cpu] [PY=python] bash suites/gpu/run_gpu_checks.sh OUTDIR
+#
+# (a) the main job on the real engine and trainer (`miles-harness run`), 20 steps per
+#     mode; `--device $DEVICE` is passed only when `miles-harness run --help` lists it;
+#     its results.json is copied to OUTDIR/run.json for the CI comparison;
+# (b) the kernel-level gap table (`miles-harness gap`) in fp32, bf16 and fp16 on $DEVICE,
+#     with per-row GPU telemetry in OUTDIR/gap/telemetry.json;
+# (c) GPU telemetry (harness.telemetry.TelemetrySampler, NVML) over both, tagged with
+#     the stage, in OUTDIR/telemetry.json.
+# DEVICE=cpu is a dry run with tiny settings (a few seconds to a minute).
+# Exit status: 0 when every stage passed, 1 otherwise (the summary says which).
+set -euo pipefail
+
+OUT=${1:?usage: [DEVICE=cuda|cpu] bash suites/gpu/run_gpu_checks.sh OUTDIR}
+DEVICE=${DEVICE:-cuda}
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+if [[ -z "${PY:-}" ]]; then
+  if [[ -x "$ROOT/.venv/bin/python" ]]; then PY="$ROOT/.venv/bin/python"; else PY=python3; fi
+fi
+cd "$ROOT"
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+HARNESS=("$PY" -m harness.cli)
+log() { echo "[gpu-checks $(date -u +%H:%M:%S)] $*"; }
+
+case "$DEVICE" in
+  cuda)
+    RUN_ARGS=(--steps "${RUN_STEPS:-20}")
+    GAP_ARGS=(--num-seqs 32 --max-new-tokens 64)
+    RUN_LIMIT_S=300; GAP_LIMIT_S=150 ;;
+  cpu)
+    RUN_ARGS=(--steps 2 --modes sync,one-step --d-model 32 --layers 1 -- --rollout-batch-size 4
+              --n-samples-per-prompt 2)
+    GAP_ARGS=(--num-seqs 4 --max-new-tokens 8 --d-model 32 --layers 1 --threads 1)
+    RUN_LIMIT_S=240; GAP_LIMIT_S=120 ;;
+  *) echo "DEVICE=$DEVICE: allowed cuda or cpu; fix: DEVICE=cpu for a dry run" >&2; exit 2 ;;
+esac
+
+log "device $DEVICE, output $OUT, python $PY"
+"$PY" - "$DEVICE" <<'EOF'
+import sys, torch
+print(f"torch {torch.__version__}, cuda available: {torch.cuda.is_available()}"
+      + (f", {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ""))
+if sys.argv[1] == "cuda" and not torch.cuda.is_available():
+    sys.exit("DEVICE=cuda but torch sees no CUDA device; fix: install a CUDA torch or run with DEVICE=cpu")
+EOF
+
+# (c) telemetry over the whole script; the stage name is read from OUT/.phase.
+echo setup > "$OUT/.phase"
+"$PY" - "$OUT/telemetry.json" "$OUT/.phase" <<'EOF' &
+import json, signal, sys, threading
+from harness.telemetry import TelemetrySampler
+path, phase_file = sys.argv[1], sys.argv[2]
+def phase():
+    with open(phase_file, encoding="utf-8") as fh:
+        return fh.read().strip()
+stop = threading.Event()
+signal.signal(signal.SIGTERM, lambda *_: stop.set())
+sampler = TelemetrySampler(interval_s=0.2, phase_fn=phase).start()
+stop.wait()
+sampler.stop()
+with open(path, "w", encoding="utf-8") as fh:
+    json.dump({"summary": sampler.summary(), "records": sampler.records}, fh, indent=1)
+EOF
+TELEMETRY_PID=$!
+stop_telemetry() {
+  if [[ -n "${TELEMETRY_PID:-}" ]]; then
+    kill -TERM "$TELEMETRY_PID" 2>/dev/null || true
+    wait "$TELEMETRY_PID" 2>/dev/null || true
+    TELEMETRY_PID=
+  fi
+}
+trap stop_telemetry EXIT
+
+# (a) the main job on the real engine and trainer.
+DEVICE_FLAG=()
+if "${HARNESS[@]}" run --help | grep -q -- '--device'; then
+  DEVICE_FLAG=(--device "$DEVICE")
+else
+  log "note: 'miles-harness run' has no --device flag yet: the real-engine run stays on the CPU"
+fi
+PLOT_FLAG=()
+"$PY" -c "import matplotlib" 2>/dev/null || PLOT_FLAG=(--no-plots)
+echo run > "$OUT/.phase"
+log "(a) miles-harness run ${DEVICE_FLAG[*]} ${PLOT_FLAG[*]} --out $OUT/run ${RUN_ARGS[*]}"
+run_rc=0
+timeout "$RUN_LIMIT_S" "${HARNESS[@]}" run "${DEVICE_FLAG[@]}" "${PLOT_FLAG[@]}" --out "$OUT/run" "${RUN_ARGS[@]}" \
+  || run_rc=$?
+if [[ -f "$OUT/run/results.json" ]]; then
+  cp "$OUT/run/results.json" "$OUT/run.json"
+  log "copied the main job's results to $OUT/run.json"
+else
+  log "the main job wrote no results.json"
+  if (( run_rc == 0 )); then run_rc=1; fi
+fi
+
+# (b) the kernel-level gap table.
+echo gap > "$OUT/.phase"
+log "(b) miles-harness gap --device $DEVICE --dtypes fp32,bf16,fp16 --out $OUT/gap --telemetry ${GAP_ARGS[*]}"
+gap_rc=0
+timeout "$GAP_LIMIT_S" "${HARNESS[@]}" gap --device "$DEVICE" --dtypes fp32,bf16,fp16 --out "$OUT/gap" --telemetry \
+  "${GAP_ARGS[@]}" || gap_rc=$?
+
+echo done > "$OUT/.phase"
+stop_telemetry
+rm -f "$OUT/.phase"
+
+# Summary.
+log "summary"
+"$PY" - "$OUT" "$run_rc" "$gap_rc" <<'EOF'
+import json, pathlib, sys
+out, run_rc, gap_rc = pathlib.Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+def status(rc):
+    return "ok" if rc == 0 else ("timed out" if rc == 124 else f"failed (exit {rc})")
+print(f"  (a) miles-harness run: {status(run_rc)}; run.json {'present' if (out / 'run.json').exists() else 'MISSING'}")
+if (out / "run.json").exists():
+    for row in json.loads((out / "run.json").read_text())["extra"].get("table", []):
+        speed = row.get("speedup")
+        print(f"      {row['mode']:<12} steps {row['steps']:>3}  wall {row['wall_s']:.1f} s"
+              + (f"  speedup {speed:.2f}" if speed is not None else "") + (f"  ERROR {row['error']}" if row.get("error") else ""))
+print(f"  (b) miles-harness gap: {status(gap_rc)}")
+table = out / "gap" / "gap_table.md"
+if table.exists():
+    print("      " + table.read_text().replace("\n", "\n      ").rstrip())
+tel = out / "telemetry.json"
+if tel.exists():
+    s = json.loads(tel.read_text())["summary"]
+    if s["available"]:
+        for name, agg in s["phases"].items():
+            print(f"  (c) telemetry {name}: {agg['records']} samples, util {agg['util_gpu_pct_mean']} %, "
+                  f"SM active {agg['sm_active_pct_mean']} %, peak mem {agg['mem_used_bytes_max']} B")
+    else:
+        print(f"  (c) telemetry: unavailable ({s['reason']}); {tel} records that")
+else:
+    print("  (c) telemetry: MISSING")
+print(f"  outputs in {out}")
+EOF
+if [[ $run_rc -ne 0 || $gap_rc -ne 0 ]]; then
+  log "FAILED: run exit $run_rc, gap exit $gap_rc"
+  exit 1
+fi
+log "all checks passed"
