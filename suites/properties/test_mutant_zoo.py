@@ -1,0 +1,111 @@
+"""The seeded-bug zoo (`fixtures/mutants`): every wrong implementation is caught by the
+whole-run property suite, by an invariant it is expected to break; the real
+implementation passes the same search. Buffer bugs must also fail the buffer
+conformance machine (`harness/conformance.py`).
+
+Prints a kill-rate table: mutant, kind, invariants broken by the first catching run,
+and how many drawn runs that took. The search is ``hypothesis.find`` over the property
+suite's own strategy (``run_cases(faults=True)``) with explicit, derandomized settings
+and no shrinking, so the counts are reproducible and the zoo stays fast.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, Phase, find, settings
+from hypothesis.errors import NoSuchExample
+
+from miles_async_core.buffer import DefaultDataBuffer
+from harness.conformance import check_buffer, default_settings
+from harness.invariants import ALL_CHECKS, Violation
+from harness.invariants.runs import RunCase, run_case, run_cases, violations
+
+try:
+    from fixtures.mutants import KINDS, MUTANTS, Mutant
+except ModuleNotFoundError:  # pytest run from elsewhere than the repository root
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from fixtures.mutants import KINDS, MUTANTS, Mutant
+
+SEARCH_EXAMPLES = 800  # per mutant; the slowest needs a few hundred
+BASELINE_EXAMPLES = 300
+MACHINE_EXAMPLES = 100
+
+
+def search_settings(max_examples: int) -> settings:
+    return settings(max_examples=max_examples, derandomize=True, database=None, deadline=None,
+                    phases=[Phase.generate], suppress_health_check=list(HealthCheck))
+
+
+def first_catch(mutant: Mutant | None, max_examples: int) -> tuple[int, RunCase | None, list[Violation]]:
+    """(runs drawn, the first run caught, its violations); ``None`` if none is caught."""
+    seen = {"runs": 0, "violations": []}
+    wanted = mutant.expected_invariants if mutant else None
+
+    def caught(case: RunCase) -> bool:
+        seen["runs"] += 1
+        if mutant is None:
+            found = violations(run_case(case), case)
+        else:
+            with mutant.apply() as variant:
+                found = violations(run_case(case, **variant), case)
+        hit = bool(found) if wanted is None else bool({v.invariant for v in found} & wanted)
+        if hit:
+            seen["violations"] = found
+        return hit
+
+    try:
+        case = find(run_cases(faults=True), caught, settings=search_settings(max_examples))
+    except NoSuchExample:
+        return seen["runs"], None, []
+    return seen["runs"], case, seen["violations"]
+
+
+def test_the_zoo_is_registered_with_known_kinds_and_invariants() -> None:
+    assert len(MUTANTS) >= 15 and len({m.name for m in MUTANTS}) == len(MUTANTS)
+    for m in MUTANTS:
+        assert m.kind in KINDS and m.doc, m.name
+        assert m.expected_invariants <= set(ALL_CHECKS) | {"run_error"}, m.name
+
+
+def test_the_real_implementation_passes_the_zoo_search() -> None:
+    runs, case, found = first_catch(None, BASELINE_EXAMPLES)
+    assert case is None, f"{case.describe()}\n\n" + "\n\n".join(v.format() for v in found[:3])
+    assert runs == BASELINE_EXAMPLES
+    assert check_buffer(DefaultDataBuffer, settings=_machine_settings()) is None
+
+
+def _machine_settings() -> settings:
+    return settings(default_settings(MACHINE_EXAMPLES), derandomize=True, phases=[Phase.generate])
+
+
+def test_every_seeded_bug_is_caught_by_an_expected_invariant(capsys: pytest.CaptureFixture) -> None:
+    rows, survivors, fired = [], [], set()
+    start = time.perf_counter()
+    for m in MUTANTS:
+        runs, case, found = first_catch(m, SEARCH_EXAMPLES)
+        broken = sorted({v.invariant for v in found})
+        fired.update(broken)
+        machine = "-"
+        if m.kind == "buffer":
+            with m.apply() as variant:
+                failure = check_buffer(variant.get("buffer_cls", DefaultDataBuffer), settings=_machine_settings())
+            machine = failure.invariant if failure else "NOT CAUGHT"
+            if failure is None:
+                survivors.append(f"{m.name} (buffer conformance machine)")
+        if case is None:
+            survivors.append(m.name)
+        rows.append((m.name, m.kind, ", ".join(broken) or "NOT CAUGHT", str(runs) if case else f">{runs}", machine))
+    killed = len(MUTANTS) - len({s.split(" ")[0] for s in survivors})
+    header = ("mutant", "kind", "caught by (driver runs)", "runs needed", "buffer machine")
+    widths = [max(len(r[i]) for r in rows + [header]) for i in range(len(header))]
+    table = "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in [header, *rows])
+    with capsys.disabled():
+        print(f"\n{table}\nkill rate: {killed}/{len(MUTANTS)} = {killed / len(MUTANTS):.0%} "
+              f"({time.perf_counter() - start:.1f} s)")
+    assert not survivors, f"surviving mutants: {survivors}\n{table}"
+    assert fired >= set(ALL_CHECKS) - {"conservation_prefix"}, \
+        f"checkers no seeded bug made fail: {sorted(set(ALL_CHECKS) - fired)}"
