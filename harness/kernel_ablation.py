@@ -350,9 +350,11 @@ def _cell(v: Any, spec: str) -> str:
 def format_table(rows: list[dict[str, Any]], *, markdown: bool = False) -> str:
     header = [c[0] for c in COLUMNS]
     body = [[_cell(r.get(k), f) for _, k, f in COLUMNS] for r in rows]
-    if markdown:
-        lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-        return "\n".join(lines + ["| " + " | ".join(b) + " |" for b in body])
+    if markdown:  # a literal "|" inside a cell would split it
+        def esc(cells: list[str]) -> str:
+            return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
+
+        return "\n".join([esc(header), "|" + "---|" * len(header)] + [esc(b) for b in body])
     widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(header)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths))]
     return "\n".join(lines + ["  ".join(c.ljust(w) for c, w in zip(b, widths)) for b in body])
