@@ -10,7 +10,7 @@ a person can read what happened (``Violation.format()``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Callable, Iterable
 
 from miles_async_core import events as ev
 from miles_async_core.config import AsyncConfig
@@ -69,23 +69,8 @@ def sample_indices(events: list[Event]) -> dict[int, set[int]]:
     return out
 
 
-def engine_versions_at(events: list[Event]) -> list[int]:
-    """The engine weight version in force at each event position (0 before the first load)."""
-    out, v = [], 0
-    for e in events:
-        if e.kind == ev.ENGINE_VERSION:
-            v = e["version"]
-        out.append(v)
-    return out
 
 
-def latest_finished(events: list[Event], upto: int) -> dict[int, Event]:
-    """sample index -> the last ``finished`` event at or before position ``upto``."""
-    out: dict[int, Event] = {}
-    for e in events[:upto + 1]:
-        if e.kind == ev.FINISHED:
-            out[e["index"]] = e
-    return out
 
 
 def oldest_weight_version(fin: Event) -> int | None:
@@ -134,17 +119,9 @@ def invariant(name: str, *, applies: Callable[[AsyncConfig], bool] = lambda c: T
     return wrap
 
 
-def pos_of(events: list[Event], e: Event) -> int:
-    """Position of ``e`` in ``events`` (seq numbers are positions in a recorder's trace)."""
-    if 0 <= e.seq < len(events) and events[e.seq] is e:
-        return e.seq
-    return events.index(e)
 
 
 def violation(name: str, message: str, events: list[Event], pos: int, *, context: list[Event] | None = None,
               ) -> Violation:
     return Violation(invariant=name, message=message, events=context if context is not None else window(events, pos))
 
-
-def as_list(x: Any) -> list:
-    return list(x) if x is not None else []

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from miles_async_core import events as ev
 from miles_async_core.config import AsyncConfig
-from harness.invariants.base import Violation, invariant, is_fully_async, latest_finished, lifecycle, violation
+from harness.invariants.base import Violation, invariant, is_fully_async, lifecycle, violation
 from harness.trace import Event
 
 
@@ -130,9 +130,12 @@ def check_stale_rejects_handled(events: list[Event], config: AsyncConfig) -> lis
             gi = e["group_index"]
             follow = next((x for x in events[pos + 1:] if x.kind in (ev.DROPPED, ev.RECYCLED)
                            and x["group_index"] == gi), None)
-            ok = follow is not None and (
-                (e["handler"] == "drop" and follow.kind == ev.DROPPED and follow["reason"].startswith("handler_drop"))
-                or (e["handler"] == "retry" and (follow.kind == ev.RECYCLED or follow["reason"].startswith("retry_cap"))))
+            if follow is None:
+                ok = False
+            elif e["handler"] == "drop":
+                ok = follow.kind == ev.DROPPED and follow["reason"].startswith("handler_drop")
+            else:
+                ok = follow.kind == ev.RECYCLED or follow["reason"].startswith("retry_cap")
             if not ok:
                 out.append(violation(name, f"handler={e['handler']} for group {gi} was followed by "
                                      f"{follow.kind if follow else 'nothing'}", events, pos,
@@ -165,8 +168,3 @@ def check_drain_shape(events: list[Event], config: AsyncConfig) -> list[Violatio
                                      f"expected B={config.rollout_batch_size}", events, pos))
             start = None
     return out
-
-
-def group_samples_at(events: list[Event], pos: int, members: list[int]) -> list[Event]:
-    fin = latest_finished(events, pos)
-    return [fin[i] for i in members if i in fin]

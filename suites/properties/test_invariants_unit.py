@@ -93,7 +93,8 @@ def overfill_queue(events: list[Event]) -> None:
 def swap_two_gets(events: list[Event]) -> None:
     i = first(events, ev.GOT)
     j = first(events, ev.GOT, start=i + 1)
-    events[i].fields["group_index"], events[j].fields["group_index"] = events[j]["group_index"], events[i]["group_index"]
+    a, b = events[i].fields, events[j].fields
+    a["group_index"], b["group_index"] = b["group_index"], a["group_index"]
 
 
 def store_aborted_sample(events: list[Event]) -> None:
