@@ -193,6 +193,7 @@ class GapTracker:
         self.model_builder, self.temperature = model_builder, temperature
         self.decompositions: list[GapDecomposition] = []
         self._to_trainer: dict[int, int] = {}
+        self._model: EngineModel | None = None  # built once: a real model costs seconds to build
 
     def on_engine_update(self, engine_version: int, trainer_version: int, weights: StateDict) -> None:
         self.store.put(trainer_version, weights)
@@ -215,8 +216,12 @@ class GapTracker:
                 current_version: int) -> dict[str, float]:
         """Decompose ``samples`` against the weights about to be trained; returns this
         step's pooled aggregates under ``gap/`` keys (kept in ``decompositions`` too)."""
-        decomps = decompose_samples([self._translated(s) for s in samples], self.store, current_weights,
-                                    self.model_builder, self.temperature, current_version=current_version, step=step)
+        translated = [self._translated(s) for s in samples]
+        if self._model is None:
+            self._model = self.model_builder()
+        model = self._model
+        decomps = decompose_samples(translated, self.store, current_weights, lambda: model, self.temperature,
+                                    current_version=current_version, step=step)
         self.decompositions += decomps
         return {f"gap/{k}": v for k, v in GapDecomposition.concat(decomps).aggregates().items()}
 

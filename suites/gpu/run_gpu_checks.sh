@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU benchmark checks in one script: torch only, no network, no sglang, < 8 minutes.
 #
-#   [DEVICE=cuda|cpu] [PY=python] bash suites/gpu/run_gpu_checks.sh OUTDIR
+#   [DEVICE=cuda|cpu] [PY=python] [GAP_MODEL=tiny|smollm2|PATH] [RUN_STEPS=20] \
+#     bash suites/gpu/run_gpu_checks.sh OUTDIR
 #
 # (a) the main job on the real engine and trainer (`miles-harness run`), 20 steps per
 #     mode; `--device $DEVICE` is passed only when `miles-harness run --help` lists it;
@@ -16,6 +17,7 @@ set -euo pipefail
 
 OUT=${1:?usage: [DEVICE=cuda|cpu] bash suites/gpu/run_gpu_checks.sh OUTDIR}
 DEVICE=${DEVICE:-cuda}
+GAP_MODEL=${GAP_MODEL:-tiny}
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 if [[ -z "${PY:-}" ]]; then
   if [[ -x "$ROOT/.venv/bin/python" ]]; then PY="$ROOT/.venv/bin/python"; else PY=python3; fi
@@ -99,9 +101,9 @@ fi
 
 # (b) the kernel-level gap table.
 echo gap > "$OUT/.phase"
-log "(b) miles-harness gap --device $DEVICE --dtypes fp32,bf16,fp16 --out $OUT/gap --telemetry ${GAP_ARGS[*]}"
+log "(b) miles-harness gap --model $GAP_MODEL --device $DEVICE --dtypes fp32,bf16,fp16 --out $OUT/gap --telemetry ${GAP_ARGS[*]}"
 gap_rc=0
-timeout "$GAP_LIMIT_S" "${HARNESS[@]}" gap --device "$DEVICE" --dtypes fp32,bf16,fp16 --out "$OUT/gap" --telemetry \
+timeout "$GAP_LIMIT_S" "${HARNESS[@]}" gap --model "$GAP_MODEL" --device "$DEVICE" --dtypes fp32,bf16,fp16 --out "$OUT/gap" --telemetry \
   "${GAP_ARGS[@]}" || gap_rc=$?
 
 echo done > "$OUT/.phase"
