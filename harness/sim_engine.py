@@ -273,8 +273,9 @@ class SimEngine:
                 self.sink.emit(ev.PHASE_START if busy else ev.PHASE_END, side="rollout", phase="generating")
 
     def _account(self, req: _Req) -> None:
-        """Record the tokens made since ``req`` joined the batch, under the current version."""
-        n = self._step - req.join_step
+        """Record the tokens made since ``req`` joined the batch, under the current version.
+        A request that is not in the batch (waiting, or retracted) made none."""
+        n = self._step - req.join_step if req.state == _RUNNING else 0
         if n > 0:
             req.sample.token_versions.append(self.weight_version, req.kv_floor, n)
             lp = -1.0 - 0.1 * (self.weight_version - req.kv_floor)
@@ -343,3 +344,6 @@ class SimEngine:
             self._schedule()
             if not self.running:
                 self._set_busy(False)
+                if self.waiting and not self._kick_scheduled:  # admit what waited behind it
+                    self._kick_scheduled = True
+                    asyncio.get_running_loop().call_soon(self._kick)
