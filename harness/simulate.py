@@ -77,7 +77,7 @@ def simulate(scenario: Scenario, *, trace: bool = True, buffer_factory: Callable
     error = None
     try:
         run_virtual(main())
-    except Exception as exc:  # the result carries it; suites decide whether it was expected
+    except (Exception, asyncio.CancelledError) as exc:  # the result carries it; suites decide if it was expected
         error = exc
     ctx = holder.get("ctx")
     sink = holder.get("sink")

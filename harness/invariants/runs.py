@@ -25,7 +25,7 @@ from miles_async_core.config import AsyncConfig
 from harness.faults import FaultSchedule, RunOutcome, run_with_faults
 from harness.invariants import Violation, check_all
 from harness.scenario import Scenario
-from harness.sim_engine import _RUNNING, LengthDist, SimEngine, SimEngineConfig
+from harness.sim_engine import LengthDist, SimEngine, SimEngineConfig
 from harness.sim_trainer import SimTrainerConfig
 
 
@@ -130,39 +130,8 @@ def run_cases(draw: st.DrawFn, *, faults: bool | tuple[str, ...] = False, fully_
     return RunCase(scenario, schedule)
 
 
-class SimEngineFixes:
-    """Work-arounds for two ``SimEngine`` bugs these suites found, mixed in first so the
-    seeded-bug engines get them too. Remove once `harness/sim_engine.py` is fixed (the
-    xfail tests in ``test_invariants_unit.py`` will then start passing and fail strictly):
-
-    1. (``kv_versions``) a pause with ``abort`` finishes *waiting* requests through
-       ``_account``, which credits them ``_step - join_step`` tokens they never generated
-       (with ``kv_version`` 0 for a request never admitted, beyond ``max_new_tokens``).
-       A waiting request has generated nothing since it last ran.
-    2. (``run_error``: ``VirtualDeadlock``) cancelling the last *running* request (a
-       sibling of a failed request) leaves the waiting queue with nothing to admit it:
-       ``_on_cancel`` only reschedules the running batch.
-    """
-
-    def _account(self, req) -> None:  # type: ignore[no-untyped-def]
-        if req.state != _RUNNING:
-            req.join_step = self._step
-            return
-        super()._account(req)  # type: ignore[misc]
-
-    def _on_cancel(self, req) -> None:  # type: ignore[no-untyped-def]
-        super()._on_cancel(req)  # type: ignore[misc]
-        if not self.paused and not self.running and self.waiting and not self._kick_scheduled:
-            self._kick_scheduled = True
-            asyncio.get_running_loop().call_soon(self._kick)
-
-
-def with_engine_fix(engine_cls: type) -> type:
-    return type(f"Fixed{engine_cls.__name__}", (SimEngineFixes, engine_cls), {})
-
-
 def run_case(case: RunCase, *, engine_cls: type = SimEngine, **variant: type) -> RunOutcome:
-    return run_with_faults(case.scenario, case.faults, engine_cls=with_engine_fix(engine_cls), **variant)
+    return run_with_faults(case.scenario, case.faults, engine_cls=engine_cls, **variant)
 
 
 def violations(outcome: RunOutcome, case: RunCase) -> list[Violation]:

@@ -1,9 +1,9 @@
 """Each trace invariant checker passes on real simulated traces and fails on a targeted
 edit of one (trace surgery), reporting the invariant by name with a readable timeline.
 
-Also pins two bugs of ``harness/sim_engine.py`` that the property suites found (strict
-xfail: they start failing the day the engine is fixed, so the work-around in
-``harness/invariants/runs.py`` can be removed).
+Also pins two bugs of ``harness/sim_engine.py`` that the property suites found and that
+are now fixed (regression tests): an abort credited tokens to waiting requests, and a
+cancellation of the last running request left the waiting queue unadmitted.
 """
 
 from __future__ import annotations
@@ -263,9 +263,6 @@ def test_a_trace_without_run_end_cannot_close_conservation() -> None:
 # --- bugs of the simulated engine found by these suites ----------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="harness/sim_engine.py: an abort pause credits tokens to requests still "
-                   "waiting for admission (_finish -> _account on a non-running request); worked around in "
-                   "harness/invariants/runs.py SimEngineFixes")
 def test_sim_engine_abort_gives_waiting_requests_no_tokens() -> None:
     sc = dataclasses.replace(ONE_STEP_ABORT, engine=dataclasses.replace(ONE_STEP_ABORT.engine, max_running=1))
     result = simulate(sc)
@@ -274,8 +271,6 @@ def test_sim_engine_abort_gives_waiting_requests_no_tokens() -> None:
     assert not bad and not violations, "\n".join(v.format() for v in violations[:2])
 
 
-@pytest.mark.xfail(strict=True, reason="harness/sim_engine.py: cancelling the last running request leaves the "
-                   "waiting queue unadmitted (VirtualDeadlock); worked around in harness/invariants/runs.py")
 def test_sim_engine_admits_waiting_requests_after_a_cancellation() -> None:
     sc = Scenario(config=AsyncConfig(rollout_batch_size=2, n_samples_per_prompt=3, num_rollout=3,
                                      pause_generation_mode="abort", over_sampling_batch_size=10),
