@@ -61,8 +61,13 @@ class RunSpec:
     tiny_d_model: int = 64
     tiny_layers: int = 2
     profile: str = "manual"
+    device: str = "cpu"
+    gap_decomposition: bool = True  # per-step kernel / staleness gap, computed after the timed run
 
     def __post_init__(self) -> None:
+        if self.device not in ("cpu", "cuda") or (self.device == "cuda" and not torch.cuda.is_available()):
+            raise ConfigError(f"--device {self.device!r}: allowed cpu, cuda (cuda needs a CUDA build of torch and a "
+                              "GPU); fix: --device cpu")
         if self.layout not in LAYOUTS:
             raise ConfigError(f"--layout {self.layout!r}: allowed {', '.join(LAYOUTS)}; fix: pick one of them")
         if self.steps < 2:
@@ -79,6 +84,7 @@ class ModeResult:
     overlap: dict[str, float]
     engine_sync: list[dict[str, float]] = field(default_factory=list)
     error: str | None = None
+    gap_summary: dict[str, Any] | None = None
 
     def per_step(self, key: str) -> list[float]:
         return [r[key] for r in self.history if key in r]
@@ -105,14 +111,14 @@ def build_model_factory(spec: RunSpec, task: Any) -> Callable[[], Any]:
 
         cfg = TinyLMConfig(vocab_size=task.tokenizer.vocab_size, d_model=spec.tiny_d_model,
                            n_layers=spec.tiny_layers, d_ff=spec.tiny_d_model * 11 // 4, seed=spec.seed)
-        return functools.partial(build_tiny_lm, cfg)
+        return functools.partial(build_tiny_lm, cfg, device=spec.device)
     if spec.model == "smollm2":
         from miles_async_core.backends.torch_models import load_smollm2
 
-        return load_smollm2
+        return functools.partial(load_smollm2, device=spec.device)
     from miles_async_core.backends.torch_models import load_hf_dir
 
-    return functools.partial(load_hf_dir, spec.model)
+    return functools.partial(load_hf_dir, spec.model, device=spec.device)
 
 
 def _prompt_fn(task: Any, seed: int) -> Callable[[int], tuple[str, list[int], Any]]:
@@ -135,6 +141,7 @@ def run_mode(mode: str, base: AsyncConfig, spec: RunSpec, *, on_step: Callable[[
         lr=spec.lr, lr_scaling=spec.lr_scaling, update_weights_interval=config.update_weights_interval,
         max_weight_staleness=config.max_weight_staleness or 0, use_tis=spec.use_tis, tis_clip=spec.tis_clip))
     holder: dict[str, Any] = {}
+    gap = _GapRecorder(spec, build) if spec.gap_decomposition else None
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
@@ -142,7 +149,9 @@ def run_mode(mode: str, base: AsyncConfig, spec: RunSpec, *, on_step: Callable[[
         holder["sink"] = sink
         engine = _make_engine(spec, build, trainer, task, sink)
         holder["engine"] = engine
-        ctx = make_context(config, engine, _Stepped(trainer, on_step), _prompt_fn(task, spec.seed),
+        if gap is not None:
+            engine = gap.wrap_engine(engine, trainer)
+        ctx = make_context(config, engine, _Stepped(trainer, on_step, gap), _prompt_fn(task, spec.seed),
                            sampling=SamplingParams(max_new_tokens=task.max_new_tokens, temperature=1.0),
                            reward_fn=task.reward, sink=sink)
         holder["ctx"] = ctx
@@ -162,9 +171,11 @@ def run_mode(mode: str, base: AsyncConfig, spec: RunSpec, *, on_step: Callable[[
     events = sink.events if sink else []
     window = _window(events, holder.get("t0", 0.0), holder.get("t1", 0.0))
     engine = holder.get("engine")
-    return ModeResult(mode=mode, config=config, history=ctx.history if ctx else [], events=events, window=window,
+    history = ctx.history if ctx else []
+    gap_summary = gap.finish(history) if gap is not None else None
+    return ModeResult(mode=mode, config=config, history=history, events=events, window=window,
                       overlap=overlap_metrics(events, window), error=error,
-                      engine_sync=list(getattr(engine, "sync_s", [])))
+                      engine_sync=list(getattr(engine, "sync_s", [])), gap_summary=gap_summary)
 
 
 def _window(events: list[Any], t0: float, t1: float) -> tuple[float, float]:
@@ -174,13 +185,64 @@ def _window(events: list[Any], t0: float, t1: float) -> tuple[float, float]:
     return (starts[0] if starts else t0, ends[-1] if ends else t1)
 
 
-class _Stepped:
-    """The trainer, reporting each finished step (progress bar)."""
+class _GapRecorder:
+    """Keeps what the trainer-engine gap decomposition needs (every engine version's
+    weights, and per step the samples and the weights about to be trained) and computes
+    it after the run, so the extra forward passes never distort the timed overlap."""
 
-    def __init__(self, trainer: TorchTrainer, on_step: Callable[[dict], None] | None) -> None:
-        self.trainer, self.on_step = trainer, on_step
+    def __init__(self, spec: RunSpec, build: Callable[[], Any]) -> None:
+        from harness.gap_decompose import GapTracker
+
+        self.tracker = GapTracker(capacity=spec.steps + 2, model_builder=build, temperature=1.0)
+        self.steps: list[tuple[int, list[Any], dict[str, Any], int]] = []
+
+    def wrap_engine(self, engine: Any, trainer: TorchTrainer) -> Any:
+        tracker = self.tracker
+
+        class _Recording:
+            def __getattr__(self, name: str) -> Any:
+                return getattr(engine, name)
+
+            def generate(self, sample: Any, sampling: Any) -> Any:
+                return engine.generate(sample, sampling)
+
+            async def pause_generation(self, mode: str) -> None:
+                await engine.pause_generation(mode)
+
+            async def update_weights(self, version: int, weights: Any) -> None:
+                await engine.update_weights(version, weights)
+                tracker.on_engine_update(version, trainer.weight_version, weights)
+
+            async def continue_generation(self) -> None:
+                await engine.continue_generation()
+
+        return _Recording()
+
+    def record(self, rollout_id: int, groups: list[Any], trainer: TorchTrainer) -> None:
+        from miles_async_core.types import iter_samples
+
+        samples = [s for g in groups for s in iter_samples(g) if s.response_tokens]
+        self.steps.append((rollout_id, samples, trainer.get_weights(), trainer.weight_version))
+
+    def finish(self, history: list[dict]) -> dict[str, Any] | None:
+        by_step = {h["rollout_id"]: h for h in history}
+        for rollout_id, samples, weights, version in self.steps:
+            if rollout_id in by_step and samples:
+                by_step[rollout_id].update(self.tracker.observe(rollout_id, samples, current_weights=weights,
+                                                                current_version=version))
+        return self.tracker.summary() if self.tracker.decompositions else None
+
+
+class _Stepped:
+    """The trainer, reporting each finished step (progress bar) and recording for the gap."""
+
+    def __init__(self, trainer: TorchTrainer, on_step: Callable[[dict], None] | None,
+                 gap: _GapRecorder | None = None) -> None:
+        self.trainer, self.on_step, self.gap = trainer, on_step, gap
 
     async def train(self, rollout_id: int, groups: list[Any]) -> dict[str, float]:
+        if self.gap is not None:
+            self.gap.record(rollout_id, groups, self.trainer)
         metrics = await self.trainer.train(rollout_id, groups)
         if self.on_step is not None:
             self.on_step(metrics)

@@ -42,6 +42,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--d-model", type=int, default=128, help="tiny model width")
     p.add_argument("--layers", type=int, default=4, help="tiny model depth")
     p.add_argument("--profile", default="manual", help="rule profile (manual | miles-31f1ca9)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda: where the engine and trainer models live")
+    p.add_argument("--no-gap", action="store_true", help="skip the per-step kernel / staleness gap decomposition")
     p.add_argument("--out", default=None, help="output folder (default results/runs/<UTC time>)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNGs")
     p.add_argument("miles_args", nargs=argparse.REMAINDER, help="Miles flags after --")
@@ -56,7 +58,8 @@ def main(args: argparse.Namespace) -> int:
         print(f"note: {note}")
     spec = RunSpec(layout=args.layout, model=args.model, task=args.task, steps=args.steps, lr=args.lr,
                    lr_scaling=args.lr_scaling, use_tis=args.use_tis, tis_clip=args.tis_clip, seed=args.seed,
-                   threads=args.threads, tiny_d_model=args.d_model, tiny_layers=args.layers, profile=args.profile)
+                   threads=args.threads, tiny_d_model=args.d_model, tiny_layers=args.layers, profile=args.profile,
+                   device=args.device, gap_decomposition=not args.no_gap)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     from harness.realrun import mode_config
 
@@ -168,6 +171,15 @@ def _write_outputs(out: Path, spec: Any, base: AsyncConfig, results: dict[str, A
         modes_extra[mode] = {"phases": _phases(r), "sample_ages": ages, "wall_s": row["wall_s"],
                              **{k: row[k] for k in ("speedup", "overlap_efficiency") if row.get(k) is not None}}
     res.extra["modes"] = modes_extra
+    gap_mode = "one-step" if "one-step" in results else next(iter(results), None)
+    if gap_mode is not None:
+        steps = [{"step": h["rollout_id"], "kernel": h["gap/kernel_abs_mean"], "staleness": h["gap/staleness_abs_mean"],
+                  "total": h["gap/total_abs_mean"]} for h in results[gap_mode].history if "gap/total_abs_mean" in h]
+        if steps:
+            res.extra["gap_steps"] = steps
+            res.extra["gap_mode"] = gap_mode
+            res.extra["gap_unit"] = f"mean |log-prob gap| (nats/token), {gap_mode}"
+    res.extra["gap_summary"] = {m: r.gap_summary for m, r in results.items() if r.gap_summary}
     res.extra["table"] = rows
     res.extra["per_step"] = {m: r.history for m, r in results.items()}
     paths = [res.write(out / "results.json"),

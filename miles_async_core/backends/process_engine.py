@@ -161,6 +161,7 @@ class ProcessEngine:
         self._reader: threading.Thread | None = None
         self._dead: BaseException | None = None
         self._send_lock = threading.Lock()
+        self._closing = False
 
     # --- contract --------------------------------------------------------------------------
     def generate(self, sample: Sample, sampling: SamplingParams) -> asyncio.Future:
@@ -205,6 +206,7 @@ class ProcessEngine:
             self.sink.emit(ev.ENGINE_RESUME)
 
     def close(self) -> None:
+        self._closing = True
         if self.process.is_alive():
             try:
                 self._send(("stop",))
@@ -248,6 +250,8 @@ class ProcessEngine:
                 if msg[0] == "crash":
                     return
         except (EOFError, OSError):
+            if self._closing:
+                return
             self.process.join(timeout=5)
             err = EngineDiedError(f"the engine process exited (exit code {self.process.exitcode}); "
                                   "results of finished steps are kept")
