@@ -62,6 +62,7 @@ class RunSpec:
     tiny_layers: int = 2
     profile: str = "manual"
     device: str = "cpu"
+    task_length: int | None = None  # copy task: symbols to copy (longer -> more decode steps per rollout)
     gap_decomposition: bool = True  # per-step kernel / staleness gap, computed after the timed run
 
     def __post_init__(self) -> None:
@@ -132,7 +133,7 @@ def _prompt_fn(task: Any, seed: int) -> Callable[[int], tuple[str, list[int], An
 def run_mode(mode: str, base: AsyncConfig, spec: RunSpec, *, on_step: Callable[[dict], None] | None = None
              ) -> ModeResult:
     config = mode_config(mode, base, spec)
-    task = get_task(spec.task)
+    task = get_task(spec.task, **({"length": spec.task_length} if spec.task_length else {}))
     build = build_model_factory(spec, task)
     torch.manual_seed(spec.seed)
     torch.set_num_threads(spec.threads)

@@ -44,6 +44,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", default="manual", help="rule profile (manual | miles-31f1ca9)")
     p.add_argument("--device", default="cpu", help="cpu or cuda: where the engine and trainer models live")
     p.add_argument("--no-gap", action="store_true", help="skip the per-step kernel / staleness gap decomposition")
+    p.add_argument("--telemetry-interval", type=float, default=0.25,
+                   help="NVML sampling interval in seconds (GPU machines; says 'no telemetry' once elsewhere)")
     p.add_argument("--out", default=None, help="output folder (default results/runs/<UTC time>)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNGs")
     p.add_argument("miles_args", nargs=argparse.REMAINDER, help="Miles flags after --")
@@ -70,8 +72,13 @@ def main(args: argparse.Namespace) -> int:
     results: dict[str, Any] = {}
     rows: list[dict[str, Any]] = []
     progress = _progress(len(modes) * spec.steps)
+    from harness.telemetry import TelemetrySampler
+
+    current = {"mode": None}
+    telemetry = TelemetrySampler(interval_s=args.telemetry_interval, phase_fn=lambda: current["mode"]).start()
     try:
         for mode in modes:
+            current["mode"] = mode
             progress.set_description(mode)
             r = run_mode(mode, base, spec, on_step=lambda _m: progress.update(1))
             results[mode] = r
@@ -81,7 +88,8 @@ def main(args: argparse.Namespace) -> int:
                 break
     finally:
         progress.close()
-    paths = _write_outputs(out, spec, base, results, rows, plots=not args.no_plots)
+        telemetry.stop()
+    paths = _write_outputs(out, spec, base, results, rows, plots=not args.no_plots, telemetry=telemetry.summary())
     print(format_table(rows))
     for p in paths:
         print(f"wrote {p}")
@@ -147,7 +155,7 @@ def _tokens_per_s(r: Any) -> list[float]:
 
 
 def _write_outputs(out: Path, spec: Any, base: AsyncConfig, results: dict[str, Any], rows: list[dict[str, Any]],
-                   *, plots: bool) -> list[Path]:
+                   *, plots: bool, telemetry: dict[str, Any] | None = None) -> list[Path]:
     from harness.chrome_trace import write_chrome_trace
     from harness.results import Results
 
@@ -180,6 +188,8 @@ def _write_outputs(out: Path, spec: Any, base: AsyncConfig, results: dict[str, A
             res.extra["gap_mode"] = gap_mode
             res.extra["gap_unit"] = f"mean |log-prob gap| (nats/token), {gap_mode}"
     res.extra["gap_summary"] = {m: r.gap_summary for m, r in results.items() if r.gap_summary}
+    if telemetry is not None:
+        res.extra["telemetry"] = telemetry
     res.extra["table"] = rows
     res.extra["per_step"] = {m: r.history for m, r in results.items()}
     paths = [res.write(out / "results.json"),

@@ -60,3 +60,16 @@ def test_bad_main_job_input_is_a_clear_error_not_a_traceback(argv, needle, capsy
     rc = cli(["run", "--steps", "2", "--out", str(tmp_path), *argv])
     err = capsys.readouterr().err
     assert rc == 2 and needle in err and "Traceback" not in err
+
+
+def test_the_main_job_on_a_machine_without_gpu_says_no_telemetry_once_and_completes(tmp_path, capsys):
+    rc = cli(["run", "--steps", "2", "--modes", "sync", "--d-model", "32", "--layers", "1", "--no-plots",
+              "--out", str(tmp_path)])
+    captured = capsys.readouterr()
+    assert rc == 0
+    assert (captured.out + captured.err).count("no telemetry:") == 1
+    import json
+
+    doc = json.loads((tmp_path / "results.json").read_text())
+    assert doc["extra"]["telemetry"]["available"] is False
+    assert doc["benchmarks"]["sync/step_s"]["stats"]["n"] == 2
