@@ -42,6 +42,7 @@ from hypothesis import HealthCheck, Phase
 from hypothesis import reproduce_failure as _reproduce_failure
 from hypothesis import seed as _seed
 from hypothesis import settings as Settings
+from hypothesis.reporting import with_reporter
 from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, precondition, rule,
                                  run_state_machine_as_test)
 
@@ -189,7 +190,7 @@ class GroupRecord:
     handler_calls: int = 0
 
 
-def _oldest(flat: list[Sample]) -> int | None:
+def oracle_oldest_version(flat: list[Sample]) -> int | None:
     numeric = [int(v) for s in flat for v in s.weight_versions if str(v).isdigit()]
     return min(numeric) if numeric else None
 
@@ -214,7 +215,7 @@ def build_group(spec: GroupSpec, gid: int, version: int, n: int) -> GroupRecord:
     if spec.filter_mark is not None:
         prompt[0].metadata[FILTER_KEY] = spec.filter_mark
     reason = spec.filter_mark[2] if spec.kind == "filtered" and spec.filter_mark[1] == "output" else None
-    oldest = _oldest(flat)
+    oldest = oracle_oldest_version(flat)
     shape = "nested" if spec.turns is not None else "flat"
     desc = f"g{gid} ({spec.kind}, {shape}, oldest version {oldest})"
     if spec.kind == "filtered":
@@ -275,8 +276,9 @@ class BufferMachine(RuleBasedStateMachine):
                     async_data_buffer_capacity_factor: float, max_weight_staleness: int | None,
                     with_filter: bool, start_version: int) -> None:
         B, factor = rollout_batch_size, async_data_buffer_capacity_factor
+        note = ""
         if int(factor * B) < 1:
-            factor = 1.0  # capacity >= 1 is a config rule, not the buffer's concern
+            factor, note = 1.0, f" (factor {async_data_buffer_capacity_factor} raised: capacity >= 1 is a config rule)"
         cfg = AsyncConfig(rollout_batch_size=B, n_samples_per_prompt=n_samples_per_prompt, fully_async=True,
                           max_weight_staleness=max_weight_staleness, async_data_buffer_capacity_factor=factor)
         self.args = argparse.Namespace(**cfg.to_dict(),
@@ -293,7 +295,7 @@ class BufferMachine(RuleBasedStateMachine):
             return factory(DataBufferConstructorInput(self.args, self.unused_handler_fn))
 
         self.buffer = self.loop.run_until_complete(construct())
-        self._log(f"buffer built: capacity={self.capacity} (factor {factor} x B {B}), n={self.n}, "
+        self._log(f"buffer built: capacity={self.capacity} = int({factor} x B {B}){note}, n={self.n}, "
                   f"max_weight_staleness={max_weight_staleness}, dynamic filter {'on' if with_filter else 'off'}, "
                   f"version {self.version}")
 
@@ -742,17 +744,22 @@ def replay_buffer_failure(factory: BufferFactory, failure: BufferFailure) -> Buf
 
 
 def _run(machine: type[BufferMachine], settings: Settings) -> BufferFailure | None:
+    reported: list[str] = []  # a replay (@reproduce_failure) reports the steps instead of adding notes
     try:
-        run_state_machine_as_test(machine, settings=settings)
+        with with_reporter(lambda text: reported.extend(str(text).splitlines())):
+            run_state_machine_as_test(machine, settings=settings)
     except BufferInvariantError as e:
-        notes = list(getattr(e, "__notes__", []))
         blob = None
         steps = []
-        for note in notes:
+        for note in [*reported, *getattr(e, "__notes__", [])]:
             m = _BLOB.search(note)
             if m:
                 blob = (m.group(1), ast.literal_eval(m.group(2)))
             elif note.strip() and note.strip() != "state.buffer_invariants()":
                 steps.append(note)
-        return BufferFailure(e.invariant, e.detail, "\n".join(steps), e.timeline, blob)
+        return BufferFailure(e.invariant, e.detail, "\n".join(steps), e.timeline, blob or _given_blob(machine))
     return None
+
+
+def _given_blob(machine: type) -> tuple[str, bytes] | None:
+    return getattr(machine, "_hypothesis_internal_use_reproduce_failure", None)

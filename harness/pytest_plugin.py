@@ -1,0 +1,108 @@
+"""pytest plugin ``miles_async_harness``: hypothesis profiles and the buffer conformance hook.
+
+Installed as a ``pytest11`` entry point, so any pytest run in an environment with this
+package gets:
+
+* hypothesis profiles ``dev`` (random, example database), ``ci`` (derandomized, no
+  deadline, ``print_blob``, 200 examples, no database) and ``nightly`` (5000 examples,
+  no deadline), the one named by ``$HYPOTHESIS_PROFILE`` loaded (default ``dev``);
+  hypothesis' own ``--hypothesis-profile`` still wins over the variable.
+* ``--data-buffer=package.module:factory``: the ``DataBuffer`` factory the buffer suite
+  (``suites/properties/test_buffer_machine.py``) checks, called as
+  ``factory(DataBufferConstructorInput(args, unused_handler_fn))`` like Miles'
+  ``--custom-async-data-buffer-path``. The module is imported from the current
+  directory or ``sys.path``; a bad value is a usage error naming the option, the value
+  and the expected form, raised before any test runs.
+* the fixture ``data_buffer_factory``: that factory, or ``DefaultDataBuffer``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from typing import Any, Callable
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis.errors import InvalidArgument
+
+OPTION = "--data-buffer"
+EXPECTED = "package.module:factory"
+PROFILE_ENV = "HYPOTHESIS_PROFILE"
+
+settings.register_profile("dev", deadline=None)
+settings.register_profile("ci", derandomize=True, deadline=None, print_blob=True, max_examples=200,
+                          database=None, suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("nightly", max_examples=5000, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+
+_profile_error: str | None = None
+try:
+    settings.load_profile(os.environ.get(PROFILE_ENV) or "dev")
+except InvalidArgument:
+    _profile_error = (f"{PROFILE_ENV}={os.environ.get(PROFILE_ENV)!r} names no hypothesis profile. "
+                      "Allowed: dev, ci, nightly. Fix: set it to one of those or unset it.")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("miles-async-harness")
+    group.addoption(OPTION, action="store", default=None, metavar=EXPECTED,
+                    help="DataBuffer factory the buffer conformance suite checks: a callable taking "
+                         "DataBufferConstructorInput(args, unused_handler_fn) and returning a DataBuffer "
+                         "(default: miles_async_core.buffer.DefaultDataBuffer)")
+
+
+def _usage(value: str, problem: str, fix: str) -> pytest.UsageError:
+    return pytest.UsageError(f"{OPTION}={value!r}: {problem}. Expected {OPTION}={EXPECTED} (a callable "
+                             f"taking DataBufferConstructorInput and returning a DataBuffer, importable from "
+                             f"the current directory or sys.path). Fix: {fix}.")
+
+
+def resolve_factory(value: str) -> Callable[..., Any]:
+    """Import ``package.module:factory`` (the attribute may be dotted: ``mod:Class.make``)."""
+    module_name, sep, attr = value.partition(":")
+    if not sep or not module_name or not attr or not all(p.isidentifier() for p in attr.split(".")) or not all(
+            p.isidentifier() for p in module_name.split(".")):
+        raise _usage(value, "not of the form package.module:factory",
+                     "name a module and a callable in it, separated by one colon")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise _usage(value, f"module {module_name!r} cannot be imported ({e})",
+                     "run pytest from the directory holding it or add that directory to PYTHONPATH") from e
+    obj: Any = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise _usage(value, f"{module_name} has no attribute {attr!r}", "check the factory's name")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise _usage(value, f"{module_name}:{attr} is a {type(obj).__name__}, not callable",
+                     "point at a class or function")
+    return obj
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    if _profile_error is not None:
+        raise pytest.UsageError(_profile_error)
+    value = config.getoption(OPTION, default=None)
+    config._miles_data_buffer_factory = resolve_factory(value) if value else None  # type: ignore[attr-defined]
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    value = config.getoption(OPTION, default=None)
+    return f"miles-async-harness: data buffer under test: {value or 'miles_async_core.buffer:DefaultDataBuffer'}"
+
+
+@pytest.fixture
+def data_buffer_factory(pytestconfig: pytest.Config) -> Callable[..., Any]:
+    """The ``DataBuffer`` factory named by ``--data-buffer``, else ``DefaultDataBuffer``."""
+    factory = getattr(pytestconfig, "_miles_data_buffer_factory", None)
+    if factory is None:
+        from miles_async_core.buffer import DefaultDataBuffer
+
+        return DefaultDataBuffer
+    return factory
