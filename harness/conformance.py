@@ -534,6 +534,9 @@ class BufferMachine(RuleBasedStateMachine):
             return
         if len(self.queue) >= self.capacity:
             self._log(f"   put g{rec.gid} returned: stored -> {len(self.queue) + 1} > capacity {self.capacity}")
+            n = self._impl_len()
+            if n is not None and n <= self.capacity:
+                return self._silently_removed(len(self.queue) + 1 - n)
             return self._violate("capacity", f"put of {rec.desc} returned while the buffer already held "
                                  f"{len(self.queue)} = capacity group(s) {[r.gid for r in self.queue]}; "
                                  "it must block until a get frees a slot")
@@ -585,6 +588,16 @@ class BufferMachine(RuleBasedStateMachine):
         self.totals["got"] += 1
         if s is not None:
             self.window.popped.append(s)
+
+    def _silently_removed(self, count: int) -> None:
+        """``len(buffer)`` says ``count`` queued group(s) left without a return or a handler call."""
+        gone = self.queue[:count]
+        if all(self._is_stale(_staleness(r, self.get_arg)) for r in gone):
+            return self._violate("handler_once", f"stale group(s) {[r.desc for r in gone]} left the buffer "
+                                 f"(len(buffer) = {len(self.queue) + 1 - count} after the next put) without a "
+                                 "call to the unused-samples handler")
+        self._violate("conservation", f"group(s) {[r.desc for r in gone]} left the buffer without being returned "
+                      "by a get or handed to the handler")
 
     def _check_prefix(self, rec: GroupRecord, who: str) -> bool:
         """``rec`` is leaving the buffer: every group put before it must have left first."""
