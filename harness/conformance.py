@@ -48,7 +48,8 @@ from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, p
 
 from harness.vtime import VirtualTimeLoop
 from miles_async_core.config import AsyncConfig
-from miles_async_core.types import DataBufferConstructorInput, DataBufferInput, Sample, Status, first_sample
+from miles_async_core.types import (DataBufferConstructorInput, DataBufferInput, Sample, Status, first_sample,
+                                    iter_samples)
 
 P = "rollout/fully_async/"
 DROP = "rollout/dynamic_filter/drop_"
@@ -164,9 +165,11 @@ def samples() -> st.SearchStrategy[Sample]:
 
 
 @st.composite
-def buffer_inputs(draw: Any, n_samples_per_prompt: int | None = None, version: int = 4) -> DataBufferInput:
-    """A well-formed ``DataBufferInput`` (flat or nested, any status), unique indices."""
+def buffer_inputs(draw: Any, n_samples_per_prompt: int | None = None, version: int | None = None) -> DataBufferInput:
+    """A well-formed ``DataBufferInput`` (flat or nested, completed, aborted or marked
+    for the conformance filter), unique sample indices, versions at most ``version``."""
     n = n_samples_per_prompt or draw(st.integers(1, _MAX_N))
+    version = draw(st.integers(0, 20)) if version is None else version
     spec = draw(st.sampled_from(("completed", "aborted", "filtered")).flatmap(group_specs))
     gid = draw(st.integers(0, 10**5))
     return build_group(spec, gid, version, n).entry
@@ -709,8 +712,6 @@ _STATE_WORDS = {"new": "its put never ran", "putting": "its put has not returned
 
 
 def _same_samples(a: Any, b: Any) -> bool:
-    from miles_async_core.types import iter_samples
-
     try:
         return [s.index for s in iter_samples(a)] == [s.index for s in iter_samples(b)]
     except (TypeError, AttributeError):
