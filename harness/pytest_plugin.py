@@ -14,6 +14,8 @@ package gets:
   directory or ``sys.path``; a bad value is a usage error naming the option, the value
   and the expected form, raised before any test runs.
 * the fixture ``data_buffer_factory``: that factory, or ``DefaultDataBuffer``.
+* ``st.from_type(Sample)`` and ``st.from_type(DataBufferInput)``: the strategies
+  ``harness.conformance`` registers, available to every test.
 """
 
 from __future__ import annotations
@@ -88,6 +90,10 @@ def resolve_factory(value: str) -> Callable[..., Any]:
 def pytest_configure(config: pytest.Config) -> None:
     if _profile_error is not None:
         raise pytest.UsageError(_profile_error)
+    # Registers the Sample / DataBufferInput strategies; imported here, not at plugin
+    # import, because building strategies before hypothesis' own plugin has loaded
+    # triggers its HypothesisSideeffectWarning.
+    importlib.import_module("harness.conformance")
     value = config.getoption(OPTION, default=None)
     config._miles_data_buffer_factory = resolve_factory(value) if value else None  # type: ignore[attr-defined]
 

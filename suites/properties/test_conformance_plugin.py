@@ -125,3 +125,25 @@ def test_default_fixture_is_the_default_buffer(data_buffer_factory, pytestconfig
     if pytestconfig.getoption("--data-buffer"):
         pytest.skip("--data-buffer names another factory for this run")
     assert data_buffer_factory is DefaultDataBuffer
+
+
+def test_the_plugin_registers_the_buffer_input_strategy_for_any_test(tmp_path):
+    # A user's test module that never imports harness.conformance still gets the
+    # registered strategy (one prompt group, one group_index), not hypothesis' guess
+    # from the annotations (which draws empty and mixed groups).
+    (tmp_path / "test_user.py").write_text(textwrap.dedent('''
+        from hypothesis import given, settings, strategies as st
+        from miles_async_core.types import DataBufferInput
+
+        @settings(max_examples=50, derandomize=True, database=None)
+        @given(st.from_type(DataBufferInput))
+        def test_groups_are_well_formed(entry):
+            assert entry.prompt_group
+            assert len({s.group_index for s in entry.prompt_group}) == 1
+    '''))
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run([sys.executable, "-m", "pytest", str(tmp_path / "test_user.py"), "-q", "-p", "no:cacheprovider",
+                          "--rootdir", str(tmp_path)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "1 passed" in out.stdout
