@@ -35,6 +35,7 @@ from miles_async_core.errors import ConfigError
 from miles_async_core.rules import validate
 from miles_async_core.types import SamplingParams
 from harness.overlap import overlap_metrics
+from harness.simulate import histogram
 from harness.trace import TraceRecorder
 
 MODES: dict[str, dict[str, Any]] = {
@@ -331,7 +332,7 @@ def summarize_mode(r: ModeResult, sync: ModeResult | None) -> dict[str, Any]:
         "mode": r.mode, "steps": len(r.history), "wall_s": r.overlap["wall_s"],
         "reward_start": sum(rewards[:k]) / k if rewards else None,
         "reward_end": sum(rewards[-k:]) / k if rewards else None,
-        "age_hist": _hist(ages), "lag_hist": _hist(lags),
+        "age_hist": histogram(ages), "lag_hist": histogram(lags),
         "dropped_share": dropped / taken if taken else 0.0, "retried_share": retried / taken if taken else 0.0,
         "lr": r.per_step("train/lr")[-1] if r.per_step("train/lr") else None,
         "error": r.error, **{k2: v for k2, v in r.overlap.items() if k2 != "wall_s"},
@@ -345,10 +346,3 @@ def summarize_mode(r: ModeResult, sync: ModeResult | None) -> dict[str, Any]:
         row.update(speedup=per_step_sync / per_step, ideal_speedup=ideal,
                    overlap_efficiency=(per_step_sync / per_step) / ideal, sync_rollout_s=R, sync_train_s=T)
     return row
-
-
-def _hist(values: list[int]) -> dict[int, int]:
-    out: dict[int, int] = {}
-    for v in values:
-        out[v] = out.get(v, 0) + 1
-    return dict(sorted(out.items()))

@@ -119,7 +119,7 @@ def _phase_totals(events: list[Event], wall_s: float) -> dict[tuple[str, str], f
     return totals
 
 
-def _histogram(values: list[int]) -> dict[int, int]:
+def histogram(values: list[int]) -> dict[int, int]:
     out: dict[int, int] = {}
     for v in values:
         out[v] = out.get(v, 0) + 1
@@ -139,15 +139,15 @@ def summarize(result: SimResult) -> dict[str, Any]:
     return {
         "steps": len(h),
         "wall_s": result.wall_s,
-        "age_versions": _histogram([a for r in h for a in r.get("age_versions", [])]),
-        "token_age_versions": _histogram([a for r in h for a in r.get("token_age_versions", [])]),
-        "lag_steps": _histogram([a for r in h for a in r.get("lag_steps", [])]),
+        "age_versions": histogram([a for r in h for a in r.get("age_versions", [])]),
+        "token_age_versions": histogram([a for r in h for a in r.get("token_age_versions", [])]),
+        "lag_steps": histogram([a for r in h for a in r.get("lag_steps", [])]),
         "groups_taken": taken,
         "groups_trained": sum(len(r.get("age_versions", [])) for r in h),
         "dropped_share": len(dropped) / taken if taken else 0.0,
         "retried_share": retried / taken if taken else 0.0,
         "handler_calls": len(handler),
-        "drop_reasons": _histogram([e["reason"] for e in dropped]),  # type: ignore[arg-type]
+        "drop_reasons": histogram([e["reason"] for e in dropped]),  # type: ignore[arg-type]
         "queue_size_mean": sum(queue) / len(queue) if queue else None,
         "queue_size_max": max(queue) if queue else None,
         "train_waiting_s": phases.get(("train", "waiting"), 0.0),

@@ -27,7 +27,7 @@ from miles_async_core import events as ev
 from miles_async_core.buffer import DefaultDataBuffer
 from miles_async_core.contracts import NullSink, RolloutEngine
 from miles_async_core.errors import WorkerDiedError
-from miles_async_core.rollout import RewardFn, generate_and_rm_group
+from miles_async_core.rollout import RewardFn, submit_group
 from miles_async_core.scheduler import Progress, make_submission_scheduler
 from miles_async_core.types import (DataBufferConstructorInput, DataBufferInput, SamplingParams, first_sample,
                                     iter_samples)
@@ -105,15 +105,10 @@ class FullyAsyncRolloutFn:
         while True:
             await self._producer_resumed.wait()
             while scheduler.has_capacity(pending_groups=len(active), group_budget=self.group_budget):
-                prompt_group = self.data_source.get_samples(1)[0]
-                scheduler.on_submit([prompt_group])
+                prompt_group = self.data_source.get_samples(1)[0]  # always one: over-sampling has no effect
                 self.in_flight_groups[prompt_group[0].group_index] = prompt_group
-                task = asyncio.ensure_future(generate_and_rm_group(
-                    self.engine, prompt_group, self.sampling, reward_fn=self.reward_fn,
-                    sample_done_callback=scheduler.sample_done_callback, sink=self.sink))
-                task.prompt_group = prompt_group  # type: ignore[attr-defined]
-                progress.track(task)
-                active.add(task)
+                submit_group(self.engine, prompt_group, self.sampling, scheduler=scheduler, progress=progress,
+                             active=active, reward_fn=self.reward_fn, sink=self.sink)
             done, active = await progress.wait_for_progress(active)
             # Upstream puts in set-iteration order (unspecified); sorting keeps runs reproducible.
             for task in sorted(done, key=lambda t: t.prompt_group[0].index):

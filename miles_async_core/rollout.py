@@ -60,6 +60,19 @@ async def generate_and_rm_group(
     return group
 
 
+def submit_group(engine: RolloutEngine, group: list[Sample], sampling: SamplingParams, *, scheduler: Any,
+                 progress: Progress, active: set, reward_fn: RewardFn | None, sink: Any) -> asyncio.Task:
+    """Submit one prompt group as a task: counted by the scheduler, tracked by ``progress``,
+    added to ``active``; the task carries its ``prompt_group`` for whoever collects it."""
+    scheduler.on_submit([group])
+    task = asyncio.ensure_future(generate_and_rm_group(engine, group, sampling, reward_fn=reward_fn,
+                                                       sample_done_callback=scheduler.sample_done_callback, sink=sink))
+    task.prompt_group = group  # type: ignore[attr-defined]
+    progress.track(task)
+    active.add(task)
+    return task
+
+
 class OneStepRollout:
     """The rollout function of ``train.py`` and one-step ``train_async.py``."""
 
@@ -88,13 +101,8 @@ class OneStepRollout:
         while len(data) < B:
             while scheduler.has_capacity(pending_groups=len(pendings), group_budget=B - len(data)):
                 for group in self.data_source.get_samples(args.resolved_over_sampling_batch_size):
-                    scheduler.on_submit([group])
-                    task = asyncio.ensure_future(generate_and_rm_group(
-                        self.engine, group, self.sampling, reward_fn=self.reward_fn,
-                        sample_done_callback=scheduler.sample_done_callback, sink=self.sink))
-                    task.prompt_group = group  # type: ignore[attr-defined]
-                    progress.track(task)
-                    pendings.add(task)
+                    submit_group(self.engine, group, self.sampling, scheduler=scheduler, progress=progress,
+                                 active=pendings, reward_fn=self.reward_fn, sink=self.sink)
             done, pendings = await progress.wait_for_progress(pendings)
             for task in sorted(done, key=lambda t: t.prompt_group[0].index):
                 if task.exception() is not None:
