@@ -5,8 +5,9 @@ groups first (FIFO), then fresh prompts. A fresh prompt becomes ``n`` samples wi
 new ``group_index`` and strictly increasing ``index`` values. ``RolloutDataSource`` is
 read-only: ``add_samples`` raises, as upstream.
 
-Invariant: every group handed out is recorded through the sink (``taken``), so a trace
-can account for every prompt that entered the system.
+Invariant: every group handed out is recorded through the sink (``taken``, with the
+number of the ``get_samples`` call that handed it out), so a trace can account for every
+prompt that entered the system and for how many were pulled at once.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ class RolloutDataSource:
         self.sample_offset = 0
         self.sample_group_index = 0
         self.sample_index = 0
+        self.calls = 0  # get_samples calls so far; `taken` events carry it (one pull = one call)
 
     def _fresh_group(self) -> list[Sample]:
         text, tokens, label = self.prompt_fn(self.sample_offset)
@@ -43,10 +45,15 @@ class RolloutDataSource:
                 for i in range(self.n)]
 
     def get_samples(self, num_samples: int) -> list[list[Sample]]:
+        self.calls += 1
+        return self._fresh(num_samples)
+
+    def _fresh(self, num_samples: int) -> list[list[Sample]]:
         groups = [self._fresh_group() for _ in range(num_samples)]
         if self.sink.enabled:
             for g in groups:
-                self.sink.emit(ev.TAKEN, group_index=g[0].group_index, indices=[s.index for s in g], recycled=False)
+                self.sink.emit(ev.TAKEN, group_index=g[0].group_index, indices=[s.index for s in g], recycled=False,
+                               call=self.calls)
         return groups
 
     def add_samples(self, groups: list[list[Sample]]) -> None:
@@ -59,13 +66,15 @@ class RolloutDataSourceWithBuffer(RolloutDataSource):
         self.buffer: deque[list[Sample]] = deque()
 
     def get_samples(self, num_samples: int) -> list[list[Sample]]:
+        self.calls += 1
         recycled = []
         while self.buffer and len(recycled) < num_samples:
             recycled.append(self.buffer.popleft())
         if self.sink.enabled:
             for g in recycled:
-                self.sink.emit(ev.TAKEN, group_index=g[0].group_index, indices=[s.index for s in g], recycled=True)
-        return recycled + super().get_samples(num_samples - len(recycled))
+                self.sink.emit(ev.TAKEN, group_index=g[0].group_index, indices=[s.index for s in g], recycled=True,
+                               call=self.calls)
+        return recycled + self._fresh(num_samples - len(recycled))
 
     def add_samples(self, groups: list[list[Sample]]) -> None:
         for group in groups:

@@ -6,10 +6,10 @@
   granularity.
 * ``whole_group_submission``: groups are submitted whole and in the order they were
   taken: after a ``taken``, that group's ``n`` samples are submitted before any sample
-  of a later group. (Whether the fully-async worker pulls one group per submission,
-  item 9, is not visible here: group tasks start on the next loop tick, so G takes
-  always precede their submissions. Pulling several at once shows as a broken
-  ``in_flight_cap``.)
+  of a later group.
+* ``one_group_per_pull``: under fully-async every ``get_samples`` call hands out exactly
+  one group (item 9: ``--over-sampling-batch-size`` has no effect), read from the
+  ``call`` number each ``taken`` event carries.
 """
 
 from __future__ import annotations
@@ -70,4 +70,18 @@ def check_whole_group_submission(events: list[Event], config: AsyncConfig) -> li
             queue = [q for q in queue if q[1]]
         elif k == ev.FAULT and e["what"] == "worker_crash":
             queue = [q for q in queue if q[0] != e.fields.get("group_index")]
+    return out
+
+
+@invariant("one_group_per_pull", applies=is_fully_async, spec=(9,))
+def check_one_group_per_pull(events: list[Event], config: AsyncConfig) -> list[Violation]:
+    name, out = "one_group_per_pull", []
+    seen: dict[int, int] = {}  # call -> groups handed out
+    for pos, e in enumerate(events):
+        if e.kind == ev.TAKEN and e.get("call") is not None:
+            seen[e["call"]] = seen.get(e["call"], 0) + 1
+            if seen[e["call"]] == 2:
+                out.append(violation(name, f"get_samples call {e['call']} handed out more than one group under "
+                                     "--fully-async (the worker must pull one group at a time; "
+                                     "--over-sampling-batch-size has no effect there)", events, pos))
     return out

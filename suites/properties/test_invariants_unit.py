@@ -188,6 +188,12 @@ def misreport_metric(events: list[Event]) -> None:
     events[i].fields["metrics"] = {**events[i]["metrics"], "rollout/fully_async/stale_groups_filtered": 0.0}
 
 
+def two_groups_from_one_pull(events: list[Event]) -> None:
+    i = first(events, ev.TAKEN)
+    j = first(events, ev.TAKEN, start=i + 1)
+    events[j].fields["call"] = events[i]["call"]
+
+
 SURGERY = [
     ("conservation", FULLY_ASYNC, drop_trained_group),
     ("conservation_prefix", FULLY_ASYNC, duplicate_trained_group),
@@ -209,6 +215,7 @@ SURGERY = [
     ("kv_versions", FULLY_ASYNC, keep_old_kv),
     ("in_flight_cap", IN_PLACE, None),  # a tighter G below
     ("whole_group_submission", FULLY_ASYNC, submit_out_of_group),
+    ("one_group_per_pull", FULLY_ASYNC, two_groups_from_one_pull),
     ("colocate_exclusive", COLOCATED, overlap_colocated),
     ("drain_metrics", FULLY_ASYNC, misreport_metric),
 ]
@@ -279,3 +286,4 @@ def test_sim_engine_admits_waiting_requests_after_a_cancellation() -> None:
                   trainer=SimTrainerConfig(step_base_s=0.3), max_new_tokens=32)
     outcome = run_with_faults(sc, FaultSchedule(request_failure_rate=0.2, seed=491), engine_cls=SimEngine)
     assert outcome.error is None, repr(outcome.error)
+
