@@ -8,3 +8,9 @@ class ConfigError(ValueError):
 
 class WorkerDiedError(RuntimeError):
     """The fully-async rollout worker exited; raised by every later drain."""
+
+
+class EngineDeadError(RuntimeError):
+    """The rollout engine itself is gone (its process or thread died): no request can
+    succeed any more, so drivers stop instead of skipping the failed group and retrying
+    forever, which is what upstream does for a single failed request."""

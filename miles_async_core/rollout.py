@@ -21,6 +21,7 @@ from typing import Any, Callable
 from miles_async_core import events as ev
 from miles_async_core.buffer import call_dynamic_filter
 from miles_async_core.contracts import NullSink, RolloutEngine
+from miles_async_core.errors import EngineDeadError
 from miles_async_core.scheduler import Progress, make_submission_scheduler
 from miles_async_core.types import Sample, SamplingParams, Status, first_sample, iter_samples
 
@@ -39,11 +40,28 @@ async def generate_and_rm_group(
     sink: Any = None,
 ) -> list[Sample]:
     futs = [asyncio.ensure_future(engine.generate(s, sampling)) for s in group]
-    if sample_done_callback is not None:
-        for f in futs:
-            f.add_done_callback(sample_done_callback)
+    first_failure_or_all = asyncio.get_running_loop().create_future()
+    remaining = len(futs)
+
+    def on_sample_done(f: asyncio.Future) -> None:
+        # One callback per sample does both jobs (the scheduler's credit and the group's
+        # countdown): long simulations create hundreds of thousands of samples.
+        nonlocal remaining
+        remaining -= 1
+        if sample_done_callback is not None:
+            sample_done_callback(f)
+        if not first_failure_or_all.done() and (remaining == 0 or f.cancelled() or f.exception() is not None):
+            first_failure_or_all.set_result(None)
+
+    for f in futs:
+        f.add_done_callback(on_sample_done)
     try:
-        await asyncio.gather(*futs)
+        await first_failure_or_all
+        for f in futs:
+            if f.cancelled():
+                raise asyncio.CancelledError(f"a sample of group {group[0].group_index} was cancelled")
+            if f.done() and f.exception() is not None:
+                raise f.exception()
     except BaseException:
         for f in futs:
             f.cancel()
@@ -106,6 +124,8 @@ class OneStepRollout:
             done, pendings = await progress.wait_for_progress(pendings)
             for task in sorted(done, key=lambda t: t.prompt_group[0].index):
                 if task.exception() is not None:
+                    if isinstance(task.exception(), EngineDeadError):
+                        raise task.exception()  # the engine is gone: skipping would retry forever
                     logger.warning("group generation failed: %r", task.exception())
                     dropped["generate_error"] += 1
                     self._drop(task.prompt_group, "generate_error")

@@ -72,7 +72,10 @@ class VersionRuns:
 
     @property
     def newest(self) -> int | None:
-        return max((r[0] for r in self.runs), default=None)
+        runs = self.runs
+        if len(runs) == 1:
+            return runs[0][0]
+        return max((r[0] for r in runs), default=None)
 
     @property
     def oldest_kv(self) -> int | None:
@@ -80,13 +83,17 @@ class VersionRuns:
 
     def old_kv_token_count(self) -> int:
         """Tokens sampled by newer weights on top of KV computed by older ones (in_place)."""
-        return sum(r[2] for r in self.runs if r[1] < r[0])
+        runs = self.runs
+        if len(runs) == 1:
+            r = runs[0]
+            return r[2] if r[1] < r[0] else 0
+        return sum(r[2] for r in runs if r[1] < r[0])
 
     def to_json(self) -> list[list[int]]:
         return [list(r) for r in self.runs]
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Sample:
     """One trajectory. ``index`` is unique per sample; ``group_index`` per prompt."""
 

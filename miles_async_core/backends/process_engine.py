@@ -26,11 +26,11 @@ import torch
 
 from miles_async_core import events as ev
 from miles_async_core.contracts import PAUSE_MODES, NullSink
-from miles_async_core.errors import ConfigError
+from miles_async_core.errors import ConfigError, EngineDeadError
 from miles_async_core.types import Sample, SamplingParams, Status, VersionRuns
 
 
-class EngineDiedError(RuntimeError):
+class EngineDiedError(EngineDeadError):
     """The engine process exited or crashed."""
 
 

@@ -44,7 +44,7 @@ import torch
 
 from miles_async_core import events as ev
 from miles_async_core.contracts import PAUSE_MODES, EventSink, NullSink
-from miles_async_core.errors import ConfigError
+from miles_async_core.errors import ConfigError, EngineDeadError
 from miles_async_core.types import Sample, SamplingParams, Status, VersionRuns
 
 from .torch_models import EngineModel
@@ -319,7 +319,7 @@ class TorchEngine:
     def generate(self, sample: Sample, sampling: SamplingParams) -> asyncio.Future:
         self._ensure_started()
         if self._error is not None:
-            raise RuntimeError("the torch engine thread died") from self._error
+            raise EngineDeadError("the torch engine thread died") from self._error
         fut = self._loop.create_future()
         req_id, self._next_id = self._next_id, self._next_id + 1
         self._futures[req_id] = (fut, sample)
@@ -379,7 +379,7 @@ class TorchEngine:
         """Run ``fn`` on the engine thread between steps and wait for it."""
         self._ensure_started()
         if self._error is not None:
-            raise RuntimeError("the torch engine thread died") from self._error
+            raise EngineDeadError("the torch engine thread died") from self._error
         loop = self._loop
         done = loop.create_future()
 
@@ -415,7 +415,7 @@ class TorchEngine:
     def _fail_all(self, exc: BaseException) -> None:
         for fut, _ in self._futures.values():
             if not fut.done():
-                fut.set_exception(RuntimeError(f"the torch engine thread died: {exc!r}"))
+                fut.set_exception(EngineDeadError(f"the torch engine thread died: {exc!r}"))
         self._futures.clear()
 
     def _emit_request_event(self, kind: str, fields: dict[str, Any]) -> None:

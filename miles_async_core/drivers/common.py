@@ -23,22 +23,32 @@ def weight_version_metrics(groups: list) -> dict[str, float]:
     plus this harness' true per-token figures under `rollout/token_version/*`."""
     samples = [s for g in groups for s in iter_samples(g)]
     m: dict[str, float] = {}
-    oldest = sorted(v for v in (s.oldest_weight_version for s in samples) if v is not None)
+    oldest, mixed, token_oldest, token_mixed, old_kv, tokens = [], 0, [], 0, 0, 0
+    for s in samples:  # one pass: this runs on every step of long simulations
+        v = s.oldest_weight_version
+        if v is not None:
+            oldest.append(v)
+        if len(s.weight_versions) > 1 and len(set(s.weight_versions)) > 1:
+            mixed += 1
+        runs = s.token_versions
+        if runs.runs:
+            lo, hi = runs.oldest, runs.newest
+            token_oldest.append(lo)
+            token_mixed += lo != hi
+            old_kv += runs.old_kv_token_count()
+        tokens += s.response_length
     if oldest and samples:
+        oldest.sort()
         m["rollout/weight_version/mean"] = sum(oldest) / len(oldest)
         mid = len(oldest) // 2
         m["rollout/weight_version/median"] = (oldest[mid] if len(oldest) % 2 else (oldest[mid - 1] + oldest[mid]) / 2)
         m["rollout/weight_version/max"] = float(oldest[-1])
         m["rollout/weight_version/min"] = float(oldest[0])
-        mixed = sum(1 for s in samples if len(set(s.weight_versions)) > 1)
         m["rollout/weight_version/mixed_version_ratio"] = mixed / len(samples)
-    token_oldest = [s.token_versions.oldest for s in samples if s.token_versions.runs]
     if token_oldest:
         m["rollout/token_version/min"] = float(min(token_oldest))
-        m["rollout/token_version/mixed_ratio"] = sum(
-            1 for s in samples if s.token_versions.oldest != s.token_versions.newest) / len(samples)
-        m["rollout/token_version/old_kv_token_share"] = sum(
-            s.token_versions.old_kv_token_count() for s in samples) / max(1, sum(s.response_length for s in samples))
+        m["rollout/token_version/mixed_ratio"] = token_mixed / len(samples)
+        m["rollout/token_version/old_kv_token_share"] = old_kv / max(1, tokens)
     return m
 
 

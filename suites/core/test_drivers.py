@@ -103,3 +103,19 @@ def test_a_trainer_exception_stops_the_run_and_is_reported():
     result = simulate(Scenario(config=config, trainer=SimTrainerConfig(fail_at_step=2)))
     assert "injected trainer failure at step 2" in str(result.error)
     assert len(result.history) == 2
+
+
+def test_a_dead_engine_stops_the_one_step_rollout_instead_of_retrying_forever():
+    from miles_async_core.errors import EngineDeadError
+    from harness.sim_engine import SimEngine
+
+    class DeadAfter(SimEngine):
+        def generate(self, sample, sampling):
+            if sample.index >= 8:
+                raise EngineDeadError("engine process exited (exit code -9)")
+            return super().generate(sample, sampling)
+
+    config = AsyncConfig(rollout_batch_size=2, n_samples_per_prompt=2, num_rollout=6)
+    result = simulate(Scenario(config=config), engine_factory=DeadAfter)
+    assert isinstance(result.error, EngineDeadError)
+    assert 1 <= len(result.history) < 6

@@ -34,6 +34,7 @@ def test_colocate_never_generates_while_training():
     assert r.overlap["both_busy_fraction"] < 0.01
 
 
+@pytest.mark.timeout(120)  # a driver that retried a dead engine forever once looped here until OOM
 def test_a_killed_engine_process_fails_the_run_clearly_and_keeps_finished_steps():
     def kill_after_two(metrics, state={"n": 0}):
         state["n"] += 1
