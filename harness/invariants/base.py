@@ -125,3 +125,14 @@ def violation(name: str, message: str, events: list[Event], pos: int, *, context
               ) -> Violation:
     return Violation(invariant=name, message=message, events=context if context is not None else window(events, pos))
 
+
+def walk_groups(events: list[Event]):
+    """Yield (pos, event, members, finished) with the current sample state at each event."""
+    members: dict[int, list[int]] = {}
+    finished: dict[int, Event] = {}
+    for pos, e in enumerate(events):
+        if e.kind == ev.TAKEN:
+            members[e["group_index"]] = list(e["indices"])
+        elif e.kind == ev.FINISHED:
+            finished[e["index"]] = e
+        yield pos, e, members, finished

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from miles_async_core import events as ev
 from miles_async_core.config import AsyncConfig
-from harness.invariants.base import Violation, invariant, is_fully_async, lifecycle, violation
+from harness.invariants.base import Violation, invariant, is_fully_async, lifecycle, violation, walk_groups
 from harness.trace import Event
 
 
@@ -68,14 +68,8 @@ def _handler_calls_until_retake(events: list[Event], pos: int, gi: int) -> list[
 def check_aborted_never_stored(events: list[Event], config: AsyncConfig) -> list[Violation]:
     """A group with an ABORTED sample is rejected, never stored, and handed to the handler once."""
     name, out = "aborted_never_stored", []
-    members: dict[int, list[int]] = {}
-    finished: dict[int, Event] = {}
-    for pos, e in enumerate(events):
-        if e.kind == ev.TAKEN:
-            members[e["group_index"]] = list(e["indices"])
-        elif e.kind == ev.FINISHED:
-            finished[e["index"]] = e
-        elif e.kind in (ev.PUT_ACCEPTED, ev.PUT_REJECTED):
+    for pos, e, members, finished in walk_groups(events):
+        if e.kind in (ev.PUT_ACCEPTED, ev.PUT_REJECTED):
             gi = e["group_index"]
             aborted = [i for i in members.get(gi, ()) if i in finished and finished[i]["status"] == "aborted"]
             if e.kind == ev.PUT_ACCEPTED and aborted:

@@ -14,20 +14,9 @@ from __future__ import annotations
 
 from miles_async_core import events as ev
 from miles_async_core.config import AsyncConfig
-from harness.invariants.base import Violation, invariant, is_fully_async, lifecycle, oldest_weight_version, violation
+from harness.invariants.base import (Violation, invariant, is_fully_async, lifecycle, oldest_weight_version, violation,
+                                     walk_groups)
 from harness.trace import Event
-
-
-def _walk_groups(events: list[Event]):
-    """Yield (pos, event, members, finished) with the current sample state at each event."""
-    members: dict[int, list[int]] = {}
-    finished: dict[int, Event] = {}
-    for pos, e in enumerate(events):
-        if e.kind == ev.TAKEN:
-            members[e["group_index"]] = list(e["indices"])
-        elif e.kind == ev.FINISHED:
-            finished[e["index"]] = e
-        yield pos, e, members, finished
 
 
 def _oldest(gi: int, members: dict[int, list[int]], finished: dict[int, Event]) -> int | None:
@@ -39,7 +28,7 @@ def _oldest(gi: int, members: dict[int, list[int]], finished: dict[int, Event]) 
 @invariant("got_staleness", applies=is_fully_async, spec=(20, 22, 23))
 def check_got_staleness(events: list[Event], config: AsyncConfig) -> list[Violation]:
     name, s_max, out = "got_staleness", config.max_weight_staleness, []
-    for pos, e, members, finished in _walk_groups(events):
+    for pos, e, members, finished in walk_groups(events):
         if e.kind not in (ev.GOT, ev.STALE_REJECTED):
             continue
         gi, s = e["group_index"], e["staleness"]
@@ -62,7 +51,7 @@ def _fully_async_bounded(c: AsyncConfig) -> bool:
 @invariant("trained_age_bound", applies=_fully_async_bounded, spec=(35,))
 def check_trained_age_bound(events: list[Event], config: AsyncConfig) -> list[Violation]:
     name, bound, out = "trained_age_bound", config.max_weight_staleness + 1, []
-    for pos, e, members, finished in _walk_groups(events):
+    for pos, e, members, finished in walk_groups(events):
         if e.kind != ev.TRAINED:
             continue
         for gi in e["group_indices"]:
@@ -86,7 +75,7 @@ def expected_batch_version(config: AsyncConfig, rollout_id: int) -> int:
 @invariant("batch_single_version", applies=lambda c: not c.fully_async, spec=(31, 33))
 def check_batch_single_version(events: list[Event], config: AsyncConfig) -> list[Violation]:
     name, out = "batch_single_version", []
-    for pos, e, members, finished in _walk_groups(events):
+    for pos, e, members, finished in walk_groups(events):
         if e.kind != ev.TRAINED:
             continue
         want = expected_batch_version(config, e["rollout_id"])
