@@ -127,9 +127,11 @@ def test_steps_install_test_benchmark_compare_and_plot_in_order():
     assert "python3 -m venv .venv" in venv["run"] and "pip install -e '.[gpu,test,plot]'" in venv["run"]
     assert "pytest suites/ -rs" in tests["run"]
     assert bench["run"].strip() == 'bash suites/gpu/run_gpu_checks.sh "$RUNNER_TEMP/gpu-results"'
-    assert " ".join(compare["run"].split()) == (
-        'miles-harness compare results/gpu/baseline.json "$RUNNER_TEMP/gpu-results/run.json" '
-        "--threshold one-step/overlap_efficiency:-5% --threshold one-step/tokens_per_s:-10% --markdown > comparison.md")
+    flat = " ".join(compare["run"].replace("\\\n", " ").split())
+    assert ('miles-harness compare results/gpu/baseline.json "$RUNNER_TEMP/gpu-results/run.json" '
+            "--threshold one-step/overlap_efficiency:-5% --threshold one-step/tokens_per_s:-10% --markdown "
+            "> comparison.md") in flat
+    assert "if [ ! -f results/gpu/baseline.json ]" in flat  # the first GPU run has no baseline yet
     assert compare["continue-on-error"] is False
     assert plots["run"].startswith("miles-harness report ") and plots["run"].rstrip().endswith("--out plots")
     assert i_venv < i_test < i_bench < i_cmp < i_plot
