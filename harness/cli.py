@@ -25,6 +25,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+# Commands whose trailing arguments are a Miles command line.
+PASSTHROUGH = ("check", "simulate", "run")
+
+
 def build_parser(command: str | None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="miles-harness", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -35,10 +39,28 @@ def build_parser(command: str | None) -> argparse.ArgumentParser:
     return parser
 
 
+def _insert_separator(parser: argparse.ArgumentParser, command: str, argv: list[str]) -> list[str]:
+    """A pasted Miles command line without ``--``: everything from the first argument this
+    command does not know (a Miles flag, or ``train_async.py``) on is a Miles argument."""
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
+    known = {opt: action for opt, action in sub._option_string_actions.items()}
+    i = 1
+    while i < len(argv):
+        token = argv[i]
+        name = token.split("=", 1)[0]
+        if name not in known:
+            return argv[:i] + ["--"] + argv[i:]
+        takes_value = known[name].nargs != 0 and "=" not in token
+        i += 2 if takes_value else 1
+    return argv
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command = argv[0] if argv and argv[0] in COMMANDS else None
     parser = build_parser(command)
+    if command in PASSTHROUGH and "--" not in argv:
+        argv = _insert_separator(parser, command, argv)
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()

@@ -337,7 +337,7 @@ def summarize_mode(r: ModeResult, sync: ModeResult | None) -> dict[str, Any]:
         "lr": r.per_step("train/lr")[-1] if r.per_step("train/lr") else None,
         "error": r.error, **{k2: v for k2, v in r.overlap.items() if k2 != "wall_s"},
     }
-    if sync is not None and sync.history and r.history:
+    if sync is not None and sync.history and r.history and r is not sync:
         per_step_sync = sync.overlap["wall_s"] / len(sync.history)
         per_step = r.overlap["wall_s"] / len(r.history)
         R = sync.overlap["rollout_busy_s"] / len(sync.history)

@@ -92,3 +92,13 @@ def test_json_output_is_one_document_with_config_and_violations(capsys):
 def test_an_empty_command_line_is_the_valid_default(capsys):
     rc, out, _ = run(capsys, "--")
     assert rc == 0 and "rollout_batch_size = 8" in out
+
+
+def test_a_pasted_command_line_without_the_separator_is_read_as_miles_flags(capsys):
+    from harness.cli import main as cli
+
+    assert cli(["check", "--fully-async", "--pause-generation-mode", "abort"]) == 2
+    out = capsys.readouterr()
+    assert "--pause-generation-mode" in out.out + out.err and "--fully-async" in out.out + out.err
+    assert cli(["check", "--profile", "miles-31f1ca9", "train_async.py", "--fully-async", "--colocate"]) == 2
+    assert cli(["check", "--json", "train_async.py", "--fully-async", "--rollout-batch-size=8"]) == 0
