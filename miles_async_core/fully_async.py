@@ -148,10 +148,14 @@ class FullyAsyncRolloutFn:
             assert size == args.n_samples_per_prompt, f"group has {size} samples, expected {args.n_samples_per_prompt}"
             data.append(entry.group)
         data.sort(key=lambda g: first_sample(g).index)
+        return data, self._finish_drain(rollout_id)
+
+    def _finish_drain(self, rollout_id: int) -> dict[str, float]:
+        """The drain's one ``get_metrics()`` call, plus the handler's window counters."""
         metrics = self.buffer.get_metrics()
         for key, count in self._handler_counts.items():
             metrics[HANDLER_PREFIX + key] = float(count)
             self._handler_counts[key] = 0
         if self.sink.enabled:
             self.sink.emit(ev.DRAIN_END, rollout_id=rollout_id)
-        return data, metrics
+        return metrics
