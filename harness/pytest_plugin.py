@@ -14,6 +14,8 @@ package gets:
   directory or ``sys.path``; a bad value is a usage error naming the option, the value
   and the expected form, raised before any test runs.
 * the fixture ``data_buffer_factory``: that factory, or ``DefaultDataBuffer``.
+* on CPython 3.11, plain (caret-free) tracebacks in ``asyncio`` log records
+  (``harness.py311_guard``).
 * ``st.from_type(Sample)`` and ``st.from_type(DataBufferInput)``: the strategies
   ``harness.conformance`` registers, available to every test.
 """
@@ -29,42 +31,13 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis.errors import InvalidArgument
 
+from harness import py311_guard
+
 OPTION = "--data-buffer"
 EXPECTED = "package.module:factory"
 PROFILE_ENV = "HYPOTHESIS_PROFILE"
 
-def _guard_hypothesis_digest() -> None:
-    """Seen in CI on CPython 3.11.7: ``inspect.getsource`` inside hypothesis'
-    ``function_digest`` can fail with ``SystemError: AST constructor recursion depth
-    mismatch`` (a CPython 3.11 bug in the AST constructor's recursion bookkeeping, hit
-    while hypothesis has moved the recursion limit). Hypothesis uses the source only to
-    key its example database and to seed derandomized runs, so fall back to the
-    qualified name instead of failing an unrelated test. Python 3.12+ is left alone."""
-    if sys.version_info[:2] != (3, 11):
-        return
-    import hashlib
-
-    import hypothesis.core
-    import hypothesis.internal.reflection as reflection
-    import hypothesis.stateful
-
-    original = reflection.function_digest
-    if getattr(original, "_miles_guarded", False):
-        return
-
-    def guarded(function: Any) -> bytes:
-        try:
-            return original(function)
-        except SystemError:
-            name = getattr(function, "__qualname__", None) or repr(function)
-            return hashlib.sha384(name.encode()).digest()
-
-    guarded._miles_guarded = True  # type: ignore[attr-defined]
-    for module in (reflection, hypothesis.core, hypothesis.stateful):
-        module.function_digest = guarded  # type: ignore[attr-defined]
-
-
-_guard_hypothesis_digest()
+py311_guard.install()  # CPython 3.11's re-entrant ast.parse: see harness/py311_guard.py
 
 settings.register_profile("dev", deadline=None)
 settings.register_profile("ci", derandomize=True, deadline=None, print_blob=True, max_examples=200,

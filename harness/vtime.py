@@ -77,7 +77,9 @@ def run_virtual(main: Awaitable[T]) -> T:
         return loop.run_until_complete(main)
     finally:
         try:
-            pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+            # Creation order, not set order (which follows memory addresses): the order
+            # of cancel() calls is the order cleanups run, so traces stay reproducible.
+            pending = sorted((t for t in asyncio.all_tasks(loop) if not t.done()), key=_creation_order)
             for t in pending:
                 t.cancel()
             if pending:
@@ -85,3 +87,10 @@ def run_virtual(main: Awaitable[T]) -> T:
         except VirtualDeadlock:
             pass
         loop.close()
+
+
+def _creation_order(task: asyncio.Task) -> tuple[int, str]:
+    """asyncio names unnamed tasks ``Task-<n>`` from one process-wide counter."""
+    name = task.get_name()
+    suffix = name.rpartition("-")[2]
+    return (int(suffix), name) if name.startswith("Task-") and suffix.isdigit() else (-1, name)

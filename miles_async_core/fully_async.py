@@ -27,7 +27,7 @@ from miles_async_core import events as ev
 from miles_async_core.buffer import DefaultDataBuffer
 from miles_async_core.contracts import NullSink, RolloutEngine
 from miles_async_core.errors import WorkerDiedError
-from miles_async_core.rollout import RewardFn, submit_group
+from miles_async_core.rollout import RewardFn, discard_tasks, submit_group
 from miles_async_core.scheduler import Progress, make_submission_scheduler
 from miles_async_core.types import (DataBufferConstructorInput, DataBufferInput, SamplingParams, first_sample,
                                     iter_samples)
@@ -102,18 +102,25 @@ class FullyAsyncRolloutFn:
     async def _worker_loop(self) -> None:
         scheduler, progress = self.scheduler, Progress(self.scheduler)
         active: set[asyncio.Task] = set()
-        while True:
-            await self._producer_resumed.wait()
-            while scheduler.has_capacity(pending_groups=len(active), group_budget=self.group_budget):
-                prompt_group = self.data_source.get_samples(1)[0]  # always one: over-sampling has no effect
-                self.in_flight_groups[prompt_group[0].group_index] = prompt_group
-                submit_group(self.engine, prompt_group, self.sampling, scheduler=scheduler, progress=progress,
-                             active=active, reward_fn=self.reward_fn, sink=self.sink)
-            done, active = await progress.wait_for_progress(active)
-            # Upstream puts in set-iteration order (unspecified); sorting keeps runs reproducible.
-            for task in sorted(done, key=lambda t: t.prompt_group[0].index):
-                await self.buffer.put(DataBufferInput(task.prompt_group, task.result()))
-                del self.in_flight_groups[task.prompt_group[0].group_index]
+        done: set[asyncio.Task] = set()
+        try:
+            while True:
+                await self._producer_resumed.wait()
+                while scheduler.has_capacity(pending_groups=len(active), group_budget=self.group_budget):
+                    prompt_group = self.data_source.get_samples(1)[0]  # always one: over-sampling has no effect
+                    self.in_flight_groups[prompt_group[0].group_index] = prompt_group
+                    submit_group(self.engine, prompt_group, self.sampling, scheduler=scheduler, progress=progress,
+                                 active=active, reward_fn=self.reward_fn, sink=self.sink)
+                done, active = await progress.wait_for_progress(active)
+                # Upstream puts in set-iteration order (unspecified); sorting keeps runs reproducible.
+                for task in sorted(done, key=lambda t: t.prompt_group[0].index):
+                    await self.buffer.put(DataBufferInput(task.prompt_group, task.result()))
+                    del self.in_flight_groups[task.prompt_group[0].group_index]
+        except BaseException:
+            # The first failure kills the worker (as upstream); the sibling groups are
+            # cancelled and their outcomes retrieved so no failure is logged at random later.
+            await discard_tasks(active | done)
+            raise
 
     async def _next_group(self, weight_version: int | None) -> DataBufferInput:
         worker = self._worker

@@ -78,6 +78,22 @@ async def generate_and_rm_group(
     return group
 
 
+async def discard_tasks(tasks: Any) -> None:
+    """Cancel the unfinished tasks and retrieve every outcome. A failed task whose
+    exception nobody retrieved is logged from its finalizer at an arbitrary later point
+    ("Task exception was never retrieved"); on CPython 3.11 that traceback formatting,
+    run from a GC pass inside another ``ast.parse``, corrupts the AST constructor's
+    recursion bookkeeping and fails an unrelated parse with ``SystemError``."""
+    # Cancel in submission order: set order follows memory addresses, and the order of
+    # cancel() calls is the order the tasks run their cleanup (and emit trace events).
+    tasks = sorted(tasks, key=lambda t: first_sample(t.prompt_group).index if hasattr(t, "prompt_group") else -1)
+    for task in tasks:
+        if not task.done():
+            task.cancel()
+    if tasks:
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
 def submit_group(engine: RolloutEngine, group: list[Sample], sampling: SamplingParams, *, scheduler: Any,
                  progress: Progress, active: set, reward_fn: RewardFn | None, sink: Any) -> asyncio.Task:
     """Submit one prompt group as a task: counted by the scheduler, tracked by ``progress``,
@@ -121,11 +137,18 @@ class OneStepRollout:
                 for group in self.data_source.get_samples(args.resolved_over_sampling_batch_size):
                     submit_group(self.engine, group, self.sampling, scheduler=scheduler, progress=progress,
                                  active=pendings, reward_fn=self.reward_fn, sink=self.sink)
-            done, pendings = await progress.wait_for_progress(pendings)
+            try:
+                done, pendings = await progress.wait_for_progress(pendings)
+            except BaseException:
+                await discard_tasks(pendings)
+                raise
             for task in sorted(done, key=lambda t: t.prompt_group[0].index):
                 if task.exception() is not None:
                     if isinstance(task.exception(), EngineDeadError):
-                        raise task.exception()  # the engine is gone: skipping would retry forever
+                        # The engine is gone: skipping would retry forever. Collect the
+                        # sibling groups first so none of their failures goes unretrieved.
+                        await discard_tasks(pendings | done)
+                        raise task.exception()
                     logger.warning("group generation failed: %r", task.exception())
                     dropped["generate_error"] += 1
                     self._drop(task.prompt_group, "generate_error")

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import gc
+import logging
+
 import pytest
 
 from harness.scenario import Scenario
@@ -119,3 +123,55 @@ def test_a_dead_engine_stops_the_one_step_rollout_instead_of_retrying_forever():
     result = simulate(Scenario(config=config), engine_factory=DeadAfter)
     assert isinstance(result.error, EngineDeadError)
     assert 1 <= len(result.history) < 6
+
+
+@pytest.mark.parametrize("fully_async", [False, True], ids=["one-step", "fully-async"])
+def test_a_dead_engine_leaves_no_failure_unretrieved(fully_async, caplog):
+    """Every sibling group that failed with the engine is collected, not left for the
+    garbage collector to log ("Task exception was never retrieved") at a random later
+    point; on CPython 3.11 that late logging broke an unrelated ``ast.parse`` in CI."""
+    from miles_async_core.errors import EngineDeadError
+    from harness.sim_engine import SimEngine
+
+    class DeadAfter(SimEngine):
+        async def generate(self, sample, sampling):
+            if sample.index >= 16:  # every request in flight fails at the same instant
+                await asyncio.sleep(1.0)
+                raise EngineDeadError("engine process exited (exit code -9)")
+            return await super().generate(sample, sampling)
+
+    config = AsyncConfig(rollout_batch_size=4, n_samples_per_prompt=2, num_rollout=6, fully_async=fully_async)
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        result = simulate(Scenario(config=config), engine_factory=DeadAfter)
+        gc.collect()
+    assert isinstance(result.error, EngineDeadError)
+    assert [r.getMessage() for r in caplog.records if r.name == "asyncio"] == []
+
+
+def test_a_one_step_rollout_that_fails_collects_every_sibling_group(caplog):
+    """All four groups fail in the same instant; the rollout raises the first failure and
+    must have retrieved the other three, even though the caller keeps the loop running."""
+    from miles_async_core.data_source import RolloutDataSource
+    from miles_async_core.errors import EngineDeadError
+    from miles_async_core.rollout import OneStepRollout
+    from miles_async_core.types import SamplingParams
+
+    class DeadEngine:
+        async def generate(self, sample, sampling):
+            await asyncio.sleep(0)
+            raise EngineDeadError("engine process exited (exit code -9)")
+
+    config = AsyncConfig(rollout_batch_size=4, n_samples_per_prompt=2)
+    rollout = OneStepRollout(config, DeadEngine(), RolloutDataSource(2, lambda k: (f"p{k}", [k], None)),
+                             sampling=SamplingParams(max_new_tokens=4))
+
+    async def main():
+        with pytest.raises(EngineDeadError):
+            await rollout(0, 1)
+        for _ in range(10):  # the caller goes on (closes the engine): sibling tasks finish
+            await asyncio.sleep(0)
+
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        asyncio.run(main())
+        gc.collect()
+    assert [r.getMessage() for r in caplog.records if r.name == "asyncio"] == []

@@ -5,6 +5,8 @@ asserted as a structural property (the phases intersect, or they never do)."""
 
 from __future__ import annotations
 
+import gc
+import logging
 import multiprocessing
 import os
 import signal
@@ -35,7 +37,7 @@ def test_colocate_never_generates_while_training():
 
 
 @pytest.mark.timeout(120)  # a driver that retried a dead engine forever once looped here until OOM
-def test_a_killed_engine_process_fails_the_run_clearly_and_keeps_finished_steps():
+def test_a_killed_engine_process_fails_the_run_clearly_and_keeps_finished_steps(caplog):
     def kill_after_two(metrics, state={"n": 0}):
         state["n"] += 1
         if state["n"] == 2:
@@ -43,8 +45,12 @@ def test_a_killed_engine_process_fails_the_run_clearly_and_keeps_finished_steps(
                 if child.name == "miles-engine":
                     os.kill(child.pid, signal.SIGKILL)
 
-    r = run_mode("one-step", BASE, RunSpec(**{**SPEC.__dict__, "steps": 8}), on_step=kill_after_two)
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        r = run_mode("one-step", BASE, RunSpec(**{**SPEC.__dict__, "steps": 8}), on_step=kill_after_two)
+        gc.collect()
     assert r.error is not None and "engine process exited" in r.error
+    # every failed sibling group is collected, none left to be logged by the collector
+    assert [m.getMessage() for m in caplog.records if m.name == "asyncio"] == []
     assert 2 <= len(r.history) < 8
     row = summarize_mode(r, None)
     assert row["steps"] == len(r.history) and row["error"] == r.error
