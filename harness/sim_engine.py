@@ -344,6 +344,13 @@ class SimEngine:
             self._schedule()
             if not self.running:
                 self._set_busy(False)
+                if self._pause is not None:  # the pause waited for a boundary no request will reach
+                    mode, fut = self._pause
+                    self._pause = None
+                    self._apply_pause(mode)
+                    if not fut.done():
+                        fut.set_result(None)
+                    return
                 if self.waiting and not self._kick_scheduled:  # admit what waited behind it
                     self._kick_scheduled = True
                     asyncio.get_running_loop().call_soon(self._kick)

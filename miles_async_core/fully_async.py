@@ -55,6 +55,7 @@ class FullyAsyncRolloutFn:
         self.group_budget = args.group_budget
         self.buffer: Any = None
         self._worker: asyncio.Task | None = None
+        self._worker_error_raised = False  # a drain has raised the dead worker's exception
         self._producer_resumed = asyncio.Event()
         self._producer_resumed.set()
         self._handler_counts = {"dropped": 0, "retried": 0, "retry_cap": 0}
@@ -99,6 +100,14 @@ class FullyAsyncRolloutFn:
     def worker(self) -> asyncio.Task | None:
         return self._worker
 
+    def unreported_worker_error(self) -> BaseException | None:
+        """The worker's exception if it died and no drain has raised it (it died after
+        the last drain of the run); the driver logs it and keeps it on the context."""
+        worker = self._worker
+        if worker is None or not worker.done() or worker.cancelled() or self._worker_error_raised:
+            return None
+        return worker.exception()
+
     async def _worker_loop(self) -> None:
         scheduler, progress = self.scheduler, Progress(self.scheduler)
         active: set[asyncio.Task] = set()
@@ -132,6 +141,7 @@ class FullyAsyncRolloutFn:
                         raise WorkerDiedError("fully-async rollout worker was cancelled")
                     exc = worker.exception()
                     if exc is not None:
+                        self._worker_error_raised = True
                         raise exc
                     raise RuntimeError("fully-async rollout worker exited without an exception")
                 if get_task.done():

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Callable
 
 from miles_async_core.contracts import NullSink
@@ -17,6 +18,8 @@ from miles_async_core.drivers.train_async import train_async
 from miles_async_core.fully_async import FullyAsyncRolloutFn
 from miles_async_core.rollout import OneStepRollout
 from miles_async_core.types import SamplingParams
+
+logger = logging.getLogger(__name__)
 
 
 def make_context(args: Any, engine: Any, trainer: Any, prompt_fn: Callable, *, sampling: SamplingParams,
@@ -36,7 +39,21 @@ def make_context(args: Any, engine: Any, trainer: Any, prompt_fn: Callable, *, s
 
 
 async def run(ctx: RunContext) -> list[dict]:
-    return await (train(ctx) if ctx.args.driver == "train" else train_async(ctx))
+    try:
+        return await (train(ctx) if ctx.args.driver == "train" else train_async(ctx))
+    finally:
+        _report_worker_death(ctx)
+
+
+def _report_worker_death(ctx: RunContext) -> None:
+    """A fully-async worker that died after the last drain is not silent: no later drain
+    raises its error, so it is logged and kept as ``ctx.worker_error``."""
+    unreported = getattr(ctx.rollout_manager.rollout_fn, "unreported_worker_error", None)
+    error = unreported() if unreported is not None else None
+    if error is None:
+        return
+    ctx.worker_error = error
+    logger.warning("the fully-async rollout worker died after the last drain: %r", ctx.worker_error)
 
 
 __all__ = ["RunContext", "make_context", "run", "train", "train_async"]

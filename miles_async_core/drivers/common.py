@@ -96,6 +96,7 @@ class RunContext:
     trainer_steps: int = 0  # optimizer steps taken so far
     history: list[dict] = field(default_factory=list)  # per-step records for callers
     version_steps: dict[int, int] = field(default_factory=dict)  # engine version -> trainer steps of its weights
+    worker_error: BaseException | None = None  # a fully-async worker that died after the last drain
 
     def phase(self, side: str, phase: str, start: bool, **extra: Any) -> None:
         if self.sink.enabled:

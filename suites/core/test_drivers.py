@@ -175,3 +175,42 @@ def test_a_one_step_rollout_that_fails_collects_every_sibling_group(caplog):
         asyncio.run(main())
         gc.collect()
     assert [r.getMessage() for r in caplog.records if r.name == "asyncio"] == []
+
+
+def test_a_worker_that_dies_after_the_last_drain_is_reported_not_lost(caplog):
+    """No drain is left to raise the worker's error, so the run completes; the error is
+    still logged and kept on the context."""
+    from miles_async_core.errors import EngineDeadError
+    from harness.sim_engine import SimEngine
+
+    class DeadLate(SimEngine):
+        async def generate(self, sample, sampling):
+            if sample.index >= 12:  # beyond the 8 samples the two drains need
+                raise EngineDeadError("engine process exited (exit code -9)")
+            return await super().generate(sample, sampling)
+
+    config = AsyncConfig(rollout_batch_size=2, n_samples_per_prompt=2, num_rollout=2, fully_async=True)
+    with caplog.at_level(logging.WARNING, logger="miles_async_core.drivers"):
+        result = simulate(Scenario(config=config), engine_factory=DeadLate)
+    assert result.error is None and len(result.history) == 2
+    assert isinstance(result.ctx.worker_error, EngineDeadError)
+    assert [r.getMessage() for r in caplog.records] == [
+        "the fully-async rollout worker died after the last drain: "
+        "EngineDeadError('engine process exited (exit code -9)')"]
+
+
+def test_a_worker_error_a_drain_raised_is_not_reported_twice(caplog):
+    from miles_async_core.errors import EngineDeadError
+    from harness.sim_engine import SimEngine
+
+    class DeadEarly(SimEngine):
+        async def generate(self, sample, sampling):
+            if sample.index >= 2:
+                raise EngineDeadError("engine process exited (exit code -9)")
+            return await super().generate(sample, sampling)
+
+    config = AsyncConfig(rollout_batch_size=2, n_samples_per_prompt=2, num_rollout=2, fully_async=True)
+    with caplog.at_level(logging.WARNING, logger="miles_async_core.drivers"):
+        result = simulate(Scenario(config=config), engine_factory=DeadEarly)
+    assert isinstance(result.error, EngineDeadError) and result.ctx.worker_error is None
+    assert caplog.records == []

@@ -98,6 +98,24 @@ def test_nothing_is_admitted_while_paused():
     assert run_virtual(main()).response_length == 10
 
 
+@pytest.mark.parametrize("mode", ["abort", "retract", "in_place"])
+def test_a_pause_waiting_for_a_boundary_completes_when_the_last_request_is_cancelled(mode):
+    """Found by a fully-async run whose worker died during a weight update: the pause
+    waited for a step boundary that the cancelled request would never reach."""
+    async def main():
+        eng = engine(10)
+        fut = eng.generate(sample(0), SamplingParams(max_new_tokens=100))
+        await asyncio.sleep(0.005)  # inside the first decode step
+        pause = asyncio.ensure_future(eng.pause_generation(mode))
+        await asyncio.sleep(0)
+        assert not pause.done()
+        fut.cancel()
+        await pause
+        return eng.paused, eng.running
+
+    assert run_virtual(main()) == (True, {})
+
+
 def test_a_deadlocked_simulation_raises_instead_of_hanging():
     async def main():
         await asyncio.get_running_loop().create_future()
