@@ -87,6 +87,7 @@ class ModeResult:
     engine_sync: list[dict[str, float]] = field(default_factory=list)
     error: str | None = None
     gap_summary: dict[str, Any] | None = None
+    worker_error: str | None = None  # a fully-async worker that died after the last drain
 
     def per_step(self, key: str) -> list[float]:
         return [r[key] for r in self.history if key in r]
@@ -175,9 +176,11 @@ def run_mode(mode: str, base: AsyncConfig, spec: RunSpec, *, on_step: Callable[[
     engine = holder.get("engine")
     history = ctx.history if ctx else []
     gap_summary = gap.finish(history) if gap is not None else None
+    worker_error = getattr(ctx, "worker_error", None)
     return ModeResult(mode=mode, config=config, history=history, events=events, window=window,
                       overlap=overlap_metrics(events, window), error=error,
-                      engine_sync=list(getattr(engine, "sync_s", [])), gap_summary=gap_summary)
+                      engine_sync=list(getattr(engine, "sync_s", [])), gap_summary=gap_summary,
+                      worker_error=f"{type(worker_error).__name__}: {worker_error}" if worker_error else None)
 
 
 def _window(events: list[Any], t0: float, t1: float) -> tuple[float, float]:
@@ -335,7 +338,7 @@ def summarize_mode(r: ModeResult, sync: ModeResult | None) -> dict[str, Any]:
         "age_hist": histogram(ages), "lag_hist": histogram(lags),
         "dropped_share": dropped / taken if taken else 0.0, "retried_share": retried / taken if taken else 0.0,
         "lr": r.per_step("train/lr")[-1] if r.per_step("train/lr") else None,
-        "error": r.error, **{k2: v for k2, v in r.overlap.items() if k2 != "wall_s"},
+        "error": r.error, "worker_error": r.worker_error, **{k2: v for k2, v in r.overlap.items() if k2 != "wall_s"},
     }
     if sync is not None and sync.history and r.history and r is not sync:
         per_step_sync = sync.overlap["wall_s"] / len(sync.history)

@@ -101,6 +101,9 @@ def main(args: argparse.Namespace) -> int:
     failed = [r for r in rows if r["error"]]
     for r in failed:
         print(f"mode {r['mode']} failed after {r['steps']} steps: {r['error']}")
+    for r in rows:
+        if r.get("worker_error"):
+            print(f"mode {r['mode']}: the fully-async rollout worker died after the last drain: {r['worker_error']}")
     return 1 if failed else 0
 
 
@@ -182,7 +185,8 @@ def _write_outputs(out: Path, spec: Any, base: AsyncConfig, results: dict[str, A
                 res.add_benchmark(f"{mode}/{key}", [row[key]], unit="ratio", higher_is_better=better)
         ages = [a for h in r.history for a in h.get("age_versions", [])]
         modes_extra[mode] = {"phases": _phases(r), "sample_ages": ages, "wall_s": row["wall_s"],
-                             **{k: row[k] for k in ("speedup", "overlap_efficiency") if row.get(k) is not None}}
+                             **{k: row[k] for k in ("speedup", "overlap_efficiency", "error", "worker_error")
+                                if row.get(k) is not None}}
     res.extra["modes"] = modes_extra
     gap_mode = "one-step" if "one-step" in results else next(iter(results), None)
     if gap_mode is not None:

@@ -56,6 +56,23 @@ def test_a_killed_engine_process_fails_the_run_clearly_and_keeps_finished_steps(
     assert row["steps"] == len(r.history) and row["error"] == r.error
 
 
+def test_a_worker_error_from_after_the_last_drain_reaches_the_row(monkeypatch):
+    import harness.realrun as realrun
+
+    real_run = realrun.run
+
+    async def run_then_worker_dies(ctx):
+        history = await real_run(ctx)
+        ctx.worker_error = RuntimeError("worker died late")  # what drivers.run records in that case
+        return history
+
+    monkeypatch.setattr(realrun, "run", run_then_worker_dies)
+    r = run_mode("fully-async", BASE, SPEC)
+    row = summarize_mode(r, None)
+    assert r.error is None and row["error"] is None
+    assert row["worker_error"] == "RuntimeError: worker died late"
+
+
 @pytest.mark.parametrize("argv,needle", [
     (["--layout", "colocate", "--modes", "one-step"], "--colocate"),
     (["--model", "/nonexistent/model-dir"], "--model"),
