@@ -23,7 +23,7 @@ from miles_async_core.buffer import call_dynamic_filter
 from miles_async_core.contracts import NullSink, RolloutEngine
 from miles_async_core.errors import EngineDeadError
 from miles_async_core.scheduler import Progress, make_submission_scheduler
-from miles_async_core.types import Sample, SamplingParams, Status, first_sample, iter_samples
+from miles_async_core.types import Sample, SamplingParams, Status, first_sample
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +40,19 @@ async def generate_and_rm_group(
     sink: Any = None,
 ) -> list[Sample]:
     futs = [asyncio.ensure_future(engine.generate(s, sampling)) for s in group]
+    return await await_group(futs, group, reward_fn=reward_fn, sample_done_callback=sample_done_callback, sink=sink)
+
+
+async def await_group(
+    futs: list[asyncio.Future],
+    group: list[Sample],
+    *,
+    reward_fn: RewardFn | None = None,
+    sample_done_callback: Callable | None = None,
+    sink: Any = None,
+) -> list[Sample]:
+    """The group's requests are submitted: wait for all of them or the first failure (then
+    cancel and collect the rest), reward the samples, record ``group_done``."""
     first_failure_or_all = asyncio.get_running_loop().create_future()
     remaining = len(futs)
 

@@ -18,13 +18,7 @@ CFG = TinyLMConfig(vocab_size=32, max_seq_len=64, seed=3)
 PROMPTS = [[5, 6, 7], [8, 9], [10, 11, 12, 13, 14, 15], [16], [17, 18, 19, 20]]
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """Tiny matmuls: intra-op threads only add spin-wait contention on a shared 2-core box."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # fixture in the root conftest.py
 
 
 def perturbed(model: TinyLM, *, seed: int, scale: float = 0.05) -> dict[str, torch.Tensor]:

@@ -20,13 +20,7 @@ CFG = TinyLMConfig(vocab_size=TINY_TOKENIZER.vocab_size, max_seq_len=32, seed=0)
 TASK = CopyTask(n_symbols=3, length=2)
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """Tiny matmuls: intra-op threads only add spin-wait contention on a shared 2-core box."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # fixture in the root conftest.py
 
 
 def rollout(core: EngineCore, rng: random.Random, step: int, *, b: int = 8, n: int = 4, random_rewards=False):

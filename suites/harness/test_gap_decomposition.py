@@ -29,12 +29,7 @@ CFG = TinyLMConfig(vocab_size=TASK.tokenizer.vocab_size, max_seq_len=32, seed=7)
 FLOAT_NOISE = 1e-5  # fp32 engine decode vs full forward, same weights
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # fixture in the root conftest.py
 
 
 def build() -> TinyLM:

@@ -20,12 +20,7 @@ from miles_async_core.types import Sample
 CFG = AblationConfig(dtypes=("fp32", "bf16"), num_seqs=6, max_new_tokens=12, tiny_d_model=64, tiny_layers=2, seed=3)
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # fixture in the root conftest.py
 
 
 @pytest.fixture(scope="module")
