@@ -62,9 +62,11 @@ class VersionStore:
         self._weights: collections.OrderedDict[int, StateDict] = collections.OrderedDict()
         self._evicted: set[int] = set()
 
-    def put(self, version: int, state_dict: StateDict) -> None:
-        """Store a detached CPU copy of ``state_dict`` under ``version``; evict the oldest."""
-        self._weights[int(version)] = {k: v.detach().to("cpu", copy=True) for k, v in state_dict.items()}
+    def put(self, version: int, state_dict: StateDict, *, copy: bool = True) -> None:
+        """Store a detached CPU copy of ``state_dict`` under ``version``; evict the oldest.
+        ``copy=False`` takes the tensors as they are (CPU tensors nobody writes to later,
+        e.g. a fresh ``get_weights()`` result): no second copy inside a timed run."""
+        self._weights[int(version)] = {k: v.detach().to("cpu", copy=copy) for k, v in state_dict.items()}
         self._weights.move_to_end(int(version))
         self._evicted.discard(int(version))
         while len(self._weights) > self.capacity:
@@ -195,8 +197,9 @@ class GapTracker:
         self._to_trainer: dict[int, int] = {}
         self._model: EngineModel | None = None  # built once: a real model costs seconds to build
 
-    def on_engine_update(self, engine_version: int, trainer_version: int, weights: StateDict) -> None:
-        self.store.put(trainer_version, weights)
+    def on_engine_update(self, engine_version: int, trainer_version: int, weights: StateDict, *,
+                         copy: bool = True) -> None:
+        self.store.put(trainer_version, weights, copy=copy)
         self._to_trainer[int(engine_version)] = int(trainer_version)
 
     def _translated(self, sample: Sample) -> Sample:

@@ -190,8 +190,15 @@ class EngineModel:
         if bad or unexpected:
             raise ValueError(f"weights do not match the model: missing={bad} unexpected={list(unexpected)}")
 
-    def weights_copy(self) -> dict[str, torch.Tensor]:
-        return {k: v.detach().to("cpu", copy=True) for k, v in self.module.state_dict().items()}
+    def weights_copy(self, out: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+        """CPU copies of the weights; into ``out``'s tensors when given (no allocation)."""
+        state = self.module.state_dict()
+        if out is None:
+            return {k: v.detach().to("cpu", copy=True) for k, v in state.items()}
+        with torch.no_grad():
+            for k, v in state.items():
+                out[k].copy_(v)
+        return out
 
 
 def _is_tied_alias(key: str) -> bool:

@@ -120,8 +120,8 @@ class TorchTrainer:
         metrics["train/rollout_id"] = float(rollout_id)
         return metrics
 
-    def get_weights(self) -> dict[str, torch.Tensor]:
-        return self.model.weights_copy()
+    def get_weights(self, out: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+        return self.model.weights_copy(out)
 
     def train_step(self, groups: list[Any]) -> dict[str, float]:
         cfg = self.config
