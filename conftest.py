@@ -1,9 +1,13 @@
 """Root conftest: keeps the repository importable (``suites/`` has no ``__init__.py`` and
-runs with ``--import-mode=importlib``) and loads the harness pytest plugin from the
-tree when the package's ``pytest11`` entry point is not installed (a fresh checkout)."""
+runs with ``--import-mode=importlib``), loads the harness pytest plugin from the tree when
+the package's ``pytest11`` entry point is not installed (a fresh checkout), and opts this
+project's own suites into what the plugin leaves off by default: the CPython 3.11 guard
+(``harness.checking.py311_guard``) and the ``dev`` hypothesis profile when
+``$HYPOTHESIS_PROFILE`` is unset."""
 
 from __future__ import annotations
 
+import os
 import sys
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -14,8 +18,18 @@ ROOT = str(Path(__file__).resolve().parent)
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-if not any(ep.value == "harness.pytest_plugin" for ep in entry_points(group="pytest11")):
-    pytest_plugins = ["harness.pytest_plugin"]
+if not any(ep.value == "harness.checking.pytest_plugin" for ep in entry_points(group="pytest11")):
+    pytest_plugins = ["harness.checking.pytest_plugin"]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    from hypothesis import settings
+
+    from harness.checking import py311_guard
+
+    py311_guard.install()  # this project's suites always run guarded (see the module's docstring)
+    if not os.environ.get("HYPOTHESIS_PROFILE"):
+        settings.load_profile("dev")
 
 
 @pytest.fixture

@@ -37,6 +37,8 @@ SUBMISSION_GRANULARITIES = ("group", "sample")
 TRAIN_BACKENDS = ("megatron", "fsdp")
 DRIVERS = ("train", "train_async")
 DRIVER_SCRIPTS = {"train.py": "train", "train_async.py": "train_async"}
+# Fields that are harness extensions, not Miles flags; ``miles-harness check`` lists them apart.
+HARNESS_EXTENSIONS = ("async_max_retries",)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,8 +62,6 @@ class AsyncConfig:
     driver: str = "train_async"
     num_rollout: int = 10
     start_rollout_id: int = 0
-    # Harness-only: how often one prompt may be recycled by the retry handler.
-    async_max_retries: int | None = None
     use_tis: bool = False
     tis_clip: float = 2.0
     tis_clip_low: float = 0.0
@@ -70,6 +70,9 @@ class AsyncConfig:
     keep_old_actor: bool = False
     use_critic: bool = False
     seed: int = 0
+    # ---- harness extensions: not Miles flags, off (None) by default = upstream behaviour ----
+    # How often one prompt may be recycled by the retry handler (upstream: unbounded, spec 4.7).
+    async_max_retries: int | None = None
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -164,7 +167,6 @@ _FIELD_KINDS: dict[str, tuple[str, tuple[str, ...]]] = {
     "driver": ("choice", DRIVERS),
     "num_rollout": ("int", ()),
     "start_rollout_id": ("int", ()),
-    "async_max_retries": ("opt_int", ()),
     "use_tis": ("bool", ()),
     "tis_clip": ("float", ()),
     "tis_clip_low": ("float", ()),
@@ -173,6 +175,7 @@ _FIELD_KINDS: dict[str, tuple[str, tuple[str, ...]]] = {
     "keep_old_actor": ("bool", ()),
     "use_critic": ("bool", ()),
     "seed": ("int", ()),
+    "async_max_retries": ("opt_int", ()),
 }
 
 

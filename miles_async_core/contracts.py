@@ -1,7 +1,9 @@
-"""The narrow interfaces the core drives: engine, trainer, clock and event sink.
+"""The narrow interfaces the core drives: engine, trainer and event sink.
 
-Backends (simulated in `harness/`, real in `miles_async_core/backends/`) implement
-these; the drivers never look behind them.
+Backends (simulated in ``harness/sim/``, real in ``harness/backends/``) implement
+these; the drivers never look behind them. Time is whatever the running asyncio loop
+says: the harness substitutes a virtual-time loop (``harness.sim.vtime``), so the core
+needs no clock of its own.
 
 Engine contract (the semantics every backend must honour):
 
@@ -54,10 +56,6 @@ class Trainer(Protocol):
     def get_weights(self) -> Any: ...
 
 
-class Clock(Protocol):
-    def now(self) -> float: ...
-
-
 class EventSink(Protocol):
     def emit(self, kind: str, /, **fields: Any) -> None: ...
 
@@ -69,12 +67,3 @@ class NullSink:
 
     def emit(self, kind: str, /, **fields: Any) -> None:  # pragma: no cover - trivial
         return None
-
-
-class LoopClock:
-    """Time as the running asyncio loop sees it (virtual under the harness' loop)."""
-
-    def now(self) -> float:
-        import asyncio
-
-        return asyncio.get_running_loop().time()

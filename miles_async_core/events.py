@@ -44,7 +44,7 @@ PHASE_END = "phase_end"
 ENGINE_BUSY = "engine_busy"  # engine decode loop started running requests
 ENGINE_IDLE = "engine_idle"  # engine has nothing to run
 FAULT = "fault"  # an injected or observed failure
-TELEMETRY = "telemetry"  # one GPU sample from harness.telemetry (utilisation, memory, power, phase)
+TELEMETRY = "telemetry"  # one GPU sample from harness.measure.telemetry (utilisation, memory, power, phase)
 RUN_END = "run_end"
 
 EVENT_FIELDS: dict[str, tuple[str, ...]] = {

@@ -23,10 +23,3 @@ def group_staleness(group: Any, current_version: int | None) -> int | None:
         return None
     oldest = group_oldest_weight_version(group)
     return None if oldest is None else current_version - oldest
-
-
-def group_token_staleness(group: Any, trainer_version: int) -> int | None:
-    """True age: the trainer version minus the oldest weight version of any *token*."""
-    oldest = [s.token_versions.oldest for s in iter_samples(group)]
-    numeric = [v for v in oldest if v is not None]
-    return trainer_version - min(numeric) if numeric else None

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from miles_async_core.config import parse_miles_args
+from miles_async_core.config import HARNESS_EXTENSIONS, parse_miles_args
 from miles_async_core.rules import DEFAULT_PROFILE, PROFILES, errors, get_profile, validate
 
 
@@ -52,7 +52,11 @@ def main(args: argparse.Namespace) -> int:
         return 2 if failed else 0
     print(f"# profile = {args.profile}")
     for name, value in resolved.items():
-        print(f"{name} = {'undefined' if value is None and name == 'group_budget' else value}")
+        if name not in HARNESS_EXTENSIONS:
+            print(f"{name} = {'undefined' if value is None and name == 'group_budget' else value}")
+    print("# harness extensions (not Miles flags; unset = upstream behaviour)")
+    for name in HARNESS_EXTENSIONS:
+        print(f"{name} = {resolved.get(name)}")
     for note in notes:
         print(f"note: {note}")
     for v in violations:

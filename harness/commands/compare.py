@@ -3,7 +3,7 @@
 Each NEW file is compared with BASE (or, with ``--history DIR``, with the medians of the
 last ``--last`` runs of the same kind on the same machine found under DIR). Files may be
 miles-harness results files or pytest-benchmark ``--benchmark-json`` output. The
-statistics and the threshold rule are documented in ``harness/compare.py``.
+statistics and the threshold rule are documented in ``harness/results/compare.py``.
 
 Exit codes: 0 no threshold failed; 1 a threshold failed; 2 bad input (unreadable or
 damaged file, future schema, unknown threshold metric, changed benchmark definition).
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 
-from harness.compare import (
+from harness.results.compare import (
     HISTORY_LIMIT,
     compare_results,
     format_markdown,
@@ -22,7 +22,7 @@ from harness.compare import (
     load_history,
     parse_threshold,
 )
-from harness.results import load_any
+from harness.results.schema import load_any
 from miles_async_core.errors import ConfigError
 
 

@@ -3,7 +3,7 @@
     miles-harness gap [--model tiny|smollm2|PATH] [--device cpu|cuda] [--dtypes fp32,bf16,fp16]
                       [--num-seqs N] [--max-new-tokens N] [--seed S] [--out DIR] [--telemetry]
 
-Same weights on both sides; one factor switched at a time (``harness.kernel_ablation``).
+Same weights on both sides; one factor switched at a time (``harness.measure.kernel_ablation``).
 Prints the table, then one JSON line for scripts; writes ``DIR/results.json`` (kind
 ``gap``), ``DIR/gap_table.md`` and, with ``--telemetry``, ``DIR/telemetry.json``.
 Exit 1 when a true on-policy row is not bitwise equal (that configuration must give an
@@ -47,7 +47,7 @@ def _check_model(model: str) -> None:
 def main(args: argparse.Namespace) -> int:
     import torch
 
-    from harness.kernel_ablation import Ablation, AblationConfig, format_table
+    from harness.measure.kernel_ablation import Ablation, AblationConfig, format_table
 
     dtypes = tuple(d.strip() for d in args.dtypes.split(",") if d.strip())
     cfg = AblationConfig(model=args.model, device=args.device, dtypes=dtypes, num_seqs=args.num_seqs,
@@ -83,8 +83,8 @@ def main(args: argparse.Namespace) -> int:
 
 
 def write_outputs(out: Path, cfg: Any, model_name: str, rows: list[dict[str, Any]], *, wall_s: float) -> list[Path]:
-    from harness.kernel_ablation import format_table
-    from harness.results import Results
+    from harness.measure.kernel_ablation import format_table
+    from harness.results.schema import Results
 
     res = Results.new("gap", {"ablation": dataclasses.asdict(cfg), "model_name": model_name},
                       definition_common={"model": cfg.model, "device": cfg.device, "num_seqs": cfg.num_seqs,
@@ -107,7 +107,7 @@ def write_outputs(out: Path, cfg: Any, model_name: str, rows: list[dict[str, Any
 
 
 def _start_telemetry(phase: dict[str, str]) -> Any:
-    from harness.telemetry import TelemetrySampler
+    from harness.measure.telemetry import TelemetrySampler
 
     return TelemetrySampler(interval_s=0.1, phase_fn=lambda: phase["row"]).start()
 

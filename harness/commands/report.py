@@ -2,7 +2,7 @@
 
 Draws, per file, the phase timeline, sample-age histogram, speedup/overlap summary and
 gap decomposition found in its ``extra`` section, and across files the metric history
-(the ``extra`` keys are documented in ``harness/plots.py``). A plot whose data are
+(the ``extra`` keys are documented in ``harness/results/plots.py``). A plot whose data are
 absent is skipped with a ``report: no ... skipped ...`` line. Files may be results files
 or pytest-benchmark JSON. Exit 0 (even if every plot was skipped), 2 on an unreadable
 or invalid file.
@@ -19,8 +19,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from harness.plots import make_report  # matplotlib loads only for this command
-    from harness.results import load_any
+    from harness.results.plots import make_report  # matplotlib loads only for this command
+    from harness.results.schema import load_any
 
     loaded = [(path, load_any(path)) for path in args.results]
     written = make_report(loaded, args.out)

@@ -56,7 +56,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from harness.realrun import RunSpec, run_mode, summarize_mode
+    from harness.main_job.job import RunSpec, run_mode, summarize_mode
 
     miles = [a for a in args.miles_args if a != "--"] or []
     base, notes = parse_miles_args(DEFAULT_MILES_ARGS + miles)
@@ -68,7 +68,7 @@ def main(args: argparse.Namespace) -> int:
                    task_length=args.task_length if args.task == "copy" else None, max_running=args.max_running,
                    device=args.device, gap_decomposition=not args.no_gap)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    from harness.realrun import mode_config
+    from harness.main_job.job import mode_config
 
     for mode in modes:  # refuse a forbidden mode before any work is done
         mode_config(mode, base, spec)
@@ -77,7 +77,7 @@ def main(args: argparse.Namespace) -> int:
     results: dict[str, Any] = {}
     rows: list[dict[str, Any]] = []
     progress = _progress(len(modes) * spec.steps)
-    from harness.telemetry import TelemetrySampler
+    from harness.measure.telemetry import TelemetrySampler
 
     current = {"mode": None}
     telemetry = TelemetrySampler(interval_s=args.telemetry_interval, phase_fn=lambda: current["mode"]).start()
@@ -164,8 +164,8 @@ def _tokens_per_s(r: Any) -> list[float]:
 
 def _write_outputs(out: Path, spec: Any, base: AsyncConfig, results: dict[str, Any], rows: list[dict[str, Any]],
                    *, plots: bool, telemetry: dict[str, Any] | None = None) -> list[Path]:
-    from harness.chrome_trace import write_chrome_trace
-    from harness.results import Results
+    from harness.results.chrome_trace import write_chrome_trace
+    from harness.results.schema import Results
 
     config = {"spec": dataclasses.asdict(spec), "base": base.to_dict(),
               "modes": {m: r.config.resolved_dict() for m, r in results.items()}}
@@ -204,7 +204,7 @@ def _write_outputs(out: Path, spec: Any, base: AsyncConfig, results: dict[str, A
     paths = [res.write(out / "results.json"),
              write_chrome_trace({m: e["phases"] for m, e in modes_extra.items()}, out / "timeline.trace.json")]
     if plots:
-        from harness.plots import make_report
+        from harness.results.plots import make_report
 
         paths += make_report([(str(out / "results.json"), res)], out)
     return paths

@@ -1,7 +1,8 @@
 """Drivers: ``train`` (synchronous) and ``train_async`` (one-step-ahead or fully async).
 
 ``make_context`` wires a config, an engine, a trainer and a prompt source into a
-``RunContext`` the way Miles' ``arguments.py`` selects the rollout function;
+``RunContext`` the way Miles' ``arguments.py`` selects the rollout function (an
+``observer`` receives the measurement hooks, see ``drivers.common.StepObserver``);
 ``run`` executes the configured driver.
 """
 
@@ -23,7 +24,7 @@ logger = logging.getLogger(__name__)
 
 
 def make_context(args: Any, engine: Any, trainer: Any, prompt_fn: Callable, *, sampling: SamplingParams,
-                 reward_fn: Callable | None = None, sink: Any = None, clock: Any = None,
+                 reward_fn: Callable | None = None, sink: Any = None, observer: Any = None,
                  buffer_factory: Callable | None = None, data_source: Any = None) -> RunContext:
     sink = sink or NullSink()
     data_source = data_source or RolloutDataSourceWithBuffer(args.n_samples_per_prompt, prompt_fn, sink=sink)
@@ -33,7 +34,7 @@ def make_context(args: Any, engine: Any, trainer: Any, prompt_fn: Callable, *, s
     else:
         rollout_fn = OneStepRollout(args, engine, data_source, sampling=sampling, reward_fn=reward_fn, sink=sink)
     rm = RolloutManager(rollout_fn, sink=sink)
-    ctx = RunContext(args=args, engine=engine, trainer=trainer, rollout_manager=rm, sink=sink, clock=clock)
+    ctx = RunContext(args=args, engine=engine, trainer=trainer, rollout_manager=rm, sink=sink, observer=observer)
     ctx.data_source = data_source  # type: ignore[attr-defined]
     return ctx
 

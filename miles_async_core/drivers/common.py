@@ -1,5 +1,9 @@
 """Pieces shared by the drivers: the rollout manager, the weight updater, the context.
 
+The core computes no measurement of its own: a ``StepObserver`` injected into the
+``RunContext`` (the harness' age recorder) sees each weight update and each trained
+batch and returns the figures it wants in the step's history record.
+
 ``RolloutManager`` (`miles/ray/rollout/rollout_manager.py`) reads ``weight_version``
 once when a generate (drain) starts and refuses a version that goes backwards.
 ``WeightUpdater`` bumps its version by one per ``update_weights`` and runs the
@@ -11,10 +15,10 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from miles_async_core import events as ev
-from miles_async_core.contracts import Clock, NullSink, RolloutEngine, Trainer
+from miles_async_core.contracts import NullSink, RolloutEngine, Trainer
 from miles_async_core.types import iter_samples
 
 
@@ -84,6 +88,14 @@ class RolloutManager:
         return data, metrics
 
 
+class StepObserver(Protocol):
+    """Measurement hooks; the core only calls them (``harness.measure.ages`` implements one)."""
+
+    def on_weights_updated(self, ctx: "RunContext", version: int) -> None: ...
+
+    def on_train_batch(self, ctx: "RunContext", rollout_id: int, data: list) -> dict[str, Any]: ...
+
+
 @dataclass
 class RunContext:
     args: Any
@@ -91,12 +103,15 @@ class RunContext:
     trainer: Trainer
     rollout_manager: RolloutManager
     sink: Any = field(default_factory=NullSink)
-    clock: Clock | None = None
-    weight_version: int = 0  # the updater's counter (mixin.py:L358)
-    trainer_steps: int = 0  # optimizer steps taken so far
-    history: list[dict] = field(default_factory=list)  # per-step records for callers
-    version_steps: dict[int, int] = field(default_factory=dict)  # engine version -> trainer steps of its weights
+    observer: StepObserver | None = None
+    weight_version: int = 0  # the updater's counter (mixin.py:L358): one per weight update
+    history: list[dict] = field(default_factory=list)  # one record per finished train step
     worker_error: BaseException | None = None  # a fully-async worker that died after the last drain
+
+    @property
+    def trainer_steps(self) -> int:
+        """Optimizer steps taken so far: one per finished train step."""
+        return len(self.history)
 
     def phase(self, side: str, phase: str, start: bool, **extra: Any) -> None:
         if self.sink.enabled:
@@ -111,7 +126,8 @@ async def update_weights(ctx: RunContext) -> int:
     ctx.phase("train", "weight_sync", True, version=ctx.weight_version)
     await ctx.engine.pause_generation(mode)
     await ctx.engine.update_weights(ctx.weight_version, ctx.trainer.get_weights())
-    ctx.version_steps[ctx.weight_version] = ctx.trainer_steps
+    if ctx.observer is not None:
+        ctx.observer.on_weights_updated(ctx, ctx.weight_version)
     if ctx.sink.enabled:
         ctx.sink.emit(ev.ENGINE_VERSION, version=ctx.weight_version, trainer_steps=ctx.trainer_steps)
     await ctx.engine.continue_generation()
@@ -120,41 +136,23 @@ async def update_weights(ctx: RunContext) -> int:
     return ctx.weight_version
 
 
-def group_ages(ctx: RunContext, data: list) -> dict[str, Any]:
-    """Per group: Miles' age (trainer version - oldest recorded version), the true age
-    (trainer version - oldest token version) and the policy lag in optimizer steps."""
-    miles, token, lag = [], [], []
-    for g in data:
-        samples = list(iter_samples(g))
-        recorded = [v for v in (s.oldest_weight_version for s in samples) if v is not None]
-        tokens = [v for v in (s.token_versions.oldest for s in samples) if v is not None]
-        if recorded:
-            miles.append(ctx.weight_version - min(recorded))
-        if tokens:
-            oldest = min(tokens)
-            token.append(ctx.weight_version - oldest)
-            lag.append(ctx.trainer_steps - ctx.version_steps.get(oldest, 0))
-    tokens = sum(s.response_length for g in data for s in iter_samples(g))
-    return {"age_versions": miles, "token_age_versions": token, "lag_steps": lag, "tokens": tokens}
-
-
 async def train_step(ctx: RunContext, rollout_id: int, data: list, metrics: dict) -> dict:
     """Train on one batch; under ``--colocate`` generation stops for the whole window."""
     colocate_pause = ctx.args.colocate  # engine and trainer share the device: generation stops
     if colocate_pause:
         await ctx.engine.pause_generation(ctx.args.pause_generation_mode)
-    ages = group_ages(ctx, data)
+    observed = ctx.observer.on_train_batch(ctx, rollout_id, data) if ctx.observer is not None else {}
     ctx.phase("train", "training", True, rollout_id=rollout_id)
     if ctx.sink.enabled:
         ctx.sink.emit(ev.TRAINED, rollout_id=rollout_id,
                       group_indices=[next(iter_samples(g)).group_index for g in data],
                       trainer_version=ctx.weight_version, trainer_steps=ctx.trainer_steps)
+    steps_before = ctx.trainer_steps
     train_metrics = await ctx.trainer.train(rollout_id, data)
-    ctx.trainer_steps += 1
     ctx.phase("train", "training", False, rollout_id=rollout_id)
     if colocate_pause:
         await ctx.engine.continue_generation()
-    record = {"rollout_id": rollout_id, "trainer_version": ctx.weight_version, "trainer_steps": ctx.trainer_steps - 1,
-              **ages, **metrics, **(train_metrics or {})}
+    record = {"rollout_id": rollout_id, "trainer_version": ctx.weight_version, "trainer_steps": steps_before,
+              **observed, **metrics, **(train_metrics or {})}
     ctx.history.append(record)
     return record

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from miles_async_core.backends.sglang_engine import (
+from harness.backends.sglang_engine import (
     SGLangEngine,
     UpdateRecord,
     apply_generate_output,

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from miles_async_core.backends.tasks import (
+from harness.backends.tasks import (
     TINY_TOKENIZER,
     ArithmeticTask,
     CharTokenizer,

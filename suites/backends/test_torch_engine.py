@@ -8,9 +8,9 @@ import asyncio
 import pytest
 import torch
 
-from miles_async_core.backends.torch_engine import EngineCore, TorchEngine
-from miles_async_core.backends.torch_models import TinyLM, TinyLMConfig
-from miles_async_core.backends.torch_trainer import response_log_probs
+from harness.backends.torch_engine import EngineCore, TorchEngine
+from harness.backends.torch_models import TinyLM, TinyLMConfig
+from harness.backends.torch_trainer import response_log_probs
 from miles_async_core.errors import ConfigError
 from miles_async_core.types import Sample, SamplingParams, Status
 
@@ -316,7 +316,7 @@ def test_an_engine_thread_failure_is_raised_where_the_caller_waits():
 
 def hf_llama(*, n_kv_heads: int, fast_decode: bool):
     transformers = pytest.importorskip("transformers", reason="the HF wrapper needs transformers (model extra)")
-    from miles_async_core.backends.torch_models import HFCausalLM
+    from harness.backends.torch_models import HFCausalLM
 
     cfg = transformers.LlamaConfig(vocab_size=32, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                                    num_attention_heads=4, num_key_value_heads=n_kv_heads,
@@ -357,7 +357,7 @@ def test_hf_model_retract_continues_under_the_new_weights():
 
 
 def test_a_missing_model_directory_raises_a_config_error_naming_the_flag_and_the_fix(tmp_path):
-    from miles_async_core.backends.torch_models import load_hf_dir
+    from harness.backends.torch_models import load_hf_dir
 
     missing = tmp_path / "no-such-model"
     with pytest.raises(ConfigError, match=r"--model=.*no-such-model.*does not exist.*Fix:"):
@@ -370,8 +370,8 @@ def test_smollm2_from_its_gguf_file_decodes_like_its_full_forward_and_scores_on_
     pytest.importorskip("gguf", reason="SmolLM2 ships as GGUF; needs the model extra")
     import random
 
-    from miles_async_core.backends.tasks import get_task
-    from miles_async_core.backends.torch_models import load_smollm2, load_smollm2_tokenizer
+    from harness.backends.tasks import get_task
+    from harness.backends.torch_models import load_smollm2, load_smollm2_tokenizer
 
     torch.set_num_threads(2)
     model, tokenizer = load_smollm2(max_seq_len=128), load_smollm2_tokenizer()

@@ -9,10 +9,10 @@ import random
 import pytest
 import torch
 
-from miles_async_core.backends.tasks import TINY_TOKENIZER, CopyTask, make_groups
-from miles_async_core.backends.torch_engine import EngineCore, run_groups
-from miles_async_core.backends.torch_models import TinyLM, TinyLMConfig
-from miles_async_core.backends.torch_trainer import TorchTrainer, TrainerConfig, grpo_advantages
+from harness.backends.tasks import TINY_TOKENIZER, CopyTask, make_groups
+from harness.backends.torch_engine import EngineCore, run_groups
+from harness.backends.torch_models import TinyLM, TinyLMConfig
+from harness.backends.torch_trainer import TorchTrainer, TrainerConfig, grpo_advantages
 from miles_async_core.errors import ConfigError
 from miles_async_core.types import SamplingParams
 

@@ -19,8 +19,8 @@ import time
 import pytest
 import torch
 
-from miles_async_core.backends.torch_engine import EngineCore
-from miles_async_core.backends.torch_models import TinyLM, TinyLMConfig, build_hf_tiny_llama
+from harness.backends.torch_engine import EngineCore
+from harness.backends.torch_models import TinyLM, TinyLMConfig, build_hf_tiny_llama
 
 pytest.importorskip("transformers", reason="the bench compares against transformers' generate")
 

@@ -12,9 +12,9 @@ import time
 
 import pytest
 
-from harness.scenario import Scenario
-from harness.sim_trainer import SimTrainerConfig
-from harness.simulate import simulate
+from harness.sim.scenario import Scenario
+from harness.sim.trainer import SimTrainerConfig
+from harness.sim.simulate import simulate
 from miles_async_core.config import AsyncConfig
 
 STEPS, B, N = 1000, 64, 8

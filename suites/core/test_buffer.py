@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from harness.vtime import run_virtual
+from harness.sim.vtime import run_virtual
 from miles_async_core.buffer import DefaultDataBuffer
 from miles_async_core.config import AsyncConfig
 from miles_async_core.types import DataBufferConstructorInput, DataBufferInput, Sample, Status

@@ -8,10 +8,10 @@ import logging
 
 import pytest
 
-from harness.scenario import Scenario
-from harness.sim_engine import LengthDist, SimEngineConfig
-from harness.sim_trainer import SimTrainerConfig
-from harness.simulate import simulate
+from harness.sim.scenario import Scenario
+from harness.sim.engine import LengthDist, SimEngineConfig
+from harness.sim.trainer import SimTrainerConfig
+from harness.sim.simulate import simulate
 from miles_async_core import events as ev
 from miles_async_core.config import AsyncConfig
 
@@ -111,7 +111,7 @@ def test_a_trainer_exception_stops_the_run_and_is_reported():
 
 def test_a_dead_engine_stops_the_one_step_rollout_instead_of_retrying_forever():
     from miles_async_core.errors import EngineDeadError
-    from harness.sim_engine import SimEngine
+    from harness.sim.engine import SimEngine
 
     class DeadAfter(SimEngine):
         def generate(self, sample, sampling):
@@ -131,7 +131,7 @@ def test_a_dead_engine_leaves_no_failure_unretrieved(fully_async, caplog):
     garbage collector to log ("Task exception was never retrieved") at a random later
     point; on CPython 3.11 that late logging broke an unrelated ``ast.parse`` in CI."""
     from miles_async_core.errors import EngineDeadError
-    from harness.sim_engine import SimEngine
+    from harness.sim.engine import SimEngine
 
     class DeadAfter(SimEngine):
         async def generate(self, sample, sampling):
@@ -181,7 +181,7 @@ def test_a_worker_that_dies_after_the_last_drain_is_reported_not_lost(caplog):
     """No drain is left to raise the worker's error, so the run completes; the error is
     still logged and kept on the context."""
     from miles_async_core.errors import EngineDeadError
-    from harness.sim_engine import SimEngine
+    from harness.sim.engine import SimEngine
 
     class DeadLate(SimEngine):
         async def generate(self, sample, sampling):
@@ -201,7 +201,7 @@ def test_a_worker_that_dies_after_the_last_drain_is_reported_not_lost(caplog):
 
 def test_a_worker_error_a_drain_raised_is_not_reported_twice(caplog):
     from miles_async_core.errors import EngineDeadError
-    from harness.sim_engine import SimEngine
+    from harness.sim.engine import SimEngine
 
     class DeadEarly(SimEngine):
         async def generate(self, sample, sampling):

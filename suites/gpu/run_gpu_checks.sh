@@ -9,7 +9,7 @@
 #     its results.json is copied to OUTDIR/run.json for the CI comparison;
 # (b) the kernel-level gap table (`miles-harness gap`) in fp32, bf16 and fp16 on $DEVICE,
 #     with per-row GPU telemetry in OUTDIR/gap/telemetry.json;
-# (c) GPU telemetry (harness.telemetry.TelemetrySampler, NVML) over both, tagged with
+# (c) GPU telemetry (harness.measure.telemetry.TelemetrySampler, NVML) over both, tagged with
 #     the stage, in OUTDIR/telemetry.json.
 # DEVICE=cpu is a dry run with tiny settings (a few seconds to a minute).
 # Exit status: 0 when every stage passed, 1 otherwise (the summary says which).
@@ -54,7 +54,7 @@ EOF
 echo setup > "$OUT/.phase"
 "$PY" - "$OUT/telemetry.json" "$OUT/.phase" <<'EOF' &
 import json, signal, sys, threading
-from harness.telemetry import TelemetrySampler
+from harness.measure.telemetry import TelemetrySampler
 path, phase_file = sys.argv[1], sys.argv[2]
 def phase():
     with open(phase_file, encoding="utf-8") as fh:

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from harness.cli import main as cli
-from harness.compare import mann_whitney_u
-from harness.results import Results
+from harness.results.compare import mann_whitney_u
+from harness.results.schema import Results
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "results"
 

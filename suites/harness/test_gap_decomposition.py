@@ -16,11 +16,11 @@ import random
 import pytest
 import torch
 
-from harness.gap_decompose import GapTracker, VersionStore, decompose_samples, summarize, token_categories
-from miles_async_core.backends.tasks import CopyTask, make_groups
-from miles_async_core.backends.torch_engine import EngineCore, fill_sample, run_groups
-from miles_async_core.backends.torch_models import TinyLM, TinyLMConfig
-from miles_async_core.backends.torch_trainer import TorchTrainer, TrainerConfig
+from harness.measure.gap_decompose import GapTracker, VersionStore, decompose_samples, summarize, token_categories
+from harness.backends.tasks import CopyTask, make_groups
+from harness.backends.torch_engine import EngineCore, fill_sample, run_groups
+from harness.backends.torch_models import TinyLM, TinyLMConfig
+from harness.backends.torch_trainer import TorchTrainer, TrainerConfig
 from miles_async_core.errors import ConfigError
 from miles_async_core.types import Sample, SamplingParams, VersionRuns
 
@@ -210,7 +210,7 @@ def test_the_main_jobs_gap_recorder_copies_into_prepared_buffers_and_never_alias
     """The recorder of `miles-harness run` keeps one weight copy per version without
     allocating inside the timed run: each copy goes to its own pre-touched buffer, the
     engine-update copy is stored as is, and the step record reuses it."""
-    from harness.realrun import RunSpec, _GapRecorder
+    from harness.main_job.job import RunSpec, _GapRecorder
 
     trainer = TorchTrainer(build(), TrainerConfig(lr=1e-3))
     recorder = _GapRecorder(RunSpec(steps=2), build)

@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from harness import gap
+from harness.measure import logprob_metrics as gap
 from miles_async_core.errors import ConfigError
 
 SEEDS = range(8)

@@ -12,8 +12,8 @@ import json
 import os
 from pathlib import Path
 
-from harness.scenario import load_scenario
-from harness.simulate import simulate
+from harness.sim.scenario import load_scenario
+from harness.sim.simulate import simulate
 from harness.trace import write_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]

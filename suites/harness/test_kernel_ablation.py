@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from harness.cli import main
-from harness.kernel_ablation import (
+from harness.measure.kernel_ablation import (
     Ablation, AblationConfig, TinySource, engine_generate, format_table, gap_row, replay_log_probs,
 )
-from harness.results import load_results
+from harness.results.schema import load_results
 from miles_async_core.errors import ConfigError
 from miles_async_core.types import Sample
 

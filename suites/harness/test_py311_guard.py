@@ -1,4 +1,4 @@
-"""``harness.py311_guard``: the CPython 3.11 ``ast.parse`` re-entrancy failure seen in
+"""``harness.checking.py311_guard``: the CPython 3.11 ``ast.parse`` re-entrancy failure seen in
 CI, reproduced deterministically, and shown to be prevented by the guard."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import py311_guard
+from harness.checking import py311_guard
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -23,7 +23,7 @@ REPRO = textwrap.dedent('''
     import ast, asyncio, gc, logging, sys
     logging.basicConfig(stream=sys.stdout)
     if sys.argv[1] == "guard":
-        from harness import py311_guard
+        from harness.checking import py311_guard
         py311_guard.install()
 
     def helper():

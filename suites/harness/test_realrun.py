@@ -14,7 +14,7 @@ import signal
 import pytest
 
 from harness.cli import main as cli
-from harness.realrun import RunSpec, run_mode, summarize_mode
+from harness.main_job.job import RunSpec, run_mode, summarize_mode
 from miles_async_core.config import AsyncConfig
 
 BASE = AsyncConfig(rollout_batch_size=4, n_samples_per_prompt=4)
@@ -57,7 +57,7 @@ def test_a_killed_engine_process_fails_the_run_clearly_and_keeps_finished_steps(
 
 
 def test_a_worker_error_from_after_the_last_drain_reaches_the_row(monkeypatch):
-    import harness.realrun as realrun
+    import harness.main_job.job as realrun
 
     real_run = realrun.run
 

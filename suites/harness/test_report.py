@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from harness.cli import main as cli
-from harness.results import Results
+from harness.results.schema import Results
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "results"
@@ -114,7 +114,7 @@ def test_pytest_benchmark_files_give_a_metric_history_in_seconds(tmp_path, capsy
 
 
 def test_sub_second_times_are_labelled_in_a_readable_unit():
-    from harness.plots import _time_scale
+    from harness.results.plots import _time_scale
 
     assert _time_scale("s", [5.3e-7, 1.7e-7]) == ("ns", 1e9)
     assert _time_scale("s", [0.02]) == ("ms", 1e3)

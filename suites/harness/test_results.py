@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness.results import (
+from harness.results.schema import (
     SCHEMA,
     SCHEMA_VERSION,
     Results,

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from harness.cli import main as cli
-from harness.scenario import load_scenario, scenario_from_dict
+from harness.sim.scenario import load_scenario, scenario_from_dict
 from miles_async_core.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from harness.sim_engine import LengthDist, SimEngine, SimEngineConfig
-from harness.vtime import VirtualDeadlock, run_virtual
+from harness.sim.engine import LengthDist, SimEngine, SimEngineConfig
+from harness.sim.vtime import VirtualDeadlock, run_virtual
 from miles_async_core.errors import ConfigError
 from miles_async_core.types import Sample, SamplingParams, Status
 

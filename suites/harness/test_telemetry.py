@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from harness.telemetry import TelemetrySampler
+from harness.measure.telemetry import TelemetrySampler
 from miles_async_core.errors import ConfigError
 
 

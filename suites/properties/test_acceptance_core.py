@@ -20,12 +20,12 @@ from hypothesis import given
 
 from miles_async_core import events as ev
 from miles_async_core.config import AsyncConfig
-from harness.faults import FaultSchedule
-from harness.invariants import format_violations
-from harness.invariants.runs import RunCase, property_settings, run_case, run_cases, violations
-from harness.scenario import Scenario
-from harness.sim_engine import LengthDist, SimEngineConfig
-from harness.sim_trainer import SimTrainerConfig
+from harness.sim.faults import FaultSchedule
+from harness.checking.invariants import format_violations
+from harness.checking.strategies import RunCase, property_settings, run_case, run_cases, violations
+from harness.sim.scenario import Scenario
+from harness.sim.engine import LengthDist, SimEngineConfig
+from harness.sim.trainer import SimTrainerConfig
 
 
 def run_checked(case: RunCase):

@@ -1,7 +1,7 @@
 """The buffer conformance suite (spec §9 items 15-24) and checks that it can fail.
 
 ``test_buffer_keeps_every_guarantee_under_random_interleavings`` runs the shadow-model
-machine of ``harness.conformance`` against the buffer named by ``--data-buffer``
+machine of ``harness.checking.buffer_machine`` against the buffer named by ``--data-buffer``
 (default ``DefaultDataBuffer``); the profile picked by ``HYPOTHESIS_PROFILE`` sets the
 number of examples (``ci``: 200, derandomized). The other tests pin the machine itself:
 it reaches the interesting states, it names the invariant a wrong buffer breaks, and a
@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 import pytest
-from harness.conformance import (BufferMachine, check_buffer, default_settings, machine_for,
+from harness.checking.buffer_machine import (BufferMachine, check_buffer, default_settings, machine_for,
                                  replay_buffer_failure)
 from miles_async_core.buffer import DefaultDataBuffer, call_dynamic_filter
 from miles_async_core.staleness import group_oldest_weight_version
@@ -56,9 +56,9 @@ def test_machine_reaches_blocked_puts_stale_rejects_cancellations_and_every_put_
 
 @given(st.from_type(DataBufferInput), st.integers(0, 30))
 def test_registered_strategies_build_inputs_whose_oracle_staleness_matches_the_core(entry, version):
-    # The machine's oracle (harness.conformance._oldest) is written independently of
+    # The machine's oracle (harness.checking.buffer_machine._oldest) is written independently of
     # miles_async_core.staleness; they must agree on every registered input.
-    from harness.conformance import oracle_oldest_version
+    from harness.checking.buffer_machine import oracle_oldest_version
 
     flat = list(iter_samples(entry.group))
     assert oracle_oldest_version(flat) == group_oldest_weight_version(entry.group)

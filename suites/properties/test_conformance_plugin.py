@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.pytest_plugin import resolve_factory
+from harness.checking.pytest_plugin import resolve_factory
 
 REPO = Path(__file__).resolve().parents[2]
 SUITE = REPO / "suites" / "properties" / "test_buffer_machine.py"
@@ -128,7 +128,7 @@ def test_default_fixture_is_the_default_buffer(data_buffer_factory, pytestconfig
 
 
 def test_the_plugin_registers_the_buffer_input_strategy_for_any_test(tmp_path):
-    # A user's test module that never imports harness.conformance still gets the
+    # A user's test module that never imports harness.checking.buffer_machine still gets the
     # registered strategy (one prompt group, one group_index), not hypothesis' guess
     # from the annotations (which draws empty and mixed groups).
     (tmp_path / "test_user.py").write_text(textwrap.dedent('''

@@ -3,7 +3,7 @@
 Configurations span both drivers, one-step and fully-async, B 1..8, n 1..4, k 1..4,
 ``--max-weight-staleness`` None/0..3, drop/retry, concurrency caps, pause modes, valid
 colocation (``manual`` profile), granularity, response-length distributions and fault
-schedules (`harness/invariants/runs.py`). On failure every violation is printed as a
+schedules (`harness/checking/strategies.py`). On failure every violation is printed as a
 timeline. Differential checks: sync and one-step consume the same prompt groups when
 nothing is dropped; the simulated engine's timing equals a direct model of its schedule.
 """
@@ -18,13 +18,13 @@ from hypothesis import strategies as st
 from miles_async_core import events as ev
 from miles_async_core.config import AsyncConfig
 from miles_async_core.types import Sample, SamplingParams
-from harness.faults import FaultSchedule, WorkerCrash, run_with_faults
-from harness.invariants import format_violations
-from harness.invariants.runs import RunCase, engines, property_settings, run_case, run_cases, violations
-from harness.scenario import Scenario
-from harness.sim_engine import LengthDist, SimEngine, SimEngineConfig
-from harness.sim_trainer import SimTrainerConfig
-from harness.vtime import run_virtual
+from harness.sim.faults import FaultSchedule, WorkerCrash, run_with_faults
+from harness.checking.invariants import format_violations
+from harness.checking.strategies import RunCase, engines, property_settings, run_case, run_cases, violations
+from harness.sim.scenario import Scenario
+from harness.sim.engine import LengthDist, SimEngine, SimEngineConfig
+from harness.sim.trainer import SimTrainerConfig
+from harness.sim.vtime import run_virtual
 
 
 def assert_no_violations(case: RunCase) -> None:

@@ -1,7 +1,7 @@
 """Each trace invariant checker passes on real simulated traces and fails on a targeted
 edit of one (trace surgery), reporting the invariant by name with a readable timeline.
 
-Also pins two bugs of ``harness/sim_engine.py`` that the property suites found and that
+Also pins two bugs of ``harness/sim/engine.py`` that the property suites found and that
 are now fixed (regression tests): an abort credited tokens to waiting requests, and a
 cancellation of the last running request left the waiting queue unadmitted.
 """
@@ -15,12 +15,12 @@ import pytest
 
 from miles_async_core import events as ev
 from miles_async_core.config import AsyncConfig
-from harness.faults import FaultSchedule, run_with_faults
-from harness.invariants import ALL_CHECKS, Violation, check_all
-from harness.scenario import Scenario
-from harness.sim_engine import LengthDist, SimEngine, SimEngineConfig
-from harness.sim_trainer import SimTrainerConfig
-from harness.simulate import simulate
+from harness.sim.faults import FaultSchedule, run_with_faults
+from harness.checking.invariants import ALL_CHECKS, Violation, check_all
+from harness.sim.scenario import Scenario
+from harness.sim.engine import LengthDist, SimEngine, SimEngineConfig
+from harness.sim.trainer import SimTrainerConfig
+from harness.sim.simulate import simulate
 from harness.trace import Event
 
 ENGINE = SimEngineConfig(response_length=LengthDist(kind="uniform", low=1, high=40))

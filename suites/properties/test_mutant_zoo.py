@@ -1,7 +1,7 @@
 """The seeded-bug zoo (`fixtures/mutants`): every wrong implementation is caught by the
 whole-run property suite, by an invariant it is expected to break; the real
 implementation passes the same search. Buffer bugs must also fail the buffer
-conformance machine (`harness/conformance.py`).
+conformance machine (`harness/checking/buffer_machine.py`).
 
 Prints a kill-rate table: mutant, kind, invariants broken by the first catching run,
 and how many drawn runs that took. The search is ``hypothesis.find`` over the property
@@ -20,9 +20,9 @@ from hypothesis import HealthCheck, Phase, find, settings
 from hypothesis.errors import NoSuchExample
 
 from miles_async_core.buffer import DefaultDataBuffer
-from harness.conformance import check_buffer, default_settings
-from harness.invariants import ALL_CHECKS, Violation
-from harness.invariants.runs import RunCase, run_case, run_cases, violations
+from harness.checking.buffer_machine import check_buffer, default_settings
+from harness.checking.invariants import ALL_CHECKS, Violation
+from harness.checking.strategies import RunCase, run_case, run_cases, violations
 
 try:
     from fixtures.mutants import KINDS, MUTANTS, Mutant

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, precondition, rule,
                                  run_state_machine_as_test)
 
-from harness.vtime import VirtualTimeLoop
+from harness.sim.vtime import VirtualTimeLoop
 from miles_async_core.rollout import generate_and_rm_group
 from miles_async_core.scheduler import GroupLevelSubmission, Progress, SampleBackfillSubmission, make_submission_scheduler
 from miles_async_core.types import Sample, SamplingParams, Status

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from miles_async_core import events as ev
 from miles_async_core.config import AsyncConfig
-from harness.invariants.base import Violation, effective_pause_mode, invariant, violation
+from harness.checking.invariants.base import Violation, effective_pause_mode, invariant, violation
 from harness.trace import Event
 
 

@@ -22,11 +22,11 @@ from hypothesis import strategies as st
 
 from miles_async_core import rules
 from miles_async_core.config import AsyncConfig
-from harness.faults import FaultSchedule, RunOutcome, run_with_faults
-from harness.invariants import Violation, check_all
-from harness.scenario import Scenario
-from harness.sim_engine import LengthDist, SimEngine, SimEngineConfig
-from harness.sim_trainer import SimTrainerConfig
+from harness.sim.faults import FaultSchedule, RunOutcome, run_with_faults
+from harness.checking.invariants import Violation, check_all
+from harness.sim.scenario import Scenario
+from harness.sim.engine import LengthDist, SimEngine, SimEngineConfig
+from harness.sim.trainer import SimTrainerConfig
 
 
 @dataclass(frozen=True)

@@ -60,7 +60,7 @@ class WeightLayout:
 
 def _child_main(conn: Any, build_model: Callable[[], Any], flat: torch.Tensor, layout: WeightLayout,
                 max_running: int, eos_token_id: int | None, num_threads: int) -> None:
-    from miles_async_core.backends.torch_engine import EngineCore
+    from harness.backends.torch_engine import EngineCore
 
     torch.set_num_threads(num_threads)
     events: list[tuple] = []
@@ -172,7 +172,7 @@ class ProcessEngine:
             return fut
         req_id, self._next_id = self._next_id, self._next_id + 1
         self._futures[req_id] = (fut, sample)
-        from miles_async_core.backends.torch_engine import request_seed
+        from harness.backends.torch_engine import request_seed
 
         prefix = list(sample.prompt_tokens) + list(sample.response_tokens)
         budget = sampling.max_new_tokens - len(sample.response_tokens)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from miles_async_core import events as ev
 from miles_async_core.config import AsyncConfig
-from harness.invariants.base import Violation, invariant, violation
+from harness.checking.invariants.base import Violation, invariant, violation
 from harness.trace import Event
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from miles_async_core import events as ev
 from miles_async_core.config import AsyncConfig
-from harness.invariants.base import Violation, invariant, is_fully_async, lifecycle, violation, walk_groups
+from harness.checking.invariants.base import Violation, invariant, is_fully_async, lifecycle, violation, walk_groups
 from harness.trace import Event
 
 

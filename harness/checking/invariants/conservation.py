@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from miles_async_core import events as ev
 from miles_async_core.config import AsyncConfig
-from harness.invariants.base import Violation, invariant, lifecycle, sample_indices, violation
+from harness.checking.invariants.base import Violation, invariant, lifecycle, sample_indices, violation
 from harness.trace import Event
 
 _OUT, _LIVE, _RECYCLED, _DONE = "never taken", "live", "recycled", "finished"

@@ -27,15 +27,16 @@ from typing import Any, Callable
 import torch
 
 from miles_async_core import events as ev
-from miles_async_core.backends.tasks import get_task
-from miles_async_core.backends.torch_trainer import TorchTrainer, TrainerConfig
+from harness.backends.tasks import get_task
+from harness.backends.torch_trainer import TorchTrainer, TrainerConfig
 from miles_async_core.config import AsyncConfig
 from miles_async_core.drivers import make_context, run
 from miles_async_core.errors import ConfigError
 from miles_async_core.rules import validate
 from miles_async_core.types import SamplingParams
-from harness.overlap import overlap_metrics
-from harness.simulate import histogram
+from harness.measure.ages import AgeRecorder
+from harness.measure.overlap import overlap_metrics
+from harness.sim.simulate import histogram
 from harness.trace import TraceRecorder
 
 MODES: dict[str, dict[str, Any]] = {
@@ -110,16 +111,16 @@ def mode_config(mode: str, base: AsyncConfig, spec: RunSpec) -> AsyncConfig:
 def build_model_factory(spec: RunSpec, task: Any) -> Callable[[], Any]:
     """A picklable zero-argument builder (the engine process calls it too)."""
     if spec.model == "tiny":
-        from miles_async_core.backends.torch_models import TinyLMConfig, build_tiny_lm
+        from harness.backends.torch_models import TinyLMConfig, build_tiny_lm
 
         cfg = TinyLMConfig(vocab_size=task.tokenizer.vocab_size, d_model=spec.tiny_d_model,
                            n_layers=spec.tiny_layers, d_ff=spec.tiny_d_model * 11 // 4, seed=spec.seed)
         return functools.partial(build_tiny_lm, cfg, device=spec.device)
     if spec.model == "smollm2":
-        from miles_async_core.backends.torch_models import load_smollm2
+        from harness.backends.torch_models import load_smollm2
 
         return functools.partial(load_smollm2, device=spec.device)
-    from miles_async_core.backends.torch_models import load_hf_dir
+    from harness.backends.torch_models import load_hf_dir
 
     return functools.partial(load_hf_dir, spec.model, device=spec.device)
 
@@ -158,7 +159,7 @@ def run_mode(mode: str, base: AsyncConfig, spec: RunSpec, *, on_step: Callable[[
             engine = gap.wrap_engine(engine, trainer)
         ctx = make_context(config, engine, _Stepped(trainer, on_step, gap), _prompt_fn(task, spec.seed),
                            sampling=SamplingParams(max_new_tokens=task.max_new_tokens, temperature=1.0),
-                           reward_fn=task.reward, sink=sink)
+                           reward_fn=task.reward, sink=sink, observer=AgeRecorder())
         holder["ctx"] = ctx
         holder["t0"] = loop.time()
         try:
@@ -198,7 +199,7 @@ class _GapRecorder:
     it after the run, so the extra forward passes never distort the timed overlap."""
 
     def __init__(self, spec: RunSpec, build: Callable[[], Any]) -> None:
-        from harness.gap_decompose import GapTracker
+        from harness.measure.gap_decompose import GapTracker
 
         self.tracker = GapTracker(capacity=spec.steps + 2, model_builder=build, temperature=1.0)
         self.steps: list[tuple[int, list[Any], dict[str, Any], int]] = []
@@ -277,11 +278,11 @@ class _Stepped:
 
 def _make_engine(spec: RunSpec, build: Callable[[], Any], trainer: TorchTrainer, task: Any, sink: Any) -> Any:
     if spec.layout == "split":
-        from miles_async_core.backends.process_engine import ProcessEngine
+        from harness.backends.process_engine import ProcessEngine
 
         return ProcessEngine(build, trainer.get_weights(), max_running=spec.max_running,
                              eos_token_id=task.eos_token_id, seed=spec.seed, num_threads=spec.threads, sink=sink)
-    from miles_async_core.backends.torch_engine import EngineCore, TorchEngine
+    from harness.backends.torch_engine import EngineCore, TorchEngine
 
     engine_model = build()
     core = EngineCore(engine_model, max_running=spec.max_running, eos_token_id=task.eos_token_id)

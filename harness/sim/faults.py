@@ -38,10 +38,10 @@ from miles_async_core.buffer import DefaultDataBuffer
 from miles_async_core.config import AsyncConfig
 from miles_async_core.errors import ConfigError, WorkerDiedError
 from miles_async_core.types import DataBufferConstructorInput, iter_samples
-from harness.scenario import Scenario
-from harness.sim_engine import EngineRequestError, SimEngine, _uniform
-from harness.sim_trainer import TrainerStepError
-from harness.simulate import SimResult, simulate
+from harness.sim.scenario import Scenario
+from harness.sim.engine import EngineRequestError, SimEngine, _uniform
+from harness.sim.trainer import TrainerStepError
+from harness.sim.simulate import SimResult, simulate
 from harness.trace import Event
 
 

@@ -10,8 +10,8 @@ relaxed to ``conservation_prefix``: nothing ends twice, nothing trained untaken)
 from __future__ import annotations
 
 from miles_async_core.config import AsyncConfig
-from harness.invariants import buffer, colocate, concurrency, conservation, metrics, pause, staleness, versions
-from harness.invariants.base import REGISTRY, Check, Violation, format_event
+from harness.checking.invariants import buffer, colocate, concurrency, conservation, metrics, pause, staleness, versions
+from harness.checking.invariants.base import REGISTRY, Check, Violation, format_event
 from harness.trace import Event
 
 ALL_CHECKS: dict[str, Check] = {c.name: c for c in REGISTRY}

@@ -24,8 +24,8 @@ from typing import Any
 
 from miles_async_core.config import AsyncConfig, parse_miles_args
 from miles_async_core.errors import ConfigError
-from harness.sim_engine import LengthDist, SimEngineConfig
-from harness.sim_trainer import SimTrainerConfig
+from harness.sim.engine import LengthDist, SimEngineConfig
+from harness.sim.trainer import SimTrainerConfig
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -46,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.results import SCHEMA, Results, load_any, looks_like_pytest_benchmark, read_json
+from harness.results.schema import SCHEMA, Results, load_any, looks_like_pytest_benchmark, read_json
 from miles_async_core.errors import ConfigError
 
 EXACT_BELOW = 8  # exact permutation p-value when the smaller side has fewer samples

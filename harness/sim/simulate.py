@@ -20,11 +20,12 @@ from miles_async_core.contracts import NullSink
 from miles_async_core.drivers import make_context, run
 from miles_async_core.drivers.common import RunContext
 from miles_async_core.types import Sample, SamplingParams
-from harness.scenario import Scenario
-from harness.sim_engine import SimEngine, _uniform
-from harness.sim_trainer import SimTrainer
+from harness.measure.ages import AgeRecorder
+from harness.sim.scenario import Scenario
+from harness.sim.engine import SimEngine, _uniform
+from harness.sim.trainer import SimTrainer
 from harness.trace import Event, TraceRecorder
-from harness.vtime import run_virtual
+from harness.sim.vtime import run_virtual
 
 
 @dataclass
@@ -64,7 +65,7 @@ def simulate(scenario: Scenario, *, trace: bool = True, buffer_factory: Callable
         holder["engine"] = engine
         ctx = make_context(cfg, engine, trainer, lambda k: (f"prompt-{k}", prompt, k),
                            sampling=SamplingParams(max_new_tokens=scenario.max_new_tokens),
-                           reward_fn=sim_reward(cfg.seed), sink=sink, clock=None, buffer_factory=buffer_factory)
+                           reward_fn=sim_reward(cfg.seed), sink=sink, observer=AgeRecorder(), buffer_factory=buffer_factory)
         holder["ctx"] = ctx
         if hooks is not None:
             hooks(ctx)

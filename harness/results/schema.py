@@ -353,7 +353,7 @@ def results_from_dict(doc: Any, source: str = "<dict>") -> Results:
     if schema != SCHEMA:
         hint = (
             " It looks like pytest-benchmark output; miles-harness compare/report read it directly, "
-            "or convert it with harness.results.from_pytest_benchmark."
+            "or convert it with harness.results.schema.from_pytest_benchmark."
             if looks_like_pytest_benchmark(doc)
             else ""
         )

@@ -46,7 +46,7 @@ from hypothesis.reporting import with_reporter
 from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, precondition, rule,
                                  run_state_machine_as_test)
 
-from harness.vtime import VirtualTimeLoop
+from harness.sim.vtime import VirtualTimeLoop
 from miles_async_core.config import AsyncConfig
 from miles_async_core.types import (DataBufferConstructorInput, DataBufferInput, Sample, Status, first_sample,
                                     iter_samples)

@@ -41,7 +41,7 @@ import matplotlib.dates as mdates  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
-from harness.results import Results  # noqa: E402
+from harness.results.schema import Results  # noqa: E402
 
 SIDES = ("rollout", "train")
 PHASE_COLORS = {

@@ -5,8 +5,9 @@ package gets:
 
 * hypothesis profiles ``dev`` (random, example database), ``ci`` (derandomized, no
   deadline, ``print_blob``, 200 examples, no database) and ``nightly`` (5000 examples,
-  no deadline), the one named by ``$HYPOTHESIS_PROFILE`` loaded (default ``dev``);
-  hypothesis' own ``--hypothesis-profile`` still wins over the variable.
+  no deadline), registered for every run; the one named by ``$HYPOTHESIS_PROFILE`` is
+  loaded only when that variable is set (hypothesis' own ``--hypothesis-profile`` still
+  wins), so unrelated runs keep hypothesis' defaults.
 * ``--data-buffer=package.module:factory``: the ``DataBuffer`` factory the buffer suite
   (``suites/properties/test_buffer_machine.py``) checks, called as
   ``factory(DataBufferConstructorInput(args, unused_handler_fn))`` like Miles'
@@ -14,10 +15,12 @@ package gets:
   directory or ``sys.path``; a bad value is a usage error naming the option, the value
   and the expected form, raised before any test runs.
 * the fixture ``data_buffer_factory``: that factory, or ``DefaultDataBuffer``.
-* on CPython 3.11, plain (caret-free) tracebacks in ``asyncio`` log records
-  (``harness.py311_guard``).
+* ``--py311-guard`` (opt-in; this project's root ``conftest.py`` turns it on for its own
+  suites): on CPython 3.11, plain (caret-free) tracebacks in ``asyncio`` log records
+  (``harness.checking.py311_guard``). Off by default, so a pytest run that merely has this
+  package installed keeps its logging untouched.
 * ``st.from_type(Sample)`` and ``st.from_type(DataBufferInput)``: the strategies
-  ``harness.conformance`` registers, available to every test.
+  ``harness.checking.buffer_machine`` registers, available to every test.
 """
 
 from __future__ import annotations
@@ -31,13 +34,13 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis.errors import InvalidArgument
 
-from harness import py311_guard
+from harness.checking import py311_guard
 
 OPTION = "--data-buffer"
 EXPECTED = "package.module:factory"
 PROFILE_ENV = "HYPOTHESIS_PROFILE"
 
-py311_guard.install()  # CPython 3.11's re-entrant ast.parse: see harness/py311_guard.py
+GUARD_OPTION = "--py311-guard"
 
 settings.register_profile("dev", deadline=None)
 settings.register_profile("ci", derandomize=True, deadline=None, print_blob=True, max_examples=200,
@@ -47,7 +50,8 @@ settings.register_profile("nightly", max_examples=5000, deadline=None,
 
 _profile_error: str | None = None
 try:
-    settings.load_profile(os.environ.get(PROFILE_ENV) or "dev")
+    if os.environ.get(PROFILE_ENV):
+        settings.load_profile(os.environ[PROFILE_ENV])
 except InvalidArgument:
     _profile_error = (f"{PROFILE_ENV}={os.environ.get(PROFILE_ENV)!r} names no hypothesis profile. "
                       "Allowed: dev, ci, nightly. Fix: set it to one of those or unset it.")
@@ -59,6 +63,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="DataBuffer factory the buffer conformance suite checks: a callable taking "
                          "DataBufferConstructorInput(args, unused_handler_fn) and returning a DataBuffer "
                          "(default: miles_async_core.buffer.DefaultDataBuffer)")
+    group.addoption(GUARD_OPTION, action="store_true", default=False,
+                    help="on CPython 3.11, render asyncio log tracebacks without caret anchors, so a leaked "
+                         "task's traceback cannot corrupt ast.parse in another test (see "
+                         "harness.checking.py311_guard)")
 
 
 def _usage(value: str, problem: str, fix: str) -> pytest.UsageError:
@@ -99,7 +107,9 @@ def pytest_configure(config: pytest.Config) -> None:
     # Registers the Sample / DataBufferInput strategies; imported here, not at plugin
     # import, because building strategies before hypothesis' own plugin has loaded
     # triggers its HypothesisSideeffectWarning.
-    importlib.import_module("harness.conformance")
+    importlib.import_module("harness.checking.buffer_machine")
+    if config.getoption(GUARD_OPTION, default=False):
+        py311_guard.install()
     value = config.getoption(OPTION, default=None)
     config._miles_data_buffer_factory = resolve_factory(value) if value else None  # type: ignore[attr-defined]
 

@@ -24,7 +24,7 @@ one padded full forward). Rows switch one factor at a time away from the baselin
 Each row reports ``abs_diff_mean``/``abs_diff_max`` (pooled over tokens),
 ``train_rollout_logprob_abs_diff`` and ``train_rollout_kl`` (Miles' k3, sample-mean
 reduced), ``tis_p99``/``tis_max`` and the fraction of bitwise-equal tokens; the
-per-sequence mean |Δlogp| list is the raw sample set for ``harness.results``.
+per-sequence mean |Δlogp| list is the raw sample set for ``harness.results.schema``.
 """
 
 from __future__ import annotations
@@ -38,10 +38,10 @@ from typing import Any
 
 import torch
 
-from harness.gap import gap_report
-from miles_async_core.backends.torch_engine import EngineCore
-from miles_async_core.backends.torch_models import EngineModel
-from miles_async_core.backends.torch_trainer import response_log_probs
+from harness.measure.logprob_metrics import gap_report
+from harness.backends.torch_engine import EngineCore
+from harness.backends.torch_models import EngineModel
+from harness.backends.torch_trainer import response_log_probs
 from miles_async_core.errors import ConfigError
 from miles_async_core.types import Sample
 
@@ -96,13 +96,13 @@ class ModelSource:
 
 class TinySource(ModelSource):
     def __init__(self, cfg: AblationConfig) -> None:
-        from miles_async_core.backends.tasks import TINY_TOKENIZER
+        from harness.backends.tasks import TINY_TOKENIZER
 
         self.cfg, self.vocab_size = cfg, TINY_TOKENIZER.vocab_size
         self.name = f"tiny(d_model={cfg.tiny_d_model},layers={cfg.tiny_layers})"
 
     def build(self, dtype: str, attn_impl: str) -> EngineModel:
-        from miles_async_core.backends.torch_models import TinyLM, TinyLMConfig
+        from harness.backends.torch_models import TinyLM, TinyLMConfig
 
         c = self.cfg
         return TinyLM(TinyLMConfig(vocab_size=self.vocab_size, d_model=c.tiny_d_model, n_layers=c.tiny_layers,
@@ -117,7 +117,7 @@ class HFSource(ModelSource):
     """SmolLM2 (``smollm2``) or a local HF directory, loaded once in fp32 on the CPU."""
 
     def __init__(self, cfg: AblationConfig) -> None:
-        from miles_async_core.backends import torch_models as tm
+        from harness.backends import torch_models as tm
 
         self.cfg, self.name = cfg, cfg.model
         base = tm.load_smollm2() if cfg.model == "smollm2" else tm.load_hf_dir(cfg.model)
@@ -125,7 +125,7 @@ class HFSource(ModelSource):
         self.tokenizer = tm.load_smollm2_tokenizer() if cfg.model == "smollm2" else _hf_tokenizer(cfg.model)
 
     def build(self, dtype: str, attn_impl: str) -> EngineModel:
-        from miles_async_core.backends.torch_models import HFCausalLM, resolve_dtype
+        from harness.backends.torch_models import HFCausalLM, resolve_dtype
 
         hf = copy.deepcopy(self.base_hf).to(device=self.cfg.device, dtype=resolve_dtype(DTYPES[dtype]))
         hf.set_attn_implementation(attn_impl)
@@ -134,7 +134,7 @@ class HFSource(ModelSource):
         return HFCausalLM(hf, max_seq_len=128 + self.cfg.max_new_tokens, fast_decode=fast)
 
     def prompts(self, rng: random.Random, n: int) -> list[list[int]]:
-        from miles_async_core.backends.tasks import ArithmeticTask
+        from harness.backends.tasks import ArithmeticTask
 
         task = ArithmeticTask(tokenizer=self.tokenizer, max_operand=999)
         return [s.prompt_tokens for s in task.sample_prompts(rng, n)]

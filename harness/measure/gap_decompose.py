@@ -4,7 +4,7 @@ Contract. For every response token of every sample, three log-probs of the same 
 are lined up: the engine's (``sample.rollout_log_probs``, taken at sampling time), the
 trainer's full-forward recomputation under the *exact weights that sampled that token*
 (its engine weight version, read from ``sample.token_versions``), and the trainer's
-recomputation under its *current* weights. ``harness.gap.decompose_gap`` turns them
+recomputation under its *current* weights. ``harness.measure.logprob_metrics.decompose_gap`` turns them
 into ``kernel = engine - generating``, ``staleness = generating - current`` and
 ``total = engine - current``; ``kernel + staleness == total`` holds per token up to
 float rounding (exactly, for float32 inputs differenced in float64).
@@ -24,7 +24,7 @@ Token categories (current version ``c``, token version ``v``, KV version ``kv``)
   forward. They are reported on their own so they never pollute the numerics figure.
 
 Sample age is ``current version - oldest token version``; each decomposition carries
-``meta`` = ``{step, age, index, versions}`` for ``harness.gap.aggregate_by``.
+``meta`` = ``{step, age, index, versions}`` for ``harness.measure.logprob_metrics.aggregate_by``.
 
 ``VersionStore`` keeps CPU copies of the last ``capacity`` weight versions; asking for
 an evicted version raises ``ConfigError`` naming the capacity and the fix.
@@ -39,9 +39,9 @@ from typing import Any
 
 import torch
 
-from harness.gap import GapDecomposition, aggregate_by, decompose_gap
-from miles_async_core.backends.torch_models import EngineModel
-from miles_async_core.backends.torch_trainer import response_log_probs
+from harness.measure.logprob_metrics import GapDecomposition, aggregate_by, decompose_gap
+from harness.backends.torch_models import EngineModel
+from harness.backends.torch_trainer import response_log_probs
 from miles_async_core.errors import ConfigError
 from miles_async_core.types import Sample, VersionRuns
 
