@@ -332,6 +332,17 @@ class TelemetrySampler:
         }
 
 
+def nvml_status(nvml: Any = None) -> tuple[bool, str | None]:
+    """``(True, None)`` when NVML initialises here and sees at least one GPU, else
+    ``(False, reason)`` with the reason a sampler would log. Probes quietly and releases
+    NVML. ``nvml`` replaces ``pynvml`` (tests)."""
+    sampler = TelemetrySampler(nvml=nvml, log=lambda message: None)
+    try:
+        return sampler.available, sampler.reason
+    finally:
+        sampler.close()
+
+
 def _aggregate(records: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {"records": len(records)}
     for name in MEAN_FIELDS:

@@ -11,6 +11,7 @@ import torch
 from harness.backends.torch_engine import EngineCore, TorchEngine
 from harness.backends.torch_models import TinyLM, TinyLMConfig
 from harness.backends.torch_trainer import response_log_probs
+from harness.checking.requirements import require_or_skip
 from miles_async_core.errors import ConfigError
 from miles_async_core.types import Sample, SamplingParams, Status
 
@@ -165,7 +166,7 @@ def test_update_weights_outside_a_pause_is_refused_and_bad_requests_raise_config
     core = EngineCore(TinyLM(CFG), max_running=2)
     with pytest.raises(RuntimeError, match="state=running"):
         core.update_weights(1, {})
-    with pytest.raises(ConfigError, match="pause_generation_mode"):
+    with pytest.raises(ConfigError, match="--pause-generation-mode 'freeze'"):
         core.pause("freeze")
     with pytest.raises(ConfigError, match="max_seq_len=64"):
         core.add_request(0, [1] * 60, 10)
@@ -394,8 +395,9 @@ def test_smollm2_from_its_gguf_file_decodes_like_its_full_forward_and_scores_on_
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device; this box is CPU-only")
 def test_the_engine_runs_unchanged_on_cuda_and_matches_the_full_forward_there():
+    if not torch.cuda.is_available():
+        require_or_skip("needs a CUDA device; torch sees none on this machine")
     model = TinyLM(CFG, device="cuda")
     core = EngineCore(model, max_running=3)
     add_all(core, max_new_tokens=8)

