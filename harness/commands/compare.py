@@ -1,7 +1,10 @@
 """`miles-harness compare BASE NEW [NEW2 ...]`: compare results files benchmark by benchmark.
 
-Each NEW file is compared with BASE (or, with ``--history DIR``, with the medians of the
-last ``--last`` runs of the same kind on the same machine found under DIR). Files may be
+Each NEW file is compared with BASE (or, with ``--history DIR``, with the run means of
+the last ``--last`` runs of the same kind on the same machine found under DIR). The test
+is on block means of each run's per-step samples (``--blocks``, default 5) or on run
+means, after dropping the first ``--warmup-steps`` (default 1) steps: per-step samples
+of one run are autocorrelated, so testing them directly would overstate significance. Files may be
 miles-harness results files or pytest-benchmark ``--benchmark-json`` output. The
 statistics and the threshold rule are documented in ``harness/results/compare.py``.
 
@@ -14,7 +17,10 @@ from __future__ import annotations
 import argparse
 
 from harness.results.compare import (
+    BLOCKS,
     HISTORY_LIMIT,
+    WARMUP_STEPS,
+    check_settings,
     compare_results,
     format_markdown,
     format_table,
@@ -37,12 +43,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="compare against earlier results files under DIR (same kind and machine)")
     parser.add_argument("--last", type=int, default=None, metavar="N",
                         help=f"with --history: use the last N runs (default {HISTORY_LIMIT}, as Miles' history_limit)")
+    parser.add_argument("--warmup-steps", type=int, default=WARMUP_STEPS, metavar="W",
+                        help=f"drop each run's first W per-step samples as warm-up (default {WARMUP_STEPS})")
+    parser.add_argument("--blocks", type=int, default=BLOCKS, metavar="K",
+                        help=f"split each run's remaining steps into K contiguous blocks and test the block means "
+                             f"(default {BLOCKS}); with --history the base side uses one mean per run")
 
 
 def main(args: argparse.Namespace) -> int:
     thresholds = [parse_threshold(t) for t in args.threshold]
     if not 0.0 < args.alpha < 1.0:
         raise ConfigError(f"--alpha {args.alpha}: must be between 0 and 1 (exclusive), e.g. 0.05.")
+    check_settings(args.warmup_steps, args.blocks)
     if args.last is not None and args.history is None:
         raise ConfigError(f"--last {args.last} needs --history DIR: it selects how many earlier runs to use.")
     if args.history is None and len(args.files) < 2:
@@ -66,14 +78,15 @@ def main(args: argparse.Namespace) -> int:
                 print(f"compare: no earlier '{new.kind}' runs for this machine under {args.history}: "
                       f"nothing to compare {path} with (cold start), passed")
                 continue
-            base, notes = history_base(runs, new, last=last)
-            label = f"{args.history} (median of last {min(last, len(runs))} of {len(runs)} runs)"
+            base, notes = history_base(runs, new, last=last, warmup_steps=args.warmup_steps)
+            label = f"{args.history} (means of last {min(last, len(runs))} of {len(runs)} runs)"
             pairs.append((base, label, notes, path))
     outputs = []
     for base, base_label, notes, path in pairs:
         new = load_any(path)
         comparison = compare_results(base, new, thresholds=thresholds, alpha=args.alpha,
-                                     base_label=base_label, new_label=path, notes=notes)
+                                     base_label=base_label, new_label=path, notes=notes,
+                                     warmup_steps=args.warmup_steps, blocks=args.blocks)
         outputs.append(fmt(comparison))
         if comparison.failed:
             status = 1

@@ -1,4 +1,4 @@
-"""Compare benchmark results: medians, ratios, and a significance test on raw samples.
+"""Compare benchmark results: medians, ratios, and a significance test on block or run means.
 
 Contract. ``compare_results(base, new)`` returns one row per benchmark present in both
 documents with the base and new medians, ``ratio = new/base``, the relative change
@@ -8,9 +8,26 @@ documents with the base and new medians, ``ratio = new/base``, the relative chan
   ``alpha`` (p < alpha); the direction is the side the new samples moved to
   (U / (n_new * n_base) above or below 1/2) read through ``higher_is_better``;
 * ``~``: not significant;
-* ``?``: untested. Either side has fewer than 2 raw samples (a pytest-benchmark file
-  saved without ``--benchmark-save-data`` has none), or the sample sizes cannot reach
-  p < alpha at all (e.g. 3 vs 3 samples: the smallest exact two-sided p is 0.1).
+* ``?``: untested. Either side has fewer than 2 raw samples after the warm-up steps
+  are dropped (a pytest-benchmark file saved without ``--benchmark-save-data`` has
+  none), or the numbers of means cannot reach p < alpha at all (e.g. 3 vs 3: the
+  smallest exact two-sided p is 0.1).
+
+What is tested. The per-step samples of one run are not independent: consecutive steps
+share caches, clocks and queue state (they are autocorrelated), and the first steps
+include warm-up. A test on the raw per-step samples pseudo-replicates and overstates
+significance. So the test is on independent-ish units instead:
+
+* one run per side: the first ``warmup_steps`` samples (default 1) are dropped, the rest
+  is split into ``blocks`` (default 5) contiguous blocks of (nearly) equal length, and
+  the block means are compared (5 vs 5 means: the smallest exact p is 0.0079);
+* several runs per side (history mode): each run contributes one run-level mean of its
+  samples after the warm-up steps.
+
+The medians shown (and the change the thresholds read) are the medians of the samples
+after the warm-up steps (history: the median of the run means). Each row says, in a
+note, what was compared, e.g. ``5 block means of 5-6 steps each per side, first 1 step
+dropped as warm-up``.
 
 The test (implemented here, no scipy): ranks of the pooled samples with mid-ranks for
 ties. When the smaller side has fewer than 8 samples the p-value is exact: the
@@ -27,11 +44,11 @@ benchmark whose ``unit``, ``higher_is_better`` or ``definition`` differ, raise
 
 History (``history_base``): the base is built from earlier results files of the same
 kind on the same machine (CPU model + GPU names): the last N by ``created_utc``, one
-base sample per run = that run's median. Runs whose definition of a benchmark differs
-from the new run's are left out of that benchmark's base (and counted in the note).
-Miles' metric-history gate (``tests/ci/metric_history/gate.py``) compares a value with
-the mean of up to 20 recent trusted values; here the base is the runs' medians, tested
-against the new run's raw samples, and the default N is the same 20.
+base value per run = that run's mean after its warm-up steps. Runs whose definition of
+a benchmark differs from the new run's are left out of that benchmark's base (and
+counted in the note). Miles' metric-history gate (``tests/ci/metric_history/gate.py``)
+compares a value with the mean of up to 20 recent trusted values; here the base is the
+runs' means, tested against the new run's block means, and the default N is the same 20.
 """
 
 from __future__ import annotations
@@ -51,6 +68,8 @@ from miles_async_core.errors import ConfigError
 
 EXACT_BELOW = 8  # exact permutation p-value when the smaller side has fewer samples
 HISTORY_LIMIT = 20  # Miles gate.py history_limit
+WARMUP_STEPS = 1  # leading per-step samples dropped as warm-up
+BLOCKS = 5  # contiguous blocks per run whose means are compared
 
 
 # --- statistics -------------------------------------------------------------------------
@@ -132,6 +151,59 @@ def mann_whitney_u(base: list[float], new: list[float], *, method: str | None = 
     return UTest(p_value=min(1.0, math.erfc(z / math.sqrt(2.0))), prob_new_greater=prob, method="normal", min_p=0.0)
 
 
+# --- units of comparison ----------------------------------------------------------------
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def check_settings(warmup_steps: int, blocks: int) -> None:
+    if not (isinstance(warmup_steps, int) and warmup_steps >= 0):
+        raise ConfigError(f"--warmup-steps {warmup_steps}: must be an integer >= 0 (0 keeps every step), e.g. 1.")
+    if not (isinstance(blocks, int) and blocks >= 2):
+        raise ConfigError(f"--blocks {blocks}: must be an integer >= 2 (the block means are the test's samples), e.g. 5.")
+
+
+def after_warmup(samples: Sequence[float], warmup_steps: int) -> list[float]:
+    """The samples after the first ``warmup_steps``. A benchmark with no more samples than
+    that is not a per-step series (e.g. one run-level value) and is kept whole."""
+    values = [float(x) for x in samples]
+    return values[warmup_steps:] if len(values) > warmup_steps else values
+
+
+def _warmup_text(warmup_steps: int, *, each: bool = False) -> str:
+    if warmup_steps == 0:
+        return "no warm-up step dropped"
+    return f"first {_plural(warmup_steps, 'step')}{' of each run' if each else ''} dropped as warm-up"
+
+
+def block_means(samples: Sequence[float], *, warmup_steps: int = WARMUP_STEPS,
+                blocks: int = BLOCKS) -> tuple[list[float], str]:
+    """Means of up to ``blocks`` contiguous blocks of the samples after the warm-up steps,
+    and what they are (``"5 block means of 6 steps each, first 1 step dropped as warm-up"``).
+    Block lengths differ by at most one step (the earlier blocks are the longer ones)."""
+    kept = after_warmup(samples, warmup_steps)
+    if not kept:
+        return [], "no samples"
+    dropped = warmup_steps if len(kept) < len(samples) else 0
+    parts = np.array_split(np.asarray(kept, dtype=np.float64), min(blocks, len(kept)))
+    sizes = sorted({len(p) for p in parts})
+    size = f"{sizes[0]}" if len(sizes) == 1 else f"{sizes[0]}-{sizes[-1]}"
+    each = "step" if sizes == [1] else "steps each"
+    what = f"{_plural(len(parts), 'block mean')} of {size} {each}, {_warmup_text(dropped)}"
+    return [float(p.mean()) for p in parts], what
+
+
+def run_mean(b: dict[str, Any], warmup_steps: int) -> float:
+    """One run's level: the mean of its samples after the warm-up steps (all of them when
+    nothing would be left; the stored median when the file has no raw samples)."""
+    samples = _samples(b)
+    if not samples:
+        return float(b["stats"]["median"])
+    return float(np.mean(after_warmup(samples, warmup_steps)))
+
+
 # --- thresholds ---------------------------------------------------------------------------
 
 
@@ -178,6 +250,8 @@ class Row:
     change_pct: float | None
     test: UTest | None  # None when untested
     mark: str  # better | worse | ~ | ?
+    compared: str  # what the test compared ("" when untested for want of samples), e.g.
+    # "on each side: 5 block means of 6 steps each, first 1 step dropped as warm-up"
     threshold: Threshold | None
     threshold_failed: bool
     notes: tuple[str, ...]
@@ -192,6 +266,8 @@ class Comparison:
     only_base: tuple[str, ...]
     only_new: tuple[str, ...]
     notes: tuple[str, ...] = ()
+    warmup_steps: int = WARMUP_STEPS
+    blocks: int = BLOCKS
 
     @property
     def failed(self) -> tuple[Row, ...]:
@@ -219,20 +295,39 @@ def _samples(b: dict[str, Any]) -> list[float]:
     return [] if b.get("samples_missing") else list(b["samples"])
 
 
-def _compare_one(name: str, b: dict[str, Any], n: dict[str, Any], thr: Threshold | None, alpha: float) -> Row:
+HISTORY_UNITS = "units_what"  # key of a history base benchmark: its samples are run means
+
+
+def _units(b: dict[str, Any], warmup_steps: int, blocks: int) -> tuple[list[float], str, float]:
+    """(the values the test compares, what they are, the median shown) for one side."""
+    if HISTORY_UNITS in b:
+        return list(b["samples"]), b[HISTORY_UNITS], float(b["stats"]["median"])
+    samples = _samples(b)
+    if not samples:
+        return [], "no raw samples", float(b["stats"]["median"])
+    values, what = block_means(samples, warmup_steps=warmup_steps, blocks=blocks)
+    return values, what, float(np.median(after_warmup(samples, warmup_steps)))
+
+
+def _compare_one(name: str, b: dict[str, Any], n: dict[str, Any], thr: Threshold | None, alpha: float,
+                 warmup_steps: int = WARMUP_STEPS, blocks: int = BLOCKS) -> Row:
     hib = b["higher_is_better"]
     sb, sn = _samples(b), _samples(n)
-    base_med, new_med = float(b["stats"]["median"]), float(n["stats"]["median"])
+    ub, what_b, base_med = _units(b, warmup_steps, blocks)
+    un, what_n, new_med = _units(n, warmup_steps, blocks)
+    compared = ""
     notes: list[str] = []
     test = None
-    if len(sb) < 2 or len(sn) < 2:
-        why = "no raw samples" if not sb or not sn else "fewer than 2 samples"
-        notes.append(f"{why} (base {len(sb)}, new {len(sn)}): untested, threshold alone")
+    if not sb or not sn:
+        notes.append(f"no raw samples (base {len(sb)}, new {len(sn)}): untested, threshold alone")
+    elif len(ub) < 2 or len(un) < 2:
+        notes.append(f"fewer than 2 samples (base {len(ub)}, new {len(un)}): untested, threshold alone")
     else:
-        test = mann_whitney_u(sb, sn)
+        compared = f"on each side: {what_b}" if what_b == what_n else f"base {what_b}; new {what_n}"
+        test = mann_whitney_u(ub, un)
         if test.min_p >= alpha:
             notes.append(
-                f"{len(sb)} vs {len(sn)} samples cannot reach p < {alpha:g} (smallest p {test.min_p:.3g}): "
+                f"{len(ub)} vs {len(un)} means cannot reach p < {alpha:g} (smallest p {test.min_p:.3g}): "
                 "untested, threshold alone"
             )
             test = None
@@ -258,9 +353,9 @@ def _compare_one(name: str, b: dict[str, Any], n: dict[str, Any], thr: Threshold
             verdict = "FAILED" if failed else ("not significant, passed" if beyond else "passed")
             notes.append(f"threshold {thr.text}: {verdict}")
     return Row(
-        name=name, unit=b["unit"], higher_is_better=hib, n_base=len(sb), n_new=len(sn),
+        name=name, unit=b["unit"], higher_is_better=hib, n_base=len(ub), n_new=len(un),
         base_median=base_med, new_median=new_med, ratio=ratio, change_pct=change_pct, test=test,
-        mark=mark, threshold=thr, threshold_failed=failed, notes=tuple(notes),
+        mark=mark, compared=compared, threshold=thr, threshold_failed=failed, notes=tuple(notes),
     )
 
 
@@ -273,9 +368,12 @@ def compare_results(
     base_label: str = "BASE",
     new_label: str = "NEW",
     notes: tuple[str, ...] = (),
+    warmup_steps: int = WARMUP_STEPS,
+    blocks: int = BLOCKS,
 ) -> Comparison:
     if not 0.0 < alpha < 1.0:
         raise ConfigError(f"--alpha {alpha}: must be between 0 and 1 (exclusive), e.g. 0.05.")
+    check_settings(warmup_steps, blocks)
     by_name = {t.name: t for t in thresholds}
     for t in thresholds:
         where = [lbl for lbl, r in ((base_label, base), (new_label, new)) if t.name not in r.benchmarks]
@@ -296,12 +394,13 @@ def compare_results(
                 f"(differing keys: {detail}). Numbers measured differently are not comparable. "
                 "Fix: compare runs measured the same way, or give the changed benchmark a new name."
             )
-    rows = tuple(_compare_one(k, base.benchmarks[k], new.benchmarks[k], by_name.get(k), alpha) for k in common)
+    rows = tuple(_compare_one(k, base.benchmarks[k], new.benchmarks[k], by_name.get(k), alpha, warmup_steps, blocks)
+                 for k in common)
     return Comparison(
         base_label=base_label, new_label=new_label, alpha=alpha, rows=rows,
         only_base=tuple(k for k in base.benchmarks if k not in new.benchmarks),
         only_new=tuple(k for k in new.benchmarks if k not in base.benchmarks),
-        notes=notes,
+        notes=notes, warmup_steps=warmup_steps, blocks=blocks,
     )
 
 
@@ -334,15 +433,18 @@ def load_history(directory: str | Path, new: Results) -> list[Results]:
     return sorted(runs, key=_when)
 
 
-def history_base(runs: list[Results], new: Results, *, last: int) -> tuple[Results, tuple[str, ...]]:
-    """A synthetic base whose samples are the medians of the last ``last`` runs."""
+def history_base(runs: list[Results], new: Results, *, last: int,
+                 warmup_steps: int = WARMUP_STEPS) -> tuple[Results, tuple[str, ...]]:
+    """A synthetic base whose samples are the run-level means (after ``warmup_steps``) of
+    the last ``last`` runs."""
+    check_settings(warmup_steps, BLOCKS)
     if last < 1:
         raise ConfigError(f"--last {last}: must be at least 1 (the number of recent runs to compare against).")
     chosen = runs[-last:]
     base = Results({"kind": new.kind, "machine": new.machine, "run_id": "history", "benchmarks": {}})
     notes = []
     for name, nb in new.benchmarks.items():
-        medians, skipped = [], 0
+        means, skipped = [], 0
         for run in chosen:
             rb = run.benchmarks.get(name)
             if rb is None:
@@ -350,13 +452,14 @@ def history_base(runs: list[Results], new: Results, *, last: int) -> tuple[Resul
             if definition_diff(rb, nb):
                 skipped += 1
                 continue
-            medians.append(float(rb["stats"]["median"]))
+            means.append(run_mean(rb, warmup_steps))
         if skipped:
             notes.append(f"{name}: left out {skipped} history run(s) with a different definition")
-        if medians:
+        if means:
             base.benchmarks[name] = {
                 "unit": nb["unit"], "higher_is_better": nb["higher_is_better"], "definition": nb["definition"],
-                "samples": medians, "stats": {"median": float(np.median(medians))},
+                "samples": means, "stats": {"median": float(np.median(means))},
+                HISTORY_UNITS: f"{_plural(len(means), 'run mean')}, {_warmup_text(warmup_steps, each=True)}",
             }
     return base, tuple(notes)
 
@@ -399,8 +502,24 @@ def summary_line(c: Comparison) -> str:
     return line
 
 
+def test_description(c: Comparison) -> str:
+    return (f"Mann-Whitney U, two-sided, alpha {c.alpha:g}, on block means ({c.blocks} contiguous blocks per run) "
+            f"or run means, {_warmup_text(c.warmup_steps, each=True)}")
+
+
+def _compared_lines(c: Comparison) -> list[str]:
+    """What each tested row compared, one line per distinct description."""
+    groups: dict[str, list[str]] = {}
+    for r in c.rows:
+        if r.compared:
+            groups.setdefault(r.compared, []).append(r.name)
+    if len(groups) == 1:
+        return [f"compared {next(iter(groups))}"]
+    return [f"{', '.join(names)}: compared {what}" for what, names in groups.items()]
+
+
 def _footnotes(c: Comparison) -> list[str]:
-    lines = [f"{r.name}: {n}" for r in c.rows for n in r.notes]
+    lines = _compared_lines(c) + [f"{r.name}: {n}" for r in c.rows for n in r.notes]
     lines += list(c.notes)
     if c.only_base:
         lines.append("only in base: " + ", ".join(c.only_base))
@@ -417,7 +536,7 @@ def format_table(c: Comparison) -> str:
     def line(row: list[str]) -> str:
         return "  ".join(cell.rjust(w) if i in right else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths))).rstrip()
 
-    out = [f"{c.base_label} -> {c.new_label}  (Mann-Whitney U, two-sided, alpha {c.alpha:g})"]
+    out = [f"{c.base_label} -> {c.new_label}  ({test_description(c)})"]
     out += [line(body[0]), line(["-" * w for w in widths])] + [line(r) for r in body[1:]]
     if not c.rows:
         out.append("(no benchmark in common)")
@@ -443,5 +562,5 @@ def format_markdown(c: Comparison) -> str:
     if notes:
         out.append("")
         out += [f"- {_md(n)}" for n in notes]
-    out += ["", f"**Summary:** {summary_line(c)}. Test: Mann-Whitney U, two-sided, alpha {c.alpha:g}."]
+    out += ["", f"**Summary:** {summary_line(c)}. Test: {test_description(c)}."]
     return "\n".join(out)

@@ -1,6 +1,7 @@
-"""`miles-harness compare`: the U test against known values and brute force, thresholds
-with significance, refusals (changed definition, damaged file, future schema, unknown
-metric), pytest-benchmark input, history mode, and the two output formats."""
+"""`miles-harness compare`: the U test against known values and brute force, block means
+after warm-up (and why: autocorrelated per-step samples), thresholds with significance,
+refusals (changed definition, damaged file, future schema, unknown metric, bad settings),
+pytest-benchmark input, history mode (run means), and the two output formats."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import numpy as np
 import pytest
 
 from harness.cli import main as cli
-from harness.results.compare import mann_whitney_u
+from harness.results.compare import block_means, mann_whitney_u
 from harness.results.schema import Results
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "results"
@@ -82,6 +83,85 @@ def test_exact_p_value_equals_brute_force_enumeration_with_ties(seed):
 def test_identical_samples_are_never_significant():
     assert mann_whitney_u([1.0] * 10, [1.0] * 10).p_value == 1.0
     assert mann_whitney_u([1.0] * 3, [1.0] * 3).p_value == 1.0
+
+
+# --- what is compared: block means after warm-up ---------------------------------------
+
+
+def test_block_means_drop_the_warm_up_and_average_contiguous_blocks():
+    samples = [1000.0] + [float(i) for i in range(30)]  # step 0 is warm-up
+    means, what = block_means(samples)
+    assert means == [2.5, 8.5, 14.5, 20.5, 26.5]
+    assert what == "5 block means of 6 steps each, first 1 step dropped as warm-up"
+    means, what = block_means(samples[:30], warmup_steps=2, blocks=4)
+    assert means == [np.mean(samples[2:9]), np.mean(samples[9:16]), np.mean(samples[16:23]), np.mean(samples[23:30])]
+    assert what == "4 block means of 7 steps each, first 2 steps dropped as warm-up"
+    assert block_means([5.0, 6.0, 7.0], warmup_steps=0) == ([5.0, 6.0, 7.0], "3 block means of 1 step, no warm-up step dropped")
+    # a single run-level value is not a per-step series: nothing to drop
+    assert block_means([0.97]) == ([0.97], "1 block mean of 1 step, no warm-up step dropped")
+
+
+def _series(values, tmp_path, name: str) -> str:
+    res = Results.new("run", {})
+    res.add_benchmark("tokens_per_s", list(values), "tokens/s", True)
+    return str(res.write(tmp_path / f"{name}.json"))
+
+
+def test_a_slowly_drifting_series_no_longer_gives_a_tiny_p_value(tmp_path, capsys):
+    # Two runs that drift the same way (+2 tokens/s per step, e.g. caches warming up); the
+    # second sits 20 higher. Step by step the 30 vs 30 samples look like strong evidence,
+    # but consecutive steps are not independent replicates: blocks of 6 steps are.
+    t = np.arange(31)
+    base, new = 1000.0 + 2.0 * t, 1020.0 + 2.0 * t
+    per_step = mann_whitney_u(list(base[1:]), list(new[1:]))
+    assert per_step.p_value < 1e-3  # what comparing raw per-step samples claimed
+    code, out, _ = _cli(capsys, _series(base, tmp_path, "base"), _series(new, tmp_path, "new"),
+                        "--threshold", "tokens_per_s:-10%")
+    row = _row(out, "tokens_per_s")
+    assert code == 0 and row[-1] == "~" and float(row[6]) > 0.2
+    assert "compared on each side: 5 block means of 6 steps each, first 1 step dropped as warm-up" in out
+
+
+def _ar1(rng, n: int, phi: float) -> np.ndarray:
+    noise = rng.normal(0.0, 10.0, n)
+    x = np.empty(n)
+    x[0] = noise[0] / np.sqrt(1 - phi**2)
+    for i in range(1, n):
+        x[i] = phi * x[i - 1] + noise[i]
+    return 1000.0 + x
+
+
+def test_on_autocorrelated_runs_of_one_process_the_false_alarm_rate_is_near_alpha():
+    # 300 pairs of runs of the same AR(1) process (lag-1 correlation 0.5), 31 steps each:
+    # the per-step test rejects far more often than alpha; block means stay near 5%.
+    rng = np.random.default_rng(7)
+    per_step = blocks = 0
+    for _ in range(300):
+        a, b = _ar1(rng, 31, 0.5), _ar1(rng, 31, 0.5)
+        per_step += mann_whitney_u(list(a[1:]), list(b[1:])).p_value < 0.05
+        blocks += mann_whitney_u(block_means(a)[0], block_means(b)[0]).p_value < 0.05
+    assert per_step / 300 > 0.15
+    assert blocks / 300 < 0.09
+
+
+def test_warm_up_steps_are_left_out_of_the_medians_and_the_test(tmp_path, capsys):
+    steady = [1000.0 + (i * 7) % 11 for i in range(13)]
+    cold_start = [200.0] + steady[1:]  # only step 0 differs: a slower warm-up
+    code, out, _ = _cli(capsys, _series(steady, tmp_path, "a"), _series(cold_start, tmp_path, "b"),
+                        "--threshold", "tokens_per_s:-10%")
+    row = _row(out, "tokens_per_s")
+    assert code == 0 and row[2] == row[3] and row[5] == "+0.0%" and row[6] == "1" and row[-1] == "~"
+    code, out, _ = _cli(capsys, _series(steady, tmp_path, "a"), _series(cold_start, tmp_path, "b"),
+                        "--warmup-steps", "0", "--blocks", "4", "--markdown")
+    assert "compared on each side: 4 block means of 3-4 steps each, no warm-up step dropped" in out
+    assert "4 contiguous blocks per run" in out.splitlines()[-1]
+
+
+@pytest.mark.parametrize(("argv", "needle"), [(["--warmup-steps", "-1"], "--warmup-steps -1"),
+                                              (["--blocks", "1"], "--blocks 1")])
+def test_bad_warm_up_or_block_settings_are_errors(files, capsys, argv, needle):
+    code, _, err = _cli(capsys, files["base"], files["slow"], *argv)
+    assert code == 2 and needle in err
 
 
 # --- comparisons through the command line -----------------------------------------------
@@ -157,7 +237,8 @@ def test_too_few_samples_for_significance_fall_back_to_the_threshold_alone(tmp_p
     slow = _run(3, n=3, tokens_scale=0.8).write(tmp_path / "s.json")
     code, out, _ = _cli(capsys, str(base), str(slow), "--threshold", "tokens_per_s:-10%")
     assert code == 1 and _row(out, "tokens_per_s")[-1] == "?"
-    assert "3 vs 3 samples cannot reach p < 0.05" in out and "threshold alone" in out
+    # 3 steps, the first dropped as warm-up: 2 block means of 1 step per side
+    assert "2 vs 2 means cannot reach p < 0.05" in out and "threshold alone" in out
 
 
 def test_a_large_but_not_significant_drop_passes_the_threshold(tmp_path, capsys):
@@ -167,7 +248,8 @@ def test_a_large_but_not_significant_drop_passes_the_threshold(tmp_path, capsys)
         res.add_benchmark("tokens_per_s", samples, "tokens/s", True)
         return str(res.write(tmp_path / f"{samples[0]}.json"))
 
-    code, out, _ = _cli(capsys, one([100, 60, 140, 90]), one([85, 50, 130, 70]), "--threshold", "tokens_per_s:-10%")
+    code, out, _ = _cli(capsys, one([100, 60, 140, 90]), one([85, 50, 130, 70]), "--threshold", "tokens_per_s:-10%",
+                        "--warmup-steps", "0")
     assert code == 0
     row = _row(out, "tokens_per_s")
     assert row[5] == "-18.4%" and row[6] == "0.486" and row[7] == "~"
@@ -222,7 +304,9 @@ def test_history_mode_compares_with_the_last_runs_of_the_same_machine_and_kind(t
     new_slow = str(_run(31, tokens_scale=0.8).write(tmp_path / "new_slow.json"))
     code, out, _ = _cli(capsys, new_ok, "--history", str(hist), "--last", "3", "--threshold", "tokens_per_s:-10%")
     assert code == 0, out
-    assert "(median of last 3 of 5 runs)" in out
+    assert "(means of last 3 of 5 runs)" in out
+    assert ("compared base 3 run means, first 1 step of each run dropped as warm-up; "
+            "new 5 block means of 2-3 steps each, first 1 step dropped as warm-up") in out
     assert 990 < float(_row(out, "tokens_per_s")[2]) < 1010  # the half-speed other machine is excluded
     code, out, _ = _cli(capsys, new_slow, "--history", str(hist), "--last", "3", "--threshold", "tokens_per_s:-10%")
     assert code == 1 and _row(out, "tokens_per_s")[-1] == "worse"
