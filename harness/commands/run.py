@@ -28,25 +28,44 @@ from miles_async_core.errors import ConfigError
 DEFAULT_MILES_ARGS = ["--rollout-batch-size", "16", "--n-samples-per-prompt", "8"]
 
 
+def _default(field_name: str) -> Any:
+    """A main-job default, from its one definition: ``RunSpec``'s field."""
+    from harness.main_job.job import RunSpec
+
+    return RunSpec.__dataclass_fields__[field_name].default
+
+
+# flag dest -> RunSpec field, for the flags that set one (``--no-gap`` sets gap_decomposition off)
+RUNSPEC_FLAGS: dict[str, str] = {
+    "layout": "layout", "model": "model", "task": "task", "steps": "steps", "lr": "lr", "lr_scaling": "lr_scaling",
+    "use_tis": "use_tis", "tis_clip": "tis_clip", "seed": "seed", "threads": "threads", "d_model": "tiny_d_model",
+    "layers": "tiny_layers", "task_length": "task_length", "max_running": "max_running", "profile": "profile",
+    "device": "device",
+}
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    d = _default
     p.add_argument("--modes", default="sync,one-step,fully-async", help="comma list of sync, one-step, fully-async")
-    p.add_argument("--layout", default="split", help="split (engine in its own process) or colocate")
-    p.add_argument("--model", default="tiny", help="tiny (built from a config), smollm2 (needs the model extra), "
-                                                   "or a local Hugging Face model directory")
-    p.add_argument("--task", default="copy", help="copy (tiny model learns it) or arithmetic (for SmolLM2)")
-    p.add_argument("--steps", type=int, default=30, help="training steps per mode")
-    p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--lr-scaling", default="none", help="none | interval | staleness: the seed's LR rule")
+    p.add_argument("--layout", default=d("layout"), help="split (engine in its own process) or colocate")
+    p.add_argument("--model", default=d("model"), help="tiny (built from a config), smollm2 (needs the model extra), "
+                                                       "or a local Hugging Face model directory")
+    p.add_argument("--task", default=d("task"), help="copy (tiny model learns it) or arithmetic (for SmolLM2)")
+    p.add_argument("--steps", type=int, default=d("steps"), help="training steps per mode")
+    p.add_argument("--lr", type=float, default=d("lr"))
+    p.add_argument("--lr-scaling", default=d("lr_scaling"), help="none | interval | staleness: the seed's LR rule")
+    assert d("use_tis") is False and d("gap_decomposition") is True  # store_true flags below turn them over
     p.add_argument("--use-tis", action="store_true")
-    p.add_argument("--tis-clip", type=float, default=2.0)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=1, help="torch threads per process")
-    p.add_argument("--d-model", type=int, default=256, help="tiny model width")
-    p.add_argument("--layers", type=int, default=4, help="tiny model depth")
-    p.add_argument("--task-length", type=int, default=3, help="copy task: symbols to copy")
-    p.add_argument("--max-running", type=int, default=16, help="engine's continuous-batching width (requests)")
-    p.add_argument("--profile", default="manual", help="rule profile (manual | miles-31f1ca9)")
-    p.add_argument("--device", default="cpu", help="cpu or cuda: where the engine and trainer models live")
+    p.add_argument("--tis-clip", type=float, default=d("tis_clip"))
+    p.add_argument("--seed", type=int, default=d("seed"))
+    p.add_argument("--threads", type=int, default=d("threads"), help="torch threads per process")
+    p.add_argument("--d-model", type=int, default=d("tiny_d_model"), help="tiny model width")
+    p.add_argument("--layers", type=int, default=d("tiny_layers"), help="tiny model depth")
+    p.add_argument("--task-length", type=int, default=d("task_length"), help="copy task: symbols to copy")
+    p.add_argument("--max-running", type=int, default=d("max_running"),
+                   help="engine's continuous-batching width (requests)")
+    p.add_argument("--profile", default=d("profile"), help="rule profile (manual | miles-31f1ca9)")
+    p.add_argument("--device", default=d("device"), help="cpu or cuda: where the engine and trainer models live")
     p.add_argument("--no-gap", action="store_true", help="skip the per-step kernel / staleness gap decomposition")
     p.add_argument("--telemetry-interval", type=float, default=0.25,
                    help="NVML sampling interval in seconds (GPU machines; says 'no telemetry' once elsewhere)")
@@ -55,18 +74,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("miles_args", nargs=argparse.REMAINDER, help="Miles flags after --")
 
 
+def spec_from_args(args: argparse.Namespace) -> Any:
+    """The ``RunSpec`` a command line asks for (``--task-length`` applies to the copy task only)."""
+    from harness.main_job.job import RunSpec
+
+    values = {field: getattr(args, dest) for dest, field in RUNSPEC_FLAGS.items()}
+    if values["task"] != "copy":
+        values["task_length"] = None
+    return RunSpec(**values, gap_decomposition=not args.no_gap)
+
+
 def main(args: argparse.Namespace) -> int:
-    from harness.main_job.job import RunSpec, run_mode, summarize_mode
+    from harness.main_job.job import run_mode, summarize_mode
 
     miles = [a for a in args.miles_args if a != "--"] or []
     base, notes = parse_miles_args(DEFAULT_MILES_ARGS + miles)
     for note in notes:
         print(f"note: {note}")
-    spec = RunSpec(layout=args.layout, model=args.model, task=args.task, steps=args.steps, lr=args.lr,
-                   lr_scaling=args.lr_scaling, use_tis=args.use_tis, tis_clip=args.tis_clip, seed=args.seed,
-                   threads=args.threads, tiny_d_model=args.d_model, tiny_layers=args.layers, profile=args.profile,
-                   task_length=args.task_length if args.task == "copy" else None, max_running=args.max_running,
-                   device=args.device, gap_decomposition=not args.no_gap)
+    spec = spec_from_args(args)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     from harness.main_job.job import mode_config
 
@@ -135,20 +160,10 @@ def _progress(total: int) -> Any:
 
 
 def _phases(r: Any) -> list[list[Any]]:
-    t0 = r.window[0]
-    open_at: dict[tuple[str, str], float] = {}
-    out: list[list[Any]] = []
-    for e in r.events:
-        if e.kind not in (ev.PHASE_START, ev.PHASE_END):
-            continue
-        key = (e["side"], e["phase"])
-        if e.kind == ev.PHASE_START:
-            open_at.setdefault(key, e.t)
-        elif key in open_at:
-            start = open_at.pop(key)
-            if e.t >= t0:
-                out.append([key[0], key[1], round(max(start, t0) - t0, 6), round(e.t - t0, 6)])
-    return out
+    """The mode's timeline, as ``harness.measure.overlap`` pairs and clips the phases."""
+    from harness.measure.overlap import phase_spans
+
+    return phase_spans(r.events, r.window)
 
 
 def _step_times(r: Any) -> list[float]:

@@ -35,7 +35,7 @@ from miles_async_core.errors import ConfigError
 from miles_async_core.rules import validate
 from miles_async_core.types import SamplingParams
 from harness.measure.ages import AgeRecorder
-from harness.measure.overlap import overlap_metrics
+from harness.measure.overlap import ideal_speedup, measurement_window, overlap_metrics
 from harness.sim.simulate import histogram
 from harness.trace import TraceRecorder
 
@@ -49,6 +49,10 @@ LAYOUTS = ("split", "colocate")
 
 @dataclass(frozen=True, kw_only=True)
 class RunSpec:
+    """The main job's settings. These defaults are the only ones: ``miles-harness run``'s
+    flags take theirs from here (``harness.commands.run.RUNSPEC_FLAGS``), so ``make run``
+    with no arguments runs ``RunSpec()``."""
+
     layout: str = "split"
     model: str = "tiny"
     task: str = "copy"
@@ -59,12 +63,12 @@ class RunSpec:
     tis_clip: float = 2.0
     seed: int = 0
     threads: int = 1
-    max_running: int = 64
-    tiny_d_model: int = 64
-    tiny_layers: int = 2
+    max_running: int = 16  # the engine's continuous-batching width (requests)
+    tiny_d_model: int = 256
+    tiny_layers: int = 4
     profile: str = "manual"
     device: str = "cpu"
-    task_length: int | None = None  # copy task: symbols to copy (longer -> more decode steps per rollout)
+    task_length: int | None = 3  # copy task only: symbols to copy (longer -> more decode steps); None: the task's own
     gap_decomposition: bool = True  # per-step kernel / staleness gap, computed after the timed run
 
     def __post_init__(self) -> None:
@@ -92,6 +96,15 @@ class ModeResult:
 
     def per_step(self, key: str) -> list[float]:
         return [r[key] for r in self.history if key in r]
+
+    @classmethod
+    def from_trace(cls, mode: str, config: AsyncConfig, history: list[dict], events: list[Any], t0: float,
+                   t1: float, **extra: Any) -> ModeResult:
+        """A mode's result from its trace: window and overlap measured by
+        ``harness.measure.overlap`` (the definition ``simulate`` reports too)."""
+        window = measurement_window(events, t0, t1)
+        return cls(mode=mode, config=config, history=history, events=events, window=window,
+                   overlap=overlap_metrics(events, window), **extra)
 
 
 def mode_config(mode: str, base: AsyncConfig, spec: RunSpec) -> AsyncConfig:
@@ -136,7 +149,7 @@ def _prompt_fn(task: Any, seed: int) -> Callable[[int], tuple[str, list[int], An
 def run_mode(mode: str, base: AsyncConfig, spec: RunSpec, *, on_step: Callable[[dict], None] | None = None
              ) -> ModeResult:
     config = mode_config(mode, base, spec)
-    task = get_task(spec.task, **({"length": spec.task_length} if spec.task_length else {}))
+    task = get_task(spec.task, **({"length": spec.task_length} if spec.task_length and spec.task == "copy" else {}))
     build = build_model_factory(spec, task)
     torch.manual_seed(spec.seed)
     torch.set_num_threads(spec.threads)
@@ -175,22 +188,14 @@ def run_mode(mode: str, base: AsyncConfig, spec: RunSpec, *, on_step: Callable[[
         error = f"{type(exc).__name__}: {exc}"
     ctx, sink = holder.get("ctx"), holder.get("sink")
     events = sink.events if sink else []
-    window = _window(events, holder.get("t0", 0.0), holder.get("t1", 0.0))
     engine = holder.get("engine")
     history = ctx.history if ctx else []
     gap_summary = gap.finish(history) if gap is not None else None
     worker_error = getattr(ctx, "worker_error", None)
-    return ModeResult(mode=mode, config=config, history=history, events=events, window=window,
-                      overlap=overlap_metrics(events, window), error=error,
-                      engine_sync=list(getattr(engine, "sync_s", [])), gap_summary=gap_summary,
-                      worker_error=f"{type(worker_error).__name__}: {worker_error}" if worker_error else None)
-
-
-def _window(events: list[Any], t0: float, t1: float) -> tuple[float, float]:
-    """From the first generate to the end of the last training step (setup excluded)."""
-    starts = [e.t for e in events if e.kind == ev.GENERATE_START]
-    ends = [e.t for e in events if e.kind == ev.PHASE_END and e["side"] == "train" and e["phase"] == "training"]
-    return (starts[0] if starts else t0, ends[-1] if ends else t1)
+    return ModeResult.from_trace(
+        mode, config, history, events, holder.get("t0", 0.0), holder.get("t1", 0.0), error=error,
+        engine_sync=list(getattr(engine, "sync_s", [])), gap_summary=gap_summary,
+        worker_error=f"{type(worker_error).__name__}: {worker_error}" if worker_error else None)
 
 
 class _GapRecorder:
@@ -364,7 +369,7 @@ def summarize_mode(r: ModeResult, sync: ModeResult | None) -> dict[str, Any]:
         per_step = r.overlap["wall_s"] / len(r.history)
         R = sync.overlap["rollout_busy_s"] / len(sync.history)
         T = (sync.overlap["train_busy_s"] + sync.overlap["weight_sync_s"]) / len(sync.history)
-        ideal = (R + T) / max(R, T, 1e-12)
+        ideal = ideal_speedup(R, T)
         row.update(speedup=per_step_sync / per_step, ideal_speedup=ideal,
                    overlap_efficiency=(per_step_sync / per_step) / ideal, sync_rollout_s=R, sync_train_s=T)
     return row

@@ -10,6 +10,15 @@ Phases: side ``rollout`` phase ``generating`` (the engine's batch is busy); side
   rollout data (Miles' ``perf/wait_time_ratio``).
 * ``ideal_speedup = (R + T) / max(R, T)`` from a sync run's per-step rollout time R and
   train time T; ``overlap_efficiency = speedup / ideal_speedup``.
+
+This module is the one definition of how phase events pair into busy intervals and what
+the ratios mean: ``miles-harness simulate`` (``harness.sim.simulate.summarize``), the
+main job (``harness.main_job.job``, ``miles-harness run``) and its timeline plots and
+Chrome trace (``phase_spans``) all call it. Pairing: a phase's start opens it (a second
+start while open is ignored), its end closes it, a phase still open at the end of the
+window runs to that end, and overlapping intervals of one phase are merged. The window
+is ``measurement_window``: from the first generate to the end of the last training
+step (setup and teardown excluded), the same for simulated and real runs.
 """
 
 from __future__ import annotations
@@ -33,6 +42,31 @@ def intervals(events: Iterable[Any], side: str, phase: str, t_end: float) -> lis
     if start is not None:
         out.append((start, t_end))
     return merge(out)
+
+
+def measurement_window(events: Iterable[Any], t0: float, t1: float) -> Interval:
+    """From the first generate to the end of the last training step; ``(t0, t1)`` (the
+    run's start and end) stand in when the trace has no generate / no finished step."""
+    events = list(events)
+    starts = [e.t for e in events if e.kind == ev.GENERATE_START]
+    ends = [e.t for e in events if e.kind == ev.PHASE_END and e["side"] == "train" and e["phase"] == "training"]
+    return (starts[0] if starts else t0, ends[-1] if ends else t1)
+
+
+def phase_spans(events: Iterable[Any], window: Interval) -> list[list[Any]]:
+    """``[[side, phase, t0_s, t1_s], ...]`` of every phase's busy intervals (paired and
+    merged as ``intervals`` does), clipped to ``window`` and in seconds from its start:
+    the timeline the plots and the Chrome trace draw."""
+    events = list(events)
+    lo, hi = window
+    keys = list(dict.fromkeys((e["side"], e["phase"]) for e in events if e.kind in (ev.PHASE_START, ev.PHASE_END)))
+    out: list[list[Any]] = []
+    for side, phase in keys:
+        for a, b in intervals(events, side, phase, hi):
+            a, b = max(a, lo), min(b, hi)
+            if a < b:
+                out.append([side, phase, round(a - lo, 6), round(b - lo, 6)])
+    return sorted(out, key=lambda x: (x[2], x[3], x[0], x[1]))
 
 
 def merge(iv: list[Interval]) -> list[Interval]:
@@ -64,6 +98,7 @@ def intersect(x: list[Interval], y: list[Interval]) -> list[Interval]:
 
 
 def overlap_metrics(events: list[Any], window: Interval) -> dict[str, float]:
+    """Busy seconds per phase and the ratios above, over ``window`` (see ``measurement_window``)."""
     t_end = window[1]
     gen = intervals(events, "rollout", "generating", t_end)
     train = intervals(events, "train", "training", t_end)

@@ -21,6 +21,7 @@ from miles_async_core.drivers import make_context, run
 from miles_async_core.drivers.common import RunContext
 from miles_async_core.types import Sample, SamplingParams
 from harness.measure.ages import AgeRecorder
+from harness.measure.overlap import measurement_window, overlap_metrics
 from harness.sim.scenario import Scenario
 from harness.sim.engine import SimEngine, _uniform
 from harness.sim.trainer import SimTrainer
@@ -103,23 +104,6 @@ def _emit_run_end(ctx: RunContext) -> None:
     ctx.sink.emit(ev.RUN_END, pending_groups=pending)
 
 
-def _phase_totals(events: list[Event], wall_s: float) -> dict[tuple[str, str], float]:
-    """Seconds spent in each (side, phase), from matched start/end events."""
-    open_at: dict[tuple[str, str], list[float]] = {}
-    totals: dict[tuple[str, str], float] = {}
-    for e in events:
-        if e.kind not in (ev.PHASE_START, ev.PHASE_END):
-            continue
-        key = (e["side"], e["phase"])
-        if e.kind == ev.PHASE_START:
-            open_at.setdefault(key, []).append(e.t)
-        elif open_at.get(key):
-            totals[key] = totals.get(key, 0.0) + e.t - open_at[key].pop()
-    for key, starts in open_at.items():
-        totals[key] = totals.get(key, 0.0) + sum(wall_s - t for t in starts)
-    return totals
-
-
 def histogram(values: list[int]) -> dict[int, int]:
     out: dict[int, int] = {}
     for v in values:
@@ -127,16 +111,21 @@ def histogram(values: list[int]) -> dict[int, int]:
     return dict(sorted(out.items()))
 
 
+# The ratios `simulate` and `run` both report, defined once in harness.measure.overlap.
+OVERLAP_RATIOS = ("both_busy_fraction", "rollout_idle_ratio", "train_idle_ratio", "wait_time_ratio")
+
+
 def summarize(result: SimResult) -> dict[str, Any]:
+    """The run's summary; phase time and the overlap ratios are measured over
+    ``harness.measure.overlap.measurement_window`` (first generate to the last training
+    step's end), exactly as the main job measures them."""
     h = result.history
     taken = sum(1 for e in result.events if e.kind == ev.TAKEN)
     handler = [e for e in result.events if e.kind == ev.HANDLER]
     dropped = [e for e in result.events if e.kind == ev.DROPPED]
     retried = sum(1 for e in result.events if e.kind == ev.RECYCLED)
     queue = [r.get("rollout/fully_async/queue_size") for r in h if "rollout/fully_async/queue_size" in r]
-    phases = _phase_totals(result.events, result.wall_s)
-    wall = result.wall_s or 1.0
-    generating = phases.get(("rollout", "generating"), 0.0)
+    o = overlap_metrics(result.events, measurement_window(result.events, 0.0, result.wall_s))
     return {
         "steps": len(h),
         "wall_s": result.wall_s,
@@ -151,13 +140,14 @@ def summarize(result: SimResult) -> dict[str, Any]:
         "drop_reasons": histogram([e["reason"] for e in dropped]),  # type: ignore[arg-type]
         "queue_size_mean": sum(queue) / len(queue) if queue else None,
         "queue_size_max": max(queue) if queue else None,
-        "train_waiting_s": phases.get(("train", "waiting"), 0.0),
-        "train_training_s": phases.get(("train", "training"), 0.0),
-        "weight_sync_s": phases.get(("train", "weight_sync"), 0.0),
-        "rollout_generating_s": generating,
-        "rollout_idle_s": max(0.0, result.wall_s - generating),
-        "train_wait_time_ratio": phases.get(("train", "waiting"), 0.0) / wall,
-        "rollout_idle_ratio": max(0.0, result.wall_s - generating) / wall,
+        # phase time and ratios: harness.measure.overlap, the same definition `run` reports
+        "window_s": o["wall_s"],
+        "train_waiting_s": o["train_waiting_s"],
+        "train_training_s": o["train_busy_s"],
+        "weight_sync_s": o["weight_sync_s"],
+        "rollout_generating_s": o["rollout_busy_s"],
+        "rollout_idle_s": max(0.0, o["wall_s"] - o["rollout_busy_s"]),
+        **{k: o[k] for k in OVERLAP_RATIOS},
         "error": repr(result.error) if result.error else None,
     }
 
@@ -168,7 +158,7 @@ def format_summary(s: dict[str, Any]) -> str:
 
     rows = [
         ("steps", s["steps"]),
-        ("simulated wall time", f"{s['wall_s']:.2f} s"),
+        ("simulated wall time", f"{s['wall_s']:.2f} s (measured window {s['window_s']:.2f} s)"),
         ("age at training, versions (Miles: recorded)", hist(s["age_versions"])),
         ("age at training, versions (true: oldest token)", hist(s["token_age_versions"])),
         ("policy lag, optimizer steps", hist(s["lag_steps"])),
@@ -177,9 +167,11 @@ def format_summary(s: dict[str, Any]) -> str:
         ("retried share", f"{s['retried_share']:.1%}"),
         ("queue size mean / max", "-" if s["queue_size_mean"] is None else
          f"{s['queue_size_mean']:.1f} / {s['queue_size_max']:.0f}"),
-        ("trainer waiting", f"{s['train_waiting_s']:.2f} s ({s['train_wait_time_ratio']:.1%} of wall)"),
+        ("trainer waiting", f"{s['train_waiting_s']:.2f} s ({s['wait_time_ratio']:.1%} of window)"),
         ("trainer training / weight sync", f"{s['train_training_s']:.2f} s / {s['weight_sync_s']:.2f} s"),
-        ("engine idle", f"{s['rollout_idle_s']:.2f} s ({s['rollout_idle_ratio']:.1%} of wall)"),
+        ("trainer idle", f"{s['train_idle_ratio']:.1%} of window"),
+        ("engine idle", f"{s['rollout_idle_s']:.2f} s ({s['rollout_idle_ratio']:.1%} of window)"),
+        ("both busy", f"{s['both_busy_fraction']:.1%} of window"),
     ]
     if s["error"]:
         rows.append(("run failed", s["error"]))
