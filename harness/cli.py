@@ -18,6 +18,7 @@ from miles_async_core.errors import ConfigError
 COMMANDS: dict[str, tuple[str, str]] = {
     "check": ("harness.commands.check", "validate a Miles command line against a rule profile"),
     "simulate": ("harness.commands.simulate", "run a scenario on virtual time with simulated backends"),
+    "check-trace": ("harness.commands.check_trace", "run every trace invariant checker on a stored JSONL trace"),
     "run": ("harness.commands.run", "real engine + trainer: sync vs one-step vs fully-async (the main job)"),
     "gap": ("harness.commands.gap", "kernel-level trainer-engine gap ablation with identical weights"),
     "compare": ("harness.commands.compare", "compare benchmark results files"),
@@ -26,7 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 
 # Commands whose trailing arguments are a Miles command line.
-PASSTHROUGH = ("check", "simulate", "run")
+PASSTHROUGH = ("check", "simulate", "run", "check-trace")
 
 
 def build_parser(command: str | None) -> argparse.ArgumentParser:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from miles_async_core.errors import ConfigError
 from miles_async_core.events import EVENT_FIELDS
 
 
@@ -69,10 +70,46 @@ def write_jsonl(events: Iterable[Event], path: str | Path) -> None:
             f.write(json.dumps(e.to_json(), sort_keys=True, separators=(",", ":")) + "\n")
 
 
+def config_path(trace_path: str | Path) -> Path:
+    """Where ``miles-harness simulate`` stores the config a trace was recorded under:
+    ``trace.jsonl`` -> ``trace.config.json``."""
+    p = Path(trace_path)
+    return p.with_name((p.name[: -len(p.suffix)] if p.suffix else p.name) + ".config.json")
+
+
 def read_jsonl(path: str | Path) -> list[Event]:
+    """A trace written by ``write_jsonl``, checked against the event schema
+    (``events.EVENT_FIELDS``): a line that is not one is a ``ConfigError`` naming the
+    file, the line, what is wrong and the fix."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"trace {path}: cannot read it ({exc.strerror or exc}). Fix: pass the JSONL trace "
+                          "`miles-harness simulate --trace PATH` wrote") from None
     out = []
-    for line in Path(path).read_text().splitlines():
-        d = json.loads(line)
+    for n, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        where = f"trace {path}, line {n}"
+        try:
+            d = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{where}: not JSON ({exc.msg}): {line[:80]!r}. Allowed: one JSON object per line, "
+                              "as `miles-harness simulate` writes. Fix: pass that file, or repair the line") from None
+        if not isinstance(d, dict) or not {"seq", "t", "kind"} <= set(d):
+            raise ConfigError(f"{where}: {line[:80]!r} lacks seq/t/kind. Allowed: "
+                              '{"seq": int, "t": seconds, "kind": ..., **fields}. Fix: pass a trace simulate wrote')
         seq, t, kind = d.pop("seq"), d.pop("t"), d.pop("kind")
-        out.append(Event(seq, t, kind, d))
+        if kind not in EVENT_FIELDS:
+            raise ConfigError(f"{where}: unknown event kind {kind!r}. Allowed: {', '.join(sorted(EVENT_FIELDS))}. "
+                              "Fix: remove the line or correct the kind")
+        missing = [f for f in EVENT_FIELDS[kind] if f not in d]
+        if missing:
+            raise ConfigError(f"{where}: event {kind!r} lacks fields {missing} (a {kind!r} event carries "
+                              f"{list(EVENT_FIELDS[kind])}). Fix: add them or remove the line")
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not isinstance(seq, int):
+            raise ConfigError(f"{where}: seq {seq!r} / t {t!r}; allowed: an integer seq and a number of seconds. "
+                              "Fix: correct the line")
+        out.append(Event(seq, float(t), kind, d))
     return out

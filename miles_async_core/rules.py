@@ -83,10 +83,6 @@ def _rule(rule_id: str, flags: tuple[str, ...], severity: str = "error"):
     return wrap
 
 
-def _script(c: AsyncConfig) -> str:
-    return f"{c.driver}.py"
-
-
 # ---- colocation and mode rules --------------------------------------------------------
 
 

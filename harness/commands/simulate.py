@@ -4,6 +4,8 @@
 
 With no scenario the built-in default runs (fully-async, B=16, n=4). Miles arguments
 after ``--`` override the scenario's config, and are validated with the rule profile.
+Next to the trace it writes the config the run used (``trace.config.json`` for
+``trace.jsonl``), which ``miles-harness check-trace`` reads back.
 """
 
 from __future__ import annotations
@@ -29,16 +31,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("miles_args", nargs=argparse.REMAINDER, help="Miles flags after --")
 
 
-def main(args: argparse.Namespace) -> int:
-    scenario = load_scenario(args.scenario) if args.scenario else DEFAULT_SCENARIO
-    extra = [a for a in args.miles_args if a != "--"]
-    cfg = scenario.config.to_dict()
+def overlay_miles_args(cfg: dict, miles_args: list[str]) -> dict:
+    """``cfg`` with the fields a Miles command line sets (those it moves off the
+    ``AsyncConfig`` defaults) replaced; prints the parser's notes."""
+    extra = [a for a in miles_args if a != "--"]
+    cfg = dict(cfg)
     if extra:
         parsed, notes = parse_miles_args(extra)
-        given = {k: v for k, v in parsed.to_dict().items() if v != getattr(AsyncConfig(), k)}
-        cfg.update(given)
+        cfg.update({k: v for k, v in parsed.to_dict().items() if v != getattr(AsyncConfig(), k)})
         for note in notes:
             print(f"note: {note}")
+    return cfg
+
+
+def main(args: argparse.Namespace) -> int:
+    scenario = load_scenario(args.scenario) if args.scenario else DEFAULT_SCENARIO
+    cfg = overlay_miles_args(scenario.config.to_dict(), args.miles_args)
     if args.num_rollout is not None:
         cfg["num_rollout"] = args.num_rollout
     config = AsyncConfig.from_dict(cfg)
@@ -49,14 +57,17 @@ def main(args: argparse.Namespace) -> int:
     result = simulate(scenario)
     summary = summarize(result)
     if args.trace:
-        from harness.trace import write_jsonl
+        from harness.trace import config_path, write_jsonl
 
         write_jsonl(result.events, args.trace)
+        config_path(args.trace).write_text(json.dumps(
+            {"scenario": scenario.name, "config": config.to_dict(), "complete": result.error is None},
+            indent=1, sort_keys=True) + "\n")
     if args.json:
         print(json.dumps(summary, default=str, sort_keys=True))
     else:
         print(f"scenario: {scenario.name}")
         print(format_summary(summary))
         if args.trace:
-            print(f"trace: {Path(args.trace)} ({len(result.events)} events)")
+            print(f"trace: {Path(args.trace)} ({len(result.events)} events; its config: {config_path(args.trace)})")
     return 1 if result.error else 0

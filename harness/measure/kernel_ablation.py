@@ -23,8 +23,14 @@ one padded full forward). Rows switch one factor at a time away from the baselin
 
 Each row reports ``abs_diff_mean``/``abs_diff_max`` (pooled over tokens),
 ``train_rollout_logprob_abs_diff`` and ``train_rollout_kl`` (Miles' k3, sample-mean
-reduced), ``tis_p99``/``tis_max`` and the fraction of bitwise-equal tokens; the
-per-sequence mean |Δlogp| list is the raw sample set for ``harness.results.schema``.
+reduced), ``tis_p99``/``tis_max``, the fraction of bitwise-equal tokens, and what a
+MIS correction (``examples/train_infer_mismatch_helper/mis.py`` with its ``mis.yaml``
+defaults: token-level TIS truncated at 2, rejection outside [0.5, 2], veto below 1e-4)
+would make of this gap: ``mis_rs_mask_fraction`` (share of tokens its rejection sampling
+masks; table column "MIS rejected"), ``mis_rs_catastrophic_seq_fraction`` (share of
+sequences its veto drops; "MIS vetoed") and, in the rows only, ``mis_chi2_token``
+(mis.py's per-sequence mean rho^2 - 1, an estimate that can dip below 0 at float-noise gaps);
+the per-sequence mean |Δlogp| list is the raw sample set for ``harness.results.schema``.
 """
 
 from __future__ import annotations
@@ -214,6 +220,10 @@ def gap_row(factor: str, setting: str, engine: str, trainer: str, samples: list[
         "abs_diff_mean": rep.abs_diff_mean, "abs_diff_max": rep.abs_diff_max,
         "train_rollout_logprob_abs_diff": rep.train_rollout_logprob_abs_diff,
         "train_rollout_kl": rep.train_rollout_kl, "tis_p99": rep.tis_p99, "tis_max": rep.tis_max,
+        "mis_chi2_token": rep.mis.get("mis_chi2_token", 0.0),
+        "mis_rs_mask_fraction": (rep.mis.get("mis_rs_mask_fraction_low", 0.0)
+                                 + rep.mis.get("mis_rs_mask_fraction_high", 0.0)),
+        "mis_rs_catastrophic_seq_fraction": rep.mis.get("mis_rs_catastrophic_seq_fraction", 0.0),
         "bitwise_equal_fraction": equal / n_tokens if n_tokens else 1.0,
         "all_bitwise_equal": all(torch.equal(t, r) for t, r in zip(train, rollout)),
         "per_seq_abs_diff": [float((t.double() - r.double()).abs().mean()) for t, r in zip(train, rollout)],
@@ -222,7 +232,8 @@ def gap_row(factor: str, setting: str, engine: str, trainer: str, samples: list[
 
 def na_row(factor: str, setting: str, note: str) -> dict[str, Any]:
     keys = ("abs_diff_mean", "abs_diff_max", "train_rollout_logprob_abs_diff", "train_rollout_kl", "tis_p99",
-            "tis_max", "bitwise_equal_fraction", "all_bitwise_equal")
+            "tis_max", "mis_chi2_token", "mis_rs_mask_fraction", "mis_rs_catastrophic_seq_fraction",
+            "bitwise_equal_fraction", "all_bitwise_equal")
     return {"factor": factor, "setting": setting, "engine": "-", "trainer": "-", "note": note, "num_seqs": 0,
             "num_tokens": 0, **dict.fromkeys(keys), "per_seq_abs_diff": []}
 
@@ -338,6 +349,7 @@ class Ablation:
 COLUMNS = (("factor", "factor", "s"), ("setting", "setting", "s"), ("mean |dlogp|", "abs_diff_mean", ".2e"),
            ("max |dlogp|", "abs_diff_max", ".2e"), ("k3 KL", "train_rollout_kl", ".2e"),
            ("tis p99", "tis_p99", ".6f"), ("tis max", "tis_max", ".6f"),
+           ("MIS rejected", "mis_rs_mask_fraction", ".2%"), ("MIS vetoed", "mis_rs_catastrophic_seq_fraction", ".1%"),
            ("bitwise equal", "bitwise_equal_fraction", ".1%"), ("note", "note", "s"))
 
 

@@ -115,3 +115,18 @@ def test_cuda_is_refused_with_a_fix_when_torch_sees_no_gpu():
         pytest.skip("a CUDA device is present, so --device cuda is valid here")
     with pytest.raises(ConfigError, match="--device cuda.*fix"):
         AblationConfig(device="cuda")
+
+
+def test_the_mis_columns_say_what_a_mis_correction_would_reject(rows):
+    for dtype in ("fp32", "bf16"):  # no gap: nothing to reject or veto
+        r = rows[("true_on_policy", dtype)]
+        assert r["mis_rs_mask_fraction"] == 0.0 and r["mis_rs_catastrophic_seq_fraction"] == 0.0
+        assert r["mis_chi2_token"] == 0.0
+    # one token of three out of mis.yaml's [0.5, 2] ratio band; one far below the 1e-4 veto
+    high = Sample(prompt_tokens=[3], response_tokens=[4, 5, 6], rollout_log_probs=[-1.0, -1.0, -1.0])
+    row = gap_row("f", "s", "e", "t", [high], [torch.tensor([-1.0, 0.0, -1.0])])
+    assert row["mis_rs_mask_fraction"] == pytest.approx(1 / 3) and row["mis_rs_catastrophic_seq_fraction"] == 0.0
+    row = gap_row("f", "s", "e", "t", [high], [torch.tensor([-1.0, -11.0, -1.0])])
+    assert row["mis_rs_mask_fraction"] == pytest.approx(1 / 3) and row["mis_rs_catastrophic_seq_fraction"] == 1.0
+    table = format_table([row])
+    assert "MIS rejected" in table and "33.33%" in table and "MIS vetoed" in table

@@ -87,10 +87,6 @@ def is_fully_async(config: AsyncConfig) -> bool:
     return bool(config.fully_async)
 
 
-def is_one_step(config: AsyncConfig) -> bool:
-    return config.driver == "train_async" and not config.fully_async
-
-
 Checker = Callable[[list[Event], AsyncConfig], list[Violation]]
 
 
