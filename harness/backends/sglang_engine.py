@@ -2,7 +2,7 @@
 
 Two layers:
 
-* a pure translation layer, tested on CPU against recorded response shapes
+* a pure translation layer, tested on CPU against hand-written response shapes
   (``fixtures/sglang/*.json``): ``build_generate_request`` turns a ``Sample`` into
   ``async_generate`` keyword arguments, ``apply_generate_output`` writes SGLang's
   output dict back into the ``Sample``;

@@ -1,4 +1,4 @@
-"""The SGLang adapter on CPU: the translation layer against the recorded output shapes
+"""The SGLang adapter on CPU: the translation layer against hand-written output shapes
 in ``fixtures/sglang/``, and the I/O layer against a fake engine (no sglang needed)."""
 
 from __future__ import annotations
@@ -46,13 +46,13 @@ def apply_case(case: dict, sample: Sample | None = None) -> Sample:
 
 
 # --- translation layer --------------------------------------------------------------------------
-def test_every_recorded_case_is_covered():
+def test_every_hand_written_case_is_covered():
     assert set(CASES) >= {"completed", "truncated", "aborted_mid_pause", "retract_across_update",
                           "in_place_across_update", "default_initial_version"}
 
 
 @pytest.mark.parametrize("name", CASES)
-def test_recorded_output_fills_the_sample_as_expected(name):
+def test_hand_written_output_fills_the_sample_as_expected(name):
     case = load(name)
     sample = apply_case(case)
     expected = case["expected"]
