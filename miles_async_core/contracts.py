@@ -13,7 +13,8 @@ Engine contract (the semantics every backend must honour):
   the engine version when the output is emitted (SGLang's ``meta_info``). Status is
   ``COMPLETED``, ``TRUNCATED`` (hit ``max_new_tokens``) or ``ABORTED``. Cancelling
   the awaitable removes the request from the engine.
-* ``pause_generation(mode)`` stops every decode step before it returns:
+* ``pause_generation(mode)`` (``mode`` checked by ``check_pause_mode``: one of
+  ``config.PAUSE_GENERATION_MODES``) stops every decode step before it returns:
   ``abort`` finishes all in-flight requests now as ``ABORTED`` with their partial
   output and the pre-update version; ``retract`` frees their KV and puts them back
   in the waiting queue, so on resume the prompt and the tokens so far are prefilled
@@ -29,9 +30,19 @@ from __future__ import annotations
 
 from typing import Any, Awaitable, Protocol, runtime_checkable
 
+from miles_async_core.config import PAUSE_GENERATION_MODES
+from miles_async_core.errors import ConfigError
 from miles_async_core.types import Sample, SamplingParams
 
-PAUSE_MODES = ("abort", "retract", "in_place")
+
+def check_pause_mode(mode: str) -> None:
+    """Raise ``ConfigError`` unless ``mode`` is one of ``PAUSE_GENERATION_MODES``; every
+    engine calls this, so a bad mode reads the same whichever backend runs."""
+    if mode not in PAUSE_GENERATION_MODES:
+        raise ConfigError(
+            f"--pause-generation-mode {mode!r} is not one of {list(PAUSE_GENERATION_MODES)}. "
+            f"Fix: pass --pause-generation-mode with one of those values (retract is the default)."
+        )
 
 
 @runtime_checkable

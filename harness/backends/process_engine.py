@@ -25,9 +25,11 @@ from typing import Any, Callable
 import torch
 
 from miles_async_core import events as ev
-from miles_async_core.contracts import PAUSE_MODES, NullSink
-from miles_async_core.errors import ConfigError, EngineDeadError
-from miles_async_core.types import Sample, SamplingParams, Status, VersionRuns
+from miles_async_core.contracts import NullSink, check_pause_mode
+from miles_async_core.errors import EngineDeadError
+from miles_async_core.types import Sample, SamplingParams, Status
+
+from .engine_io import check_request, emit_finished, merge_result, request_for
 
 
 class EngineDiedError(EngineDeadError):
@@ -139,8 +141,9 @@ class ProcessEngine:
 
     def __init__(self, build_model: Callable[[], Any], initial_weights: dict[str, torch.Tensor], *,
                  max_running: int = 64, eos_token_id: int | None = None, seed: int = 0, num_threads: int = 1,
-                 sink: Any = None) -> None:
+                 sink: Any = None, max_seq_len: int | None = None) -> None:
         self.sink = sink or NullSink()
+        self.max_seq_len = max_seq_len  # the model's, for checking requests here; None: the child checks it
         self.seed = seed
         self.layout = WeightLayout.of(initial_weights)
         self.flat = torch.zeros(self.layout.numel, dtype=next(iter(initial_weights.values())).dtype).share_memory_()
@@ -165,6 +168,12 @@ class ProcessEngine:
 
     # --- contract --------------------------------------------------------------------------
     def generate(self, sample: Sample, sampling: SamplingParams) -> asyncio.Future:
+        from harness.backends.torch_engine import request_seed
+
+        prefix, budget = request_for(sample, sampling)
+        # a bad request raises here, in the caller; in the child it would end the process
+        check_request(prefix, budget, sampling.temperature, max_seq_len=self.max_seq_len,
+                      generated=len(sample.response_tokens))
         self._ensure_reader()
         fut = self._loop.create_future()
         if self._dead is not None:
@@ -172,10 +181,6 @@ class ProcessEngine:
             return fut
         req_id, self._next_id = self._next_id, self._next_id + 1
         self._futures[req_id] = (fut, sample)
-        from harness.backends.torch_engine import request_seed
-
-        prefix = list(sample.prompt_tokens) + list(sample.response_tokens)
-        budget = sampling.max_new_tokens - len(sample.response_tokens)
         if self.sink.enabled:
             self.sink.emit(ev.SUBMITTED, index=sample.index, group_index=sample.group_index,
                            version=self.weight_version)
@@ -184,8 +189,7 @@ class ProcessEngine:
         return fut
 
     async def pause_generation(self, mode: str) -> None:
-        if mode not in PAUSE_MODES:
-            raise ConfigError(f"--pause-generation-mode {mode!r}: allowed {list(PAUSE_MODES)}")
+        check_pause_mode(mode)
         in_flight = len(self._futures)
         finished = await self._call("pause", mode)
         self._resolve(finished)
@@ -282,18 +286,9 @@ class ProcessEngine:
             if entry is None or entry[0].done():
                 continue
             fut, s = entry
-            s.response_tokens = s.response_tokens + list(tokens)
-            s.rollout_log_probs = s.rollout_log_probs + list(log_probs)
-            merged = VersionRuns(s.token_versions.runs)
-            for v, kv, n in runs:
-                merged.append(v, kv, n)
-            s.token_versions = merged
-            s.weight_versions.append(str(version))
-            s.status = Status(status)
-            if self.sink.enabled:
-                self.sink.emit(ev.FINISHED, index=s.index, group_index=s.group_index, status=s.status.value,
-                               response_length=s.response_length, token_versions=s.token_versions.to_json(),
-                               weight_versions=list(s.weight_versions))
+            merge_result(s, tokens=tokens, log_probs=log_probs, token_runs=runs, weight_version=version,
+                         status=Status(status))
+            emit_finished(self.sink, s)
             fut.set_result(s)
 
     def _on_done(self, fut: asyncio.Future, req_id: int) -> None:

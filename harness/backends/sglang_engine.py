@@ -4,8 +4,9 @@ Two layers:
 
 * a pure translation layer, tested on CPU against hand-written response shapes
   (``fixtures/sglang/*.json``): ``build_generate_request`` turns a ``Sample`` into
-  ``async_generate`` keyword arguments, ``apply_generate_output`` writes SGLang's
-  output dict back into the ``Sample``;
+  ``async_generate`` keyword arguments (checked by ``engine_io.check_request``, as
+  every engine's requests are), ``apply_generate_output`` writes SGLang's output dict
+  back into the ``Sample`` (through ``engine_io.merge_result``, as every engine does);
 * ``SGLangEngine``, the thin I/O layer: it awaits the engine's tokenizer-manager
   coroutines on the caller's event loop and keeps its own record of pause/update
   events, which the translation layer needs to know what KV each token attended to.
@@ -92,9 +93,11 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Mapping, Sequence
 
 from miles_async_core import events as ev
-from miles_async_core.contracts import PAUSE_MODES, EventSink, NullSink
+from miles_async_core.contracts import EventSink, NullSink, check_pause_mode
 from miles_async_core.errors import ConfigError
 from miles_async_core.types import Sample, SamplingParams, Status, VersionRuns
+
+from .engine_io import check_request, emit_finished, merge_result, request_for
 
 _STATUS_BY_FINISH_TYPE = {"stop": Status.COMPLETED, "length": Status.TRUNCATED, "abort": Status.ABORTED}
 
@@ -120,21 +123,9 @@ def build_generate_request(sample: Sample, sampling: SamplingParams, *, rid: str
     ``sampling_overrides`` adds other SGLang sampling parameters (``stop_token_ids``,
     ``ignore_eos``, ``top_p`` ...); it may not set the two this harness owns.
     """
-    prefix = list(sample.prompt_tokens) + list(sample.response_tokens)
-    budget = sampling.max_new_tokens - len(sample.response_tokens)
-    if not sample.prompt_tokens:
-        raise ConfigError(
-            f"sample.prompt_tokens is empty for sample index={sample.index}; the SGLang adapter "
-            f"sends token ids, so a prompt needs at least one token. Fix: tokenize the prompt first."
-        )
-    if budget < 1:
-        raise ConfigError(
-            f"max_new_tokens={sampling.max_new_tokens} leaves {budget} new tokens after "
-            f"{len(sample.response_tokens)} already generated; allowed is >= 1. "
-            f"Fix: raise --rollout-max-response-len or drop finished samples before resubmitting."
-        )
-    if sampling.temperature < 0:
-        raise ConfigError(f"temperature={sampling.temperature} must be >= 0 (0 = greedy). Fix: pass --rollout-temperature >= 0.")
+    prefix, budget = request_for(sample, sampling)
+    # the server knows its context length; the rest is checked here, in the caller
+    check_request(prefix, budget, sampling.temperature, generated=len(sample.response_tokens))
     owned = sorted({"max_new_tokens", "temperature"} & set(sampling_overrides or {}))
     if owned:
         raise ConfigError(
@@ -230,14 +221,8 @@ def apply_generate_output(
         )
     runs, exact = token_versions_from_output(meta, len(tokens), updates=updates, initial_version=initial_version)
     carried_exact = sample.metadata.get("token_versions_exact", True) if sample.response_tokens else True
-    merged = VersionRuns(sample.token_versions.runs)
-    for version, kv_version, count in runs.runs:
-        merged.append(version, kv_version, count)
-    sample.response_tokens = sample.response_tokens + tokens
-    sample.rollout_log_probs = sample.rollout_log_probs + [float(e[0]) for e in entries]
-    sample.token_versions = merged
-    sample.weight_versions.append(str(meta["weight_version"]))
-    sample.status = status
+    merge_result(sample, tokens=tokens, log_probs=[e[0] for e in entries], token_runs=runs.runs,
+                 weight_version=meta["weight_version"], status=status)
     sample.metadata["token_versions_exact"] = exact and carried_exact
     sample.metadata["engine_version_at_submit"] = engine_version_at_submit
     sample.metadata["num_retractions"] = meta.get("num_retractions", 0)
@@ -299,11 +284,7 @@ class SGLangEngine:
         return asyncio.ensure_future(self._generate(sample, request, rid))
 
     async def pause_generation(self, mode: str) -> None:
-        if mode not in PAUSE_MODES:
-            raise ConfigError(
-                f"pause_generation_mode={mode!r} is not one of {list(PAUSE_MODES)}. "
-                f"Fix: pass --pause-generation-mode with one of those values."
-            )
+        check_pause_mode(mode)
         in_flight = len(self._in_flight)
         await self.engine.tokenizer_manager.pause_generation(self.io.PauseGenerationReqInput(mode=mode))
         self.paused_mode = mode
@@ -355,9 +336,5 @@ class SGLangEngine:
             self._in_flight.discard(rid)
         apply_generate_output(sample, output, engine_version_at_submit=version_at_submit,
                               updates=self.updates[first_update:], initial_version=self.initial_version)
-        if self.sink.enabled:
-            self.sink.emit(ev.FINISHED, index=sample.index, group_index=sample.group_index,
-                           status=sample.status.value, response_length=sample.response_length,
-                           token_versions=sample.token_versions.to_json(),
-                           weight_versions=list(sample.weight_versions))
+        emit_finished(self.sink, sample)
         return sample

@@ -5,6 +5,10 @@
 current weights, then runs one batched decode step in which every running request
 samples exactly one token. Requests join and leave between steps.
 
+Requests are checked by ``engine_io.check_request`` (in ``add_request`` and, so a bad
+one raises in the caller, in ``TorchEngine.generate``); results reach a ``Sample``
+through ``engine_io.merge_result``.
+
 Bookkeeping kept per request: the KV holds ``prompt + output[:-1]`` (the last token is
 the next decode input) and ``kv_version``, the weight version of the oldest entry in
 that KV. Every sampled token records ``(version, kv_version)`` into ``VersionRuns``.
@@ -15,8 +19,8 @@ distribution, ``log_softmax(logits / temperature)``, as SGLang does by default
 Miles' trainer divides its logits by ``rollout_temperature`` to match. Temperature 0 is
 greedy and reports ``log_softmax(logits)``. ``TorchTrainer`` uses the same rule.
 
-Pause modes (``contracts.py``, spec §5.2): ``abort`` finishes every running and waiting
-request now as ABORTED with its partial output; ``retract`` frees the KV of running
+Pause modes (``contracts.py``, spec §5.2; checked by ``contracts.check_pause_mode``):
+``abort`` finishes every running and waiting request now as ABORTED with its partial output; ``retract`` frees the KV of running
 requests and puts them at the front of the waiting queue, so they are re-prefilled
 under the weights current at re-admission; ``in_place`` keeps their KV, so after an
 update they decode with the new weights on top of the old KV. While paused ``step()``
@@ -43,10 +47,11 @@ from typing import Any, Callable
 import torch
 
 from miles_async_core import events as ev
-from miles_async_core.contracts import PAUSE_MODES, EventSink, NullSink
+from miles_async_core.contracts import EventSink, NullSink, check_pause_mode
 from miles_async_core.errors import ConfigError, EngineDeadError
 from miles_async_core.types import Sample, SamplingParams, Status, VersionRuns
 
+from .engine_io import check_request, emit_finished, merge_result, request_for
 from .torch_models import EngineModel
 
 
@@ -104,17 +109,7 @@ class EngineCore:
     # --- queue management ------------------------------------------------------------
     def add_request(self, req_id: Any, prompt_tokens: list[int], max_new_tokens: int,
                     temperature: float = 1.0, seed: int = 0) -> None:
-        total = len(prompt_tokens) + max_new_tokens
-        if not prompt_tokens:
-            raise ConfigError(f"request {req_id!r}: prompt_tokens is empty; a prompt needs at least one token.")
-        if max_new_tokens < 1 or total > self.model.max_seq_len:
-            raise ConfigError(
-                f"max_new_tokens={max_new_tokens} with a {len(prompt_tokens)}-token prompt: allowed is "
-                f"1 <= max_new_tokens and prompt + max_new_tokens <= max_seq_len={self.model.max_seq_len}. "
-                f"Fix: lower max_new_tokens or build the model with a larger max_seq_len."
-            )
-        if temperature < 0:
-            raise ConfigError(f"temperature={temperature} must be >= 0 (0 = greedy).")
+        check_request(prompt_tokens, max_new_tokens, temperature, max_seq_len=self.model.max_seq_len)
         gen = torch.Generator().manual_seed(int(seed) % (2**63))
         self._waiting.append(Request(req_id, list(prompt_tokens), max_new_tokens, float(temperature), gen))
 
@@ -254,14 +249,6 @@ class EngineCore:
             self._on_event(kind, **fields)
 
 
-def check_pause_mode(mode: str) -> None:
-    if mode not in PAUSE_MODES:
-        raise ConfigError(
-            f"pause_generation_mode={mode!r} is not one of {list(PAUSE_MODES)}. "
-            f"Fix: pass --pause-generation-mode with one of those values."
-        )
-
-
 def sample_tokens(logits: torch.Tensor, temperatures: list[float],
                   generators: list[torch.Generator]) -> tuple[list[int], list[float]]:
     """Sample one token per row; returns (tokens, log-probs under the sampling distribution)."""
@@ -277,15 +264,9 @@ def sample_tokens(logits: torch.Tensor, temperatures: list[float],
 
 def fill_sample(sample: Sample, done: FinishedRequest) -> Sample:
     """Write an engine result into ``sample`` (appending to any partial response)."""
-    sample.response_tokens = sample.response_tokens + done.output_tokens
-    sample.rollout_log_probs = sample.rollout_log_probs + done.log_probs
-    runs = VersionRuns(sample.token_versions.runs)
-    for version, kv_version, count in done.token_versions.runs:
-        runs.append(version, kv_version, count)
-    sample.token_versions = runs
-    sample.weight_versions.append(str(done.weight_version))
-    sample.status = done.status
-    return sample
+    return merge_result(sample, tokens=done.output_tokens, log_probs=done.log_probs,
+                        token_runs=done.token_versions.runs, weight_version=done.weight_version,
+                        status=done.status)
 
 
 def request_seed(base_seed: int, sample: Sample) -> int:
@@ -323,11 +304,11 @@ class TorchEngine:
         fut = self._loop.create_future()
         req_id, self._next_id = self._next_id, self._next_id + 1
         self._futures[req_id] = (fut, sample)
-        prefix = list(sample.prompt_tokens) + list(sample.response_tokens)
-        budget = sampling.max_new_tokens - len(sample.response_tokens)
+        prefix, budget = request_for(sample, sampling)
         seed = request_seed(self.seed, sample)
         try:  # the checks add_request makes, here so a bad request raises in the caller
-            _validate(self.core, prefix, budget, sampling.temperature)
+            check_request(prefix, budget, sampling.temperature, max_seq_len=self.core.model.max_seq_len,
+                          generated=len(sample.response_tokens))
         except ConfigError:
             del self._futures[req_id]
             raise
@@ -406,11 +387,7 @@ class TorchEngine:
                 continue
             fut, sample = entry
             fut.set_result(fill_sample(sample, done))
-            if self.sink.enabled:
-                self.sink.emit(ev.FINISHED, index=sample.index, group_index=sample.group_index,
-                               status=sample.status.value, response_length=sample.response_length,
-                               token_versions=sample.token_versions.to_json(),
-                               weight_versions=list(sample.weight_versions))
+            emit_finished(self.sink, sample)
 
     def _fail_all(self, exc: BaseException) -> None:
         for fut, _ in self._futures.values():
@@ -451,20 +428,6 @@ class TorchEngine:
             self._loop.call_soon_threadsafe(self._fail_all, exc)
 
 
-def _validate(core: EngineCore, prefix: list[int], budget: int, temperature: float) -> None:
-    """The checks ``add_request`` makes, run in the caller so a bad request raises there."""
-    if not prefix:
-        raise ConfigError("sample.prompt_tokens is empty; a prompt needs at least one token.")
-    if budget < 1 or len(prefix) + budget > core.model.max_seq_len:
-        raise ConfigError(
-            f"max_new_tokens leaves {budget} new tokens after a {len(prefix)}-token prefix; allowed is "
-            f">= 1 and prefix + new <= max_seq_len={core.model.max_seq_len}. "
-            f"Fix: lower --rollout-max-response-len or raise the model's max_seq_len."
-        )
-    if temperature < 0:
-        raise ConfigError(f"temperature={temperature} must be >= 0 (0 = greedy).")
-
-
 def _set_result(fut: asyncio.Future, value: Any) -> None:
     if not fut.done():
         fut.set_result(value)
@@ -483,8 +446,7 @@ def run_groups(core: EngineCore, groups: list[list[Sample]], sampling: SamplingP
     by_id: dict[tuple[str, int], Sample] = {}
     for group in groups:
         for sample in group:
-            prefix = list(sample.prompt_tokens) + list(sample.response_tokens)
-            budget = sampling.max_new_tokens - len(sample.response_tokens)
+            prefix, budget = request_for(sample, sampling)
             req_id = ("run_groups", len(by_id))
             core.add_request(req_id, prefix, budget, sampling.temperature, seed=request_seed(seed, sample))
             by_id[req_id] = sample

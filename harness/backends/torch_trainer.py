@@ -19,7 +19,8 @@ worker thread so the event loop is never blocked) does one optimizer step on B g
   (``interval``) or ``max_weight_staleness + 1`` (``staleness``); ``train/lr`` logs the
   rate the optimizer really used.
 
-``weight_version`` counts optimizer steps taken; ``get_weights()`` returns CPU copies.
+``optimizer_steps`` counts optimizer steps taken (not a weight version: versions count
+weight updates, ``RunContext.weight_version``); ``get_weights()`` returns CPU copies.
 """
 
 from __future__ import annotations
@@ -113,7 +114,7 @@ class TorchTrainer:
         self.config = config or TrainerConfig()
         self.optimizer = torch.optim.AdamW(model.module.parameters(), lr=self.config.effective_lr,
                                            weight_decay=self.config.weight_decay)
-        self.weight_version = 0
+        self.optimizer_steps = 0
 
     async def train(self, rollout_id: int, groups: list[Any]) -> dict[str, float]:
         metrics = await asyncio.to_thread(self.train_step, groups)
@@ -138,7 +139,7 @@ class TorchTrainer:
             self.optimizer.step()
             metrics.update(stats, **{"train/loss": float(loss.detach()), "train/grad_norm": float(grad_norm)})
         metrics["train/lr"] = float(self.optimizer.param_groups[0]["lr"])
-        self.weight_version += 1
+        self.optimizer_steps += 1
         self.model.module.eval()
         return metrics
 

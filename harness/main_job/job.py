@@ -236,7 +236,7 @@ class _GapRecorder:
             async def update_weights(self, version: int, weights: Any) -> None:
                 await engine.update_weights(version, weights)
                 # the driver's fresh get_weights() copy: kept as is, not copied again
-                tracker.on_engine_update(version, trainer.weight_version, weights, copy=False)
+                tracker.on_engine_update(version, trainer.optimizer_steps, weights, copy=False)
 
             async def continue_generation(self) -> None:
                 await engine.continue_generation()
@@ -249,16 +249,16 @@ class _GapRecorder:
         samples = [s for g in groups for s in iter_samples(g) if s.response_tokens]
         # The weights about to be trained were usually just loaded into the engine (and
         # stored): reuse that copy; copying again inside the timed run slowed each step.
-        version, store = trainer.weight_version, self.tracker.store
-        weights = store.get(version) if version in store else trainer.get_weights()
-        self.steps.append((rollout_id, samples, weights, version))
+        steps, store = trainer.optimizer_steps, self.tracker.store
+        weights = store.get(steps) if steps in store else trainer.get_weights()
+        self.steps.append((rollout_id, samples, weights, steps))
 
     def finish(self, history: list[dict]) -> dict[str, Any] | None:
         by_step = {h["rollout_id"]: h for h in history}
-        for rollout_id, samples, weights, version in self.steps:
+        for rollout_id, samples, weights, steps in self.steps:
             if rollout_id in by_step and samples:
                 by_step[rollout_id].update(self.tracker.observe(rollout_id, samples, current_weights=weights,
-                                                                current_version=version))
+                                                                optimizer_steps=steps))
         return self.tracker.summary() if self.tracker.decompositions else None
 
 
@@ -286,7 +286,8 @@ def _make_engine(spec: RunSpec, build: Callable[[], Any], trainer: TorchTrainer,
         from harness.backends.process_engine import ProcessEngine
 
         return ProcessEngine(build, trainer.get_weights(), max_running=spec.max_running,
-                             eos_token_id=task.eos_token_id, seed=spec.seed, num_threads=spec.threads, sink=sink)
+                             eos_token_id=task.eos_token_id, seed=spec.seed, num_threads=spec.threads, sink=sink,
+                             max_seq_len=trainer.model.max_seq_len)
     from harness.backends.torch_engine import EngineCore, TorchEngine
 
     engine_model = build()

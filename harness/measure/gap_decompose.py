@@ -117,7 +117,7 @@ def _check_sample(sample: Sample, current_version: int) -> None:
     if newest is not None and newest > current_version:
         raise ConfigError(
             f"sample {sample.index} has a token of version {newest}, newer than current_version={current_version}. "
-            "Fix: pass the trainer's weight version as current_version."
+            "Fix: pass current_version in the numbering the store uses (GapTracker: the trainer's optimizer_steps)."
         )
 
 
@@ -180,51 +180,57 @@ def summarize(decompositions: Sequence[GapDecomposition]) -> dict[str, Any]:
 
 
 class GapTracker:
-    """The decomposition wired to a training loop whose engine counts versions its own way.
+    """The decomposition wired to a training loop, measuring age in optimizer steps.
 
-    Drivers number engine weight versions by updates (``RunContext.weight_version``),
-    the trainer by optimizer steps. ``on_engine_update(engine_version, trainer_version,
-    weights)`` is called where the driver loads weights into the engine: the weights go
-    into the store under the trainer version. ``observe(step, samples, ...)`` is called
-    just before the optimizer step on ``samples``: token versions are translated to
-    trainer versions, so sample age is the policy lag in optimizer steps, and a token is
-    ``fresh`` only when it was sampled with exactly the weights being trained."""
+    A weight version counts weight updates (``RunContext.weight_version``, the engine's
+    ``weight_version``, every ``token_versions`` entry); the trainer counts optimizer
+    steps (``TorchTrainer.optimizer_steps``). With ``--update-weights-interval`` k > 1
+    the two differ, and the weights being trained are no engine version at all, so the
+    store is keyed by optimizer steps. ``on_engine_update(engine_version,
+    optimizer_steps, weights)`` is called where the driver loads weights into the
+    engine: the weights go into the store under the trainer's step count then.
+    ``observe(step, samples, ..., optimizer_steps=...)`` is called just before the
+    optimizer step on ``samples``: token versions are translated to the step count
+    their weights were taken at, so sample age is the policy lag in optimizer steps,
+    and a token is ``fresh`` only when it was sampled with exactly the weights being
+    trained."""
 
     def __init__(self, *, capacity: int, model_builder: Callable[[], EngineModel], temperature: float) -> None:
         self.store = VersionStore(capacity)
         self.model_builder, self.temperature = model_builder, temperature
         self.decompositions: list[GapDecomposition] = []
-        self._to_trainer: dict[int, int] = {}
+        self._to_steps: dict[int, int] = {}  # engine weight version -> optimizer steps of its weights
         self._model: EngineModel | None = None  # built once: a real model costs seconds to build
 
-    def on_engine_update(self, engine_version: int, trainer_version: int, weights: StateDict, *,
+    def on_engine_update(self, engine_version: int, optimizer_steps: int, weights: StateDict, *,
                          copy: bool = True) -> None:
-        self.store.put(trainer_version, weights, copy=copy)
-        self._to_trainer[int(engine_version)] = int(trainer_version)
+        self.store.put(optimizer_steps, weights, copy=copy)
+        self._to_steps[int(engine_version)] = int(optimizer_steps)
 
     def _translated(self, sample: Sample) -> Sample:
         runs = VersionRuns()
         for version, kv_version, count in sample.token_versions.runs:
-            missing = [v for v in (version, kv_version) if v not in self._to_trainer]
+            missing = [v for v in (version, kv_version) if v not in self._to_steps]
             if missing:
                 raise ConfigError(
                     f"sample {sample.index} has tokens of engine version {missing[0]}, which was never reported "
-                    f"(known: {sorted(self._to_trainer)}). Fix: call on_engine_update at every engine weight load, "
+                    f"(known: {sorted(self._to_steps)}). Fix: call on_engine_update at every engine weight load, "
                     "including the initial one."
                 )
-            runs.append(self._to_trainer[version], self._to_trainer[kv_version], count)
+            runs.append(self._to_steps[version], self._to_steps[kv_version], count)
         return dataclasses.replace(sample, token_versions=runs)
 
     def observe(self, step: int, samples: Sequence[Sample], *, current_weights: StateDict,
-                current_version: int) -> dict[str, float]:
-        """Decompose ``samples`` against the weights about to be trained; returns this
-        step's pooled aggregates under ``gap/`` keys (kept in ``decompositions`` too)."""
+                optimizer_steps: int) -> dict[str, float]:
+        """Decompose ``samples`` against the weights about to be trained (taken after
+        ``optimizer_steps`` steps); returns this step's pooled aggregates under ``gap/``
+        keys (kept in ``decompositions`` too)."""
         translated = [self._translated(s) for s in samples]
         if self._model is None:
             self._model = self.model_builder()
         model = self._model
         decomps = decompose_samples(translated, self.store, current_weights, lambda: model, self.temperature,
-                                    current_version=current_version, step=step)
+                                    current_version=optimizer_steps, step=step)
         self.decompositions += decomps
         return {f"gap/{k}": v for k, v in GapDecomposition.concat(decomps).aggregates().items()}
 

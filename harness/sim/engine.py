@@ -30,7 +30,8 @@ from statistics import NormalDist
 from typing import Any
 
 from miles_async_core import events as ev
-from miles_async_core.contracts import PAUSE_MODES, NullSink
+from harness.backends.engine_io import emit_finished, record_outcome
+from miles_async_core.contracts import NullSink, check_pause_mode
 from miles_async_core.errors import ConfigError
 from miles_async_core.types import Sample, SamplingParams, Status
 
@@ -159,8 +160,7 @@ class SimEngine:
         return fut
 
     async def pause_generation(self, mode: str) -> None:
-        if mode not in PAUSE_MODES:
-            raise ConfigError(f"pause mode {mode!r} is not one of {PAUSE_MODES}")
+        check_pause_mode(mode)
         if self.running and not self.paused:
             fut = asyncio.get_running_loop().create_future()
             self._pause = (mode, fut)
@@ -288,18 +288,12 @@ class SimEngine:
         self._account(req)
         req.state = _DONE
         self.running.pop(req.sample.index, None)
-        s = req.sample
-        s.weight_versions.append(str(self.weight_version))
-        if aborted:
-            s.status = Status.ABORTED
-        else:
-            s.status = Status.TRUNCATED if req.truncated else Status.COMPLETED
-        if self.sink.enabled:
-            if aborted:
-                self.sink.emit(ev.ABORTED, index=s.index, version=self.weight_version, generated_tokens=s.response_length)
-            self.sink.emit(ev.FINISHED, index=s.index, group_index=s.group_index, status=s.status.value,
-                           response_length=s.response_length, token_versions=s.token_versions.to_json(),
-                           weight_versions=list(s.weight_versions))
+        s = req.sample  # its tokens were appended as they were made (``_account``)
+        record_outcome(s, self.weight_version, Status.ABORTED if aborted else
+                       Status.TRUNCATED if req.truncated else Status.COMPLETED)
+        if aborted and self.sink.enabled:
+            self.sink.emit(ev.ABORTED, index=s.index, version=self.weight_version, generated_tokens=s.response_length)
+        emit_finished(self.sink, s)
         if not req.fut.done():
             if req.fail and not aborted:
                 req.fut.set_exception(EngineRequestError(f"injected failure of request index={s.index}"))

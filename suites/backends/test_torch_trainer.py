@@ -65,7 +65,7 @@ def test_the_log_prob_gap_is_numerics_only_with_identical_weights_and_grows_when
     sync_weights(core, trainer, 2)
     again = trainer.train_step(rollout(core, rng, 2, random_rewards=True))
     assert again["train/train_rollout_logprob_abs_diff"] < 1e-5
-    assert trainer.weight_version == 3
+    assert trainer.optimizer_steps == 3
 
 
 def test_tis_weights_are_the_clipped_ratio_of_trainer_to_rollout_probabilities():

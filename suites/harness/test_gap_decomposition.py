@@ -40,7 +40,7 @@ def one_step_ahead(k: int, *, steps: int, seed: int = 0) -> list:
     """Decompositions of every trained batch of a one-step-ahead loop with interval k.
 
     The engine numbers versions by updates as the drivers do (1 = the initial load);
-    ``GapTracker`` translates them to trainer versions (optimizer steps)."""
+    ``GapTracker`` translates them to the trainer's optimizer step counts."""
     torch.manual_seed(seed)
     rng = random.Random(seed)
     trainer = TorchTrainer(build(), TrainerConfig(lr=1e-3))
@@ -52,7 +52,7 @@ def one_step_ahead(k: int, *, steps: int, seed: int = 0) -> list:
         engine.pause("retract")
         engine.update_weights(engine.version + 1, weights)
         engine.resume()
-        tracker.on_engine_update(engine.version, trainer.weight_version, weights)
+        tracker.on_engine_update(engine.version, trainer.optimizer_steps, weights)
 
     sync_weights()
     sampling = SamplingParams(max_new_tokens=TASK.max_new_tokens, temperature=1.0)
@@ -71,10 +71,10 @@ def one_step_ahead(k: int, *, steps: int, seed: int = 0) -> list:
     for step in range(steps):
         batch, pending = pending, generate()  # one step ahead: the next batch is made first
         metrics = tracker.observe(step, [s for g in batch for s in g], current_weights=trainer.get_weights(),
-                                  current_version=trainer.weight_version)
+                                  optimizer_steps=trainer.optimizer_steps)
         assert metrics["gap/num_tokens"] == sum(s.response_length for g in batch for s in g)
         trainer.train_step(batch)
-        if trainer.weight_version % k == 0:
+        if trainer.optimizer_steps % k == 0:
             sync_weights()
     return tracker.decompositions
 
@@ -203,7 +203,7 @@ def test_the_tracker_refuses_a_sample_from_an_unreported_engine_version():
     s = Sample(prompt_tokens=[3], response_tokens=[4], rollout_log_probs=[-1.0], token_versions=VersionRuns([[2, 2, 1]]),
                index=5)
     with pytest.raises(ConfigError, match=r"sample 5 .*engine version 2.*known: \[1\].*on_engine_update"):
-        tracker.observe(0, [s], current_weights=build().weights_copy(), current_version=0)
+        tracker.observe(0, [s], current_weights=build().weights_copy(), optimizer_steps=0)
 
 
 def test_the_main_jobs_gap_recorder_copies_into_prepared_buffers_and_never_aliases_versions():
@@ -216,11 +216,11 @@ def test_the_main_jobs_gap_recorder_copies_into_prepared_buffers_and_never_alias
     recorder = _GapRecorder(RunSpec(steps=2), build)
     recorder.prepare(trainer)
     first = recorder.weights_copy(trainer)
-    recorder.tracker.on_engine_update(1, trainer.weight_version, first, copy=False)
-    stored = recorder.tracker.store.get(trainer.weight_version)
+    recorder.tracker.on_engine_update(1, trainer.optimizer_steps, first, copy=False)
+    stored = recorder.tracker.store.get(trainer.optimizer_steps)
     assert all(stored[k].data_ptr() == first[k].data_ptr() for k in first)  # no second copy
     recorder.record(0, [], trainer)
-    assert recorder.steps[0][2] is recorder.tracker.store.get(trainer.weight_version)  # reused, not copied
+    assert recorder.steps[0][2] is recorder.tracker.store.get(trainer.optimizer_steps)  # reused, not copied
 
     kept = {k: v.clone() for k, v in first.items()}
     with torch.no_grad():
