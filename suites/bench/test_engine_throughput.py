@@ -28,7 +28,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import time
 from pathlib import Path
 
@@ -37,6 +36,7 @@ import torch
 
 from harness.backends.torch_engine import EngineCore
 from harness.backends.torch_models import TinyLMConfig, build_hf_tiny_llama
+from harness.results.schema import git_info, machine_info, utc_now
 
 pytest.importorskip("transformers", reason="the bench compares against transformers' generate")
 
@@ -95,13 +95,6 @@ def run_hf_generate(hf, reqs: list[dict], eos: int | None) -> int:
     return produced
 
 
-def git_state() -> dict:
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], capture_output=True, text=True, check=False, cwd=ROOT).stdout.strip()
-
-    return {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
-
-
 def timed(fn) -> tuple[float, int]:
     t0 = time.perf_counter()
     produced = fn()
@@ -148,9 +141,9 @@ def test_engine_continuous_batching_vs_hf_generate_useful_tokens_per_s(capsys):
     doc = {
         "schema_version": 2,
         "bench": "engine_throughput",
-        "machine": {"platform": platform.platform(), "python": platform.python_version(),
+        "machine": {**machine_info(), "platform": platform.platform(), "python": platform.python_version(),
                     "torch": torch.__version__, "torch_threads": 1},
-        "git": git_state(),
+        "git": git_info(), "recorded_utc": utc_now(),
         "config": {"model": {"vocab_size": CFG.vocab_size, "d_model": CFG.d_model, "n_layers": CFG.n_layers,
                              "n_heads": CFG.n_heads, "attn_impl": CFG.attn_impl, "dtype": CFG.dtype},
                    "max_running": MAX_RUNNING, "eos_token_id": EOS, "rounds": ROUNDS,
