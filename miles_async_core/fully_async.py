@@ -30,7 +30,7 @@ from miles_async_core.errors import WorkerDiedError
 from miles_async_core.rollout import RewardFn, discard_tasks, submit_group
 from miles_async_core.scheduler import Progress, make_submission_scheduler
 from miles_async_core.types import (DataBufferConstructorInput, DataBufferInput, SamplingParams, first_sample,
-                                    iter_samples)
+                                    samples_of)
 
 logger = logging.getLogger(__name__)
 
@@ -161,7 +161,7 @@ class FullyAsyncRolloutFn:
         data = []
         while len(data) < args.rollout_batch_size:
             entry = await self._next_group(weight_version)
-            size = sum(1 for _ in iter_samples(entry.group))
+            size = len(samples_of(entry.group))
             assert size == args.n_samples_per_prompt, f"group has {size} samples, expected {args.n_samples_per_prompt}"
             data.append(entry.group)
         data.sort(key=lambda g: first_sample(g).index)

@@ -39,7 +39,8 @@ async def generate_and_rm_group(
     sample_done_callback: Callable | None = None,
     sink: Any = None,
 ) -> list[Sample]:
-    futs = [asyncio.ensure_future(engine.generate(s, sampling)) for s in group]
+    futs = [f if isinstance(f := engine.generate(s, sampling), asyncio.Future) else asyncio.ensure_future(f)
+            for s in group]
     return await await_group(futs, group, reward_fn=reward_fn, sample_done_callback=sample_done_callback, sink=sink)
 
 

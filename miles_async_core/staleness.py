@@ -9,13 +9,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from miles_async_core.types import iter_samples
+from miles_async_core.types import samples_of
 
 
 def group_oldest_weight_version(group: Any) -> int | None:
-    versions = [s.oldest_weight_version for s in iter_samples(group)]
-    numeric = [v for v in versions if v is not None]
-    return min(numeric) if numeric else None
+    oldest = None
+    for s in samples_of(group):
+        v = s.oldest_weight_version
+        if v is not None and (oldest is None or v < oldest):
+            oldest = v
+    return oldest
 
 
 def group_staleness(group: Any, current_version: int | None) -> int | None:

@@ -66,16 +66,24 @@ class VersionRuns:
     @property
     def oldest(self) -> int | None:
         runs = self.runs
-        if len(runs) == 1:
-            return runs[0][0]
-        return min((r[0] for r in runs), default=None)
+        if not runs:
+            return None
+        lo = runs[0][0]
+        for r in runs:  # a loop, not min(genexpr): a few runs per sample, many samples
+            if r[0] < lo:
+                lo = r[0]
+        return lo
 
     @property
     def newest(self) -> int | None:
         runs = self.runs
-        if len(runs) == 1:
-            return runs[0][0]
-        return max((r[0] for r in runs), default=None)
+        if not runs:
+            return None
+        hi = runs[0][0]
+        for r in runs:
+            if r[0] > hi:
+                hi = r[0]
+        return hi
 
     @property
     def oldest_kv(self) -> int | None:
@@ -159,6 +167,18 @@ def iter_samples(group: Any) -> Iterator[Sample]:
             yield item
         else:
             yield from iter_samples(item)
+
+
+def samples_of(group: Any) -> list[Sample]:
+    """``list(iter_samples(group))``, without a generator step per sample for the common
+    flat group (this runs several times per sample in long simulations)."""
+    out: list[Sample] = []
+    for item in group:
+        if isinstance(item, Sample):
+            out.append(item)
+        else:
+            out.extend(iter_samples(item))
+    return out
 
 
 def first_sample(group: Any) -> Sample:

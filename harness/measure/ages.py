@@ -19,13 +19,17 @@ from __future__ import annotations
 from typing import Any
 
 from miles_async_core.staleness import group_oldest_weight_version
-from miles_async_core.types import iter_samples
+from miles_async_core.types import samples_of
 
 
 def group_token_version(group: Any) -> int | None:
     """The oldest weight version of any token of any sample of ``group`` (None: no tokens)."""
-    oldest = [v for v in (s.token_versions.oldest for s in iter_samples(group)) if v is not None]
-    return min(oldest) if oldest else None
+    oldest = None
+    for s in samples_of(group):
+        v = s.token_versions.oldest
+        if v is not None and (oldest is None or v < oldest):
+            oldest = v
+    return oldest
 
 
 class AgeRecorder:
@@ -47,7 +51,7 @@ class AgeRecorder:
             if oldest is not None:
                 token.append(ctx.weight_version - oldest)
                 lag.append(ctx.trainer_steps - self.version_steps.get(oldest, 0))
-            tokens += sum(s.response_length for s in iter_samples(g))
+            tokens += sum([len(s.response_tokens) for s in samples_of(g)])
         return {"age_versions": miles, "token_age_versions": token, "lag_steps": lag, "tokens": tokens}
 
 

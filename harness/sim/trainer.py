@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from miles_async_core.errors import ConfigError
-from miles_async_core.types import iter_samples
+from miles_async_core.types import samples_of
 
 
 class TrainerStepError(RuntimeError):
@@ -36,8 +36,8 @@ class SimTrainer:
         self.consumed: list[list[int]] = []  # sample indices per step, for differential checks
 
     async def train(self, rollout_id: int, groups: list[Any]) -> dict[str, float]:
-        samples = [s for g in groups for s in iter_samples(g)]
-        tokens = sum(s.response_length for s in samples)
+        samples = [s for g in groups for s in samples_of(g)]
+        tokens = sum([len(s.response_tokens) for s in samples])
         if self.cfg.fail_at_step is not None and self.steps == self.cfg.fail_at_step:
             raise TrainerStepError(f"injected trainer failure at step {self.steps} (rollout_id={rollout_id})")
         await asyncio.sleep(self.cfg.step_base_s + self.cfg.per_token_s * tokens)

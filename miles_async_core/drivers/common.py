@@ -19,13 +19,13 @@ from typing import Any, Protocol
 
 from miles_async_core import events as ev
 from miles_async_core.contracts import NullSink, RolloutEngine, Trainer
-from miles_async_core.types import iter_samples
+from miles_async_core.types import iter_samples, samples_of
 
 
 def weight_version_metrics(groups: list) -> dict[str, float]:
     """`rollout/weight_version/*` as `miles/ray/rollout/metrics.py:L107-L111` computes them,
     plus this harness' true per-token figures under `rollout/token_version/*`."""
-    samples = [s for g in groups for s in iter_samples(g)]
+    samples = [s for g in groups for s in samples_of(g)]
     m: dict[str, float] = {}
     oldest, mixed, token_oldest, token_mixed, old_kv, tokens = [], 0, [], 0, 0, 0
     for s in samples:  # one pass: this runs on every step of long simulations

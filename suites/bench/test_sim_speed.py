@@ -1,23 +1,41 @@
 """Simulation speed: 1,000 fully-async steps with B = 64, n = 8 on virtual time.
 
-Reports CPU seconds and simulated samples per second (trace off, as a user running a
-long sweep would). Prints a table and then one JSON line for scripts. No wall-clock
-assertion: the acceptance figure (under 20 s of CPU) is read from the report.
+Reports CPU seconds (``time.process_time``) and simulated samples per CPU-second
+(trace off, as a user running a long sweep would): ``samples_per_cpu_s`` is samples
+trained (steps * B * n) per CPU-second; ``requests_per_cpu_s`` counts every generate
+request the engine served (retries included). Prints a table and then one JSON line
+last, for scripts. No wall-clock assertion: the acceptance figure (at least 50,000
+samples per CPU-second) is read from the report; the test asserts only that every
+step trained B * n samples.
+
+With ``MILES_HARNESS_WRITE_RESULTS=1`` the report (plus the git commit, a dirty flag
+and the machine) is also written to ``results/bench/sim_speed.json``.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
+from pathlib import Path
 
 import pytest
 
+from harness.results.schema import git_info, machine_info, utc_now
 from harness.sim.scenario import Scenario
 from harness.sim.trainer import SimTrainerConfig
 from harness.sim.simulate import simulate
 from miles_async_core.config import AsyncConfig
 
 STEPS, B, N = 1000, 64, 8
+RESULT_PATH = Path(__file__).resolve().parents[2] / "results/bench/sim_speed.json"
+
+
+def _write_result(report: dict) -> None:
+    RESULT_PATH.parent.mkdir(parents=True, exist_ok=True)
+    tmp = RESULT_PATH.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
+    tmp.replace(RESULT_PATH)
 
 
 @pytest.mark.bench
@@ -31,11 +49,17 @@ def test_simulation_speed_1000_fully_async_steps_b64_n8():
     assert len(result.history) == STEPS
     trained = sum(len(r["age_versions"]) for r in result.history) * N
     assert trained == STEPS * B * N
-    report = {"bench": "sim_speed", "steps": STEPS, "B": B, "n": N, "cpu_s": round(cpu_s, 3),
-              "wall_s": round(wall_s, 3), "simulated_s": round(result.wall_s, 1),
-              "samples_trained": trained, "requests": result.engine_stats["requests"],
-              "samples_per_cpu_s": round(result.engine_stats["requests"] / cpu_s),
-              "simulated_tokens": result.engine_stats["tokens"]}
-    print(f"\n{'steps':>8} {'cpu_s':>8} {'samples/cpu-s':>14} {'simulated_s':>12}")
-    print(f"{STEPS:>8} {cpu_s:>8.2f} {report['samples_per_cpu_s']:>14} {result.wall_s:>12.1f}")
-    print(json.dumps(report))
+    requests = result.engine_stats["requests"]
+    report = {"bench": "sim_speed", "steps": STEPS, "B": B, "n": N, "samples": trained, "cpu_s": round(cpu_s, 3),
+              "wall_s": round(wall_s, 3), "samples_per_cpu_s": round(trained / cpu_s),
+              "requests": requests, "requests_per_cpu_s": round(requests / cpu_s),
+              "simulated_s": round(result.wall_s, 1), "simulated_tokens": result.engine_stats["tokens"]}
+    if os.environ.get("MILES_HARNESS_WRITE_RESULTS") == "1":
+        git = git_info()
+        report.update(created_utc=utc_now(), git_commit=git["commit"] if git else None,
+                      git_dirty=git["dirty"] if git else None, machine=machine_info())
+        _write_result(report)
+    print(f"\n{'steps':>6} {'B':>4} {'n':>3} {'samples':>9} {'cpu_s':>8} {'samples/cpu-s':>14} {'simulated_s':>12}")
+    print(f"{STEPS:>6} {B:>4} {N:>3} {trained:>9} {cpu_s:>8.2f} {report['samples_per_cpu_s']:>14} "
+          f"{result.wall_s:>12.1f}")
+    print(json.dumps(report, sort_keys=True))
