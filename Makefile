@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test simulate clean
+.PHONY: run test simulate results clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -21,6 +21,10 @@ simulate: $(STAMP)
 
 test: $(STAMP)
 	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(BIN)/python -m pytest suites/ -q
+
+# Regenerates every committed result file at a clean HEAD (writes results/MANIFEST.json).
+results: $(STAMP)
+	$(BIN)/python -m harness.results.regenerate
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

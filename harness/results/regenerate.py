@@ -1,0 +1,116 @@
+"""``make results``: regenerate every committed result file, in one go, at a clean HEAD.
+
+Each step is a committed command that writes committed files. The run refuses a dirty
+tree (``--allow-dirty`` overrides, and the manifest then says so), runs the steps in
+order, and writes ``results/MANIFEST.json``: the commit, the dirty flag, and per step its
+command, outputs, wall time and exit code. A failing step stops the run (exit 1); its
+outputs are whatever the command left. README's "Measured here" table cites these files
+(``harness.results.figures`` checks it in CI).
+
+    python -m harness.results.regenerate [--only NAME,...] [--allow-dirty] [--list]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from harness.results.schema import git_info, machine_info, utc_now
+
+ROOT = Path(__file__).resolve().parents[2]
+PY = sys.executable
+CLI = [PY, "-m", "harness.cli"]
+BENCH = [PY, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", "-m", "bench"]
+WRITE = {"MILES_HARNESS_WRITE_RESULTS": "1"}
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    argv: list[str]
+    outputs: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+
+
+STEPS: list[Step] = [
+    Step("sim_speed", BENCH + ["suites/bench/test_sim_speed.py"], ["results/bench/sim_speed.json"], WRITE),
+    Step("engine_throughput", BENCH + ["suites/bench/test_engine_throughput.py"],
+         ["results/bench/engine_throughput.json"], WRITE),
+    Step("main_job_a", CLI + ["run", "--out", "results/cpu/run-a"], ["results/cpu/run-a"]),
+    Step("main_job_b", CLI + ["run", "--out", "results/cpu/run-b"], ["results/cpu/run-b"]),
+    Step("report", CLI + ["report", "results/cpu/run-a/results.json", "results/cpu/run-b/results.json",
+                          "--out", "results/cpu/report"], ["results/cpu/report"]),
+    Step("gap_tiny", CLI + ["gap", "--model", "tiny", "--device", "cpu", "--dtypes", "fp32,bf16,fp16",
+                            "--num-seqs", "16", "--max-new-tokens", "32", "--seed", "0", "--threads", "1",
+                            "--out", "results/gap/tiny-cpu"], ["results/gap/tiny-cpu"]),
+    Step("gap_smollm2", CLI + ["gap", "--model", "smollm2", "--device", "cpu", "--dtypes", "fp32,bf16,fp16",
+                               "--num-seqs", "4", "--max-new-tokens", "16", "--seed", "0", "--threads", "1",
+                               "--out", "results/gap/smollm2-cpu"], ["results/gap/smollm2-cpu"]),
+]
+
+
+def select(only: str | None) -> list[Step]:
+    if not only:
+        return list(STEPS)
+    names = [n.strip() for n in only.split(",") if n.strip()]
+    known = {s.name for s in STEPS}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise SystemExit(f"--only {only!r}: unknown step(s) {unknown}; allowed: {', '.join(sorted(known))}. "
+                         "Fix: name steps from --list.")
+    return [s for s in STEPS if s.name in names]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m harness.results.regenerate", description=__doc__.splitlines()[0])
+    p.add_argument("--only", default=None, help="comma list of step names (default: all)")
+    p.add_argument("--allow-dirty", action="store_true", help="run on a tree with uncommitted changes")
+    p.add_argument("--list", action="store_true", help="print the steps and exit")
+    args = p.parse_args(argv)
+    steps = select(args.only)
+    if args.list:
+        for s in steps:
+            print(f"{s.name:<18} {' '.join(s.argv[1:] if s.argv[0] == PY else s.argv)}  ->  {', '.join(s.outputs)}")
+        return 0
+    git = git_info() or {}
+    if git.get("dirty") and not args.allow_dirty:
+        print("make results: the tree has uncommitted changes, so the files would not match a commit. "
+              "Fix: commit or stash first, or pass --allow-dirty (recorded in results/MANIFEST.json).")
+        return 2
+    manifest = {"schema_version": 1, "started_utc": utc_now(), "git": git, "machine": machine_info(), "steps": []}
+    rc = 0
+    for step in steps:
+        print(f"== {step.name}: {' '.join(step.argv)}", flush=True)
+        t0 = time.perf_counter()
+        rc = subprocess.run(step.argv, cwd=ROOT, env={**os.environ, **step.env}, check=False).returncode
+        manifest["steps"].append({"name": step.name, "argv": step.argv[1:] if step.argv[0] == PY else step.argv,
+                                  "env": step.env, "outputs": step.outputs,
+                                  "wall_s": round(time.perf_counter() - t0, 1), "rc": rc})
+        if rc != 0:
+            print(f"make results: step {step.name} failed with exit {rc}; stopping")
+            break
+    _merge_manifest(manifest)
+    return 1 if rc else 0
+
+
+def _merge_manifest(manifest: dict) -> None:
+    """Keep earlier entries for steps not rerun (``--only``), so the file covers every output."""
+    path = ROOT / "results" / "MANIFEST.json"
+    earlier = json.loads(path.read_text()) if path.exists() else {}
+    ran = {s["name"] for s in manifest["steps"]}
+    kept = [dict(s, git=earlier.get("git")) if "git" not in s else s
+            for s in earlier.get("steps", []) if s["name"] not in ran]
+    for s in manifest["steps"]:
+        s["git"] = manifest["git"]
+    manifest["steps"] = kept + manifest["steps"]
+    path.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
