@@ -9,11 +9,16 @@ draws the same prompts.
 * ``copy``: prompt ``^abc=``, the response should start with the same symbols; reward =
   fraction of the prompt symbols reproduced position by position at the start of the
   response. Char-level vocabulary; the tiny model learns it from scratch in tens of
-  GRPO steps.
+  GRPO steps.  ``chance_level`` = ``1 / n_symbols``: the expected reward of the best
+  policy that ignores the prompt (each position's target is uniform over the symbols).
 * ``arithmetic``: ``What is 3+4?`` (inside the chat template when the tokenizer has
   one, else ``... Answer:``); reward 1 when the last integer in the response equals
   the sum. Built for SmolLM2-Instruct (its GGUF tokenizer), usable with any tokenizer
-  that has encode/decode.
+  that has encode/decode. ``chance_level`` = ``1 / (max_operand + 1)``: the reward of
+  the best constant answer, ``max_s P(a + b = s)``, reached at ``s = max_operand``.
+
+Every task has ``chance_level``: the expected reward of the best policy that ignores the
+prompt. A run learned the task only when its reward ends clearly above it.
 """
 
 from __future__ import annotations
@@ -63,6 +68,7 @@ class Task(Protocol):
     tokenizer: Any
     eos_token_id: int | None
     max_new_tokens: int
+    chance_level: float
 
     def sample_prompts(self, rng: random.Random, k: int) -> list[Sample]: ...
 
@@ -90,6 +96,11 @@ class CopyTask:
     def max_new_tokens(self) -> int:
         return self.length + 1  # the symbols, then EOS
 
+    @property
+    def chance_level(self) -> float:
+        """Best prompt-blind policy: any fixed symbol per position hits 1 in ``n_symbols``."""
+        return 1.0 / self.n_symbols
+
     def sample_prompts(self, rng: random.Random, k: int) -> list[Sample]:
         symbols = "abcdefgh"[: self.n_symbols]
         out = []
@@ -116,6 +127,12 @@ class ArithmeticTask:
     @property
     def eos_token_id(self) -> int | None:
         return getattr(self.tokenizer, "eos_token_id", None)
+
+    @property
+    def chance_level(self) -> float:
+        """Best constant answer: ``max_s P(a + b = s)`` for a, b uniform on 0..max_operand,
+        which is ``(m + 1) / (m + 1)**2`` at ``s = m``."""
+        return 1.0 / (self.max_operand + 1)
 
     def sample_prompts(self, rng: random.Random, k: int) -> list[Sample]:
         out = []

@@ -83,3 +83,34 @@ def test_an_unknown_task_name_raises_a_config_error_listing_the_allowed_names():
     assert get_task("copy", length=5).max_new_tokens == 6
     with pytest.raises(ConfigError, match="n_symbols=9"):
         CopyTask(n_symbols=9)
+
+
+@pytest.mark.parametrize("n_symbols,length", [(1, 1), (3, 2), (4, 2), (2, 3)])
+def test_copy_chance_level_is_the_best_prompt_blind_policys_expected_reward(n_symbols, length):
+    """Enumerate every fixed response and every label: the best fixed response's mean
+    reward over all labels is ``1 / n_symbols`` (and a random policy can only average it)."""
+    import itertools
+
+    task = CopyTask(n_symbols=n_symbols, length=length)
+    symbols = "abcdefgh"[:n_symbols]
+    labels = ["".join(p) for p in itertools.product(symbols, repeat=length)]
+
+    def mean_reward(response: str) -> float:
+        tokens = task.tokenizer.encode(response)
+        return sum(task.reward(Sample(label=lab, response_tokens=tokens)) for lab in labels) / len(labels)
+
+    best = max(mean_reward("".join(r)) for r in itertools.product(symbols, repeat=length))
+    assert best == pytest.approx(task.chance_level) == pytest.approx(1 / n_symbols)
+
+
+@pytest.mark.parametrize("max_operand", [0, 1, 4, 9])
+def test_arithmetic_chance_level_is_the_best_constant_answers_reward(max_operand):
+    task = ArithmeticTask(tokenizer=ByteTokenizer(), max_operand=max_operand)
+    pairs = [(a, b) for a in range(max_operand + 1) for b in range(max_operand + 1)]
+
+    def mean_reward(guess: int) -> float:
+        tokens = ByteTokenizer().encode(str(guess))
+        return sum(task.reward(Sample(label=str(a + b), response_tokens=tokens)) for a, b in pairs) / len(pairs)
+
+    best = max(mean_reward(s) for s in range(2 * max_operand + 1))
+    assert best == pytest.approx(task.chance_level) == pytest.approx(1 / (max_operand + 1))
