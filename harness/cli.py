@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "gap": ("harness.commands.gap", "kernel-level trainer-engine gap ablation with identical weights"),
     "compare": ("harness.commands.compare", "compare benchmark results files"),
     "report": ("harness.commands.report", "make PNG plots from results files"),
+    "serve": ("harness.commands.serve", "an SGLang-compatible HTTP server on the CPU torch engine"),
 }
 
 

@@ -15,6 +15,8 @@ package gets:
   directory or ``sys.path``; a bad value is a usage error naming the option, the value
   and the expected form, raised before any test runs.
 * the fixture ``data_buffer_factory``: that factory, or ``DefaultDataBuffer``.
+* the fixtures ``serve_factory`` and ``served_engine`` (``harness.serve.fixtures``): the
+  SGLang-compatible CPU server on a free port, stopped at teardown (``docs/serve.md``).
 * ``--py311-guard`` (opt-in; this project's root ``conftest.py`` turns it on for its own
   suites): on CPython 3.11, plain (caret-free) tracebacks in ``asyncio`` log records
   (``harness.checking.py311_guard``). Off by default, so a pytest run that merely has this
@@ -35,6 +37,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis.errors import InvalidArgument
 
 from harness.checking import py311_guard
+from harness.serve.fixtures import serve_factory, served_engine  # noqa: F401  (fixtures for any suite)
 
 OPTION = "--data-buffer"
 EXPECTED = "package.module:factory"

@@ -1,0 +1,55 @@
+"""`miles-harness serve [--model tiny|smollm2|DIR] [--port 0] [--host 127.0.0.1]`: an
+SGLang-compatible HTTP server on the CPU (``harness.serve``; ``docs/serve.md``).
+
+Prints ``serving http://HOST:PORT`` once it answers (with ``--port 0``, the port the
+system chose), then serves until interrupted (Ctrl-C / SIGTERM). ``--trace PATH``
+writes the trace (JSONL, ``miles-harness check-trace`` reads it) and
+``PATH.requests.json`` the HTTP request log on exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import threading
+import time
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="tiny", help="tiny (default), smollm2, or a local HF model directory")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=0, help="port (default 0: a free one, printed at start)")
+    parser.add_argument("--seed", type=int, default=0, help="tiny-model weights and default sampling seeds")
+    parser.add_argument("--max-running", type=int, default=16, help="continuous-batching slots (default 16)")
+    parser.add_argument("--weight-version", default="default", help="initial weight version (SGLang: default)")
+    parser.add_argument("--no-eos", action="store_true", help="never stop at EOS (requests run to max_new_tokens)")
+    parser.add_argument("--trace", default=None, help="write the trace JSONL here on exit")
+
+
+def main(args: argparse.Namespace) -> int:
+    t0 = time.perf_counter()
+    from harness.serve.server import ServedEngine, build_host
+
+    kwargs = {"eos_token_id": None} if args.no_eos else {}
+    host = build_host(args.model, seed=args.seed, max_running=args.max_running,
+                      weight_version=args.weight_version, **kwargs)
+    served = ServedEngine(host, bind=args.host, port=args.port).start()
+    print(f"serving {served.url} (model={args.model}, weight_version={host.weight_version}, "
+          f"started in {time.perf_counter() - t0:.2f} s)", flush=True)
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    try:
+        while not done.wait(1.0):
+            if served.thread is None or not served.thread.is_alive():
+                break
+    except KeyboardInterrupt:
+        pass
+    finally:
+        served.stop()
+        if args.trace:
+            host.trace.write_jsonl(args.trace)
+            with open(f"{args.trace}.requests.json", "w") as f:
+                json.dump(host.request_log, f, indent=1)
+            print(f"trace: {args.trace} ({len(host.trace.events)} events)", flush=True)
+    return 0
