@@ -17,6 +17,9 @@ package gets:
 * the fixture ``data_buffer_factory``: that factory, or ``DefaultDataBuffer``.
 * the fixtures ``serve_factory`` and ``served_engine`` (``harness.serve.fixtures``): the
   SGLang-compatible CPU server on a free port, stopped at teardown (``docs/serve.md``).
+* ``--miles-src=PATH`` (or ``$MILES_SRC``): the upstream Miles tree the upstream tier
+  (``suites/upstream``) runs; the fixture ``miles_src`` activates it or skips with the
+  reason (``harness.upstream.source``; default: the pinned tree beside the repository).
 * ``--py311-guard`` (opt-in; this project's root ``conftest.py`` turns it on for its own
   suites): on CPython 3.11, plain (caret-free) tracebacks in ``asyncio`` log records
   (``harness.checking.py311_guard``). Off by default, so a pytest run that merely has this
@@ -66,6 +69,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="DataBuffer factory the buffer conformance suite checks: a callable taking "
                          "DataBufferConstructorInput(args, unused_handler_fn) and returning a DataBuffer "
                          "(default: miles_async_core.buffer.DefaultDataBuffer)")
+    group.addoption("--miles-src", action="store", default=None, metavar="PATH",
+                    help="upstream Miles checkout for the upstream tier (default: $MILES_SRC, else the pinned "
+                         "tree ../shared/third_party/miles-31f1ca9 when present; none: the tier skips)")
     group.addoption(GUARD_OPTION, action="store_true", default=False,
                     help="on CPython 3.11, render asyncio log tracebacks without caret anchors, so a leaked "
                          "task's traceback cannot corrupt ast.parse in another test (see "
@@ -131,3 +137,18 @@ def data_buffer_factory(pytestconfig: pytest.Config) -> Callable[..., Any]:
 
         return DefaultDataBuffer
     return factory
+
+
+@pytest.fixture(scope="session")
+def miles_src(pytestconfig: pytest.Config) -> Any:
+    """The upstream Miles tree, activated (on ``sys.path``, stand-ins applied); skips the
+    test with the reason when there is none or it does not import here."""
+    from harness.upstream import source
+
+    path, how = source.find_miles_src(pytestconfig.getoption("--miles-src", default=None))
+    if path is None:
+        pytest.skip(how)
+    try:
+        return source.activate(path)
+    except source.UpstreamUnavailable as exc:
+        pytest.skip(f"upstream Miles ({how}) unavailable: {exc}")

@@ -7,7 +7,8 @@ reason ``aborted``; ``stale_groups_filtered`` = ``stale_rejected``; ``avg/max_st
 over the non-None staleness of every group popped (``got`` and ``stale_rejected``,
 §10.1 as decided in `buffer.py`), absent when none; ``queue_size`` = the queue the trace
 holds at the drain's end; ``handler_dropped`` / ``handler_retried`` / ``handler_retry_cap``
-= ``dropped(handler_drop:*)`` / ``recycled`` / ``dropped(retry_cap:*)``.
+= ``dropped(handler_drop:*)`` / ``recycled`` / ``dropped(retry_cap:*)``, checked when the
+drain reports them (upstream Miles, run by ``harness.upstream.host``, has no such counters).
 """
 
 from __future__ import annotations
@@ -65,6 +66,10 @@ def check_drain_metrics(events: list[Event], config: AsyncConfig) -> list[Violat
             popped = []
         elif k == ev.METRICS and expect is not None:
             m = e["metrics"]
+            if not any(key.startswith(P + "handler_") for key in m):
+                # The handler counters are this core's extension; upstream Miles reports
+                # none (a trace of upstream's code, harness.upstream.host), so none is checked.
+                expect = {key: want for key, want in expect.items() if not key.startswith(P + "handler_")}
             bad = {key: (m.get(key), want) for key, want in expect.items() if not _close(m.get(key), want)}
             if bad:
                 detail = ", ".join(f"{key.removeprefix(P)}: reported {got}, trace says {want}"

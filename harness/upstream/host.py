@@ -1,0 +1,591 @@
+"""A Miles host on virtual time: upstream's own drivers and rollout code, unmodified, on
+the harness' ``SimEngine`` and ``SimTrainer``.
+
+What runs as upstream wrote it (imported from the tree ``harness.upstream.source``
+found): the driver loop of ``train_async.py`` / ``train.py`` (the file is executed as a
+module, then its Ray-bound names are rebound, below), ``FullyAsyncRolloutFn``,
+``InferenceRolloutFn`` (one-step / sync), ``DefaultDataBuffer``, the submission
+schedulers, ``RolloutDataSourceWithBuffer`` reading a JSONL prompt file through a small
+local tokenizer, ``generate_and_rm(_group)``, the single-turn ``generate`` and its
+sample update from SGLang's response fields, the reward dispatch (``async_rm`` with
+``--custom-rm-path``) and the dynamic-filter call.
+
+What is stood in, and where (every stand-in is the harness' own code):
+
+* Ray: ``create_placement_groups`` / ``create_rollout_manager`` / ``create_training_models``
+  return in-process objects. ``rollout_manager.generate.remote(i)`` is the core's
+  ``RolloutManager.launch`` (version read once at launch, monotonic
+  ``set_weight_version``), which calls upstream's rollout function directly on the
+  virtual-time loop instead of on Miles' background loop thread; its post-processing
+  (``convert_samples_to_train_data``) becomes a snapshot of each upstream sample as a
+  core ``Sample``. The actor's ``update_weights`` is the core's weight updater
+  (pause -> load -> bump version -> continue -> ``set_weight_version``), its ``train``
+  the core's ``train_step`` on ``SimTrainer``. Eval, saving, logging, tracking,
+  control server and the object store are no-ops (the host sets no eval or save interval).
+* HTTP: ``post`` in ``single_turn`` (``/generate``) and in ``inference_rollout_train``
+  (``/abort_request``) and ``get`` (``/workers``) are served by ``SimEngine``. A
+  ``/generate`` call returns what SGLang returns: ``text``, and in ``meta_info``
+  ``output_token_logprobs`` ``[(logprob, token), ...]``, ``finish_reason.type``
+  (``stop`` / ``length`` / ``abort``) and ``weight_version``; upstream's
+  ``update_sample_from_response`` applies them. ``abort_request`` with ``abort_all``
+  aborts whatever the engine is running (nothing when it is idle, as SGLang).
+* Which sample a ``/generate`` call is for: the payload carries only token ids, so the
+  host installs a ``TrajectoryLifecycle`` sink (upstream's dashboard seam), whose
+  ``gen_start(sample)`` runs in the sample's task just before the call.
+
+Events are recorded from outside upstream's code: the engine (as for the core), the
+data source (instance methods wrapped: ``taken``, ``recycled``), the buffer (an upstream
+``DefaultDataBuffer`` built through ``--custom-async-data-buffer-path`` whose instance
+methods are wrapped), the unused-samples handler, the drains, the trainer and the weight
+updates (the core's driver helpers), and the run end (what is still live).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import importlib.util
+import json
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from miles_async_core import events as ev
+from miles_async_core.contracts import NullSink
+from miles_async_core.drivers.common import RolloutManager, RunContext, train_step, update_weights
+from miles_async_core.types import Sample as CoreSample
+from miles_async_core.types import SamplingParams, Status
+from harness.measure.ages import AgeRecorder
+from harness.sim.engine import SimEngine, _uniform
+from harness.sim.scenario import Scenario
+from harness.sim.trainer import SimTrainer
+from harness.sim.vtime import run_virtual
+from harness.trace import Event, TraceRecorder
+from harness.upstream import source
+from harness.upstream.stand_ins import StandInCalled
+
+WORKER_URL = "http://sim-engine"
+ROUTER = ("sim-router", 0)
+
+
+# --------------------------------------------------------------------------- set-up pieces
+
+_TOKENIZER_DIR: Path | None = None
+_PROMPTS_FILE: Path | None = None
+
+
+def _local_assets() -> tuple[Path, Path]:
+    """A word-level tokenizer and a prompt file, made once per process in a temp dir (no
+    download): upstream's data source and ``GenerateState`` load them for real."""
+    global _TOKENIZER_DIR, _PROMPTS_FILE
+    if _TOKENIZER_DIR is None:
+        from tokenizers import Tokenizer, models, pre_tokenizers
+        from transformers import PreTrainedTokenizerFast
+
+        root = Path(tempfile.mkdtemp(prefix="miles-harness-upstream-"))
+        vocab = {"[UNK]": 0, "[EOS]": 1, **{f"w{i}": i + 2 for i in range(64)}}
+        tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
+        tok.pre_tokenizer = pre_tokenizers.Whitespace()
+        PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", eos_token="[EOS]").save_pretrained(root / "tok")
+        prompts = root / "prompts.jsonl"
+        prompts.write_text("".join(json.dumps({"text": f"w{k % 64} w{(k * 7) % 64}", "label": str(k)}) + "\n"
+                                   for k in range(256)))
+        _TOKENIZER_DIR, _PROMPTS_FILE = root / "tok", prompts
+    return _TOKENIZER_DIR, _PROMPTS_FILE  # type: ignore[return-value]
+
+
+def upstream_args(scenario: Scenario, *, dynamic_filter_path: str | None = None,
+                  generate_function_path: str | None = None, partial_rollout: bool | None = None) -> argparse.Namespace:
+    """The ``args`` upstream reads on the host's code paths: the scenario's Miles flags,
+    Miles' defaults for the rest (``miles/utils/arguments.py``), and the host's wiring."""
+    cfg = scenario.config
+    tok, prompts = _local_assets()
+    d = {k: v for k, v in cfg.to_dict().items() if k not in ("driver", "seed", "async_max_retries")}
+    d.update(
+        over_sampling_batch_size=cfg.resolved_over_sampling_batch_size,
+        partial_rollout=cfg.partial_rollout if partial_rollout is None else partial_rollout,
+        # the host's wiring
+        hf_checkpoint=str(tok), chat_template_path=None, prompt_data=str(prompts), input_key="text",
+        label_key="label", metadata_key="metadata", tool_key=None, multimodal_keys=None,
+        apply_chat_template=False, apply_chat_template_kwargs=None, rollout_max_prompt_len=None,
+        rollout_seed=cfg.seed, rollout_shuffle=False, rollout_global_dataset=True, dump_details=None,
+        buffer_filter_path=None, custom_rm_path="harness.upstream.host.sim_reward_rm", harness_seed=cfg.seed,
+        rm_type=None, group_rm=False, reward_key=None,
+        custom_async_data_buffer_path="harness.upstream.host.observed_default_buffer",
+        dynamic_sampling_filter_path=dynamic_filter_path, rollout_sample_filter_path=None,
+        rollout_all_samples_process_path=None, custom_generate_function_path=generate_function_path,
+        custom_agent_function_path=None, recompute_logprobs_via_prefill=False,
+        mask_offpolicy_in_partial_rollout=False,
+        # generation
+        sglang_server_concurrency=1 << 20, rollout_num_gpus=1, rollout_num_gpus_per_engine=1,
+        rollout_temperature=1.0, rollout_top_p=1.0, rollout_top_k=-1, rollout_max_response_len=scenario.max_new_tokens,
+        rollout_max_context_len=None, rollout_stop=None, rollout_stop_token_ids=None, rollout_skip_special_tokens=False,
+        sglang_router_ip=ROUTER[0], sglang_router_port=ROUTER[1], sglang_router_policy=None, use_miles_router=False,
+        sglang_enable_deterministic_inference=False, sglang_speculative_algorithm=None,
+        use_rollout_routing_replay=False, use_rollout_indexer_replay=False, lora_rank=0, lora_adapter_path=None,
+        num_layers=1,
+        # driver
+        save_interval=None, save_trigger_sentinel=None, eval_interval=None, skip_eval_before_train=True,
+        debug_exit_after_rollout=None, control_server_port=None, ft_components=None,
+        check_weight_update_equal=False, offload_train=False, offload_rollout=False, num_critic_only_steps=0,
+        dumper_enable=False, dumper_dir=None, dumper_inference=None,
+    )
+    return argparse.Namespace(**d)
+
+
+async def sim_reward_rm(args: Any, sample: Any, **_: Any) -> float:
+    """``--custom-rm-path`` target: the reward ``harness.sim.simulate.sim_reward`` gives the core."""
+    return 1.0 if _uniform(args.harness_seed + 7, sample.index) < 0.5 else 0.0
+
+
+# --------------------------------------------------------------------------- the host
+
+_CURRENT: "UpstreamHost | None" = None
+
+
+def _host() -> "UpstreamHost":
+    if _CURRENT is None:
+        raise StandInCalled("an upstream HTTP call was made outside a running host")
+    return _CURRENT
+
+
+async def http_post(url: str, payload: dict, *args: Any, **kwargs: Any) -> dict:
+    """Stand-in for ``miles.utils.http_utils.post`` on the host's URLs."""
+    host = _host()
+    if url.endswith("/generate"):
+        return await host.serve_generate(payload)
+    if url.endswith("/abort_request"):
+        return await host.serve_abort(payload)
+    raise StandInCalled(f"POST {url}: the host serves only /generate and /abort_request")
+
+
+async def http_get(url: str, *args: Any, **kwargs: Any) -> dict:
+    """Stand-in for ``miles.utils.http_utils.get``: the router's worker list."""
+    if url.endswith("/workers"):
+        return {"workers": [{"url": WORKER_URL}]}
+    if url.endswith("/list_workers"):
+        return {"urls": [WORKER_URL]}
+    raise StandInCalled(f"GET {url}: the host serves only the router's worker list")
+
+
+class _LifecycleSink:
+    """``TrajectoryLifecycle().sink``: remembers which sample each task is generating."""
+
+    def attempt_start(self, sample: Any) -> None:
+        pass
+
+    def gen_start(self, sample: Any) -> None:
+        host = _host()
+        host.task_sample[asyncio.current_task()] = sample
+
+    def attempt_end(self, sample: Any) -> None:
+        host = _CURRENT
+        if host is not None:
+            host.task_sample.pop(asyncio.current_task(), None)
+
+
+_PATCHED = False
+
+
+def _observed_group(generate_and_rm_group: Callable) -> Callable:
+    """Upstream's ``generate_and_rm_group``, called as is; its end is recorded."""
+
+    @functools.wraps(generate_and_rm_group)
+    async def observed(state: Any, group: list, *args: Any, **kwargs: Any) -> Any:
+        gi = group[0].group_index
+        try:
+            out = await generate_and_rm_group(state, group, *args, **kwargs)
+        except BaseException:
+            if _CURRENT is not None:
+                _CURRENT._emit(ev.GROUP_DONE, group_index=gi, ok=False)
+            raise
+        if _CURRENT is not None:
+            _CURRENT._emit(ev.GROUP_DONE, group_index=gi, ok=True)
+        return out
+
+    return observed
+
+
+def _install_seams() -> None:
+    """Point upstream's HTTP calls and lifecycle seam at the host (idempotent)."""
+    global _PATCHED
+    if _PATCHED:
+        return
+    import miles.rollout.generate_hub.single_turn as single_turn
+    import miles.rollout.inference_rollout.inference_rollout_train as train_mod
+    from miles.utils.lifecycle import TrajectoryLifecycle
+
+    single_turn.post = http_post
+    train_mod.post = http_post
+    # the one-step rollout's progress bar would print on every generate
+    train_mod.tqdm = functools.partial(train_mod.tqdm, disable=True)
+    train_mod.get = http_get
+    TrajectoryLifecycle().sink = _LifecycleSink()
+    import miles.rollout.fully_async_rollout as fully_mod
+
+    for mod in (fully_mod, train_mod):  # the group task's end, recorded as `group_done`
+        mod.generate_and_rm_group = _observed_group(mod.generate_and_rm_group)
+    _PATCHED = True
+
+
+def observed_default_buffer(ci: Any) -> Any:
+    """``--custom-async-data-buffer-path`` target: upstream's own ``DefaultDataBuffer``,
+    with its instance methods wrapped to record events (its behaviour is unchanged)."""
+    from miles.rollout.fully_async_data_buffer import DefaultDataBuffer
+
+    return _host().observe_buffer(DefaultDataBuffer(ci))
+
+
+def _status_name(s: Any) -> str:
+    return s.status.name if hasattr(s.status, "name") else str(s.status)
+
+
+def _iter_upstream(group: Any):
+    for item in group:
+        if isinstance(item, list):
+            yield from _iter_upstream(item)
+        else:
+            yield item
+
+
+def _staleness(group: Any, current: int | None) -> int | None:
+    from miles.rollout.fully_async_data_buffer import group_oldest_weight_version
+
+    if current is None:
+        return None
+    oldest = group_oldest_weight_version(group)
+    return None if oldest is None else current - oldest
+
+
+@dataclass
+class HostResult:
+    """What a host run leaves: the same shape the differential reads from a core run."""
+
+    scenario: Scenario
+    history: list[dict]
+    wall_s: float
+    events: list[Event]
+    error: BaseException | None = None
+    get_samples_calls: list[tuple[float, int, list[int]]] = field(default_factory=list)  # (t, asked, group ids)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class UpstreamHost:
+    def __init__(self, scenario: Scenario, *, engine_factory: Callable | None = None,
+                 trainer_factory: Callable | None = None, dynamic_filter_path: str | None = None,
+                 generate_function_path: str | None = None, trace: bool = True,
+                 hooks: Callable[["UpstreamHost"], None] | None = None) -> None:
+        self.scenario = scenario
+        self.engine_factory = engine_factory or SimEngine
+        self.trainer_factory = trainer_factory or SimTrainer
+        self.dynamic_filter_path = dynamic_filter_path
+        self.generate_function_path = generate_function_path
+        self.trace = trace
+        self.hooks = hooks
+        self.task_sample: dict[asyncio.Task, Any] = {}
+        self.mirrors: dict[int, CoreSample] = {}
+        self.live: dict[int, str] = {}  # group_index -> live | recycled
+        self.taken_this_generate: list[int] = []
+        self.get_samples_calls: list[tuple[float, int, list[int]]] = []
+        self.abort_posts: list[float] = []
+        self._in_get = False
+        self.rollout_fn: Any = None
+        self.data_source: Any = None
+        self.buffer: Any = None
+        self.sink: Any = NullSink()
+
+    # --- HTTP -------------------------------------------------------------------------
+    async def serve_generate(self, payload: dict) -> dict:
+        usample = self.task_sample.get(asyncio.current_task())
+        if usample is None:
+            raise StandInCalled("/generate called from a task the lifecycle seam did not announce")
+        prompt = [0] * self.scenario.engine.prompt_tokens
+        m = self.mirrors.get(usample.index)
+        if m is None or usample.response == "":
+            retry = 0 if m is None else m.retry_count + 1
+            m = CoreSample(prompt=str(usample.prompt), prompt_tokens=prompt, index=usample.index,
+                           group_index=usample.group_index, retry_count=retry)
+            self.mirrors[usample.index] = m
+        base = len(m.response_tokens)
+        remaining = payload["sampling_params"]["max_new_tokens"]
+        await self.engine.generate(m, SamplingParams(max_new_tokens=base + remaining))
+        toks, lps = m.response_tokens[base:], m.rollout_log_probs[base:]
+        kind = {Status.ABORTED: "abort", Status.TRUNCATED: "length"}.get(m.status, "stop")
+        return {"text": "t" * len(toks),
+                "meta_info": {"output_token_logprobs": [[lp, tok] for lp, tok in zip(lps, toks)],
+                              "finish_reason": {"type": kind}, "weight_version": m.weight_versions[-1],
+                              "prompt_tokens": len(prompt), "cached_tokens": 0}}
+
+    async def serve_abort(self, payload: dict) -> dict:
+        self.abort_posts.append(asyncio.get_running_loop().time())
+        eng = self.engine
+        if payload.get("abort_all") and (eng.running or eng.waiting):
+            await eng.pause_generation("abort")
+            await eng.continue_generation()
+        return {}
+
+    # --- observation ------------------------------------------------------------------
+    def _emit(self, kind: str, **fields: Any) -> None:
+        if self.sink.enabled:
+            self.sink.emit(kind, **fields)
+
+    def observe_data_source(self, ds: Any) -> Any:
+        get_samples, add_samples = ds.get_samples, ds.add_samples
+        calls = [0]
+
+        def observed_get_samples(num: int) -> list:
+            calls[0] += 1
+            recycled_before = {id(g) for g in ds.buffer}
+            groups = get_samples(num)
+            now = asyncio.get_running_loop().time()
+            self.get_samples_calls.append((now, num, [g[0].group_index for g in groups]))
+            for g in groups:
+                gi = g[0].group_index
+                self.live[gi] = "live"
+                self.taken_this_generate.append(gi)
+                self._emit(ev.TAKEN, group_index=gi, indices=[s.index for s in g], recycled=id(g) in recycled_before,
+                           call=calls[0])
+            return groups
+
+        def observed_add_samples(groups: list) -> None:
+            add_samples(groups)
+            for g in groups or []:
+                gi = g[0].group_index
+                self.live[gi] = "recycled"
+                self._emit(ev.RECYCLED, group_index=gi)
+
+        ds.get_samples, ds.add_samples = observed_get_samples, observed_add_samples
+        return ds
+
+    def observe_handler(self, fn: Any) -> None:
+        handle = fn._handle_unused
+        handler = self.scenario.config.async_unused_samples_handler
+
+        def observed(prompt_group: list) -> None:
+            gi = prompt_group[0].group_index
+            cause = "stale" if self._in_get else "aborted"
+            if self._in_get:
+                self._emit(ev.STALE_REJECTED, group_index=gi, staleness=_staleness(prompt_group, self._get_version),
+                           current_version=self._get_version)
+            self._emit(ev.HANDLER, group_index=gi, handler=handler, cause=cause)
+            handle(prompt_group)
+            if handler == "drop":
+                self.live.pop(gi, None)
+                self._emit(ev.DROPPED, group_index=gi, reason=f"handler_drop:{cause}")
+
+        fn._handle_unused = observed
+
+    def observe_buffer(self, buf: Any) -> Any:
+        put, get = buf.put, buf.get
+        self.buffer = buf
+
+        async def observed_put(entry: Any) -> None:
+            gi = entry.prompt_group[0].group_index
+            aborted = any(_status_name(s) == "ABORTED" for s in _iter_upstream(entry.group))
+            if aborted:
+                self._emit(ev.PUT_REJECTED, group_index=gi, reason="aborted")
+                await put(entry)
+                return
+            drops_before = dict(buf._metric_gatherer._dynamic_filter_drop_reason_count) \
+                if hasattr(buf, "_metric_gatherer") else {}
+            full = len(buf._buffer) >= buf._capacity
+            t_call = asyncio.get_running_loop().time()
+            await put(entry)
+            if any(e is entry for e in buf._buffer):
+                if full:
+                    self._emit(ev.PUT_BLOCKED, group_index=gi, queue_size=buf._capacity, _t=t_call)
+                self._emit(ev.PUT_ACCEPTED, group_index=gi, queue_size=len(buf._buffer))
+            else:
+                after = getattr(getattr(buf, "_metric_gatherer", None), "_dynamic_filter_drop_reason_count", {})
+                reason = next((r for r, c in after.items() if c != drops_before.get(r, 0)), None)
+                self.live.pop(gi, None)
+                self._emit(ev.PUT_REJECTED, group_index=gi, reason=f"dynamic_filter:{reason}")
+
+        async def observed_get(current_version: int | None = None, **context: Any) -> Any:
+            self._in_get, self._get_version = True, current_version
+            try:
+                entry = await get(current_version=current_version, **context)
+            finally:
+                self._in_get = False
+            self._emit(ev.GOT, group_index=entry.prompt_group[0].group_index,
+                       staleness=_staleness(entry.group, current_version), current_version=current_version,
+                       queue_size=len(buf._buffer))
+            return entry
+
+        buf.put, buf.get = observed_put, observed_get
+        return buf
+
+    # --- conversion (the rollout manager's post-processing) ---------------------------
+    def to_core(self, usample: Any) -> CoreSample:
+        m = self.mirrors.get(usample.index)
+        s = CoreSample(prompt=str(usample.prompt), index=usample.index, group_index=usample.group_index,
+                       label=usample.label, reward=usample.reward, metadata=dict(usample.metadata or {}),
+                       weight_versions=list(usample.weight_versions), remove_sample=usample.remove_sample,
+                       retry_count=m.retry_count if m else 0)
+        s.status = Status[_status_name(usample)]
+        if m is not None:
+            s.prompt_tokens = m.prompt_tokens
+            s.response_tokens = list(m.response_tokens)
+            s.rollout_log_probs = list(usample.rollout_log_probs or [])
+            s.token_versions = m.token_versions
+        return s
+
+    def convert(self, data: list) -> list:
+        return [[self.to_core(x) if not isinstance(x, list) else [self.to_core(y) for y in x] for x in g]
+                for g in data]
+
+    # --- the rollout function as the core's RolloutManager calls it --------------------
+    async def call_rollout(self, rollout_id: int, version: int | None) -> tuple[list, dict]:
+        from miles.rollout.base_types import RolloutFnTrainInput
+
+        fully = self.scenario.config.fully_async
+        self.taken_this_generate = []
+        if fully:
+            self._emit(ev.DRAIN_START, rollout_id=rollout_id, current_version=version)
+        out = await self.rollout_fn(RolloutFnTrainInput(rollout_id=rollout_id, weight_version=version))
+        returned = {g[0][0].group_index if isinstance(g[0], list) else g[0].group_index for g in out.samples}
+        if fully:
+            self._emit(ev.DRAIN_END, rollout_id=rollout_id)
+        else:
+            for gi in self.taken_this_generate:
+                if gi not in returned and self.live.get(gi) == "live":
+                    self.live.pop(gi)
+                    self._emit(ev.DROPPED, group_index=gi, reason="not_returned")
+        for gi in returned:
+            self.live.pop(gi, None)
+        return self.convert(out.samples), dict(out.metrics or {})
+
+    # --- Ray stand-ins for the driver module --------------------------------------------
+    def _make_rollout_fn(self, args: argparse.Namespace) -> Any:
+        from miles.rollout.base_types import RolloutFnConstructorInput
+        from miles.rollout.data_source import RolloutDataSourceWithBuffer
+
+        self.data_source = self.observe_data_source(RolloutDataSourceWithBuffer(args))
+        ci = RolloutFnConstructorInput(args=args, data_source=self.data_source)
+        if args.fully_async:
+            from miles.rollout.fully_async_rollout import FullyAsyncRolloutFn
+
+            fn = FullyAsyncRolloutFn(ci)
+            self.observe_handler(fn)
+        else:
+            from miles.rollout.inference_rollout.inference_rollout_common import InferenceRolloutFn
+
+            fn = InferenceRolloutFn(ci)
+        self.rollout_fn = fn
+        return fn
+
+    def _driver_module(self, args: argparse.Namespace, ctx: RunContext) -> Any:
+        name = "train_async" if self.scenario.config.driver == "train_async" else "train"
+        path = source.active() / f"{name}.py"
+        spec = importlib.util.spec_from_file_location(f"miles_harness_upstream_{name}", path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)  # type: ignore[union-attr]
+        host = self
+
+        class _Remote:
+            def __init__(self, fn: Callable) -> None:
+                self._fn = fn
+
+            def remote(self, *a: Any, **k: Any) -> Any:
+                return self._fn(*a, **k)
+
+        async def _noop(*a: Any, **k: Any) -> None:
+            return None
+
+        def _noop_remote(*a: Any, **k: Any) -> Any:
+            return asyncio.ensure_future(_noop())
+
+        class _RolloutManagerHandle:
+            generate = _Remote(ctx.rollout_manager.launch)
+            save = dispose = eval = check_weights = onload_weights = onload_kv = offload = _Remote(_noop_remote)
+
+        class _Actor:
+            async def update_weights(self, rollout_id: int | None = None) -> None:
+                await update_weights(ctx)
+
+            async def train(self, rollout_id: int, ref: Any, external_data: Any = None) -> None:
+                data, metrics = ref
+                await train_step(ctx, rollout_id, data, metrics)
+
+            save_model = offload = onload = clear_memory = staticmethod(_noop)
+
+        class _EvalDispatcher:
+            def __init__(self, *a: Any, **k: Any) -> None:
+                pass
+
+            async def dispatch(self, *a: Any, **k: Any) -> None:
+                raise StandInCalled("eval is not hosted (the host sets no --eval-interval)")
+
+            drain = staticmethod(_noop)
+
+        class _ObjectStore:
+            @staticmethod
+            def init_instance(*a: Any, **k: Any) -> None:
+                return None
+
+        async def create_training_models(*a: Any, **k: Any) -> tuple:
+            return _Actor(), None
+
+        g = mod.__dict__
+        g.update(
+            create_placement_groups=lambda a: {"rollout": None, "actor": None},
+            create_rollout_manager=lambda a, pg: (_RolloutManagerHandle(), None),
+            create_training_models=create_training_models,
+            object_store=_ObjectStore, init_tracking=lambda a: None, configure_logger=lambda *a, **k: None,
+            maybe_start_periodic_pyspy_dump=lambda: None, start_control_server=lambda **k: None,
+            maybe_start_mini_ft_controller=lambda a: None, remove_rollout_data_refs=lambda *a: None,
+        )
+        if "EvalDispatcher" in g:
+            g["EvalDispatcher"] = _EvalDispatcher
+        del host
+        return mod
+
+    # --- a run ------------------------------------------------------------------------
+    def run(self) -> HostResult:
+        global _CURRENT
+        _install_seams()
+        args = upstream_args(self.scenario, dynamic_filter_path=self.dynamic_filter_path,
+                             generate_function_path=self.generate_function_path)
+        holder: dict[str, Any] = {}
+        sc = self.scenario
+
+        async def main() -> None:
+            loop = asyncio.get_running_loop()
+            self.sink = TraceRecorder(loop.time) if self.trace else NullSink()
+            self.engine = self.engine_factory(sc.engine, sink=self.sink)
+            trainer = self.trainer_factory(sc.trainer)
+            self._make_rollout_fn(args)
+            rm = RolloutManager(self.call_rollout, sink=self.sink)
+            ctx = RunContext(args=sc.config, engine=self.engine, trainer=trainer, rollout_manager=rm, sink=self.sink,
+                             observer=AgeRecorder())
+            holder["ctx"] = ctx
+            mod = self._driver_module(args, ctx)
+            if self.hooks is not None:
+                self.hooks(self)
+            try:
+                await mod.train(args)
+            finally:
+                holder["t_end"] = loop.time()
+                self._emit(ev.RUN_END, pending_groups=sorted(self.live))
+
+        _CURRENT = self
+        error = None
+        try:
+            run_virtual(main())
+        except (Exception, asyncio.CancelledError) as exc:
+            error = exc
+        finally:
+            _CURRENT = None
+            self.task_sample.clear()
+        ctx = holder.get("ctx")
+        return HostResult(scenario=sc, history=ctx.history if ctx else [], wall_s=holder.get("t_end", 0.0),
+                          events=self.sink.events if isinstance(self.sink, TraceRecorder) else [], error=error,
+                          get_samples_calls=self.get_samples_calls,
+                          extra={"abort_posts": list(self.abort_posts)})
+
+
+def host_simulate(scenario: Scenario, **kwargs: Any) -> HostResult:
+    """Run ``scenario`` on upstream's code (the tree must be activated first)."""
+    return UpstreamHost(scenario, **kwargs).run()

@@ -1,0 +1,78 @@
+"""Where the upstream Miles tree is, and making it importable.
+
+One setting names it: ``pytest --miles-src=PATH`` or the ``MILES_SRC`` environment
+variable (the option wins). With neither, the pinned tree that CI has beside the
+repository, ``../shared/third_party/miles-31f1ca9``, is used when it is there. The
+project never copies upstream code: the tree is only put on ``sys.path`` at run time.
+
+``find_miles_src()`` returns ``(path or None, how it was found or why there is none)``;
+``activate(path)`` checks the tree, applies the import stand-ins and imports the
+upstream modules the host runs, raising ``UpstreamUnavailable`` with the reason.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+ENV = "MILES_SRC"
+OPTION = "--miles-src"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_TREE = REPO_ROOT.parent / "shared" / "third_party" / "miles-31f1ca9"
+MARKER = Path("miles") / "rollout" / "fully_async_rollout.py"
+
+
+class UpstreamUnavailable(RuntimeError):
+    """No usable Miles tree, or its modules cannot be imported here."""
+
+
+def find_miles_src(explicit: str | None = None) -> tuple[Path | None, str]:
+    if explicit:
+        return Path(explicit).resolve(), f"{OPTION}={explicit}"
+    if os.environ.get(ENV):
+        return Path(os.environ[ENV]).resolve(), f"{ENV}={os.environ[ENV]}"
+    if (DEFAULT_TREE / MARKER).is_file():
+        return DEFAULT_TREE, f"the pinned tree beside the repository ({DEFAULT_TREE})"
+    return None, (f"no upstream Miles tree: pass {OPTION}=PATH or set {ENV}=PATH to a Miles checkout "
+                  f"(the pinned one is expected at {DEFAULT_TREE})")
+
+
+_active: Path | None = None
+
+
+def activate(path: Path) -> Path:
+    """Put ``path`` on ``sys.path`` (first), apply the stand-ins, import the host's modules."""
+    global _active
+    path = Path(path).resolve()
+    if not (path / MARKER).is_file():
+        raise UpstreamUnavailable(f"{path} is not a Miles checkout: {MARKER} is missing")
+    if _active is not None:
+        if _active != path:
+            raise UpstreamUnavailable(f"upstream Miles is already imported from {_active} in this process; "
+                                      f"cannot switch to {path}")
+        return path
+    loaded = sys.modules.get("miles")
+    if loaded is not None and not str(getattr(loaded, "__file__", "")).startswith(str(path)):
+        raise UpstreamUnavailable(f"a different 'miles' package is already imported ({loaded.__file__})")
+    sys.path.insert(0, str(path))
+    from harness.upstream import stand_ins
+
+    stand_ins.install()
+    try:
+        import miles.rollout.fully_async_rollout  # noqa: F401
+        import miles.rollout.inference_rollout.inference_rollout_train  # noqa: F401
+        import miles.rollout.data_source  # noqa: F401
+    except ImportError as exc:
+        sys.path.remove(str(path))
+        raise UpstreamUnavailable(f"upstream Miles at {path} does not import here: {exc!r}. Fix: "
+                                  "pip install -e '.[upstream]' (or `make test`, which installs it)") from exc
+    _active = path
+    return path
+
+
+def active() -> Path:
+    """The tree ``activate`` put on ``sys.path``."""
+    if _active is None:
+        raise UpstreamUnavailable("no upstream Miles tree is active: call harness.upstream.source.activate(path)")
+    return _active

@@ -1,0 +1,162 @@
+"""Import stand-ins for the upstream Miles tree: applied one by one, each only when the
+real import fails.
+
+Upstream's rollout package imports a few modules it never calls on the code paths the
+harness runs. Where the real package is small and installs on CPU it is installed
+instead (the ``upstream`` extra in ``pyproject.toml``: ``ray``, ``sglang-router``,
+``polars``, ``pybase64``, ``pylatexenc``, ``httpx``), and no stand-in is used for it.
+What is left is below, each with the reason it cannot be the real thing. A stand-in
+only satisfies the import: every callable in it raises ``StandInCalled`` naming itself,
+so a code path that does reach it fails loudly instead of computing something else.
+
+``install()`` returns ``{module name: reason}`` for the stand-ins it applied (an empty
+dict when every real import worked); ``APPLIED`` keeps the same record for reports.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import types
+from typing import Any
+
+
+class StandInCalled(RuntimeError):
+    """Upstream code reached a stand-in: the run took a path the host does not support."""
+
+
+def _raising(qualname: str, reason: str) -> Any:
+    def call(*args: Any, **kwargs: Any) -> Any:
+        raise StandInCalled(f"{qualname} is an import stand-in ({reason}); the harness host does not support the "
+                            "code path that called it")
+
+    call.__qualname__ = call.__name__ = qualname.rpartition(".")[2]
+    return call
+
+
+class _RaisingClass:
+    """A class placeholder: type annotations and ``isinstance`` work, construction and
+    pydantic-style use raise."""
+
+    _what = ""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        raise StandInCalled(f"{self._what} is an import stand-in")
+
+    @classmethod
+    def model_validate(cls, *args: Any, **kwargs: Any) -> Any:
+        raise StandInCalled(f"{cls._what}.model_validate is an import stand-in")
+
+
+def _dumper_config(qualname: str, reason: str) -> type:
+    """``DumperConfig``: ``dumper_utils`` turns ``--dumper-<phase>`` key=value pairs into a
+    dict on every rollout (``_get_phase_override_configs``); with none given that is ``{}``,
+    anything else needs the real dumper."""
+
+    def kv_pairs_to_dict(raw: Any) -> dict:
+        if not raw:
+            return {}
+        raise StandInCalled(f"{qualname}._kv_pairs_to_dict({raw!r}): {reason}")
+
+    return type("DumperConfig", (_RaisingClass,), {"_what": qualname,
+                                                    "_kv_pairs_to_dict": staticmethod(kv_pairs_to_dict)})
+
+
+def _cls(qualname: str) -> type:
+    return type(qualname.rpartition(".")[2], (_RaisingClass,), {"_what": qualname})
+
+
+# module -> (reason, {attribute: factory(qualified name, reason)})
+STAND_INS: dict[str, tuple[str, dict[str, Any]]] = {
+    # `miles/utils/dumper_utils.py` imports SGLang's debug dumper at module level; it is used
+    # only when --dumper-* flags enable the inference dump phase, which the host never sets.
+    # The real module lives in the `sglang` package, which pins its own CUDA torch and is
+    # several GB: not installable next to this harness' CPU torch.
+    "sglang.srt.debug_utils.dumper": (
+        "SGLang's debug dumper; the sglang package pins a CUDA torch and is not installed on CPU; "
+        "used only with --dumper-* flags",
+        {"DumperConfig": _dumper_config, "_get_rank": _raising, "dumper": lambda q, r: _cls(q)}),
+    # `miles/utils/chat_template_utils/template.py` and `deepseek.py` import the OpenAI protocol
+    # `Tool` model for tool-calling chat templates; the host's prompts are plain strings.
+    "sglang.srt.entrypoints.openai.protocol": (
+        "SGLang's OpenAI protocol models (sglang is not installed on CPU); used only for tool-calling "
+        "chat templates, which the host's plain-string prompts never apply",
+        {"Tool": lambda q, r: _cls(q)}),
+    # `encoding_dsv4` exists only on Miles' SGLang fork (branch sglang-miles), which is not
+    # public at the pinned commit; `deepseek.py` imports it for DeepSeek-V4 chat templates.
+    "sglang.srt.entrypoints.openai.encoding_dsv4": (
+        "exists only on Miles' SGLang fork (sglang-miles), not public; used only by the DeepSeek-V4 "
+        "chat template",
+        {"encode_messages": _raising}),
+    # `train.py` imports SGLang's memory-type tags for --offload-rollout; `miles/ray/rollout/*`
+    # (imported through the drivers' `miles.ray.placement_group`) imports them too. The host
+    # replaces the Ray rollout manager, so the tags are only names here.
+    "sglang.srt.constants": (
+        "SGLang memory-type tags (sglang is not installed on CPU); only passed to the Ray rollout manager, "
+        "which the host replaces",
+        {"GPU_MEMORY_TYPE_CUDA_GRAPH": lambda q, r: "cuda_graph", "GPU_MEMORY_TYPE_KV_CACHE": lambda q, r: "kv_cache",
+         "GPU_MEMORY_TYPE_WEIGHTS": lambda q, r: "weights"}),
+    # `miles/utils/arguments.py` (imported by both drivers) builds SGLang's server arguments;
+    # the host builds its own args namespace and never calls upstream's parser.
+    "sglang.srt.server_args": (
+        "SGLang's ServerArgs (sglang is not installed on CPU); used by upstream's argument parser, which the "
+        "host does not call",
+        {"ServerArgs": lambda q, r: _cls(q)}),
+    # Request tracing hooks imported by the router/engine launch code under `miles/ray`.
+    "sglang.srt.tracing.trace": (
+        "SGLang request tracing (sglang is not installed on CPU); used only by the real engine/router "
+        "launch code, which the host replaces",
+        {name: _raising for name in ("process_tracing_init", "trace_get_remote_propagate_context",
+                                     "trace_req_finish", "trace_req_start", "trace_set_thread_info",
+                                     "trace_slice_end", "trace_slice_start")}),
+    "sglang.srt.utils": (
+        "SGLang utilities (sglang is not installed on CPU); kill_process_tree is used only to stop real "
+        "engine processes",
+        {"kill_process_tree": _raising}),
+}
+
+APPLIED: dict[str, str] = {}
+
+
+def _real_import_works(name: str) -> bool:
+    if name in sys.modules and not getattr(sys.modules[name], "__miles_harness_stand_in__", False):
+        return True
+    try:
+        importlib.import_module(name)
+        return True
+    except ImportError:
+        return False
+
+
+def _ensure_parents(name: str) -> None:
+    parts = name.split(".")
+    for i in range(1, len(parts)):
+        parent = ".".join(parts[:i])
+        if parent in sys.modules:
+            continue
+        try:
+            importlib.import_module(parent)
+        except ImportError:
+            mod = types.ModuleType(parent)
+            mod.__path__ = []  # a namespace-like package, so children can be registered
+            mod.__miles_harness_stand_in__ = True  # type: ignore[attr-defined]
+            sys.modules[parent] = mod
+        if i > 1:
+            setattr(sys.modules[".".join(parts[:i - 1])], parts[i - 1], sys.modules[parent])
+
+
+def install() -> dict[str, str]:
+    """Apply every stand-in whose real module cannot be imported; idempotent."""
+    for name, (reason, attrs) in STAND_INS.items():
+        if name in APPLIED or _real_import_works(name):
+            continue
+        _ensure_parents(name)
+        mod = types.ModuleType(name, f"miles-harness import stand-in: {reason}")
+        mod.__miles_harness_stand_in__ = True  # type: ignore[attr-defined]
+        for attr, make in attrs.items():
+            setattr(mod, attr, make(f"{name}.{attr}", reason))
+        sys.modules[name] = mod
+        parent, _, leaf = name.rpartition(".")
+        setattr(sys.modules[parent], leaf, mod)
+        APPLIED[name] = reason
+    return dict(APPLIED)
