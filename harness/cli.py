@@ -23,12 +23,13 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "gap": ("harness.commands.gap", "kernel-level trainer-engine gap ablation with identical weights"),
     "compare": ("harness.commands.compare", "compare benchmark results files"),
     "report": ("harness.commands.report", "make PNG plots from results files"),
+    "advise": ("harness.commands.advise", "predict speedup, sample age and lr for a layout from calibrated costs"),
     "serve": ("harness.commands.serve", "an SGLang-compatible HTTP server on the CPU torch engine"),
 }
 
 
 # Commands whose trailing arguments are a Miles command line.
-PASSTHROUGH = ("check", "simulate", "run", "check-trace")
+PASSTHROUGH = ("check", "simulate", "run", "check-trace", "advise")
 
 
 def build_parser(command: str | None) -> argparse.ArgumentParser:

@@ -1,0 +1,409 @@
+"""Calibrated costs: fit the simulator's cost model from a measured run.
+
+Input: a main-job results file (``miles-harness run``'s ``results.json``: per mode the
+phase timeline ``extra.modes[m].phases`` and the per-step history ``extra.per_step[m]``
+with ``tokens``), optionally with an event trace (JSONL, ``harness.trace``) that adds
+per-request response lengths and prompt lengths; or a simulated run (``SimResult``).
+The fit reads the **sync** mode (nothing overlaps, so each phase is a clean measurement
+of one cost), and, when present, the fully-async mode for the pause/resume cost.
+
+The model is the simulator's (``harness.sim.engine`` / ``trainer``):
+
+* engine: one decode step costs ``decode_base_s + decode_per_seq_s * running``; admitting
+  requests adds ``prefill_per_token_s`` per prompt token. A sync step's generating time
+  is then ``a*S + b*tokens + p*prefill_tokens``, where ``S`` (engine steps) comes from
+  replaying the engine's schedule (FIFO admission into ``max_running`` slots) on the
+  step's response lengths. ``a, b, p`` are fitted by least squares over the steps;
+* trainer: ``train_base_s + train_per_token_s * tokens`` per step (least squares);
+* output lengths: a ``LengthDist`` fitted to the per-request lengths (lognormal, or
+  fixed when they do not vary), capped at ``max_new_tokens``;
+* weight sync: the mean weight-sync phase of sync mode (the engine is idle there);
+* pause/resume: fully-async's mean weight-sync phase minus the sync-mode cost and minus
+  the half decode step a pause waits for the step boundary (0 without fully-async).
+
+A coefficient the run cannot identify (its column is, within noise, a multiple of the
+others: e.g. every step had the same batch and lengths, so per-step and per-sequence
+decode cost move together) is dropped from the fit and its cost is folded into the kept
+ones; ``fit.notes`` says which, and which extrapolations that makes uncertain. Fit
+errors: per component the RMS and max relative residual over the steps, and the
+relative standard error of each kept coefficient.
+
+``python -m harness.advise.costs RESULTS.json [--trace EVENTS.jsonl] --out COSTS.json``
+writes the fitted model (``CostModel.to_json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import heapq
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+
+from miles_async_core import events as ev
+from miles_async_core.errors import ConfigError
+from harness.sim.engine import LengthDist, SimEngineConfig
+from harness.sim.trainer import SimTrainerConfig
+
+# Drop a coefficient whose relative standard error exceeds this (not identifiable).
+MAX_REL_SE = 0.5
+
+
+@dataclass
+class CostModel:
+    """Costs of one engine and one trainer in the calibrated layout (``reference``)."""
+
+    decode_base_s: float
+    decode_per_seq_s: float
+    prefill_per_token_s: float
+    max_running: int
+    prompt_tokens: int
+    max_new_tokens: int
+    response_length: dict[str, Any]
+    train_base_s: float
+    train_per_token_s: float
+    weight_sync_s: float
+    pause_resume_s: float = 0.0
+    reference: dict[str, Any] = field(default_factory=lambda: {"engine_gpus": 1, "trainer_gpus": 1})
+    fit: dict[str, Any] = field(default_factory=dict)
+
+    def length_dist(self) -> LengthDist:
+        return LengthDist(**self.response_length)
+
+    def engine_config(self, gpus_per_engine: int = 1, seed: int = 0) -> SimEngineConfig:
+        """The engine on ``gpus_per_engine`` GPUs, relative to the calibrated engine:
+        step costs / g and ``max_running`` x g (ideal tensor parallel: optimistic)."""
+        g = gpus_per_engine / self.reference.get("engine_gpus", 1)
+        return SimEngineConfig(max_running=max(1, int(round(self.max_running * g))),
+                               decode_base_s=max(self.decode_base_s / g, 1e-12),
+                               decode_per_seq_s=self.decode_per_seq_s / g,
+                               prefill_per_token_s=self.prefill_per_token_s / g, prompt_tokens=self.prompt_tokens,
+                               response_length=self.length_dist(), seed=seed)
+
+    def trainer_config(self, trainer_gpus: int = 1) -> SimTrainerConfig:
+        """The trainer on ``trainer_gpus``: per-token cost / t (ideal data parallel), the
+        per-step base unchanged."""
+        t = trainer_gpus / self.reference.get("trainer_gpus", 1)
+        return SimTrainerConfig(step_base_s=self.train_base_s, per_token_s=self.train_per_token_s / t)
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> CostModel:
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise ConfigError(f"cost model: unknown field {unknown[0]!r}; allowed: {', '.join(sorted(names))}")
+        return cls(**data)
+
+    def write(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_json(), indent=1, sort_keys=True) + "\n")
+        return path
+
+
+def load_costs(path: str | Path) -> CostModel:
+    try:
+        data = json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise ConfigError(f"--costs {path}: cannot read it ({exc.strerror}); fix: pass a file written by "
+                          "python -m harness.advise.costs") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--costs {path}: not valid JSON ({exc})") from None
+    return CostModel.from_json(data)
+
+
+# --- observations -------------------------------------------------------------------------
+
+
+@dataclass
+class StepObs:
+    generating_s: float
+    waiting_s: float
+    training_s: float
+    weight_sync_s: float
+    tokens: int
+    lengths: list[int]  # per request (exact from a trace, else the step's tokens spread evenly)
+
+
+@dataclass
+class Observations:
+    mode: str
+    steps: list[StepObs]
+    max_running: int
+    prompt_tokens: int
+    max_new_tokens: int
+    lengths_exact: bool
+    source: str
+    fully_async_sync_s: list[float] | None = None  # weight-sync spans of a fully-async run, if any
+
+
+def _per_step_spans(phases: list[list[Any]]) -> list[dict[str, float]]:
+    """Split a sync-mode timeline into steps at each training end: step i gets the
+    generating and waiting time before its training, its training, and the weight sync
+    after it."""
+    trains = sorted((a, b) for side, ph, a, b in phases if side == "train" and ph == "training")
+    out = []
+    for i, (a, b) in enumerate(trains):
+        lo = trains[i - 1][1] if i else -math.inf
+        hi = trains[i + 1][0] if i + 1 < len(trains) else math.inf
+
+        def within(side: str, phase: str, x0: float, x1: float) -> float:
+            return sum(max(0.0, min(q, x1) - max(p, x0)) for s, ph, p, q in phases if s == side and ph == phase)
+
+        out.append({"generating_s": within("rollout", "generating", lo, a), "waiting_s": within("train", "waiting", lo, a),
+                    "training_s": b - a, "weight_sync_s": within("train", "weight_sync", b, hi)})
+    return out
+
+
+def _spread(tokens: int, n: int) -> list[int]:
+    q, r = divmod(int(tokens), max(1, n))
+    return [q + 1] * r + [q] * (n - r)
+
+
+def _lengths_by_step(events: list[Any], phases_t0: float, step_bounds: list[tuple[float, float]]) -> list[list[int]]:
+    """Per step, the response lengths of the requests that finished in it, in the order
+    the engine first admitted them (the order the schedule replay needs)."""
+    first_admit: dict[int, int] = {}
+    for e in events:
+        if e.kind == ev.ADMITTED and e["index"] not in first_admit:
+            first_admit[e["index"]] = len(first_admit)
+    fin = sorted((e.t - phases_t0, first_admit.get(e["index"], 1 << 60), int(e["response_length"]))
+                 for e in events if e.kind == ev.FINISHED)
+    out: list[list[tuple[int, int]]] = [[] for _ in step_bounds]
+    j = 0
+    for t, order, n in fin:
+        while j < len(step_bounds) and t > step_bounds[j][1]:
+            j += 1
+        if j < len(step_bounds):
+            out[j].append((order, n))
+    return [[n for _, n in sorted(step)] for step in out]
+
+
+def observations_from_events(events: list[Any], *, mode: str, samples_per_step: int, max_running: int,
+                             prompt_tokens: int | None, max_new_tokens: int, history: list[dict] | None = None,
+                             source: str = "trace", fully_async_events: list[Any] | None = None) -> Observations:
+    """Observations from a recorded trace (a ``SimResult``'s events or a JSONL trace)."""
+    from harness.measure.overlap import measurement_window, phase_spans
+
+    t_end = max((e.t for e in events), default=0.0)
+    window = measurement_window(events, 0.0, t_end)
+    phases = phase_spans(events, window)
+    spans = _per_step_spans(phases)
+    trains = sorted((a, b) for side, ph, a, b in phases if side == "train" and ph == "training")
+    bounds = [((trains[i - 1][1] if i else -math.inf), b) for i, (a, b) in enumerate(trains)]
+    lengths = _lengths_by_step(events, window[0], bounds)
+    if prompt_tokens is None:
+        pre = [int(e["prefix_tokens"]) for e in events if e.kind == ev.ADMITTED]
+        prompt_tokens = int(round(min(pre))) if pre else 0
+    steps = [StepObs(tokens=sum(ls), lengths=ls, **sp) for sp, ls in zip(spans, lengths)]
+    fa = None
+    if fully_async_events is not None:
+        w = measurement_window(fully_async_events, 0.0, max((e.t for e in fully_async_events), default=0.0))
+        fa = [b - a for s, ph, a, b in phase_spans(fully_async_events, w) if s == "train" and ph == "weight_sync"]
+    return Observations(mode=mode, steps=steps, max_running=max_running, prompt_tokens=prompt_tokens,
+                        max_new_tokens=max_new_tokens, lengths_exact=True, source=source, fully_async_sync_s=fa)
+
+
+def observations_from_results(path: str | Path, *, mode: str = "sync", trace: str | Path | None = None
+                              ) -> Observations:
+    """Observations from a main-job ``results.json`` (and optionally its event trace)."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise ConfigError(f"results file {path}: cannot read it ({exc.strerror})") from None
+    extra, config = doc.get("extra", {}), doc.get("config", {})
+    modes = extra.get("modes", {})
+    if mode not in modes or "phases" not in modes[mode]:
+        raise ConfigError(f"results file {path}: no phase timeline for mode {mode!r} (has: {', '.join(modes) or '-'});"
+                          f" fix: calibrate on a run with --modes {mode}")
+    spec = config.get("spec", {})
+    mcfg = config.get("modes", {}).get(mode, config.get("base", {}))
+    n_samples = int(mcfg.get("rollout_batch_size", 16)) * int(mcfg.get("n_samples_per_prompt", 1))
+    max_running = int(spec.get("max_running", 16))
+    task_length = spec.get("task_length")
+    max_new = int(task_length) + 1 if spec.get("task") == "copy" and task_length else int(spec.get("max_new_tokens", 0) or 0)
+    prompt = int(task_length) + 2 if spec.get("task") == "copy" and task_length else None
+    history = extra.get("per_step", {}).get(mode, [])
+    spans = _per_step_spans(modes[mode]["phases"])
+    fa_sync = None
+    if "fully-async" in modes and modes["fully-async"].get("phases"):
+        fa_sync = [b - a for s, ph, a, b in modes["fully-async"]["phases"] if s == "train" and ph == "weight_sync"]
+    if trace is not None:
+        from harness.trace import read_jsonl
+
+        obs = observations_from_events(read_jsonl(trace), mode=mode, samples_per_step=n_samples,
+                                       max_running=max_running, prompt_tokens=prompt, max_new_tokens=max_new,
+                                       source=f"{path} + {trace}")
+        obs.fully_async_sync_s = fa_sync
+        return obs
+    steps = []
+    for sp, h in zip(spans, history):
+        tokens = int(h.get("tokens", 0))
+        steps.append(StepObs(tokens=tokens, lengths=_spread(tokens, n_samples), **sp))
+    if not steps:
+        raise ConfigError(f"results file {path}: mode {mode!r} has no per-step history with tokens")
+    if not max_new:
+        max_new = max(max(s.lengths) for s in steps)
+    return Observations(mode=mode, steps=steps, max_running=max_running, prompt_tokens=prompt or 0,
+                        max_new_tokens=max_new, lengths_exact=False, source=str(path), fully_async_sync_s=fa_sync)
+
+
+# --- the fit ------------------------------------------------------------------------------
+
+
+def replay_steps(lengths: Iterable[int], max_running: int) -> int:
+    """Engine steps to serve ``lengths`` submitted at once: FIFO admission into
+    ``max_running`` slots, one token per running request per step (the simulator's
+    schedule)."""
+    slots: list[int] = []
+    makespan = 0
+    for n in lengths:
+        start = heapq.heappop(slots) if len(slots) >= max_running else 0
+        end = start + max(1, int(n))
+        heapq.heappush(slots, end)
+        makespan = max(makespan, end)
+    return makespan
+
+
+def _lstsq(columns: dict[str, list[float]], y: list[float], drop_order: list[str]) -> dict[str, Any]:
+    """Least squares with non-negative coefficients; drops unidentifiable columns (relative
+    standard error above ``MAX_REL_SE``, or a negative estimate) in ``drop_order``."""
+    names = list(columns)
+    dropped: list[str] = []
+    yv = np.asarray(y, dtype=float)
+    while True:
+        X = np.column_stack([np.asarray(columns[n], dtype=float) for n in names])
+        coef, *_ = np.linalg.lstsq(X, yv, rcond=None)
+        resid = yv - X @ coef
+        dof = max(1, len(yv) - len(names))
+        sigma2 = float(resid @ resid) / dof
+        try:
+            cov = sigma2 * np.linalg.inv(X.T @ X)
+            se = np.sqrt(np.maximum(np.diag(cov), 0.0))
+        except np.linalg.LinAlgError:
+            se = np.full(len(names), np.inf)
+        rank = np.linalg.matrix_rank(X, tol=1e-9 * max(1.0, float(np.abs(X).max())))
+        rel = [float(s / abs(c)) if c != 0 else math.inf for s, c in zip(se, coef)]
+        deficient = rank < len(names)
+        bad = [n for n, c, r in zip(names, coef, rel) if deficient or c < 0 or r > MAX_REL_SE]
+        if not bad or len(names) == 1:
+            break
+        victim = next((n for n in drop_order if n in bad), bad[0])
+        names.remove(victim)
+        dropped.append(victim)
+    coef = np.maximum(coef, 0.0)
+    pred = X @ coef
+    relres = np.abs(yv - pred) / np.maximum(np.abs(yv), 1e-12)
+    return {"coef": {n: float(c) for n, c in zip(names, coef)}, "dropped": dropped,
+            "rel_se": {n: (None if not math.isfinite(r) else round(r, 6)) for n, r in zip(names, rel)},
+            "rms_rel_error": float(np.sqrt(np.mean(relres ** 2))), "max_rel_error": float(relres.max()),
+            "n": len(yv)}
+
+
+def fit_length_dist(lengths: list[int], max_new_tokens: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A ``LengthDist`` for the lengths: lognormal on the untruncated ones (median, sigma
+    from their logs), ``fixed`` when they do not vary. Lengths at ``max_new_tokens`` are
+    truncated draws; the fit reports their share."""
+    xs = [int(x) for x in lengths if x > 0]
+    if not xs:
+        raise ConfigError("cost fit: no response lengths in the input")
+    cap = sum(1 for x in xs if x >= max_new_tokens)
+    free = [x for x in xs if x < max_new_tokens]
+    stats = {"n": len(xs), "mean": sum(xs) / len(xs), "truncated_share": cap / len(xs)}
+    if len(set(xs)) == 1 or len(free) < 2 or cap / len(xs) >= 0.5:
+        # constant, or mostly truncated (the median is at or above the cap): every draw hits the cap
+        med = max_new_tokens if cap / len(xs) >= 0.5 else float(np.median(xs))
+        return {"kind": "fixed", "median": float(med)}, stats
+    logs = np.log(np.asarray(sorted(xs), dtype=float))
+    # Quantile matching on all lengths (truncated ones are the top, below the median here):
+    # median from the 50th percentile, sigma from the 50th-25th percentile spread.
+    median = float(np.exp(np.quantile(logs, 0.5)))
+    sigma = float((np.quantile(logs, 0.5) - np.quantile(logs, 0.25)) / 0.6744897501960817)
+    if sigma <= 0:
+        sigma = float(np.std(logs))
+    return {"kind": "lognormal", "median": median, "sigma": max(sigma, 1e-6)}, stats
+
+
+def fit_costs(obs: Observations) -> CostModel:
+    steps = obs.steps
+    if len(steps) < 3:
+        raise ConfigError(f"cost fit: {len(steps)} steps in mode {obs.mode}; need at least 3")
+    notes: list[str] = []
+    S = [float(replay_steps(s.lengths, obs.max_running)) for s in steps]
+    tok = [float(sum(s.lengths)) for s in steps]
+    pre = [float(obs.prompt_tokens * len(s.lengths)) for s in steps]
+    cols = {"decode_base_s": S, "decode_per_seq_s": tok}
+    if obs.prompt_tokens > 0:
+        cols["prefill_per_token_s"] = pre
+    eng = _lstsq(cols, [s.generating_s for s in steps], ["prefill_per_token_s", "decode_per_seq_s", "decode_base_s"])
+    for name in eng["dropped"]:
+        notes.append(f"engine {name}: not identifiable from this run (its column moves with the others), set to 0 "
+                     "and its cost folded into the kept coefficients; extrapolation in "
+                     + {"decode_per_seq_s": "running batch size (max_running, GPUs per engine)",
+                        "decode_base_s": "lengths / waves", "prefill_per_token_s": "prompt length"}[name]
+                     + " is uncertain")
+    trn = _lstsq({"train_base_s": [1.0] * len(steps), "train_per_token_s": tok}, [s.training_s for s in steps],
+                 ["train_base_s", "train_per_token_s"])
+    if "train_base_s" in trn["dropped"]:
+        notes.append("trainer train_base_s: not identifiable (tokens per step hardly vary), so training time is "
+                     "taken as proportional to tokens (base 0); other batch sizes scale linearly")
+    length, lstats = fit_length_dist([x for s in steps for x in s.lengths], obs.max_new_tokens)
+    if not obs.lengths_exact:
+        notes.append("no per-request lengths in the input (results file without a trace): lengths are each step's "
+                     "tokens spread evenly over its samples")
+    # the last step's weight sync falls after the measurement window (it ends with training)
+    sync = np.asarray([s.weight_sync_s for s in steps[:-1]], dtype=float)
+    ws = float(sync.mean())
+    a, b = eng["coef"].get("decode_base_s", 0.0), eng["coef"].get("decode_per_seq_s", 0.0)
+    pause = 0.0
+    pause_fit: dict[str, Any] = {"source": "none (no fully-async mode in the input): 0"}
+    if obs.fully_async_sync_s:
+        fa = float(np.mean(obs.fully_async_sync_s))
+        half_step = 0.5 * (a + b * obs.max_running)
+        pause = max(0.0, fa - ws - half_step)
+        pause_fit = {"source": "fully-async weight-sync spans - sync-mode weight sync - half a full decode step",
+                     "fully_async_weight_sync_mean_s": fa, "n": len(obs.fully_async_sync_s)}
+    rollout_latency = float(np.mean([max(0.0, s.waiting_s - s.generating_s) for s in steps]))
+    fit = {
+        "source": obs.source, "mode": obs.mode, "steps": len(steps),
+        "engine": eng, "trainer": trn,
+        "response_length": lstats,
+        "weight_sync": {"mean_s": ws, "cv": float(sync.std() / ws) if ws else 0.0, "n": len(sync)},
+        "pause_resume": pause_fit,
+        "rollout_latency_s": {"mean_s": rollout_latency, "note": "trainer waiting minus engine busy per sync step "
+                              "(request dispatch, reward, IPC); not simulated"},
+        "notes": notes,
+    }
+    return CostModel(decode_base_s=a if a > 0 else 1e-9, decode_per_seq_s=b,
+                     prefill_per_token_s=eng["coef"].get("prefill_per_token_s", 0.0), max_running=obs.max_running,
+                     prompt_tokens=obs.prompt_tokens, max_new_tokens=obs.max_new_tokens, response_length=length,
+                     train_base_s=trn["coef"].get("train_base_s", 0.0),
+                     train_per_token_s=trn["coef"].get("train_per_token_s", 0.0), weight_sync_s=ws,
+                     pause_resume_s=pause, fit=fit)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m harness.advise.costs", description=__doc__.split("\n")[0])
+    p.add_argument("results", help="a main-job results.json")
+    p.add_argument("--trace", help="the run's event trace (JSONL) for per-request lengths, optional")
+    p.add_argument("--mode", default="sync")
+    p.add_argument("--out", required=True, help="where to write the cost model (JSON)")
+    args = p.parse_args(argv)
+    costs = fit_costs(observations_from_results(args.results, mode=args.mode, trace=args.trace))
+    path = costs.write(args.out)
+    print(json.dumps({k: v for k, v in costs.to_json().items() if k != "fit"}, indent=1, sort_keys=True))
+    print("notes:\n  " + "\n  ".join(costs.fit["notes"]) if costs.fit["notes"] else "notes: none")
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())
