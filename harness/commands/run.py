@@ -4,13 +4,27 @@ Chrome-trace timeline and PNGs.
 
     miles-harness run [--modes sync,one-step,fully-async] [--layout split|colocate]
                       [--model tiny|smollm2|PATH] [--task copy|arithmetic] [--steps N]
-                      [--out DIR] [-- MILES ARGS]
+                      [--repeats N] [--allow-violations] [--out DIR] [-- MILES ARGS]
 
 The built-in default needs nothing but the install: the tiny model (d_model 256, 4
-layers) learns the ``copy`` task on the split layout, B = 16 prompts x n = 8 samples,
-with the engine's batch capped at 16 requests so rollout and training take comparable
-time (within a factor 2 on a 2-core CPU), which is where overlap can pay. Miles flags after ``--`` (``--rollout-batch-size``,
-``--update-weights-interval``, ``--max-weight-staleness``, ...) apply to every mode.
+layers) learns the ``copy`` task (4 symbols, copy 2; chance level 0.25) on the split
+layout, B = 16 prompts x n = 8 samples, 40 steps at lr 1e-3, with the engine's batch
+capped at 16 requests so rollout and training take comparable time (within a factor 2
+on a 2-core CPU), which is where overlap can pay. Miles flags after ``--``
+(``--rollout-batch-size``, ``--update-weights-interval``, ``--max-weight-staleness``,
+...) apply to every mode.
+
+The modes run in interleaved repeats (sync, one-step, fully-async, sync, one-step, ...;
+``--repeats``): each repeat's speedup is against the sync run of the same repeat, and
+the table shows the median over the repeats with its min-max spread; results.json keeps
+every repeat's row (``extra.repeats``). The first repeat carries the per-step gap
+decomposition, the timeline and the per-step history.
+
+Every run's trace is checked by every applicable invariant checker
+(``harness.checking.invariants``) after its timed window; the verdicts are printed and
+stored (``extra.checks``), and a violation makes the command exit 1 unless
+``--allow-violations`` is given. The loss table splits each overlapped mode's gap to the
+ideal speedup into parts (``harness.measure.overlap_loss``).
 """
 
 from __future__ import annotations
@@ -39,8 +53,8 @@ def _default(field_name: str) -> Any:
 RUNSPEC_FLAGS: dict[str, str] = {
     "layout": "layout", "model": "model", "task": "task", "steps": "steps", "lr": "lr", "lr_scaling": "lr_scaling",
     "use_tis": "use_tis", "tis_clip": "tis_clip", "seed": "seed", "threads": "threads", "d_model": "tiny_d_model",
-    "layers": "tiny_layers", "task_length": "task_length", "max_running": "max_running", "profile": "profile",
-    "device": "device",
+    "layers": "tiny_layers", "task_length": "task_length", "task_symbols": "task_symbols",
+    "max_running": "max_running", "profile": "profile", "device": "device", "repeats": "repeats",
 }
 
 
@@ -62,6 +76,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--d-model", type=int, default=d("tiny_d_model"), help="tiny model width")
     p.add_argument("--layers", type=int, default=d("tiny_layers"), help="tiny model depth")
     p.add_argument("--task-length", type=int, default=d("task_length"), help="copy task: symbols to copy")
+    p.add_argument("--task-symbols", type=int, default=d("task_symbols"),
+                   help="copy task: alphabet size (1-8); chance level is 1 / this")
+    p.add_argument("--repeats", type=int, default=d("repeats"),
+                   help="interleaved repeats of the modes; the table reports medians and min-max")
+    p.add_argument("--allow-violations", action="store_true",
+                   help="exit 0 even when a trace violates an invariant (the violations are still printed)")
     p.add_argument("--max-running", type=int, default=d("max_running"),
                    help="engine's continuous-batching width (requests)")
     p.add_argument("--profile", default=d("profile"), help="rule profile (manual | miles-31f1ca9)")
@@ -75,17 +95,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def spec_from_args(args: argparse.Namespace) -> Any:
-    """The ``RunSpec`` a command line asks for (``--task-length`` applies to the copy task only)."""
+    """The ``RunSpec`` a command line asks for (``--task-length`` and ``--task-symbols``
+    apply to the copy task only)."""
     from harness.main_job.job import RunSpec
 
     values = {field: getattr(args, dest) for dest, field in RUNSPEC_FLAGS.items()}
     if values["task"] != "copy":
-        values["task_length"] = None
+        values["task_length"] = values["task_symbols"] = None
     return RunSpec(**values, gap_decomposition=not args.no_gap)
 
 
 def main(args: argparse.Namespace) -> int:
-    from harness.main_job.job import run_mode, summarize_mode
+    from harness.main_job.job import aggregate_repeats, mode_config, run_mode, summarize_mode
 
     miles = [a for a in args.miles_args if a != "--"] or []
     base, notes = parse_miles_args(DEFAULT_MILES_ARGS + miles)
@@ -93,43 +114,91 @@ def main(args: argparse.Namespace) -> int:
         print(f"note: {note}")
     spec = spec_from_args(args)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    from harness.main_job.job import mode_config
-
     for mode in modes:  # refuse a forbidden mode before any work is done
         mode_config(mode, base, spec)
     _check_model(spec)
     out = Path(args.out or f"results/runs/{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}")
-    results: dict[str, Any] = {}
-    rows: list[dict[str, Any]] = []
-    progress = _progress(len(modes) * spec.steps)
+    runs: dict[str, list[Any]] = {m: [] for m in modes}  # ModeResult per repeat
+    repeat_rows: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
+    progress = _progress(spec.repeats * len(modes) * spec.steps)
     from harness.measure.telemetry import TelemetrySampler
 
     current = {"mode": None}
     telemetry = TelemetrySampler(interval_s=args.telemetry_interval, phase_fn=lambda: current["mode"]).start()
+    t_start = time.monotonic()
+    failed = False
     try:
-        for mode in modes:
-            current["mode"] = mode
-            progress.set_description(mode)
-            r = run_mode(mode, base, spec, on_step=lambda _m: progress.update(1))
-            results[mode] = r
-            rows.append(summarize_mode(r, results.get("sync")))
-            _write_outputs(out, spec, base, results, rows, plots=False)  # finished modes are never lost
-            if r.error:
+        for rep in range(spec.repeats):
+            for mode in modes:
+                current["mode"] = mode
+                progress.set_description(f"{mode} {rep + 1}/{spec.repeats}")
+                r = run_mode(mode, base, spec, on_step=lambda _m: progress.update(1),
+                             gap=spec.gap_decomposition and rep == 0)
+                runs[mode].append(r)
+                sync = runs["sync"][rep] if "sync" in runs and len(runs["sync"]) > rep else None
+                repeat_rows[mode].append(summarize_mode(r, sync))
+                _write_outputs(out, spec, base, runs, repeat_rows, plots=False)  # finished runs are never lost
+                failed = failed or bool(r.error)
+                if failed:
+                    break
+            if failed:
                 break
     finally:
         progress.close()
         telemetry.stop()
-    paths = _write_outputs(out, spec, base, results, rows, plots=not args.no_plots, telemetry=telemetry.summary())
+    total_s = time.monotonic() - t_start
+    paths = _write_outputs(out, spec, base, runs, repeat_rows, plots=not args.no_plots, telemetry=telemetry.summary(),
+                           total_s=total_s)
+    rows = [aggregate_repeats(rs) for rs in repeat_rows.values() if rs]
     print(format_table(rows))
+    losses = {r["mode"]: r["losses"] for r in rows if r.get("losses")}
+    if losses:
+        from harness.measure.overlap_loss import format_loss_table
+
+        print("\nwhere the overlap is lost (the repeat with the median overlap efficiency; parts sum to the gap, "
+              "see harness.measure.overlap_loss):")
+        print(format_loss_table(losses))
+    violated = _print_checks(runs)
+    print(f"\ntotal wall time {total_s:.1f} s ({spec.repeats} repeat(s) of {', '.join(modes)})")
     for p in paths:
         print(f"wrote {p}")
-    failed = [r for r in rows if r["error"]]
-    for r in failed:
-        print(f"mode {r['mode']} failed after {r['steps']} steps: {r['error']}")
     for r in rows:
+        if r["error"]:
+            print(f"mode {r['mode']} failed: {r['error']}")
         if r.get("worker_error"):
             print(f"mode {r['mode']}: the fully-async rollout worker died after the last drain: {r['worker_error']}")
-    return 1 if failed else 0
+    if violated and not args.allow_violations:
+        print(f"FAILED: invariant violations in {', '.join(violated)}; the run's figures are not trustworthy. "
+              "Pass --allow-violations to explore anyway.")
+        return 1
+    if violated:
+        print(f"warning: invariant violations in {', '.join(violated)} (--allow-violations given)")
+    return 1 if any(r["error"] for r in rows) else 0
+
+
+def _print_checks(runs: dict[str, list[Any]], *, per_invariant: int = 3) -> list[str]:
+    """Print each run's checker verdicts; return ``mode#repeat`` of every run with a violation."""
+    print("\ninvariant checkers on each run's trace (harness.checking.invariants):")
+    violated = []
+    for mode, results in runs.items():
+        for rep, r in enumerate(results, 1):
+            c = r.checks
+            if c is None:
+                continue
+            what = "complete run" if c["complete"] else "prefix of a failed run"
+            if c["passed"]:
+                print(f"  {mode} #{rep}: PASS, {len(c['checkers'])} checkers ({what})")
+                continue
+            violated.append(f"{mode}#{rep}")
+            bad = {k: n for k, n in c["checkers"].items() if n}
+            print(f"  {mode} #{rep}: FAIL ({what}): " + ", ".join(f"{k} ({n})" for k, n in bad.items())
+                  + f"; passed: {', '.join(k for k, n in c['checkers'].items() if not n)}")
+            shown: dict[str, int] = {}
+            for v in c["violations"]:
+                if shown.get(v["invariant"], 0) < per_invariant:
+                    shown[v["invariant"]] = shown.get(v["invariant"], 0) + 1
+                    print(f"      [{v['invariant']}] {v['message']}")
+    return violated
 
 
 def _check_model(spec: Any) -> None:
@@ -177,45 +246,59 @@ def _tokens_per_s(r: Any) -> list[float]:
     return [t / s for t, s in zip(tokens, _step_times(r)) if s > 0]
 
 
-def _write_outputs(out: Path, spec: Any, base: AsyncConfig, results: dict[str, Any], rows: list[dict[str, Any]],
-                   *, plots: bool, telemetry: dict[str, Any] | None = None) -> list[Path]:
+def _write_outputs(out: Path, spec: Any, base: AsyncConfig, runs: dict[str, list[Any]],
+                   repeat_rows: dict[str, list[dict[str, Any]]], *, plots: bool,
+                   telemetry: dict[str, Any] | None = None, total_s: float | None = None) -> list[Path]:
+    """results.json (every repeat's rows, the aggregated table, checks, losses), the
+    timeline of the first repeat, and the PNGs."""
+    from harness.main_job.job import aggregate_repeats
     from harness.results.chrome_trace import write_chrome_trace
     from harness.results.schema import Results
 
+    first = {m: rs[0] for m, rs in runs.items() if rs}
     config = {"spec": dataclasses.asdict(spec), "base": base.to_dict(),
-              "modes": {m: r.config.resolved_dict() for m, r in results.items()}}
+              "modes": {m: r.config.resolved_dict() for m, r in first.items()}}
     res = Results.new("run", config, definition_common={"task": spec.task, "model": spec.model,
-                                                         "layout": spec.layout, "steps": spec.steps})
+                                                         "layout": spec.layout, "steps": spec.steps,
+                                                         "repeats": spec.repeats})
+    rows = [aggregate_repeats(rs) for rs in repeat_rows.values() if rs]
     modes_extra: dict[str, Any] = {}
     for row in rows:
-        mode, r = row["mode"], results[row["mode"]]
-        times = _step_times(r)
+        mode = row["mode"]
+        times = [t for r in runs[mode] for t in _step_times(r)]
         if times:
             res.add_benchmark(f"{mode}/step_s", times, unit="s", higher_is_better=False)
-        tps = _tokens_per_s(r)
+        tps = [t for r in runs[mode] for t in _tokens_per_s(r)]
         if tps:
             res.add_benchmark(f"{mode}/tokens_per_s", tps, unit="tokens/s", higher_is_better=True)
         for key, better in (("speedup", True), ("overlap_efficiency", True), ("both_busy_fraction", True)):
-            if row.get(key) is not None and mode != "sync":
-                res.add_benchmark(f"{mode}/{key}", [row[key]], unit="ratio", higher_is_better=better)
+            values = [x[key] for x in repeat_rows[mode] if x.get(key) is not None]
+            if values and mode != "sync":  # one sample per repeat
+                res.add_benchmark(f"{mode}/{key}", values, unit="ratio", higher_is_better=better)
+        r = first[mode]
         ages = [a for h in r.history for a in h.get("age_versions", [])]
         modes_extra[mode] = {"phases": _phases(r), "sample_ages": ages, "wall_s": row["wall_s"],
-                             **{k: row[k] for k in ("speedup", "overlap_efficiency", "error", "worker_error")
+                             **{k: row[k] for k in ("speedup", "overlap_efficiency", "error", "worker_error",
+                                                    "chance_level", "reward_start", "reward_end", "checks_passed")
                                 if row.get(k) is not None}}
     res.extra["modes"] = modes_extra
-    gap_mode = "one-step" if "one-step" in results else next(iter(results), None)
+    gap_mode = "one-step" if "one-step" in first else next(iter(first), None)
     if gap_mode is not None:
         steps = [{"step": h["rollout_id"], "kernel": h["gap/kernel_abs_mean"], "staleness": h["gap/staleness_abs_mean"],
-                  "total": h["gap/total_abs_mean"]} for h in results[gap_mode].history if "gap/total_abs_mean" in h]
+                  "total": h["gap/total_abs_mean"]} for h in first[gap_mode].history if "gap/total_abs_mean" in h]
         if steps:
             res.extra["gap_steps"] = steps
             res.extra["gap_mode"] = gap_mode
             res.extra["gap_unit"] = f"mean |log-prob gap| (nats/token), {gap_mode}"
-    res.extra["gap_summary"] = {m: r.gap_summary for m, r in results.items() if r.gap_summary}
+    res.extra["gap_summary"] = {m: r.gap_summary for m, r in first.items() if r.gap_summary}
     if telemetry is not None:
         res.extra["telemetry"] = telemetry
+    if total_s is not None:
+        res.extra["total_wall_s"] = total_s
     res.extra["table"] = rows
-    res.extra["per_step"] = {m: r.history for m, r in results.items()}
+    res.extra["repeats"] = repeat_rows
+    res.extra["checks"] = {m: [x["checks"] for x in rs] for m, rs in repeat_rows.items()}
+    res.extra["per_step"] = {m: r.history for m, r in first.items()}
     paths = [res.write(out / "results.json"),
              write_chrome_trace({m: e["phases"] for m, e in modes_extra.items()}, out / "timeline.trace.json")]
     if plots:
@@ -231,20 +314,42 @@ def _fmt(v: Any, spec: str = ".3f") -> str:
     return format(v, spec) if isinstance(v, float) else str(v)
 
 
+def _spread(r: dict[str, Any], key: str, spec: str) -> str:
+    if r.get(key) is None:
+        return "-"
+    if r.get("repeats", 1) > 1 and f"{key}_min" in r:
+        return f"{r[key]:{spec}} ({r[key + '_min']:{spec}}-{r[key + '_max']:{spec}})"
+    return format(r[key], spec)
+
+
 def format_table(rows: list[dict[str, Any]]) -> str:
+    """The aggregated rows (``aggregate_repeats``): medians over the repeats, min-max in
+    brackets for speedup and overlap efficiency."""
+    repeats = max((r.get("repeats", 1) for r in rows), default=1)
+    window = next((int(r["reward_window"]) for r in rows if r.get("reward_window")), None)
     cols = [("mode", "mode", "s"), ("steps", "steps", "d"), ("wall s", "wall_s", ".2f"),
-            ("speedup", "speedup", ".2f"), ("ideal", "ideal_speedup", ".2f"),
-            ("overlap eff", "overlap_efficiency", ".2f"), ("both busy", "both_busy_fraction", ".1%"),
+            ("speedup", "speedup", "spread.2f"), ("ideal", "ideal_speedup", ".2f"),
+            ("overlap eff", "overlap_efficiency", "spread.2f"), ("both busy", "both_busy_fraction", ".1%"),
             ("rollout idle", "rollout_idle_ratio", ".1%"), ("train idle", "train_idle_ratio", ".1%"),
             ("wait ratio", "wait_time_ratio", ".1%"), ("dropped", "dropped_share", ".1%"),
-            ("retried", "retried_share", ".1%"), ("reward start", "reward_start", ".3f"),
-            ("reward end", "reward_end", ".3f"), ("lr", "lr", ".2e")]
+            ("retried", "retried_share", ".1%"), ("chance", "chance_level", ".3f"),
+            ("reward start", "reward_start", ".3f"), ("reward end", "reward_end", ".3f"), ("lr", "lr", ".2e")]
     header = [c[0] for c in cols] + ["age (versions: count)"]
     body = []
     for r in rows:
-        body.append([_fmt(r.get(k), f) if f != "d" else str(r.get(k)) for _, k, f in cols]
-                    + [" ".join(f"{a}:{n}" for a, n in r["age_hist"].items()) or "-"])
+        cells = []
+        for _, k, f in cols:
+            if f == "d":
+                cells.append(_fmt(None if r.get(k) is None else int(r[k]), "d"))
+            elif f.startswith("spread"):
+                cells.append(_spread(r, k, f[len("spread"):]))
+            else:
+                cells.append(_fmt(r.get(k), f))
+        body.append(cells + [" ".join(f"{a}:{n}" for a, n in r["age_hist"].items()) or "-"])
     widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(header)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths))]
+    lines = [f"medians over {repeats} interleaved repeat(s), (min-max) where shown; reward start / end: mean "
+             f"train/reward_mean of the first / last {window or '-'} steps; chance: the best prompt-blind "
+             "policy's reward"]
+    lines.append("  ".join(h.ljust(w) for h, w in zip(header, widths)))
     lines += ["  ".join(c.ljust(w) for c, w in zip(b, widths)) for b in body]
     return "\n".join(lines)

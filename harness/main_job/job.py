@@ -12,6 +12,15 @@ Layouts:
 ``fully-async`` = ``train_async.py --fully-async``) with a fresh model built from the
 same seed, records the trace on the real clock, and returns a ``ModeResult``. A run that
 fails keeps every finished step in its result (``error`` says what happened).
+
+What the harness computes for itself stays out of the timed window (``t0`` .. ``t1``,
+the driver's ``run``): the trace records events as they happen (the run ends with
+``RUN_END``, listing what is still pending, so ``conservation`` can close), and after
+``t1`` every applicable invariant checker runs on the trace (``ModeResult.checks``) and
+the per-step gap decomposition is computed by replaying the recorded training batches
+(``_GapRecorder``). ``run_mode(..., measure=False)`` runs with none of it (no trace, no
+age observer, no gap, no checks): ``suites/bench/test_measurement_cost.py`` compares the
+two.
 """
 
 from __future__ import annotations
@@ -36,8 +45,9 @@ from miles_async_core.rules import validate
 from miles_async_core.types import SamplingParams
 from harness.measure.ages import AgeRecorder
 from harness.measure.overlap import ideal_speedup, measurement_window, overlap_metrics
-from harness.sim.simulate import histogram
+from harness.sim.simulate import emit_run_end, histogram
 from harness.trace import TraceRecorder
+from miles_async_core.contracts import NullSink
 
 MODES: dict[str, dict[str, Any]] = {
     "sync": {"driver": "train", "fully_async": False},
@@ -56,8 +66,8 @@ class RunSpec:
     layout: str = "split"
     model: str = "tiny"
     task: str = "copy"
-    steps: int = 30
-    lr: float = 3e-3
+    steps: int = 40
+    lr: float = 1e-3  # 3e-3 collapsed the copy policy to a prompt-blind constant (reward at chance)
     lr_scaling: str = "none"
     use_tis: bool = False
     tis_clip: float = 2.0
@@ -68,7 +78,9 @@ class RunSpec:
     tiny_layers: int = 4
     profile: str = "manual"
     device: str = "cpu"
-    task_length: int | None = 3  # copy task only: symbols to copy (longer -> more decode steps); None: the task's own
+    task_length: int | None = 2  # copy task only: symbols to copy (longer -> more decode steps); None: the task's own
+    task_symbols: int | None = 4  # copy task only: alphabet size (chance level 1 / task_symbols); None: the task's own
+    repeats: int = 3  # interleaved repeats of the modes (sync, one-step, fully-async, sync, ...); medians reported
     gap_decomposition: bool = True  # per-step kernel / staleness gap, computed after the timed run
 
     def __post_init__(self) -> None:
@@ -78,7 +90,15 @@ class RunSpec:
         if self.layout not in LAYOUTS:
             raise ConfigError(f"--layout {self.layout!r}: allowed {', '.join(LAYOUTS)}; fix: pick one of them")
         if self.steps < 2:
-            raise ConfigError(f"--steps {self.steps}: must be >= 2 to compare start and end; fix: e.g. --steps 30")
+            raise ConfigError(f"--steps {self.steps}: must be >= 2 to compare start and end; fix: e.g. --steps 40")
+        if self.repeats < 1:
+            raise ConfigError(f"--repeats {self.repeats}: must be >= 1; fix: e.g. --repeats 3")
+
+    def task_kwargs(self) -> dict[str, Any]:
+        """``get_task`` arguments: length and alphabet apply to the copy task only."""
+        if self.task != "copy":
+            return {}
+        return {k: v for k, v in (("length", self.task_length), ("n_symbols", self.task_symbols)) if v}
 
 
 @dataclass
@@ -93,6 +113,9 @@ class ModeResult:
     error: str | None = None
     gap_summary: dict[str, Any] | None = None
     worker_error: str | None = None  # a fully-async worker that died after the last drain
+    checks: dict[str, Any] | None = None  # harness.checking.invariants.check_report of the trace (None: not checked)
+    chance_level: float | None = None  # the task's: best prompt-blind policy's expected reward
+    run_s: float = 0.0  # the driver's run, t1 - t0 (what measure=False times too)
 
     def per_step(self, key: str) -> list[float]:
         return [r[key] for r in self.history if key in r]
@@ -146,39 +169,46 @@ def _prompt_fn(task: Any, seed: int) -> Callable[[int], tuple[str, list[int], An
     return prompt
 
 
-def run_mode(mode: str, base: AsyncConfig, spec: RunSpec, *, on_step: Callable[[dict], None] | None = None
-             ) -> ModeResult:
-    config = mode_config(mode, base, spec)
-    task = get_task(spec.task, **({"length": spec.task_length} if spec.task_length and spec.task == "copy" else {}))
-    build = build_model_factory(spec, task)
+def _trainer(spec: RunSpec, build: Callable[[], Any], config: AsyncConfig) -> TorchTrainer:
+    """A fresh trainer on a fresh model: the same weights for every mode and for the gap replay."""
     torch.manual_seed(spec.seed)
     torch.set_num_threads(spec.threads)
-    model = build()
-    trainer = TorchTrainer(model, TrainerConfig(
+    return TorchTrainer(build(), TrainerConfig(
         lr=spec.lr, lr_scaling=spec.lr_scaling, update_weights_interval=config.update_weights_interval,
         max_weight_staleness=config.max_weight_staleness or 0, use_tis=spec.use_tis, tis_clip=spec.tis_clip))
+
+
+def run_mode(mode: str, base: AsyncConfig, spec: RunSpec, *, on_step: Callable[[dict], None] | None = None,
+             measure: bool = True, gap: bool | None = None) -> ModeResult:
+    """One mode's run. ``measure=False``: no trace, no age observer, no gap and no checks
+    (only ``run_s`` and the history are meaningful). ``gap`` overrides
+    ``spec.gap_decomposition`` (the main job decomposes the first repeat only)."""
+    config = mode_config(mode, base, spec)
+    task = get_task(spec.task, **spec.task_kwargs())
+    build = build_model_factory(spec, task)
+    trainer = _trainer(spec, build, config)
     holder: dict[str, Any] = {}
-    gap = _GapRecorder(spec, build) if spec.gap_decomposition else None
-    if gap is not None:
-        gap.prepare(trainer)
+    recorder = _GapRecorder(spec, build, config) if measure and (spec.gap_decomposition if gap is None else gap) \
+        else None
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
-        sink = TraceRecorder(loop.time)
+        sink = TraceRecorder(loop.time) if measure else NullSink()
         holder["sink"] = sink
         engine = _make_engine(spec, build, trainer, task, sink)
         holder["engine"] = engine
-        if gap is not None:
-            engine = gap.wrap_engine(engine, trainer)
-        ctx = make_context(config, engine, _Stepped(trainer, on_step, gap), _prompt_fn(task, spec.seed),
+        if recorder is not None:
+            engine = recorder.wrap_engine(engine, trainer)
+        ctx = make_context(config, engine, _Stepped(trainer, on_step, recorder), _prompt_fn(task, spec.seed),
                            sampling=SamplingParams(max_new_tokens=task.max_new_tokens, temperature=1.0),
-                           reward_fn=task.reward, sink=sink, observer=AgeRecorder())
+                           reward_fn=task.reward, sink=sink, observer=AgeRecorder() if measure else None)
         holder["ctx"] = ctx
         holder["t0"] = loop.time()
         try:
             await run(ctx)
         finally:
             holder["t1"] = loop.time()
+            emit_run_end(ctx)  # a no-op on the NullSink
             await _close(engine)
 
     error = None
@@ -187,41 +217,51 @@ def run_mode(mode: str, base: AsyncConfig, spec: RunSpec, *, on_step: Callable[[
     except Exception as exc:  # finished steps are kept; the caller reports the error
         error = f"{type(exc).__name__}: {exc}"
     ctx, sink = holder.get("ctx"), holder.get("sink")
-    events = sink.events if sink else []
+    events = sink.events if isinstance(sink, TraceRecorder) else []
     engine = holder.get("engine")
     history = ctx.history if ctx else []
-    gap_summary = gap.finish(history) if gap is not None else None
+    # after t1: nothing below is timed
+    gap_summary = recorder.finish(history, trainer) if recorder is not None else None
+    checks = None
+    if measure:
+        from harness.checking.invariants import check_report
+
+        checks = check_report(events, config, complete=error is None)
     worker_error = getattr(ctx, "worker_error", None)
+    t0, t1 = holder.get("t0", 0.0), holder.get("t1", 0.0)
     return ModeResult.from_trace(
-        mode, config, history, events, holder.get("t0", 0.0), holder.get("t1", 0.0), error=error,
-        engine_sync=list(getattr(engine, "sync_s", [])), gap_summary=gap_summary,
+        mode, config, history, events, t0, t1, error=error,
+        engine_sync=list(getattr(engine, "sync_s", [])), gap_summary=gap_summary, checks=checks,
+        chance_level=task.chance_level, run_s=t1 - t0,
         worker_error=f"{type(worker_error).__name__}: {worker_error}" if worker_error else None)
 
 
 class _GapRecorder:
-    """Keeps what the trainer-engine gap decomposition needs (every engine version's
-    weights, and per step the samples and the weights about to be trained) and computes
-    it after the run, so the extra forward passes never distort the timed overlap."""
+    """The per-step trainer-engine gap decomposition, computed after the timed run by
+    replaying training, so it costs the timed run nothing and holds few weight copies.
 
-    def __init__(self, spec: RunSpec, build: Callable[[], Any]) -> None:
-        from harness.measure.gap_decompose import GapTracker
+    During the run it records only what is already in memory: each step's training batch
+    (a reference to the groups the trainer gets, and the trainer's optimizer step count
+    then) and, at each engine weight load, the step count of the weights loaded. It
+    copies no weights. ``finish`` (after ``t1``) builds a fresh trainer from the same
+    seed and config and replays the recorded batches in order; just before replaying
+    step ``i`` its weights are the weights step ``i`` trained from, so that step's
+    samples are decomposed against them (``GapTracker.observe``), and every version
+    loaded into the engine at that step count is stored (``GapTracker.on_engine_update``).
+    The store keeps exactly as many versions as some step's samples still need (the
+    longest run of loaded versions between a step's oldest token version and the step
+    itself): one copy for sync, two for one-step-ahead, max staleness + 2 at most, never
+    steps + 2. The replay is checked against the run: its final weights must equal the
+    trained model's bit for bit (``replay_exact`` in the summary; the largest
+    difference in ``replay_max_abs_diff``)."""
 
-        self.tracker = GapTracker(capacity=spec.steps + 2, model_builder=build, temperature=1.0)
-        self.steps: list[tuple[int, list[Any], dict[str, Any], int]] = []
-        self._buffers: list[dict[str, Any]] = []
-
-    def prepare(self, trainer: TorchTrainer) -> None:
-        """Before the timed run: allocate and touch one buffer per weight version the run
-        keeps. Fresh copies inside the run page-faulted ever more memory and stretched
-        the weight-sync phase from ~10 ms to ~80 ms per step on the default model."""
-        template = trainer.get_weights()
-        self._buffers = [{k: torch.zeros_like(v) for k, v in template.items()} for _ in range(self.tracker.store.capacity)]
-
-    def weights_copy(self, trainer: TorchTrainer) -> dict[str, Any]:
-        return trainer.get_weights(self._buffers.pop()) if self._buffers else trainer.get_weights()
+    def __init__(self, spec: RunSpec, build: Callable[[], Any], config: AsyncConfig) -> None:
+        self.spec, self.build, self.config = spec, build, config
+        self.steps: list[tuple[int, list[Any], int]] = []  # (rollout_id, groups, optimizer steps before it)
+        self.loaded: list[tuple[int, int]] = []  # (engine version, optimizer steps of its weights)
 
     def wrap_engine(self, engine: Any, trainer: TorchTrainer) -> Any:
-        tracker = self.tracker
+        loaded = self.loaded
 
         class _Recording:
             def __getattr__(self, name: str) -> Any:
@@ -235,8 +275,7 @@ class _GapRecorder:
 
             async def update_weights(self, version: int, weights: Any) -> None:
                 await engine.update_weights(version, weights)
-                # the driver's fresh get_weights() copy: kept as is, not copied again
-                tracker.on_engine_update(version, trainer.optimizer_steps, weights, copy=False)
+                loaded.append((int(version), trainer.optimizer_steps))
 
             async def continue_generation(self) -> None:
                 await engine.continue_generation()
@@ -244,22 +283,54 @@ class _GapRecorder:
         return _Recording()
 
     def record(self, rollout_id: int, groups: list[Any], trainer: TorchTrainer) -> None:
+        self.steps.append((rollout_id, groups, trainer.optimizer_steps))
+
+    def capacity(self, needs: list[set[int]]) -> int:
+        """Versions the store must hold: for each step, the loaded versions (in load
+        order) from its oldest needed one up to the step itself."""
+        put = sorted({k for _, k in self.loaded})
+        held = [sum(1 for k in put if min(need) <= k <= i) for i, need in enumerate(needs) if need]
+        return max(held, default=1)
+
+    def finish(self, history: list[dict], trainer: TorchTrainer) -> dict[str, Any] | None:
+        from harness.measure.gap_decompose import GapTracker
         from miles_async_core.types import iter_samples
 
-        samples = [s for g in groups for s in iter_samples(g) if s.response_tokens]
-        # The weights about to be trained were usually just loaded into the engine (and
-        # stored): reuse that copy; copying again inside the timed run slowed each step.
-        steps, store = trainer.optimizer_steps, self.tracker.store
-        weights = store.get(steps) if steps in store else trainer.get_weights()
-        self.steps.append((rollout_id, samples, weights, steps))
-
-    def finish(self, history: list[dict]) -> dict[str, Any] | None:
         by_step = {h["rollout_id"]: h for h in history}
-        for rollout_id, samples, weights, steps in self.steps:
-            if rollout_id in by_step and samples:
-                by_step[rollout_id].update(self.tracker.observe(rollout_id, samples, current_weights=weights,
-                                                                optimizer_steps=steps))
-        return self.tracker.summary() if self.tracker.decompositions else None
+        steps = []
+        for i, (rollout_id, groups, before) in enumerate(self.steps):
+            if rollout_id not in by_step or before != i:
+                break  # replay only the steps that trained, in the order they did
+            steps.append((rollout_id, [s for g in groups for s in iter_samples(g)]))
+        if not steps:
+            return None
+        to_steps = dict(self.loaded)
+        needs = [{to_steps.get(v, -1) for s in samples for v in s.token_versions.versions()}
+                 for _, samples in steps]
+        capacity = self.capacity(needs)
+        tracker = GapTracker(capacity=capacity, model_builder=self.build, temperature=1.0)
+        replay = _trainer(self.spec, self.build, self.config)
+        loads: dict[int, list[int]] = {}
+        for version, k in self.loaded:
+            loads.setdefault(k, []).append(version)
+        groups_of = {rid: groups for rid, groups, _ in self.steps}
+        for i, (rollout_id, samples) in enumerate(steps):
+            current = replay.get_weights()
+            for version in loads.get(i, []):
+                tracker.on_engine_update(version, i, current, copy=False)  # nobody writes to this copy
+            scored = [s for s in samples if s.response_tokens]
+            if scored:
+                by_step[rollout_id].update(tracker.observe(rollout_id, scored, current_weights=current,
+                                                           optimizer_steps=i))
+            replay.train_step(groups_of[rollout_id])
+        if not tracker.decompositions:
+            return None
+        diff = None  # a run that stopped early may have trained a step it never reported
+        if replay.optimizer_steps == trainer.optimizer_steps:
+            diff = max((float((x.float() - y.float()).abs().max()) for x, y in
+                        zip(replay.get_weights().values(), trainer.get_weights().values())), default=0.0)
+        return {**tracker.summary(), "weight_copies_held": capacity, "replay_exact": diff == 0.0,
+                "replay_max_abs_diff": diff}
 
 
 class _Stepped:
@@ -278,7 +349,7 @@ class _Stepped:
         return metrics
 
     def get_weights(self) -> Any:
-        return self.gap.weights_copy(self.trainer) if self.gap is not None else self.trainer.get_weights()
+        return self.trainer.get_weights()
 
 
 def _make_engine(spec: RunSpec, build: Callable[[], Any], trainer: TorchTrainer, task: Any, sink: Any) -> Any:
@@ -347,23 +418,33 @@ async def _close(engine: Any) -> None:
         await asyncio.to_thread(close)
 
 
+REWARD_WINDOW = 5  # reward start / end: the mean of the first / last 5 steps (fewer in runs under 10 steps)
+
+
 def summarize_mode(r: ModeResult, sync: ModeResult | None) -> dict[str, Any]:
-    """One row of the main job's table."""
+    """One row of the main job's table (one repeat of one mode). With ``sync`` (the sync
+    run of the same repeat): speedup, ideal speedup, overlap efficiency and the loss
+    table (``harness.measure.overlap_loss``)."""
+    from harness.measure.overlap_loss import loss_table, step_parts
+
     rewards = r.per_step("train/reward_mean")
-    k = max(1, min(3, len(rewards) // 4))
+    k = max(1, min(REWARD_WINDOW, len(rewards) // 2))
     ages = [a for h in r.history for a in h.get("age_versions", [])]
     lags = [a for h in r.history for a in h.get("lag_steps", [])]
     taken = sum(1 for e in r.events if e.kind == ev.TAKEN)
     dropped = sum(1 for e in r.events if e.kind == ev.DROPPED)
     retried = sum(1 for e in r.events if e.kind == ev.RECYCLED)
+    checks = {k2: v for k2, v in r.checks.items() if not k2.startswith("_")} if r.checks is not None else None
     row: dict[str, Any] = {
-        "mode": r.mode, "steps": len(r.history), "wall_s": r.overlap["wall_s"],
+        "mode": r.mode, "steps": len(r.history), "wall_s": r.overlap["wall_s"], "run_s": r.run_s,
         "reward_start": sum(rewards[:k]) / k if rewards else None,
         "reward_end": sum(rewards[-k:]) / k if rewards else None,
+        "reward_window": k, "chance_level": r.chance_level,
         "age_hist": histogram(ages), "lag_hist": histogram(lags),
         "dropped_share": dropped / taken if taken else 0.0, "retried_share": retried / taken if taken else 0.0,
         "lr": r.per_step("train/lr")[-1] if r.per_step("train/lr") else None,
-        "error": r.error, "worker_error": r.worker_error, **{k2: v for k2, v in r.overlap.items() if k2 != "wall_s"},
+        "error": r.error, "worker_error": r.worker_error, "checks": checks,
+        **{k2: v for k2, v in r.overlap.items() if k2 != "wall_s"},
     }
     if sync is not None and sync.history and r.history and r is not sync:
         per_step_sync = sync.overlap["wall_s"] / len(sync.history)
@@ -372,5 +453,51 @@ def summarize_mode(r: ModeResult, sync: ModeResult | None) -> dict[str, Any]:
         T = (sync.overlap["train_busy_s"] + sync.overlap["weight_sync_s"]) / len(sync.history)
         ideal = ideal_speedup(R, T)
         row.update(speedup=per_step_sync / per_step, ideal_speedup=ideal,
-                   overlap_efficiency=(per_step_sync / per_step) / ideal, sync_rollout_s=R, sync_train_s=T)
+                   overlap_efficiency=(per_step_sync / per_step) / ideal, sync_rollout_s=R, sync_train_s=T,
+                   losses=loss_table(step_parts(sync.events, sync.window, len(sync.history)),
+                                     step_parts(r.events, r.window, len(r.history))))
     return row
+
+
+SPREAD_KEYS = ("speedup", "overlap_efficiency", "wall_s", "run_s", "reward_start", "reward_end")
+
+
+def aggregate_repeats(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """One mode's table row from its repeats' rows (``summarize_mode``): every numeric
+    figure is the median over the repeats; ``SPREAD_KEYS`` also get ``<key>_min`` and
+    ``<key>_max``; the age and lag histograms add up over the repeats; the loss table is
+    the one of the repeat whose overlap efficiency is the median (the lower middle one
+    for an even count), so its parts sum to that repeat's gap; ``checks_passed`` is
+    whether every repeat's trace passed every checker; ``error`` is the first error."""
+    import statistics
+
+    if not rows:
+        raise ValueError("aggregate_repeats needs at least one row")
+    out: dict[str, Any] = {"mode": rows[0]["mode"], "repeats": len(rows)}
+    numeric = [k for k, v in rows[0].items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    for key in numeric:
+        values = [r[key] for r in rows if isinstance(r.get(key), (int, float))]
+        if values:
+            out[key] = statistics.median(values)
+            if key in SPREAD_KEYS:
+                out[f"{key}_min"], out[f"{key}_max"] = min(values), max(values)
+    for key in ("speedup", "overlap_efficiency"):
+        values = [r[key] for r in rows if r.get(key) is not None]
+        if values and key not in out:
+            out[key] = statistics.median(values)
+            out[f"{key}_min"], out[f"{key}_max"] = min(values), max(values)
+    for key in ("age_hist", "lag_hist"):
+        merged: dict[int, int] = {}
+        for r in rows:
+            for a, n in r[key].items():
+                merged[a] = merged.get(a, 0) + n
+        out[key] = dict(sorted(merged.items()))
+    with_losses = sorted((r for r in rows if r.get("losses")), key=lambda r: r["overlap_efficiency"])
+    if with_losses:
+        median_row = with_losses[(len(with_losses) - 1) // 2]
+        out["losses"] = median_row["losses"]
+        out["losses_repeat"] = rows.index(median_row)
+    out["checks_passed"] = all(r["checks"]["passed"] for r in rows if r.get("checks") is not None)
+    out["error"] = next((r["error"] for r in rows if r.get("error")), None)
+    out["worker_error"] = next((r["worker_error"] for r in rows if r.get("worker_error")), None)
+    return out

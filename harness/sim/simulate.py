@@ -74,7 +74,7 @@ def simulate(scenario: Scenario, *, trace: bool = True, buffer_factory: Callable
             await run(ctx)
         finally:
             holder["t_end"] = loop.time()
-            _emit_run_end(ctx)
+            emit_run_end(ctx)
 
     error = None
     try:
@@ -88,8 +88,9 @@ def simulate(scenario: Scenario, *, trace: bool = True, buffer_factory: Callable
                      engine_stats=dict(holder["engine"].stats) if "engine" in holder else {}, error=error, ctx=ctx)
 
 
-def _emit_run_end(ctx: RunContext) -> None:
-    """Record what is still pending (buffered, in flight, recycled) so conservation can close."""
+def emit_run_end(ctx: RunContext) -> None:
+    """Record what is still pending (buffered, in flight, recycled) so conservation can close
+    (``simulate`` and the main job, ``harness.main_job.job.run_mode``, both end with it)."""
     if not ctx.sink.enabled:
         return
     pending: list[int] = []

@@ -204,30 +204,3 @@ def test_the_tracker_refuses_a_sample_from_an_unreported_engine_version():
                index=5)
     with pytest.raises(ConfigError, match=r"sample 5 .*engine version 2.*known: \[1\].*on_engine_update"):
         tracker.observe(0, [s], current_weights=build().weights_copy(), optimizer_steps=0)
-
-
-def test_the_main_jobs_gap_recorder_copies_into_prepared_buffers_and_never_aliases_versions():
-    """The recorder of `miles-harness run` keeps one weight copy per version without
-    allocating inside the timed run: each copy goes to its own pre-touched buffer, the
-    engine-update copy is stored as is, and the step record reuses it."""
-    from harness.main_job.job import RunSpec, _GapRecorder
-
-    trainer = TorchTrainer(build(), TrainerConfig(lr=1e-3))
-    recorder = _GapRecorder(RunSpec(steps=2), build)
-    recorder.prepare(trainer)
-    first = recorder.weights_copy(trainer)
-    recorder.tracker.on_engine_update(1, trainer.optimizer_steps, first, copy=False)
-    stored = recorder.tracker.store.get(trainer.optimizer_steps)
-    assert all(stored[k].data_ptr() == first[k].data_ptr() for k in first)  # no second copy
-    recorder.record(0, [], trainer)
-    assert recorder.steps[0][2] is recorder.tracker.store.get(trainer.optimizer_steps)  # reused, not copied
-
-    kept = {k: v.clone() for k, v in first.items()}
-    with torch.no_grad():
-        for p in trainer.model.module.parameters():
-            p.add_(1.0)
-    second = recorder.weights_copy(trainer)
-    assert second is not first
-    assert all(torch.equal(first[k], kept[k]) for k in kept)  # the older version is untouched
-    current = trainer.model.module.state_dict()
-    assert all(torch.equal(second[k], current[k]) for k in current)

@@ -94,8 +94,8 @@ def test_the_main_job_records_telemetry_exactly_as_far_as_this_machine_has_nvml(
     from harness.measure.telemetry import nvml_status
 
     has_nvml, reason = nvml_status()
-    rc = cli(["run", "--steps", "2", "--modes", "sync", "--d-model", "32", "--layers", "1", "--no-plots",
-              "--out", str(tmp_path)])
+    rc = cli(["run", "--steps", "2", "--repeats", "1", "--modes", "sync", "--d-model", "32", "--layers", "1",
+              "--no-plots", "--out", str(tmp_path)])
     captured = capsys.readouterr()
     assert rc == 0
     said = (captured.out + captured.err).count("no telemetry:")
@@ -109,3 +109,83 @@ def test_the_main_job_records_telemetry_exactly_as_far_as_this_machine_has_nvml(
     else:
         assert said == 1
         assert telemetry["available"] is False and telemetry["reason"] == reason
+
+
+@pytest.mark.parametrize("mode,copies", [("sync", 1), ("one-step", 2)])
+def test_a_real_run_ends_with_run_end_passes_every_checker_and_replays_the_gap_exactly(mode, copies):
+    from harness.checking.invariants import applicable
+
+    r = run_mode(mode, BASE, SPEC)
+    assert r.error is None and len(r.history) == 4
+    assert [e.kind for e in r.events].count("run_end") == 1
+    assert r.checks["complete"] and r.checks["passed"], r.checks["violations"]
+    assert set(r.checks["checkers"]) == {c.name for c in applicable(r.config)}
+    assert "conservation" in r.checks["checkers"]
+    # the gap comes from replaying the recorded batches after the run: bit for bit the trained weights,
+    # holding one weight copy per version a later step still needs (not steps + 2)
+    assert r.gap_summary["replay_exact"] is True and r.gap_summary["replay_max_abs_diff"] == 0.0
+    assert r.gap_summary["weight_copies_held"] == copies
+    assert all("gap/total_abs_mean" in h for h in r.history)
+    assert r.chance_level == 0.25 and 0.0 < r.run_s
+
+
+def test_an_unmeasured_run_records_nothing_the_harness_computes_for_itself():
+    r = run_mode("one-step", BASE, SPEC, measure=False)
+    assert r.error is None and len(r.history) == 4 and r.run_s > 0
+    assert r.events == [] and r.checks is None and r.gap_summary is None
+    assert not any("gap/total_abs_mean" in h or "age_versions" in h for h in r.history)
+
+
+def test_the_loss_table_of_a_real_run_sums_to_its_gap_from_the_ideal():
+    sync, one = run_mode("sync", BASE, SPEC, gap=False), run_mode("one-step", BASE, SPEC, gap=False)
+    row = summarize_mode(one, sync)
+    losses = row["losses"]
+    assert losses["overlap_efficiency"] == pytest.approx(row["overlap_efficiency"], rel=1e-9)
+    assert sum(losses["parts_s"].values()) == pytest.approx(losses["gap_s"], abs=1e-9)
+    assert sum(losses["parts_points"].values()) == pytest.approx(1 - row["overlap_efficiency"], abs=1e-9)
+    assert losses["sync"]["W"] > 0 and losses["sync"]["P"] > 0  # the split engine pauses, loads, resumes
+
+
+SMALL = ["--steps", "3", "--d-model", "32", "--layers", "1", "--no-plots", "--no-gap"]
+
+
+def test_the_run_command_checks_every_repeat_stores_the_verdicts_and_prints_chance(tmp_path, capsys):
+    import json
+
+    rc = cli(["run", *SMALL, "--modes", "sync,one-step", "--repeats", "2", "--out", str(tmp_path),
+              "--", "--rollout-batch-size", "4", "--n-samples-per-prompt", "4"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    doc = json.loads((tmp_path / "results.json").read_text())
+    checks = doc["extra"]["checks"]
+    assert set(checks) == {"sync", "one-step"} and all(len(v) == 2 and all(c["passed"] for c in v)
+                                                       for v in checks.values())
+    assert all(len(v) == 2 for v in doc["extra"]["repeats"].values())
+    one = next(r for r in doc["extra"]["table"] if r["mode"] == "one-step")
+    assert one["repeats"] == 2 and one["chance_level"] == 0.25
+    assert one["overlap_efficiency_min"] <= one["overlap_efficiency"] <= one["overlap_efficiency_max"]
+    assert doc["benchmarks"]["one-step/overlap_efficiency"]["stats"]["n"] == 2
+    assert "sync #2: PASS" in out and "one-step #2: PASS" in out and "chance" in out
+    assert "where the overlap is lost" in out and "= measured - ideal" in out
+
+
+def test_a_trace_violation_fails_the_run_command_unless_violations_are_allowed(tmp_path, capsys, monkeypatch):
+    """A main job that forgot RUN_END (the old behaviour) fails ``conservation``."""
+    import json
+
+    import harness.main_job.job as job
+
+    monkeypatch.setattr(job, "emit_run_end", lambda ctx: None)
+    argv = ["run", *SMALL, "--modes", "sync", "--repeats", "1", "--",
+            "--rollout-batch-size", "4", "--n-samples-per-prompt", "4"]
+    rc = cli([*argv[:-5], "--out", str(tmp_path / "strict"), *argv[-5:]])
+    out = capsys.readouterr().out
+    assert rc == 1
+    assert "sync #1: FAIL" in out and "conservation (1)" in out and "no run_end event" in out
+    assert "--allow-violations" in out
+    doc = json.loads((tmp_path / "strict" / "results.json").read_text())
+    [verdict] = doc["extra"]["checks"]["sync"]
+    assert verdict["passed"] is False and verdict["violations"][0]["invariant"] == "conservation"
+    rc = cli([*argv[:-5], "--allow-violations", "--out", str(tmp_path / "explore"), *argv[-5:]])
+    out = capsys.readouterr().out
+    assert rc == 0 and "warning: invariant violations in sync#1" in out

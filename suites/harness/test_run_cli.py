@@ -27,14 +27,29 @@ def test_every_runspec_field_has_a_flag():
     assert spec_from_args(_parse("--no-gap")).gap_decomposition is False
 
 
-def test_the_defaults_are_what_make_run_ran_before_they_were_unified():
-    # the CLI's values won where RunSpec's differed: the run users know
+def test_the_defaults_are_the_run_that_learns_above_chance():
+    # copy 2 of 4 symbols (chance 0.25) at lr 1e-3 for 40 steps: sync and one-step end well above chance;
+    # lr 3e-3 collapsed the policy to a prompt-blind constant
     spec = RunSpec()
-    assert (spec.max_running, spec.tiny_d_model, spec.tiny_layers, spec.task_length) == (16, 256, 4, 3)
-    assert (spec.steps, spec.layout, spec.model, spec.task) == (30, "split", "tiny", "copy")
+    assert (spec.max_running, spec.tiny_d_model, spec.tiny_layers) == (16, 256, 4)
+    assert (spec.task_length, spec.task_symbols, spec.lr, spec.steps) == (2, 4, 1e-3, 40)
+    assert (spec.layout, spec.model, spec.task, spec.repeats) == ("split", "tiny", "copy", 3)
 
 
-def test_flags_reach_the_spec_and_task_length_is_for_the_copy_task_only():
-    spec = spec_from_args(_parse("--d-model", "32", "--layers", "1", "--max-running", "4", "--steps", "5"))
+def test_flags_reach_the_spec_and_task_length_and_symbols_are_for_the_copy_task_only():
+    spec = spec_from_args(_parse("--d-model", "32", "--layers", "1", "--max-running", "4", "--steps", "5",
+                                 "--task-symbols", "3", "--repeats", "2"))
     assert (spec.tiny_d_model, spec.tiny_layers, spec.max_running, spec.steps) == (32, 1, 4, 5)
-    assert spec_from_args(_parse("--task", "arithmetic")).task_length is None
+    assert (spec.task_symbols, spec.repeats) == (3, 2)
+    assert spec.task_kwargs() == {"length": 2, "n_symbols": 3}
+    arithmetic = spec_from_args(_parse("--task", "arithmetic"))
+    assert (arithmetic.task_length, arithmetic.task_symbols, arithmetic.task_kwargs()) == (None, None, {})
+
+
+def test_repeats_below_one_are_refused():
+    import pytest
+
+    from miles_async_core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="--repeats 0"):
+        RunSpec(repeats=0)

@@ -5,6 +5,8 @@ to ``config`` and returns their violations; ``complete=False`` keeps only the ch
 that hold on the prefix of a run that failed or was cancelled (conservation is then
 relaxed to ``conservation_prefix``: nothing ends twice, nothing trained untaken).
 ``ALL_CHECKS`` maps invariant name -> ``Check`` (function, applicability, spec items).
+``check_report`` runs them and returns the JSON-able verdict ``miles-harness run``
+stores per mode and ``miles-harness check-trace`` prints.
 """
 
 from __future__ import annotations
@@ -28,6 +30,25 @@ def check_all(events: list[Event], config: AsyncConfig, *, complete: bool = True
     return out
 
 
+def check_report(events: list[Event], config: AsyncConfig, *, complete: bool = True,
+                 max_stored: int = 100) -> dict:
+    """Every applicable checker on ``events``: ``{"complete", "passed", "checkers":
+    {name: violation count} (every checker run, 0 = pass), "not_applicable": [names],
+    "violations": [{"invariant", "message"}] (the first ``max_stored``),
+    "violations_total"}``. ``_violations`` keeps the ``Violation`` objects for printing
+    (not JSON; drop it before writing)."""
+    checks = applicable(config, complete=complete)
+    violations = check_all(events, config, complete=complete)
+    counts = {c.name: 0 for c in checks}
+    for v in violations:
+        counts[v.invariant] = counts.get(v.invariant, 0) + 1
+    run = {c.name for c in checks}
+    return {"complete": complete, "passed": not violations, "checkers": counts,
+            "not_applicable": [name for name in ALL_CHECKS if name not in run],
+            "violations": [{"invariant": v.invariant, "message": v.message} for v in violations[:max_stored]],
+            "violations_total": len(violations), "_violations": violations}
+
+
 def format_violations(violations: list[Violation], *, limit: int = 5) -> str:
     shown = [v.format() for v in violations[:limit]]
     if len(violations) > limit:
@@ -36,5 +57,6 @@ def format_violations(violations: list[Violation], *, limit: int = 5) -> str:
     return "\n\n".join(shown)
 
 
-__all__ = ["ALL_CHECKS", "Check", "Violation", "applicable", "check_all", "format_event", "format_violations",
-           "buffer", "colocate", "concurrency", "conservation", "metrics", "pause", "staleness", "versions"]
+__all__ = ["ALL_CHECKS", "Check", "Violation", "applicable", "check_all", "check_report", "format_event",
+           "format_violations", "buffer", "colocate", "concurrency", "conservation", "metrics", "pause", "staleness",
+           "versions"]
