@@ -189,12 +189,49 @@ class _LifecycleSink:
 _PATCHED = False
 
 
+class _OrderedTasks(set):
+    """A ``done`` set that iterates in a pinned order. Upstream handles the finished groups
+    of one ``asyncio.wait`` return in set order, which follows memory addresses (D9); the
+    host pins it: by first sample index (``index``, what the core does) or the reverse."""
+
+    order = "index"
+
+    def __iter__(self):
+        host = _CURRENT
+        keys = host.task_key if host is not None else {}
+        return iter(sorted(set.__iter__(self), key=lambda t: keys.get(t, -1), reverse=self.order == "reverse"))
+
+
+def _ordered_scheduler(make: Callable) -> Callable:
+    """Upstream's ``make_submission_scheduler``; the scheduler's ``wait_for_progress``
+    result is returned as ``_OrderedTasks`` (same members, pinned iteration order)."""
+
+    @functools.wraps(make)
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        scheduler = make(*args, **kwargs)
+        wait = scheduler.wait_for_progress
+
+        async def ordered(pendings: set) -> tuple[set, set]:
+            done, pending = await wait(pendings)
+            host = _CURRENT
+            out = _OrderedTasks(done)
+            out.order = host.set_order if host is not None else "index"
+            return out, pending
+
+        scheduler.wait_for_progress = ordered
+        return scheduler
+
+    return wrapped
+
+
 def _observed_group(generate_and_rm_group: Callable) -> Callable:
     """Upstream's ``generate_and_rm_group``, called as is; its end is recorded."""
 
     @functools.wraps(generate_and_rm_group)
     async def observed(state: Any, group: list, *args: Any, **kwargs: Any) -> Any:
         gi = group[0].group_index
+        if _CURRENT is not None:
+            _CURRENT.task_key[asyncio.current_task()] = group[0].index
         try:
             out = await generate_and_rm_group(state, group, *args, **kwargs)
         except BaseException:
@@ -227,6 +264,7 @@ def _install_seams() -> None:
 
     for mod in (fully_mod, train_mod):  # the group task's end, recorded as `group_done`
         mod.generate_and_rm_group = _observed_group(mod.generate_and_rm_group)
+        mod.make_submission_scheduler = _ordered_scheduler(mod.make_submission_scheduler)
     _PATCHED = True
 
 
@@ -276,7 +314,7 @@ class UpstreamHost:
     def __init__(self, scenario: Scenario, *, engine_factory: Callable | None = None,
                  trainer_factory: Callable | None = None, dynamic_filter_path: str | None = None,
                  generate_function_path: str | None = None, trace: bool = True,
-                 hooks: Callable[["UpstreamHost"], None] | None = None) -> None:
+                 hooks: Callable[["UpstreamHost"], None] | None = None, set_order: str = "index") -> None:
         self.scenario = scenario
         self.engine_factory = engine_factory or SimEngine
         self.trainer_factory = trainer_factory or SimTrainer
@@ -285,12 +323,16 @@ class UpstreamHost:
         self.trace = trace
         self.hooks = hooks
         self.task_sample: dict[asyncio.Task, Any] = {}
+        self.task_key: dict[asyncio.Task, int] = {}  # group task -> first sample index (set order, D9)
+        self.set_order = set_order
         self.mirrors: dict[int, CoreSample] = {}
         self.live: dict[int, str] = {}  # group_index -> live | recycled
         self.taken_this_generate: list[int] = []
         self.get_samples_calls: list[tuple[float, int, list[int]]] = []
         self.abort_posts: list[float] = []
         self._in_get = False
+        self._aborting = False
+        self._get_version: int | None = None
         self.rollout_fn: Any = None
         self.data_source: Any = None
         self.buffer: Any = None
@@ -365,8 +407,10 @@ class UpstreamHost:
 
         def observed(prompt_group: list) -> None:
             gi = prompt_group[0].group_index
-            cause = "stale" if self._in_get else "aborted"
-            if self._in_get:
+            # put's abort path calls the handler before its first await, so the flag is only
+            # ever set while that call runs; any other call is get's stale filter.
+            cause = "aborted" if self._aborting else "stale"
+            if cause == "stale":
                 self._emit(ev.STALE_REJECTED, group_index=gi, staleness=_staleness(prompt_group, self._get_version),
                            current_version=self._get_version)
             self._emit(ev.HANDLER, group_index=gi, handler=handler, cause=cause)
@@ -386,7 +430,11 @@ class UpstreamHost:
             aborted = any(_status_name(s) == "ABORTED" for s in _iter_upstream(entry.group))
             if aborted:
                 self._emit(ev.PUT_REJECTED, group_index=gi, reason="aborted")
-                await put(entry)
+                self._aborting = True
+                try:
+                    await put(entry)
+                finally:
+                    self._aborting = False
                 return
             drops_before = dict(buf._metric_gatherer._dynamic_filter_drop_reason_count) \
                 if hasattr(buf, "_metric_gatherer") else {}
@@ -579,6 +627,7 @@ class UpstreamHost:
         finally:
             _CURRENT = None
             self.task_sample.clear()
+            self.task_key.clear()
         ctx = holder.get("ctx")
         return HostResult(scenario=sc, history=ctx.history if ctx else [], wall_s=holder.get("t_end", 0.0),
                           events=self.sink.events if isinstance(self.sink, TraceRecorder) else [], error=error,

@@ -1,0 +1,302 @@
+"""Core versus upstream, same scenario and seed: what each run observably did, and the
+first place they part.
+
+``run_case(case)`` runs ``case`` on the core (``harness.sim.simulate``) and on upstream's
+code (``harness.upstream.host``), both on ``SimEngine``/``SimTrainer`` in virtual time,
+and returns a ``DiffReport``. Compared, each as a time-ordered list:
+
+* ``generate``: the weight version each generate / drain read (``generate_start``);
+* ``updates``: weight updates (time, version);
+* ``trained``: each training batch (rollout id, prompt groups in order);
+* ``ages``: per trained group, the recorded-version age and the true oldest-token age;
+* ``weight_versions``: per trained sample, ``weight_versions`` as recorded;
+* ``get_samples``: every ``get_samples`` call (groups handed out, recycled ones marked);
+* ``recycles``: groups handed back to the data source;
+* ``pauses``: engine pauses (time, mode, requests in flight);
+* ``metrics``: every ``rollout/*`` metric of each drain / generate; the core's own
+  extension keys (``EXTENSION_METRICS``) are left out, upstream has none;
+* ``end``: total virtual time and the error type, if the run failed.
+
+The first divergence is the earliest differing item over all aspects (by virtual time),
+printed with the items around it on both sides.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from miles_async_core import events as ev
+from miles_async_core.config import AsyncConfig
+from miles_async_core.types import DataBufferConstructorInput
+from harness.sim.engine import SimEngine, SimEngineConfig
+from harness.sim.faults import FaultSchedule, fault_engine_class
+from harness.sim.scenario import Scenario
+from harness.sim.simulate import simulate
+from harness.sim.trainer import SimTrainerConfig
+from harness.trace import Event
+
+# The core's own accounting, not Miles metrics: the fully-async handler counters and the
+# one-step drop counters (nothing is lost silently). Upstream reports neither.
+EXTENSION_METRICS = ("rollout/fully_async/handler_", "rollout/dropped_groups/")
+ASPECTS = ("generate", "updates", "trained", "ages", "weight_versions", "get_samples", "recycles", "pauses",
+           "metrics", "end")
+
+
+@dataclass(frozen=True)
+class DiffCase:
+    """One scenario of the matrix. ``known`` names the divergence (D1-D9 of issue 11) the
+    case is expected to show, with the upstream code that decides it; ``None`` = identical."""
+
+    name: str
+    config: dict[str, Any]
+    engine: dict[str, Any] = field(default_factory=dict)
+    trainer: dict[str, Any] = field(default_factory=dict)
+    max_new_tokens: int = 96
+    dynamic_filter: str | None = None  # a name in harness.upstream.filters.FORMS
+    faults: FaultSchedule | None = None
+    known: str | None = None
+
+    def scenario(self) -> Scenario:
+        cfg = AsyncConfig(**{"rollout_batch_size": 4, "n_samples_per_prompt": 2, "num_rollout": 5, "seed": 3,
+                             **self.config})
+        eng = SimEngineConfig(**{"seed": 3, **self.engine})
+        if self.faults is not None:
+            eng = dataclasses.replace(eng, request_failure_rate=self.faults.request_failure_rate)
+        tr = SimTrainerConfig(**{"step_base_s": 2.0, **self.trainer})
+        if self.faults is not None and self.faults.trainer_fail_at_step is not None:
+            tr = dataclasses.replace(tr, fail_at_step=self.faults.trainer_fail_at_step)
+        return Scenario(name=self.name, config=cfg, engine=eng, trainer=tr, max_new_tokens=self.max_new_tokens)
+
+
+@dataclass
+class DiffReport:
+    case: DiffCase
+    core: dict[str, list]
+    upstream: dict[str, list]
+    first: tuple[str, int] | None  # (aspect, position) of the first divergence
+    core_result: Any = field(default=None, repr=False)
+    upstream_result: Any = field(default=None, repr=False)
+
+    @property
+    def identical(self) -> bool:
+        return self.first is None
+
+    def format(self, context: int = 2) -> str:
+        if self.first is None:
+            n = {a: len(self.core[a]) for a in ASPECTS}
+            return f"{self.case.name}: identical ({', '.join(f'{a} {k}' for a, k in n.items())})"
+        aspect, i = self.first
+        lo = max(0, i - context)
+
+        def show(items: list) -> str:
+            rows = []
+            for j in range(lo, min(len(items), i + context + 1)):
+                t, v = items[j]
+                rows.append(f"  {'>' if j == i else ' '} [{j}] t={t:9.3f}  {v}")
+            if i >= len(items):
+                rows.append(f"  > [{i}] (none: this side has only {len(items)} items)")
+            return "\n".join(rows)
+
+        return (f"{self.case.name}: first divergence in {aspect!r} at item {i}"
+                + (f" (known: {self.case.known})" if self.case.known else "")
+                + f"\ncore:\n{show(self.core[aspect])}\nupstream:\n{show(self.upstream[aspect])}")
+
+
+def observables(events: list[Event], history: list[dict], wall_s: float, error: BaseException | None,
+                finished: dict[int, list] | None = None) -> dict[str, list]:
+    out: dict[str, list] = {a: [] for a in ASPECTS}
+    calls: dict[int, list] = {}
+    wv: dict[int, tuple] = {}
+    for e in events:
+        k, t = e.kind, e.t
+        if k == ev.GENERATE_START:
+            out["generate"].append((t, (e["rollout_id"], e["version"])))
+        elif k == ev.ENGINE_VERSION:
+            out["updates"].append((t, e["version"]))
+        elif k == ev.TRAINED:
+            out["trained"].append((t, (e["rollout_id"], tuple(e["group_indices"]))))
+            for gi in e["group_indices"]:
+                out["weight_versions"].append((t, (gi, wv.get(gi))))
+        elif k == ev.FINISHED:
+            prev = dict(wv.get(e["group_index"], ()))
+            prev[e["index"]] = tuple(e["weight_versions"])
+            wv[e["group_index"]] = tuple(sorted(prev.items()))
+        elif k == ev.TAKEN:
+            calls.setdefault(e.get("call", -1), []).append((t, (e["group_index"], bool(e["recycled"]))))
+        elif k == ev.RECYCLED:
+            out["recycles"].append((t, e["group_index"]))
+        elif k == ev.ENGINE_PAUSE:
+            out["pauses"].append((t, (e["mode"], e["in_flight"])))
+        elif k == ev.METRICS:
+            m = {key: round(float(v), 9) for key, v in e["metrics"].items()
+                 if key.startswith("rollout/") and not key.startswith(EXTENSION_METRICS)}
+            out["metrics"].append((t, (e["rollout_id"], tuple(sorted(m.items())))))
+    for c in sorted(calls):
+        items = calls[c]
+        out["get_samples"].append((items[0][0], tuple(v for _, v in items)))
+    for r in history:
+        out["ages"].append((0.0, (r.get("rollout_id"), tuple(r.get("age_versions", ())),
+                                  tuple(r.get("token_age_versions", ())))))
+    out["end"].append((wall_s, (round(wall_s, 9), type(error).__name__ if error is not None else None)))
+    return out
+
+
+def _first_divergence(a: dict[str, list], b: dict[str, list]) -> tuple[str, int] | None:
+    best: tuple[float, int, str, int] | None = None
+    for rank, aspect in enumerate(ASPECTS):
+        xs, ys = a[aspect], b[aspect]
+        for i in range(max(len(xs), len(ys))):
+            if i >= len(xs) or i >= len(ys) or xs[i][1] != ys[i][1]:
+                t = min(x[i][0] for x in (xs, ys) if i < len(x))
+                if aspect in ("ages", "end"):
+                    t = float("inf")  # no time of their own: reported only when nothing else differs
+                key = (t, rank, aspect, i)
+                if best is None or key < best:
+                    best = key
+                break
+    return None if best is None else (best[2], best[3])
+
+
+def _core_run(case: DiffCase, sc: Scenario) -> Any:
+    from harness.upstream import filters
+
+    fn = filters.FORMS[case.dynamic_filter] if case.dynamic_filter else None
+    engine = fault_engine_class(SimEngine, case.faults) if case.faults is not None else SimEngine
+
+    class _Args:
+        def __init__(self, cfg: AsyncConfig) -> None:
+            self._cfg = cfg
+            self.dynamic_sampling_filter = fn
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._cfg, name)
+
+    def buffer_factory(ci: DataBufferConstructorInput) -> Any:
+        from miles_async_core.buffer import DefaultDataBuffer
+
+        return DefaultDataBuffer(DataBufferConstructorInput(_Args(sc.config), ci.unused_handler_fn),
+                                 sink=holder["ctx"].sink)
+
+    holder: dict[str, Any] = {}
+
+    def hooks(ctx: Any) -> None:
+        holder["ctx"] = ctx
+        if fn is not None and not sc.config.fully_async:
+            ctx.rollout_manager.rollout_fn.dynamic_filter = fn
+
+    return simulate(sc, buffer_factory=buffer_factory, engine_factory=engine, hooks=hooks)
+
+
+def _upstream_run(case: DiffCase, sc: Scenario, *, set_order: str = "index") -> Any:
+    from harness.upstream.host import host_simulate
+
+    engine = fault_engine_class(SimEngine, case.faults) if case.faults is not None else SimEngine
+    path = f"harness.upstream.filters.{case.dynamic_filter}" if case.dynamic_filter else None
+    return host_simulate(sc, engine_factory=engine, dynamic_filter_path=path, set_order=set_order)
+
+
+def run_case(case: DiffCase, *, set_order: str = "index") -> DiffReport:
+    """Both runs of ``case`` (the upstream tree must be activated first). ``set_order``:
+    how the host iterates upstream's ``done`` sets (D9): ``index`` (the core's order) or
+    ``reverse``."""
+    sc = case.scenario()
+    core = _core_run(case, sc)
+    up = _upstream_run(case, sc, set_order=set_order)
+    a = observables(core.events, core.history, core.wall_s, core.error)
+    b = observables(up.events, up.history, up.wall_s, up.error)
+    return DiffReport(case=case, core=a, upstream=b, first=_first_divergence(a, b), core_result=core,
+                      upstream_result=up)
+
+
+def _c(name: str, known: str | None = None, **kw: Any) -> DiffCase:
+    return DiffCase(name=name, known=known, **kw)
+
+
+D1 = ("D1: sample-granularity wake-up: upstream's per-sample credit lands in the same asyncio.wait return as the "
+      "group's completion (miles/rollout/inference_rollout/inference_rollout_common.py:L161-L168, "
+      "miles/rollout/submission_scheduler.py:L57-L63), so it puts the finished group before submitting again")
+D3 = ("D3: a dynamic filter returning None drops the group upstream "
+      "(miles/rollout/filter_hub/base_types.py:L17-L19); the core keeps it")
+D10 = ("D10 (found by this matrix, not in the issue's list): when a training step raises, upstream's "
+       "train_async.py:L80 has already launched generate(N+1) and leaves it running (a Ray call); the core's driver "
+       "cancels it in its finally (miles_async_core/drivers/train_async.py), so upstream pulls one more batch")
+D4 = ("D4: one-step dynamic-filter drops are reported as rollout/dynamic_filter/drop_<reason> upstream "
+      "(miles/rollout/inference_rollout/inference_rollout_train.py:L142,L185); the core reports "
+      "rollout/dropped_groups/*")
+
+
+def matrix() -> list[DiffCase]:
+    """The scenario matrix: every case runs core and upstream side by side."""
+    G, S = {"rollout_submission_granularity": "group"}, {"rollout_submission_granularity": "sample"}
+    FA = {"fully_async": True}
+    cases = [
+        _c("sync", config={"driver": "train"}),
+        _c("sync-start2", config={"driver": "train", "start_rollout_id": 2, "num_rollout": 6}),
+        _c("sync-over-sampling", config={"driver": "train", "over_sampling_batch_size": 6}),
+    ]
+    for k in (1, 2, 3, 4):
+        cases.append(_c(f"one-step-k{k}", config={"update_weights_interval": k, "num_rollout": 6}))
+    cases += [
+        _c("one-step-k2-start1", config={"update_weights_interval": 2, "start_rollout_id": 1, "num_rollout": 6}),
+        _c("one-step-k3-start2", config={"update_weights_interval": 3, "start_rollout_id": 2, "num_rollout": 7}),
+        _c("one-step-over-sampling", config={"over_sampling_batch_size": 6}),
+        _c("one-step-sample-granularity", config={**S}),
+        _c("one-step-filter-reason", config={}, dynamic_filter="with_reason", known=D4),
+        _c("one-step-filter-bool", config={}, dynamic_filter="bare_bool"),
+        _c("one-step-filter-none", config={}, dynamic_filter="none_rejects", known=D3),
+        _c("one-step-fsdp", config={"train_backend": "fsdp"}),
+    ]
+    for mode in ("retract", "in_place"):
+        for gran, gname in ((G, "group"), (S, "sample")):
+            cases.append(_c(f"fa-{mode}-{gname}", config={**FA, "pause_generation_mode": mode, **gran}))
+    cases += [
+        _c("fa-group-staleness0-drop", config={**FA, **G, "max_weight_staleness": 0}),
+        _c("fa-group-staleness0-retry", config={**FA, **G, "max_weight_staleness": 0,
+                                                "async_unused_samples_handler": "retry"}),
+        _c("fa-group-staleness1-retry", config={**FA, **G, "max_weight_staleness": 1,
+                                                "async_unused_samples_handler": "retry"}),
+        _c("fa-sample-staleness1-retry", config={**FA, **S, "max_weight_staleness": 1,
+                                                 "async_unused_samples_handler": "retry"}, known=D1),
+        _c("fa-group-cap-concurrency", config={**FA, **G, "async_max_concurrent_samples": 4}),
+        _c("fa-sample-cap-concurrency", config={**FA, **S, "async_max_concurrent_samples": 4}),
+        _c("fa-sample-small-buffer-retry", config={**FA, **S, "async_data_buffer_capacity_factor": 0.5,
+                                                   "max_weight_staleness": 0, "async_unused_samples_handler": "retry"},
+           known=D1),
+        _c("fa-sample-fast-trainer", config={**FA, **S}, trainer={"step_base_s": 0.2}),
+        _c("fa-group-small-buffer", config={**FA, **G, "async_data_buffer_capacity_factor": 0.5}),
+        _c("fa-group-k2", config={**FA, **G, "update_weights_interval": 2, "num_rollout": 6}),
+        _c("fa-group-start1", config={**FA, **G, "start_rollout_id": 1, "num_rollout": 6}),
+        _c("fa-group-filter-reason", config={**FA, **G}, dynamic_filter="with_reason"),
+        _c("fa-group-filter-bool", config={**FA, **G}, dynamic_filter="bare_bool"),
+        _c("fa-group-filter-none", config={**FA, **G}, dynamic_filter="none_rejects", known=D3),
+        _c("fa-group-n1", config={**FA, **G, "n_samples_per_prompt": 1, "rollout_batch_size": 6}),
+        _c("fa-group-fast-trainer", config={**FA, **G}, trainer={"step_base_s": 0.2}),
+        _c("fa-group-abort-storm-retry", config={**FA, **G, "async_unused_samples_handler": "retry"},
+           faults=FaultSchedule(abort_storm_times_s=(1.0, 4.5), seed=1)),
+        _c("fa-group-injected-aborts-drop", config={**FA, **G},
+           faults=FaultSchedule(injected_abort_rate=0.2, seed=2)),
+        _c("fa-group-trainer-fails", config={**FA, **G}, faults=FaultSchedule(trainer_fail_at_step=2)),
+        _c("one-step-trainer-fails", config={}, faults=FaultSchedule(trainer_fail_at_step=2), known=D10),
+    ]
+    return cases
+
+
+def format_summary(reports: list[DiffReport]) -> str:
+    rows = []
+    for r in reports:
+        status = "identical" if r.identical else (f"diverges ({r.case.known.split(':')[0]})" if r.case.known
+                                                  else "DIVERGES (unexplained)")
+        rows.append(f"{r.case.name:<36} {status}" + ("" if r.identical else f"  first: {r.first[0]}[{r.first[1]}]"))
+    return "\n".join(rows)
+
+
+def case_named(name: str) -> DiffCase:
+    for c in matrix():
+        if c.name == name:
+            return c
+    raise KeyError(f"no case {name!r} in the matrix; cases: {', '.join(c.name for c in matrix())}")
+
+
+__all__ = ["ASPECTS", "case_named", "DiffCase", "DiffReport", "matrix", "observables", "run_case", "format_summary"]
