@@ -23,6 +23,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "gap": ("harness.commands.gap", "kernel-level trainer-engine gap ablation with identical weights"),
     "compare": ("harness.commands.compare", "compare benchmark results files"),
     "report": ("harness.commands.report", "make PNG plots from results files"),
+    "diff-upstream": ("harness.commands.diff_upstream", "same scenario on the core and on upstream Miles' code: "
+                      "first divergence"),
     "advise": ("harness.commands.advise", "predict speedup, sample age and lr for a layout from calibrated costs"),
     "serve": ("harness.commands.serve", "an SGLang-compatible HTTP server on the CPU torch engine"),
 }
