@@ -296,7 +296,8 @@ def _lstsq(columns: dict[str, list[float]], y: list[float], drop_order: list[str
         bad = [n for n, c, r in zip(names, coef, rel) if deficient or c < 0 or r > MAX_REL_SE]
         if not bad or len(names) == 1:
             break
-        victim = next((n for n in drop_order if n in bad), bad[0])
+        # anything unidentifiable: drop the first column of ``drop_order`` still in the fit
+        victim = next((n for n in drop_order if n in names), bad[0])
         names.remove(victim)
         dropped.append(victim)
     coef = np.maximum(coef, 0.0)
@@ -332,8 +333,10 @@ def fit_length_dist(lengths: list[int], max_new_tokens: int) -> tuple[dict[str, 
     return {"kind": "lognormal", "median": median, "sigma": max(sigma, 1e-6)}, stats
 
 
-def fit_costs(obs: Observations) -> CostModel:
-    steps = obs.steps
+def fit_costs(obs: Observations, *, warmup_steps: int = 1) -> CostModel:
+    """Fit on the steps after ``warmup_steps`` (the first step pays one-off costs:
+    allocation, first kernels, page faults)."""
+    steps = obs.steps[warmup_steps:]
     if len(steps) < 3:
         raise ConfigError(f"cost fit: {len(steps)} steps in mode {obs.mode}; need at least 3")
     notes: list[str] = []
@@ -373,7 +376,7 @@ def fit_costs(obs: Observations) -> CostModel:
                      "fully_async_weight_sync_mean_s": fa, "n": len(obs.fully_async_sync_s)}
     rollout_latency = float(np.mean([max(0.0, s.waiting_s - s.generating_s) for s in steps]))
     fit = {
-        "source": obs.source, "mode": obs.mode, "steps": len(steps),
+        "source": obs.source, "mode": obs.mode, "steps": len(steps), "warmup_steps_skipped": warmup_steps,
         "engine": eng, "trainer": trn,
         "response_length": lstats,
         "weight_sync": {"mean_s": ws, "cv": float(sync.std() / ws) if ws else 0.0, "n": len(sync)},

@@ -44,7 +44,7 @@ from harness.sim.engine import SimEngine, SimEngineConfig
 from harness.sim.scenario import Scenario
 from harness.sim.simulate import simulate, summarize
 
-SYNC_BASELINE_STEPS = 20
+SYNC_BASELINE_STEPS = 10
 TP_SIZES = (1, 2, 4, 8)  # one node; larger engines span whole nodes (multiples of 8)
 
 # The learning-rate rule and what the study (harness.advise.lr_study) found about it.
@@ -149,6 +149,16 @@ class RoutedEngines:
         self.engines = [_RoutedEngine(config, sink=inner, busy=busy) for _ in range(n)]
         self.weight_sync_s, self.pause_resume_s = weight_sync_s, pause_resume_s
         self.sink = sink
+        self._load = [0] * n  # outstanding requests per engine (submitted, not yet returned)
+        self._done = [self._make_done(i) for i in range(n)]
+
+    def _make_done(self, i: int) -> Any:
+        load = self._load
+
+        def done(_fut: Any) -> None:
+            load[i] -= 1
+
+        return done
 
     @property
     def weight_version(self) -> int:
@@ -163,13 +173,12 @@ class RoutedEngines:
         return out
 
     def generate(self, sample: Any, sampling: Any) -> asyncio.Future:
-        engines = self.engines
-        best, load = engines[0], len(engines[0].running) + len(engines[0].waiting)
-        for e in engines[1:]:
-            n = len(e.running) + len(e.waiting)
-            if n < load:
-                best, load = e, n
-        return best.generate(sample, sampling)
+        load = self._load
+        i = load.index(min(load)) if len(load) > 1 else 0  # fewest outstanding, lowest index on ties
+        load[i] += 1
+        fut = self.engines[i].generate(sample, sampling)
+        fut.add_done_callback(self._done[i])
+        return fut
 
     async def pause_generation(self, mode: str) -> None:
         interrupted = any(e.running and not e.paused for e in self.engines)

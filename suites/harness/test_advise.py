@@ -150,3 +150,35 @@ def test_cli_prints_a_prediction_and_a_recommendation(tmp_path, capsys):
                    "rule of thumb"):
         assert needle in out
     assert (tmp_path / "engines.png").stat().st_size > 0
+
+
+def test_lr_study_plan_and_metrics():
+    from harness.advise.lr_study import metrics, plan
+
+    runs = plan([0, 1, 2, 4], [1, 2, 4], [0, 1, 2], 1e-3)
+    # per seed: 4 fully-async base + 3 rule (s > 0), 3 one-step base + 2 rule (k > 1)
+    assert len(runs) == 3 * (4 + 3 + 3 + 2)
+    rule = {(r["family"], r["value"]): r["lr"] for r in runs if r["arm"] == "rule"}
+    assert rule[("fully-async", 4)] == pytest.approx(2e-4) and rule[("one-step", 2)] == pytest.approx(5e-4)
+    hist = [{"train/reward_mean": 0.1 * i, "train/loss": 1.0 + 0.01 * (i % 3), "train/grad_norm": 1.0,
+             "train/train_rollout_logprob_abs_diff": 0.5 * i} for i in range(10)]
+    hist[6]["train/loss"] = 9.0  # one spike
+    hist[7]["train/grad_norm"] = 50.0  # one outlier
+    m = metrics(hist)
+    assert m["loss_spikes"] == 1 and m["grad_norm_outliers"] == 1
+    assert m["gap_slope"] == pytest.approx(0.5)
+    assert m["final_reward"] == pytest.approx(0.7) and m["auc_reward"] == pytest.approx(0.45)
+
+
+def test_closed_form_matches_the_simulator_when_nothing_varies():
+    """Fixed lengths, trainer-bound: the closed-form one-step step time is the simulator's."""
+    from harness.advise.validate import closed_form
+
+    c = dataclasses.replace(KNOWN, response_length={"kind": "fixed", "median": 8.0}, max_new_tokens=8,
+                            prefill_per_token_s=0.0, pause_resume_s=0.0)
+    one_step = dataclasses.replace(SYNC, driver="train_async")
+    cf = closed_form(c, one_step)
+    # the measurement window ends with the last training step: 19 of the 20 weight syncs fall in it
+    w = c.weight_sync_s / SYNC.num_rollout
+    assert predict(c, SYNC, Layout())["step_s"] == pytest.approx(cf["sync_step_s"] - w, rel=1e-6)
+    assert predict(c, one_step, Layout(), sync_steps=20)["step_s"] == pytest.approx(cf["one_step_step_s"], rel=0.05)
