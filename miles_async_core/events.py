@@ -43,6 +43,7 @@ PHASE_START = "phase_start"  # side: rollout | train ; phase: generating | train
 PHASE_END = "phase_end"
 ENGINE_BUSY = "engine_busy"  # engine decode loop started running requests
 ENGINE_IDLE = "engine_idle"  # engine has nothing to run
+DECODE_STEP = "decode_step"  # one batched decode step of a real engine, stamped by the engine when its tokens exist
 FAULT = "fault"  # an injected or observed failure
 TELEMETRY = "telemetry"  # one GPU sample from harness.measure.telemetry (utilisation, memory, power, phase)
 RUN_END = "run_end"
@@ -78,6 +79,9 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     PHASE_END: ("side", "phase"),
     ENGINE_BUSY: (),
     ENGINE_IDLE: (),
+    # ``indices``: the samples that got one token each, sampled by weights ``version``; the
+    # step (admission prefill included) ran ``dur_s`` seconds up to the event's time.
+    DECODE_STEP: ("indices", "version", "dur_s"),
     FAULT: ("what",),
     TELEMETRY: ("t_s", "gpu", "phase"),
     RUN_END: ("pending_groups",),

@@ -6,10 +6,25 @@ loop; the parent talks to it over a pipe and implements the ``RolloutEngine`` co
 flat shared-memory tensor: the parent copies the trainer's state dict into it, the
 child copies it into its model; both copies are timed and reported.
 
-The child reports when its batch goes busy or idle with ``time.monotonic()`` stamps
-(the same clock the parent's asyncio loop uses on Linux), so overlap is measured from
-what each process really did. A child that dies fails every waiting future and every
-later call with ``EngineDiedError`` naming its exit code; nothing hangs.
+Trace events are the engine's own, stamped in the child as they happen (ADMITTED,
+DECODE_STEP, RETRACTED / ABORTED / PAUSED_REQ, ENGINE_PAUSE and ENGINE_RESUME as the
+child applies them, its batch going busy or idle as the rollout ``generating`` phase),
+and sent ahead of the results and replies that follow them, so the parent records them
+in the child's order; SUBMITTED is the parent's, in ``generate``. Request events name
+engine request ids in the child; the parent rewrites them to sample indices.
+
+Clock alignment: the child stamps with ``time.monotonic()``. On one machine that is one
+system-wide clock (Linux ``CLOCK_MONOTONIC``), which the child's first message checks:
+it carries the child's reading ``c``, and the parent, having read its own monotonic
+``a`` before starting the child and ``b`` on receipt, needs ``a <= c <= b``; then the
+child offset is 0 (exact). Otherwise (clocks not shared) the offset is the midpoint
+estimate ``(a + b) / 2 - c``, off by at most ``(b - a) / 2``, and
+``clock_shared`` is False. The parent then maps monotonic time to its loop's time base
+(``loop.time() - time.monotonic()``, read back to back; 0 for asyncio's default loop),
+so a child event at ``c`` is recorded at ``c + child_offset + loop_offset``.
+
+A child that dies fails every waiting future and every later call with
+``EngineDiedError`` naming its exit code; nothing hangs.
 """
 
 from __future__ import annotations
@@ -61,13 +76,18 @@ class WeightLayout:
 
 
 def _child_main(conn: Any, build_model: Callable[[], Any], flat: torch.Tensor, layout: WeightLayout,
-                max_running: int, eos_token_id: int | None, num_threads: int) -> None:
+                max_running: int, eos_token_id: int | None, num_threads: int, core_cls: type | None = None) -> None:
     from harness.backends.torch_engine import EngineCore
 
+    conn.send(("hello", time.monotonic()))  # the parent checks the clock is shared (module docstring)
     torch.set_num_threads(num_threads)
     events: list[tuple] = []
-    core = EngineCore(build_model(), max_running=max_running, eos_token_id=eos_token_id,
-                      on_event=lambda kind, **f: events.append((time.monotonic(), kind, f)))
+
+    def emit(kind: str, **fields: Any) -> None:
+        events.append((time.monotonic(), kind, fields))
+
+    core = (core_cls or EngineCore)(build_model(), max_running=max_running, eos_token_id=eos_token_id,
+                                    on_event=emit)
     busy = False
 
     def flush_events() -> None:
@@ -77,25 +97,29 @@ def _child_main(conn: Any, build_model: Callable[[], Any], flat: torch.Tensor, l
 
     try:
         while True:
-            idle = core.paused or not core.has_work()
+            idle = not core.can_step()
             if idle and busy:
                 busy = False
-                conn.send(("phase", time.monotonic(), False))
+                emit(ev.PHASE_END, side="rollout", phase="generating")
+                flush_events()
             timeout = None if idle else 0  # block for commands only when there is nothing to run
             while conn.poll(timeout):
                 msg = conn.recv()
                 if msg[0] == "stop":
                     return
-                reply = _apply(core, msg, flat, layout)
+                reply = _apply(core, msg, flat, layout, emit)
+                if busy and not core.can_step():  # paused (or emptied) by this command
+                    busy = False
+                    emit(ev.PHASE_END, side="rollout", phase="generating")
                 flush_events()  # engine events of a command arrive before its reply
                 if reply is not None:
                     conn.send(reply)
                 timeout = 0
-            if core.paused or not core.has_work():
+            if not core.can_step():
                 continue
             if not busy:
                 busy = True
-                conn.send(("phase", time.monotonic(), True))
+                emit(ev.PHASE_START, side="rollout", phase="generating")
             finished = core.step()
             flush_events()
             if finished:
@@ -113,7 +137,8 @@ def _pack_finished(f: Any) -> tuple:
     return (f.req_id, f.output_tokens, f.log_probs, f.token_versions.to_json(), f.weight_version, f.status.value)
 
 
-def _apply(core: Any, msg: tuple, flat: torch.Tensor, layout: WeightLayout) -> tuple | None:
+def _apply(core: Any, msg: tuple, flat: torch.Tensor, layout: WeightLayout, emit: Callable[..., None]
+           ) -> tuple | None:
     kind = msg[0]
     if kind == "add":
         _, req_id, prefix, budget, temperature, seed = msg
@@ -124,6 +149,7 @@ def _apply(core: Any, msg: tuple, flat: torch.Tensor, layout: WeightLayout) -> t
         return None
     call_id = msg[1]
     if kind == "pause":
+        emit(ev.ENGINE_PAUSE, mode=msg[2], in_flight=core.num_running() + core.num_waiting())
         finished = core.pause(msg[2])
         return ("reply", call_id, [_pack_finished(f) for f in finished])
     if kind == "update":
@@ -132,6 +158,7 @@ def _apply(core: Any, msg: tuple, flat: torch.Tensor, layout: WeightLayout) -> t
         return ("reply", call_id, time.perf_counter() - t0)
     if kind == "resume":
         core.resume()
+        emit(ev.ENGINE_RESUME)
         return ("reply", call_id, None)
     raise ValueError(f"unknown engine command {kind!r}")
 
@@ -141,7 +168,7 @@ class ProcessEngine:
 
     def __init__(self, build_model: Callable[[], Any], initial_weights: dict[str, torch.Tensor], *,
                  max_running: int = 64, eos_token_id: int | None = None, seed: int = 0, num_threads: int = 1,
-                 sink: Any = None, max_seq_len: int | None = None) -> None:
+                 sink: Any = None, max_seq_len: int | None = None, core_cls: type | None = None) -> None:
         self.sink = sink or NullSink()
         self.max_seq_len = max_seq_len  # the model's, for checking requests here; None: the child checks it
         self.seed = seed
@@ -152,7 +179,11 @@ class ProcessEngine:
         self._conn, child_conn = ctx.Pipe()
         self.process = ctx.Process(target=_child_main, name="miles-engine", daemon=True,
                                    args=(child_conn, build_model, self.flat, self.layout, max_running, eos_token_id,
-                                         num_threads))
+                                         num_threads, core_cls))
+        self._started_at = time.monotonic()  # a: the child's first reading must not precede it
+        self.child_offset_s = 0.0  # child monotonic -> parent monotonic (module docstring)
+        self.clock_shared: bool | None = None  # None until the child's first message
+        self._loop_offset_s = 0.0  # parent monotonic -> the loop's time base
         self.process.start()
         child_conn.close()
         self.weight_version = 0
@@ -190,11 +221,8 @@ class ProcessEngine:
 
     async def pause_generation(self, mode: str) -> None:
         check_pause_mode(mode)
-        in_flight = len(self._futures)
-        finished = await self._call("pause", mode)
+        finished = await self._call("pause", mode)  # the child records engine_pause as it applies it
         self._resolve(finished)
-        if self.sink.enabled:
-            self.sink.emit(ev.ENGINE_PAUSE, mode=mode, in_flight=in_flight)
 
     async def update_weights(self, version: int, weights: dict[str, torch.Tensor]) -> None:
         t0 = time.perf_counter()
@@ -205,9 +233,7 @@ class ProcessEngine:
         self.sync_s.append({"pack_s": pack_s, "load_s": load_s})
 
     async def continue_generation(self) -> None:
-        await self._call("resume")
-        if self.sink.enabled:
-            self.sink.emit(ev.ENGINE_RESUME)
+        await self._call("resume")  # the child records engine_resume as it applies it
 
     def close(self) -> None:
         self._closing = True
@@ -242,6 +268,7 @@ class ProcessEngine:
     def _ensure_reader(self) -> None:
         if self._reader is None:
             self._loop = asyncio.get_running_loop()
+            self._loop_offset_s = self._loop.time() - time.monotonic()
             self._reader = threading.Thread(target=self._read, name="miles-engine-reader", daemon=True)
             self._reader.start()
 
@@ -250,6 +277,9 @@ class ProcessEngine:
         try:
             while True:
                 msg = self._conn.recv()
+                if msg[0] == "hello":
+                    self._align(msg[1], time.monotonic())
+                    continue
                 loop.call_soon_threadsafe(self._dispatch, msg)
                 if msg[0] == "crash":
                     return
@@ -261,6 +291,17 @@ class ProcessEngine:
                                   "results of finished steps are kept")
             loop.call_soon_threadsafe(self._fail_all, err)
 
+    def _align(self, child_t: float, received: float) -> None:
+        """The child's first reading ``child_t``, between our start and receipt readings
+        if the monotonic clock is shared (module docstring)."""
+        a, b = self._started_at, received
+        self.clock_shared = a <= child_t <= b
+        self.child_offset_s = 0.0 if self.clock_shared else (a + b) / 2 - child_t
+
+    def to_loop_time(self, child_t: float) -> float:
+        """A child ``time.monotonic()`` reading in the parent loop's time base."""
+        return child_t + self.child_offset_s + self._loop_offset_s
+
     def _dispatch(self, msg: tuple) -> None:
         kind = msg[0]
         if kind == "finished":
@@ -269,16 +310,24 @@ class ProcessEngine:
             fut = self._calls.pop(msg[1], None)
             if fut is not None and not fut.done():
                 fut.set_result(msg[2])
-        elif kind == "phase":
-            if self.sink.enabled:
-                self.sink.emit(ev.PHASE_START if msg[2] else ev.PHASE_END, side="rollout", phase="generating",
-                               _t=msg[1])
         elif kind == "events":
             if self.sink.enabled:
-                for _, k, fields in msg[1]:
-                    self.sink.emit(k, **fields)
+                for t, k, fields in msg[1]:
+                    self._emit_child_event(t, k, fields)
         elif kind == "crash":
             self._fail_all(EngineDiedError(f"the engine process crashed:\n{msg[1]}"))
+
+    def _emit_child_event(self, t: float, kind: str, fields: dict[str, Any]) -> None:
+        """Record one child event at its child-side time; request ids become sample
+        indices (a request cancelled meanwhile is left out)."""
+        if "index" in fields:
+            entry = self._futures.get(fields["index"])
+            if entry is None:
+                return
+            fields["index"] = entry[1].index
+        if "indices" in fields:
+            fields["indices"] = [e[1].index for e in map(self._futures.get, fields["indices"]) if e is not None]
+        self.sink.emit(kind, _t=self.to_loop_time(t), **fields)
 
     def _resolve(self, finished: list[tuple]) -> None:
         for req_id, tokens, log_probs, runs, version, status in finished:

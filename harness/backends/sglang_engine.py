@@ -281,6 +281,9 @@ class SGLangEngine:
         rid = f"miles-{sample.index}-{next(self._rids)}"
         request = build_generate_request(sample, sampling, rid=rid,  # raises here, in the caller
                                          sampling_overrides=self.sampling_overrides)
+        if self.sink.enabled:  # the request is handed over now; SGLang's own steps are not visible here
+            self.sink.emit(ev.SUBMITTED, index=sample.index, group_index=sample.group_index,
+                           version=self.weight_version)
         return asyncio.ensure_future(self._generate(sample, request, rid))
 
     async def pause_generation(self, mode: str) -> None:
@@ -315,10 +318,13 @@ class SGLangEngine:
         self.weight_version = version  # the driver records engine_version once per update
 
     async def continue_generation(self) -> None:
-        await self.engine.tokenizer_manager.continue_generation(self.io.ContinueGenerationReqInput())
-        self.paused_mode = None
+        # Recorded before the request goes out (and engine_pause after the pause returns):
+        # the traced paused window lies inside the engine's, since SGLang may run
+        # requests as soon as it receives the resume.
         if self.sink.enabled:
             self.sink.emit(ev.ENGINE_RESUME)
+        await self.engine.tokenizer_manager.continue_generation(self.io.ContinueGenerationReqInput())
+        self.paused_mode = None
 
     def close(self) -> None:
         self.engine.shutdown()

@@ -33,6 +33,19 @@ request's tokens do not depend on what else is in the batch.
 ``TorchEngine`` adapts a core to the asyncio ``RolloutEngine`` contract: one background
 thread owns the core and applies commands (add, cancel, pause, update, resume) only
 between steps, so a weight update never races a decode step.
+
+Its trace events are the engine's own, each stamped where and when it happens, in the
+event loop's time base (``loop.time()``, read on whichever thread the event happens):
+SUBMITTED in ``generate`` (the caller hands the request over; ``version`` is the
+version the caller's side has seen loaded), and on the engine thread ADMITTED,
+DECODE_STEP (every batched step, with the samples that got a token and the version
+that sampled it), RETRACTED / ABORTED / PAUSED_REQ, ENGINE_PAUSE as the thread applies
+the pause (before the core's pause events), ENGINE_RESUME as it applies the resume
+(before it can admit anything), and the rollout ``generating`` phase: started by the
+first step after an idle or paused spell, ended when the thread finds itself paused or
+out of work. Engine-thread events reach the sink through the loop
+(``call_soon_threadsafe``) in the order they happened, ahead of the command replies
+and results that follow them, so the trace's order is the engine's order.
 """
 
 from __future__ import annotations
@@ -102,6 +115,7 @@ class EngineCore:
         self.counters = EngineCounters()
         self._clock = clock
         self._on_event = on_event
+        self._step_t0 = 0.0
         self._waiting: collections.deque[Request] = collections.deque()
         self._running: list[Request] = []  # invariant: self._running[i].slot == i
         model.alloc_cache(max_running)
@@ -127,11 +141,20 @@ class EngineCore:
 
     def set_event_hook(self, on_event: Callable[..., None] | None) -> None:
         """``on_event(kind, **fields)`` for ADMITTED / RETRACTED / ABORTED / PAUSED_REQ
-        (``index`` is the req_id), called synchronously inside ``step`` / ``pause``."""
+        (``index`` is the req_id) and DECODE_STEP (``indices``: the req_ids that got a
+        token, ``version``, ``dur_s``: the step's seconds, admission included), called
+        synchronously inside ``step`` / ``pause`` at the moment it happens, so the hook
+        can stamp the time."""
         self._on_event = on_event
 
     def has_work(self) -> bool:
         return bool(self._running or self._waiting)
+
+    def can_step(self) -> bool:
+        """Whether ``step()`` would do anything: not paused, and something to run. The
+        drivers of a core (``TorchEngine``'s thread, ``ProcessEngine``'s child) wait
+        for a command while it is False."""
+        return not self.paused and self.has_work()
 
     def num_running(self) -> int:
         return len(self._running)
@@ -141,9 +164,9 @@ class EngineCore:
 
     # --- one iteration -------------------------------------------------------------------
     def step(self) -> list[FinishedRequest]:
-        if self.paused or not self.has_work():
+        if not self.can_step():
             return []
-        t0 = self._clock()
+        t0 = self._step_t0 = self._clock()
         self._admit()
         finished = self._decode() if self._running else []
         self.counters.busy_s += self._clock() - t0
@@ -175,6 +198,9 @@ class EngineCore:
         tokens, logps = sample_tokens(logits, [r.temperature for r in reqs], [r.generator for r in reqs])
         self.counters.decode_steps += 1
         self.counters.tokens_generated += len(reqs)
+        if self._on_event is not None:  # the tokens exist now: one event per step, stamped by the hook
+            self._on_event(ev.DECODE_STEP, indices=[r.req_id for r in reqs], version=self.version,
+                           dur_s=self._clock() - self._step_t0)
         done: list[tuple[int, Status]] = []
         for i, (req, tok, lp) in enumerate(zip(reqs, tokens, logps)):
             req.output_tokens.append(tok)
@@ -289,6 +315,8 @@ class TorchEngine:
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._submit_version = core.version  # the version the loop side has seen loaded (SUBMITTED carries it)
+        self._busy = False  # engine thread: the rollout generating phase is open
         if self.sink.enabled:
             core.set_event_hook(self._forward_event)
 
@@ -312,24 +340,36 @@ class TorchEngine:
         except ConfigError:
             del self._futures[req_id]
             raise
+        if self.sink.enabled:
+            self.sink.emit(ev.SUBMITTED, index=sample.index, group_index=sample.group_index,
+                           version=self._submit_version)
         self._post(lambda: self.core.add_request(req_id, prefix, budget, sampling.temperature, seed))
         fut.add_done_callback(lambda f, rid=req_id: self._on_done(f, rid))
         return fut
 
     async def pause_generation(self, mode: str) -> None:
         check_pause_mode(mode)
-        in_flight = len(self._futures)
-        await self._call(lambda: self._resolve_all(self.core.pause(mode)))
-        if self.sink.enabled:
-            self.sink.emit(ev.ENGINE_PAUSE, mode=mode, in_flight=in_flight)
+
+        def pause() -> None:  # engine thread, between steps
+            core = self.core
+            if self.sink.enabled:
+                self._emit_engine(ev.ENGINE_PAUSE, mode=mode, in_flight=core.num_running() + core.num_waiting())
+            self._resolve_all(core.pause(mode))
+            self._set_busy(False)
+
+        await self._call(pause)
 
     async def update_weights(self, version: int, weights: Any) -> None:
         await self._call(lambda: self.core.update_weights(version, weights))  # the driver records engine_version
+        self._submit_version = version
 
     async def continue_generation(self) -> None:
-        await self._call(self.core.resume)
-        if self.sink.enabled:
-            self.sink.emit(ev.ENGINE_RESUME)
+        def resume() -> None:  # engine thread: nothing is admitted before this event
+            self.core.resume()
+            if self.sink.enabled:
+                self._emit_engine(ev.ENGINE_RESUME)
+
+        await self._call(resume)
 
     def close(self) -> None:
         """Stop the engine thread (requests still in flight stay unresolved)."""
@@ -395,15 +435,34 @@ class TorchEngine:
                 fut.set_exception(EngineDeadError(f"the torch engine thread died: {exc!r}"))
         self._futures.clear()
 
-    def _emit_request_event(self, kind: str, fields: dict[str, Any]) -> None:
-        entry = self._futures.get(fields["index"])
-        if entry is not None:  # the sink sees sample indices, not engine request ids
+    def _emit_stamped(self, kind: str, fields: dict[str, Any], t: float) -> None:
+        """Loop side: record an engine-thread event under the time it happened. The sink
+        sees sample indices, not engine request ids; a request cancelled meanwhile is
+        left out (an event about it alone is dropped)."""
+        if "index" in fields:
+            entry = self._futures.get(fields["index"])
+            if entry is None:
+                return
             fields["index"] = entry[1].index
-            self.sink.emit(kind, **fields)
+        if "indices" in fields:
+            fields["indices"] = [e[1].index for e in map(self._futures.get, fields["indices"]) if e is not None]
+        self.sink.emit(kind, _t=t, **fields)
 
     # --- engine-thread side -------------------------------------------------------------------
     def _forward_event(self, kind: str, **fields: Any) -> None:
-        self._loop.call_soon_threadsafe(self._emit_request_event, kind, fields)
+        self._emit_engine(kind, **fields)
+
+    def _emit_engine(self, kind: str, **fields: Any) -> None:
+        """Stamp an event now, on the engine thread, in the loop's time base
+        (``loop.time()`` only reads the loop's monotonic clock), and hand it to the loop."""
+        loop = self._loop
+        loop.call_soon_threadsafe(self._emit_stamped, kind, fields, loop.time())
+
+    def _set_busy(self, busy: bool) -> None:
+        if busy != self._busy:
+            self._busy = busy
+            if self.sink.enabled:
+                self._emit_engine(ev.PHASE_START if busy else ev.PHASE_END, side="rollout", phase="generating")
 
     def _resolve_all(self, finished: list[FinishedRequest]) -> None:
         if finished:
@@ -414,7 +473,8 @@ class TorchEngine:
         try:
             while True:
                 with self._cond:
-                    while not self._stop and not self._commands and (core.paused or not core.has_work()):
+                    while not self._stop and not self._commands and not core.can_step():
+                        self._set_busy(False)
                         self._cond.wait()
                     if self._stop:
                         return
@@ -422,7 +482,9 @@ class TorchEngine:
                     self._commands.clear()
                 for command in commands:
                     command()
-                self._resolve_all(core.step())
+                if core.can_step():
+                    self._set_busy(True)
+                    self._resolve_all(core.step())
         except BaseException as exc:  # surfaced to every waiter, never swallowed
             self._error = exc
             self._loop.call_soon_threadsafe(self._fail_all, exc)

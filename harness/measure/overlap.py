@@ -3,7 +3,12 @@
 Phases: side ``rollout`` phase ``generating`` (the engine's batch is busy); side
 ``train`` phases ``training``, ``weight_sync`` and ``waiting`` (for a generate/drain).
 
-* ``both_busy_fraction``: share of the window where generating and training overlap.
+* ``both_busy_fraction``: share of the window where the engine computes while the
+  trainer trains. Where the engine records its decode steps (``decode_step``: the real
+  engines, each step's interval ``[t - dur_s, t]`` stamped by the engine itself), the
+  engine side is those intervals (``decode_busy_s``), so an engine that kept decoding
+  after a pause counts, whatever a wrapper says about its phases; the simulated engine
+  records no decode steps and its ``generating`` phase stands in.
 * ``rollout_idle_ratio``: share of the window the engine had nothing running (verl's
   ``idle_ratio`` for the rollout side); ``train_idle_ratio`` likewise for the trainer
   (not training and not syncing weights); ``wait_time_ratio``: share spent waiting for
@@ -42,6 +47,11 @@ def intervals(events: Iterable[Any], side: str, phase: str, t_end: float) -> lis
     if start is not None:
         out.append((start, t_end))
     return merge(out)
+
+
+def decode_intervals(events: Iterable[Any]) -> list[Interval]:
+    """The engine's own busy intervals, ``[t - dur_s, t]`` of every ``decode_step``, merged."""
+    return merge([(e.t - e["dur_s"], e.t) for e in events if e.kind == ev.DECODE_STEP])
 
 
 def measurement_window(events: Iterable[Any], t0: float, t1: float) -> Interval:
@@ -101,6 +111,8 @@ def overlap_metrics(events: list[Any], window: Interval) -> dict[str, float]:
     """Busy seconds per phase and the ratios above, over ``window`` (see ``measurement_window``)."""
     t_end = window[1]
     gen = intervals(events, "rollout", "generating", t_end)
+    decode = decode_intervals(events)
+    engine = decode if decode else gen
     train = intervals(events, "train", "training", t_end)
     sync = intervals(events, "train", "weight_sync", t_end)
     wait = intervals(events, "train", "waiting", t_end)
@@ -112,8 +124,9 @@ def overlap_metrics(events: list[Any], window: Interval) -> dict[str, float]:
         "train_busy_s": total(train, window),
         "weight_sync_s": total(sync, window),
         "train_waiting_s": total(wait, window),
-        "both_busy_s": total(intersect(gen, train), window),
-        "both_busy_fraction": total(intersect(gen, train), window) / wall,
+        "decode_busy_s": total(decode, window),
+        "both_busy_s": total(intersect(engine, train), window),
+        "both_busy_fraction": total(intersect(engine, train), window) / wall,
         "rollout_idle_ratio": 1.0 - total(gen, window) / wall,
         "train_idle_ratio": 1.0 - busy_train / wall,
         "wait_time_ratio": total(wait, window) / wall,

@@ -337,6 +337,10 @@ def test_a_request_in_flight_across_an_in_place_update_gets_old_kv_runs():
     assert engine.requests[0]["input_ids"] == case["prompt_tokens"]
     assert sink.events[-1][0] == "finished"
     assert sink.events[-1][1]["token_versions"] == [[1, 1, 4], [2, 1, 3]]
+    # the adapter's own events: submitted in generate (the version then), pause after
+    # SGLang paused, resume before it is asked to continue (the traced pause lies inside)
+    assert [kind for kind, _ in sink.events] == ["submitted", "engine_pause", "engine_resume", "finished"]
+    assert sink.events[0][1] == {"index": 4, "group_index": sample.group_index, "version": 1}
 
 
 def test_updates_before_submission_are_not_attributed_to_the_request():

@@ -280,6 +280,16 @@ def test_torch_engine_reports_engine_and_request_events_with_sample_indices():
     admitted = sorted(f["index"] for k, f in sink.events if k == ev.ADMITTED)
     finished = sorted(f["index"] for k, f in sink.events if k == ev.FINISHED)
     assert admitted == finished == [40, 41, 42]
+    # the engine's own order: submitted while paused, admitted only after the engine
+    # thread applied the resume, then one decode step per token, then the results
+    assert kinds[:5] == [ev.ENGINE_PAUSE, ev.SUBMITTED, ev.SUBMITTED, ev.SUBMITTED, ev.ENGINE_RESUME]
+    assert kinds.index(ev.ADMITTED) > kinds.index(ev.ENGINE_RESUME)
+    steps = [f for k, f in sink.events if k == ev.DECODE_STEP]
+    assert sorted(i for f in steps for i in f["indices"]) == sorted([40, 41, 42] * 4)  # max_new_tokens=4
+    assert all(f["version"] == 0 and f["dur_s"] >= 0 for f in steps)
+    assert max(len(f["indices"]) for f in steps) == 2  # max_running=2
+    stamps = [f["_t"] for k, f in sink.events if k not in (ev.SUBMITTED, ev.FINISHED)]  # engine-thread stamps
+    assert stamps == sorted(stamps)
     for kind, fields in sink.events:
         assert set(ev.EVENT_FIELDS[kind]) <= set(fields), kind
 

@@ -183,6 +183,14 @@ def overlap_colocated(events: list[Event]) -> None:
     events.insert(i + 1, Event(-1, events[i].t, ev.PHASE_START, {"side": "rollout", "phase": "generating"}))
 
 
+def decode_during_training(events: list[Event]) -> None:
+    """A real engine's decode step (the simulated one records none) inside a training interval."""
+    i = first(events, ev.PHASE_START, lambda e: e["side"] == "train" and e["phase"] == "training")
+    j = first(events, ev.PHASE_END, lambda e: e["side"] == "train" and e["phase"] == "training", start=i)
+    t0, t1 = events[i].t, events[j].t
+    events.insert(j, Event(-1, (t0 + t1) / 2, ev.DECODE_STEP, {"indices": [0], "version": 1, "dur_s": (t1 - t0) / 4}))
+
+
 def misreport_metric(events: list[Event]) -> None:
     i = first(events, ev.METRICS, start=first(events, ev.STALE_REJECTED))
     events[i].fields["metrics"] = {**events[i]["metrics"], "rollout/fully_async/stale_groups_filtered": 0.0}
@@ -217,6 +225,7 @@ SURGERY = [
     ("whole_group_submission", FULLY_ASYNC, submit_out_of_group),
     ("one_group_per_pull", FULLY_ASYNC, two_groups_from_one_pull),
     ("colocate_exclusive", COLOCATED, overlap_colocated),
+    ("colocate_no_decode_while_training", COLOCATED, decode_during_training),
     ("drain_metrics", FULLY_ASYNC, misreport_metric),
 ]
 

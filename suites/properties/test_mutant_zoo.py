@@ -6,7 +6,10 @@ conformance machine (`harness/checking/buffer_machine.py`).
 Prints a kill-rate table: mutant, kind, invariants broken by the first catching run,
 and how many drawn runs that took. The search is ``hypothesis.find`` over the property
 suite's own strategy (``run_cases(faults=True)``) with explicit, derandomized settings
-and no shrinking, so the counts are reproducible and the zoo stays fast.
+and no shrinking, so the counts are reproducible and the zoo stays fast. Real-engine
+mutants (kind ``real_engine``) are searched on small real runs of the main job instead
+(``fixtures/mutants/real_engine.REAL_RUNS``, tried in order): "runs needed" counts those.
+The unmutated real engine passes the same runs (``suites/backends/test_real_engine_checkers.py``).
 """
 
 from __future__ import annotations
@@ -26,9 +29,11 @@ from harness.checking.strategies import RunCase, run_case, run_cases, violations
 
 try:
     from fixtures.mutants import KINDS, MUTANTS, Mutant
+    from fixtures.mutants.real_engine import REAL_RUNS, run_real
 except ModuleNotFoundError:  # pytest run from elsewhere than the repository root
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from fixtures.mutants import KINDS, MUTANTS, Mutant
+    from fixtures.mutants.real_engine import REAL_RUNS, run_real
 
 SEARCH_EXAMPLES = 800  # per mutant; the slowest needs a few hundred
 BASELINE_EXAMPLES = 300
@@ -40,8 +45,20 @@ def search_settings(max_examples: int) -> settings:
                     phases=[Phase.generate], suppress_health_check=list(HealthCheck))
 
 
+def first_real_catch(mutant: Mutant) -> tuple[int, tuple[str, str] | None, list[Violation]]:
+    """A real-engine mutant: (real runs made, the first (mode, layout) caught, its violations)."""
+    for runs, (mode, layout) in enumerate(REAL_RUNS, start=1):
+        with mutant.apply():
+            result, found = run_real(mode, layout)
+        if {v.invariant for v in found} & mutant.expected_invariants:
+            return runs, (mode, layout), found
+    return len(REAL_RUNS), None, []
+
+
 def first_catch(mutant: Mutant | None, max_examples: int) -> tuple[int, RunCase | None, list[Violation]]:
     """(runs drawn, the first run caught, its violations); ``None`` if none is caught."""
+    if mutant is not None and mutant.kind == "real_engine":
+        return first_real_catch(mutant)  # type: ignore[return-value]
     seen = {"runs": 0, "violations": []}
     wanted = mutant.expected_invariants if mutant else None
 

@@ -1,7 +1,8 @@
 """Pause modes (spec §9 item 41; `contracts.py` engine contract).
 
 * ``no_generation_while_paused``: between ``engine_pause`` and ``engine_resume`` nothing
-  is admitted, the engine's ``generating`` phase is closed before weights load, no
+  is admitted, no decode step runs (``decode_step``, recorded by the real engines as
+  they run it), the engine's ``generating`` phase is closed before weights load, no
   request completes other than as ABORTED, and weights load only while paused.
 * ``abort_semantics``: a pause with ``abort`` finishes every in-flight request as
   ABORTED before the resume, with tokens of the pre-pause version only. Fully-async
@@ -41,6 +42,9 @@ def check_no_generation_while_paused(events: list[Event], config: AsyncConfig) -
             generating = False
         elif k == ev.ADMITTED and paused:
             out.append(violation(name, f"request {e['index']} admitted while the engine is paused", events, pos))
+        elif k == ev.DECODE_STEP and paused:
+            out.append(violation(name, f"a decode step (samples {list(e['indices'])[:8]}, version {e['version']}) ran "
+                                 "while the engine is paused", events, pos))
         elif k == ev.ENGINE_VERSION:
             if not paused:
                 out.append(violation(name, f"weights of version {e['version']} loaded while not paused", events, pos))

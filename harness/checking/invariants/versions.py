@@ -6,6 +6,7 @@
   force between its ``submitted`` and its ``finished`` event, in non-decreasing order;
   it records exactly one ``weight_versions`` entry, the version in force at completion
   (Miles' completion-time stamp), and its per-token runs cover ``response_length``.
+  Every ``decode_step`` a real engine records sampled with the version in force.
 * ``update_outside_generate``: no weight load falls inside a generate (drain) call.
 """
 
@@ -42,6 +43,10 @@ def check_token_versions(events: list[Event], config: AsyncConfig) -> list[Viola
     for pos, e in enumerate(events):
         if e.kind == ev.ENGINE_VERSION:
             engine = e["version"]
+        elif e.kind == ev.DECODE_STEP:
+            if e["version"] != engine:
+                out.append(violation(name, f"decode step of samples {list(e['indices'])[:8]} stamped its tokens "
+                                     f"version {e['version']}; the engine holds {engine}", events, pos))
         elif e.kind == ev.SUBMITTED:
             submitted[e["index"]] = engine
             if e["version"] != engine:
