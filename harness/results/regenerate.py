@@ -52,6 +52,8 @@ STEPS: list[Step] = [
     Step("gap_smollm2", CLI + ["gap", "--model", "smollm2", "--device", "cpu", "--dtypes", "fp32,bf16,fp16",
                                "--num-seqs", "4", "--max-new-tokens", "16", "--seed", "0", "--threads", "1",
                                "--out", "results/gap/smollm2-cpu"], ["results/gap/smollm2-cpu"]),
+    Step("serve_upstream_e2e", [PY, "-m", "harness.serve.upstream_e2e", "--out", "results/serve/upstream_e2e.json"],
+         ["results/serve/upstream_e2e.json"]),
 ]
 
 

@@ -1,0 +1,740 @@
+"""Upstream Miles end to end through the served CPU engine: real HTTP, real asyncio.
+
+``run_upstream_e2e(E2EConfig(...))`` starts one or two ``serve_in_thread`` servers (the
+tiny model), upstream's ``MilesRouter`` in front of them (its FastAPI app on uvicorn in a
+thread, workers registered with ``POST /add_worker?url=...`` as ``SGLangEngine`` does with
+``--use-miles-router``), and runs upstream's own ``train_async.py`` loop with:
+
+* the rollout function ``InferenceRolloutFn`` (one-step) or ``FullyAsyncRolloutFn``
+  (fully async), built by upstream's ``load_rollout_function`` and called the way
+  upstream's ``RolloutManager.generate`` calls it (``asyncio.to_thread(
+  call_rollout_function, ...)``, so the coroutine runs on Miles' own background event
+  loop thread); ``RolloutDataSourceWithBuffer`` reads a generated JSONL of copy-task
+  prompts, upstream's ``DefaultDataBuffer`` holds fully-async groups; every ``/generate``
+  and ``/abort_request`` goes through upstream's ``http_utils`` httpx client, to the
+  router, to a server;
+* the weight updates as upstream's Megatron updaters order them
+  (``update_weight_from_distributed/mixin.py:L309-L331`` for tensors: pause(mode) ->
+  flush unless in_place -> begin -> buckets -> update_weight_version -> end -> continue;
+  ``delta.py:L252-L266`` for disk: pause(mode) -> flush unless in_place ->
+  update_weights_from_disk(weight_version) -> continue), each call made through upstream's
+  ``SGLangEngine`` HTTP client methods, one thread per engine as Ray would;
+  ``get_weight_version`` is read back after every update;
+* the harness's ``TorchTrainer`` (GRPO on the tiny model) producing each new version.
+
+What is not upstream's (and why): Ray (placement groups, the rollout-manager and
+training actors, the object store) is replaced by in-process objects as in
+``harness.upstream.host``; ``SGLangEngine.init`` (which launches SGLang) is skipped and
+the client's ``server_host`` / ``server_port`` / ``node_rank`` set to a served engine;
+the disk path writes the new weights straight into the directory the engine reloads
+(upstream's ``pull_weights`` copies a published delta there first, an endpoint of
+Miles' SGLang fork); the train-data conversion is a copy of each sample's tokens,
+log-probs and reward into the harness's ``Sample``. Upstream's trajectory-lifecycle seam
+(``TrajectoryLifecycle().sink``) and a wrapper around ``single_turn.post`` *observe*
+each ``/generate`` call (which sample, and the server's per-token versions in the
+response); they return upstream's values unchanged.
+
+Checks (``E2EResult``): ``check_report`` on each server's trace, the update order of
+each server's request log (``harness.serve.order``), per-token truth next to Miles'
+recorded ``weight_versions`` for every trained sample, and what the engine did at the
+pauses (retractions, tokens sampled on older KV). ``python -m harness.serve.upstream_e2e
+--out results/serve/upstream_e2e.json`` writes them for the three standard runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import importlib.util
+import json
+import os
+import platform
+import random
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from miles_async_core.errors import ConfigError
+
+ONE_STEP_FN = "miles.rollout.inference_rollout.inference_rollout_common.InferenceRolloutFn"
+FULLY_ASYNC_FN = "miles.rollout.fully_async_rollout.FullyAsyncRolloutFn"
+TRANSFERS = ("tensor", "disk")
+N_SYMBOLS = 3  # copy-task symbols a, b, c
+
+
+@dataclass(frozen=True, kw_only=True)
+class E2EConfig:
+    """One run. ``steps`` training steps (upstream's ``--num-rollout``), ``B`` groups of
+    ``n`` samples per step, ``max_new_tokens`` per sample (the engines never stop at EOS,
+    so every request runs that long and an update lands mid-request as often as possible)."""
+
+    name: str = "one-step"
+    fully_async: bool = False
+    pause_mode: str = "retract"
+    transfer: str = "tensor"
+    servers: int = 2
+    steps: int = 5
+    rollout_batch_size: int = 4
+    n_samples_per_prompt: int = 4
+    over_sampling_batch_size: int | None = None
+    max_new_tokens: int = 8
+    max_weight_staleness: int | None = None
+    unused_samples_handler: str = "drop"
+    buckets: int = 2
+    lr: float = 1e-2
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.transfer not in TRANSFERS:
+            raise ConfigError(f"transfer={self.transfer!r}; allowed: {list(TRANSFERS)}.")
+        if self.pause_mode not in ("abort", "retract", "in_place"):
+            raise ConfigError(f"pause_mode={self.pause_mode!r}; allowed: abort, retract, in_place.")
+        if self.fully_async and self.pause_mode == "abort":
+            raise ConfigError("fully_async with pause_mode='abort' is refused by upstream (arguments.py:L61). "
+                              "Fix: pass retract or in_place.")
+        if not 1 <= self.servers <= 4 or self.steps < 1 or self.buckets < 1:
+            raise ConfigError(f"servers={self.servers} (1..4), steps={self.steps} (>= 1) and buckets="
+                              f"{self.buckets} (>= 1) are out of range.")
+
+
+# the three runs the results file holds (issue 12: >= 5 steps one-step and fully async retract / in_place)
+STANDARD_RUNS = (
+    E2EConfig(name="one-step-retract-disk", fully_async=False, pause_mode="retract", transfer="disk",
+              over_sampling_batch_size=6),
+    E2EConfig(name="fully-async-retract-tensor", fully_async=True, pause_mode="retract", transfer="tensor",
+              max_weight_staleness=1),
+    E2EConfig(name="fully-async-in_place-tensor", fully_async=True, pause_mode="in_place", transfer="tensor",
+              max_weight_staleness=1),
+)
+
+
+# --------------------------------------------------------------------------- local assets
+
+def write_tiny_assets(root: Path, *, n_prompts: int = 256, seed: int = 0, n_symbols: int = N_SYMBOLS,
+                      length: int = 2) -> tuple[Path, Path]:
+    """A Hugging Face directory for the tiny model (``tokenizer.json`` etc. from the
+    harness's ``CharTokenizer`` vocabulary, and a Llama-shaped ``config.json``) and a JSONL
+    of copy-task prompts (``text``, ``label``). Nothing is downloaded."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from harness.backends.tasks import TINY_TOKENIZER, CopyTask
+    from harness.backends.torch_models import TinyLMConfig
+
+    char = TINY_TOKENIZER
+    hf_dir = root / "tiny-hf"
+    vocab = {tok: i for i, tok in enumerate(char.itos)}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")  # one token per character
+    tok.decoder = decoders.Fuse()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>",
+                                   unk_token="<pad>")
+    fast.save_pretrained(hf_dir)
+    cfg = TinyLMConfig(vocab_size=char.vocab_size, seed=seed)
+    (hf_dir / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.d_model, "intermediate_size": cfg.d_ff, "num_hidden_layers": cfg.n_layers,
+        "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.n_heads,
+        "max_position_embeddings": cfg.max_seq_len, "rope_theta": cfg.rope_theta, "rms_norm_eps": cfg.norm_eps,
+        "hidden_act": "silu", "tie_word_embeddings": False, "torch_dtype": cfg.dtype,
+        "pad_token_id": char.pad_token_id, "bos_token_id": char.bos_token_id, "eos_token_id": char.eos_token_id,
+    }, indent=1))
+    task = CopyTask(n_symbols=n_symbols, length=length)
+    rows = task.sample_prompts(random.Random(seed), n_prompts)
+    prompts = root / "copy_prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"text": s.prompt, "label": s.label}) + "\n" for s in rows))
+    return hf_dir, prompts
+
+
+async def copy_task_rm(args: Any, sample: Any, **_: Any) -> float:
+    """``--custom-rm-path`` target on upstream's sample: the copy task's positional reward
+    (label characters reproduced at the start of the response), averaged with a dense
+    part (the fraction of response tokens that are task symbols) so that a random tiny
+    model's samples differ in reward and every GRPO step changes the weights."""
+    from harness.backends.tasks import TINY_TOKENIZER
+
+    response = list(sample.tokens[len(sample.tokens) - sample.response_length:]) if sample.response_length else []
+    target = TINY_TOKENIZER.encode(str(sample.label))
+    symbols = set(TINY_TOKENIZER.encode("abcdefgh"[:N_SYMBOLS]))
+    positional = sum(1 for a, b in zip(response, target) if a == b) / len(target)
+    dense = sum(1 for t in response if t in symbols) / len(response) if response else 0.0
+    return 0.5 * positional + 0.5 * dense
+
+
+# --------------------------------------------------------------------------- uvicorn thread for the router
+
+class _AppThread:
+    def __init__(self, app: Any, *, bind: str = "127.0.0.1") -> None:
+        import uvicorn
+
+        self.bind = bind
+        self.server = uvicorn.Server(uvicorn.Config(app, host=bind, port=0, log_level="warning", lifespan="on",
+                                                   access_log=False, timeout_graceful_shutdown=5))
+        self.thread: threading.Thread | None = None
+        self.port: int | None = None
+
+    def start(self, timeout_s: float = 30.0) -> "_AppThread":
+        self.thread = threading.Thread(target=self.server.run, name="miles-router", daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self.server.started:  # bounded wait for uvicorn's readiness flag
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise ConfigError(f"the router did not start within {timeout_s} s")
+            self.thread.join(0.01)
+        self.port = self.server.servers[0].sockets[0].getsockname()[1]
+        return self
+
+    def stop(self) -> None:
+        if self.thread is not None:
+            self.server.should_exit = True
+            self.thread.join(30)
+            self.thread = None
+
+
+# --------------------------------------------------------------------------- observing /generate
+
+class _Observer:
+    """Upstream's lifecycle sink (which sample a task is generating) and a wrapper around
+    ``single_turn.post`` recording each ``/generate`` answer for that sample."""
+
+    def __init__(self, real_post: Any) -> None:
+        self.real_post = real_post
+        self.task_sample: dict[Any, Any] = {}
+        self.calls: dict[int, list[dict[str, Any]]] = {}
+        self.lock = threading.Lock()
+
+    # TrajectoryLifecycle sink
+    def attempt_start(self, sample: Any) -> None:
+        pass
+
+    def gen_start(self, sample: Any) -> None:
+        self.task_sample[asyncio.current_task()] = sample
+
+    def attempt_end(self, sample: Any) -> None:
+        self.task_sample.pop(asyncio.current_task(), None)
+
+    async def post(self, url: str, payload: dict, *args: Any, **kwargs: Any) -> Any:
+        sample = self.task_sample.get(asyncio.current_task())
+        out = await self.real_post(url, payload, *args, **kwargs)
+        if sample is not None and url.endswith("/generate") and isinstance(out, dict):
+            meta = out.get("meta_info", {})
+            record = {"weight_version": meta.get("weight_version"), "spans": meta.get("weight_versions"),
+                      "runs": meta.get("token_versions"), "finish": (meta.get("finish_reason") or {}).get("type"),
+                      "output_ids": [int(e[1]) for e in meta.get("output_token_logprobs") or []],
+                      "num_retractions": meta.get("num_retractions", 0)}
+            with self.lock:
+                self.calls.setdefault(sample.index, []).append(record)
+        return out
+
+    def calls_for(self, index: int, response: list[int]) -> list[dict[str, Any]] | None:
+        """The trailing calls of sample ``index`` whose outputs make up ``response``."""
+        calls = self.calls.get(index, [])
+        for start in range(len(calls) - 1, -1, -1):
+            joined = [t for c in calls[start:] for t in c["output_ids"]]
+            if joined == response:
+                return calls[start:]
+        return None
+
+
+class _Seams:
+    """Point upstream's rollout modules at the real HTTP client and the observer for one
+    run, and put back whatever was there (the virtual-time host rebinds the same names)."""
+
+    def __init__(self, observer: _Observer) -> None:
+        self.observer = observer
+        self.saved: list[tuple[Any, str, Any]] = []
+
+    def __enter__(self) -> "_Seams":
+        import miles.rollout.generate_hub.single_turn as single_turn
+        import miles.rollout.inference_rollout.inference_rollout_train as train_mod
+        import miles.utils.http_utils as http_utils
+        from miles.utils.lifecycle import TrajectoryLifecycle
+
+        lifecycle = TrajectoryLifecycle()
+        quiet = getattr(train_mod.tqdm, "func", train_mod.tqdm)  # the one-step progress bar, off
+        for obj, name, value in ((single_turn, "post", self.observer.post), (train_mod, "post", http_utils.post),
+                                 (train_mod, "get", http_utils.get), (lifecycle, "sink", self.observer),
+                                 (train_mod, "tqdm", functools.partial(quiet, disable=True))):
+            self.saved.append((obj, name, getattr(obj, name)))
+            setattr(obj, name, value)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for obj, name, value in reversed(self.saved):
+            setattr(obj, name, value)
+
+
+# --------------------------------------------------------------------------- the run
+
+@dataclass
+class E2EResult:
+    config: E2EConfig
+    steps_trained: int = 0
+    wall_s: float = 0.0
+    error: str | None = None
+    servers: list[dict[str, Any]] = field(default_factory=list)
+    updates: list[dict[str, Any]] = field(default_factory=list)
+    trained: list[dict[str, Any]] = field(default_factory=list)
+    train_metrics: list[dict[str, float]] = field(default_factory=list)
+    ages: dict[str, Any] = field(default_factory=dict)
+    engine: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def violations(self) -> list[dict[str, str]]:
+        return [v for s in self.servers for v in s["invariants"]["violations"]]
+
+    @property
+    def order_problems(self) -> list[str]:
+        return [p for s in self.servers for p in s["update_order"]["problems"]]
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["trained"] = len(self.trained)  # per-sample rows are summarised in "ages"
+        out["spanning_examples"] = [  # up to 8 trained samples whose tokens span an update
+            {k: r[k] for k in ("rollout_id", "index", "recorded", "token_versions", "kv_versions")}
+            for r in self.trained if r["token_versions"] and len(set(r["token_versions"])) > 1][:8]
+        return out
+
+
+def _args(cfg: E2EConfig, hf_dir: Path, prompts: Path, router_port: int) -> argparse.Namespace:
+    from miles_async_core.config import AsyncConfig
+    from harness.sim.scenario import Scenario
+    from harness.upstream.host import upstream_args
+
+    config = AsyncConfig(rollout_batch_size=cfg.rollout_batch_size, n_samples_per_prompt=cfg.n_samples_per_prompt,
+                         fully_async=cfg.fully_async, pause_generation_mode=cfg.pause_mode, num_rollout=cfg.steps,
+                         max_weight_staleness=cfg.max_weight_staleness, seed=cfg.seed,
+                         async_unused_samples_handler=cfg.unused_samples_handler,
+                         over_sampling_batch_size=cfg.over_sampling_batch_size)
+    args = upstream_args(Scenario(name=cfg.name, config=config, max_new_tokens=cfg.max_new_tokens))
+    vars(args).update(
+        hf_checkpoint=str(hf_dir), prompt_data=str(prompts), input_key="text", label_key="label",
+        custom_rm_path="harness.serve.upstream_e2e.copy_task_rm", custom_async_data_buffer_path=None,
+        sglang_router_ip="127.0.0.1", sglang_router_port=router_port, use_miles_router=True,
+        sglang_server_concurrency=64, rollout_num_gpus=cfg.servers, rollout_num_gpus_per_engine=1,
+        eval_num_gpus=0, use_distributed_post=False, miles_router_max_connections=None, miles_router_timeout=None,
+        rollout_health_check_interval=5.0, miles_router_health_check_failure_threshold=3,
+        rollout_function_path=FULLY_ASYNC_FN if cfg.fully_async else ONE_STEP_FN, rollout_external=True,
+        update_weight_local_checkpoint_dir=None,
+    )
+    return args
+
+
+def _core_sample(us: Any) -> Any:
+    from miles_async_core.types import Sample
+
+    n = int(us.response_length)
+    tokens = list(us.tokens)
+    return Sample(prompt=str(us.prompt), prompt_tokens=tokens[: len(tokens) - n],
+                  response_tokens=tokens[len(tokens) - n:],
+                  rollout_log_probs=list(us.rollout_log_probs or []), reward=float(us.reward), index=us.index,
+                  group_index=us.group_index, label=us.label, weight_versions=list(us.weight_versions))
+
+
+class _Run:
+    def __init__(self, cfg: E2EConfig, workdir: Path) -> None:
+        self.cfg = cfg
+        self.workdir = workdir
+        self.result = E2EResult(config=cfg)
+        self.weight_version = 0  # the updater's counter, as upstream's (first update sends "1")
+        self.manager_version: int | None = None  # what the rollout manager passes to the rollout fn
+        self.version_weights: dict[int, dict[str, Any]] = {}  # what each update sent
+
+    # --- weight updates, in upstream's order, through SGLangEngine ----------------------------
+    async def update_weights(self) -> None:
+        cfg, engines = self.cfg, self.engines
+        self.weight_version += 1
+        label = str(self.weight_version)
+        weights = await asyncio.to_thread(self.trainer.get_weights)
+        previous = self.version_weights.get(self.weight_version - 1)
+        change = max(float((weights[k] - previous[k]).abs().max()) for k in weights) if previous else None
+        self.version_weights[self.weight_version] = weights
+
+        async def each(method: str, *a: Any, **k: Any) -> list[Any]:
+            return await asyncio.gather(*[asyncio.to_thread(getattr(e, method), *a, **k) for e in engines])
+
+        t0 = time.monotonic()
+        await each("pause_generation", mode=cfg.pause_mode)
+        if cfg.pause_mode != "in_place":
+            await each("flush_cache")
+        if cfg.transfer == "disk":
+            from .weights import save_weights_dir
+
+            target = self.workdir / "weights" / label
+            await asyncio.to_thread(save_weights_dir, weights, target)
+            results = await each("update_weights_from_disk", model_path=str(target), weight_version=label)
+        else:
+            from .weights import encode_named_tensors
+
+            await each("begin_weight_update", selector="all")
+            names = list(weights)
+            size = -(-len(names) // cfg.buckets)
+            results = []
+            for i in range(0, len(names), size):
+                payload = [encode_named_tensors({k: weights[k] for k in names[i:i + size]})]
+                results += await each("update_weights_from_tensor", serialized_named_tensors=payload,
+                                      load_format=None, flush_cache=False)
+            await each("update_weight_version", weight_version=label)
+            await each("end_weight_update")
+        await each("continue_generation")
+        read_back = await each("get_weight_version")
+        if any(not r.get("success", False) for r in results if isinstance(r, dict)):
+            raise RuntimeError(f"a weight update was refused: {results}")
+        self.manager_version = self.weight_version
+        self.result.updates.append({"version": label, "read_back": read_back, "max_abs_weight_change": change,
+                                    "wall_s": time.monotonic() - t0})
+
+    # --- the rollout manager's generate --------------------------------------------------------
+    async def generate(self, rollout_id: int) -> dict[str, Any]:
+        from miles.rollout.base_types import RolloutFnTrainInput
+        from miles.rollout.inference_rollout.compatibility import call_rollout_function
+
+        version = self.manager_version
+        out = await asyncio.to_thread(call_rollout_function, self.rollout_fn,
+                                      RolloutFnTrainInput(rollout_id=rollout_id, weight_version=version))
+        groups = [[_core_sample(s) for s in g] for g in out.samples]
+        for g in out.samples:
+            for s in g:
+                self.trained_rows.append(self._row(rollout_id, version, s))
+        return {"groups": groups, "metrics": dict(out.metrics or {})}
+
+    def _row(self, rollout_id: int, version: int | None, s: Any) -> dict[str, Any]:
+        n = int(s.response_length)
+        response = [int(t) for t in s.tokens[len(s.tokens) - n:]] if n else []
+        calls = self.observer.calls_for(s.index, response)
+        true_versions: list[int] | None = None
+        kv_versions: list[int] = []
+        if calls is not None:
+            true_versions = []
+            for c in calls:
+                for v, kv, count in c["runs"] or []:
+                    true_versions += [int(v)] * int(count)
+                    kv_versions += [int(kv)] * int(count)
+        kv_older = sum(1 for v, kv in zip(true_versions or [], kv_versions) if kv < v)
+        recorded = [int(v) for v in s.weight_versions if str(v).isdigit()]
+        return {"rollout_id": rollout_id, "current_version": version, "index": s.index, "group_index": s.group_index,
+                "recorded": list(s.weight_versions), "recorded_oldest": min(recorded) if recorded else None,
+                "true_oldest": min(true_versions) if true_versions else None,
+                "true_newest": max(true_versions) if true_versions else None,
+                "tokens": n, "tokens_older_than_recorded": (sum(1 for v in true_versions if v < min(recorded))
+                                                            if true_versions and recorded else 0),
+                "kv_older_tokens": kv_older, "calls_matched": calls is not None,
+                "token_versions": true_versions, "kv_versions": kv_versions,
+                "prompt_tokens": list(s.tokens[:len(s.tokens) - n]),
+                "response_tokens": response, "rollout_log_probs": list(s.rollout_log_probs or []),
+                "recorded_matches_calls": calls is not None and [c["weight_version"] for c in calls]
+                == list(s.weight_versions)}
+
+    async def train(self, rollout_id: int, ref: Any) -> None:
+        metrics = await self.trainer.train(rollout_id, ref["groups"])
+        self.result.train_metrics.append(metrics)
+        self.result.steps_trained += 1
+
+    # --- upstream's train_async.py with its Ray names rebound ----------------------------------
+    def driver(self) -> Any:
+        from harness.upstream import source
+
+        path = source.active() / "train_async.py"
+        spec = importlib.util.spec_from_file_location("miles_harness_served_train_async", path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)  # type: ignore[union-attr]
+        run = self
+
+        class _Remote:
+            def __init__(self, fn: Any) -> None:
+                self.fn = fn
+
+            def remote(self, *a: Any, **k: Any) -> Any:
+                return asyncio.ensure_future(self.fn(*a, **k))  # starts now, as a Ray call does
+
+        async def _noop(*a: Any, **k: Any) -> None:
+            return None
+
+        class _RolloutManager:
+            generate = _Remote(run.generate)
+            save = dispose = eval = check_weights = offload = onload_weights = onload_kv = _Remote(_noop)
+
+        class _Actor:
+            async def update_weights(self, rollout_id: int | None = None) -> None:
+                await run.update_weights()
+
+            async def train(self, rollout_id: int, ref: Any, external_data: Any = None) -> None:
+                await run.train(rollout_id, ref)
+
+            save_model = offload = onload = clear_memory = staticmethod(_noop)
+
+        class _EvalDispatcher:
+            def __init__(self, *a: Any, **k: Any) -> None:
+                pass
+
+            async def dispatch(self, *a: Any, **k: Any) -> None:
+                raise RuntimeError("eval is not run (no --eval-interval)")
+
+            drain = staticmethod(_noop)
+
+        class _ObjectStore:
+            @staticmethod
+            def init_instance(*a: Any, **k: Any) -> None:
+                return None
+
+        async def create_training_models(*a: Any, **k: Any) -> tuple:
+            return _Actor(), None
+
+        mod.__dict__.update(
+            create_placement_groups=lambda a: {"rollout": None, "actor": None},
+            create_rollout_manager=lambda a, pg: (_RolloutManager(), None),
+            create_training_models=create_training_models, EvalDispatcher=_EvalDispatcher,
+            object_store=_ObjectStore, init_tracking=lambda a: None, configure_logger=lambda *a, **k: None,
+            maybe_start_periodic_pyspy_dump=lambda: None, start_control_server=lambda **k: None,
+            maybe_start_mini_ft_controller=lambda a: None, remove_rollout_data_refs=lambda *a: None)
+        return mod
+
+    # --- set-up and tear-down --------------------------------------------------------------------
+    def execute(self) -> E2EResult:
+        import requests
+        from miles.backends.sglang_utils.sglang_engine import SGLangEngine
+        from miles.rollout.base_types import RolloutFnConstructorInput
+        from miles.rollout.data_source import RolloutDataSourceWithBuffer
+        from miles.rollout.inference_rollout.compatibility import load_rollout_function
+        from miles.router.router import MilesRouter
+        from miles.utils.http_utils import init_http_client
+        import miles.utils.http_utils as http_utils
+
+        from harness.backends.tasks import TINY_TOKENIZER
+        from harness.backends.torch_models import TinyLMConfig, build_tiny_lm
+        from harness.backends.torch_trainer import TorchTrainer, TrainerConfig
+
+        from .server import serve_in_thread
+
+        cfg = self.cfg
+        t0 = time.monotonic()
+        hf_dir, prompts = write_tiny_assets(self.workdir, seed=cfg.seed)
+        self.served = [serve_in_thread("tiny", seed=cfg.seed, eos_token_id=None) for _ in range(cfg.servers)]
+        router = None
+        self.trained_rows: list[dict[str, Any]] = []
+        try:
+            router_args = argparse.Namespace(sglang_server_concurrency=64, rollout_num_gpus=cfg.servers,
+                                             rollout_num_gpus_per_engine=1, miles_router_max_connections=None,
+                                             miles_router_timeout=None, rollout_health_check_interval=5.0,
+                                             miles_router_health_check_failure_threshold=3)
+            miles_router = MilesRouter(router_args)
+            router = _AppThread(miles_router.app).start()
+            args = _args(cfg, hf_dir, prompts, router.port)
+            for s in self.served:  # what SGLangEngine._init_normal posts with --use-miles-router
+                requests.post(f"http://127.0.0.1:{router.port}/add_worker?url={s.url}", timeout=10).raise_for_status()
+            self.engines = []
+            for rank, s in enumerate(self.served):
+                e = SGLangEngine(args, rank=rank)  # init() would launch SGLang: its fields are set here
+                e.server_host, e.server_port, e.node_rank = "127.0.0.1", s.port, 0
+                e.router_ip, e.router_port = "127.0.0.1", router.port
+                self.engines.append(e)
+            model = build_tiny_lm(TinyLMConfig(vocab_size=TINY_TOKENIZER.vocab_size, seed=cfg.seed))
+            self.trainer = TorchTrainer(model, TrainerConfig(lr=cfg.lr))
+            init_http_client(args)
+            self.observer = _Observer(http_utils.post)
+            with _Seams(self.observer):
+                data_source = RolloutDataSourceWithBuffer(args)
+                self.rollout_fn = load_rollout_function(
+                    RolloutFnConstructorInput(args=args, data_source=data_source), args.rollout_function_path)
+                try:
+                    asyncio.run(self.driver().train(args))
+                except Exception as exc:  # reported, and the servers are still checked
+                    self.result.error = f"{type(exc).__name__}: {exc}"
+                finally:
+                    _cancel_rollout_tasks()
+                    # what the router still forwards finishes on its own (nothing is paused now)
+                    _wait_until(lambda: not any(miles_router.worker_request_counts.values()), 30.0)
+        finally:
+            for s in self.served:
+                s.stop()
+            if router is not None:
+                router.stop()
+        self.result.wall_s = time.monotonic() - t0
+        self._check()
+        return self.result
+
+    def _check(self) -> None:
+        from miles_async_core import events as ev
+        from miles_async_core.config import AsyncConfig
+        from harness.checking.invariants import check_report
+
+        from .order import check_update_order, update_episodes
+
+        cfg, res = self.cfg, self.result
+        config = AsyncConfig(pause_generation_mode=cfg.pause_mode, fully_async=cfg.fully_async)
+        retractions = paused_in_place = finished = 0
+        for n, s in enumerate(self.served):
+            events = list(s.trace.events)
+            report = check_report(events, config, complete=False)
+            report.pop("_violations", None)
+            log = list(s.request_log)
+            episodes = update_episodes(log)
+            counts: dict[str, int] = {}
+            for e in log:
+                counts[e["path"]] = counts.get(e["path"], 0) + 1
+            res.servers.append({
+                "server": n, "events": len(events), "invariants": report,
+                "update_order": {"problems": check_update_order(log), "episodes": len(episodes),
+                                 "modes": sorted({str(ep["mode"]) for ep in episodes}),
+                                 "calls_first_episode": episodes[0]["calls"] if episodes else []},
+                "requests": counts})
+            retractions += sum(1 for e in events if e.kind == ev.RETRACTED)
+            paused_in_place += sum(1 for e in events if e.kind == ev.PAUSED_REQ)
+            finished += sum(1 for e in events if e.kind == ev.FINISHED)
+        res.engine = {"retracted": retractions, "paused_in_place": paused_in_place, "finished": finished}
+        res.trained = self.trained_rows
+        res.ages = age_summary(self.trained_rows, max_weight_staleness=cfg.max_weight_staleness)
+        res.engine["log_probs"] = logprob_check(self.trained_rows, self.version_weights, seed=cfg.seed)
+
+
+def age_summary(rows: list[dict[str, Any]], *, max_weight_staleness: int | None) -> dict[str, Any]:
+    """Miles' recorded ``weight_versions`` next to the server's per-token versions, over
+    the trained samples of a run."""
+    matched = [r for r in rows if r["calls_matched"] and r["true_oldest"] is not None
+               and r["recorded_oldest"] is not None]
+    younger = [r for r in matched if r["recorded_oldest"] > r["true_oldest"]]
+    spanning = [r for r in matched if r["true_newest"] != r["true_oldest"]]
+    out: dict[str, Any] = {
+        "samples_trained": len(rows), "samples_matched": len(matched),
+        "recorded_equals_calls": sum(1 for r in rows if r["recorded_matches_calls"]),
+        "samples_spanning_an_update": len(spanning),
+        "samples_recorded_younger_than_oldest_token": len(younger),
+        "samples_recorded_older_than_oldest_token": sum(1 for r in matched if r["recorded_oldest"] < r["true_oldest"]),
+        "tokens_trained": sum(r["tokens"] for r in matched),
+        "tokens_older_than_recorded": sum(r["tokens_older_than_recorded"] for r in matched),
+        "tokens_on_older_kv": sum(r["kv_older_tokens"] for r in matched),
+        "max_understatement": max((r["recorded_oldest"] - r["true_oldest"] for r in matched), default=0),
+    }
+    if max_weight_staleness is not None:
+        # the buffer's staleness filter reads the recorded oldest version (fully_async_data_buffer.py)
+        groups: dict[tuple[int, int], list[dict[str, Any]]] = {}
+        for r in matched:
+            if r["current_version"] is not None:
+                groups.setdefault((r["rollout_id"], r["group_index"]), []).append(r)
+        over = [g for g in groups.values()
+                if g[0]["current_version"] - min(r["true_oldest"] for r in g) > max_weight_staleness]
+        out["groups_trained"] = len(groups)
+        out["groups_truly_staler_than_limit"] = len(over)
+        out["max_weight_staleness"] = max_weight_staleness
+    return out
+
+
+def logprob_check(rows: list[dict[str, Any]], version_weights: dict[int, dict[str, Any]], *, seed: int = 0,
+                  tol: float = 1e-3) -> dict[str, Any]:
+    """Each trained token's rollout log-prob next to a fresh forward pass (prompt +
+    response, no KV cache) under the weights of the version the server says sampled it.
+    A token sampled on KV of its own version must match (retract re-prefills under the
+    new weights); one sampled on older KV (in_place) need not."""
+    import torch
+
+    from harness.backends.tasks import TINY_TOKENIZER
+    from harness.backends.torch_models import TinyLMConfig, build_tiny_lm
+    from harness.backends.torch_trainer import response_log_probs
+    from miles_async_core.types import Sample
+
+    model = build_tiny_lm(TinyLMConfig(vocab_size=TINY_TOKENIZER.vocab_size, seed=seed))
+    model.module.eval()
+    same = {"tokens": 0, "match": 0, "max_abs_diff": 0.0}
+    older = {"tokens": 0, "match": 0, "max_abs_diff": 0.0}
+    by_version: dict[int, list[dict[str, Any]]] = {}
+    for r in rows:
+        for v in sorted(set(r["token_versions"] or [])):
+            by_version.setdefault(v, []).append(r)
+    for v, members in sorted(by_version.items()):
+        if v not in version_weights:
+            continue
+        model.module.load_state_dict(version_weights[v])
+        samples = [Sample(prompt_tokens=r["prompt_tokens"], response_tokens=r["response_tokens"]) for r in members]
+        with torch.no_grad():
+            fresh = response_log_probs(model, samples, 1.0)
+        for r, lp in zip(members, fresh):
+            for j, (tv, kv) in enumerate(zip(r["token_versions"], r["kv_versions"])):
+                if tv != v:
+                    continue
+                diff = abs(float(lp[j]) - float(r["rollout_log_probs"][j]))
+                bucket = same if kv == tv else older
+                bucket["tokens"] += 1
+                bucket["match"] += int(diff <= tol)
+                bucket["max_abs_diff"] = max(bucket["max_abs_diff"], diff)
+    return {"tolerance": tol, "kv_of_own_version": same, "kv_of_older_version": older}
+
+
+def _wait_until(predicate: Any, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def _cancel_rollout_tasks(timeout_s: float = 30.0) -> None:
+    """End what upstream's rollout left on Miles' background loop (the fully-async worker
+    and its in-flight groups never return on their own) before the servers stop."""
+    from miles.utils.async_utils import get_async_loop
+
+    loop = get_async_loop().loop
+
+    async def sweep() -> int:
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        return len(tasks)
+
+    asyncio.run_coroutine_threadsafe(sweep(), loop).result(timeout_s)
+
+
+def run_upstream_e2e(cfg: E2EConfig, *, miles_src: str | None = None) -> E2EResult:
+    """One run (activates the upstream tree first; raises ``UpstreamUnavailable`` without one)."""
+    from harness.upstream import source
+
+    path, how = source.find_miles_src(miles_src)
+    if path is None:
+        raise source.UpstreamUnavailable(how)
+    source.activate(path)
+    workdir = Path(tempfile.mkdtemp(prefix="miles-harness-served-"))
+    try:
+        return _Run(cfg, workdir).execute()
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m harness.serve.upstream_e2e", description=__doc__.split("\n")[0])
+    p.add_argument("--out", default=None, help="write the JSON report here (e.g. results/serve/upstream_e2e.json)")
+    p.add_argument("--miles-src", default=None)
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--servers", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+    ns = p.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(1)
+    runs = []
+    for base in STANDARD_RUNS:
+        cfg = E2EConfig(**{**asdict(base), "steps": ns.steps, "servers": ns.servers, "seed": ns.seed})
+        res = run_upstream_e2e(cfg, miles_src=ns.miles_src)
+        runs.append(res.to_json())
+        print(f"{cfg.name}: steps={res.steps_trained} error={res.error} violations={len(res.violations)} "
+              f"order_problems={len(res.order_problems)} ages={res.ages} engine={res.engine} wall={res.wall_s:.1f}s",
+              flush=True)
+    from harness.results.schema import git_info, machine_info
+
+    report = {"command": "python -m harness.serve.upstream_e2e " + " ".join(argv if argv is not None else sys.argv[1:]),
+              "git": git_info(), "machine": machine_info(), "python": platform.python_version(), "runs": runs}
+    if ns.out:
+        os.makedirs(os.path.dirname(ns.out) or ".", exist_ok=True)
+        Path(ns.out).write_text(json.dumps(report, indent=1, default=str) + "\n")
+    ok = all(not r["error"] and r["steps_trained"] == ns.steps for r in runs)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
