@@ -40,7 +40,7 @@ from miles_async_core.errors import ConfigError
 from miles_async_core.rules import validate
 from harness.advise.costs import CostModel
 from harness.measure.overlap import ideal_speedup
-from harness.sim.engine import SimEngine, SimEngineConfig
+from harness.sim.engine import _DONE, SimEngine, SimEngineConfig
 from harness.sim.scenario import Scenario
 from harness.sim.simulate import simulate, summarize
 
@@ -126,10 +126,23 @@ class _EngineSink:
 
 
 class _RoutedEngine(SimEngine):
-    def __init__(self, config: SimEngineConfig, *, sink: Any, busy: _Busy) -> None:
+    """A ``SimEngine`` that tells the router when it turns busy or idle and when one of its
+    requests leaves (finished, aborted or cancelled): no callback per request."""
+
+    def __init__(self, config: SimEngineConfig, *, sink: Any, busy: _Busy, load: list[int], index: int) -> None:
         super().__init__(config, sink=sink)
         self._router_busy = busy
         self._was_busy = False
+        self._load, self._index = load, index
+
+    def _finish(self, req: Any, *, aborted: bool) -> None:
+        super()._finish(req, aborted=aborted)
+        self._load[self._index] -= 1
+
+    def _on_cancel(self, req: Any) -> None:
+        if req.state != _DONE:
+            self._load[self._index] -= 1
+        super()._on_cancel(req)
 
     def _set_busy(self, busy: bool) -> None:  # the engine's own busy edge, reported to the router
         super()._set_busy(busy)
@@ -146,19 +159,10 @@ class RoutedEngines:
         sink = sink or NullSink()
         busy = _Busy(sink)
         inner = _EngineSink(sink, detail)
-        self.engines = [_RoutedEngine(config, sink=inner, busy=busy) for _ in range(n)]
+        self._load = [0] * n  # outstanding requests per engine (submitted, not yet returned)
+        self.engines = [_RoutedEngine(config, sink=inner, busy=busy, load=self._load, index=i) for i in range(n)]
         self.weight_sync_s, self.pause_resume_s = weight_sync_s, pause_resume_s
         self.sink = sink
-        self._load = [0] * n  # outstanding requests per engine (submitted, not yet returned)
-        self._done = [self._make_done(i) for i in range(n)]
-
-    def _make_done(self, i: int) -> Any:
-        load = self._load
-
-        def done(_fut: Any) -> None:
-            load[i] -= 1
-
-        return done
 
     @property
     def weight_version(self) -> int:
@@ -176,9 +180,7 @@ class RoutedEngines:
         load = self._load
         i = load.index(min(load)) if len(load) > 1 else 0  # fewest outstanding, lowest index on ties
         load[i] += 1
-        fut = self.engines[i].generate(sample, sampling)
-        fut.add_done_callback(self._done[i])
-        return fut
+        return self.engines[i].generate(sample, sampling)
 
     async def pause_generation(self, mode: str) -> None:
         interrupted = any(e.running and not e.paused for e in self.engines)

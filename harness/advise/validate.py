@@ -157,6 +157,24 @@ def to_markdown(report: dict[str, Any], command: str) -> str:
             f"({pct(r.get('closed_form_speedup_error'))}) | "
             f"{f3(r['measured_age_mean'])}/{r['measured_age_max']} | {f3(r['predicted_age_mean'])}/"
             f"{r['predicted_age_max']} | {r['closed_form_age']} (bound {r['closed_form_age_bound']}) |")
+    lines += [
+        "", "## Reading the table", "",
+        "* Simulator vs closed form: on these runs lengths are fixed (every copy response hits max_new_tokens) and "
+        "the trainer is the bottleneck, so both agree within a few percent. The closed form is lower because it "
+        "counts every weight sync (the measurement window ends with the last training step, so the simulator, like "
+        "the main job, leaves the last one out) and treats one-step as max(R, T) + W exactly; they part ways when "
+        "lengths vary (the closed form has no wave tail: a step's generation ends with its longest request), when "
+        "the engine is the bottleneck (fully-async streaming vs one-step's drain per step), with pause/resume cost "
+        "under retract, and with drops (the closed form assumes every generated group is trained).",
+        "* Ages: the closed-form fully-async mean (C + G)/B assumes a full buffer from the first step; the measured "
+        "and simulated means are a little higher because a group also ages while it is generated and lower in the "
+        "first steps (empty buffer); the closed-form bound (C + G)/B + 1 is one below the observed max for the same "
+        "reason (generation time spans a version).",
+        "* Runs measured on a loaded machine (other jobs on the same 2 cores; see each file's measured range) are "
+        "outside the model: the simulator assumes the engine and the trainer each own their core, and under "
+        "contention overlapping them only moves the wait. Such rows show how far from the model contention puts a "
+        "run; they are not a test of the calibration.",
+    ]
     return "\n".join(lines) + "\n"
 
 
