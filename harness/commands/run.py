@@ -15,7 +15,7 @@ on a 2-core CPU), which is where overlap can pay. Miles flags after ``--``
 ...) apply to every mode.
 
 The modes run in interleaved repeats (sync, one-step, fully-async, sync, one-step, ...;
-``--repeats``): each repeat's speedup is against the sync run of the same repeat, and
+``--repeats``, default 2): each repeat's speedup is against the sync run of the same repeat, and
 the table shows the median over the repeats with its min-max spread; results.json keeps
 every repeat's row (``extra.repeats``). The first repeat carries the per-step gap
 decomposition, the timeline and the per-step history.

@@ -80,7 +80,7 @@ class RunSpec:
     device: str = "cpu"
     task_length: int | None = 2  # copy task only: symbols to copy (longer -> more decode steps); None: the task's own
     task_symbols: int | None = 4  # copy task only: alphabet size (chance level 1 / task_symbols); None: the task's own
-    repeats: int = 3  # interleaved repeats of the modes (sync, one-step, fully-async, sync, ...); medians reported
+    repeats: int = 2  # interleaved repeats (sync, one-step, fully-async, sync, ...); 3: est. ~3.8 min on 2 cores
     gap_decomposition: bool = True  # per-step kernel / staleness gap, computed after the timed run
 
     def __post_init__(self) -> None:

@@ -33,7 +33,7 @@ def test_the_defaults_are_the_run_that_learns_above_chance():
     spec = RunSpec()
     assert (spec.max_running, spec.tiny_d_model, spec.tiny_layers) == (16, 256, 4)
     assert (spec.task_length, spec.task_symbols, spec.lr, spec.steps) == (2, 4, 1e-3, 40)
-    assert (spec.layout, spec.model, spec.task, spec.repeats) == ("split", "tiny", "copy", 3)
+    assert (spec.layout, spec.model, spec.task, spec.repeats) == ("split", "tiny", "copy", 2)
 
 
 def test_flags_reach_the_spec_and_task_length_and_symbols_are_for_the_copy_task_only():
