@@ -64,13 +64,13 @@ def test_a_real_run_passes_every_applicable_checker(mode: str, layout: str) -> N
     assert finished and set(finished) <= set(submitted) and set(finished) <= set(admitted)
     if mode != "fully-async":  # fully-async ends with requests still in flight (run_end lists their groups)
         assert set(finished) == set(submitted)
-    tokens = 0
     for i, fins in finished.items():
         assert submitted[i][0].t <= admitted[i][0].t <= min(decoded[i]), i
         assert max(decoded[i]) <= fins[-1].t, i
         assert len(decoded[i]) == fins[-1]["response_length"], i  # one decode step per token
-        tokens += len(decoded[i])
-    assert tokens == sum(len(e["indices"]) for e in events if e.kind == ev.DECODE_STEP)
+    assert set(decoded) <= set(submitted)
+    if mode != "fully-async":
+        assert set(decoded) == set(finished)
 
     overlap = result.overlap
     assert overlap["decode_busy_s"] > 0.0
