@@ -70,9 +70,10 @@ N_SYMBOLS = 3  # copy-task symbols a, b, c
 
 @dataclass(frozen=True, kw_only=True)
 class E2EConfig:
-    """One run. ``steps`` training steps (upstream's ``--num-rollout``), ``B`` groups of
-    ``n`` samples per step, ``max_new_tokens`` per sample (the engines never stop at EOS,
-    so every request runs that long and an update lands mid-request as often as possible)."""
+    """One run: ``steps`` training steps (upstream's ``--num-rollout``) of
+    ``rollout_batch_size`` groups of ``n_samples_per_prompt`` samples, at most
+    ``max_new_tokens`` each (the servers stop at the tokenizer's EOS unless
+    ``stop_at_eos=False``), behind ``servers`` served engines."""
 
     name: str = "one-step"
     fully_async: bool = False
@@ -83,8 +84,10 @@ class E2EConfig:
     rollout_batch_size: int = 4
     n_samples_per_prompt: int = 4
     over_sampling_batch_size: int | None = None
-    max_new_tokens: int = 8
+    max_new_tokens: int = 32
+    stop_at_eos: bool = True
     max_weight_staleness: int | None = None
+    max_concurrent_samples: int | None = None
     unused_samples_handler: str = "drop"
     buckets: int = 2
     lr: float = 1e-2
@@ -103,14 +106,18 @@ class E2EConfig:
                               f"{self.buckets} (>= 1) are out of range.")
 
 
-# the three runs the results file holds (issue 12: >= 5 steps one-step and fully async retract / in_place)
+# The three runs the results file holds (issue 12: >= 5 steps one-step, and fully async with
+# retract and with in_place). Fully async keeps 2 groups in flight (8 samples) so generation,
+# not training, is the bottleneck: the buffer stays short of full and a request is in flight
+# at most updates; stopping at EOS staggers the groups, so the pause meets some of them
+# mid-response (with equal lengths they run in lockstep and often all end just before it).
 STANDARD_RUNS = (
     E2EConfig(name="one-step-retract-disk", fully_async=False, pause_mode="retract", transfer="disk",
               over_sampling_batch_size=6),
     E2EConfig(name="fully-async-retract-tensor", fully_async=True, pause_mode="retract", transfer="tensor",
-              max_weight_staleness=1),
+              max_weight_staleness=1, max_concurrent_samples=8),
     E2EConfig(name="fully-async-in_place-tensor", fully_async=True, pause_mode="in_place", transfer="tensor",
-              max_weight_staleness=1),
+              max_weight_staleness=1, max_concurrent_samples=8),
 )
 
 
@@ -311,7 +318,8 @@ def _args(cfg: E2EConfig, hf_dir: Path, prompts: Path, router_port: int) -> argp
                          fully_async=cfg.fully_async, pause_generation_mode=cfg.pause_mode, num_rollout=cfg.steps,
                          max_weight_staleness=cfg.max_weight_staleness, seed=cfg.seed,
                          async_unused_samples_handler=cfg.unused_samples_handler,
-                         over_sampling_batch_size=cfg.over_sampling_batch_size)
+                         over_sampling_batch_size=cfg.over_sampling_batch_size,
+                         async_max_concurrent_samples=cfg.max_concurrent_samples)
     args = upstream_args(Scenario(name=cfg.name, config=config, max_new_tokens=cfg.max_new_tokens))
     vars(args).update(
         hf_checkpoint=str(hf_dir), prompt_data=str(prompts), input_key="text", label_key="label",
@@ -345,6 +353,7 @@ class _Run:
         self.weight_version = 0  # the updater's counter, as upstream's (first update sends "1")
         self.manager_version: int | None = None  # what the rollout manager passes to the rollout fn
         self.version_weights: dict[int, dict[str, Any]] = {}  # what each update sent
+        self.router_counts: dict[str, int] = {}
 
     # --- weight updates, in upstream's order, through SGLangEngine ----------------------------
     async def update_weights(self) -> None:
@@ -515,7 +524,8 @@ class _Run:
         cfg = self.cfg
         t0 = time.monotonic()
         hf_dir, prompts = write_tiny_assets(self.workdir, seed=cfg.seed)
-        self.served = [serve_in_thread("tiny", seed=cfg.seed, eos_token_id=None) for _ in range(cfg.servers)]
+        eos = {} if cfg.stop_at_eos else {"eos_token_id": None}
+        self.served = [serve_in_thread("tiny", seed=cfg.seed, **eos) for _ in range(cfg.servers)]
         router = None
         self.trained_rows: list[dict[str, Any]] = []
         try:
@@ -548,13 +558,14 @@ class _Run:
                     self.result.error = f"{type(exc).__name__}: {exc}"
                 finally:
                     _cancel_rollout_tasks()
-                    # what the router still forwards finishes on its own (nothing is paused now)
-                    _wait_until(lambda: not any(miles_router.worker_request_counts.values()), 30.0)
         finally:
+            if router is not None:  # first, gracefully: what it still forwards finishes (nothing is paused)
+                router.stop()
+                # MilesRouter.do_proxy counts a request before reading its body, outside its
+                # try/finally (router.py:L142-L162): a client gone mid-body leaks one count
+                self.router_counts = {u.rsplit(":", 1)[-1]: c for u, c in miles_router.worker_request_counts.items()}
             for s in self.served:
                 s.stop()
-            if router is not None:
-                router.stop()
         self.result.wall_s = time.monotonic() - t0
         self._check()
         return self.result
@@ -587,7 +598,8 @@ class _Run:
             retractions += sum(1 for e in events if e.kind == ev.RETRACTED)
             paused_in_place += sum(1 for e in events if e.kind == ev.PAUSED_REQ)
             finished += sum(1 for e in events if e.kind == ev.FINISHED)
-        res.engine = {"retracted": retractions, "paused_in_place": paused_in_place, "finished": finished}
+        res.engine = {"retracted": retractions, "paused_in_place": paused_in_place, "finished": finished,
+                      "router_outstanding_after_stop": self.router_counts}
         res.trained = self.trained_rows
         res.ages = age_summary(self.trained_rows, max_weight_staleness=cfg.max_weight_staleness)
         res.engine["log_probs"] = logprob_check(self.trained_rows, self.version_weights, seed=cfg.seed)
@@ -663,15 +675,6 @@ def logprob_check(rows: list[dict[str, Any]], version_weights: dict[int, dict[st
                 bucket["match"] += int(diff <= tol)
                 bucket["max_abs_diff"] = max(bucket["max_abs_diff"], diff)
     return {"tolerance": tol, "kv_of_own_version": same, "kv_of_older_version": older}
-
-
-def _wait_until(predicate: Any, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 def _cancel_rollout_tasks(timeout_s: float = 30.0) -> None:
