@@ -38,6 +38,36 @@ NO_PROGRESS_WARN_SECS = 30.0
 HANDLER_PREFIX = "rollout/fully_async/handler_"
 
 
+def _release_waiter(waiter: asyncio.Future) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
+async def _wait_first(a: asyncio.Future, b: asyncio.Future, timeout: float) -> None:
+    """``await asyncio.wait({a, b}, timeout=timeout, return_when=FIRST_COMPLETED)`` for two
+    futures that are not done, minus the work whose result ``_next_group`` ignores (the
+    argument checks, the done and pending sets): the same waiter, timer and callbacks,
+    created, fired and removed in the same order (`asyncio/tasks.py` ``_wait``, 3.11).
+    It runs once per group a drain collects."""
+    loop = asyncio.get_running_loop()
+    waiter = loop.create_future()
+    timeout_handle = loop.call_later(timeout, _release_waiter, waiter)
+
+    def on_completion(_f: asyncio.Future) -> None:
+        timeout_handle.cancel()
+        if not waiter.done():
+            waiter.set_result(None)
+
+    a.add_done_callback(on_completion)
+    b.add_done_callback(on_completion)
+    try:
+        await waiter
+    finally:
+        timeout_handle.cancel()
+        a.remove_done_callback(on_completion)
+        b.remove_done_callback(on_completion)
+
+
 class FullyAsyncRolloutFn:
     def __init__(self, args: Any, engine: RolloutEngine, data_source: Any, *, sampling: SamplingParams,
                  reward_fn: RewardFn | None = None, buffer_factory: Callable | None = None,
@@ -146,8 +176,7 @@ class FullyAsyncRolloutFn:
                     raise RuntimeError("fully-async rollout worker exited without an exception")
                 if get_task.done():
                     return get_task.result()
-                await asyncio.wait({get_task, worker}, timeout=NO_PROGRESS_WARN_SECS,
-                                   return_when=asyncio.FIRST_COMPLETED)
+                await _wait_first(get_task, worker, NO_PROGRESS_WARN_SECS)
                 if not (get_task.done() or worker.done()):
                     logger.warning("No completed rollout groups for %.1fs", NO_PROGRESS_WARN_SECS)
         finally:

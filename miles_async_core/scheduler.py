@@ -87,7 +87,9 @@ class Progress:
 
     def signal_sample(self) -> None:
         self.sample_signal = True
-        self._wake()
+        waiter = self._waiter  # _wake(), inlined: this runs once per finished sample
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     def _wake(self) -> None:
         if self._waiter is not None and not self._waiter.done():

@@ -15,7 +15,11 @@ from miles_async_core.types import samples_of
 def group_oldest_weight_version(group: Any) -> int | None:
     oldest = None
     for s in samples_of(group):
-        v = s.oldest_weight_version
+        wv = s.weight_versions
+        if len(wv) == 1 and type(v := wv[0]) is str:  # Sample.oldest_weight_version's common case, inlined
+            v = int(v) if v.isdigit() else None
+        else:
+            v = s.oldest_weight_version
         if v is not None and (oldest is None or v < oldest):
             oldest = v
     return oldest

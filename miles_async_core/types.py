@@ -130,6 +130,8 @@ class Sample:
         wv = self.weight_versions
         if len(wv) == 1:  # the common single-turn case, kept cheap for long simulations
             v = wv[0]
+            if type(v) is str:  # what engines record (str(v) is v)
+                return int(v) if v.isdigit() else None
             return int(v) if str(v).isdigit() else None
         numeric = [int(v) for v in wv if str(v).isdigit()]
         return min(numeric) if numeric else None
@@ -172,8 +174,14 @@ def iter_samples(group: Any) -> Iterator[Sample]:
 def samples_of(group: Any) -> list[Sample]:
     """``list(iter_samples(group))``, without a generator step per sample for the common
     flat group (this runs several times per sample in long simulations)."""
+    items = list(group)
+    for item in items:
+        if not isinstance(item, Sample):
+            break
+    else:
+        return items  # flat
     out: list[Sample] = []
-    for item in group:
+    for item in items:
         if isinstance(item, Sample):
             out.append(item)
         else:

@@ -26,9 +26,9 @@ def group_token_version(group: Any) -> int | None:
     """The oldest weight version of any token of any sample of ``group`` (None: no tokens)."""
     oldest = None
     for s in samples_of(group):
-        v = s.token_versions.oldest
-        if v is not None and (oldest is None or v < oldest):
-            oldest = v
+        for r in s.token_versions.runs:  # VersionRuns.oldest of each sample, inlined
+            if oldest is None or r[0] < oldest:
+                oldest = r[0]
     return oldest
 
 

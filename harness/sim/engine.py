@@ -24,10 +24,13 @@ from __future__ import annotations
 import asyncio
 import heapq
 import math
+import statistics
 from collections import deque
 from dataclasses import dataclass, field
 from statistics import NormalDist
 from typing import Any
+
+import numpy as np
 
 from miles_async_core import events as ev
 from harness.backends.engine_io import emit_finished, record_outcome
@@ -37,20 +40,80 @@ from miles_async_core.types import Sample, SamplingParams, Status
 
 _MASK64 = (1 << 64) - 1
 _NORMAL = NormalDist()
+# _NORMAL.inv_cdf(u) is _normal_dist_inv_cdf(u, 0.0, 1.0) after argument checks that every
+# u from _uniform passes (0 < u < 1); generate calls the function itself.
+_normal_dist_inv_cdf = getattr(statistics, "_normal_dist_inv_cdf", None)
 
 
 class EngineRequestError(RuntimeError):
     """An injected failure of one generate request."""
 
 
-def _uniform(*keys: int) -> float:
-    """A deterministic uniform in (0, 1) from integer keys (splitmix64)."""
+def _splitmix_uniform(keys: tuple) -> float:
+    """The definition of ``_uniform`` (splitmix64 over the keys)."""
     x = 0x9E3779B97F4A7C15
     for k in keys:
         x = (x ^ (k & _MASK64)) * 0xBF58476D1CE4E5B9 & _MASK64
         x = (x ^ (x >> 27)) * 0x94D049BB133111EB & _MASK64
         x ^= x >> 31
     return ((x >> 11) + 0.5) / float(1 << 53)
+
+
+# Simulations ask for _uniform(seed, index[, retry]) for every sample index in turn, and
+# Python's 64-bit arithmetic costs about a microsecond per key. So values come in blocks
+# of 1024 consecutive second keys, computed with numpy's uint64 arithmetic (the same
+# wrap-around modulo 2**64 as the masked Python ints, and the same exact conversion to
+# float), and the most recent blocks are kept.
+_BLOCK_BITS = 10
+_BLOCK_MASK = (1 << _BLOCK_BITS) - 1
+_MAX_BLOCKS = 64
+_BLOCKS: dict[tuple, list[float]] = {}
+_C1, _C2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+_S11, _S27, _S31 = np.uint64(11), np.uint64(27), np.uint64(31)
+
+
+def _block(key: tuple) -> list[float]:
+    """``[_uniform(k0, k, *tail) for k in block b]`` for ``key = (k0, b, *tail)``."""
+    k0, b, tail = key[0], key[1], key[2:]
+    x0 = 0x9E3779B97F4A7C15
+    x0 = (x0 ^ (k0 & _MASK64)) * 0xBF58476D1CE4E5B9 & _MASK64
+    x0 = (x0 ^ (x0 >> 27)) * 0x94D049BB133111EB & _MASK64
+    x0 ^= x0 >> 31
+    x = np.arange(b << _BLOCK_BITS, (b + 1) << _BLOCK_BITS, dtype=np.uint64) ^ np.uint64(x0)
+    for k in (None, *tail):
+        if k is not None:
+            x = x ^ np.uint64(k & _MASK64)
+        x = x * _C1
+        x = (x ^ (x >> _S27)) * _C2
+        x ^= x >> _S31
+    values = (((x >> _S11).astype(np.float64) + 0.5) / float(1 << 53)).tolist()
+    if len(_BLOCKS) >= _MAX_BLOCKS:
+        del _BLOCKS[next(iter(_BLOCKS))]  # the oldest block
+    _BLOCKS[key] = values
+    return values
+
+
+def _uniform(*keys: int) -> float:
+    """A deterministic uniform in (0, 1) from integer keys (splitmix64)."""
+    if len(keys) == 2:
+        k0, k1 = keys
+        if type(k0) is int and type(k1) is int and 0 <= k1 < 1 << 62:
+            key = (k0, k1 >> _BLOCK_BITS)
+            values = _BLOCKS.get(key)
+            return (values or _block(key))[k1 & _BLOCK_MASK]
+    elif len(keys) == 3:
+        return _uniform3(*keys)
+    return _splitmix_uniform(keys)
+
+
+def _uniform3(k0: int, k1: int, k2: int) -> float:
+    """``_uniform(k0, k1, k2)`` (one call per generate request). A third key other than 0
+    (a retry count) is rare and scattered: computed alone, not as a block."""
+    if k2 == 0 and type(k0) is int and type(k1) is int and type(k2) is int and 0 <= k1 < 1 << 62:
+        key = (k0, k1 >> _BLOCK_BITS, k2)
+        values = _BLOCKS.get(key)
+        return (values or _block(key))[k1 & _BLOCK_MASK]
+    return _splitmix_uniform((k0, k1, k2))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -99,30 +162,28 @@ class SimEngineConfig:
 _WAITING, _RUNNING, _DONE = 0, 1, 2
 
 
-class _Req:
-    __slots__ = ("sample", "fut", "target", "truncated", "base", "join_step", "kv_floor", "finish_step", "state",
+class _Req(asyncio.Future):
+    """One generate request: the engine's record of it and the future ``generate``
+    returns, in one object (``fut`` is itself). One object, not a request and a future
+    pointing at each other: such a pair is a reference cycle, which only the cyclic
+    garbage collector frees, and simulations make hundreds of thousands of requests.
+
+    Cancelling it removes the request from the engine (``_on_cancel``), queued just
+    before the future's own done callbacks: where a done callback registered at
+    submission would run, without a callback per request that completes normally.
+    ``generate`` sets every field."""
+
+    __slots__ = ("sample", "target", "truncated", "base", "join_step", "kv_floor", "finish_step", "state",
                  "fail", "engine")
 
-    def __init__(self, sample: Sample, fut: asyncio.Future, target: int, truncated: bool, fail: bool) -> None:
-        self.sample, self.fut, self.target, self.truncated, self.fail = sample, fut, target, truncated, fail
-        self.base = len(sample.response_tokens)  # tokens already generated (non-zero only for resumed samples)
-        self.join_step = 0
-        self.kv_floor = 0
-        self.finish_step = 0
-        self.state = _WAITING
-
-
-class _RequestFuture(asyncio.Future):
-    """The future of one request. Cancelling it removes the request from the engine
-    (``_on_cancel``), queued just before the future's own done callbacks: where a done
-    callback registered at submission would run, without a callback per request that
-    completes normally (simulations make hundreds of thousands of requests)."""
+    @property
+    def fut(self) -> "_Req":
+        return self
 
     def cancel(self, msg: Any = None) -> bool:
         if self.done():
             return False
-        req = self._req
-        self.get_loop().call_soon(req.engine._on_cancel, req)
+        self.get_loop().call_soon(self.engine._on_cancel, self)
         return super().cancel(msg)
 
 
@@ -144,30 +205,58 @@ class SimEngine:
         self._busy = False
         self._seq = 0
         self.stats = {"tokens": 0, "steps": 0, "prefill_tokens": 0, "requests": 0}
+        self._wake_key: tuple | None = None  # (now, segment) of the last boundary computed by generate
+        self._wake_next = 0
+        dist = self.cfg.response_length
+        if dist.kind == "lognormal" and type(dist) is LengthDist:  # the draw, without a call per request
+            self._lognormal = (dist.median, dist.sigma)
+        else:
+            self._lognormal = None
 
     # --- contract -----------------------------------------------------------------------
     def generate(self, sample: Sample, sampling: SamplingParams) -> asyncio.Future:
         loop = asyncio.get_running_loop()
-        fut = _RequestFuture(loop=loop)
+        req = _Req(loop=loop)
         cfg = self.cfg
-        u = _uniform(cfg.seed, sample.index, sample.retry_count)
-        drawn = cfg.response_length.draw(u)
-        target = min(drawn, sampling.max_new_tokens)
-        fail = cfg.request_failure_rate > 0 and _uniform(cfg.seed + 1, sample.index, sample.retry_count) < cfg.request_failure_rate
-        req = _Req(sample, fut, max(target, len(sample.response_tokens)), drawn >= sampling.max_new_tokens, fail)
+        index, retry = sample.index, sample.retry_count
+        u = _uniform3(cfg.seed, index, retry)
+        lognormal = self._lognormal
+        if lognormal is not None and _normal_dist_inv_cdf is not None:  # LengthDist.draw, inlined
+            median, sigma = lognormal
+            drawn = max(1, int(round(median * math.exp(sigma * _normal_dist_inv_cdf(u, 0.0, 1.0)))))
+        else:
+            drawn = cfg.response_length.draw(u)
+        max_new = sampling.max_new_tokens
+        target = min(drawn, max_new)
+        base = len(sample.response_tokens)  # tokens already generated (non-zero only for resumed samples)
+        req.sample = sample
+        req.target = max(target, base)
+        req.truncated = drawn >= max_new
+        req.fail = cfg.request_failure_rate > 0 and _uniform3(cfg.seed + 1, index, retry) < cfg.request_failure_rate
+        req.base = base
+        req.join_step = req.kv_floor = req.finish_step = 0
+        req.state = _WAITING
         req.engine = self
-        fut._req = req
         self.stats["requests"] += 1
         if self.sink.enabled:
-            self.sink.emit(ev.SUBMITTED, index=sample.index, group_index=sample.group_index, version=self.weight_version)
+            self.sink.emit(ev.SUBMITTED, index=index, group_index=sample.group_index, version=self.weight_version)
         self.waiting.append(req)
         if not self.paused:
             if self.running:
-                self._wake_at_next_boundary()
+                # _wake_at_next_boundary(), computed once per instant and segment: the
+                # samples of a group arrive together
+                key = (loop.time(), self._seg)
+                if key != self._wake_key:
+                    t0, extra, c, s0 = key[1]
+                    self._wake_key = key
+                    self._wake_next = s0 + max(0, math.floor((key[0] - t0 - extra) / c)) + 1
+                nxt = self._wake_next
+                if self._timer is None or nxt < self._timer_step:
+                    self._set_timer(nxt)
             elif not self._kick_scheduled:
                 self._kick_scheduled = True
                 loop.call_soon(self._kick)
-        return fut
+        return req
 
     async def pause_generation(self, mode: str) -> None:
         check_pause_mode(mode)
@@ -240,13 +329,16 @@ class SimEngine:
 
     def _on_timer(self, step: int) -> None:
         self._timer, self._timer_step = None, -1
-        self.stats["steps"] += step - self._step
-        self.stats["tokens"] += (step - self._step) * len(self.running)
+        stats = self.stats
+        stats["steps"] += step - self._step
+        stats["tokens"] += (step - self._step) * len(self.running)
         self._step = step
-        while self._heap and self._heap[0][0] <= step:
-            entry = heapq.heappop(self._heap)
-            if self._valid(entry):
-                self._finish(entry[2], aborted=False)
+        heap = self._heap
+        while heap and heap[0][0] <= step:
+            entry = heapq.heappop(heap)
+            req = entry[2]
+            if req.state == _RUNNING and req.finish_step == entry[0]:  # _valid(entry)
+                self._finish(req, aborted=False)
         if self._pause is not None:
             mode, fut = self._pause
             self._pause = None
@@ -257,20 +349,28 @@ class SimEngine:
 
     def _start_segment(self, now: float) -> None:
         prefill = 0
-        while self.waiting and len(self.running) < self.cfg.max_running:
-            req = self.waiting.popleft()
+        waiting, running, heap, cfg = self.waiting, self.running, self._heap, self.cfg
+        max_running, default_prompt = cfg.max_running, cfg.prompt_tokens
+        step, version, seq = self._step, self.weight_version, self._seq
+        sink = self.sink if self.sink.enabled else None
+        push = heapq.heappush
+        while waiting and len(running) < max_running:
+            req = waiting.popleft()
             if req.state != _WAITING:
                 continue
-            prefix = len(req.sample.prompt_tokens) or self.cfg.prompt_tokens
-            prefix += req.base
+            s = req.sample
+            prefix = len(s.prompt_tokens) or default_prompt
+            base = req.base
+            prefix += base
             prefill += prefix
-            req.state, req.join_step, req.kv_floor = _RUNNING, self._step, self.weight_version
-            req.finish_step = self._step + req.target - req.base
-            self._seq += 1
-            heapq.heappush(self._heap, (req.finish_step, self._seq, req))
-            self.running[req.sample.index] = req
-            if self.sink.enabled:
-                self.sink.emit(ev.ADMITTED, index=req.sample.index, version=self.weight_version, prefix_tokens=prefix)
+            req.state, req.join_step, req.kv_floor = _RUNNING, step, version
+            finish = req.finish_step = step + req.target - base
+            seq += 1
+            push(heap, (finish, seq, req))
+            running[s.index] = req
+            if sink is not None:
+                sink.emit(ev.ADMITTED, index=s.index, version=version, prefix_tokens=prefix)
+        self._seq = seq
         self.stats["prefill_tokens"] += prefill
         self._seg = (now, prefill * self.cfg.prefill_per_token_s, self._step_cost(), self._step)
         self._set_busy(bool(self.running) and not self.paused)
@@ -289,7 +389,11 @@ class SimEngine:
         n = step - req.join_step if req.state == _RUNNING else 0
         if n > 0:
             v, kv, s = self.weight_version, req.kv_floor, req.sample
-            s.token_versions.append(v, kv, n)
+            runs = s.token_versions.runs  # VersionRuns.append(v, kv, n), inlined
+            if runs and (last := runs[-1])[0] == v and last[1] == kv:
+                last[2] += n
+            else:
+                runs.append([v, kv, n])
             s.response_tokens.extend([v] * n)
             s.rollout_log_probs.extend([-1.0 - 0.1 * (v - kv)] * n)
             req.base += n
@@ -298,18 +402,20 @@ class SimEngine:
     def _finish(self, req: _Req, *, aborted: bool) -> None:
         self._account(req)
         req.state = _DONE
-        self.running.pop(req.sample.index, None)
         s = req.sample  # its tokens were appended as they were made (``_account``)
+        self.running.pop(s.index, None)
         record_outcome(s, self.weight_version, Status.ABORTED if aborted else
                        Status.TRUNCATED if req.truncated else Status.COMPLETED)
-        if aborted and self.sink.enabled:
-            self.sink.emit(ev.ABORTED, index=s.index, version=self.weight_version, generated_tokens=s.response_length)
-        emit_finished(self.sink, s)
-        if not req.fut.done():
+        sink = self.sink
+        if sink.enabled:
+            if aborted:
+                sink.emit(ev.ABORTED, index=s.index, version=self.weight_version, generated_tokens=s.response_length)
+            emit_finished(sink, s)
+        if not req.done():
             if req.fail and not aborted:
-                req.fut.set_exception(EngineRequestError(f"injected failure of request index={s.index}"))
+                req.set_exception(EngineRequestError(f"injected failure of request index={s.index}"))
             else:
-                req.fut.set_result(s)
+                req.set_result(s)
 
     def _apply_pause(self, mode: str) -> None:
         self.paused = True

@@ -29,18 +29,33 @@ def weight_version_metrics(groups: list) -> dict[str, float]:
     m: dict[str, float] = {}
     oldest, mixed, token_oldest, token_mixed, old_kv, tokens = [], 0, [], 0, 0, 0
     for s in samples:  # one pass: this runs on every step of long simulations
-        v = s.oldest_weight_version
+        wv = s.weight_versions
+        if len(wv) == 1 and type(v := wv[0]) is str:  # Sample.oldest_weight_version's common case, inlined
+            v = int(v) if v.isdigit() else None
+        else:
+            v = s.oldest_weight_version
         if v is not None:
             oldest.append(v)
-        if len(s.weight_versions) > 1 and len(set(s.weight_versions)) > 1:
+        if len(wv) > 1 and len(set(wv)) > 1:
             mixed += 1
-        runs = s.token_versions
-        if runs.runs:
-            lo, hi = runs.oldest, runs.newest
+        runs = s.token_versions.runs  # VersionRuns.oldest, .newest and .old_kv_token_count(), in one pass
+        if len(runs) == 1:
+            r = runs[0]
+            token_oldest.append(r[0])
+            if r[1] < r[0]:
+                old_kv += r[2]
+        elif runs:
+            lo = hi = runs[0][0]
+            for r in runs:
+                if r[0] < lo:
+                    lo = r[0]
+                elif r[0] > hi:
+                    hi = r[0]
+                if r[1] < r[0]:
+                    old_kv += r[2]
             token_oldest.append(lo)
             token_mixed += lo != hi
-            old_kv += runs.old_kv_token_count()
-        tokens += s.response_length
+        tokens += len(s.response_tokens)
     if oldest and samples:
         oldest.sort()
         m["rollout/weight_version/mean"] = sum(oldest) / len(oldest)
