@@ -52,7 +52,9 @@ def test_standard_runs_cover_the_issue():
 
 
 def test_tiny_assets_are_the_char_tokenizer_and_a_llama_config(tmp_path):
-    from transformers import AutoConfig, AutoTokenizer
+    pytest.importorskip("tokenizers", reason="the upstream extra (pip install -e '.[upstream]') is not installed")
+    transformers = pytest.importorskip("transformers", reason="the upstream extra is not installed")
+    AutoConfig, AutoTokenizer = transformers.AutoConfig, transformers.AutoTokenizer
 
     from harness.backends.tasks import TINY_TOKENIZER
 
