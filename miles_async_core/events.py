@@ -5,7 +5,9 @@ of that kind always carries (more may be present). The harness' trace recorder c
 this schema, so the invariant checkers can rely on it.
 
 Identity: ``index`` is a sample, ``group_index`` a prompt group, ``rollout_id`` a
-training step (drain), ``version`` an engine weight version.
+training step (drain), ``version`` an engine weight version. With several engines (the
+``ray`` layout) every engine event and every request event also carries ``engine``, the
+engine's index; events without it are the driver's (or a single engine's).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ TRAINED = "trained"  # groups consumed by a training step
 ENGINE_PAUSE = "engine_pause"
 ENGINE_RESUME = "engine_resume"
 ENGINE_VERSION = "engine_version"  # engine loaded weights of a new version
+ENGINE_LOADED = "engine_loaded"  # one engine of several applied an update (``engine``: its index; ray layout)
 SET_WEIGHT_VERSION = "set_weight_version"  # rollout manager learned the version
 DRAIN_START = "drain_start"
 DRAIN_END = "drain_end"
@@ -69,6 +72,7 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     ENGINE_PAUSE: ("mode", "in_flight"),
     ENGINE_RESUME: (),
     ENGINE_VERSION: ("version",),
+    ENGINE_LOADED: ("engine", "version"),
     SET_WEIGHT_VERSION: ("version",),
     DRAIN_START: ("rollout_id", "current_version"),
     DRAIN_END: ("rollout_id",),

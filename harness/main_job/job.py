@@ -7,6 +7,11 @@ Layouts:
   threads, weights through shared memory. Rollout and training truly run at once.
 * ``colocate``: one process; the engine runs in a thread (``TorchEngine``) and the
   config gets ``colocate=True``, so generation stops for the whole training window.
+* ``ray``: ``num_engines`` engines as Ray actors behind one ``RayEngineGroup``
+  (``harness.backends.ray_engine``: least-outstanding router, weights broadcast through
+  the object store, pause / update / resume on every engine); the trainer and the driver
+  in this process. Ray start-up and actor start-up happen before ``t0`` and are reported
+  in ``ModeResult.engine_stats["startup"]``.
 
 ``run_mode`` runs one mode (``sync`` = ``train.py``, ``one-step`` = ``train_async.py``,
 ``fully-async`` = ``train_async.py --fully-async``) with a fresh model built from the
@@ -54,7 +59,7 @@ MODES: dict[str, dict[str, Any]] = {
     "one-step": {"driver": "train_async", "fully_async": False},
     "fully-async": {"driver": "train_async", "fully_async": True},
 }
-LAYOUTS = ("split", "colocate")
+LAYOUTS = ("split", "colocate", "ray")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -82,6 +87,9 @@ class RunSpec:
     task_symbols: int | None = 4  # copy task only: alphabet size (chance level 1 / task_symbols); None: the task's own
     repeats: int = 2  # interleaved repeats (sync, one-step, fully-async, sync, ...); 3: est. ~3.8 min on 2 cores
     gap_decomposition: bool = True  # per-step kernel / staleness gap, computed after the timed run
+    num_engines: int = 2  # ray layout: rollout engines (Ray actors)
+    ray_address: str | None = None  # ray layout: join this cluster; None: start a local one (num_cpus = cores)
+    broadcast: str = "put_once"  # ray layout: weights via one ray.put (put_once) or one argument per engine
 
     def __post_init__(self) -> None:
         if self.device not in ("cpu", "cuda") or (self.device == "cuda" and not torch.cuda.is_available()):
@@ -93,6 +101,9 @@ class RunSpec:
             raise ConfigError(f"--steps {self.steps}: must be >= 2 to compare start and end; fix: e.g. --steps 40")
         if self.repeats < 1:
             raise ConfigError(f"--repeats {self.repeats}: must be >= 1; fix: e.g. --repeats 3")
+        if self.num_engines < 1 or (self.num_engines != 2 and self.layout != "ray"):
+            raise ConfigError(f"--num-engines {self.num_engines}: must be >= 1, and only the ray layout runs more "
+                              "than one engine; fix: --layout ray --num-engines N")
 
     def task_kwargs(self) -> dict[str, Any]:
         """``get_task`` arguments: length and alphabet apply to the copy task only."""
@@ -116,6 +127,7 @@ class ModeResult:
     checks: dict[str, Any] | None = None  # harness.checking.invariants.check_report of the trace (None: not checked)
     chance_level: float | None = None  # the task's: best prompt-blind policy's expected reward
     run_s: float = 0.0  # the driver's run, t1 - t0 (what measure=False times too)
+    engine_stats: dict | None = None  # ray layout: RayEngineGroup.stats() (per engine, start-up, broadcast)
 
     def per_step(self, key: str) -> list[float]:
         return [r[key] for r in self.history if key in r]
@@ -233,6 +245,7 @@ def run_mode(mode: str, base: AsyncConfig, spec: RunSpec, *, on_step: Callable[[
         mode, config, history, events, t0, t1, error=error,
         engine_sync=list(getattr(engine, "sync_s", [])), gap_summary=gap_summary, checks=checks,
         chance_level=task.chance_level, run_s=t1 - t0,
+        engine_stats=engine.stats() if hasattr(engine, "stats") else None,
         worker_error=f"{type(worker_error).__name__}: {worker_error}" if worker_error else None)
 
 
@@ -353,6 +366,13 @@ class _Stepped:
 
 
 def _make_engine(spec: RunSpec, build: Callable[[], Any], trainer: TorchTrainer, task: Any, sink: Any) -> Any:
+    if spec.layout == "ray":
+        from harness.backends.ray_engine import RayEngineGroup
+
+        return RayEngineGroup(build, num_engines=spec.num_engines, max_running=spec.max_running,
+                              eos_token_id=task.eos_token_id, seed=spec.seed, num_threads=spec.threads, sink=sink,
+                              max_seq_len=trainer.model.max_seq_len, broadcast=spec.broadcast,
+                              address=spec.ray_address)
     if spec.layout == "split":
         from harness.backends.process_engine import ProcessEngine
 

@@ -36,16 +36,18 @@ Interval = tuple[float, float]
 
 
 def intervals(events: Iterable[Any], side: str, phase: str, t_end: float) -> list[Interval]:
-    out, start = [], None
+    """The phase's busy intervals, merged. Starts and ends pair per ``engine`` field (the
+    ray layout's engines each record their own ``generating`` phase; events without it
+    pair with each other), so with several engines the result is their union."""
+    out, start = [], {}
     for e in events:
         if e.kind in (ev.PHASE_START, ev.PHASE_END) and e["side"] == side and e["phase"] == phase:
-            if e.kind == ev.PHASE_START and start is None:
-                start = e.t
-            elif e.kind == ev.PHASE_END and start is not None:
-                out.append((start, e.t))
-                start = None
-    if start is not None:
-        out.append((start, t_end))
+            key = e.fields.get("engine")
+            if e.kind == ev.PHASE_START and key not in start:
+                start[key] = e.t
+            elif e.kind == ev.PHASE_END and key in start:
+                out.append((start.pop(key), e.t))
+    out += [(t, t_end) for t in start.values()]
     return merge(out)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -21,7 +22,7 @@ from harness.sim.scenario import Scenario
 from harness.sim.engine import LengthDist, SimEngine, SimEngineConfig
 from harness.sim.trainer import SimTrainerConfig
 from harness.sim.simulate import simulate
-from harness.trace import Event
+from harness.trace import Event, read_jsonl
 
 ENGINE = SimEngineConfig(response_length=LengthDist(kind="uniform", low=1, high=40))
 
@@ -40,11 +41,21 @@ COLOCATED = Scenario(config=AsyncConfig(rollout_batch_size=4, n_samples_per_prom
                                         colocate=True), engine=ENGINE, trainer=SimTrainerConfig(step_base_s=0.3),
                      max_new_tokens=32)
 
+# A recorded two-engine trace of the ray layout (fully-async, B=4, n=2, 3 steps, retract):
+# every engine event carries ``engine``; each engine records ``engine_loaded``.
+RAY_TWO_ENGINES = Scenario(name="ray_two_engines_fully_async",
+                           config=AsyncConfig(rollout_batch_size=4, n_samples_per_prompt=2, fully_async=True,
+                                              num_rollout=3), max_new_tokens=2)
+RECORDED = {RAY_TWO_ENGINES.name: Path(__file__).resolve().parents[2] / "fixtures" / "golden"
+            / "ray_two_engines_fully_async.jsonl"}
+
 _traces: dict[str, list[Event]] = {}
 
 
 def trace(scenario: Scenario) -> list[Event]:
-    """A fresh deep copy of the scenario's (cached) trace, safe to edit."""
+    """A fresh deep copy of the scenario's (cached) trace, safe to edit (a recorded one is read)."""
+    if scenario.name in RECORDED:
+        return read_jsonl(RECORDED[scenario.name])
     if scenario.name + repr(scenario.config) not in _traces:
         result = simulate(scenario)
         assert result.error is None, result.error
@@ -60,8 +71,8 @@ def names(violations: list[Violation]) -> set[str]:
     return {v.invariant for v in violations}
 
 
-@pytest.mark.parametrize("scenario", [FULLY_ASYNC, ONE_STEP_ABORT, IN_PLACE, COLOCATED],
-                         ids=["fully_async", "one_step_abort", "in_place", "colocated"])
+@pytest.mark.parametrize("scenario", [FULLY_ASYNC, ONE_STEP_ABORT, IN_PLACE, COLOCATED, RAY_TWO_ENGINES],
+                         ids=["fully_async", "one_step_abort", "in_place", "colocated", "ray_two_engines"])
 def test_real_traces_satisfy_every_applicable_invariant(scenario: Scenario) -> None:
     violations = check_all(trace(scenario), scenario.config)
     assert not violations, "\n\n".join(v.format() for v in violations)
@@ -202,6 +213,28 @@ def two_groups_from_one_pull(events: list[Event]) -> None:
     events[j].fields["call"] = events[i]["call"]
 
 
+def _engine_event(events: list[Event], kind: str, engine: int, nth: int = 1) -> int:
+    """Position of the ``nth`` ``kind`` event of ``engine`` (1-based)."""
+    return [i for i, e in enumerate(events) if e.kind == kind and e.get("engine") == engine][nth - 1]
+
+
+def decode_with_an_older_version(events: list[Event]) -> None:
+    """Engine 1's last decode step used the version before the one it loaded last."""
+    i = [i for i, e in enumerate(events) if e.kind == ev.DECODE_STEP and e.get("engine") == 1][-1]
+    events[i].fields["version"] -= 1
+
+
+def engine_skips_an_update(events: list[Event]) -> None:
+    """Engine 1 never loads the second update (version 2)."""
+    del events[_engine_event(events, ev.ENGINE_LOADED, 1, nth=2)]
+
+
+def engine_not_paused_for_an_update(events: list[Event]) -> None:
+    """Engine 1 is not paused for the second update (its pause and resume are gone)."""
+    del events[_engine_event(events, ev.ENGINE_RESUME, 1, nth=2)]
+    del events[_engine_event(events, ev.ENGINE_PAUSE, 1, nth=2)]
+
+
 SURGERY = [
     ("conservation", FULLY_ASYNC, drop_trained_group),
     ("conservation_prefix", FULLY_ASYNC, duplicate_trained_group),
@@ -227,6 +260,9 @@ SURGERY = [
     ("colocate_exclusive", COLOCATED, overlap_colocated),
     ("colocate_no_decode_while_training", COLOCATED, decode_during_training),
     ("drain_metrics", FULLY_ASYNC, misreport_metric),
+    ("engine_versions_monotonic", RAY_TWO_ENGINES, decode_with_an_older_version),
+    ("all_engines_updated_before_resume", RAY_TWO_ENGINES, engine_skips_an_update),
+    ("all_engines_paused_for_update", RAY_TWO_ENGINES, engine_not_paused_for_an_update),
 ]
 
 

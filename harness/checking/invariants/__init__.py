@@ -12,7 +12,8 @@ stores per mode and ``miles-harness check-trace`` prints.
 from __future__ import annotations
 
 from miles_async_core.config import AsyncConfig
-from harness.checking.invariants import buffer, colocate, concurrency, conservation, metrics, pause, staleness, versions
+from harness.checking.invariants import (buffer, colocate, concurrency, conservation, engines, metrics, pause,
+                                         staleness, versions)
 from harness.checking.invariants.base import REGISTRY, Check, Violation, format_event
 from harness.trace import Event
 
@@ -58,5 +59,5 @@ def format_violations(violations: list[Violation], *, limit: int = 5) -> str:
 
 
 __all__ = ["ALL_CHECKS", "Check", "Violation", "applicable", "check_all", "check_report", "format_event",
-           "format_violations", "buffer", "colocate", "concurrency", "conservation", "metrics", "pause", "staleness",
-           "versions"]
+           "format_violations", "buffer", "colocate", "concurrency", "conservation", "engines", "metrics", "pause",
+           "staleness", "versions"]

@@ -10,6 +10,13 @@
   injected fault.
 * ``kv_versions``: a token's KV is never newer than its weights, and older only under
   ``in_place`` (``retract`` and ``abort`` recompute the prefix with the new weights).
+
+Several engines (the ``ray`` layout; events carry ``engine``): the first two hold per
+engine. An engine's pause, resume, generating phase, admissions, decode steps and
+results are judged against that engine's own pause state (events without ``engine``
+are one engine's); the driver's ``engine_version`` needs every engine still alive
+(not named by a ``fault(what=engine_died)``) paused and not generating, and an
+``engine_loaded`` needs its own engine paused.
 """
 
 from __future__ import annotations
@@ -24,35 +31,53 @@ def _is_generating(e: Event) -> bool:
     return e.fields.get("side") == "rollout" and e.fields.get("phase") == "generating"
 
 
+def _engine_name(key: object) -> str:
+    return "the engine" if key is None else f"engine {key}"
+
+
 @invariant("no_generation_while_paused")
 def check_no_generation_while_paused(events: list[Event], config: AsyncConfig) -> list[Violation]:
     name, out = "no_generation_while_paused", []
-    paused, generating = False, False
+    paused: dict[object, bool] = {}
+    generating: dict[object, bool] = {}
+    engines: dict[object, None] = {}  # engine keys seen and alive, in order of appearance
     for pos, e in enumerate(events):
-        k = e.kind
+        k, key = e.kind, e.fields.get("engine")
+        if k == ev.FAULT and e.fields.get("what") == "engine_died":
+            engines.pop(key, None)
+            continue
+        if k != ev.ENGINE_VERSION and (k in (ev.ENGINE_PAUSE, ev.ENGINE_RESUME, ev.ADMITTED, ev.DECODE_STEP,
+                                             ev.ENGINE_LOADED) or _is_generating(e)):
+            engines.setdefault(key)
+        who = _engine_name(key)
         if k == ev.ENGINE_PAUSE:
-            paused = True
+            paused[key] = True
         elif k == ev.ENGINE_RESUME:
-            paused = False
+            paused[key] = False
         elif k == ev.PHASE_START and _is_generating(e):
-            generating = True
-            if paused:
-                out.append(violation(name, "the engine started generating while paused", events, pos))
+            generating[key] = True
+            if paused.get(key):
+                out.append(violation(name, f"{who} started generating while paused", events, pos))
         elif k == ev.PHASE_END and _is_generating(e):
-            generating = False
-        elif k == ev.ADMITTED and paused:
-            out.append(violation(name, f"request {e['index']} admitted while the engine is paused", events, pos))
-        elif k == ev.DECODE_STEP and paused:
+            generating[key] = False
+        elif k == ev.ADMITTED and paused.get(key):
+            out.append(violation(name, f"request {e['index']} admitted while {who} is paused", events, pos))
+        elif k == ev.DECODE_STEP and paused.get(key):
             out.append(violation(name, f"a decode step (samples {list(e['indices'])[:8]}, version {e['version']}) ran "
-                                 "while the engine is paused", events, pos))
-        elif k == ev.ENGINE_VERSION:
-            if not paused:
-                out.append(violation(name, f"weights of version {e['version']} loaded while not paused", events, pos))
-            elif generating:
-                out.append(violation(name, f"weights of version {e['version']} loaded while the engine is still "
-                                     "generating (a decode step runs through the pause)", events, pos))
-        elif k == ev.FINISHED and paused and e["status"] != "aborted":
-            out.append(violation(name, f"request {e['index']} completed ({e['status']}) while paused", events, pos))
+                                 f"while {who} is paused", events, pos))
+        elif k in (ev.ENGINE_VERSION, ev.ENGINE_LOADED):
+            keys = [key] if k == ev.ENGINE_LOADED else (list(engines) or [None])
+            for key2 in keys:
+                who2 = _engine_name(key2)
+                if not paused.get(key2):
+                    out.append(violation(name, f"weights of version {e['version']} loaded while {who2} is not "
+                                         "paused", events, pos))
+                elif generating.get(key2):
+                    out.append(violation(name, f"weights of version {e['version']} loaded while {who2} is still "
+                                         "generating (a decode step runs through the pause)", events, pos))
+        elif k == ev.FINISHED and paused.get(key) and e["status"] != "aborted":
+            out.append(violation(name, f"request {e['index']} completed ({e['status']}) while {who} is paused",
+                                 events, pos))
     return out
 
 
@@ -60,6 +85,7 @@ def check_no_generation_while_paused(events: list[Event], config: AsyncConfig) -
 def check_abort_semantics(events: list[Event], config: AsyncConfig) -> list[Violation]:
     name, out, engine = "abort_semantics", [], 0
     in_flight: dict[int, int] = {}  # index -> group_index
+    on_engine: dict[int, object] = {}  # index -> the engine it was submitted to (None: the only one)
     pending_abort: dict[int, tuple[int, bool]] = {}  # index -> (version at the abort pause, resumed since)
     faulted: set[int] = set()
     abort_pos = -1
@@ -69,6 +95,7 @@ def check_abort_semantics(events: list[Event], config: AsyncConfig) -> list[Viol
             engine = e["version"]
         elif k == ev.SUBMITTED:
             in_flight[e["index"]] = e["group_index"]
+            on_engine[e["index"]] = e.fields.get("engine")
         elif k == ev.GROUP_DONE and not e["ok"]:
             # Siblings of a failed request are cancelled: they never return.
             for i in [i for i, g in in_flight.items() if g == e["group_index"]]:
@@ -79,10 +106,12 @@ def check_abort_semantics(events: list[Event], config: AsyncConfig) -> list[Viol
         elif k == ev.ENGINE_PAUSE and e["mode"] == "abort":
             if config.fully_async:
                 out.append(violation(name, "fully-async engine paused with mode=abort", events, pos))
-            pending_abort.update({i: (engine, False) for i in in_flight})
+            key = e.fields.get("engine")
+            pending_abort.update({i: (engine, False) for i in in_flight if on_engine.get(i) == key})
             abort_pos = pos
         elif k == ev.ENGINE_RESUME:
-            pending_abort = {i: (v, True) for i, (v, _) in pending_abort.items()}
+            key = e.fields.get("engine")
+            pending_abort = {i: (v, r or on_engine.get(i) == key) for i, (v, r) in pending_abort.items()}
         elif k == ev.FINISHED:
             i = e["index"]
             in_flight.pop(i, None)
