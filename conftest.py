@@ -42,3 +42,19 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """One local Ray cluster (num_cpus = the machine's cores) for the whole test session,
+    stopped at its end; the ray layout's engine actors are pooled in it across tests
+    (``harness.backends.ray_engine``). Yields ``ensure_ray()``'s start-up record."""
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        pytest.fail("the ray layout's tests need Ray: pip install -e '.[ray]' (make test installs it)")
+    from harness.backends.ray_engine import ensure_ray, shutdown_ray
+
+    info = ensure_ray(os.environ.get("MILES_HARNESS_RAY_ADDRESS") or None)
+    yield info
+    shutdown_ray()

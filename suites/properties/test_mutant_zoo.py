@@ -10,6 +10,9 @@ and no shrinking, so the counts are reproducible and the zoo stays fast. Real-en
 mutants (kind ``real_engine``) are searched on small real runs of the main job instead
 (``fixtures/mutants/real_engine.REAL_RUNS``, tried in order): "runs needed" counts those.
 The unmutated real engine passes the same runs (``suites/backends/test_real_engine_checkers.py``).
+Ray mutants (kind ``ray_engine``) are searched on small two-engine runs of the ray layout
+(``fixtures/mutants/ray_engine.RAY_RUNS``); the unmutated group passes them in
+``suites/backends/test_ray_layout.py``. They share the session's Ray cluster (``ray_cluster``).
 """
 
 from __future__ import annotations
@@ -29,10 +32,12 @@ from harness.checking.strategies import RunCase, run_case, run_cases, violations
 
 try:
     from fixtures.mutants import KINDS, MUTANTS, Mutant
+    from fixtures.mutants.ray_engine import RAY_RUNS, run_ray
     from fixtures.mutants.real_engine import REAL_RUNS, run_real
 except ModuleNotFoundError:  # pytest run from elsewhere than the repository root
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from fixtures.mutants import KINDS, MUTANTS, Mutant
+    from fixtures.mutants.ray_engine import RAY_RUNS, run_ray
     from fixtures.mutants.real_engine import REAL_RUNS, run_real
 
 SEARCH_EXAMPLES = 800  # per mutant; the slowest needs a few hundred
@@ -55,10 +60,22 @@ def first_real_catch(mutant: Mutant) -> tuple[int, tuple[str, str] | None, list[
     return len(REAL_RUNS), None, []
 
 
+def first_ray_catch(mutant: Mutant) -> tuple[int, str | None, list[Violation]]:
+    """A ray mutant: (two-engine runs made, the first mode caught, its violations)."""
+    for runs, mode in enumerate(RAY_RUNS, start=1):
+        with mutant.apply():
+            result, found = run_ray(mode)
+        if {v.invariant for v in found} & mutant.expected_invariants:
+            return runs, mode, found
+    return len(RAY_RUNS), None, []
+
+
 def first_catch(mutant: Mutant | None, max_examples: int) -> tuple[int, RunCase | None, list[Violation]]:
     """(runs drawn, the first run caught, its violations); ``None`` if none is caught."""
     if mutant is not None and mutant.kind == "real_engine":
         return first_real_catch(mutant)  # type: ignore[return-value]
+    if mutant is not None and mutant.kind == "ray_engine":
+        return first_ray_catch(mutant)  # type: ignore[return-value]
     seen = {"runs": 0, "violations": []}
     wanted = mutant.expected_invariants if mutant else None
 
@@ -99,7 +116,7 @@ def _machine_settings() -> settings:
     return settings(default_settings(MACHINE_EXAMPLES), derandomize=True, phases=[Phase.generate])
 
 
-def test_every_seeded_bug_is_caught_by_an_expected_invariant(capsys: pytest.CaptureFixture) -> None:
+def test_every_seeded_bug_is_caught_by_an_expected_invariant(capsys: pytest.CaptureFixture, ray_cluster) -> None:
     rows, survivors, fired = [], [], set()
     start = time.perf_counter()
     for m in MUTANTS:
