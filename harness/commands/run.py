@@ -2,7 +2,8 @@
 one-step-ahead vs fully-async, on a process layout; one table, a results JSON, a
 Chrome-trace timeline and PNGs.
 
-    miles-harness run [--modes sync,one-step,fully-async] [--layout split|colocate]
+    miles-harness run [--modes sync,one-step,fully-async] [--layout split|colocate|ray]
+                      [--num-engines N] [--ray-address ADDR] [--broadcast put_once|per_engine]
                       [--model tiny|smollm2|PATH] [--task copy|arithmetic] [--steps N]
                       [--repeats N] [--allow-violations] [--out DIR] [-- MILES ARGS]
 
@@ -25,6 +26,11 @@ Every run's trace is checked by every applicable invariant checker
 stored (``extra.checks``), and a violation makes the command exit 1 unless
 ``--allow-violations`` is given. The loss table splits each overlapped mode's gap to the
 ideal speedup into parts (``harness.measure.overlap_loss``).
+
+``--layout ray`` runs ``--num-engines`` engines as Ray actors (``harness.backends.ray_engine``):
+on ``--ray-address`` or on a local cluster it starts (and stops at the end); the table gains
+per-engine rows (``harness.measure.engines``) and the Ray start-up seconds, which are
+outside every timed window.
 """
 
 from __future__ import annotations
@@ -55,13 +61,20 @@ RUNSPEC_FLAGS: dict[str, str] = {
     "use_tis": "use_tis", "tis_clip": "tis_clip", "seed": "seed", "threads": "threads", "d_model": "tiny_d_model",
     "layers": "tiny_layers", "task_length": "task_length", "task_symbols": "task_symbols",
     "max_running": "max_running", "profile": "profile", "device": "device", "repeats": "repeats",
+    "num_engines": "num_engines", "ray_address": "ray_address", "broadcast": "broadcast",
 }
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     d = _default
     p.add_argument("--modes", default="sync,one-step,fully-async", help="comma list of sync, one-step, fully-async")
-    p.add_argument("--layout", default=d("layout"), help="split (engine in its own process) or colocate")
+    p.add_argument("--layout", default=d("layout"), help="split (engine in its own process), colocate, or ray "
+                                                         "(--num-engines engines as Ray actors)")
+    p.add_argument("--num-engines", type=int, default=d("num_engines"), help="ray layout: rollout engines")
+    p.add_argument("--ray-address", default=d("ray_address"),
+                   help="ray layout: join this Ray cluster (default: start a local one sized to the machine)")
+    p.add_argument("--broadcast", default=d("broadcast"),
+                   help="ray layout: weights to the engines by one ray.put (put_once) or one argument per engine")
     p.add_argument("--model", default=d("model"), help="tiny (built from a config), smollm2 (needs the model extra), "
                                                        "or a local Hugging Face model directory")
     p.add_argument("--task", default=d("task"), help="copy (tiny model learns it) or arithmetic (for SmolLM2)")
@@ -146,6 +159,10 @@ def main(args: argparse.Namespace) -> int:
     finally:
         progress.close()
         telemetry.stop()
+        if spec.layout == "ray":
+            from harness.backends.ray_engine import shutdown_ray
+
+            shutdown_ray()  # stops a local cluster this command started; leaves --ray-address's running
     total_s = time.monotonic() - t_start
     paths = _write_outputs(out, spec, base, runs, repeat_rows, plots=not args.no_plots, telemetry=telemetry.summary(),
                            total_s=total_s)
@@ -158,6 +175,8 @@ def main(args: argparse.Namespace) -> int:
         print("\nwhere the overlap is lost (the repeat with the median overlap efficiency; parts sum to the gap, "
               "see harness.measure.overlap_loss):")
         print(format_loss_table(losses))
+    if spec.layout == "ray":
+        _print_engines(runs)
     violated = _print_checks(runs)
     print(f"\ntotal wall time {total_s:.1f} s ({spec.repeats} repeat(s) of {', '.join(modes)})")
     for p in paths:
@@ -174,6 +193,25 @@ def main(args: argparse.Namespace) -> int:
     if violated:
         print(f"warning: invariant violations in {', '.join(violated)} (--allow-violations given)")
     return 1 if any(r["error"] for r in rows) else 0
+
+
+def _engine_rows(runs: dict[str, list[Any]]) -> dict[str, list[dict[str, Any]]]:
+    from harness.measure.engines import per_engine_rows
+
+    return {m: per_engine_rows(rs[0].events, rs[0].window) for m, rs in runs.items() if rs}
+
+
+def _print_engines(runs: dict[str, list[Any]]) -> None:
+    from harness.measure.engines import format_engine_rows
+
+    print("\nper engine (first repeat of each mode; harness.measure.engines):")
+    print(format_engine_rows(_engine_rows(runs)))
+    first = next((rs[0] for rs in runs.values() if rs and rs[0].engine_stats), None)
+    if first is not None:
+        st = first.engine_stats["startup"]
+        print(f"Ray start-up, outside the timed windows: ray.init {st['ray_init_s']:.1f} s, engine actors "
+              f"{st['actors_start_s']:.1f} s, first model build {st['reset_s']:.1f} s; weights by "
+              f"{first.engine_stats['broadcast']}")
 
 
 def _print_checks(runs: dict[str, list[Any]], *, per_invariant: int = 3) -> list[str]:
@@ -299,6 +337,10 @@ def _write_outputs(out: Path, spec: Any, base: AsyncConfig, runs: dict[str, list
     res.extra["repeats"] = repeat_rows
     res.extra["checks"] = {m: [x["checks"] for x in rs] for m, rs in repeat_rows.items()}
     res.extra["per_step"] = {m: r.history for m, r in first.items()}
+    if spec.layout == "ray":
+        engine_rows = _engine_rows(runs)
+        res.extra["engines"] = {m: {"rows": engine_rows.get(m, []), "stats": r.engine_stats}
+                                for m, r in first.items()}
     paths = [res.write(out / "results.json"),
              write_chrome_trace({m: e["phases"] for m, e in modes_extra.items()}, out / "timeline.trace.json")]
     if plots:
