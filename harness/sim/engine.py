@@ -206,6 +206,10 @@ class SimEngine:
         self._seq = 0
         self.stats = {"tokens": 0, "steps": 0, "prefill_tokens": 0, "requests": 0}
         self._wake_key: tuple | None = None  # (now, segment) of the last boundary computed by generate
+        # _account's token and log-prob runs of the current version, by (kv_version, count):
+        # extending from a kept list spares allocating (and freeing) a temporary one per call
+        self._fills: dict[tuple[int, int], tuple[list[int], list[float]]] = {}
+        self._fills_version: int | None = None
         self._wake_next = 0
         dist = self.cfg.response_length
         if dist.kind == "lognormal" and type(dist) is LengthDist:  # the draw, without a call per request
@@ -394,8 +398,15 @@ class SimEngine:
                 last[2] += n
             else:
                 runs.append([v, kv, n])
-            s.response_tokens.extend([v] * n)
-            s.rollout_log_probs.extend([-1.0 - 0.1 * (v - kv)] * n)
+            fills = self._fills
+            if self._fills_version != v or len(fills) > 4096:
+                fills.clear()
+                self._fills_version = v
+            fill = fills.get((kv, n))
+            if fill is None:  # ([v] * n, [log-prob] * n); extend copies them, nothing else holds them
+                fill = fills[(kv, n)] = ([v] * n, [-1.0 - 0.1 * (v - kv)] * n)
+            s.response_tokens.extend(fill[0])
+            s.rollout_log_probs.extend(fill[1])
             req.base += n
         req.join_step = step
 

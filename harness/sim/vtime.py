@@ -47,12 +47,20 @@ class _VirtualSelector(selectors.BaseSelector):
         self._real = selectors.DefaultSelector()
         self.now = 0.0
         self.loop: asyncio.AbstractEventLoop | None = None
+        self._registered = 0
+        # Something may have written to the loop's self-pipe since the last real poll
+        # (``VirtualTimeLoop._write_to_self``: ``call_soon_threadsafe``).
+        self.wakeup_pending = True
 
     def register(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
-        return self._real.register(fileobj, events, data)
+        key = self._real.register(fileobj, events, data)
+        self._registered += 1
+        return key
 
     def unregister(self, fileobj: Any) -> selectors.SelectorKey:
-        return self._real.unregister(fileobj)
+        key = self._real.unregister(fileobj)
+        self._registered -= 1
+        return key
 
     def modify(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
         return self._real.modify(fileobj, events, data)
@@ -66,9 +74,16 @@ class _VirtualSelector(selectors.BaseSelector):
     def select(self, timeout: float | None = None) -> list:
         if timeout == 0:
             return []
-        ready = self._real.select(0)
-        if ready:
-            return ready
+        loop = self.loop
+        # Before a clock jump, poll the real selector for what may be there: a thread's
+        # wake-up, a signal (its handlers write to the self-pipe from C), other files.
+        # Registered alone, the self-pipe has nothing to read unless a wake-up was written.
+        if (self.wakeup_pending or timeout is None or self._registered != 1
+                or loop is None or getattr(loop, "_signal_handlers", None)):
+            self.wakeup_pending = False
+            ready = self._real.select(0)
+            if ready:
+                return ready
         if timeout is None:
             tasks = [t for t in asyncio.all_tasks(self.loop) if not t.done()] if self.loop else []
             names = ", ".join(sorted(t.get_coro().__qualname__ for t in tasks)[:12])
@@ -96,6 +111,10 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
 
     def time(self) -> float:
         return self._vsel.now
+
+    def _write_to_self(self) -> None:
+        self._vsel.wakeup_pending = True  # before the write: a poll after it sees the byte
+        super()._write_to_self()
 
     def set_debug(self, enabled: bool) -> None:
         super().set_debug(enabled)
