@@ -143,6 +143,9 @@ async def sim_reward_rm(args: Any, sample: Any, **_: Any) -> float:
 # --------------------------------------------------------------------------- the host
 
 _CURRENT: "UpstreamHost | None" = None
+# ``train.py`` / ``train_async.py`` source to run instead of the file's (set only while an
+# upstream mutant is applied, ``harness.upstream.patching``); the driver is read per run
+DRIVER_SOURCES: dict[str, str] = {}
 
 
 def _host() -> "UpstreamHost":
@@ -529,7 +532,11 @@ class UpstreamHost:
         path = source.active() / f"{name}.py"
         spec = importlib.util.spec_from_file_location(f"miles_harness_upstream_{name}", path)
         mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)  # type: ignore[union-attr]
+        text = DRIVER_SOURCES.get(f"{name}.py")
+        if text is None:
+            spec.loader.exec_module(mod)  # type: ignore[union-attr]
+        else:  # a patched driver (harness.upstream.patching), compiled under the file's own name
+            exec(compile(text, str(path), "exec", dont_inherit=True), mod.__dict__)
         host = self
 
         class _Remote:
@@ -616,6 +623,13 @@ class UpstreamHost:
                 await mod.train(args)
             finally:
                 holder["t_end"] = loop.time()
+                me = asyncio.current_task()
+                # what upstream leaves running when its driver returns or raises (before
+                # run_virtual cancels it; tasks already being cancelled are not counted):
+                # the fault sweep (harness.upstream.faults) tells orphans from the worker
+                holder["live_tasks"] = sorted(getattr(t.get_coro(), "__qualname__", repr(t.get_coro()))
+                                              for t in asyncio.all_tasks()
+                                              if t is not me and not t.done() and not t.cancelling())
                 self._emit(ev.RUN_END, pending_groups=sorted(self.live))
 
         _CURRENT = self
@@ -632,7 +646,7 @@ class UpstreamHost:
         return HostResult(scenario=sc, history=ctx.history if ctx else [], wall_s=holder.get("t_end", 0.0),
                           events=self.sink.events if isinstance(self.sink, TraceRecorder) else [], error=error,
                           get_samples_calls=self.get_samples_calls,
-                          extra={"abort_posts": list(self.abort_posts)})
+                          extra={"abort_posts": list(self.abort_posts), "live_tasks": holder.get("live_tasks", [])})
 
 
 def host_simulate(scenario: Scenario, **kwargs: Any) -> HostResult:

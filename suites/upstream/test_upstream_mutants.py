@@ -1,0 +1,115 @@
+"""Seeded bugs in upstream Miles (issue 11, part 5), in the spirit of the mutant zoo
+(``suites/properties/test_mutant_zoo.py``): each ``fixtures/upstream_mutants.py`` entry is a
+small patch applied in memory to the upstream tree at test time
+(``harness.upstream.patching``); with it in effect, the differential matrix's cases run on
+upstream's code in order until one is caught by an invariant checker on the upstream
+run or by the differential against the core (on cases that agree unmutated). Prints the
+table: mutant, what caught it, runs needed (cases run on the mutant).
+
+Without the mutant, the catching case is not caught (the bug, not the case, is what the
+checks see), and the whole matrix passes unmutated (``test_upstream_diff.py``).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.upstream import patching
+from harness.upstream.diff import case_named, matrix
+
+try:
+    from fixtures.upstream_mutants import UPSTREAM_MUTANTS
+except ModuleNotFoundError:  # pytest run from elsewhere than the repository root
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from fixtures.upstream_mutants import UPSTREAM_MUTANTS
+
+
+def test_at_least_ten_mutants_in_every_area():
+    assert len(UPSTREAM_MUTANTS) >= 10 and len({m.name for m in UPSTREAM_MUTANTS}) == len(UPSTREAM_MUTANTS)
+    assert {m.area for m in UPSTREAM_MUTANTS} == {"buffer", "fully_async", "scheduler", "data_source", "driver"}
+    for m in UPSTREAM_MUTANTS:
+        assert m.doc and m.patches and m.expected, m.name
+
+
+@pytest.mark.parametrize("mutant", UPSTREAM_MUTANTS, ids=lambda m: m.name)
+def test_every_patch_applies_to_the_tree(miles_src, mutant):
+    for p in mutant.patches:
+        assert patching.patched_text(mutant, p, miles_src) != (miles_src / p.path).read_text()
+
+
+def test_a_patch_that_no_longer_applies_fails_naming_the_mutant_and_the_file(tmp_path, miles_src):
+    (tmp_path / "miles" / "rollout").mkdir(parents=True)
+    (tmp_path / "miles" / "rollout" / "fully_async_data_buffer.py").write_text("class DefaultDataBuffer:\n    pass\n")
+    m = next(m for m in UPSTREAM_MUTANTS if m.name == "buffer_lifo")
+    with pytest.raises(patching.PatchDoesNotApply, match="'buffer_lifo'.*fully_async_data_buffer.py.*0 times"):
+        patching.patched_text(m, m.patches[0], tmp_path)
+    with pytest.raises(patching.PatchDoesNotApply, match="'buffer_lifo'.*fully_async_data_buffer.py.*0 times"):
+        with patching.applied(m, tmp_path):
+            pass
+    twice = patching.UpstreamMutant("twice", "buffer", "x", (patching.Patch(m.patches[0].path, "    ", "  "),),
+                                    frozenset({"differential"}))
+    with pytest.raises(patching.PatchDoesNotApply, match="'twice'.*occurs [0-9]+ times"):
+        with patching.applied(twice):
+            pass
+    comment = patching.UpstreamMutant("comment_only", "buffer", "x", (patching.Patch(
+        m.patches[0].path, "# filters at retrieving sample: staleness filter", "# a comment"),), frozenset())
+    with pytest.raises(patching.PatchDoesNotApply, match="'comment_only'.*changes no code"):
+        with patching.applied(comment):
+            pass
+
+
+def test_applying_a_mutant_changes_the_live_code_and_leaving_restores_it(miles_src):
+    from miles.rollout.fully_async_data_buffer import DefaultDataBuffer
+    from miles.rollout.fully_async_rollout import DefaultDataBuffer as imported_elsewhere
+
+    from harness.upstream import host
+
+    get = DefaultDataBuffer.get
+    before = get.__code__
+    m = next(m for m in UPSTREAM_MUTANTS if m.name == "buffer_lifo")
+    with patching.applied(m):
+        assert DefaultDataBuffer.get is get and get.__code__ is not before
+        assert imported_elsewhere.get.__code__ is get.__code__  # every reference runs the patch
+    assert get.__code__ is before
+    drv = next(m for m in UPSTREAM_MUTANTS if m.area == "driver")
+    with patching.applied(drv):
+        assert "train_async.py" in host.DRIVER_SOURCES
+    assert host.DRIVER_SOURCES == {}
+
+
+def test_every_upstream_mutant_is_caught(miles_src, capsys):
+    import logging
+
+    rows, survivors, cache = [], [], {}
+    start = time.perf_counter()
+    quiet = [logging.getLogger(n) for n in ("miles", "asyncio")]
+    levels = [q.level for q in quiet]
+    for q in quiet:
+        q.setLevel(logging.CRITICAL)
+    try:
+        catches = [patching.first_catch(m, matrix(), cache) for m in UPSTREAM_MUTANTS]
+    finally:
+        for q, lv in zip(quiet, levels):
+            q.setLevel(lv)
+    for m, c in zip(UPSTREAM_MUTANTS, catches):
+        kinds = {k.split(":")[0] for k in c.caught_by}
+        if c.case is None or not kinds & (set(m.expected) | {"hang"}):
+            survivors.append(f"{m.name} (caught by {c.caught_by or 'nothing'}, expected {sorted(m.expected)})")
+        rows.append((m.name, m.area, ", ".join(c.caught_by) or "NOT CAUGHT", c.case or "-",
+                     str(c.runs) if c.case else f">{c.runs}"))
+    header = ("mutant", "area", "caught by", "first catching case", "runs needed")
+    widths = [max(len(r[i]) for r in rows + [header]) for i in range(len(header))]
+    table = "\n".join("  ".join(x.ljust(w) for x, w in zip(r, widths)) for r in [header, *rows])
+    killed = len(UPSTREAM_MUTANTS) - len(survivors)
+    with capsys.disabled():
+        print(f"\n{table}\nupstream kill rate: {killed}/{len(UPSTREAM_MUTANTS)} "
+              f"({time.perf_counter() - start:.1f} s)")
+    assert not survivors, f"surviving upstream mutants: {survivors}\n{table}"
+    # the catching case is quiet without the mutant: the checks saw the bug, not the case
+    for case_name in sorted({c.case for c in catches}):
+        clean = patching.clean_catch(case_named(case_name), cache)
+        assert clean == [], f"unmutated upstream is caught on {case_name}: {clean}"
