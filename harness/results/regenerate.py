@@ -42,6 +42,7 @@ STEPS: list[Step] = [
     Step("sim_speed", BENCH + ["suites/bench/test_sim_speed.py"], ["results/bench/sim_speed.json"], WRITE),
     Step("engine_throughput", BENCH + ["suites/bench/test_engine_throughput.py"],
          ["results/bench/engine_throughput.json"], WRITE),
+    Step("ray_layout", BENCH + ["suites/bench/test_ray_layout.py"], ["results/bench/ray_layout.json"], WRITE),
     Step("main_job_a", CLI + ["run", "--out", "results/cpu/run-a"], ["results/cpu/run-a"]),
     Step("main_job_b", CLI + ["run", "--out", "results/cpu/run-b"], ["results/cpu/run-b"]),
     Step("report", CLI + ["report", "results/cpu/run-a/results.json", "results/cpu/run-b/results.json",
