@@ -1,0 +1,93 @@
+"""What the harness's own measurement costs the main job's timed run.
+
+The main job's default model and batch (``RunSpec()``, B = 16, n = 8, split layout),
+``STEPS`` steps, run with everything the harness computes for itself (trace, age
+observer, per-step gap decomposition, invariant checkers, as ``miles-harness run``
+does) and with none of it (``run_mode(..., measure=False)``), in interleaved rounds in
+one process: per mode and round the order alternates (measured first in even rounds,
+unmeasured first in odd ones) so a drifting machine load favours neither side.
+
+The timed figure is ``run_s``, the driver's run (``t0`` .. ``t1``), the same quantity
+for both sides; the gap replay and the checkers run after ``t1`` and are reported apart
+(``after_s``: the call's wall time minus ``run_s``, on the measured side). Per mode the
+report gives every round's pair, the per-round cost ratio ``measured / unmeasured``
+and its median and min-max; the acceptance figure (a median at most 1.02) is read from
+the report, not asserted (wall-clock noise on a shared machine is not a test result).
+The test asserts what must hold on every run: both sides trained every step, the
+measured side passed every checker and its gap replay matched the trained weights bit
+for bit, the unmeasured side recorded nothing.
+
+Prints a table and one JSON line last; with ``MILES_HARNESS_WRITE_RESULTS=1`` the report
+(plus the git commit, a dirty flag and the machine) is written to
+``results/bench/measurement_cost.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.commands.run import DEFAULT_MILES_ARGS
+from harness.main_job.job import RunSpec, run_mode
+from harness.results.schema import git_info, machine_info, utc_now
+from miles_async_core.config import parse_miles_args
+
+STEPS, ROUNDS, MODES = 15, 3, ("sync", "one-step")
+RESULT_PATH = Path(__file__).resolve().parents[2] / "results/bench/measurement_cost.json"
+
+
+def _timed(mode: str, base, spec: RunSpec, measure: bool) -> dict:
+    t0 = time.perf_counter()
+    r = run_mode(mode, base, spec, measure=measure)
+    call_s = time.perf_counter() - t0
+    assert r.error is None and len(r.history) == spec.steps, r.error
+    if measure:
+        assert r.checks["passed"], r.checks["violations"]
+        assert r.gap_summary is not None and r.gap_summary["replay_exact"] is True
+    else:
+        assert r.events == [] and r.checks is None and r.gap_summary is None
+    return {"run_s": r.run_s, "after_s": call_s - r.run_s}
+
+
+@pytest.mark.bench
+@pytest.mark.timeout(1800)  # 12 runs of the default model; a loaded 2-core machine took over 10 minutes
+def test_the_harness_measurement_costs_the_timed_run_little():
+    base, _ = parse_miles_args(DEFAULT_MILES_ARGS)
+    spec = RunSpec(steps=STEPS, repeats=1)
+    rounds: dict[str, list[dict]] = {m: [] for m in MODES}
+    for k in range(ROUNDS):
+        for mode in MODES:
+            order = (True, False) if k % 2 == 0 else (False, True)
+            pair = {("measured" if m else "unmeasured"): _timed(mode, base, spec, m) for m in order}
+            pair["ratio"] = pair["measured"]["run_s"] / pair["unmeasured"]["run_s"]
+            rounds[mode].append(pair)
+    rows = {}
+    for mode, pairs in rounds.items():
+        ratios = [p["ratio"] for p in pairs]
+        rows[mode] = {"rounds": pairs, "ratio_median": statistics.median(ratios), "ratio_min": min(ratios),
+                      "ratio_max": max(ratios),
+                      "measured_run_s_median": statistics.median(p["measured"]["run_s"] for p in pairs),
+                      "unmeasured_run_s_median": statistics.median(p["unmeasured"]["run_s"] for p in pairs),
+                      "after_s_median": statistics.median(p["measured"]["after_s"] for p in pairs)}
+    report = {"bench": "measurement_cost", "steps": STEPS, "rounds": ROUNDS, "spec": spec.__dict__,
+              "miles_args": DEFAULT_MILES_ARGS,
+              "measured": "trace + age observer + gap decomposition (replayed after t1) + invariant checkers",
+              "rows": rows}
+    if os.environ.get("MILES_HARNESS_WRITE_RESULTS") == "1":
+        git = git_info()
+        report.update(created_utc=utc_now(), git_commit=git["commit"] if git else None,
+                      git_dirty=git["dirty"] if git else None, machine=machine_info())
+        RESULT_PATH.parent.mkdir(parents=True, exist_ok=True)
+        RESULT_PATH.write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
+    print(f"\n{'mode':<10}{'measured run_s':>16}{'unmeasured run_s':>18}{'cost ratio (min-max)':>26}"
+          f"{'after t1 s':>12}")
+    for mode, row in rows.items():
+        print(f"{mode:<10}{row['measured_run_s_median']:>16.2f}{row['unmeasured_run_s_median']:>18.2f}"
+              f"{row['ratio_median']:>11.3f} ({row['ratio_min']:.3f}-{row['ratio_max']:.3f})"
+              f"{row['after_s_median']:>12.2f}")
+    print(json.dumps(report))
