@@ -6,7 +6,9 @@ task, B = 16 prompts x n = 8 samples, engine batch 16), one-step mode, ``STEPS``
 the same seed for every run. Runs, in this order: ``split`` (one engine process),
 ``ray`` with 1 engine, ``ray`` with 2 engines broadcasting by one ``ray.put``
 (``put_once``), ``ray`` with 2 engines passing the weights to each engine's call
-(``per_engine``). Each run's ``run_s`` is the driver's timed window (Ray start-up, actor
+(``per_engine``). Then the broadcast alone, on two paused engines of the same model:
+``BROADCAST_ROUNDS`` updates each way, alternating which goes first, median seconds
+from the ``ray.put`` (or the first call) to the last engine's load reply. Each run's ``run_s`` is the driver's timed window (Ray start-up, actor
 start-up and model builds are before it and reported apart); rollout tokens/s is the
 engines' decode-step tokens over the measurement window. Expect contention: on a
 2-core machine two engine processes, the trainer and the driver share two cores, so a
@@ -21,6 +23,7 @@ passing and that the ratios are finite.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import os
@@ -30,7 +33,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.main_job.job import RunSpec, run_mode
+from harness.backends.ray_engine import BROADCASTS, RayEngineGroup
+from harness.backends.tasks import get_task
+from harness.main_job.job import RunSpec, build_model_factory, run_mode
 from harness.measure.engines import per_engine_rows
 from harness.results.schema import git_info, machine_info, utc_now
 from miles_async_core.config import AsyncConfig
@@ -70,17 +75,51 @@ def measure(name: str, overrides: dict) -> dict:
     return row
 
 
+BROADCAST_ROUNDS = 8
+
+
+def broadcast_times(rounds: int = BROADCAST_ROUNDS) -> tuple[dict[str, list[float]], int]:
+    """Seconds per weight update to two paused engines, by broadcast method, alternating;
+    and the model's parameter count."""
+    spec = RunSpec()
+    task = get_task(spec.task, **spec.task_kwargs())
+    build = build_model_factory(spec, task)
+    weights = build().weights_copy()
+    group = RayEngineGroup(build, num_engines=2, max_running=spec.max_running, eos_token_id=task.eos_token_id)
+    times: dict[str, list[float]] = {b: [] for b in BROADCASTS}
+
+    async def go() -> None:
+        await group.pause_generation("retract")
+        version = 0
+        for r in range(rounds + 1):  # round 0 warms both paths up and is not kept
+            for method in (BROADCASTS if r % 2 else BROADCASTS[::-1]):
+                group.broadcast = method
+                version += 1
+                await group.update_weights(version, weights)
+                if r:
+                    times[method].append(group.sync_s[-1]["total_s"])
+
+    try:
+        asyncio.run(go())
+    finally:
+        group.close()
+    return times, sum(int(v.numel()) for v in weights.values())
+
+
 @pytest.mark.bench
 def test_ray_layout_engines_and_broadcast_ratios(ray_cluster, capsys) -> None:
     rows = {name: measure(name, o) for name, o in RUNS.items()}
+    broadcast, n_params = broadcast_times()
     two, one, split = rows["ray_2_engines_put_once"], rows["ray_1_engine"], rows["split"]
     ratios = {
         "two_over_one_engine_step_time": two["step_s"] / one["step_s"],
         "two_over_one_engine_rollout_tokens_per_s": two["rollout_tokens_per_s"] / one["rollout_tokens_per_s"],
         "ray_1_engine_over_split_step_time": one["step_s"] / split["step_s"],
         "ray_2_engines_over_split_step_time": two["step_s"] / split["step_s"],
-        "per_engine_over_put_once_update_time": (rows["ray_2_engines_per_engine"]["update_total_s_median"]
-                                                 / two["update_total_s_median"]),
+        "per_engine_over_put_once_update_time_in_runs": (rows["ray_2_engines_per_engine"]["update_total_s_median"]
+                                                         / two["update_total_s_median"]),
+        "per_engine_over_put_once_broadcast_alone": (statistics.median(broadcast["per_engine"])
+                                                     / statistics.median(broadcast["put_once"])),
     }
     assert all(math.isfinite(v) and v > 0 for v in ratios.values()), ratios
     doc = {
@@ -93,6 +132,8 @@ def test_ray_layout_engines_and_broadcast_ratios(ray_cluster, capsys) -> None:
                                                                 "max_running", "threads", "seed")},
                    "runs": RUNS, "cluster": ray_cluster},
         "rows": rows, "ratios": ratios,
+        "broadcast_alone": {"engines": 2, "parameters": n_params, "rounds": BROADCAST_ROUNDS, "seconds": broadcast,
+                            "median_s": {k: statistics.median(v) for k, v in broadcast.items()}},
         "note": "one run each on a shared 2-core machine: engines, trainer and driver contend for two cores",
     }
     if os.environ.get("MILES_HARNESS_WRITE_RESULTS") == "1":
@@ -104,6 +145,8 @@ def test_ray_layout_engines_and_broadcast_ratios(ray_cluster, capsys) -> None:
         for name, r in rows.items():
             print(f"{name:<26}{r['step_s']:>8.3f}{r['rollout_tokens_per_s']:>14.0f}"
                   f"{r['update_total_s_median']:>10.4f}{r['both_busy_fraction']:>10.1%}")
+        print("broadcast alone, 2 engines, median s: " + ", ".join(
+            f"{k} {statistics.median(v):.4f}" for k, v in broadcast.items()))
         for k, v in ratios.items():
             print(f"{k} = {v:.2f}")
         print(json.dumps(doc))
