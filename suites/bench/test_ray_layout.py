@@ -8,8 +8,9 @@ the same seed for every run. Runs, in this order: ``split`` (one engine process)
 (``put_once``), ``ray`` with 2 engines passing the weights to each engine's call
 (``per_engine``). Then the broadcast alone, on two paused engines of the same model:
 ``BROADCAST_ROUNDS`` updates each way, alternating which goes first, median seconds
-from the ``ray.put`` (or the first call) to the last engine's load reply. Each run's ``run_s`` is the driver's timed window (Ray start-up, actor
-start-up and model builds are before it and reported apart); rollout tokens/s is the
+from the ``ray.put`` (or the first call) to the last engine's load reply. Each run's
+``run_s`` is the driver's timed window (Ray start-up, actor start-up and model builds
+are before it and reported apart); rollout tokens/s is the
 engines' decode-step tokens over the measurement window. Expect contention: on a
 2-core machine two engine processes, the trainer and the driver share two cores, so a
 second engine cannot double rollout throughput and may not help at all; the ratios say
