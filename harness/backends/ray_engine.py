@@ -26,6 +26,14 @@ unchanged; behind it:
   waits for all engines before the next starts, so an update is loaded by every engine
   before any engine resumes.
 
+The trainer stays in the driver process, not in an actor: the core's drivers call
+``trainer.train`` / ``get_weights`` in process, ``TorchTrainer`` already trains on a worker
+thread (torch releases the GIL, so the driver's loop keeps routing and recording), and the
+main job's gap replay and checks read the trainer's state after the run. A trainer actor
+would add one more process to the same two cores and one more copy of the weights
+(actor -> object store) per update, and gain nothing on one machine; Miles needs actors
+for its trainer because a Megatron/FSDP trainer spans several GPUs and nodes.
+
 Ordering. Every actor has one ordered outbox: its engine thread appends events (stamped
 as they happen), finished results and command replies in the order they happen, and the
 driver drains it with ``poll`` (one long-poll task per engine). Commands carry a
