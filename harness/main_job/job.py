@@ -383,53 +383,7 @@ def _make_engine(spec: RunSpec, build: Callable[[], Any], trainer: TorchTrainer,
 
     engine_model = build()
     core = EngineCore(engine_model, max_running=spec.max_running, eos_token_id=task.eos_token_id)
-    return _BusyReporting(TorchEngine(core, seed=spec.seed, sink=sink), sink)
-
-
-class _BusyReporting:
-    """Colocated engine: the rollout side is busy from the first request until its queue
-    drains or it is paused (measured at the adapter, in the same process)."""
-
-    def __init__(self, engine: Any, sink: Any) -> None:
-        self.engine, self.sink, self.in_flight, self.busy = engine, sink, 0, False
-        self.paused = False
-
-    @property
-    def weight_version(self) -> int:
-        return self.engine.weight_version
-
-    def _set(self, busy: bool) -> None:
-        if busy != self.busy:
-            self.busy = busy
-            self.sink.emit(ev.PHASE_START if busy else ev.PHASE_END, side="rollout", phase="generating")
-
-    def generate(self, sample: Any, sampling: Any) -> Any:
-        fut = self.engine.generate(sample, sampling)
-        self.in_flight += 1
-        self._set(not self.paused)
-        fut.add_done_callback(self._done)
-        return fut
-
-    def _done(self, _fut: Any) -> None:
-        self.in_flight -= 1
-        if self.in_flight == 0:
-            self._set(False)
-
-    async def pause_generation(self, mode: str) -> None:
-        await self.engine.pause_generation(mode)
-        self.paused = True
-        self._set(False)
-
-    async def update_weights(self, version: int, weights: Any) -> None:
-        await self.engine.update_weights(version, weights)
-
-    async def continue_generation(self) -> None:
-        await self.engine.continue_generation()
-        self.paused = False
-        self._set(self.in_flight > 0)
-
-    def close(self) -> None:
-        self.engine.close()
+    return TorchEngine(core, seed=spec.seed, sink=sink)  # it records its own generating phase and decode steps
 
 
 async def _close(engine: Any) -> None:
