@@ -55,14 +55,15 @@ class DataBuffer(abc.ABC):
 
 
 def call_dynamic_filter(fn: Callable | None, args: Any, group: Any) -> tuple[bool, str | None]:
-    """``None`` filter keeps; a bare bool is wrapped as ``keep`` (`filter_hub/base_types.py`)."""
+    """No filter (``fn is None``) keeps. Any other return than a ``DynamicFilterOutput``
+    (anything with ``keep``) is wrapped as ``keep=output`` and read by truth value
+    (`filter_hub/base_types.py:L11-L21`), so a filter that returns ``None`` drops the
+    group, with no reason and so no drop metric; a bare bool keeps or drops."""
     if fn is None:
         return True, None
     out = fn(args, group)
-    if out is None:
-        return True, None
-    if isinstance(out, bool):
-        return out, None
+    if not hasattr(out, "keep"):
+        return bool(out), None
     return bool(out.keep), getattr(out, "reason", None)
 
 

@@ -111,12 +111,15 @@ class DynamicFilterOutput:
 
 
 def conformance_filter(args: Any, group: Any) -> Any:
-    """Decides from a mark on the group's first sample, in every form Miles accepts."""
+    """Decides from a mark on the group's first sample, in every form Miles accepts; an
+    unmarked group is kept. ``None`` is a reject (``keep=None``, `filter_hub/base_types.py:L17-L19`)."""
     mark = first_sample(group).metadata.get(FILTER_KEY)
     if mark is None:
-        return None
+        return True
     if mark[0] == "keep":
         return True if mark[1] == "bool" else DynamicFilterOutput(keep=True)
+    if mark[1] == "none":
+        return None
     return False if mark[1] == "bool" else DynamicFilterOutput(keep=False, reason=mark[2])
 
 
@@ -140,7 +143,7 @@ class GroupSpec:
 
 _age = st.one_of(st.integers(0, 5), st.none())
 _three = st.tuples(_age, _age, _age)
-_reject_marks = st.one_of(st.just(("reject", "bool", None)),
+_reject_marks = st.one_of(st.just(("reject", "bool", None)), st.just(("reject", "none", None)),
                           st.tuples(st.just("reject"), st.just("output"),
                                     st.sampled_from([None, "", "zero_std", "too_long"])))
 _keep_marks = st.one_of(st.none(), st.tuples(st.just("keep"), st.sampled_from(["bool", "output"])))

@@ -217,8 +217,6 @@ def _c(name: str, known: str | None = None, **kw: Any) -> DiffCase:
 D1 = ("D1: sample-granularity wake-up: upstream's per-sample credit lands in the same asyncio.wait return as the "
       "group's completion (miles/rollout/inference_rollout/inference_rollout_common.py:L161-L168, "
       "miles/rollout/submission_scheduler.py:L57-L63), so it puts the finished group before submitting again")
-D3 = ("D3: a dynamic filter returning None drops the group upstream "
-      "(miles/rollout/filter_hub/base_types.py:L17-L19); the core keeps it")
 D10 = ("D10 (found by this matrix, not in the issue's list): when a training step raises, upstream's "
        "train_async.py:L80 has already launched generate(N+1) and leaves it running (a Ray call); the core's driver "
        "cancels it in its finally (miles_async_core/drivers/train_async.py), so upstream pulls one more batch")
@@ -245,7 +243,7 @@ def matrix() -> list[DiffCase]:
         _c("one-step-sample-granularity", config={**S}),
         _c("one-step-filter-reason", config={}, dynamic_filter="with_reason", known=D4),
         _c("one-step-filter-bool", config={}, dynamic_filter="bare_bool"),
-        _c("one-step-filter-none", config={}, dynamic_filter="none_rejects", known=D3),
+        _c("one-step-filter-none", config={}, dynamic_filter="none_rejects"),
         _c("one-step-fsdp", config={"train_backend": "fsdp"}),
     ]
     for mode in ("retract", "in_place"):
@@ -270,7 +268,7 @@ def matrix() -> list[DiffCase]:
         _c("fa-group-start1", config={**FA, **G, "start_rollout_id": 1, "num_rollout": 6}),
         _c("fa-group-filter-reason", config={**FA, **G}, dynamic_filter="with_reason"),
         _c("fa-group-filter-bool", config={**FA, **G}, dynamic_filter="bare_bool"),
-        _c("fa-group-filter-none", config={**FA, **G}, dynamic_filter="none_rejects", known=D3),
+        _c("fa-group-filter-none", config={**FA, **G}, dynamic_filter="none_rejects"),
         _c("fa-group-n1", config={**FA, **G, "n_samples_per_prompt": 1, "rollout_batch_size": 6}),
         _c("fa-group-fast-trainer", config={**FA, **G}, trainer={"step_base_s": 0.2}),
         _c("fa-group-abort-storm-retry", config={**FA, **G, "async_unused_samples_handler": "retry"},
@@ -283,6 +281,20 @@ def matrix() -> list[DiffCase]:
     return cases
 
 
+def extension_cases() -> list[DiffCase]:
+    """The deliberate harness extensions (``miles_async_core.config.HARNESS_EXTENSIONS`` and
+    named options), each switched on in a case that then parts from upstream by design
+    (``known`` = ``EXT <name>: ...``). Each is the matrix case named by its prefix with one
+    extension set; that matrix case, with the extension off (the default), is identical."""
+    return [
+        _c("fa-group-staleness0-retry+max-retries0", config={"fully_async": True, "rollout_submission_granularity":
+                                                              "group", "max_weight_staleness": 0,
+                                                              "async_unused_samples_handler": "retry",
+                                                              "async_max_retries": 0},
+           known="EXT async_max_retries: a stale group past the retry cap is dropped, upstream recycles it forever"),
+    ]
+
+
 def format_summary(reports: list[DiffReport]) -> str:
     rows = []
     for r in reports:
@@ -293,10 +305,12 @@ def format_summary(reports: list[DiffReport]) -> str:
 
 
 def case_named(name: str) -> DiffCase:
-    for c in matrix():
+    """A case of the matrix or of ``extension_cases``."""
+    cases = matrix() + extension_cases()
+    for c in cases:
         if c.name == name:
             return c
-    raise KeyError(f"no case {name!r} in the matrix; cases: {', '.join(c.name for c in matrix())}")
+    raise KeyError(f"no case {name!r} in the matrix; cases: {', '.join(c.name for c in cases)}")
 
 
-__all__ = ["ASPECTS", "case_named", "DiffCase", "DiffReport", "matrix", "observables", "run_case", "format_summary"]
+__all__ = ["ASPECTS", "case_named", "DiffCase", "DiffReport", "extension_cases", "matrix", "observables", "run_case", "format_summary"]

@@ -110,6 +110,29 @@ def test_dynamic_filter_reject_is_dropped_without_the_handler_and_counted_by_rea
     assert m["rollout/dynamic_filter/drop_zero_std_1.0"] == 1.0
 
 
+@pytest.mark.parametrize("out, kept", [(None, False), (False, False), (0, False), (True, True), (1, True)])
+def test_dynamic_filter_output_that_is_not_a_filter_output_is_read_as_keep(out, kept):
+    """D3 (issue 11): any return but a ``DynamicFilterOutput`` is wrapped as ``keep=output``
+    (`filter_hub/base_types.py:L17-L19`), so ``None`` drops the group, with no drop metric.
+    No filter at all keeps."""
+    from miles_async_core.buffer import call_dynamic_filter
+
+    assert call_dynamic_filter(lambda a, g: out, None, []) == (kept, None)
+    assert call_dynamic_filter(None, None, []) == (True, None)
+    handler = Recorder()
+
+    async def main():
+        args = AsyncConfig(rollout_batch_size=2, n_samples_per_prompt=2, fully_async=True)
+        object.__setattr__(args, "dynamic_sampling_filter", lambda a, g: out)
+        buf = DefaultDataBuffer(DataBufferConstructorInput(args, handler))
+        await buf.put(entry(0))
+        return len(buf), buf.get_metrics()
+
+    size, m = run_virtual(main())
+    assert size == int(kept) and handler.calls == []
+    assert not any(k.startswith("rollout/dynamic_filter/") for k in m)
+
+
 def test_buffer_get_skips_groups_stale_at_consumption_time_and_hands_them_to_the_handler():
     handler = Recorder()
 

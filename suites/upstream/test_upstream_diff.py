@@ -15,7 +15,7 @@ import types
 import pytest
 
 from harness.upstream import source, stand_ins
-from harness.upstream.diff import case_named, matrix, run_case
+from harness.upstream.diff import case_named, extension_cases, matrix, run_case
 
 CASES = matrix()
 
@@ -44,7 +44,22 @@ def test_invariants_hold_on_upstream_runs(miles_src, case):
 def test_matrix_size_and_known_divergences():
     assert len(CASES) >= 30
     assert len({c.name for c in CASES}) == len(CASES)
-    assert {c.known.split(":")[0].split(" ")[0] for c in CASES if c.known} == {"D1", "D3", "D4", "D10"}
+    assert {c.known.split(":")[0].split(" ")[0] for c in CASES if c.known} == {"D1", "D4", "D10"}
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.name) for c in extension_cases()])
+def test_each_harness_extension_parts_from_upstream_only_when_switched_on(miles_src, case):
+    """A deliberate extension is off by default: its matrix case (the name before ``+``)
+    has the same config less the extension's fields, and it is identical (above)."""
+    from miles_async_core.config import HARNESS_EXTENSIONS
+
+    base = case_named(case.name.split("+")[0])
+    assert base.known is None
+    on = {k: v for k, v in case.config.items() if base.config.get(k) != v}
+    assert on and set(on) <= set(HARNESS_EXTENSIONS), on
+    assert {**base.config, **on} == case.config
+    report = run_case(case)
+    assert not report.identical, report.format()
 
 
 def test_set_order_changes_what_upstream_does(miles_src):
