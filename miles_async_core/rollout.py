@@ -8,7 +8,8 @@ or raises only after every sample is done; on a failure it cancels the siblings.
 pull ``over_sampling_batch_size`` groups per submission while the scheduler has
 capacity, keep the first B groups the dynamic filter accepts, abort what is still in
 flight at the end (``abort_request abort_all``), return the B groups sorted by index.
-Every group it does not return is accounted for through the sink (``dropped`` with a
+Its metrics are upstream's, ``rollout/dynamic_filter/drop_<reason>`` per filter drop with a
+truthy reason, plus the core's own ``rollout/dropped_groups/*`` counts. Every group it does not return is accounted for through the sink (``dropped`` with a
 reason): nothing is lost silently.
 """
 
@@ -146,6 +147,7 @@ class OneStepRollout:
         data: list[list[Sample]] = []
         pendings: set[asyncio.Task] = set()
         dropped = {"generate_error": 0, "dynamic_filter": 0, "kept_beyond_B": 0, "aborted_at_rollout_end": 0}
+        filter_drops: dict[str, int] = {}  # MetricGatherer: drops with a truthy reason, by reason
         while len(data) < B:
             while scheduler.has_capacity(pending_groups=len(pendings), group_budget=B - len(data)):
                 for group in self.data_source.get_samples(args.resolved_over_sampling_batch_size):
@@ -172,6 +174,8 @@ class OneStepRollout:
                 keep, reason = call_dynamic_filter(self.dynamic_filter, args, group)
                 if not keep:
                     dropped["dynamic_filter"] += 1
+                    if reason:
+                        filter_drops[reason] = filter_drops.get(reason, 0) + 1
                     self._drop(group, f"dynamic_filter:{reason}")
                 elif len(data) < B:
                     data.append(group)
@@ -182,7 +186,9 @@ class OneStepRollout:
             dropped["aborted_at_rollout_end"] += await self._abort(pendings)
         assert len(data) == B, f"Got {len(data)} samples, expected {B}"
         data.sort(key=lambda g: first_sample(g).index)
-        metrics = {f"rollout/dropped_groups/{k}": float(v) for k, v in dropped.items()}
+        # upstream's metrics (inference_rollout_train.py:L142,L185), then the core's own accounting
+        metrics = {f"rollout/dynamic_filter/drop_{r}": float(c) for r, c in filter_drops.items()}
+        metrics.update({f"rollout/dropped_groups/{k}": float(v) for k, v in dropped.items()})
         return data, metrics
 
     async def _abort(self, pendings: set[asyncio.Task]) -> int:

@@ -220,9 +220,6 @@ D1 = ("D1: sample-granularity wake-up: upstream's per-sample credit lands in the
 D10 = ("D10 (found by this matrix, not in the issue's list): when a training step raises, upstream's "
        "train_async.py:L80 has already launched generate(N+1) and leaves it running (a Ray call); the core's driver "
        "cancels it in its finally (miles_async_core/drivers/train_async.py), so upstream pulls one more batch")
-D4 = ("D4: one-step dynamic-filter drops are reported as rollout/dynamic_filter/drop_<reason> upstream "
-      "(miles/rollout/inference_rollout/inference_rollout_train.py:L142,L185); the core reports "
-      "rollout/dropped_groups/*")
 
 
 def matrix() -> list[DiffCase]:
@@ -241,7 +238,7 @@ def matrix() -> list[DiffCase]:
         _c("one-step-k3-start2", config={"update_weights_interval": 3, "start_rollout_id": 2, "num_rollout": 7}),
         _c("one-step-over-sampling", config={"over_sampling_batch_size": 6}),
         _c("one-step-sample-granularity", config={**S}),
-        _c("one-step-filter-reason", config={}, dynamic_filter="with_reason", known=D4),
+        _c("one-step-filter-reason", config={}, dynamic_filter="with_reason"),
         _c("one-step-filter-bool", config={}, dynamic_filter="bare_bool"),
         _c("one-step-filter-none", config={}, dynamic_filter="none_rejects"),
         _c("one-step-fsdp", config={"train_backend": "fsdp"}),

@@ -214,3 +214,31 @@ def test_a_worker_error_a_drain_raised_is_not_reported_twice(caplog):
         result = simulate(Scenario(config=config), engine_factory=DeadEarly)
     assert isinstance(result.error, EngineDeadError) and result.ctx.worker_error is None
     assert caplog.records == []
+
+
+def test_one_step_filter_drops_are_reported_as_upstreams_drop_reason_metric():
+    """D4 (issue 11): a one-step dynamic-filter drop with a reason is counted under
+    ``rollout/dynamic_filter/drop_<reason>`` (`inference_rollout_train.py:L142,L185`); a drop
+    without a reason is not."""
+
+    def reject_odd(args, group):
+        gi = group[0].group_index
+        return None if gi % 4 == 3 else (type("Out", (), {"keep": gi % 2 == 0, "reason": "odd"})())
+
+    def hooks(ctx):
+        ctx.rollout_manager.rollout_fn.dynamic_filter = reject_odd
+
+    config = AsyncConfig(rollout_batch_size=3, n_samples_per_prompt=2, num_rollout=3)
+    result = simulate(Scenario(config=config, trainer=SimTrainerConfig(step_base_s=0.5), max_new_tokens=16),
+                      hooks=hooks)
+    assert result.error is None, result.error
+    metrics = [e["metrics"] for e in result.events if e.kind == ev.METRICS]
+    dropped = [e["group_index"] for e in result.events if e.kind == ev.DROPPED
+               and e["reason"].startswith("dynamic_filter:")]
+    assert sum(m.get("rollout/dynamic_filter/drop_odd", 0) for m in metrics) == sum(gi % 4 == 1 for gi in dropped)
+    assert any(gi % 4 == 3 for gi in dropped)
+    assert not any(k.startswith("rollout/dynamic_filter/") and k != "rollout/dynamic_filter/drop_odd"
+                   for m in metrics for k in m)
+    trained = [gi for e in result.events if e.kind == ev.TRAINED for gi in e["group_indices"]]
+    assert trained and all(gi % 2 == 0 for gi in trained)
+
