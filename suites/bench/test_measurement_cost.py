@@ -37,7 +37,13 @@ from harness.main_job.job import RunSpec, run_mode
 from harness.results.schema import git_info, machine_info, utc_now
 from miles_async_core.config import parse_miles_args
 
-STEPS, ROUNDS, MODES = 15, 3, ("sync", "one-step")
+MODES = ("sync", "one-step")
+# The full measurement (``make results``) is 5 rounds of 15 steps on the default model; in the
+# test suite the same code runs one round of 4 steps on a small model, so ``pytest suites/``
+# checks the bench's assertions in seconds instead of minutes (its figure is not read there).
+FULL = os.environ.get("MILES_HARNESS_WRITE_RESULTS") == "1"
+STEPS, ROUNDS = (15, 5) if FULL else (4, 1)
+SPEC_KW = {} if FULL else {"tiny_d_model": 64, "tiny_layers": 2}
 RESULT_PATH = Path(__file__).resolve().parents[2] / "results/bench/measurement_cost.json"
 
 
@@ -55,10 +61,10 @@ def _timed(mode: str, base, spec: RunSpec, measure: bool) -> dict:
 
 
 @pytest.mark.bench
-@pytest.mark.timeout(1800)  # 12 runs of the default model; a loaded 2-core machine took over 10 minutes
+@pytest.mark.timeout(1800)  # FULL: 20 runs of the default model; a loaded 2-core machine took over 10 minutes
 def test_the_harness_measurement_costs_the_timed_run_little():
     base, _ = parse_miles_args(DEFAULT_MILES_ARGS)
-    spec = RunSpec(steps=STEPS, repeats=1)
+    spec = RunSpec(steps=STEPS, repeats=1, **SPEC_KW)
     rounds: dict[str, list[dict]] = {m: [] for m in MODES}
     for k in range(ROUNDS):
         for mode in MODES:
