@@ -43,6 +43,8 @@ STEPS: list[Step] = [
     Step("engine_throughput", BENCH + ["suites/bench/test_engine_throughput.py"],
          ["results/bench/engine_throughput.json"], WRITE),
     Step("ray_layout", BENCH + ["suites/bench/test_ray_layout.py"], ["results/bench/ray_layout.json"], WRITE),
+    Step("measurement_cost", BENCH + ["suites/bench/test_measurement_cost.py"],
+         ["results/bench/measurement_cost.json"], WRITE),
     Step("main_job_a", CLI + ["run", "--out", "results/cpu/run-a"], ["results/cpu/run-a"]),
     Step("main_job_b", CLI + ["run", "--out", "results/cpu/run-b"], ["results/cpu/run-b"]),
     Step("report", CLI + ["report", "results/cpu/run-a/results.json", "results/cpu/run-b/results.json",
