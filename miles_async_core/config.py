@@ -14,7 +14,9 @@ Contract:
   here; ``seed`` defaults to 0 here (Miles: 1234); ``driver`` stands for the script
   (``train.py`` or ``train_async.py``) and is not a flag.
 * Harness-only fields (not Miles flags): ``async_max_retries`` (upstream has no retry
-  cap, spec 4.7; ``None`` keeps that behaviour) and ``driver``.
+  cap, spec 4.7; ``None`` keeps that behaviour), ``allow_async_colocate`` (the seed
+  manual's colocated fully-async mode, which upstream's ``train_async.py:L23`` refuses;
+  ``False`` keeps that refusal) and ``driver``.
 * ``to_dict()`` / ``from_dict()`` round-trip exactly; ``from_dict`` rejects unknown keys.
   ``resolved_dict()`` adds the derived values (capacity, G, resolved over-sampling and
   submission granularity) for results files.
@@ -38,7 +40,7 @@ TRAIN_BACKENDS = ("megatron", "fsdp")
 DRIVERS = ("train", "train_async")
 DRIVER_SCRIPTS = {"train.py": "train", "train_async.py": "train_async"}
 # Fields that are harness extensions, not Miles flags; ``miles-harness check`` lists them apart.
-HARNESS_EXTENSIONS = ("async_max_retries",)
+HARNESS_EXTENSIONS = ("async_max_retries", "allow_async_colocate")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -73,6 +75,9 @@ class AsyncConfig:
     # ---- harness extensions: not Miles flags, off (None) by default = upstream behaviour ----
     # How often one prompt may be recycled by the retry handler (upstream: unbounded, spec 4.7).
     async_max_retries: int | None = None
+    # Run --colocate under train_async.py (the seed manual's colocated fully-async mode).
+    # Upstream refuses it (train_async.py:L23); off = the drivers refuse it too.
+    allow_async_colocate: bool = False
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -176,6 +181,7 @@ _FIELD_KINDS: dict[str, tuple[str, tuple[str, ...]]] = {
     "use_critic": ("bool", ()),
     "seed": ("int", ()),
     "async_max_retries": ("opt_int", ()),
+    "allow_async_colocate": ("bool", ()),
 }
 
 

@@ -148,6 +148,9 @@ def mode_config(mode: str, base: AsyncConfig, spec: RunSpec) -> AsyncConfig:
     overrides = dict(MODES[mode], num_rollout=spec.steps, seed=spec.seed)
     if spec.layout == "colocate":
         overrides["colocate"] = True
+        # upstream's train_async.py refuses --colocate; the seed manual's colocated
+        # fully-async mode is the harness extension allow_async_colocate
+        overrides["allow_async_colocate"] = MODES[mode]["driver"] == "train_async"
     config = dataclasses.replace(base, **overrides)
     errors = [v for v in validate(config, spec.profile) if v.severity == "error"]
     if errors:

@@ -274,6 +274,11 @@ def matrix() -> list[DiffCase]:
            faults=FaultSchedule(injected_abort_rate=0.2, seed=2)),
         _c("fa-group-trainer-fails", config={**FA, **G}, faults=FaultSchedule(trainer_fail_at_step=2)),
         _c("one-step-trainer-fails", config={}, faults=FaultSchedule(trainer_fail_at_step=2), known=D10),
+        # D8: train_async.py:L23-L24 refuses these before anything runs
+        _c("one-step-colocate", config={"colocate": True}),
+        _c("fa-colocate", config={**FA, **G, "colocate": True}),
+        _c("one-step-critic-no-correction", config={"use_critic": True}),
+        _c("fa-critic-no-correction", config={**FA, **G, "use_critic": True}),
     ]
     return cases
 
@@ -289,6 +294,10 @@ def extension_cases() -> list[DiffCase]:
                                                               "async_unused_samples_handler": "retry",
                                                               "async_max_retries": 0},
            known="EXT async_max_retries: a stale group past the retry cap is dropped, upstream recycles it forever"),
+        _c("fa-colocate+allow-async-colocate", config={"fully_async": True, "rollout_submission_granularity": "group",
+                                                       "colocate": True, "allow_async_colocate": True},
+           known="EXT allow_async_colocate: the seed manual's colocated fully-async mode runs; upstream's "
+                 "train_async.py:L23 refuses --colocate"),
     ]
 
 

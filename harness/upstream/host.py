@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from miles_async_core import events as ev
+from miles_async_core.config import HARNESS_EXTENSIONS
 from miles_async_core.contracts import NullSink
 from miles_async_core.drivers.common import RolloutManager, RunContext, train_step, update_weights
 from miles_async_core.types import Sample as CoreSample
@@ -102,7 +103,7 @@ def upstream_args(scenario: Scenario, *, dynamic_filter_path: str | None = None,
     Miles' defaults for the rest (``miles/utils/arguments.py``), and the host's wiring."""
     cfg = scenario.config
     tok, prompts = _local_assets()
-    d = {k: v for k, v in cfg.to_dict().items() if k not in ("driver", "seed", "async_max_retries")}
+    d = {k: v for k, v in cfg.to_dict().items() if k not in ("driver", "seed", *HARNESS_EXTENSIONS)}
     d.update(
         over_sampling_batch_size=cfg.resolved_over_sampling_batch_size,
         partial_rollout=cfg.partial_rollout if partial_rollout is None else partial_rollout,

@@ -7,11 +7,17 @@ the in-flight generate and only then update the weights. So a weight update neve
 overlaps a generate call (spec §9 items 28-32): in one-step mode nothing is generating
 during an update; in fully-async mode only the drain has finished and the worker's
 live requests are paused with ``--pause-generation-mode``.
+
+Before anything starts it asserts what ``train_async.py:L23-L24`` asserts (D8 of issue 11):
+no ``--colocate``, unless the harness extension ``allow_async_colocate`` is on (the seed
+manual's colocated fully-async mode), and with ``--use-critic`` one of the off-policy
+corrections (``AssertionError``, as upstream).
 """
 
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from miles_async_core.drivers.common import RunContext, train_step, update_weights
 
@@ -24,8 +30,20 @@ async def _await_generate(ctx: RunContext, task: asyncio.Future, rollout_id: int
         ctx.phase("train", "waiting", False, rollout_id=rollout_id)
 
 
+def check_async_args(args: Any) -> None:
+    """What ``train_async.py:L23-L24`` asserts before anything starts: no ``--colocate``
+    (unless the harness extension ``allow_async_colocate`` is on), and with ``--use-critic``
+    an explicit behaviour-policy correction (``arguments.py:L3591-L3609``)."""
+    if args.colocate and not getattr(args, "allow_async_colocate", False):
+        raise AssertionError("Colocation is not supported for async training.")
+    if args.use_critic and not (args.use_rollout_logprobs or args.use_tis or args.keep_old_actor):
+        raise AssertionError("Async PPO training requires an explicit behavior-policy correction: pass one of "
+                             "--use-rollout-logprobs, --use-tis or --keep-old-actor.")
+
+
 async def train_async(ctx: RunContext) -> list[dict]:
     args = ctx.args
+    check_async_args(args)
     k = args.update_weights_interval
     rm = ctx.rollout_manager
     await update_weights(ctx)  # initial update -> version 1 (train_async.py:L50)

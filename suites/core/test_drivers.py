@@ -242,3 +242,29 @@ def test_one_step_filter_drops_are_reported_as_upstreams_drop_reason_metric():
     trained = [gi for e in result.events if e.kind == ev.TRAINED for gi in e["group_indices"]]
     assert trained and all(gi % 2 == 0 for gi in trained)
 
+
+@pytest.mark.parametrize("fields, message", [
+    ({"colocate": True}, "Colocation is not supported"),
+    ({"colocate": True, "fully_async": True}, "Colocation is not supported"),
+    ({"use_critic": True}, "behavior-policy correction"),
+    ({"use_critic": True, "fully_async": True}, "behavior-policy correction"),
+])
+def test_the_async_driver_refuses_what_upstream_train_async_asserts(fields, message):
+    """D8 (issue 11): ``train_async.py:L23-L24`` asserts no colocation and an off-policy
+    correction with a critic before anything starts; the core's driver does the same."""
+    config = AsyncConfig(rollout_batch_size=2, n_samples_per_prompt=2, num_rollout=2, **fields)
+    result = simulate(Scenario(config=config, trainer=SimTrainerConfig(step_base_s=0.5), max_new_tokens=8))
+    assert isinstance(result.error, AssertionError) and message in str(result.error)
+    assert not [e for e in result.events if e.kind in (ev.GENERATE_START, ev.ENGINE_VERSION)]
+
+
+def test_colocated_async_training_runs_only_with_the_harness_extension():
+    base = {"rollout_batch_size": 2, "n_samples_per_prompt": 2, "num_rollout": 3, "fully_async": True,
+            "colocate": True}
+    assert AsyncConfig().allow_async_colocate is False
+    result = run(**base, allow_async_colocate=True)
+    assert len([e for e in result.events if e.kind == ev.TRAINED]) == 3
+    assert sum(1 for e in result.events if e.kind == ev.ENGINE_PAUSE) > 3  # generation stops while training
+    result = run(**{"rollout_batch_size": 2, "n_samples_per_prompt": 2, "num_rollout": 3, "driver": "train",
+                    "colocate": True})  # train.py allows --colocate upstream too
+    assert len([e for e in result.events if e.kind == ev.TRAINED]) == 3

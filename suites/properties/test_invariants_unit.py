@@ -38,7 +38,7 @@ IN_PLACE = Scenario(config=AsyncConfig(rollout_batch_size=4, n_samples_per_promp
                                        pause_generation_mode="in_place", async_max_concurrent_samples=4),
                     engine=ENGINE, trainer=SimTrainerConfig(step_base_s=0.3), max_new_tokens=32)
 COLOCATED = Scenario(config=AsyncConfig(rollout_batch_size=4, n_samples_per_prompt=2, fully_async=True, num_rollout=4,
-                                        colocate=True), engine=ENGINE, trainer=SimTrainerConfig(step_base_s=0.3),
+                                        colocate=True, allow_async_colocate=True), engine=ENGINE, trainer=SimTrainerConfig(step_base_s=0.3),
                      max_new_tokens=32)
 
 # A recorded two-engine trace of the ray layout (fully-async, B=4, n=2, 3 steps, retract):
