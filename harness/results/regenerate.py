@@ -36,6 +36,7 @@ class Step:
     argv: list[str]
     outputs: list[str]
     env: dict[str, str] = field(default_factory=dict)
+    stdout: str | None = None  # a file that receives the command's standard output
 
 
 STEPS: list[Step] = [
@@ -47,6 +48,21 @@ STEPS: list[Step] = [
          ["results/bench/measurement_cost.json"], WRITE),
     Step("main_job_a", CLI + ["run", "--out", "results/cpu/run-a"], ["results/cpu/run-a"]),
     Step("main_job_b", CLI + ["run", "--out", "results/cpu/run-b"], ["results/cpu/run-b"]),
+    # held-out runs for the advisor's validation: another batch size and update interval
+    Step("main_job_b8", CLI + ["run", "--repeats", "1", "--no-plots", "--modes", "sync,one-step,fully-async",
+                               "--out", "results/advise/runs/b8", "--", "--rollout-batch-size", "8"],
+         ["results/advise/runs/b8"]),
+    Step("main_job_k2", CLI + ["run", "--repeats", "1", "--no-plots", "--modes", "sync,one-step",
+                               "--out", "results/advise/runs/k2", "--", "--update-weights-interval", "2"],
+         ["results/advise/runs/k2"]),
+    Step("advise_validation", [PY, "-m", "harness.advise.validate", "--calibrate", "results/cpu/run-a/results.json",
+                               "--predict", "results/cpu/run-b/results.json", "results/advise/runs/b8/results.json",
+                               "results/advise/runs/k2/results.json", "--out", "results/advise"],
+         ["results/advise/cpu_costs.json", "results/advise/validation.json", "results/advise/validation.md"]),
+    Step("advise_scale", CLI + ["advise", "--costs", "results/advise/cpu_costs.json", "--engines", "16",
+                                "--gpus-per-engine", "8", "--trainer-gpus", "64", "--json", "--", "--fully-async",
+                                "--rollout-batch-size", "512", "--n-samples-per-prompt", "16", "--num-rollout", "200"],
+         ["results/advise/scale_128gpu.json"], stdout="results/advise/scale_128gpu.json"),
     Step("report", CLI + ["report", "results/cpu/run-a/results.json", "results/cpu/run-b/results.json",
                           "--out", "results/cpu/report"], ["results/cpu/report"]),
     Step("gap_tiny", CLI + ["gap", "--model", "tiny", "--device", "cpu", "--dtypes", "fp32,bf16,fp16",
@@ -93,7 +109,12 @@ def main(argv: list[str] | None = None) -> int:
     for step in steps:
         print(f"== {step.name}: {' '.join(step.argv)}", flush=True)
         t0 = time.perf_counter()
-        rc = subprocess.run(step.argv, cwd=ROOT, env={**os.environ, **step.env}, check=False).returncode
+        if step.stdout:
+            with open(ROOT / step.stdout, "w") as out:
+                rc = subprocess.run(step.argv, cwd=ROOT, env={**os.environ, **step.env}, stdout=out,
+                                    check=False).returncode
+        else:
+            rc = subprocess.run(step.argv, cwd=ROOT, env={**os.environ, **step.env}, check=False).returncode
         manifest["steps"].append({"name": step.name, "argv": step.argv[1:] if step.argv[0] == PY else step.argv,
                                   "env": step.env, "outputs": step.outputs,
                                   "wall_s": round(time.perf_counter() - t0, 1), "rc": rc})
