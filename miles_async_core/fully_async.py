@@ -29,8 +29,7 @@ from miles_async_core.contracts import NullSink, RolloutEngine
 from miles_async_core.errors import WorkerDiedError
 from miles_async_core.rollout import RewardFn, discard_tasks, submit_group
 from miles_async_core.scheduler import Progress, make_submission_scheduler
-from miles_async_core.types import (DataBufferConstructorInput, DataBufferInput, SamplingParams, first_sample,
-                                    samples_of)
+from miles_async_core.types import DataBufferConstructorInput, DataBufferInput, SamplingParams, first_sample
 
 logger = logging.getLogger(__name__)
 
@@ -190,8 +189,10 @@ class FullyAsyncRolloutFn:
         data = []
         while len(data) < args.rollout_batch_size:
             entry = await self._next_group(weight_version)
-            size = len(samples_of(entry.group))
-            assert size == args.n_samples_per_prompt, f"group has {size} samples, expected {args.n_samples_per_prompt}"
+            # top level, as upstream (fully_async_rollout.py:L171): a nested group has n
+            # trajectories of any number of turns each
+            assert len(entry.group) == args.n_samples_per_prompt, \
+                f"group has {len(entry.group)} trajectories, expected {args.n_samples_per_prompt}"
             data.append(entry.group)
         data.sort(key=lambda g: first_sample(g).index)
         return data, self._finish_drain(rollout_id)

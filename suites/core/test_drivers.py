@@ -268,3 +268,37 @@ def test_colocated_async_training_runs_only_with_the_harness_extension():
     result = run(**{"rollout_batch_size": 2, "n_samples_per_prompt": 2, "num_rollout": 3, "driver": "train",
                     "colocate": True})  # train.py allows --colocate upstream too
     assert len([e for e in result.events if e.kind == ev.TRAINED]) == 3
+
+
+def test_a_drain_checks_a_nested_group_at_the_top_level():
+    """D2 (issue 11): ``fully_async_rollout.py:L171`` asserts ``len(entry.group) == n``: a
+    nested group of n trajectories of two turns each is accepted (8 samples for n=2 and B=2)."""
+    from miles_async_core.fully_async import FullyAsyncRolloutFn
+    from miles_async_core.types import DataBufferInput, Sample, SamplingParams
+
+    def nested(gi):
+        prompt = [Sample(index=gi * 10 + i, group_index=gi, weight_versions=["1"]) for i in range(2)]
+        group = [[p, Sample(index=gi * 10 + 5 + i, group_index=gi, weight_versions=["1"])]
+                 for i, p in enumerate(prompt)]
+        return DataBufferInput(prompt_group=prompt, group=group)
+
+    class Buffer:
+        def __init__(self):
+            self.entries = [nested(1), nested(0)]
+
+        async def get(self, current_version=None, **context):
+            return self.entries.pop(0)
+
+        def get_metrics(self):
+            return {}
+
+    config = AsyncConfig(rollout_batch_size=2, n_samples_per_prompt=2, fully_async=True)
+    fn = FullyAsyncRolloutFn(config, None, None, sampling=SamplingParams(max_new_tokens=4))
+
+    async def main():
+        fn.buffer, fn._worker = Buffer(), asyncio.get_running_loop().create_future()
+        data, _ = await fn._drain(0, 1)
+        return data
+
+    data = asyncio.run(main())
+    assert [g[0][0].group_index for g in data] == [0, 1] and all(len(g) == 2 for g in data)
