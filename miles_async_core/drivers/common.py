@@ -122,6 +122,7 @@ class RunContext:
     weight_version: int = 0  # the updater's counter (mixin.py:L358): one per weight update
     history: list[dict] = field(default_factory=list)  # one record per finished train step
     worker_error: BaseException | None = None  # a fully-async worker that died after the last drain
+    pending_generate: Any = None  # a generate launched and not yet awaited (left running if a step raises)
 
     @property
     def trainer_steps(self) -> int:

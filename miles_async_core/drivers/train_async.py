@@ -49,21 +49,20 @@ async def train_async(ctx: RunContext) -> list[dict]:
     await update_weights(ctx)  # initial update -> version 1 (train_async.py:L50)
     start, num = args.start_rollout_id, args.num_rollout
     next_task: asyncio.Future | None = rm.launch(start)
+    ctx.pending_generate = next_task
     curr = None
-    try:
-        for rollout_id in range(start, num):
-            if next_task is not None:
-                curr = await _await_generate(ctx, next_task, rollout_id)
-            if rollout_id + 1 < num:
-                next_task = rm.launch(rollout_id + 1)
-            data, metrics = curr
-            await train_step(ctx, rollout_id, data, metrics)
-            if (rollout_id + 1) % k == 0:  # absolute rollout_id, as upstream
-                curr = (await _await_generate(ctx, next_task, rollout_id + 1)) if next_task is not None else None
-                next_task = None
-                await update_weights(ctx)
-    finally:
-        if next_task is not None and not next_task.done():
-            next_task.cancel()
-            await asyncio.gather(next_task, return_exceptions=True)
+    # A generate launched before a step that raises is left running, as upstream's Ray call
+    # (train_async.py:L80, D10 of issue 11); it stays on ctx.pending_generate for the caller.
+    for rollout_id in range(start, num):
+        if next_task is not None:
+            curr = await _await_generate(ctx, next_task, rollout_id)
+            ctx.pending_generate = None
+        if rollout_id + 1 < num:
+            next_task = ctx.pending_generate = rm.launch(rollout_id + 1)
+        data, metrics = curr
+        await train_step(ctx, rollout_id, data, metrics)
+        if (rollout_id + 1) % k == 0:  # absolute rollout_id, as upstream
+            curr = (await _await_generate(ctx, next_task, rollout_id + 1)) if next_task is not None else None
+            next_task = ctx.pending_generate = None
+            await update_weights(ctx)
     return ctx.history

@@ -302,3 +302,23 @@ def test_a_drain_checks_a_nested_group_at_the_top_level():
 
     data = asyncio.run(main())
     assert [g[0][0].group_index for g in data] == [0, 1] and all(len(g) == 2 for g in data)
+
+
+def test_a_failing_step_leaves_the_launched_generate_running_as_upstream():
+    """D10 (issue 11): ``train_async.py:L80`` launches generate(N+1) before training step N;
+    when that step raises, the launched generate is left running (the core keeps it on
+    ``ctx.pending_generate``), not cancelled: it has already pulled its prompts."""
+    seen = {}
+
+    def hooks(ctx):
+        seen["ctx"] = ctx
+
+    config = AsyncConfig(rollout_batch_size=2, n_samples_per_prompt=2, num_rollout=5)
+    result = simulate(Scenario(config=config, trainer=SimTrainerConfig(fail_at_step=2)), hooks=hooks)
+    assert "injected trainer failure at step 2" in str(result.error)
+    pending = seen["ctx"].pending_generate
+    assert pending is not None and pending.cancelled()  # by the simulation's end, not by the driver
+    starts = [e["rollout_id"] for e in result.events if e.kind == ev.GENERATE_START]
+    assert starts == [0, 1, 2, 3]
+    taken_calls = {e["call"] for e in result.events if e.kind == ev.TAKEN}
+    assert len(taken_calls) == 4  # generate(3) pulled its batch before the run ended
