@@ -7,6 +7,9 @@ partially generated sample resumes after its response so far), and ``check_reque
 is the one set of checks a request must pass; every engine runs it in the caller, so a
 bad request raises ``ConfigError`` there and never reaches an engine thread or process.
 
+Events: ``sample_fields`` turns an engine-side event about request ids into one about
+sample indices, the ids the trace and its checkers use.
+
 Out: ``merge_result`` writes an engine result into the ``Sample`` (appending to any
 partial response: tokens, log-probs, per-token ``VersionRuns``, one new
 ``weight_versions`` entry, the status), and ``emit_finished`` is the FINISHED event
@@ -83,3 +86,18 @@ def emit_finished(sink: Any, sample: Sample) -> None:
         sink.emit(ev.FINISHED, index=sample.index, group_index=sample.group_index, status=sample.status.value,
                   response_length=sample.response_length, token_versions=sample.token_versions.to_json(),
                   weight_versions=list(sample.weight_versions))
+
+
+def sample_fields(fields: dict[str, Any], requests: Any) -> dict[str, Any] | None:
+    """``fields`` of an engine event with request ids (``index``, ``indices``) replaced by
+    the indices of their samples; ``requests`` maps a request id to ``(future, sample)``.
+    A request cancelled meanwhile is left out, and an event about it alone is dropped
+    (``None``)."""
+    if "index" in fields:
+        entry = requests.get(fields["index"])
+        if entry is None:
+            return None
+        fields["index"] = entry[1].index
+    if "indices" in fields:
+        fields["indices"] = [e[1].index for e in map(requests.get, fields["indices"]) if e is not None]
+    return fields

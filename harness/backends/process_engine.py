@@ -44,7 +44,7 @@ from miles_async_core.contracts import NullSink, check_pause_mode
 from miles_async_core.errors import EngineDeadError
 from miles_async_core.types import Sample, SamplingParams, Status
 
-from .engine_io import check_request, emit_finished, merge_result, request_for
+from .engine_io import check_request, emit_finished, merge_result, request_for, sample_fields
 
 
 class EngineDiedError(EngineDeadError):
@@ -320,13 +320,8 @@ class ProcessEngine:
     def _emit_child_event(self, t: float, kind: str, fields: dict[str, Any]) -> None:
         """Record one child event at its child-side time; request ids become sample
         indices (a request cancelled meanwhile is left out)."""
-        if "index" in fields:
-            entry = self._futures.get(fields["index"])
-            if entry is None:
-                return
-            fields["index"] = entry[1].index
-        if "indices" in fields:
-            fields["indices"] = [e[1].index for e in map(self._futures.get, fields["indices"]) if e is not None]
+        if sample_fields(fields, self._futures) is None:
+            return
         self.sink.emit(kind, _t=self.to_loop_time(t), **fields)
 
     def _resolve(self, finished: list[tuple]) -> None:

@@ -92,7 +92,7 @@ from miles_async_core.contracts import NullSink, check_pause_mode
 from miles_async_core.errors import ConfigError, EngineDeadError
 from miles_async_core.types import Sample, SamplingParams, Status
 
-from .engine_io import check_request, emit_finished, merge_result, request_for
+from .engine_io import check_request, emit_finished, merge_result, request_for, sample_fields
 
 BROADCASTS = ("put_once", "per_engine")
 ON_ENGINE_DEATH = ("fail", "continue")
@@ -597,13 +597,8 @@ class RayEngineGroup:
 
     def _emit_engine_event(self, i: int, t: float, kind: str, fields: dict[str, Any]) -> None:
         """Request ids become sample indices (a request cancelled meanwhile is left out)."""
-        if "index" in fields:
-            entry = self._futures.get(fields["index"])
-            if entry is None:
-                return
-            fields["index"] = entry[1].index
-        if "indices" in fields:
-            fields["indices"] = [e[1].index for e in map(self._futures.get, fields["indices"]) if e is not None]
+        if sample_fields(fields, self._futures) is None:
+            return
         self.sink.emit(kind, _t=t + self.clock[i]["offset_s"] + self._loop_offset_s, engine=i, **fields)
 
     def _resolve(self, finished: list[tuple]) -> None:

@@ -64,7 +64,7 @@ from miles_async_core.contracts import EventSink, NullSink, check_pause_mode
 from miles_async_core.errors import ConfigError, EngineDeadError
 from miles_async_core.types import Sample, SamplingParams, Status, VersionRuns
 
-from .engine_io import check_request, emit_finished, merge_result, request_for
+from .engine_io import check_request, emit_finished, merge_result, request_for, sample_fields
 from .torch_models import EngineModel
 
 
@@ -439,13 +439,8 @@ class TorchEngine:
         """Loop side: record an engine-thread event under the time it happened. The sink
         sees sample indices, not engine request ids; a request cancelled meanwhile is
         left out (an event about it alone is dropped)."""
-        if "index" in fields:
-            entry = self._futures.get(fields["index"])
-            if entry is None:
-                return
-            fields["index"] = entry[1].index
-        if "indices" in fields:
-            fields["indices"] = [e[1].index for e in map(self._futures.get, fields["indices"]) if e is not None]
+        if sample_fields(fields, self._futures) is None:
+            return
         self.sink.emit(kind, _t=t, **fields)
 
     # --- engine-thread side -------------------------------------------------------------------
