@@ -24,6 +24,11 @@ Engine contract (the semantics every backend must honour):
 * ``update_weights(version, weights)`` loads weights and sets the engine version;
   only legal while paused.
 * ``continue_generation()`` resumes.
+* optional ``abort_requests()``: SGLang's ``/abort_request`` with ``abort_all``: aborts
+  whatever is in flight (as ``pause_generation("abort")`` + ``continue_generation()``)
+  and does nothing on an idle engine. One-step rollouts call it after every rollout, as
+  upstream's ``abort()``; without it they pause and resume, and only when groups are
+  still pending.
 """
 
 from __future__ import annotations

@@ -7,7 +7,9 @@ or raises only after every sample is done; on a failure it cancels the siblings.
 ``OneStepRollout`` is one ``generate`` call of the default (non fully-async) path:
 pull ``over_sampling_batch_size`` groups per submission while the scheduler has
 capacity, keep the first B groups the dynamic filter accepts, abort what is still in
-flight at the end (``abort_request abort_all``), return the B groups sorted by index.
+flight at the end (``abort_request abort_all``: the engine's ``abort_requests`` after every
+rollout, as upstream), await the pending groups in completion order (the first that raises
+fails the rollout, as upstream), return the B groups sorted by index.
 Its metrics are upstream's, ``rollout/dynamic_filter/drop_<reason>`` per filter drop with a
 truthy reason, plus the core's own ``rollout/dropped_groups/*`` counts. Every group it does not return is accounted for through the sink (``dropped`` with a
 reason): nothing is lost silently.
@@ -109,6 +111,13 @@ async def discard_tasks(tasks: Any) -> None:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
+def retrieve_outcome(task: asyncio.Future) -> None:
+    """A done-callback for a task left running: reads its outcome, so a failure is never
+    logged from the task's finalizer (see ``discard_tasks``)."""
+    if not task.cancelled():
+        task.exception()
+
+
 def submit_group(engine: RolloutEngine, group: list[Sample], sampling: SamplingParams, *, scheduler: Any,
                  progress: Progress, active: set, reward_fn: RewardFn | None, sink: Any) -> asyncio.Task:
     """Submit one prompt group as a task: counted by the scheduler, tracked by ``progress``,
@@ -182,7 +191,8 @@ class OneStepRollout:
                 else:
                     dropped["kept_beyond_B"] += 1
                     self._drop(group, "kept_beyond_B")
-        if pendings:
+        if pendings or hasattr(self.engine, "abort_requests"):
+            # upstream's abort() posts abort_request after every rollout, pending or not
             dropped["aborted_at_rollout_end"] += await self._abort(pendings)
         assert len(data) == B, f"Got {len(data)} samples, expected {B}"
         data.sort(key=lambda g: first_sample(g).index)
@@ -192,11 +202,32 @@ class OneStepRollout:
         return data, metrics
 
     async def _abort(self, pendings: set[asyncio.Task]) -> int:
-        """`abort()`: abort every in-flight request, await every pending group, drop them
-        (no ``--partial-rollout``)."""
-        await self.engine.pause_generation("abort")
-        await self.engine.continue_generation()
-        await asyncio.gather(*pendings, return_exceptions=True)
-        for task in pendings:
-            self._drop(task.prompt_group, "aborted_at_rollout_end")
+        """`abort()`: abort every in-flight request, await the pending groups in completion
+        order and drop them (no ``--partial-rollout``). A group that raises fails the step
+        with its exception, as upstream's ``as_completed_async`` loop
+        (``inference_rollout_train.py:L40``); the groups still pending then are left
+        running, as upstream leaves them, with their outcomes retrieved when they end."""
+        abort_requests = getattr(self.engine, "abort_requests", None)
+        if abort_requests is not None:
+            await abort_requests()
+        else:
+            await self.engine.pause_generation("abort")
+            await self.engine.continue_generation()
+        waiting = set(pendings)
+        try:
+            for fut in asyncio.as_completed(pendings):
+                group = await fut
+                done = next(t for t in waiting if t.done() and not t.cancelled() and t.exception() is None
+                            and t.result() is group)
+                waiting.discard(done)
+                self._drop(done.prompt_group, "aborted_at_rollout_end")
+        except BaseException:
+            for task in waiting:
+                if task.done():
+                    if not task.cancelled() and task.exception() is not None:
+                        self._drop(task.prompt_group, "generate_error")
+                else:
+                    self._drop(task.prompt_group, "aborted_at_rollout_end")
+                    task.add_done_callback(retrieve_outcome)
+            raise
         return len(pendings)

@@ -272,6 +272,14 @@ class SimEngine:
         else:
             self._apply_pause(mode)
 
+    async def abort_requests(self) -> None:
+        """SGLang's ``/abort_request`` with ``abort_all``: abort whatever is running or
+        waiting (``pause_generation("abort")`` then ``continue_generation``); nothing at
+        all when the engine is idle."""
+        if self.running or self.waiting:
+            await self.pause_generation("abort")
+            await self.continue_generation()
+
     async def update_weights(self, version: int, weights: Any) -> None:
         if not self.paused:
             raise RuntimeError(f"update_weights(version={version}) while the engine is generating: "

@@ -269,6 +269,10 @@ def matrix() -> list[DiffCase]:
            faults=FaultSchedule(injected_abort_rate=0.2, seed=2)),
         _c("fa-group-trainer-fails", config={**FA, **G}, faults=FaultSchedule(trainer_fail_at_step=2)),
         _c("one-step-trainer-fails", config={}, faults=FaultSchedule(trainer_fail_at_step=2)),
+        # D6: an over-sampled group still pending at the end of a rollout fails during the
+        # abort; upstream's as_completed_async loop (inference_rollout_train.py:L40) raises it
+        _c("one-step-request-fails-at-abort", config={"over_sampling_batch_size": 6},
+           faults=FaultSchedule(request_failure_rate=0.15, seed=1)),
         # D8: train_async.py:L23-L24 refuses these before anything runs
         _c("one-step-colocate", config={"colocate": True}),
         _c("fa-colocate", config={**FA, **G, "colocate": True}),

@@ -177,6 +177,73 @@ def test_a_one_step_rollout_that_fails_collects_every_sibling_group(caplog):
     assert [r.getMessage() for r in caplog.records if r.name == "asyncio"] == []
 
 
+class _ScriptedEngine:
+    """Sample ``index`` finishes after ``delays[index]`` loop iterations; ``fail`` raises."""
+
+    weight_version = 1
+
+    def __init__(self, delays, fail=(), with_abort_requests=False):
+        self.delays, self.fail, self.aborts, self.pauses = delays, set(fail), 0, 0
+        if with_abort_requests:
+            self.abort_requests = self._abort_requests
+
+    async def generate(self, sample, sampling):
+        for _ in range(self.delays.get(sample.index, 0)):
+            await asyncio.sleep(0)
+        if sample.index in self.fail:
+            raise RuntimeError(f"request {sample.index} failed")
+        return sample
+
+    async def _abort_requests(self):
+        self.aborts += 1
+
+    async def pause_generation(self, mode):
+        self.pauses += 1
+
+    async def continue_generation(self):
+        pass
+
+
+def _one_step(engine, B, over_sampling):
+    from miles_async_core.data_source import RolloutDataSource
+    from miles_async_core.rollout import OneStepRollout
+    from miles_async_core.types import SamplingParams
+
+    config = AsyncConfig(rollout_batch_size=B, n_samples_per_prompt=1, over_sampling_batch_size=over_sampling)
+    return OneStepRollout(config, engine, RolloutDataSource(1, lambda k: (f"p{k}", [k], None)),
+                          sampling=SamplingParams(max_new_tokens=4))
+
+
+def test_a_group_that_fails_during_the_end_of_rollout_abort_fails_the_step(caplog):
+    """D6 (issue 11): upstream's abort() awaits the pending groups with as_completed_async
+    (inference_rollout_train.py:L40), so a pending group that raises fails the rollout;
+    the groups still pending are left running, as upstream, and their outcomes retrieved."""
+    engine = _ScriptedEngine({1: 3, 2: 8}, fail={1})
+    rollout = _one_step(engine, B=1, over_sampling=3)
+    late: list = []
+
+    async def main():
+        with pytest.raises(RuntimeError, match="request 1 failed"):
+            await rollout(0, 1)
+        late.extend(t for t in asyncio.all_tasks() if t is not asyncio.current_task())
+        for _ in range(20):
+            await asyncio.sleep(0)
+
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        asyncio.run(main())
+        gc.collect()
+    assert len(late) == 1 and late[0].done() and not late[0].cancelled()  # group 2 ran on and finished
+    assert [r.getMessage() for r in caplog.records if r.name == "asyncio"] == []
+
+
+def test_a_one_step_rollout_posts_abort_requests_even_with_nothing_pending():
+    """Upstream's abort() posts abort_request after every rollout (inference_rollout_train.py:L24-L33);
+    an engine with ``abort_requests`` gets it, and without groups pending it is not paused."""
+    engine = _ScriptedEngine({}, with_abort_requests=True)
+    data, _ = asyncio.run(_one_step(engine, B=2, over_sampling=2)(0, 1))
+    assert len(data) == 2 and engine.aborts == 1 and engine.pauses == 0
+
+
 def test_a_worker_that_dies_after_the_last_drain_is_reported_not_lost(caplog):
     """No drain is left to raise the worker's error, so the run completes; the error is
     still logged and kept on the context."""
