@@ -16,7 +16,9 @@ Contract:
 * Harness-only fields (not Miles flags): ``async_max_retries`` (upstream has no retry
   cap, spec 4.7; ``None`` keeps that behaviour), ``allow_async_colocate`` (the seed
   manual's colocated fully-async mode, which upstream's ``train_async.py:L23`` refuses;
-  ``False`` keeps that refusal) and ``driver``.
+  ``False`` keeps that refusal), ``cancel_orphaned_tasks`` (cancel the group tasks a dead
+  fully-async worker leaves behind, which upstream leaves running; ``False`` leaves them
+  running too) and ``driver``.
 * ``to_dict()`` / ``from_dict()`` round-trip exactly; ``from_dict`` rejects unknown keys.
   ``resolved_dict()`` adds the derived values (capacity, G, resolved over-sampling and
   submission granularity) for results files.
@@ -40,7 +42,7 @@ TRAIN_BACKENDS = ("megatron", "fsdp")
 DRIVERS = ("train", "train_async")
 DRIVER_SCRIPTS = {"train.py": "train", "train_async.py": "train_async"}
 # Fields that are harness extensions, not Miles flags; ``miles-harness check`` lists them apart.
-HARNESS_EXTENSIONS = ("async_max_retries", "allow_async_colocate")
+HARNESS_EXTENSIONS = ("async_max_retries", "allow_async_colocate", "cancel_orphaned_tasks")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,6 +80,9 @@ class AsyncConfig:
     # Run --colocate under train_async.py (the seed manual's colocated fully-async mode).
     # Upstream refuses it (train_async.py:L23); off = the drivers refuse it too.
     allow_async_colocate: bool = False
+    # When the fully-async worker dies, cancel its sibling group tasks (and collect them).
+    # Upstream leaves them running (fully_async_rollout.py:L128-L136); off = the core too.
+    cancel_orphaned_tasks: bool = False
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -182,6 +187,7 @@ _FIELD_KINDS: dict[str, tuple[str, tuple[str, ...]]] = {
     "seed": ("int", ()),
     "async_max_retries": ("opt_int", ()),
     "allow_async_colocate": ("bool", ()),
+    "cancel_orphaned_tasks": ("bool", ()),
 }
 
 

@@ -4,7 +4,8 @@
 The worker starts on the first train call and never restarts. It keeps at most G
 groups (group granularity) or G·n samples (sample granularity) in flight, always
 pulls one prompt group at a time (``--over-sampling-batch-size`` has no effect), and
-awaits ``buffer.put`` for each finished group. Any exception from a group kills it.
+awaits ``buffer.put`` for each finished group. Any exception from a group kills it; its
+sibling group tasks run on, as upstream (the extension ``cancel_orphaned_tasks`` cancels them).
 
 A drain collects B groups with ``buffer.get(current_version=weight_version)``, the
 version read once when the drain starts, checks the worker first (a dead worker fails
@@ -27,7 +28,7 @@ from miles_async_core import events as ev
 from miles_async_core.buffer import DefaultDataBuffer
 from miles_async_core.contracts import NullSink, RolloutEngine
 from miles_async_core.errors import WorkerDiedError
-from miles_async_core.rollout import RewardFn, discard_tasks, submit_group
+from miles_async_core.rollout import RewardFn, discard_tasks, retrieve_outcome, submit_group
 from miles_async_core.scheduler import Progress, make_submission_scheduler
 from miles_async_core.types import DataBufferConstructorInput, DataBufferInput, SamplingParams, first_sample
 
@@ -155,9 +156,19 @@ class FullyAsyncRolloutFn:
                     await self.buffer.put(DataBufferInput(task.prompt_group, task.result()))
                     del self.in_flight_groups[task.prompt_group[0].group_index]
         except BaseException:
-            # The first failure kills the worker (as upstream); the sibling groups are
-            # cancelled and their outcomes retrieved so no failure is logged at random later.
-            await discard_tasks(active | done)
+            # The first failure kills the worker (as upstream). Upstream leaves the sibling
+            # group tasks running (fully_async_rollout.py:L128-L136) and so does the core,
+            # reading each outcome when it ends, so no failure is logged from a finalizer
+            # (the CPython 3.11 problem, rollout.discard_tasks). The harness extension
+            # cancel_orphaned_tasks cancels and collects them instead.
+            if getattr(self.args, "cancel_orphaned_tasks", False):
+                await discard_tasks(active | done)
+            else:
+                for task in sorted(active | done, key=lambda t: t.prompt_group[0].index):
+                    if task.done():
+                        retrieve_outcome(task)
+                    else:
+                        task.add_done_callback(retrieve_outcome)
             raise
 
     async def _next_group(self, weight_version: int | None) -> DataBufferInput:

@@ -269,6 +269,11 @@ def matrix() -> list[DiffCase]:
            faults=FaultSchedule(injected_abort_rate=0.2, seed=2)),
         _c("fa-group-trainer-fails", config={**FA, **G}, faults=FaultSchedule(trainer_fail_at_step=2)),
         _c("one-step-trainer-fails", config={}, faults=FaultSchedule(trainer_fail_at_step=2)),
+        # D7: the worker dies on a failed request after the last drain; upstream leaves its
+        # sibling group tasks running (fully_async_rollout.py:L128-L136), so they are still
+        # generating at the last weight update's pause
+        _c("fa-group-request-fails", config={**FA, **G}, engine={"seed": 11},
+           faults=FaultSchedule(request_failure_rate=0.03, seed=1)),
         # D6: an over-sampled group still pending at the end of a rollout fails during the
         # abort; upstream's as_completed_async loop (inference_rollout_train.py:L40) raises it
         _c("one-step-request-fails-at-abort", config={"over_sampling_batch_size": 6},
@@ -297,6 +302,12 @@ def extension_cases() -> list[DiffCase]:
                                                        "colocate": True, "allow_async_colocate": True},
            known="EXT allow_async_colocate: the seed manual's colocated fully-async mode runs; upstream's "
                  "train_async.py:L23 refuses --colocate"),
+        _c("fa-group-request-fails+cancel-orphaned-tasks", config={"fully_async": True,
+                                                                   "rollout_submission_granularity": "group",
+                                                                   "cancel_orphaned_tasks": True},
+           engine={"seed": 11}, faults=FaultSchedule(request_failure_rate=0.03, seed=1),
+           known="EXT cancel_orphaned_tasks: a dead fully-async worker's sibling group tasks are cancelled; "
+                 "upstream's fully_async_rollout.py:L128-L136 leaves them running"),
     ]
 
 

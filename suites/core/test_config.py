@@ -31,6 +31,7 @@ def test_defaults_are_miles_defaults_except_the_documented_ones():
         "start_rollout_id": 0,
         "async_max_retries": None,
         "allow_async_colocate": False,  # harness extension: off = upstream refuses async --colocate
+        "cancel_orphaned_tasks": False,  # harness extension: off = upstream leaves a dead worker's groups running
         "use_tis": False,
         "tis_clip": 2.0,
         "tis_clip_low": 0.0,

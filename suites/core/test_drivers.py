@@ -389,3 +389,31 @@ def test_a_failing_step_leaves_the_launched_generate_running_as_upstream():
     assert starts == [0, 1, 2, 3]
     taken_calls = {e["call"] for e in result.events if e.kind == ev.TAKEN}
     assert len(taken_calls) == 4  # generate(3) pulled its batch before the run ended
+
+
+@pytest.mark.parametrize("cancel", [False, True])
+def test_a_dead_fully_async_workers_sibling_groups_run_on_unless_cancel_orphaned_tasks(caplog, cancel):
+    """D7 (issue 11): when a group kills the worker, upstream leaves the sibling group tasks
+    running (fully_async_rollout.py:L128-L136), and so does the core, reading each outcome
+    so nothing is logged from a finalizer; the harness extension cancel_orphaned_tasks
+    cancels them at once."""
+    from harness.sim.engine import SimEngine
+
+    class FailOne(SimEngine):
+        async def generate(self, sample, sampling):
+            out = await super().generate(sample, sampling)
+            if sample.index == 12:
+                raise RuntimeError("request 12 failed")
+            return out
+
+    config = AsyncConfig(rollout_batch_size=2, n_samples_per_prompt=2, num_rollout=2, fully_async=True,
+                         cancel_orphaned_tasks=cancel)
+    scenario = Scenario(config=config, trainer=SimTrainerConfig(step_base_s=5.0))
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        result = simulate(scenario, engine_factory=FailOne)
+        gc.collect()
+    assert result.error is None and isinstance(result.ctx.worker_error, RuntimeError)
+    death = next(e.t for e in result.events if e.kind == ev.GROUP_DONE and e["group_index"] == 6)
+    later = [e["group_index"] for e in result.events if e.kind == ev.GROUP_DONE and e["ok"] and e.t > death]
+    assert (later == []) == cancel, later
+    assert [r.getMessage() for r in caplog.records if r.name == "asyncio"] == []
