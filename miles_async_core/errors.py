@@ -7,7 +7,9 @@ class ConfigError(ValueError):
 
 
 class WorkerDiedError(RuntimeError):
-    """The fully-async rollout worker exited; raised by every later drain."""
+    """Not raised by the core any more: a drain after the fully-async worker died raises
+    the worker's own exception, and ``asyncio.CancelledError`` for a cancelled worker, as
+    upstream (``fully_async_rollout.py:L152``). Kept for callers that still catch it."""
 
 
 class EngineDeadError(RuntimeError):

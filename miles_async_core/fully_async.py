@@ -27,7 +27,6 @@ from typing import Any, Callable
 from miles_async_core import events as ev
 from miles_async_core.buffer import DefaultDataBuffer
 from miles_async_core.contracts import NullSink, RolloutEngine
-from miles_async_core.errors import WorkerDiedError
 from miles_async_core.rollout import RewardFn, discard_tasks, retrieve_outcome, submit_group
 from miles_async_core.scheduler import Progress, make_submission_scheduler
 from miles_async_core.types import DataBufferConstructorInput, DataBufferInput, SamplingParams, first_sample
@@ -177,12 +176,11 @@ class FullyAsyncRolloutFn:
         try:
             while True:
                 if worker.done():
-                    if worker.cancelled():
-                        raise WorkerDiedError("fully-async rollout worker was cancelled")
-                    exc = worker.exception()
-                    if exc is not None:
+                    # upstream's self._worker.result() (fully_async_rollout.py:L152): the
+                    # worker's exception, or CancelledError for a cancelled worker
+                    if not worker.cancelled() and worker.exception() is not None:
                         self._worker_error_raised = True
-                        raise exc
+                    worker.result()
                     raise RuntimeError("fully-async rollout worker exited without an exception")
                 if get_task.done():
                     return get_task.result()

@@ -417,3 +417,31 @@ def test_a_dead_fully_async_workers_sibling_groups_run_on_unless_cancel_orphaned
     later = [e["group_index"] for e in result.events if e.kind == ev.GROUP_DONE and e["ok"] and e.t > death]
     assert (later == []) == cancel, later
     assert [r.getMessage() for r in caplog.records if r.name == "asyncio"] == []
+
+
+def test_a_drain_after_the_worker_was_cancelled_raises_cancelled_error():
+    """Upstream's drain calls self._worker.result() (fully_async_rollout.py:L152): for a
+    cancelled worker that raises CancelledError (the core raised WorkerDiedError)."""
+    from miles_async_core.data_source import RolloutDataSource
+    from miles_async_core.fully_async import FullyAsyncRolloutFn
+    from miles_async_core.types import SamplingParams
+
+    config = AsyncConfig(rollout_batch_size=1, n_samples_per_prompt=1, fully_async=True)
+    fn = FullyAsyncRolloutFn(config, _ScriptedEngine({i: 50 for i in range(100)}),
+                             RolloutDataSource(1, lambda k: (f"p{k}", [k], None)),
+                             sampling=SamplingParams(max_new_tokens=4))
+
+    async def main():
+        drain = asyncio.ensure_future(fn(0, 1))
+        for _ in range(3):
+            await asyncio.sleep(0)
+        fn.worker.cancel()
+        try:
+            await drain
+        except asyncio.CancelledError as exc:
+            return exc
+        finally:
+            await asyncio.gather(*(t for t in asyncio.all_tasks() if t is not asyncio.current_task()),
+                                 return_exceptions=True)
+
+    assert isinstance(asyncio.run(main()), asyncio.CancelledError)
