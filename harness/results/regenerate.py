@@ -48,6 +48,12 @@ STEPS: list[Step] = [
          ["results/bench/measurement_cost.json"], WRITE),
     Step("main_job_a", CLI + ["run", "--out", "results/cpu/run-a"], ["results/cpu/run-a"]),
     Step("main_job_b", CLI + ["run", "--out", "results/cpu/run-b"], ["results/cpu/run-b"]),
+    Step("main_job_colocate", CLI + ["run", "--layout", "colocate", "--repeats", "1", "--no-plots",
+                                     "--modes", "sync,fully-async", "--out", "results/cpu/colocate"],
+         ["results/cpu/colocate"]),
+    Step("main_job_ray2", CLI + ["run", "--layout", "ray", "--num-engines", "2", "--repeats", "1", "--no-plots",
+                                 "--modes", "sync,one-step,fully-async", "--out", "results/cpu/ray-2"],
+         ["results/cpu/ray-2"]),
     # held-out runs for the advisor's validation: another batch size and update interval
     Step("main_job_b8", CLI + ["run", "--repeats", "1", "--no-plots", "--modes", "sync,one-step,fully-async",
                                "--out", "results/advise/runs/b8", "--", "--rollout-batch-size", "8"],
@@ -71,6 +77,8 @@ STEPS: list[Step] = [
     Step("gap_smollm2", CLI + ["gap", "--model", "smollm2", "--device", "cpu", "--dtypes", "fp32,bf16,fp16",
                                "--num-seqs", "4", "--max-new-tokens", "16", "--seed", "0", "--threads", "1",
                                "--out", "results/gap/smollm2-cpu"], ["results/gap/smollm2-cpu"]),
+    Step("upstream_faults", [PY, "-m", "harness.upstream.faults", "sweep", "--runs", "10000", "--jobs", "2",
+                             "--write"], ["results/upstream/fault_findings.json", "results/upstream/fault_findings.md"]),
     Step("serve_upstream_e2e", [PY, "-m", "harness.serve.upstream_e2e", "--out", "results/serve/upstream_e2e.json"],
          ["results/serve/upstream_e2e.json"]),
 ]
