@@ -145,7 +145,10 @@ class FullyAsyncRolloutFn:
             while True:
                 await self._producer_resumed.wait()
                 while scheduler.has_capacity(pending_groups=len(active), group_budget=self.group_budget):
-                    prompt_group = self.data_source.get_samples(1)[0]  # always one: over-sampling has no effect
+                    # exactly one group per pull, as upstream's `[prompt_group] = samples`
+                    # (fully_async_rollout.py:L115): over-sampling has no effect, and a data
+                    # source that returns more or fewer kills the worker (ValueError)
+                    [prompt_group] = self.data_source.get_samples(1)
                     self.in_flight_groups[prompt_group[0].group_index] = prompt_group
                     submit_group(self.engine, prompt_group, self.sampling, scheduler=scheduler, progress=progress,
                                  active=active, reward_fn=self.reward_fn, sink=self.sink)

@@ -445,3 +445,22 @@ def test_a_drain_after_the_worker_was_cancelled_raises_cancelled_error():
                                  return_exceptions=True)
 
     assert isinstance(asyncio.run(main()), asyncio.CancelledError)
+
+
+def test_the_fully_async_worker_takes_exactly_one_group_per_pull():
+    """Upstream unpacks `[prompt_group] = samples` (fully_async_rollout.py:L115): a data
+    source that hands out two groups for get_samples(1) kills the worker (ValueError);
+    the core took the first and lost the other."""
+    from miles_async_core.data_source import RolloutDataSource
+    from miles_async_core.fully_async import FullyAsyncRolloutFn
+    from miles_async_core.types import SamplingParams
+
+    class TwoAtATime(RolloutDataSource):
+        def get_samples(self, num_samples):
+            return super().get_samples(num_samples + 1)
+
+    config = AsyncConfig(rollout_batch_size=1, n_samples_per_prompt=1, fully_async=True)
+    fn = FullyAsyncRolloutFn(config, _ScriptedEngine({}), TwoAtATime(1, lambda k: (f"p{k}", [k], None)),
+                             sampling=SamplingParams(max_new_tokens=4))
+    with pytest.raises(ValueError, match="too many values to unpack"):
+        asyncio.run(fn(0, 1))
