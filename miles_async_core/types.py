@@ -163,12 +163,14 @@ Group = Union[list[Sample], list[list[Sample]]]
 
 
 def iter_samples(group: Any) -> Iterator[Sample]:
-    """Flatten nested groups (`fully_async_data_buffer.iter_samples`)."""
+    """Flatten a nested group one level, as upstream's ``iter_samples``
+    (``fully_async_data_buffer.py:L28-L33``): a list item is one trajectory whose items
+    are yielded as they are; anything else is yielded itself."""
     for item in group:
-        if isinstance(item, Sample):
-            yield item
+        if isinstance(item, list):
+            yield from item
         else:
-            yield from iter_samples(item)
+            yield item
 
 
 def samples_of(group: Any) -> list[Sample]:
@@ -176,16 +178,16 @@ def samples_of(group: Any) -> list[Sample]:
     flat group (this runs several times per sample in long simulations)."""
     items = list(group)
     for item in items:
-        if not isinstance(item, Sample):
+        if isinstance(item, list):
             break
     else:
         return items  # flat
     out: list[Sample] = []
     for item in items:
-        if isinstance(item, Sample):
-            out.append(item)
+        if isinstance(item, list):
+            out.extend(item)
         else:
-            out.extend(iter_samples(item))
+            out.append(item)
     return out
 
 

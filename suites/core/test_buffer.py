@@ -193,3 +193,15 @@ def test_buffer_staleness_metrics_use_the_last_seen_version_and_reset_each_windo
 def test_capacity_is_floor_of_factor_times_batch(factor, b, capacity):
     buf = make_buffer(async_data_buffer_capacity_factor=factor, rollout_batch_size=b)
     assert buf.capacity == capacity
+
+
+def test_iter_samples_flattens_one_level_as_upstream():
+    """Upstream's iter_samples (fully_async_data_buffer.py:L28-L33) flattens one level: a
+    list item is a trajectory whose items are yielded as they are."""
+    from miles_async_core.types import first_sample, iter_samples, samples_of
+
+    a, b, c = (Sample(index=i, group_index=0) for i in range(3))
+    assert list(iter_samples([a, b])) == samples_of([a, b]) == [a, b]
+    assert list(iter_samples([[a], [b, c]])) == samples_of([[a], [b, c]]) == [a, b, c]
+    assert list(iter_samples([[a], [[b]]])) == samples_of([[a], [[b]]]) == [a, [b]]
+    assert first_sample([[a, b]]) is a
