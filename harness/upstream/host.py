@@ -644,10 +644,19 @@ class UpstreamHost:
             self.task_sample.clear()
             self.task_key.clear()
         ctx = holder.get("ctx")
+        # A fully-async worker that died after the last drain: upstream never reads its
+        # exception, so the garbage collector would log "Task exception was never
+        # retrieved" at a random later point, inside whatever test runs then (on CPython
+        # 3.11 possibly inside an ast.parse: harness/checking/py311_guard.py). Read it here
+        # and report it with the result instead.
+        worker = getattr(self.rollout_fn, "_worker", None)
+        worker_error = (worker.exception() if isinstance(worker, asyncio.Future) and worker.done()
+                        and not worker.cancelled() else None)
         return HostResult(scenario=sc, history=ctx.history if ctx else [], wall_s=holder.get("t_end", 0.0),
                           events=self.sink.events if isinstance(self.sink, TraceRecorder) else [], error=error,
                           get_samples_calls=self.get_samples_calls,
-                          extra={"abort_posts": list(self.abort_posts), "live_tasks": holder.get("live_tasks", [])})
+                          extra={"abort_posts": list(self.abort_posts), "live_tasks": holder.get("live_tasks", []),
+                                 "worker_error": worker_error})
 
 
 def host_simulate(scenario: Scenario, **kwargs: Any) -> HostResult:
