@@ -10,7 +10,10 @@ The schedulers are pure state machines (they own no task). ``Progress`` replaces
 queue: group tasks and sample completions both signal it, and
 ``wait_for_progress`` returns ``(done, pending)`` with ``done ∪ pending`` equal to the
 active set and never an internal waiter (spec §9 item 5). It may return an empty
-``done`` when only samples finished, as upstream does.
+``done`` when only samples finished, as upstream does. A sample completion wakes the
+waiter two loop hops later, as upstream's Event -> waiter task -> ``asyncio.wait``
+relay does (``submission_scheduler.py:L57-L63``), so a group whose last sample just
+finished is in the same ``done`` and is put before anything is submitted again.
 """
 
 from __future__ import annotations
@@ -75,6 +78,7 @@ class Progress:
         self._done: list[asyncio.Future] = []
         self._waiter: asyncio.Future | None = None
         self.sample_signal = False
+        self._relay = False
         if isinstance(scheduler, SampleBackfillSubmission):
             scheduler.progress = self
 
@@ -87,8 +91,21 @@ class Progress:
 
     def signal_sample(self) -> None:
         self.sample_signal = True
-        waiter = self._waiter  # _wake(), inlined: this runs once per finished sample
-        if waiter is not None and not waiter.done():
+        waiter = self._waiter
+        if waiter is not None and not waiter.done() and not self._relay:
+            # upstream's sample credit reaches the worker through an Event, the task
+            # waiting on it and asyncio.wait's completion callback: two loop hops after
+            # this callback, the same as a finished group's task completion, so both land
+            # in one wake-up (submission_scheduler.py:L57-L63)
+            self._relay = True
+            asyncio.get_running_loop().call_soon(self._relay_hop, waiter)
+
+    def _relay_hop(self, waiter: asyncio.Future) -> None:
+        asyncio.get_running_loop().call_soon(self._relay_wake, waiter)
+
+    def _relay_wake(self, waiter: asyncio.Future) -> None:
+        self._relay = False
+        if not waiter.done():
             waiter.set_result(None)
 
     def _wake(self) -> None:

@@ -214,9 +214,6 @@ def _c(name: str, known: str | None = None, **kw: Any) -> DiffCase:
     return DiffCase(name=name, known=known, **kw)
 
 
-D1 = ("D1: sample-granularity wake-up: upstream's per-sample credit lands in the same asyncio.wait return as the "
-      "group's completion (miles/rollout/inference_rollout/inference_rollout_common.py:L161-L168, "
-      "miles/rollout/submission_scheduler.py:L57-L63), so it puts the finished group before submitting again")
 def matrix() -> list[DiffCase]:
     """The scenario matrix: every case runs core and upstream side by side."""
     G, S = {"rollout_submission_granularity": "group"}, {"rollout_submission_granularity": "sample"}
@@ -248,12 +245,11 @@ def matrix() -> list[DiffCase]:
         _c("fa-group-staleness1-retry", config={**FA, **G, "max_weight_staleness": 1,
                                                 "async_unused_samples_handler": "retry"}),
         _c("fa-sample-staleness1-retry", config={**FA, **S, "max_weight_staleness": 1,
-                                                 "async_unused_samples_handler": "retry"}, known=D1),
+                                                 "async_unused_samples_handler": "retry"}),
         _c("fa-group-cap-concurrency", config={**FA, **G, "async_max_concurrent_samples": 4}),
         _c("fa-sample-cap-concurrency", config={**FA, **S, "async_max_concurrent_samples": 4}),
         _c("fa-sample-small-buffer-retry", config={**FA, **S, "async_data_buffer_capacity_factor": 0.5,
-                                                   "max_weight_staleness": 0, "async_unused_samples_handler": "retry"},
-           known=D1),
+                                                   "max_weight_staleness": 0, "async_unused_samples_handler": "retry"}),
         _c("fa-sample-fast-trainer", config={**FA, **S}, trainer={"step_base_s": 0.2}),
         _c("fa-group-small-buffer", config={**FA, **G, "async_data_buffer_capacity_factor": 0.5}),
         _c("fa-group-k2", config={**FA, **G, "update_weights_interval": 2, "num_rollout": 6}),

@@ -464,3 +464,25 @@ def test_the_fully_async_worker_takes_exactly_one_group_per_pull():
                              sampling=SamplingParams(max_new_tokens=4))
     with pytest.raises(ValueError, match="too many values to unpack"):
         asyncio.run(fn(0, 1))
+
+
+def test_a_sample_wake_up_carries_the_group_its_sample_finished():
+    """D1 (issue 11): upstream's per-sample credit reaches the worker through an Event, the
+    task waiting on it and asyncio.wait (submission_scheduler.py:L57-L63), so the group
+    whose last sample finished is in the same done set; the core woke on the sample first
+    and returned an empty done (then submitted a replacement before putting the group)."""
+    from miles_async_core.rollout import submit_group
+    from miles_async_core.scheduler import Progress, SampleBackfillSubmission
+    from miles_async_core.types import Sample, SamplingParams
+
+    async def main():
+        scheduler = SampleBackfillSubmission(2)
+        progress, active = Progress(scheduler), set()
+        group = [Sample(index=0, group_index=0), Sample(index=1, group_index=0)]
+        task = submit_group(_ScriptedEngine({0: 2, 1: 2}), group, SamplingParams(max_new_tokens=4),
+                            scheduler=scheduler, progress=progress, active=active, reward_fn=None, sink=None)
+        assert not scheduler.has_capacity(pending_groups=1, group_budget=1)  # arms the sample wake-up
+        done, pending = await progress.wait_for_progress(active)
+        return done == {task}, pending
+
+    assert asyncio.run(main()) == (True, set())
