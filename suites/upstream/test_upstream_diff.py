@@ -44,7 +44,7 @@ def test_invariants_hold_on_upstream_runs(miles_src, case):
 def test_matrix_size_and_known_divergences():
     assert len(CASES) >= 30
     assert len({c.name for c in CASES}) == len(CASES)
-    assert [c.name for c in CASES if c.known] == []  # D1-D10 closed: every matrix case is identical
+    assert {c.known.split(":")[0].split(" ")[0] for c in CASES if c.known} == {"D11"}  # D1-D10 closed
 
 
 @pytest.mark.parametrize("case", [pytest.param(c, id=c.name) for c in extension_cases()])
