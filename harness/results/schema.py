@@ -56,7 +56,7 @@ from miles_async_core.errors import ConfigError
 SCHEMA = "miles-async-harness/results"
 SCHEMA_VERSION = 1
 STAT_KEYS = ("min", "max", "median", "mean", "stddev", "q1", "q3", "n")
-_REPO_DIR = Path(__file__).resolve().parents[1]
+_REPO_DIR = Path(__file__).resolve().parents[2]  # the checkout: harness/results/schema.py -> root
 
 
 # --- environment capture ----------------------------------------------------------------
@@ -125,7 +125,9 @@ def software_info() -> dict[str, Any]:
 
 def git_info(repo_dir: Path = _REPO_DIR) -> dict[str, Any] | None:
     """``{commit, dirty}`` of the repository holding this package; None outside git.
-    ``commit`` is None in a repository without commits yet."""
+    ``commit`` is None in a repository without commits yet. ``dirty`` says whether the
+    *code* differs from the commit: files under ``results/`` are outputs, so ``make
+    results`` rewriting one file does not mark the files made after it as dirty."""
 
     def git(*argv: str) -> subprocess.CompletedProcess[str] | None:
         try:
@@ -139,7 +141,7 @@ def git_info(repo_dir: Path = _REPO_DIR) -> dict[str, Any] | None:
     if inside is None or inside.returncode != 0 or inside.stdout.strip() != "true":
         return None
     head = git("rev-parse", "--verify", "-q", "HEAD")
-    status = git("status", "--porcelain")
+    status = git("status", "--porcelain", "--", ".", ":(exclude)results")
     commit = head.stdout.strip() if head is not None and head.returncode == 0 else None
     dirty = status is None or status.returncode != 0 or bool(status.stdout.strip())
     return {"commit": commit or None, "dirty": dirty}
