@@ -18,7 +18,7 @@ def test_two_stored_runs_compare_with_a_table_and_no_regression(capsys):
     out = capsys.readouterr().out
     assert "one-step/tokens_per_s" in out and "thresholds: 0 of 2 failed" in out
     # 30 steps per run: step 0 dropped, the other 29 in 5 contiguous blocks per run
-    assert "compared on each side: 5 block means of 5-6 steps each, first 1 step dropped as warm-up" in out
+    assert "compared on each side: 5 block means of 15-16 steps each, first 1 step dropped as warm-up" in out
 
 
 def test_a_20_percent_throughput_regression_injected_into_a_copy_fails_with_exit_1(tmp_path, capsys):
@@ -49,5 +49,5 @@ def test_markdown_output_for_a_pull_request_comment(capsys):
     assert cli(["compare", str(RUN_A), str(RUN_B), "--markdown"]) == 0
     out = capsys.readouterr().out
     assert out.count("|") > 20 and "---" in out
-    assert "- compared on each side: 5 block means of 5-6 steps each, first 1 step dropped as warm-up" in out
+    assert "- compared on each side: 5 block means of 15-16 steps each, first 1 step dropped as warm-up" in out
     assert "on block means (5 contiguous blocks per run)" in out.splitlines()[-1]

@@ -1,0 +1,38 @@
+"""Every figure in README's "Measured here" table matches the committed file it cites."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from harness.results.figures import Figure, check_figure, table_rows
+
+ROOT = Path(__file__).resolve().parents[2]
+ROWS = table_rows((ROOT / "README.md").read_text())
+
+
+def test_the_table_has_rows_and_each_cites_a_file_and_keys():
+    assert len(ROWS) >= 4
+    for row in ROWS:
+        assert row.source and row.keys, row
+
+
+@pytest.mark.parametrize("row", ROWS, ids=lambda r: r.what)
+def test_each_readme_figure_matches_its_cited_file(row):
+    assert check_figure(row, ROOT) == []
+
+
+def test_an_edited_figure_fails(tmp_path):
+    (tmp_path / "r.json").write_text(json.dumps({"a": {"b": 0.9612}, "runs": [0.83, 0.95, 0.89], "share": 0.631}))
+    good = Figure("x", "0.96 (runs 0.83-0.95), both busy 63.1%", "r.json", ("a.b", "runs", "share"))
+    assert check_figure(good, tmp_path) == []
+    for edited in ("0.97 (runs 0.83-0.95), both busy 63.1%", "0.96 (runs 0.80-0.95), both busy 63.1%",
+                   "0.96 (runs 0.83-0.95), both busy 64%"):
+        assert check_figure(Figure("x", edited, "r.json", good.keys), tmp_path) != [], edited
+    (tmp_path / "k.json").write_text(json.dumps({"kl": 0.0017543, "n": 31277}))
+    assert check_figure(Figure("x", "k3 KL 1.75e-03, 31,277 per s", "k.json", ("kl", "n")), tmp_path) == []
+    assert check_figure(Figure("x", "k3 KL 1.76e-03, 31,277 per s", "k.json", ("kl", "n")), tmp_path) != []
+    assert check_figure(Figure("x", "1", "missing.json", ("a",)), tmp_path) != []
+    assert check_figure(Figure("x", "1", "r.json", ("nope",)), tmp_path) != []
