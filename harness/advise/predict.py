@@ -50,7 +50,10 @@ TP_SIZES = (1, 2, 4, 8)  # one node; larger engines span whole nodes (multiples 
 # The learning-rate rule and what the study (harness.advise.lr_study) found about it.
 LR_RULE = ("rule of thumb (the seed's): lr / k for update interval k, lr / (s + 1) for max staleness s, "
            "relative to the settings' base lr")
-LR_STUDY_NOTE = "not yet checked by the study (results/lr_study): the rule as stated"
+LR_STUDY_NOTE = ("the study (results/lr_study, tiny model, copy task, 3 seeds) found the rule's lr gives a higher "
+                 "area under the reward curve at s=1, s=2, k=2 and k=4 (+5% to +13%) and fewer loss spikes, with "
+                 "final rewards within seed noise, and no gain at s=4: so the rule is recommended as stated, "
+                 "as a stability measure rather than a speed-up")
 
 
 @dataclass(frozen=True, kw_only=True)
