@@ -453,56 +453,11 @@ class _Run:
         spec = importlib.util.spec_from_file_location("miles_harness_served_train_async", path)
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)  # type: ignore[union-attr]
-        run = self
+        from harness.upstream.ray_names import rebind_ray_names
 
-        class _Remote:
-            def __init__(self, fn: Any) -> None:
-                self.fn = fn
-
-            def remote(self, *a: Any, **k: Any) -> Any:
-                return asyncio.ensure_future(self.fn(*a, **k))  # starts now, as a Ray call does
-
-        async def _noop(*a: Any, **k: Any) -> None:
-            return None
-
-        class _RolloutManager:
-            generate = _Remote(run.generate)
-            save = dispose = eval = check_weights = offload = onload_weights = onload_kv = _Remote(_noop)
-
-        class _Actor:
-            async def update_weights(self, rollout_id: int | None = None) -> None:
-                await run.update_weights()
-
-            async def train(self, rollout_id: int, ref: Any, external_data: Any = None) -> None:
-                await run.train(rollout_id, ref)
-
-            save_model = offload = onload = clear_memory = staticmethod(_noop)
-
-        class _EvalDispatcher:
-            def __init__(self, *a: Any, **k: Any) -> None:
-                pass
-
-            async def dispatch(self, *a: Any, **k: Any) -> None:
-                raise RuntimeError("eval is not run (no --eval-interval)")
-
-            drain = staticmethod(_noop)
-
-        class _ObjectStore:
-            @staticmethod
-            def init_instance(*a: Any, **k: Any) -> None:
-                return None
-
-        async def create_training_models(*a: Any, **k: Any) -> tuple:
-            return _Actor(), None
-
-        mod.__dict__.update(
-            create_placement_groups=lambda a: {"rollout": None, "actor": None},
-            create_rollout_manager=lambda a, pg: (_RolloutManager(), None),
-            create_training_models=create_training_models, EvalDispatcher=_EvalDispatcher,
-            object_store=_ObjectStore, init_tracking=lambda a: None, configure_logger=lambda *a, **k: None,
-            maybe_start_periodic_pyspy_dump=lambda: None, start_control_server=lambda **k: None,
-            maybe_start_mini_ft_controller=lambda a: None, remove_rollout_data_refs=lambda *a: None)
-        return mod
+        # generate starts at once and returns a future, as a Ray call does
+        return rebind_ray_names(mod, generate=lambda *a, **k: asyncio.ensure_future(self.generate(*a, **k)),
+                                update_weights=self.update_weights, train=self.train)
 
     # --- set-up and tear-down --------------------------------------------------------------------
     def execute(self) -> E2EResult:

@@ -65,6 +65,7 @@ from harness.sim.trainer import SimTrainer
 from harness.sim.vtime import run_virtual
 from harness.trace import Event, TraceRecorder
 from harness.upstream import source
+from harness.upstream.ray_names import rebind_ray_names
 from harness.upstream.stand_ins import StandInCalled
 
 WORKER_URL = "http://sim-engine"
@@ -538,65 +539,13 @@ class UpstreamHost:
             spec.loader.exec_module(mod)  # type: ignore[union-attr]
         else:  # a patched driver (harness.upstream.patching), compiled under the file's own name
             exec(compile(text, str(path), "exec", dont_inherit=True), mod.__dict__)
-        host = self
 
-        class _Remote:
-            def __init__(self, fn: Callable) -> None:
-                self._fn = fn
+        async def _train(rollout_id: int, ref: Any) -> None:
+            data, metrics = ref
+            await train_step(ctx, rollout_id, data, metrics)
 
-            def remote(self, *a: Any, **k: Any) -> Any:
-                return self._fn(*a, **k)
-
-        async def _noop(*a: Any, **k: Any) -> None:
-            return None
-
-        def _noop_remote(*a: Any, **k: Any) -> Any:
-            return asyncio.ensure_future(_noop())
-
-        class _RolloutManagerHandle:
-            generate = _Remote(ctx.rollout_manager.launch)
-            save = dispose = eval = check_weights = onload_weights = onload_kv = offload = _Remote(_noop_remote)
-
-        class _Actor:
-            async def update_weights(self, rollout_id: int | None = None) -> None:
-                await update_weights(ctx)
-
-            async def train(self, rollout_id: int, ref: Any, external_data: Any = None) -> None:
-                data, metrics = ref
-                await train_step(ctx, rollout_id, data, metrics)
-
-            save_model = offload = onload = clear_memory = staticmethod(_noop)
-
-        class _EvalDispatcher:
-            def __init__(self, *a: Any, **k: Any) -> None:
-                pass
-
-            async def dispatch(self, *a: Any, **k: Any) -> None:
-                raise StandInCalled("eval is not hosted (the host sets no --eval-interval)")
-
-            drain = staticmethod(_noop)
-
-        class _ObjectStore:
-            @staticmethod
-            def init_instance(*a: Any, **k: Any) -> None:
-                return None
-
-        async def create_training_models(*a: Any, **k: Any) -> tuple:
-            return _Actor(), None
-
-        g = mod.__dict__
-        g.update(
-            create_placement_groups=lambda a: {"rollout": None, "actor": None},
-            create_rollout_manager=lambda a, pg: (_RolloutManagerHandle(), None),
-            create_training_models=create_training_models,
-            object_store=_ObjectStore, init_tracking=lambda a: None, configure_logger=lambda *a, **k: None,
-            maybe_start_periodic_pyspy_dump=lambda: None, start_control_server=lambda **k: None,
-            maybe_start_mini_ft_controller=lambda a: None, remove_rollout_data_refs=lambda *a: None,
-        )
-        if "EvalDispatcher" in g:
-            g["EvalDispatcher"] = _EvalDispatcher
-        del host
-        return mod
+        return rebind_ray_names(mod, generate=ctx.rollout_manager.launch,
+                                update_weights=functools.partial(update_weights, ctx), train=_train)
 
     # --- a run ------------------------------------------------------------------------
     def run(self) -> HostResult:
