@@ -76,7 +76,8 @@ class WeightLayout:
 
 
 def _child_main(conn: Any, build_model: Callable[[], Any], flat: torch.Tensor, layout: WeightLayout,
-                max_running: int, eos_token_id: int | None, num_threads: int, core_cls: type | None = None) -> None:
+                max_running: int, eos_token_id: int | None, num_threads: int, core_cls: type | None = None,
+                record_events: bool = True) -> None:
     from harness.backends.torch_engine import EngineCore
 
     conn.send(("hello", time.monotonic()))  # the parent checks the clock is shared (module docstring)
@@ -84,10 +85,11 @@ def _child_main(conn: Any, build_model: Callable[[], Any], flat: torch.Tensor, l
     events: list[tuple] = []
 
     def emit(kind: str, **fields: Any) -> None:
-        events.append((time.monotonic(), kind, fields))
+        if record_events:  # off when the parent records nothing (run_mode(measure=False))
+            events.append((time.monotonic(), kind, fields))
 
     core = (core_cls or EngineCore)(build_model(), max_running=max_running, eos_token_id=eos_token_id,
-                                    on_event=emit)
+                                    on_event=emit if record_events else None)
     busy = False
 
     def flush_events() -> None:
@@ -179,7 +181,7 @@ class ProcessEngine:
         self._conn, child_conn = ctx.Pipe()
         self.process = ctx.Process(target=_child_main, name="miles-engine", daemon=True,
                                    args=(child_conn, build_model, self.flat, self.layout, max_running, eos_token_id,
-                                         num_threads, core_cls))
+                                         num_threads, core_cls, self.sink.enabled))
         self._started_at = time.monotonic()  # a: the child's first reading must not precede it
         self.child_offset_s = 0.0  # child monotonic -> parent monotonic (module docstring)
         self.clock_shared: bool | None = None  # None until the child's first message

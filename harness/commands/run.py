@@ -178,7 +178,11 @@ def main(args: argparse.Namespace) -> int:
     if spec.layout == "ray":
         _print_engines(runs)
     violated = _print_checks(runs)
+    _print_self_cost(rows)
     print(f"\ntotal wall time {total_s:.1f} s ({spec.repeats} repeat(s) of {', '.join(modes)})")
+    peak = peak_rss_bytes()
+    print(f"peak resident memory: this process {peak['this_process'] / 2**30:.2f} GiB, largest engine process "
+          f"{peak['largest_child_process'] / 2**30:.2f} GiB")
     for p in paths:
         print(f"wrote {p}")
     for r in rows:
@@ -193,6 +197,27 @@ def main(args: argparse.Namespace) -> int:
     if violated:
         print(f"warning: invariant violations in {', '.join(violated)} (--allow-violations given)")
     return 1 if any(r["error"] for r in rows) else 0
+
+
+def peak_rss_bytes() -> dict[str, int]:
+    """Peak resident memory so far (``getrusage``): this process (driver, trainer, gap
+    replay) and the largest of its finished child processes (the split layout's engine
+    processes; Ray's actors are the raylet's children, not this process's)."""
+    import resource
+    import sys
+
+    unit = 1 if sys.platform == "darwin" else 1024  # ru_maxrss: bytes on macOS, KiB on Linux
+    return {"this_process": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * unit,
+            "largest_child_process": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * unit}
+
+
+def _print_self_cost(rows: list[dict[str, Any]]) -> None:
+    """The recording's own time inside the timed runs (``harness.measure.self_cost``)."""
+    shares = {r["mode"]: r["self_cost_share"] for r in rows if r.get("self_cost_share") is not None}
+    if shares:
+        print("\nthe harness's recording inside the timed runs (trace sink + age observer, median over repeats): "
+              + ", ".join(f"{m} {100 * v:.2f}%" for m, v in shares.items())
+              + "; the gap decomposition and the checkers run after the timed window")
 
 
 def _engine_rows(runs: dict[str, list[Any]]) -> dict[str, list[dict[str, Any]]]:
@@ -333,6 +358,7 @@ def _write_outputs(out: Path, spec: Any, base: AsyncConfig, runs: dict[str, list
         res.extra["telemetry"] = telemetry
     if total_s is not None:
         res.extra["total_wall_s"] = total_s
+        res.extra["peak_rss_bytes"] = peak_rss_bytes()
     res.extra["table"] = rows
     res.extra["repeats"] = repeat_rows
     res.extra["checks"] = {m: [x["checks"] for x in rs] for m, rs in repeat_rows.items()}

@@ -49,6 +49,7 @@ from miles_async_core.errors import ConfigError
 from miles_async_core.rules import validate
 from miles_async_core.types import SamplingParams
 from harness.measure.ages import AgeRecorder
+from harness.measure.self_cost import SelfCost
 from harness.measure.overlap import ideal_speedup, measurement_window, overlap_metrics
 from harness.sim.simulate import emit_run_end, histogram
 from harness.trace import TraceRecorder
@@ -128,6 +129,7 @@ class ModeResult:
     chance_level: float | None = None  # the task's: best prompt-blind policy's expected reward
     run_s: float = 0.0  # the driver's run, t1 - t0 (what measure=False times too)
     engine_stats: dict | None = None  # ray layout: RayEngineGroup.stats() (per engine, start-up, broadcast)
+    self_cost: dict | None = None  # harness.measure.self_cost: the recording's own time inside t0 .. t1
 
     def per_step(self, key: str) -> list[float]:
         return [r[key] for r in self.history if key in r]
@@ -203,20 +205,22 @@ def run_mode(mode: str, base: AsyncConfig, spec: RunSpec, *, on_step: Callable[[
     build = build_model_factory(spec, task)
     trainer = _trainer(spec, build, config)
     holder: dict[str, Any] = {}
+    cost = SelfCost()
     recorder = _GapRecorder(spec, build, config) if measure and (spec.gap_decomposition if gap is None else gap) \
         else None
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
-        sink = TraceRecorder(loop.time) if measure else NullSink()
-        holder["sink"] = sink
+        holder["sink"] = recorded = TraceRecorder(loop.time) if measure else None
+        sink = cost.sink(recorded) if measure else NullSink()
         engine = _make_engine(spec, build, trainer, task, sink)
         holder["engine"] = engine
         if recorder is not None:
             engine = recorder.wrap_engine(engine, trainer)
         ctx = make_context(config, engine, _Stepped(trainer, on_step, recorder), _prompt_fn(task, spec.seed),
                            sampling=SamplingParams(max_new_tokens=task.max_new_tokens, temperature=1.0),
-                           reward_fn=task.reward, sink=sink, observer=AgeRecorder() if measure else None)
+                           reward_fn=task.reward, sink=sink,
+                           observer=cost.observer(AgeRecorder()) if measure else None)
         holder["ctx"] = ctx
         holder["t0"] = loop.time()
         try:
@@ -232,7 +236,7 @@ def run_mode(mode: str, base: AsyncConfig, spec: RunSpec, *, on_step: Callable[[
     except Exception as exc:  # finished steps are kept; the caller reports the error
         error = f"{type(exc).__name__}: {exc}"
     ctx, sink = holder.get("ctx"), holder.get("sink")
-    events = sink.events if isinstance(sink, TraceRecorder) else []
+    events = sink.events if sink is not None else []
     engine = holder.get("engine")
     history = ctx.history if ctx else []
     # after t1: nothing below is timed
@@ -247,7 +251,7 @@ def run_mode(mode: str, base: AsyncConfig, spec: RunSpec, *, on_step: Callable[[
     return ModeResult.from_trace(
         mode, config, history, events, t0, t1, error=error,
         engine_sync=list(getattr(engine, "sync_s", [])), gap_summary=gap_summary, checks=checks,
-        chance_level=task.chance_level, run_s=t1 - t0,
+        chance_level=task.chance_level, run_s=t1 - t0, self_cost=cost.summary(t1 - t0) if measure else None,
         engine_stats=engine.stats() if hasattr(engine, "stats") else None,
         worker_error=f"{type(worker_error).__name__}: {worker_error}" if worker_error else None)
 
@@ -421,6 +425,7 @@ def summarize_mode(r: ModeResult, sync: ModeResult | None) -> dict[str, Any]:
         "dropped_share": dropped / taken if taken else 0.0, "retried_share": retried / taken if taken else 0.0,
         "lr": r.per_step("train/lr")[-1] if r.per_step("train/lr") else None,
         "error": r.error, "worker_error": r.worker_error, "checks": checks,
+        "self_cost_share": r.self_cost["share_of_run"] if r.self_cost else None,
         **{k2: v for k2, v in r.overlap.items() if k2 != "wall_s"},
     }
     if sync is not None and sync.history and r.history and r is not sync:

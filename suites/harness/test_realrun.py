@@ -127,12 +127,14 @@ def test_a_real_run_ends_with_run_end_passes_every_checker_and_replays_the_gap_e
     assert r.gap_summary["weight_copies_held"] == copies
     assert all("gap/total_abs_mean" in h for h in r.history)
     assert r.chance_level == 0.25 and 0.0 < r.run_s
+    # the recording's own time inside the timed window is measured call by call on every measured run
+    assert r.self_cost["calls"] >= len(r.events) - 1 and 0.0 < r.self_cost["in_run_s"] < r.run_s
 
 
 def test_an_unmeasured_run_records_nothing_the_harness_computes_for_itself():
     r = run_mode("one-step", BASE, SPEC, measure=False)
     assert r.error is None and len(r.history) == 4 and r.run_s > 0
-    assert r.events == [] and r.checks is None and r.gap_summary is None
+    assert r.events == [] and r.checks is None and r.gap_summary is None and r.self_cost is None
     assert not any("gap/total_abs_mean" in h or "age_versions" in h for h in r.history)
 
 
@@ -167,6 +169,9 @@ def test_the_run_command_checks_every_repeat_stores_the_verdicts_and_prints_chan
     assert doc["benchmarks"]["one-step/overlap_efficiency"]["stats"]["n"] == 2
     assert "sync #2: PASS" in out and "one-step #2: PASS" in out and "chance" in out
     assert "where the overlap is lost" in out and "= measured - ideal" in out
+    assert "the harness's recording inside the timed runs" in out and one["self_cost_share"] > 0
+    peak = doc["extra"]["peak_rss_bytes"]
+    assert peak["this_process"] > 2**20 and peak["largest_child_process"] > 2**20  # the split engine process
 
 
 def test_a_trace_violation_fails_the_run_command_unless_violations_are_allowed(tmp_path, capsys, monkeypatch):
