@@ -118,13 +118,23 @@ def retrieve_outcome(task: asyncio.Future) -> None:
         task.exception()
 
 
+async def _group_task(engine: RolloutEngine, group: list[Sample], sampling: SamplingParams, *, progress: Progress,
+                      **kwargs: Any) -> list[Sample]:
+    """A submitted group's body: reports its end to ``progress`` from its last loop step,
+    so a waiter resuming later in that step counts it done, as ``asyncio.wait`` does."""
+    try:
+        return await generate_and_rm_group(engine, group, sampling, **kwargs)
+    finally:
+        progress.ended(asyncio.current_task())
+
+
 def submit_group(engine: RolloutEngine, group: list[Sample], sampling: SamplingParams, *, scheduler: Any,
                  progress: Progress, active: set, reward_fn: RewardFn | None, sink: Any) -> asyncio.Task:
     """Submit one prompt group as a task: counted by the scheduler, tracked by ``progress``,
     added to ``active``; the task carries its ``prompt_group`` for whoever collects it."""
     scheduler.on_submit([group])
-    task = asyncio.ensure_future(generate_and_rm_group(engine, group, sampling, reward_fn=reward_fn,
-                                                       sample_done_callback=scheduler.sample_done_callback, sink=sink))
+    task = asyncio.ensure_future(_group_task(engine, group, sampling, progress=progress, reward_fn=reward_fn,
+                                             sample_done_callback=scheduler.sample_done_callback, sink=sink))
     task.prompt_group = group  # type: ignore[attr-defined]
     progress.track(task)
     active.add(task)

@@ -14,6 +14,13 @@ active set and never an internal waiter (spec §9 item 5). It may return an empt
 waiter two loop hops later, as upstream's Event -> waiter task -> ``asyncio.wait``
 relay does (``submission_scheduler.py:L57-L63``), so a group whose last sample just
 finished is in the same ``done`` and is put before anything is submitted again.
+
+``done`` is what has finished when the waiter resumes, as ``asyncio.wait``'s (it collects
+``f.done()`` after its waiter wakes, `asyncio/tasks.py` ``_wait``): a task whose body
+ended after the task that woke the waiter but before the waiter runs is in it, though its
+done-callback has not run yet. A group task reports its end from its own last step
+(``ended``, through ``rollout.submit_group``); its done-callback, a step later, would miss
+it (D11 of issue 11: a group whose request failed, two steps behind a finished group).
 """
 
 from __future__ import annotations
@@ -75,7 +82,9 @@ class Progress:
     """Completion queue for group tasks plus the sample-level wake-up of a scheduler."""
 
     def __init__(self, scheduler: Any) -> None:
-        self._done: list[asyncio.Future] = []
+        self._done: list[asyncio.Future] = []  # their done-callback ran
+        self._ended: list[asyncio.Future] = []  # their body ended (``ended``), callback maybe not yet
+        self._returned_early: set[asyncio.Future] = set()  # returned before their done-callback ran
         self._waiter: asyncio.Future | None = None
         self.sample_signal = False
         self._relay = False
@@ -85,7 +94,15 @@ class Progress:
     def track(self, task: asyncio.Future) -> None:
         task.add_done_callback(self._on_task_done)
 
+    def ended(self, task: asyncio.Future) -> None:
+        """``task``'s body is ending: it is done in this loop step, before any waiter runs."""
+        self._ended.append(task)
+
     def _on_task_done(self, task: asyncio.Future) -> None:
+        if task in self._returned_early:
+            # already returned as done: asyncio.wait removed its callback (a no-op) too
+            self._returned_early.discard(task)
+            return
         self._done.append(task)
         self._wake()
 
@@ -121,6 +138,11 @@ class Progress:
                 self._waiter = None
         self.sample_signal = False
         done = {t for t in self._done if t in active}
+        if self._ended:
+            early = {t for t in self._ended if t in active and t not in done}
+            self._returned_early |= early
+            done |= early
+            self._ended = []
         self._done = []
         active.difference_update(done)
         return done, active

@@ -486,3 +486,40 @@ def test_a_sample_wake_up_carries_the_group_its_sample_finished():
         return done == {task}, pending
 
     assert asyncio.run(main()) == (True, set())
+
+
+def test_a_group_that_ends_in_the_step_the_waiter_resumes_is_in_its_done_set():
+    """D11 (issue 11): asyncio.wait collects every task done when its waiter resumes
+    (``f.done()``, not its completion callbacks), so a group that ends one loop step after
+    the group that woke the waiter, before the waiter runs, is in the same done set; the core's
+    completion queue held only groups whose done-callback had run and returned it one
+    wake-up later. Its late callback then wakes nothing: the next wait returns only on the
+    next group."""
+    from miles_async_core.scheduler import GroupLevelSubmission, Progress
+
+    async def main():
+        progress, active = Progress(GroupLevelSubmission()), set()
+        gate = asyncio.get_running_loop().create_future()
+
+        async def body(extra_hops: int) -> None:
+            try:
+                await gate
+                for _ in range(extra_hops):
+                    await asyncio.sleep(0)
+            finally:
+                progress.ended(asyncio.current_task())
+
+        # a ends first and its done-callback wakes the waiter; b ends one step later, in the
+        # step whose callbacks resume the waiter, so before the waiter runs but before b's own
+        # done-callback has run
+        a, b, c = (asyncio.ensure_future(body(h)) for h in (0, 1, 50))
+        for t in (a, b, c):
+            progress.track(t)
+            active.add(t)
+        await asyncio.sleep(0)  # every body is waiting on the gate
+        gate.set_result(None)
+        first, _ = await progress.wait_for_progress(active)
+        second, pending = await progress.wait_for_progress(active)
+        return first == {a, b}, second == {c}, pending
+
+    assert asyncio.run(main()) == (True, True, set())

@@ -3,8 +3,8 @@ checkers on upstream's own runs, set order (D9), the stand-ins and the tree sett
 
 Every test needs an upstream Miles tree (``--miles-src``, ``$MILES_SRC``, or the pinned
 tree beside the repository); without one the ``miles_src`` fixture skips it, saying why.
-Cases that show a known divergence (D1-D10, ``harness.upstream.diff``) are strict xfails:
-they fail loudly once the core and upstream agree.
+Cases that show a known divergence (``DiffCase.known``, ``harness.upstream.diff``) are strict
+xfails: they fail loudly once the core and upstream agree. None is left (D1-D11 closed).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def test_invariants_hold_on_upstream_runs(miles_src, case):
 def test_matrix_size_and_known_divergences():
     assert len(CASES) >= 30
     assert len({c.name for c in CASES}) == len(CASES)
-    assert {c.known.split(":")[0].split(" ")[0] for c in CASES if c.known} == {"D11"}  # D1-D10 closed
+    assert not [c.name for c in CASES if c.known]  # D1-D11 closed: every case is identical
 
 
 @pytest.mark.parametrize("case", [pytest.param(c, id=c.name) for c in extension_cases()])
