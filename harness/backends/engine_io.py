@@ -6,6 +6,10 @@ In: ``request_for(sample, sampling)`` is the prefix and token budget of a reques
 partially generated sample resumes after its response so far), and ``check_request``
 is the one set of checks a request must pass; every engine runs it in the caller, so a
 bad request raises ``ConfigError`` there and never reaches an engine thread or process.
+``add_request_args`` is both, plus the request's sampling seed (``request_seed``): the
+checked arguments of ``EngineCore.add_request`` that the torch engines (thread, child
+process, Ray actor) send for a ``generate``; ``emit_submitted`` is the SUBMITTED event
+every engine records as the request is handed over.
 
 Events: ``sample_fields`` turns an engine-side event about request ids into one about
 sample indices, the ids the trace and its checkers use.
@@ -56,6 +60,29 @@ def check_request(prefix: Sequence[int], max_new_tokens: int, temperature: float
         )
     if temperature < 0:
         raise ConfigError(f"temperature={temperature} must be >= 0 (0 = greedy). Fix: pass --rollout-temperature >= 0.")
+
+
+def request_seed(base_seed: int, sample: Sample) -> int:
+    """Per-request sampling seed: stable across runs, distinct per sample and retry."""
+    return (base_seed * 1_000_003 + sample.index * 7_919 + sample.retry_count * 104_729) % (2**63)
+
+
+def add_request_args(sample: Sample, sampling: SamplingParams, *, seed: int,
+                     max_seq_len: int | None) -> tuple[list[int], int, float, int]:
+    """``(prefix, max_new_tokens, temperature, seed)`` for ``EngineCore.add_request`` to
+    generate ``sample``, checked here (``ConfigError`` in the caller); ``seed`` is the
+    engine's base seed, ``max_seq_len`` the model's (``None``: checked where it is known)."""
+    prefix, budget = request_for(sample, sampling)
+    check_request(prefix, budget, sampling.temperature, max_seq_len=max_seq_len,
+                  generated=len(sample.response_tokens))
+    return prefix, budget, sampling.temperature, request_seed(seed, sample)
+
+
+def emit_submitted(sink: Any, sample: Sample, version: Any, **extra: Any) -> None:
+    """The SUBMITTED event of one generate call: ``version`` is the weight version the
+    caller's side has seen loaded; ``extra`` adds fields (the Ray layout's ``engine``)."""
+    if sink.enabled:
+        sink.emit(ev.SUBMITTED, index=sample.index, group_index=sample.group_index, version=version, **extra)
 
 
 def record_outcome(sample: Sample, weight_version: Any, status: Status) -> None:

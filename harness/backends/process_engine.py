@@ -44,7 +44,8 @@ from miles_async_core.contracts import NullSink, check_pause_mode
 from miles_async_core.errors import EngineDeadError
 from miles_async_core.types import Sample, SamplingParams, Status
 
-from .engine_io import check_request, emit_finished, merge_result, request_for, sample_fields
+from .engine_io import add_request_args, emit_finished, emit_submitted, merge_result, sample_fields
+from .engine_thread import apply_command, pack_finished
 
 
 class EngineDiedError(EngineDeadError):
@@ -97,6 +98,11 @@ def _child_main(conn: Any, build_model: Callable[[], Any], flat: torch.Tensor, l
             conn.send(("events", events[:]))
             events.clear()
 
+    def finish(finished: list) -> None:  # results, after the events that led to them
+        flush_events()
+        if finished:
+            conn.send(("finished", [pack_finished(f) for f in finished]))
+
     try:
         while True:
             idle = not core.can_step()
@@ -109,7 +115,7 @@ def _child_main(conn: Any, build_model: Callable[[], Any], flat: torch.Tensor, l
                 msg = conn.recv()
                 if msg[0] == "stop":
                     return
-                reply = _apply(core, msg, flat, layout, emit)
+                reply = _apply(core, msg, flat, layout, emit, finish)
                 if busy and not core.can_step():  # paused (or emptied) by this command
                     busy = False
                     emit(ev.PHASE_END, side="rollout", phase="generating")
@@ -122,10 +128,7 @@ def _child_main(conn: Any, build_model: Callable[[], Any], flat: torch.Tensor, l
             if not busy:
                 busy = True
                 emit(ev.PHASE_START, side="rollout", phase="generating")
-            finished = core.step()
-            flush_events()
-            if finished:
-                conn.send(("finished", [_pack_finished(f) for f in finished]))
+            finish(core.step())
     except (EOFError, BrokenPipeError, KeyboardInterrupt):
         return
     except BaseException:
@@ -135,34 +138,13 @@ def _child_main(conn: Any, build_model: Callable[[], Any], flat: torch.Tensor, l
             raise
 
 
-def _pack_finished(f: Any) -> tuple:
-    return (f.req_id, f.output_tokens, f.log_probs, f.token_versions.to_json(), f.weight_version, f.status.value)
-
-
-def _apply(core: Any, msg: tuple, flat: torch.Tensor, layout: WeightLayout, emit: Callable[..., None]
-           ) -> tuple | None:
-    kind = msg[0]
-    if kind == "add":
-        _, req_id, prefix, budget, temperature, seed = msg
-        core.add_request(req_id, prefix, budget, temperature, seed)
-        return None
-    if kind == "cancel":
-        core.cancel(msg[1])
-        return None
-    call_id = msg[1]
-    if kind == "pause":
-        emit(ev.ENGINE_PAUSE, mode=msg[2], in_flight=core.num_running() + core.num_waiting())
-        finished = core.pause(msg[2])
-        return ("reply", call_id, [_pack_finished(f) for f in finished])
-    if kind == "update":
+def _apply(core: Any, msg: tuple, flat: torch.Tensor, layout: WeightLayout, emit: Callable[..., None],
+           finish: Callable[[list], None]) -> tuple | None:
+    if msg[0] == "update":  # the weights are in the shared buffer; the child copies them in
         t0 = time.perf_counter()
         core.update_weights(msg[2], {k: v.clone() for k, v in layout.unpack(flat).items()})
-        return ("reply", call_id, time.perf_counter() - t0)
-    if kind == "resume":
-        core.resume()
-        emit(ev.ENGINE_RESUME)
-        return ("reply", call_id, None)
-    raise ValueError(f"unknown engine command {kind!r}")
+        return ("reply", msg[1], time.perf_counter() - t0)
+    return apply_command(core, msg, emit, finish)
 
 
 class ProcessEngine:
@@ -201,12 +183,8 @@ class ProcessEngine:
 
     # --- contract --------------------------------------------------------------------------
     def generate(self, sample: Sample, sampling: SamplingParams) -> asyncio.Future:
-        from harness.backends.torch_engine import request_seed
-
-        prefix, budget = request_for(sample, sampling)
         # a bad request raises here, in the caller; in the child it would end the process
-        check_request(prefix, budget, sampling.temperature, max_seq_len=self.max_seq_len,
-                      generated=len(sample.response_tokens))
+        args = add_request_args(sample, sampling, seed=self.seed, max_seq_len=self.max_seq_len)
         self._ensure_reader()
         fut = self._loop.create_future()
         if self._dead is not None:
@@ -214,10 +192,8 @@ class ProcessEngine:
             return fut
         req_id, self._next_id = self._next_id, self._next_id + 1
         self._futures[req_id] = (fut, sample)
-        if self.sink.enabled:
-            self.sink.emit(ev.SUBMITTED, index=sample.index, group_index=sample.group_index,
-                           version=self.weight_version)
-        self._send(("add", req_id, prefix, budget, sampling.temperature, request_seed(self.seed, sample)))
+        emit_submitted(self.sink, sample, self.weight_version)
+        self._send(("add", req_id, *args))
         fut.add_done_callback(lambda f, rid=req_id: self._on_done(f, rid))
         return fut
 

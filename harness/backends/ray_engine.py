@@ -92,7 +92,8 @@ from miles_async_core.contracts import NullSink, check_pause_mode
 from miles_async_core.errors import ConfigError, EngineDeadError
 from miles_async_core.types import Sample, SamplingParams, Status
 
-from .engine_io import check_request, emit_finished, merge_result, request_for, sample_fields
+from .engine_io import add_request_args, emit_finished, emit_submitted, merge_result, sample_fields
+from .engine_thread import apply_command, pack_finished
 
 BROADCASTS = ("put_once", "per_engine")
 ON_ENGINE_DEATH = ("fail", "continue")
@@ -224,6 +225,10 @@ class _EngineActorImpl:
             self._outbox.append(msg)
             self._out_cond.notify_all()
 
+    def _finish(self, finished: list) -> None:
+        if finished:
+            self._out(("finished", [pack_finished(f) for f in finished]))
+
     def _set_busy(self, busy: bool) -> None:
         if busy != self._busy:
             self._busy = busy
@@ -257,9 +262,7 @@ class _EngineActorImpl:
                         self._out(reply)
                 if core.can_step():
                     self._set_busy(True)
-                    finished = core.step()
-                    if finished:
-                        self._out(("finished", [_pack(f) for f in finished]))
+                    self._finish(core.step())
         except BaseException:  # surfaced to the driver, which fails every waiter
             import traceback
 
@@ -267,32 +270,13 @@ class _EngineActorImpl:
             self._out(("crash", self._error))
 
     def _apply(self, cmd: tuple) -> tuple | None:
-        core, kind = self.core, cmd[0]
-        if kind == "add":
-            _, req_id, prefix, budget, temperature, seed = cmd
-            core.add_request(req_id, prefix, budget, temperature, seed)
-            return None
-        if kind == "cancel":
-            core.cancel(cmd[1])
-            return None
-        call_id = cmd[1]
-        if kind == "pause":
-            self._emit(ev.ENGINE_PAUSE, mode=cmd[2], in_flight=core.num_running() + core.num_waiting())
-            return ("reply", call_id, [_pack(f) for f in core.pause(cmd[2])])
-        if kind == "update":
+        core = self.core
+        if cmd[0] == "update":  # Ray resolved the weights already (``update``)
             t0 = time.perf_counter()
             core.update_weights(cmd[2], cmd[3])
             self._emit(ev.ENGINE_LOADED, version=core.version)
-            return ("reply", call_id, time.perf_counter() - t0)
-        if kind == "resume":
-            core.resume()
-            self._emit(ev.ENGINE_RESUME)
-            return ("reply", call_id, None)
-        raise ValueError(f"unknown engine command {kind!r}")
-
-
-def _pack(f: Any) -> tuple:
-    return (f.req_id, f.output_tokens, f.log_probs, f.token_versions.to_json(), f.weight_version, f.status.value)
+            return ("reply", cmd[1], time.perf_counter() - t0)
+        return apply_command(core, cmd, self._emit, self._finish)
 
 
 _ACTOR_CLS: Any = None
@@ -436,20 +420,14 @@ class RayEngineGroup:
 
     # --- contract ----------------------------------------------------------------------------
     def generate(self, sample: Sample, sampling: SamplingParams) -> asyncio.Future:
-        from harness.backends.torch_engine import request_seed
-
-        prefix, budget = request_for(sample, sampling)
-        check_request(prefix, budget, sampling.temperature, max_seq_len=self.max_seq_len,
-                      generated=len(sample.response_tokens))
+        args = add_request_args(sample, sampling, seed=self.seed, max_seq_len=self.max_seq_len)
         self._ensure_started()
         i = self.router.pick(self.live())
         fut = self._loop.create_future()
         req_id, self._next_id = self._next_id, self._next_id + 1
         self._futures[req_id] = (fut, sample, i)
-        if self.sink.enabled:
-            self.sink.emit(ev.SUBMITTED, index=sample.index, group_index=sample.group_index,
-                           version=self.weight_version, engine=i)
-        self._queue(i, ("add", req_id, prefix, budget, sampling.temperature, request_seed(self.seed, sample)))
+        emit_submitted(self.sink, sample, self.weight_version, engine=i)
+        self._queue(i, ("add", req_id, *args))
         fut.add_done_callback(lambda f, rid=req_id: self._on_done(f, rid))
         return fut
 

@@ -97,7 +97,7 @@ from miles_async_core.contracts import EventSink, NullSink, check_pause_mode
 from miles_async_core.errors import ConfigError
 from miles_async_core.types import Sample, SamplingParams, Status, VersionRuns
 
-from .engine_io import check_request, emit_finished, merge_result, request_for
+from .engine_io import check_request, emit_finished, emit_submitted, merge_result, request_for
 
 _STATUS_BY_FINISH_TYPE = {"stop": Status.COMPLETED, "length": Status.TRUNCATED, "abort": Status.ABORTED}
 
@@ -281,9 +281,8 @@ class SGLangEngine:
         rid = f"miles-{sample.index}-{next(self._rids)}"
         request = build_generate_request(sample, sampling, rid=rid,  # raises here, in the caller
                                          sampling_overrides=self.sampling_overrides)
-        if self.sink.enabled:  # the request is handed over now; SGLang's own steps are not visible here
-            self.sink.emit(ev.SUBMITTED, index=sample.index, group_index=sample.group_index,
-                           version=self.weight_version)
+        # the request is handed over now; SGLang's own steps are not visible here
+        emit_submitted(self.sink, sample, self.weight_version)
         return asyncio.ensure_future(self._generate(sample, request, rid))
 
     async def pause_generation(self, mode: str) -> None:

@@ -31,8 +31,9 @@ Sampling draws one uniform per token from the request's own seeded ``torch.Gener
 request's tokens do not depend on what else is in the batch.
 
 ``TorchEngine`` adapts a core to the asyncio ``RolloutEngine`` contract: one background
-thread owns the core and applies commands (add, cancel, pause, update, resume) only
-between steps, so a weight update never races a decode step.
+thread (``engine_thread.EngineThread``) owns the core and applies commands (add,
+cancel, pause, update, resume) only between steps, so a weight update never races a
+decode step.
 
 Its trace events are the engine's own, each stamped where and when it happens, in the
 event loop's time base (``loop.time()``, read on whichever thread the event happens):
@@ -52,7 +53,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -64,7 +64,8 @@ from miles_async_core.contracts import EventSink, NullSink, check_pause_mode
 from miles_async_core.errors import ConfigError, EngineDeadError
 from miles_async_core.types import Sample, SamplingParams, Status, VersionRuns
 
-from .engine_io import check_request, emit_finished, merge_result, request_for, sample_fields
+from .engine_io import add_request_args, check_request, emit_finished, emit_submitted, merge_result, sample_fields
+from .engine_thread import EngineThread
 from .torch_models import EngineModel
 
 
@@ -295,11 +296,6 @@ def fill_sample(sample: Sample, done: FinishedRequest) -> Sample:
                         status=done.status)
 
 
-def request_seed(base_seed: int, sample: Sample) -> int:
-    """Per-request sampling seed: stable across runs, distinct per sample and retry."""
-    return (base_seed * 1_000_003 + sample.index * 7_919 + sample.retry_count * 104_729) % (2**63)
-
-
 class TorchEngine:
     """asyncio adapter over an ``EngineCore`` driven by one background thread."""
 
@@ -307,13 +303,10 @@ class TorchEngine:
         self.core = core
         self.seed = seed
         self.sink = sink or NullSink()
-        self._cond = threading.Condition()
-        self._commands: collections.deque = collections.deque()
+        self._thread = EngineThread("torch-engine", can_step=core.can_step, step=self._step,
+                                    on_error=self._on_thread_error, on_idle=lambda: self._set_busy(False))
         self._futures: dict[int, tuple[asyncio.Future, Sample]] = {}
         self._next_id = 0
-        self._stop = False
-        self._error: BaseException | None = None
-        self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._submit_version = core.version  # the version the loop side has seen loaded (SUBMITTED carries it)
         self._busy = False  # engine thread: the rollout generating phase is open
@@ -326,24 +319,14 @@ class TorchEngine:
 
     # --- the RolloutEngine contract ------------------------------------------------------
     def generate(self, sample: Sample, sampling: SamplingParams) -> asyncio.Future:
+        # the checks add_request makes, here so a bad request raises in the caller
+        args = add_request_args(sample, sampling, seed=self.seed, max_seq_len=self.core.model.max_seq_len)
         self._ensure_started()
-        if self._error is not None:
-            raise EngineDeadError("the torch engine thread died") from self._error
         fut = self._loop.create_future()
         req_id, self._next_id = self._next_id, self._next_id + 1
         self._futures[req_id] = (fut, sample)
-        prefix, budget = request_for(sample, sampling)
-        seed = request_seed(self.seed, sample)
-        try:  # the checks add_request makes, here so a bad request raises in the caller
-            check_request(prefix, budget, sampling.temperature, max_seq_len=self.core.model.max_seq_len,
-                          generated=len(sample.response_tokens))
-        except ConfigError:
-            del self._futures[req_id]
-            raise
-        if self.sink.enabled:
-            self.sink.emit(ev.SUBMITTED, index=sample.index, group_index=sample.group_index,
-                           version=self._submit_version)
-        self._post(lambda: self.core.add_request(req_id, prefix, budget, sampling.temperature, seed))
+        emit_submitted(self.sink, sample, self._submit_version)
+        self._thread.post(lambda: self.core.add_request(req_id, *args))
         fut.add_done_callback(lambda f, rid=req_id: self._on_done(f, rid))
         return fut
 
@@ -373,52 +356,29 @@ class TorchEngine:
 
     def close(self) -> None:
         """Stop the engine thread (requests still in flight stay unresolved)."""
-        with self._cond:
-            self._stop = True
-            self._cond.notify_all()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        self._thread.stop()
 
     # --- loop-thread side ---------------------------------------------------------------------
     def _ensure_started(self) -> None:
+        """Start the engine thread, bound to the running loop, on first use; raise if it died."""
         loop = asyncio.get_running_loop()
-        if self._thread is None:
+        if not self._thread.started:
             self._loop = loop
-            self._stop = False
-            self._thread = threading.Thread(target=self._run, name="torch-engine", daemon=True)
             self._thread.start()
         elif loop is not self._loop:
             raise RuntimeError("TorchEngine is bound to another event loop; create one engine per loop.")
-
-    def _post(self, fn: Callable[[], Any]) -> None:
-        with self._cond:
-            self._commands.append(fn)
-            self._cond.notify_all()
+        if self._thread.error is not None:
+            raise EngineDeadError("the torch engine thread died") from self._thread.error
 
     async def _call(self, fn: Callable[[], Any]) -> Any:
         """Run ``fn`` on the engine thread between steps and wait for it."""
         self._ensure_started()
-        if self._error is not None:
-            raise EngineDeadError("the torch engine thread died") from self._error
-        loop = self._loop
-        done = loop.create_future()
-
-        def command() -> None:
-            try:
-                result = fn()
-            except BaseException as exc:  # re-raised in the awaiting caller
-                loop.call_soon_threadsafe(_set_exception, done, exc)
-            else:
-                loop.call_soon_threadsafe(_set_result, done, result)
-
-        self._post(command)
-        return await done
+        return await self._thread.call(fn)
 
     def _on_done(self, fut: asyncio.Future, req_id: int) -> None:
         if fut.cancelled():
             self._futures.pop(req_id, None)
-            self._post(lambda: self.core.cancel(req_id))
+            self._thread.post(lambda: self.core.cancel(req_id))
 
     def _resolve(self, finished: list[FinishedRequest]) -> None:
         for done in finished:
@@ -463,36 +423,12 @@ class TorchEngine:
         if finished:
             self._loop.call_soon_threadsafe(self._resolve, finished)
 
-    def _run(self) -> None:
-        core = self.core
-        try:
-            while True:
-                with self._cond:
-                    while not self._stop and not self._commands and not core.can_step():
-                        self._set_busy(False)
-                        self._cond.wait()
-                    if self._stop:
-                        return
-                    commands = list(self._commands)
-                    self._commands.clear()
-                for command in commands:
-                    command()
-                if core.can_step():
-                    self._set_busy(True)
-                    self._resolve_all(core.step())
-        except BaseException as exc:  # surfaced to every waiter, never swallowed
-            self._error = exc
-            self._loop.call_soon_threadsafe(self._fail_all, exc)
+    def _step(self) -> None:  # one iteration of the batch (EngineThread runs it between commands)
+        self._set_busy(True)
+        self._resolve_all(self.core.step())
 
-
-def _set_result(fut: asyncio.Future, value: Any) -> None:
-    if not fut.done():
-        fut.set_result(value)
-
-
-def _set_exception(fut: asyncio.Future, exc: BaseException) -> None:
-    if not fut.done():
-        fut.set_exception(exc)
+    def _on_thread_error(self, exc: BaseException) -> None:
+        self._loop.call_soon_threadsafe(self._fail_all, exc)
 
 
 def run_groups(core: EngineCore, groups: list[list[Sample]], sampling: SamplingParams, *, seed: int = 0) -> None:
@@ -503,9 +439,8 @@ def run_groups(core: EngineCore, groups: list[list[Sample]], sampling: SamplingP
     by_id: dict[tuple[str, int], Sample] = {}
     for group in groups:
         for sample in group:
-            prefix, budget = request_for(sample, sampling)
             req_id = ("run_groups", len(by_id))
-            core.add_request(req_id, prefix, budget, sampling.temperature, seed=request_seed(seed, sample))
+            core.add_request(req_id, *add_request_args(sample, sampling, seed=seed, max_seq_len=core.model.max_seq_len))
             by_id[req_id] = sample
     while core.has_work():
         for done in core.step():

@@ -1,10 +1,11 @@
 """``EngineHost``: what the HTTP routes drive, with SGLang's semantics, on an ``EngineCore``.
 
-One background thread owns the ``EngineCore`` and applies commands (add, cancel, pause,
-load weights, set version, resume) only between decode steps, as ``TorchEngine`` does;
-the routes run on the web server's event loop and await those commands. Every engine
-fact goes into ``self.trace`` (a strict ``TraceRecorder``) *from the engine thread*, in
-the order the engine did it, so ``check_all`` applies to a served run:
+One background thread (``engine_thread.EngineThread``, as ``TorchEngine``'s) owns the
+``EngineCore`` and applies commands (add, cancel, pause, load weights, set version,
+resume, abort) only between decode steps; the routes run on the web server's event loop
+and await those commands. Every engine fact goes into ``self.trace`` (a strict
+``TraceRecorder``) *from the engine thread*, in the order the engine did it, so
+``check_all`` applies to a served run:
 
 * ``taken`` (a one-sample group: the server does not know the framework's groups) and
   ``submitted`` when a ``/generate`` reaches the engine (after any pause it waited for),
@@ -51,11 +52,10 @@ every partial output.
 from __future__ import annotations
 
 import asyncio
-import collections
 import itertools
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -66,6 +66,7 @@ from miles_async_core.errors import ConfigError, EngineDeadError
 from miles_async_core.types import Sample, Status
 
 from harness.backends.engine_io import check_request, emit_finished, merge_result
+from harness.backends.engine_thread import EngineThread, set_exception, set_result
 from harness.backends.torch_engine import EngineCore, FinishedRequest
 from harness.trace import TraceRecorder
 
@@ -143,13 +144,10 @@ class EngineHost:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._gate: asyncio.Condition | None = None
         self._idle: asyncio.Event | None = None
-        self._cond = threading.Condition()
-        self._commands: collections.deque[Callable[[], None]] = collections.deque()
         self._budget: int | None = None  # None: run freely; n: at most n more steps (test hook)
         self._budget_waiters: list[asyncio.Future] = []
-        self._stop = False
-        self._error: BaseException | None = None
-        self._thread: threading.Thread | None = None
+        self._thread = EngineThread("serve-engine", can_step=self._can_step, step=self._step,
+                                    on_error=self._on_thread_error, on_idle=self._check_budget)
         core.set_event_hook(self._on_core_event)
 
     # --- life cycle (call start() inside the serving loop) ----------------------------------
@@ -158,21 +156,14 @@ class EngineHost:
         self._gate = asyncio.Condition()
         self._idle = asyncio.Event()
         self._idle.set()
-        self._stop = False
-        self._thread = threading.Thread(target=self._run, name="serve-engine", daemon=True)
         self._thread.start()
 
     def close(self) -> None:
-        with self._cond:
-            self._stop = True
-            self._cond.notify_all()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        self._thread.stop()
 
     @property
     def alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive() and self._error is None
+        return self._thread.alive
 
     @property
     def version(self) -> int:
@@ -215,16 +206,16 @@ class EngineHost:
                                       params.seed)
             except Exception as exc:  # checked above; never let a request kill the engine thread
                 self._pending.pop(index, None)
-                self._loop.call_soon_threadsafe(_fail, pending.future, ServeError(str(exc)))
+                self._loop.call_soon_threadsafe(set_exception, pending.future, ServeError(str(exc)))
                 self._finish([])
                 return
             pending.in_core = True
 
-        self._post(add)
+        self._thread.post(add)
         try:
             return await asyncio.shield(pending.future)
         except asyncio.CancelledError:  # the client went away: SGLang aborts the request
-            self._post(lambda: self._cancel(index, reason="client disconnected"))
+            self._thread.post(lambda: self._cancel(index, reason="client disconnected"))
             raise
 
     async def _wait_admission(self) -> None:
@@ -338,10 +329,10 @@ class EngineHost:
             if n:
                 self._budget_waiters.append(fut)
             else:
-                _set(fut, None)
+                set_result(fut, None)
             self._check_budget()
 
-        self._post(cmd)
+        self._thread.post(cmd)
         await fut
 
     async def health_generate(self) -> bool:
@@ -358,33 +349,22 @@ class EngineHost:
         await self.step(None)
 
     # --- command plumbing ------------------------------------------------------------------------
-    def _post(self, fn: Callable[[], None]) -> None:
-        with self._cond:
-            self._commands.append(fn)
-            self._cond.notify_all()
-
     async def call(self, fn: Callable[[], Any]) -> Any:
-        """Run ``fn`` on the engine thread between steps and return its result."""
+        """Run ``fn`` on the engine thread between steps and return its result; what it
+        raises comes back as a ``ServeError`` (a refused load, e.g. by ``load_state_dict``,
+        must not kill the engine)."""
         self._raise_if_dead()
-        loop, done = self._loop, self._loop.create_future()
-
-        def command() -> None:
-            try:
-                result = fn()
-            except ServeError as exc:
-                loop.call_soon_threadsafe(_fail, done, exc)
-            except Exception as exc:  # a refused load (e.g. load_state_dict) must not kill the engine
-                loop.call_soon_threadsafe(_fail, done, ServeError(f"{type(exc).__name__}: {exc}", 400))
-            else:
-                loop.call_soon_threadsafe(_set, done, result)
-
-        self._post(command)
-        return await done
+        try:
+            return await self._thread.call(fn)
+        except ServeError:
+            raise
+        except Exception as exc:
+            raise ServeError(f"{type(exc).__name__}: {exc}", 400) from None
 
     def _raise_if_dead(self) -> None:
-        if self._error is not None:
-            raise ServeError(f"the engine thread died: {self._error!r}", 503)
-        if self._thread is None:
+        if self._thread.error is not None:
+            raise ServeError(f"the engine thread died: {self._thread.error!r}", 503)
+        if not self._thread.started:
             raise ServeError("the engine is not running (start() was not called or close() was)", 503)
 
     # --- engine-thread side ---------------------------------------------------------------------
@@ -448,7 +428,7 @@ class EngineHost:
                                   status=done.status)
             emit_finished(self.sink, sample)
             out = self._response(pending, done, message)
-            self._loop.call_soon_threadsafe(_set, pending.future, out)
+            self._loop.call_soon_threadsafe(set_result, pending.future, out)
         if not self._pending:
             self._loop.call_soon_threadsafe(self._idle.set)
 
@@ -497,43 +477,21 @@ class EngineHost:
     def _check_budget(self) -> None:
         if self._budget_waiters and (self._budget == 0 or not self._can_step()):
             for fut in self._budget_waiters:
-                self._loop.call_soon_threadsafe(_set, fut, None)
+                self._loop.call_soon_threadsafe(set_result, fut, None)
             self._budget_waiters.clear()
 
-    def _run(self) -> None:
-        core = self.core
-        try:
-            while True:
-                with self._cond:
-                    while not self._stop and not self._commands and not self._can_step():
-                        self._cond.wait()
-                    if self._stop:
-                        return
-                    commands = list(self._commands)
-                    self._commands.clear()
-                for command in commands:
-                    command()
-                if self._can_step():
-                    finished = core.step()
-                    if self._budget is not None:
-                        self._budget -= 1
-                    self._finish(finished)
-                self._check_budget()
-        except BaseException as exc:  # surfaced to every waiter and every later call
-            self._error = exc
-            self._loop.call_soon_threadsafe(self._fail_all, exc)
+    def _step(self) -> None:  # one decode step (EngineThread runs it between commands)
+        finished = self.core.step()
+        if self._budget is not None:
+            self._budget -= 1
+        self._finish(finished)
+        self._check_budget()
+
+    def _on_thread_error(self, exc: BaseException) -> None:  # surfaced to every waiter and every later call
+        self._loop.call_soon_threadsafe(self._fail_all, exc)
 
     def _fail_all(self, exc: BaseException) -> None:
         for p in self._pending.values():
-            _fail(p.future, EngineDeadError(f"the engine thread died: {exc!r}"))
+            set_exception(p.future, EngineDeadError(f"the engine thread died: {exc!r}"))
         self._pending.clear()
 
-
-def _set(fut: asyncio.Future, value: Any) -> None:
-    if not fut.done():
-        fut.set_result(value)
-
-
-def _fail(fut: asyncio.Future, exc: BaseException) -> None:
-    if not fut.done():
-        fut.set_exception(exc)

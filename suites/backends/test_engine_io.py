@@ -42,7 +42,7 @@ def bare_process_engine(sink=None, max_seq_len=None) -> ProcessEngine:
     """The parent side of a ``ProcessEngine`` without its child process: every check and
     the result merge run in the parent, before anything is sent."""
     engine = object.__new__(ProcessEngine)
-    engine.sink, engine.max_seq_len, engine._futures = sink or RecordingSink(), max_seq_len, {}
+    engine.sink, engine.max_seq_len, engine.seed, engine._futures = sink or RecordingSink(), max_seq_len, 0, {}
     return engine
 
 
