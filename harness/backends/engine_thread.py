@@ -11,11 +11,16 @@ the owner's ``step()``, one iteration of the batch. An exception on the engine t
 ends it: it is kept in ``error`` and handed to ``on_error`` (the owners fail every waiter
 with it), never swallowed.
 
+``abort_all`` is SGLang's ``/abort_request`` with ``abort_all`` (what upstream's
+``abort()`` posts after every one-step rollout, ``inference_rollout_train.py:L24-L33``),
+applied to a core between steps by every driver (this thread, ``ProcessEngine``'s child,
+the Ray actor's engine thread, the served host), so all of them record it alike.
+
 ``apply_command`` applies one command message of the out-of-process drivers
 (``ProcessEngine``'s child, the Ray actor) to their core: ``("add", req_id, *args)``,
-``("cancel", req_id)``, and ``(kind, call_id, ...)`` for ``pause`` / ``resume``, which
-return ``("reply", call_id, result)``; the weight load, which moves the weights
-differently in each, stays theirs. Results travel as ``pack_finished`` tuples.
+``("cancel", req_id)``, and ``(kind, call_id, ...)`` for ``pause`` / ``resume`` /
+``abort``, which return ``("reply", call_id, result)``; the weight load, which moves the
+weights differently in each, stays theirs. Results travel as ``pack_finished`` tuples.
 """
 
 from __future__ import annotations
@@ -106,6 +111,29 @@ class EngineThread:
             self._on_error(exc)
 
 
+def abort_all(core: Any, emit: Callable[..., None], finish: Callable[[list], None]) -> int:
+    """SGLang's ``abort_request(abort_all=True)`` on ``core``, between steps; returns how
+    many requests it ended.
+
+    Every running and waiting request finishes now as ABORTED with its partial output
+    (``core.pause("abort")``, SGLang keeps the output too), recorded as an abort pause:
+    ``engine_pause(mode="abort")``, the core's ``aborted`` events, the results (``finish``
+    hands them out, so they are seen inside the pause, as ``pause_generation("abort")``
+    returns them), then ``engine_resume``, unless the engine was paused already: it stays
+    paused, as SGLang's does. Nothing at all, not one event, when nothing is in flight.
+    ``emit(kind, **fields)`` records an engine event."""
+    if not core.has_work():
+        return 0
+    was_paused = core.paused
+    emit(ev.ENGINE_PAUSE, mode="abort", in_flight=core.num_running() + core.num_waiting())
+    aborted = core.pause("abort")
+    finish(aborted)
+    if not was_paused:
+        core.resume()
+        emit(ev.ENGINE_RESUME)
+    return len(aborted)
+
+
 def pack_finished(f: Any) -> tuple:
     """A ``FinishedRequest`` as a plain tuple, to cross a pipe or Ray."""
     return (f.req_id, f.output_tokens, f.log_probs, f.token_versions.to_json(), f.weight_version, f.status.value)
@@ -129,6 +157,8 @@ def apply_command(core: Any, msg: tuple, emit: Callable[..., None], finish: Call
         core.resume()
         emit(ev.ENGINE_RESUME)
         return ("reply", call_id, None)
+    if kind == "abort":
+        return ("reply", call_id, abort_all(core, emit, finish))
     raise ValueError(f"unknown engine command {kind!r}")
 
 

@@ -8,10 +8,11 @@ child copies it into its model; both copies are timed and reported.
 
 Trace events are the engine's own, stamped in the child as they happen (ADMITTED,
 DECODE_STEP, RETRACTED / ABORTED / PAUSED_REQ, ENGINE_PAUSE and ENGINE_RESUME as the
-child applies them, its batch going busy or idle as the rollout ``generating`` phase),
-and sent ahead of the results and replies that follow them, so the parent records them
-in the child's order; SUBMITTED is the parent's, in ``generate``. Request events name
-engine request ids in the child; the parent rewrites them to sample indices.
+child applies them, an ``abort_requests`` as ``engine_thread.abort_all`` records it,
+its batch going busy or idle as the rollout ``generating`` phase), and sent ahead of
+the results and replies that follow them, so the parent records them in the child's
+order; SUBMITTED is the parent's, in ``generate``. Request events name engine request
+ids in the child; the parent rewrites them to sample indices.
 
 Clock alignment: the child stamps with ``time.monotonic()``. On one machine that is one
 system-wide clock (Linux ``CLOCK_MONOTONIC``), which the child's first message checks:
@@ -212,6 +213,12 @@ class ProcessEngine:
 
     async def continue_generation(self) -> None:
         await self._call("resume")  # the child records engine_resume as it applies it
+
+    async def abort_requests(self) -> None:
+        """SGLang's ``/abort_request`` with ``abort_all`` (upstream's ``abort()`` after every
+        one-step rollout): the child applies ``engine_thread.abort_all``; the aborted
+        results arrive, and resolve, ahead of the reply."""
+        await self._call("abort")
 
     def close(self) -> None:
         self._closing = True

@@ -24,7 +24,9 @@ unchanged; behind it:
   ``pause_generation(mode)`` on every engine, then the load on every engine, then
   ``update_weight_version`` and ``continue_generation`` on every engine): each phase
   waits for all engines before the next starts, so an update is loaded by every engine
-  before any engine resumes.
+  before any engine resumes. ``abort_requests`` (SGLang's ``/abort_request`` with
+  ``abort_all``, which upstream posts to every worker after each one-step rollout) goes
+  to every live engine likewise.
 
 The trainer stays in the driver process, not in an actor: the core's drivers call
 ``trainer.train`` / ``get_weights`` in process, ``TorchTrainer`` already trains on a worker
@@ -459,6 +461,14 @@ class RayEngineGroup:
     async def continue_generation(self) -> None:
         self._check_alive("continue_generation")
         await self._call_all("resume")
+
+    async def abort_requests(self) -> None:
+        """SGLang's ``/abort_request`` with ``abort_all``, posted by upstream's ``abort()``
+        after every one-step rollout to every worker the router lists (``_use_url``'s live
+        ones): ``engine_thread.abort_all`` on every live engine, all awaited; the aborted
+        results come back ahead of each reply. A dead engine is skipped, not an error
+        (its requests already failed; the next pause reports it)."""
+        await self._call_all("abort")
 
     def live(self) -> list[int]:
         return [i for i in range(self.n) if i not in self.dead]

@@ -56,7 +56,8 @@ What this module relies on, by file and line in that wheel (``sglang/srt/...``):
   ``update_weights_from_tensor(UpdateWeightsFromTensorReqInput(
   serialized_named_tensors, load_format=None, flush_cache=True, weight_version=None,
   ...))`` (``tokenizer_control_mixin.py:L563``; io_struct L2027-L2046; the version is
-  set only on success), and ``abort_request(rid=...)`` (``tokenizer_manager.py:L2241``).
+  set only on success), and ``abort_request(rid="", abort_all=False)``
+  (``tokenizer_manager.py:L2241``; synchronous, what the ``/abort_request`` route calls).
   Tensors are serialised per TP rank with ``Engine._serialize_tensors_per_rank``
   (``engine.py:L1743``), a private helper: the public synchronous wrapper does the
   same and then blocks on the loop.
@@ -275,6 +276,7 @@ class SGLangEngine:
         self.paused_mode: str | None = None
         self._rids = itertools.count()
         self._in_flight: set[str] = set()
+        self._tasks: set[asyncio.Future] = set()  # generate calls not yet returned
 
     # --- the RolloutEngine contract ---------------------------------------------------------
     def generate(self, sample: Sample, sampling: SamplingParams) -> Awaitable[Sample]:
@@ -283,7 +285,10 @@ class SGLangEngine:
                                          sampling_overrides=self.sampling_overrides)
         # the request is handed over now; SGLang's own steps are not visible here
         emit_submitted(self.sink, sample, self.weight_version)
-        return asyncio.ensure_future(self._generate(sample, request, rid))
+        task = asyncio.ensure_future(self._generate(sample, request, rid))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
 
     async def pause_generation(self, mode: str) -> None:
         check_pause_mode(mode)
@@ -324,6 +329,27 @@ class SGLangEngine:
             self.sink.emit(ev.ENGINE_RESUME)
         await self.engine.tokenizer_manager.continue_generation(self.io.ContinueGenerationReqInput())
         self.paused_mode = None
+
+    async def abort_requests(self) -> None:
+        """``POST /abort_request {"abort_all": true}``, which upstream's ``abort()`` sends
+        after every one-step rollout: the HTTP route calls the tokenizer manager's
+        ``abort_request(rid="", abort_all=True)`` (synchronous: it sends one ``AbortReq``
+        to the scheduler, which finishes every running and waiting request as ``abort``
+        with its partial output), and so does this. It then waits for every generate call
+        in flight to return, so the trace shows them inside an abort pause
+        (``engine_pause(mode="abort")`` ... ``engine_resume``), as every harness engine
+        records it (no ``engine_resume`` while paused: SGLang stays paused). Nothing, not
+        one event, when no call is in flight. A call whose request reached SGLang after
+        the abort is not aborted and returns as it ends."""
+        tasks = set(self._tasks)
+        if not tasks:
+            return
+        if self.sink.enabled:
+            self.sink.emit(ev.ENGINE_PAUSE, mode="abort", in_flight=len(tasks))
+        self.engine.tokenizer_manager.abort_request(rid="", abort_all=True)
+        await asyncio.wait(tasks)
+        if self.sink.enabled and self.paused_mode is None:
+            self.sink.emit(ev.ENGINE_RESUME)
 
     def close(self) -> None:
         self.engine.shutdown()

@@ -32,8 +32,10 @@ request's tokens do not depend on what else is in the batch.
 
 ``TorchEngine`` adapts a core to the asyncio ``RolloutEngine`` contract: one background
 thread (``engine_thread.EngineThread``) owns the core and applies commands (add,
-cancel, pause, update, resume) only between steps, so a weight update never races a
-decode step.
+cancel, pause, update, resume, abort) only between steps, so a weight update never
+races a decode step. ``abort_requests`` is SGLang's ``/abort_request`` with
+``abort_all`` (``engine_thread.abort_all``): an abort pause and resume around the
+requests it aborts, nothing when none is in flight.
 
 Its trace events are the engine's own, each stamped where and when it happens, in the
 event loop's time base (``loop.time()``, read on whichever thread the event happens):
@@ -65,7 +67,7 @@ from miles_async_core.errors import ConfigError, EngineDeadError
 from miles_async_core.types import Sample, SamplingParams, Status, VersionRuns
 
 from .engine_io import add_request_args, check_request, emit_finished, emit_submitted, merge_result, sample_fields
-from .engine_thread import EngineThread
+from .engine_thread import EngineThread, abort_all
 from .torch_models import EngineModel
 
 
@@ -354,6 +356,14 @@ class TorchEngine:
 
         await self._call(resume)
 
+    async def abort_requests(self) -> None:
+        """SGLang's ``/abort_request`` with ``abort_all``, which upstream's ``abort()``
+        posts after every one-step rollout: ``engine_thread.abort_all`` on the engine
+        thread (every request in flight resolves as ABORTED with its partial output
+        before this returns; nothing happens when none is in flight)."""
+        emit = self._emit_engine if self.sink.enabled else _ignore
+        await self._call(lambda: abort_all(self.core, emit, self._resolve_all))
+
     def close(self) -> None:
         """Stop the engine thread (requests still in flight stay unresolved)."""
         self._thread.stop()
@@ -429,6 +439,10 @@ class TorchEngine:
 
     def _on_thread_error(self, exc: BaseException) -> None:
         self._loop.call_soon_threadsafe(self._fail_all, exc)
+
+
+def _ignore(*args: Any, **kwargs: Any) -> None:
+    return None
 
 
 def run_groups(core: EngineCore, groups: list[list[Sample]], sampling: SamplingParams, *, seed: int = 0) -> None:

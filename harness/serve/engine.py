@@ -14,7 +14,12 @@ and await those commands. Every engine fact goes into ``self.trace`` (a strict
   harness engine does);
 * ``engine_pause`` (before the core pauses, so aborted requests finish after it),
   ``engine_resume``, ``engine_version`` when the numeric weight version changes;
-* ``fault`` (``what="abort_request"``) for requests ended by ``/abort_request``.
+* ``/abort_request`` with ``abort_all`` (what Miles posts after every one-step rollout)
+  as every harness engine's ``abort_requests`` records it (``engine_thread.abort_all``):
+  an ``engine_pause(mode="abort")``, the aborted requests, ``engine_resume`` (none if
+  the server was paused: it stays paused), nothing when no request is in flight;
+* ``fault`` (``what="abort_request"``) for a request ended by ``/abort_request`` with its
+  ``rid``, ``what="shutdown"`` for those the server's shutdown ends.
 
 SGLang semantics kept (spec §5.2; ``harness/backends/sglang_engine.py`` cites the
 sglang 0.5.23 source):
@@ -66,7 +71,7 @@ from miles_async_core.errors import ConfigError, EngineDeadError
 from miles_async_core.types import Sample, Status
 
 from harness.backends.engine_io import check_request, emit_finished, merge_result
-from harness.backends.engine_thread import EngineThread, set_exception, set_result
+from harness.backends.engine_thread import EngineThread, abort_all, set_exception, set_result
 from harness.backends.torch_engine import EngineCore, FinishedRequest
 from harness.trace import TraceRecorder
 
@@ -309,7 +314,8 @@ class EngineHost:
             raise ServeError(f"tensors {not_float[:5]} are not floating point; nothing was loaded.")
 
     async def abort(self, *, rid: str | None = None, abort_all: bool = False) -> int:
-        """``/abort_request``: returns how many requests it ended."""
+        """``/abort_request``: returns how many requests it ended. ``abort_all`` is
+        ``engine_thread.abort_all``, as every harness engine's ``abort_requests``."""
         if abort_all:
             return await self.call(self._abort_all)
         if rid is None:
@@ -345,7 +351,7 @@ class EngineHost:
 
     async def abort_everything(self) -> None:
         """Shutdown: end every request (so no HTTP call hangs) and release held steps."""
-        await self.call(self._abort_all)
+        await self.call(self._abort_at_shutdown)
         await self.step(None)
 
     # --- command plumbing ------------------------------------------------------------------------
@@ -397,14 +403,20 @@ class EngineHost:
                 self.sink.emit(ev.ENGINE_RESUME)
 
     def _abort_all(self) -> int:
+        return abort_all(self.core, self.sink.emit,
+                         lambda aborted: self._finish(aborted, message="Aborted by abort_request(abort_all=True)"))
+
+    def _abort_at_shutdown(self) -> int:
+        """Every request ends now, as ABORTED with its partial output; the trace names them
+        in ``fault(what="shutdown")`` events (a shutdown is no abort pause of the run)."""
         core = self.core
         was_paused = core.paused
         aborted = core.pause("abort")
         if not was_paused:
             core.resume()
         for done in aborted:
-            self.sink.emit(ev.FAULT, what="abort_request", index=done.req_id)
-        self._finish(aborted, message="Aborted by abort_request(abort_all=True)")
+            self.sink.emit(ev.FAULT, what="shutdown", index=done.req_id)
+        self._finish(aborted, message="Aborted: the server is shutting down")
         return len(aborted)
 
     def _cancel(self, index: int, *, reason: str) -> int:

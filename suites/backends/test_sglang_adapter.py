@@ -187,6 +187,7 @@ class FakeTokenizerManager:
     def __init__(self, *, flush_ok: bool = True, update_ok: bool = True) -> None:
         self.calls: list[tuple] = []
         self.flush_ok, self.update_ok = flush_ok, update_ok
+        self.on_abort_all = None  # the engine's: finish every request in flight as aborted
 
     async def pause_generation(self, obj):
         self.calls.append(("pause", obj.mode))
@@ -203,7 +204,11 @@ class FakeTokenizerManager:
         return self.update_ok, "ok" if self.update_ok else "shape mismatch"
 
     def abort_request(self, rid="", abort_all=False):
-        self.calls.append(("abort", rid))
+        if abort_all:
+            self.calls.append(("abort_all",))
+            self.on_abort_all()
+        else:
+            self.calls.append(("abort", rid))
 
 
 class FakeEngine:
@@ -214,6 +219,13 @@ class FakeEngine:
         self.pending: dict[str, asyncio.Future] = {}
         self.requests: list[dict] = []
         self.shut_down = False
+        self.abort_output: dict | None = None  # what an aborted request returns (its partial output)
+        tm.on_abort_all = self._abort_all
+
+    def _abort_all(self):
+        for rid, fut in self.pending.items():
+            if not fut.done():
+                fut.set_result({**self.abort_output, "meta_info": {**self.abort_output["meta_info"], "id": rid}})
 
     async def async_generate(self, **request):
         self.requests.append(request)
@@ -377,6 +389,32 @@ def test_cancelling_a_generate_aborts_that_request_in_the_engine():
     (rid,) = engine.pending
     assert tm.calls == [("abort", rid)]
     assert sample.status == Status.PENDING
+
+
+def test_abort_requests_sends_abort_all_and_returns_when_every_call_came_back_aborted():
+    """Upstream's abort() posts /abort_request {"abort_all": true} after every one-step
+    rollout; the route calls abort_request(abort_all=True) on the tokenizer manager."""
+    adapter, engine, tm, sink = make_adapter()
+    case = load("aborted_mid_pause")
+    engine.abort_output = case["output"]
+    samples = [fresh_sample(case, index=i) for i in (3, 4)]
+
+    async def run():
+        await adapter.abort_requests()  # nothing in flight: nothing sent, nothing recorded
+        assert tm.calls == [] and sink.events == []
+        tasks = [adapter.generate(s, SamplingParams(max_new_tokens=16)) for s in samples]
+        await asyncio.sleep(0)  # let the requests reach the fake engine
+        await adapter.abort_requests()
+        assert all(t.done() for t in tasks)
+
+    asyncio.run(run())
+    assert tm.calls == [("abort_all",)]
+    for s in samples:
+        assert s.status is Status.ABORTED and s.response_tokens == case["output"]["output_ids"]  # partial output
+        assert s.token_versions.to_json() == case["expected"]["token_versions"]
+    assert [kind for kind, _ in sink.events] == ["submitted", "submitted", "engine_pause", "finished", "finished",
+                                                "engine_resume"]
+    assert sink.events[2][1] == {"mode": "abort", "in_flight": 2}
 
 
 def test_a_bad_request_raises_in_the_caller_before_anything_is_sent():

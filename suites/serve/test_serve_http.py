@@ -153,6 +153,43 @@ def test_pause_abort_returns_old_version_tokens_only(served_engine):
     assert served_engine.check(pause_generation_mode="abort")["violations"] == []
 
 
+@pytest.mark.parametrize("served_engine", [{"eos_token_id": None, "max_running": 1}], indirect=True)
+def test_abort_request_abort_all_ends_every_request_with_its_partial_output(served_engine):
+    """What Miles posts after every one-step rollout: one request running with k tokens
+    and one waiting both come back ``abort`` with their partial output, inside one abort
+    pause; with nothing in flight the same post records nothing."""
+    k = 3
+
+    async def go():
+        async with httpx.AsyncClient(base_url=served_engine.url, timeout=60) as c:
+            before = len(served_engine.trace.events)
+            assert (await c.post("/abort_request", json={"abort_all": True})).status_code == 200
+            idle_events = len(served_engine.trace.events) - before
+            await c.post("/harness/step", json={"n": 0})
+            tasks = [asyncio.create_task(c.post("/generate", json=gen_body(20, seed))) for seed in (1, 2)]
+            await wait_for(lambda: len(events(served_engine, "submitted")) == 2, "both requests to reach the engine")
+            await c.post("/harness/step", json={"n": k})  # max_running=1: one runs k steps, one waits
+            assert (await c.post("/abort_request", json={"abort_all": True})).status_code == 200
+            outs = [(await t).json() for t in tasks]
+            await c.post("/harness/step", json={"n": None})
+            after = (await c.post("/generate", json=gen_body(4, 3))).json()  # not left paused
+            return idle_events, outs, after
+
+    idle_events, outs, after = asyncio.run(go())
+    assert idle_events == 0
+    assert [o["meta_info"]["finish_reason"]["type"] for o in outs] == ["abort", "abort"]
+    assert sorted(len(o["output_ids"]) for o in outs) == [0, k]
+    running = next(o for o in outs if o["output_ids"])
+    assert running["meta_info"]["weight_versions"] == [{"version": "default", "start": 0, "end": k}]
+    assert logprobs(running) == pytest.approx(fresh_logprobs(tiny(OLD_SEED), PROMPT, running["output_ids"]), abs=1e-4)
+    assert after["meta_info"]["finish_reason"] == {"type": "length", "length": 4}
+    kinds = [e.kind for e in served_engine.trace.events if e.kind in ("engine_pause", "aborted", "finished",
+                                                                        "engine_resume")]
+    assert kinds == ["engine_pause", "aborted", "aborted", "finished", "finished", "engine_resume", "finished"]
+    assert [(e["mode"], e["in_flight"]) for e in events(served_engine, "engine_pause")] == [("abort", 2)]
+    assert served_engine.check()["violations"] == []
+
+
 def test_pause_retract_reprefills_under_new_weights(served_engine):
     k, max_new = 5, 30
 
