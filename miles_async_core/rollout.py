@@ -9,7 +9,9 @@ pull ``over_sampling_batch_size`` groups per submission while the scheduler has
 capacity, keep the first B groups the dynamic filter accepts, abort what is still in
 flight at the end (``abort_request abort_all``: the engine's ``abort_requests`` after every
 rollout, as upstream), await the pending groups in completion order (the first that raises
-fails the rollout, as upstream), return the B groups sorted by index.
+fails the rollout, as upstream), return the B groups sorted by index. With
+``--partial-rollout`` the pending groups go back to the data source as they are, to be
+resumed by a later rollout (``OneStepRollout._resume_later``).
 Its metrics are upstream's, ``rollout/dynamic_filter/drop_<reason>`` per filter drop with a
 truthy reason, plus the core's own ``rollout/dropped_groups/*`` counts. Every group it does not return is accounted for through the sink (``dropped`` with a
 reason): nothing is lost silently.
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable, Iterator
 
 from miles_async_core import events as ev
 from miles_async_core.buffer import call_dynamic_filter
@@ -42,9 +44,24 @@ async def generate_and_rm_group(
     sample_done_callback: Callable | None = None,
     sink: Any = None,
 ) -> list[Sample]:
-    futs = [f if isinstance(f := engine.generate(s, sampling), asyncio.Future) else asyncio.ensure_future(f)
-            for s in group]
+    futs = [_generate(engine, s, sampling) for s in group]
     return await await_group(futs, group, reward_fn=reward_fn, sample_done_callback=sample_done_callback, sink=sink)
+
+
+def _generate(engine: RolloutEngine, sample: Sample, sampling: SamplingParams) -> asyncio.Future:
+    """One sample's generate call. A sample of a resumed ``--partial-rollout`` group that is
+    already finished is kept as it is, and one with no token budget left is truncated
+    without a request, as upstream's ``generate_and_rm`` and single-turn ``generate``
+    (``inference_rollout_common.py:L70-L75``, ``single_turn.py:L26-L33``)."""
+    if sample.status is Status.ABORTED and sample.response_tokens \
+            and sample.response_length >= sampling.max_new_tokens:
+        sample.status = Status.TRUNCATED
+    if sample.status is Status.COMPLETED or sample.status is Status.TRUNCATED:
+        fut = asyncio.get_running_loop().create_future()
+        fut.set_result(sample)
+        return fut
+    f = engine.generate(sample, sampling)
+    return f if isinstance(f, asyncio.Future) else asyncio.ensure_future(f)
 
 
 async def await_group(
@@ -88,7 +105,9 @@ async def await_group(
         raise
     if reward_fn is not None:
         for s in group:
-            if s.status != Status.ABORTED:
+            # a sample kept from a resumed partial group keeps its reward (upstream rewards
+            # only `sample.reward is None`, inference_rollout_common.py:L130)
+            if s.status != Status.ABORTED and s.reward is None:
                 s.reward = reward_fn(s)
     if sink is not None and sink.enabled:
         sink.emit(ev.GROUP_DONE, group_index=group[0].group_index, ok=True)
@@ -126,6 +145,24 @@ async def _group_task(engine: RolloutEngine, group: list[Sample], sampling: Samp
         return await generate_and_rm_group(engine, group, sampling, **kwargs)
     finally:
         progress.ended(asyncio.current_task())
+
+
+def as_completed_in_order(tasks: Any, *, key: Callable) -> Iterator[Awaitable]:
+    """``asyncio.as_completed(tasks)`` (CPython 3.11: the same queue, callbacks and loop
+    steps), each awaitable returning the finished task itself. The tasks already done when
+    it starts come out by ``key``: asyncio registers their callbacks in set order, which
+    follows memory addresses (D9 of issue 11); the rest come out as they finish."""
+    todo = set(tasks)
+    done: asyncio.Queue = asyncio.Queue()
+
+    def on_completion(task: asyncio.Future) -> None:
+        todo.discard(task)
+        done.put_nowait(task)
+
+    for task in sorted(todo, key=key):
+        task.add_done_callback(on_completion)
+    for _ in range(len(todo)):
+        yield done.get()
 
 
 def submit_group(engine: RolloutEngine, group: list[Sample], sampling: SamplingParams, *, scheduler: Any,
@@ -201,37 +238,72 @@ class OneStepRollout:
                 else:
                     dropped["kept_beyond_B"] += 1
                     self._drop(group, "kept_beyond_B")
+        partial = getattr(args, "partial_rollout", False)
+        aborted: list[list[Sample]] = []
         if pendings or hasattr(self.engine, "abort_requests"):
             # upstream's abort() posts abort_request after every rollout, pending or not
-            dropped["aborted_at_rollout_end"] += await self._abort(pendings)
+            aborted = await self._abort(pendings, rollout_id)
+            if not partial:
+                dropped["aborted_at_rollout_end"] += len(aborted)
         assert len(data) == B, f"Got {len(data)} samples, expected {B}"
         data.sort(key=lambda g: first_sample(g).index)
         # upstream's metrics (inference_rollout_train.py:L142,L185), then the core's own accounting
         metrics = {f"rollout/dynamic_filter/drop_{r}": float(c) for r, c in filter_drops.items()}
         metrics.update({f"rollout/dropped_groups/{k}": float(v) for k, v in dropped.items()})
+        if partial:
+            self._resume_later(aborted)
         return data, metrics
 
-    async def _abort(self, pendings: set[asyncio.Task]) -> int:
-        """`abort()`: abort every in-flight request, await the pending groups in completion
-        order and drop them (no ``--partial-rollout``). A group that raises fails the step
-        with its exception, as upstream's ``as_completed_async`` loop
-        (``inference_rollout_train.py:L40``); the groups still pending then are left
-        running, as upstream leaves them, with their outcomes retrieved when they end."""
+    def _resume_later(self, groups: list[list[Sample]]) -> None:
+        """``--partial-rollout``: the groups pending at the end of the rollout go back to the
+        data source, in the order they finished aborting, as they are (finished samples with
+        their reward, aborted ones with their partial tokens, log-probs and
+        ``weight_versions``); the next ``get_samples`` hands them out before fresh prompts
+        and their aborted samples resume where they stopped, so they carry several weight
+        versions (``InferenceRolloutFn._call_train``, ``inference_rollout_common.py:L225``)."""
+        self.data_source.add_samples(groups)
+        if self.sink.enabled:
+            for group in groups:
+                self.sink.emit(ev.RECYCLED, group_index=first_sample(group).group_index)
+
+    async def _abort_requests(self) -> None:
         abort_requests = getattr(self.engine, "abort_requests", None)
         if abort_requests is not None:
             await abort_requests()
         else:
             await self.engine.pause_generation("abort")
             await self.engine.continue_generation()
+
+    async def _abort(self, pendings: set[asyncio.Task], rollout_id: int) -> list[list[Sample]]:
+        """`abort()`: abort every in-flight request and await the pending groups in
+        completion order. Without ``--partial-rollout`` each is dropped; with it each is
+        returned, its samples that have a response marked with ``start_rollout_id`` (the
+        rollout they started in, kept from the first abort), as upstream's ``abort``
+        (``inference_rollout_train.py:L38-L53``). A group that raises fails the step with
+        its exception, as upstream's ``as_completed_async`` loop (``:L40``): what was
+        collected is dropped (upstream never hands it back), and the groups still pending
+        are left running, as upstream leaves them, with their outcomes retrieved when they end."""
+        # upstream posts abort_request inside asyncio.gather (a task per worker URL)
+        await asyncio.gather(self._abort_requests())
+        partial = getattr(self.args, "partial_rollout", False)
         waiting = set(pendings)
+        collected: list[list[Sample]] = []
         try:
-            for fut in asyncio.as_completed(pendings):
-                group = await fut
-                done = next(t for t in waiting if t.done() and not t.cancelled() and t.exception() is None
-                            and t.result() is group)
-                waiting.discard(done)
-                self._drop(done.prompt_group, "aborted_at_rollout_end")
+            for next_done in as_completed_in_order(pendings, key=lambda t: first_sample(t.prompt_group).index):
+                task = await next_done
+                group = task.result()
+                waiting.discard(task)
+                if partial:
+                    for sample in group:
+                        if sample.response_tokens and "start_rollout_id" not in sample.metadata:
+                            sample.metadata["start_rollout_id"] = rollout_id
+                collected.append(group)
+                if not partial:
+                    self._drop(task.prompt_group, "aborted_at_rollout_end")
         except BaseException:
+            if partial:
+                for group in collected:
+                    self._drop(group, "aborted_at_rollout_end")
             for task in waiting:
                 if task.done():
                     if not task.cancelled() and task.exception() is not None:
@@ -240,4 +312,4 @@ class OneStepRollout:
                     self._drop(task.prompt_group, "aborted_at_rollout_end")
                     task.add_done_callback(retrieve_outcome)
             raise
-        return len(pendings)
+        return collected

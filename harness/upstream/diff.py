@@ -235,6 +235,14 @@ def matrix() -> list[DiffCase]:
         _c("one-step-filter-bool", config={}, dynamic_filter="bare_bool"),
         _c("one-step-filter-none", config={}, dynamic_filter="none_rejects"),
         _c("one-step-fsdp", config={"train_backend": "fsdp"}),
+        # D5: --partial-rollout hands the groups pending at the end of a rollout back to the
+        # data source; the next rollout resumes them (inference_rollout_train.py:L40-L53,
+        # inference_rollout_common.py:L225)
+        _c("one-step-partial-rollout", config={"partial_rollout": True, "over_sampling_batch_size": 6}),
+        _c("one-step-partial-rollout-k2", config={"partial_rollout": True, "over_sampling_batch_size": 6,
+                                                  "update_weights_interval": 2, "num_rollout": 6}),
+        _c("sync-partial-rollout", config={"driver": "train", "partial_rollout": True,
+                                           "over_sampling_batch_size": 6}),
     ]
     for mode in ("retract", "in_place"):
         for gran, gname in ((G, "group"), (S, "sample")):

@@ -229,6 +229,21 @@ def _ordered_scheduler(make: Callable) -> Callable:
     return wrapped
 
 
+async def _ordered_as_completed_async(tasks: Any) -> Any:
+    """Upstream's ``as_completed_async`` (``miles/utils/misc.py``: ``for coro in
+    asyncio.as_completed(tasks): yield await coro``), with the tasks already done when it
+    starts taken in the host's pinned set order (D9): asyncio registers their callbacks in
+    set order. The loop steps are asyncio's (``rollout.as_completed_in_order``)."""
+    from miles_async_core.rollout import as_completed_in_order
+
+    host = _CURRENT
+    keys = host.task_key if host is not None else {}
+    sign = -1 if host is not None and host.set_order == "reverse" else 1
+    for next_done in as_completed_in_order(tasks, key=lambda t: sign * keys.get(t, -1)):
+        task = await next_done
+        yield task.result()
+
+
 def _observed_group(generate_and_rm_group: Callable) -> Callable:
     """Upstream's ``generate_and_rm_group``, called as is; its end is recorded."""
 
@@ -264,6 +279,7 @@ def _install_seams() -> None:
     # the one-step rollout's progress bar would print on every generate
     train_mod.tqdm = functools.partial(train_mod.tqdm, disable=True)
     train_mod.get = http_get
+    train_mod.as_completed_async = _ordered_as_completed_async  # set order pinned (D9)
     TrajectoryLifecycle().sink = _LifecycleSink()
     import miles.rollout.fully_async_rollout as fully_mod
 
@@ -350,7 +366,10 @@ class UpstreamHost:
             raise StandInCalled("/generate called from a task the lifecycle seam did not announce")
         prompt = [0] * self.scenario.engine.prompt_tokens
         m = self.mirrors.get(usample.index)
-        if m is None or usample.response == "":
+        # a new attempt: a fresh sample, or one reset for retry (no response, no weight
+        # version); a --partial-rollout sample aborted before its first token keeps its
+        # weight version and resumes on its mirror, as the core resumes the same Sample
+        if m is None or (usample.response == "" and not usample.weight_versions):
             retry = 0 if m is None else m.retry_count + 1
             m = CoreSample(prompt=str(usample.prompt), prompt_tokens=prompt, index=usample.index,
                            group_index=usample.group_index, retry_count=retry)

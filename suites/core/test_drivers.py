@@ -523,3 +523,86 @@ def test_a_group_that_ends_in_the_step_the_waiter_resumes_is_in_its_done_set():
         return first == {a, b}, second == {c}, pending
 
     assert asyncio.run(main()) == (True, True, set())
+
+
+def test_a_resumed_partial_group_generates_only_its_unfinished_samples():
+    """D5 (issue 11): a --partial-rollout group comes back with finished and aborted samples;
+    upstream's generate_and_rm returns a finished one as it is, reward and all
+    (inference_rollout_common.py:L70-L75), the single-turn generate resumes an aborted one
+    and truncates one with no token budget left without a request (single_turn.py:L26-L33),
+    and only a sample without a reward is rewarded (:L130)."""
+    from miles_async_core.rollout import generate_and_rm_group
+    from miles_async_core.types import Sample, SamplingParams, Status
+
+    class Recording(_ScriptedEngine):
+        def __init__(self):
+            super().__init__({})
+            self.generated = []
+
+        async def generate(self, sample, sampling):
+            self.generated.append(sample.index)
+            sample.response_tokens += [7]
+            sample.status = Status.COMPLETED
+            return sample
+
+    done = Sample(index=0, group_index=0, response_tokens=[1, 2], status=Status.COMPLETED, reward=0.25)
+    partial = Sample(index=1, group_index=0, response_tokens=[3], status=Status.ABORTED)
+    spent = Sample(index=2, group_index=0, response_tokens=[4, 5, 6, 7], status=Status.ABORTED)
+    engine = Recording()
+    group = asyncio.run(generate_and_rm_group(engine, [done, partial, spent], SamplingParams(max_new_tokens=4),
+                                              reward_fn=lambda s: 1.0))
+    assert engine.generated == [1]
+    assert [s.status for s in group] == [Status.COMPLETED, Status.COMPLETED, Status.TRUNCATED]
+    assert [s.response_tokens for s in group] == [[1, 2], [3, 7], [4, 5, 6, 7]]
+    assert [s.reward for s in group] == [0.25, 1.0, 1.0]
+
+
+@pytest.mark.parametrize("partial_rollout", [False, True])
+def test_one_step_hands_its_pending_groups_back_only_with_partial_rollout(partial_rollout):
+    """D5 (issue 11): upstream's abort() collects the pending groups after abort_request and,
+    with --partial-rollout, the rollout function adds them back to the data source, each
+    sample with a response marked with the rollout it started in
+    (inference_rollout_train.py:L40-L53, inference_rollout_common.py:L225); without it they
+    are dropped. The next get_samples hands them out before fresh prompts."""
+    from miles_async_core.data_source import RolloutDataSourceWithBuffer
+    from miles_async_core.rollout import OneStepRollout
+    from miles_async_core.types import SamplingParams, Status
+
+    class Aborting(_ScriptedEngine):
+        """Samples 0 and 1 finish at once; the others run until abort_requests aborts them
+        with one token."""
+
+        def __init__(self):
+            super().__init__({}, with_abort_requests=True)
+            self.held = []
+
+        async def generate(self, sample, sampling):
+            if sample.index < 2:
+                sample.status = Status.COMPLETED
+                return sample
+            fut = asyncio.get_running_loop().create_future()
+            self.held.append((sample, fut))
+            return await fut
+
+        async def _abort_requests(self):
+            for sample, fut in self.held:
+                sample.response_tokens.append(9)
+                sample.weight_versions.append("1")
+                sample.status = Status.ABORTED
+                fut.set_result(sample)
+            self.held = []
+
+    config = AsyncConfig(rollout_batch_size=2, n_samples_per_prompt=1, over_sampling_batch_size=4,
+                         partial_rollout=partial_rollout)
+    source = RolloutDataSourceWithBuffer(1, lambda k: (f"p{k}", [k], None))
+    rollout = OneStepRollout(config, Aborting(), source, sampling=SamplingParams(max_new_tokens=4))
+    data, metrics = asyncio.run(rollout(3, 1))
+    assert [g[0].index for g in data] == [0, 1]
+    if partial_rollout:
+        assert [[s.index for s in g] for g in source.buffer] == [[2], [3]]
+        assert all(g[0].metadata == {"start_rollout_id": 3} and g[0].response_tokens == [9] for g in source.buffer)
+        assert metrics["rollout/dropped_groups/aborted_at_rollout_end"] == 0
+        assert [g[0].index for g in source.get_samples(3)] == [2, 3, 4]
+    else:
+        assert not source.buffer
+        assert metrics["rollout/dropped_groups/aborted_at_rollout_end"] == 2

@@ -78,6 +78,34 @@ def oldest_weight_version(fin: Event) -> int | None:
     return min(numeric) if numeric else None
 
 
+class GenerateCalls:
+    """What each ``finished`` event's generate call added to its sample. Under one-step or
+    sync ``--partial-rollout`` a group pending at a rollout's end is handed back as it is and
+    a later call extends its samples' tokens and ``weight_versions``
+    (``inference_rollout_train.py:L40-L53`` in radixark/miles); otherwise every call starts
+    afresh (a retried sample is reset first), so it added everything its event shows."""
+
+    def __init__(self, config: AsyncConfig) -> None:
+        self.carry = bool(getattr(config, "partial_rollout", False)) and not config.fully_async
+        self._last: dict[int, tuple[int, list]] = {}  # index -> (response_length, weight_versions)
+
+    def added(self, fin: Event) -> tuple[list, list, list]:
+        """(token runs, ``weight_versions`` entries) this call added, and the entries before it."""
+        runs, wv = [list(r) for r in fin["token_versions"]], list(fin["weight_versions"])
+        prev = self._last.get(fin["index"]) if self.carry else None
+        if self.carry:
+            self._last[fin["index"]] = (fin["response_length"], wv)
+        if prev is None:
+            return runs, wv, []
+        skip, new_runs = prev[0], []
+        for version, kv, count in runs:
+            take = count - min(skip, count)
+            skip -= count - take
+            if take:
+                new_runs.append([version, kv, take])
+        return new_runs, wv[len(prev[1]):], wv[:len(prev[1])]
+
+
 def effective_pause_mode(config: AsyncConfig) -> str:
     """The mode the updater really uses: FSDP always retracts (`update_weight_utils.py:L74`)."""
     return "retract" if config.train_backend == "fsdp" else config.pause_generation_mode

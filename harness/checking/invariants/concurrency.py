@@ -6,7 +6,11 @@
   granularity.
 * ``whole_group_submission``: groups are submitted whole and in the order they were
   taken: after a ``taken``, that group's ``n`` samples are submitted before any sample
-  of a later group.
+  of a later group. A one-step ``--partial-rollout`` group handed back and taken again
+  submits only its samples that did not finish (upstream's ``generate_and_rm`` keeps a
+  finished one as it is), and an aborted one that has used its token budget is truncated
+  without a request, which the trace cannot tell from a missing one: such samples may be
+  left out.
 * ``one_group_per_pull``: under fully-async every ``get_samples`` call hands out exactly
   one group (item 9: ``--over-sampling-batch-size`` has no effect), read from the
   ``call`` number each ``taken`` event carries.
@@ -52,11 +56,23 @@ def check_in_flight_cap(events: list[Event], config: AsyncConfig) -> list[Violat
 def check_whole_group_submission(events: list[Event], config: AsyncConfig) -> list[Violation]:
     name, out = "whole_group_submission", []
     queue: list[list] = []  # [group_index, indices still to submit]
+    partial = bool(getattr(config, "partial_rollout", False)) and not config.fully_async
+    last: dict[int, Event] = {}  # sample index -> its last `finished` (partial rollout)
     for pos, e in enumerate(events):
         k = e.kind
-        if k == ev.TAKEN:
-            queue.append([e["group_index"], list(e["indices"])])
+        if k == ev.FINISHED and partial:
+            last[e["index"]] = e
+        elif k == ev.TAKEN:
+            indices = list(e["indices"])
+            if partial and e["recycled"]:
+                indices = [i for i in indices if i not in last or last[i]["status"] == "aborted"]
+            queue.append([e["group_index"], indices])
+            queue = [q for q in queue if q[1]]
         elif k == ev.SUBMITTED:
+            if partial:  # resumed samples with a spent budget send no request
+                while queue and queue[0][0] != e["group_index"] and all(
+                        i in last and last[i]["response_length"] > 0 for i in queue[0][1]):
+                    queue.pop(0)
             if not queue or queue[0][0] != e["group_index"] or e["index"] not in queue[0][1]:
                 head = queue[0][0] if queue else None
                 out.append(violation(name, f"sample {e['index']} of group {e['group_index']} submitted while group "

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from miles_async_core import events as ev
 from miles_async_core.config import AsyncConfig
-from harness.checking.invariants.base import Violation, effective_pause_mode, invariant, violation
+from harness.checking.invariants.base import GenerateCalls, Violation, effective_pause_mode, invariant, violation
 from harness.trace import Event
 
 
@@ -88,6 +88,7 @@ def check_abort_semantics(events: list[Event], config: AsyncConfig) -> list[Viol
     on_engine: dict[int, object] = {}  # index -> the engine it was submitted to (None: the only one)
     pending_abort: dict[int, tuple[int, bool]] = {}  # index -> (version at the abort pause, resumed since)
     faulted: set[int] = set()
+    calls = GenerateCalls(config)
     abort_pos = -1
     for pos, e in enumerate(events):
         k = e.kind
@@ -115,10 +116,11 @@ def check_abort_semantics(events: list[Event], config: AsyncConfig) -> list[Viol
         elif k == ev.FINISHED:
             i = e["index"]
             in_flight.pop(i, None)
+            new_runs, added, _ = calls.added(e)
             if i in pending_abort:
                 v, resumed = pending_abort.pop(i)
-                versions = {r[0] for r in e["token_versions"]}
-                if resumed or e["status"] != "aborted" or not versions <= {v} or list(e["weight_versions"]) != [str(v)]:
+                versions = {r[0] for r in new_runs}
+                if resumed or e["status"] != "aborted" or not versions <= {v} or added != [str(v)]:
                     out.append(violation(name, f"request {i} in flight at the abort pause returned "
                                          f"{'after the resume ' if resumed else ''}status={e['status']} token "
                                          f"versions {sorted(versions)} weight_versions={e['weight_versions']}; "

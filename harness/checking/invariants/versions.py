@@ -5,7 +5,9 @@
 * ``token_versions``: every ``finished`` sample's tokens were sampled by versions in
   force between its ``submitted`` and its ``finished`` event, in non-decreasing order;
   it records exactly one ``weight_versions`` entry, the version in force at completion
-  (Miles' completion-time stamp), and its per-token runs cover ``response_length``.
+  (Miles' completion-time stamp), and its per-token runs cover ``response_length``. Under
+  one-step ``--partial-rollout`` a resumed sample keeps what it had (``GenerateCalls``):
+  each call adds one entry, and the tokens it adds fall in its own window.
   Every ``decode_step`` a real engine records sampled with the version in force.
 * ``update_outside_generate``: no weight load falls inside a generate (drain) call.
 """
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 from miles_async_core import events as ev
 from miles_async_core.config import AsyncConfig
-from harness.checking.invariants.base import Violation, invariant, violation
+from harness.checking.invariants.base import GenerateCalls, Violation, invariant, violation
 from harness.trace import Event
 
 
@@ -40,6 +42,7 @@ def check_version_steps(events: list[Event], config: AsyncConfig) -> list[Violat
 def check_token_versions(events: list[Event], config: AsyncConfig) -> list[Violation]:
     name, out, engine = "token_versions", [], 0
     submitted: dict[int, int] = {}
+    calls = GenerateCalls(config)
     for pos, e in enumerate(events):
         if e.kind == ev.ENGINE_VERSION:
             engine = e["version"]
@@ -59,17 +62,19 @@ def check_token_versions(events: list[Event], config: AsyncConfig) -> list[Viola
             if lo is None:
                 problems.append("finished without being submitted")
                 lo = engine
+            new_runs, added, before = calls.added(e)
             versions = [r[0] for r in runs]
             if versions != sorted(versions):
                 problems.append(f"token versions go backwards: {versions}")
-            if any(not lo <= v <= engine for v in versions):
-                problems.append(f"token versions {versions} outside the versions in force [{lo}, {engine}]")
+            if any(not lo <= r[0] <= engine for r in new_runs):
+                problems.append(f"token versions {[r[0] for r in new_runs]} outside the versions in force "
+                                f"[{lo}, {engine}]")
             if sum(r[2] for r in runs) != e["response_length"]:
                 problems.append(f"token runs cover {sum(r[2] for r in runs)} tokens, response_length is "
                                 f"{e['response_length']}")
-            if list(e["weight_versions"]) != [str(engine)]:
-                problems.append(f"weight_versions={e['weight_versions']}, expected ['{engine}'] (the version "
-                                "at completion)")
+            if added != [str(engine)]:
+                problems.append(f"weight_versions={e['weight_versions']}, expected {before + [str(engine)]} (the "
+                                "version at completion" + (", after those it had" if before else "") + ")")
             if runs and runs[-1][0] != engine and e["status"] != "aborted":
                 problems.append(f"last token run has version {runs[-1][0]}, completion version is {engine}")
             if problems:
