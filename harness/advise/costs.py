@@ -19,7 +19,13 @@ The model is the simulator's (``harness.sim.engine`` / ``trainer``):
   fixed when they do not vary), capped at ``max_new_tokens``;
 * weight sync: the mean weight-sync phase of sync mode (the engine is idle there);
 * pause/resume: fully-async's mean weight-sync phase minus the sync-mode cost and minus
-  the half decode step a pause waits for the step boundary (0 without fully-async).
+  the half decode step a pause waits for the step boundary (0 without fully-async);
+* repeats (a results file with several): the costs above come from the first repeat's
+  timeline and are scaled to the median repeat's busy time per step (``repeat_scale``);
+* contention (``harness.sim.contention``): from the overlapped modes' repeats, each
+  against the sync repeat of the same index, how much slower the engine's decode time
+  and the trainer's training time were per second of overlap (``fit_contention``); 0
+  without overlapped modes.
 
 A coefficient the run cannot identify (its column is, within noise, a multiple of the
 others: e.g. every step had the same batch and lengths, so per-step and per-sequence
@@ -69,6 +75,11 @@ class CostModel:
     train_per_token_s: float
     weight_sync_s: float
     pause_resume_s: float = 0.0
+    # contention (harness.sim.contention, fitted by fit_contention): while the trainer trains
+    # an engine step costs (1 + contention_engine) times as much; while an engine decodes a
+    # training step runs at 1 / (1 + contention_trainer) of its rate. 0: the sides are independent
+    contention_engine: float = 0.0
+    contention_trainer: float = 0.0
     reference: dict[str, Any] = field(default_factory=lambda: {"engine_gpus": 1, "trainer_gpus": 1})
     fit: dict[str, Any] = field(default_factory=dict)
 
@@ -143,6 +154,10 @@ class Observations:
     lengths_exact: bool
     source: str
     fully_async_sync_s: list[float] | None = None  # weight-sync spans of a fully-async run, if any
+    # per mode, each repeat's busy totals (a results file's extra.repeats; mode_rows of a
+    # simulated run) and the mode's resolved flags: what repeat_scale and fit_contention read
+    repeats: dict[str, list[dict[str, Any]]] | None = None
+    configs: dict[str, dict[str, Any]] | None = None
 
 
 def _per_step_spans(phases: list[list[Any]]) -> list[dict[str, float]]:
@@ -253,7 +268,8 @@ def observations_from_results(path: str | Path, *, mode: str = "sync", trace: st
     if not max_new:
         max_new = max(max(s.lengths) for s in steps)
     return Observations(mode=mode, steps=steps, max_running=max_running, prompt_tokens=prompt or 0,
-                        max_new_tokens=max_new, lengths_exact=False, source=str(path), fully_async_sync_s=fa_sync)
+                        max_new_tokens=max_new, lengths_exact=False, source=str(path), fully_async_sync_s=fa_sync,
+                        repeats=extra.get("repeats"), configs=config.get("modes"))
 
 
 # --- the fit ------------------------------------------------------------------------------
@@ -385,12 +401,160 @@ def fit_costs(obs: Observations, *, warmup_steps: int = 1) -> CostModel:
                               "(request dispatch, reward, IPC); not simulated"},
         "notes": notes,
     }
-    return CostModel(decode_base_s=a if a > 0 else 1e-9, decode_per_seq_s=b,
-                     prefill_per_token_s=eng["coef"].get("prefill_per_token_s", 0.0), max_running=obs.max_running,
-                     prompt_tokens=obs.prompt_tokens, max_new_tokens=obs.max_new_tokens, response_length=length,
-                     train_base_s=trn["coef"].get("train_base_s", 0.0),
-                     train_per_token_s=trn["coef"].get("train_per_token_s", 0.0), weight_sync_s=ws,
-                     pause_resume_s=pause, fit=fit)
+    costs = CostModel(decode_base_s=a if a > 0 else 1e-9, decode_per_seq_s=b,
+                      prefill_per_token_s=eng["coef"].get("prefill_per_token_s", 0.0), max_running=obs.max_running,
+                      prompt_tokens=obs.prompt_tokens, max_new_tokens=obs.max_new_tokens, response_length=length,
+                      train_base_s=trn["coef"].get("train_base_s", 0.0),
+                      train_per_token_s=trn["coef"].get("train_per_token_s", 0.0), weight_sync_s=ws,
+                      pause_resume_s=pause, fit=fit)
+    if obs.repeats:
+        costs = repeat_scale(obs, costs)
+        costs = fit_contention(obs, costs)
+    return costs
+
+
+# --- repeats and contention ----------------------------------------------------------------
+
+OVERLAPPED = ("one-step", "fully-async")
+
+
+def config_of(configs: dict[str, dict[str, Any]], mode: str) -> Any:
+    """The ``AsyncConfig`` of ``mode`` from a results file's ``config.modes``."""
+    from miles_async_core.config import AsyncConfig
+
+    names = set(AsyncConfig().to_dict())
+    return AsyncConfig.from_dict({k: v for k, v in configs[mode].items() if k in names})
+
+
+def mode_rows(result: Any) -> dict[str, Any]:
+    """A simulated run's busy totals in the shape of a results file's ``extra.repeats``
+    row (the simulated engine records no decode steps: its generating phase stands in)."""
+    from harness.sim.simulate import summarize
+
+    s = summarize(result)
+    return {"steps": s["steps"], "wall_s": s["window_s"], "rollout_busy_s": s["rollout_generating_s"],
+            "decode_busy_s": 0.0, "train_busy_s": s["train_training_s"], "weight_sync_s": s["weight_sync_s"],
+            "both_busy_s": s["both_busy_fraction"] * s["window_s"]}
+
+
+def repeat_scale(obs: Observations, costs: CostModel) -> CostModel:
+    """The fit reads the first repeat's timeline (the only one a results file keeps), but a
+    run's figures are medians over its repeats, and repeats differ by the machine's load
+    (run-a's two sync repeats: 0.642 and 0.707 s/step). So each component's costs are
+    scaled by the median over the calibration mode's repeats of its busy time per step
+    (engine generating, trainer training, weight sync) over the first repeat's."""
+    rows = [r for r in (obs.repeats or {}).get(obs.mode) or [] if r.get("steps")]
+    if len(rows) < 2:
+        return costs
+
+    def ratio(key: str) -> float:
+        per = [r[key] / r["steps"] for r in rows]
+        return float(np.median(per) / per[0]) if per[0] > 0 else 1.0
+
+    e, t, w = ratio("rollout_busy_s"), ratio("train_busy_s"), ratio("weight_sync_s")
+    fit = {**costs.fit, "repeat_scale": {"engine": e, "trainer": t, "weight_sync": w, "repeats": len(rows),
+                                         "source": "median over the repeats of the busy time per step / the first "
+                                                   "repeat's (whose timeline the fit read)"}}
+    return dataclasses.replace(costs, decode_base_s=costs.decode_base_s * e,
+                               decode_per_seq_s=costs.decode_per_seq_s * e,
+                               prefill_per_token_s=costs.prefill_per_token_s * e, train_base_s=costs.train_base_s * t,
+                               train_per_token_s=costs.train_per_token_s * t, weight_sync_s=costs.weight_sync_s * w,
+                               fit=fit)
+
+
+def _engine_busy_s(row: dict[str, Any]) -> float:
+    """The engine's own decode-step time where it recorded it, else its generating phase."""
+    return float(row.get("decode_busy_s") or row["rollout_busy_s"])
+
+
+def _engine_steps_ratio(costs: CostModel, configs: dict[str, dict[str, Any]], mode: str, sync_mode: str) -> float:
+    """Engine steps per trained step in ``mode`` over those in ``sync_mode``, from the
+    simulator's schedule (fully-async decodes more per trained step than sync: it fills
+    the buffer ahead and re-prefills what a pause retracted)."""
+    from harness.advise.predict import Layout, simulate_layout  # predict imports this module
+
+    per = {}
+    for m in (mode, sync_mode):
+        res = simulate_layout(costs, config_of(configs, m), Layout())
+        if res.error is not None or not res.history:
+            raise RuntimeError(f"contention fit: the simulated {m} run failed: {res.error!r}")
+        per[m] = res.engine_stats["steps"] / len(res.history)
+    return per[mode] / per[sync_mode]
+
+
+def _through_origin(points: list[dict[str, Any]], measured: str, alone: str) -> dict[str, Any]:
+    """Fit ``measured - alone = k * both_busy_s`` (least squares through 0) and turn the
+    slope into the contention factor ``c = k / (1 - k)``: a side slowed by ``1 + c`` for
+    ``o`` seconds of overlap loses ``o * c / (1 + c)``. Errors: the standard error of
+    ``c`` and the relative residuals of the busy time it predicts."""
+    x = np.asarray([p["both_busy_s"] for p in points], dtype=float)
+    y = np.asarray([p[measured] - p[alone] for p in points], dtype=float)
+    sxx = float(x @ x)
+    k = float(x @ y) / sxx if sxx > 0 else 0.0
+    resid = y - k * x
+    se = math.sqrt(float(resid @ resid) / (len(y) - 1) / sxx) if len(y) > 1 and sxx > 0 else None
+    notes = []
+    if k < 0:
+        notes.append(f"slope {k:.4f} < 0 (the side ran faster when overlapped): taken as 0")
+    if k > 0.95:
+        notes.append(f"slope {k:.4f} near 1 (no progress while overlapped): capped at 0.95")
+    k_used = min(max(k, 0.0), 0.95)
+    c = k_used / (1 - k_used)
+    c_se = se / (1 - k_used) ** 2 if se is not None else None
+    pred = np.asarray([p[alone] for p in points]) + k_used * x
+    meas = np.asarray([p[measured] for p in points])
+    rel = (pred - meas) / np.maximum(meas, 1e-12)
+    return {"c": c, "slope": k, "c_se": c_se, "c_rel_se": c_se / c if c_se is not None and c > 0 else None,
+            "rms_rel_error": float(np.sqrt(np.mean(rel ** 2))), "max_rel_error": float(np.abs(rel).max()),
+            "n": len(points), "notes": notes}
+
+
+def fit_contention(obs: Observations, costs: CostModel, *, iterations: int = 4) -> CostModel:
+    """Fit ``contention_engine`` and ``contention_trainer`` (``harness.sim.contention``)
+    from the overlapped modes beside the calibration's sync mode.
+
+    Each repeat of an overlapped mode is paired with the sync repeat of the same index
+    (interleaved, so measured under the same load). Alone costs come from that sync
+    repeat: the trainer's training time per step (the same batch), the engine's decode
+    time per step times the ratio of engine steps per trained step the simulator's
+    schedule gives the mode over sync. The overlap is the time the engine's decode steps
+    (its own timestamps) fall inside the trainer's training intervals (``both_busy_s``).
+    Then per side ``busy - alone = k * overlap`` through the origin, ``c = k / (1 - k)``.
+    The step ratio depends on the timing, so fit and simulation alternate until the
+    factors settle (``iterations`` at most)."""
+    sync_rows = (obs.repeats or {}).get(obs.mode) or []
+    modes = [m for m in OVERLAPPED if (obs.repeats or {}).get(m) and m in (obs.configs or {})]
+    if obs.mode != "sync" or not sync_rows or not modes or obs.mode not in (obs.configs or {}):
+        return dataclasses.replace(costs, fit={**costs.fit, "contention": {
+            "source": "none (no overlapped mode beside sync in the input): 0"}})
+    fitted, result = costs, {}
+    for _ in range(iterations):
+        ratio = {m: _engine_steps_ratio(fitted, obs.configs, m, obs.mode) for m in modes}
+        points = []
+        for m in modes:
+            for i, a in enumerate(obs.repeats[m]):
+                if i >= len(sync_rows) or not a.get("steps") or not sync_rows[i].get("steps"):
+                    continue
+                s, n, ns = sync_rows[i], a["steps"], sync_rows[i]["steps"]
+                points.append({"mode": m, "repeat": i, "both_busy_s": a["both_busy_s"] / n,
+                               "train_s": a["train_busy_s"] / n, "train_alone_s": s["train_busy_s"] / ns,
+                               "engine_s": _engine_busy_s(a) / n,
+                               "engine_alone_s": _engine_busy_s(s) / ns * ratio[m]})
+        result = {side: _through_origin(points, f"{side}_s", f"{side}_alone_s") for side in ("engine", "train")}
+        by_mode = {m: {side: _through_origin([p for p in points if p["mode"] == m], f"{side}_s",
+                                             f"{side}_alone_s")["c"] for side in ("engine", "train")} for m in modes}
+        new = dataclasses.replace(fitted, contention_engine=result["engine"]["c"],
+                                  contention_trainer=result["train"]["c"])
+        settled = (abs(new.contention_engine - fitted.contention_engine) < 1e-4
+                   and abs(new.contention_trainer - fitted.contention_trainer) < 1e-4)
+        fitted = new
+        if settled:
+            break
+    info = {"source": "overlapped repeats vs the sync repeat of the same index: busy time per step minus alone "
+                      "time = slope x overlap (engine decode inside training), c = slope / (1 - slope)",
+            "engine": result["engine"], "trainer": result["train"], "by_mode": by_mode,
+            "engine_steps_ratio": ratio, "points": points}
+    return dataclasses.replace(fitted, fit={**costs.fit, "contention": info})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -403,6 +567,10 @@ def main(argv: list[str] | None = None) -> int:
     costs = fit_costs(observations_from_results(args.results, mode=args.mode, trace=args.trace))
     path = costs.write(args.out)
     print(json.dumps({k: v for k, v in costs.to_json().items() if k != "fit"}, indent=1, sort_keys=True))
+    cont = costs.fit.get("contention", {})
+    if "engine" in cont:
+        print(f"contention: engine {costs.contention_engine:.3f} (se {cont['engine']['c_se']}), trainer "
+              f"{costs.contention_trainer:.3f} (se {cont['trainer']['c_se']}), from {cont['engine']['n']} repeats")
     print("notes:\n  " + "\n  ".join(costs.fit["notes"]) if costs.fit["notes"] else "notes: none")
     print(f"wrote {path}")
     return 0

@@ -18,6 +18,13 @@ of N), loads the version into each, and resumes them; a pause that interrupts ru
 requests costs ``pause_resume_s`` more. The rollout side counts as busy while any
 engine is.
 
+Contention. Costs fitted on a machine where the engine and the trainer share hardware
+(the 2-core CPU main job) carry contention factors (``harness.sim.contention``): while
+the trainer trains every engine step is slower, while an engine decodes training is
+slower. They apply to layouts whose engines and trainer have the calibrated sizes
+(``calibrated_units``: any number of such engines), i.e. the calibrated kind of
+machine; a layout of bigger engines or trainers is another machine and gets none.
+
 ``predict`` simulates the given flags and, for the speedup, the same flags as sync
 (``train.py``: no overlap). Sync steps are independent of each other, so the sync
 baseline simulates at most ``SYNC_BASELINE_STEPS`` steps and uses their mean step time.
@@ -40,9 +47,11 @@ from miles_async_core.errors import ConfigError
 from miles_async_core.rules import validate
 from harness.advise.costs import CostModel
 from harness.measure.overlap import ideal_speedup
+from harness.sim.contention import Contention
 from harness.sim.engine import _DONE, SimEngine, SimEngineConfig
 from harness.sim.scenario import Scenario
 from harness.sim.simulate import simulate, summarize
+from harness.sim.trainer import SimTrainer, SimTrainerConfig
 
 SYNC_BASELINE_STEPS = 10
 TP_SIZES = (1, 2, 4, 8)  # one node; larger engines span whole nodes (multiples of 8)
@@ -103,16 +112,19 @@ def check_layout(layout: Layout, config: AsyncConfig, profile: str = "manual") -
 
 
 class _Busy:
-    """Rollout side busy while any engine is: one PHASE_START/END pair on the run's sink."""
+    """Rollout side busy while any engine is: one PHASE_START/END pair on the run's sink;
+    the count of busy engines goes to the contention model, if any."""
 
-    def __init__(self, sink: Any) -> None:
-        self.sink, self.count = sink, 0
+    def __init__(self, sink: Any, contention: Contention | None = None) -> None:
+        self.sink, self.count, self.contention = sink, 0, contention
 
     def set(self, busy: bool) -> None:
         before = self.count
         self.count += 1 if busy else -1
         if self.sink.enabled and (before == 0) != (self.count == 0):
             self.sink.emit(ev.PHASE_START if self.count else ev.PHASE_END, side="rollout", phase="generating")
+        if self.contention is not None:
+            self.contention.engine_busy(self.count)
 
 
 class _EngineSink:
@@ -158,12 +170,14 @@ class RoutedEngines:
     """N ``SimEngine``s behind a least-outstanding-requests router (the engine contract)."""
 
     def __init__(self, config: SimEngineConfig, n: int, *, sink: Any = None, weight_sync_s: float = 0.0,
-                 pause_resume_s: float = 0.0, detail: bool = False) -> None:
+                 pause_resume_s: float = 0.0, detail: bool = False, contention: Contention | None = None) -> None:
         sink = sink or NullSink()
-        busy = _Busy(sink)
+        busy = _Busy(sink, contention)
         inner = _EngineSink(sink, detail)
         self._load = [0] * n  # outstanding requests per engine (submitted, not yet returned)
         self.engines = [_RoutedEngine(config, sink=inner, busy=busy, load=self._load, index=i) for i in range(n)]
+        for e in self.engines if contention is not None else ():
+            contention.attach(e)
         self.weight_sync_s, self.pause_resume_s = weight_sync_s, pause_resume_s
         self.sink = sink
 
@@ -210,12 +224,33 @@ def scenario_for(costs: CostModel, config: AsyncConfig, layout: Layout) -> Scena
                     trainer=costs.trainer_config(layout.trainer_gpus), max_new_tokens=costs.max_new_tokens)
 
 
+def calibrated_units(costs: CostModel, layout: Layout) -> bool:
+    """Whether the layout's engines and trainer are the calibrated ones (``reference``):
+    then they run on the machine the costs were measured on, and slow each other as they
+    did there (contention); engines or a trainer of another size are another machine,
+    where the model keeps them independent."""
+    ref = costs.reference
+    return layout.gpus_per_engine == ref.get("engine_gpus", 1) and layout.trainer_gpus == ref.get("trainer_gpus", 1)
+
+
 def simulate_layout(costs: CostModel, config: AsyncConfig, layout: Layout, *, detail: bool = False) -> Any:
+    """One simulated run; with a contention factor above 0 in ``costs`` the engines and the
+    trainer slow each other (``harness.sim.contention``), else they run independently."""
+    contention = None
+    if (costs.contention_engine or costs.contention_trainer) and calibrated_units(costs, layout):
+        contention = Contention(engine=costs.contention_engine, trainer=costs.contention_trainer)
+
     def factory(cfg: SimEngineConfig, sink: Any) -> RoutedEngines:
         return RoutedEngines(cfg, layout.engines, sink=sink, weight_sync_s=costs.weight_sync_s,
-                             pause_resume_s=costs.pause_resume_s, detail=detail)
+                             pause_resume_s=costs.pause_resume_s, detail=detail, contention=contention)
 
-    return simulate(scenario_for(costs, config, layout), engine_factory=factory)
+    def trainer_factory(cfg: SimTrainerConfig) -> SimTrainer:
+        trainer = SimTrainer(cfg)
+        trainer.contention = contention
+        return trainer
+
+    return simulate(scenario_for(costs, config, layout), engine_factory=factory,
+                    trainer_factory=trainer_factory if contention is not None else None)
 
 
 def sync_config(config: AsyncConfig) -> AsyncConfig:
@@ -267,6 +302,8 @@ def predict(costs: CostModel, config: AsyncConfig, layout: Layout, *, profile: s
         "queue_size_mean": s["queue_size_mean"], "queue_size_max": s["queue_size_max"],
         "capacity": config.capacity if config.fully_async else None,
         "both_busy_fraction": s["both_busy_fraction"], "rollout_idle_ratio": s["rollout_idle_ratio"],
+        "busy_per_step_s": {"generating": s["rollout_generating_s"] / steps, "training": s["train_training_s"] / steps,
+                            "weight_sync": s["weight_sync_s"] / steps},
         "train_idle_ratio": s["train_idle_ratio"], "samples_trained": samples, "cpu_s": cpu,
         "samples_per_cpu_s": samples / cpu if cpu > 0 else None,
     }

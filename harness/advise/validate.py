@@ -57,9 +57,13 @@ def measured(doc: dict[str, Any], mode: str) -> dict[str, Any]:
     speed = sorted(r["speedup"] for r in rows if r.get("speedup") is not None)
     ages = [a for h in doc["extra"].get("per_step", {}).get(mode, []) for a in h.get("age_versions", [])]
     med = lambda xs: xs[len(xs) // 2] if len(xs) % 2 else 0.5 * (xs[len(xs) // 2 - 1] + xs[len(xs) // 2])  # noqa
+    busy = {side: med(sorted(r[key] / r["steps"] for r in rows if r.get("steps") and key in r))
+            for side, key in (("generating", "rollout_busy_s"), ("training", "train_busy_s"),
+                              ("weight_sync", "weight_sync_s")) if all(key in r for r in rows)}
     return {"step_s": med(per_step), "step_s_min": per_step[0], "step_s_max": per_step[-1],
             "speedup": med(speed) if speed else (1.0 if mode == "sync" else None), "repeats": len(rows),
-            "age_mean": sum(ages) / len(ages) if ages else None, "age_max": max(ages) if ages else None}
+            "age_mean": sum(ages) / len(ages) if ages else None, "age_max": max(ages) if ages else None,
+            "busy_per_step_s": busy}
 
 
 def closed_form(costs: CostModel, config: AsyncConfig) -> dict[str, Any]:
@@ -86,6 +90,12 @@ def closed_form(costs: CostModel, config: AsyncConfig) -> dict[str, Any]:
             "fully_async_age_mean_trainer_bound": cap_groups if T + W >= R_stream else None}
 
 
+def layout_of(spec: dict[str, Any]) -> Layout:
+    """The run's layout as the advisor sees it: the Ray layout's ``--num-engines`` engines
+    (each of the calibrated size), else one engine."""
+    return Layout(engines=int(spec.get("num_engines", 1)) if spec.get("layout") == "ray" else 1)
+
+
 def validate(calibration: str, others: list[str]) -> dict[str, Any]:
     costs = fit_costs(observations_from_results(calibration))
     rows = []
@@ -93,17 +103,19 @@ def validate(calibration: str, others: list[str]) -> dict[str, Any]:
         doc = json.loads(Path(path).read_text())
         spec = doc["config"].get("spec", {})
         c = dataclasses.replace(costs, max_running=int(spec.get("max_running", costs.max_running)))
+        layout = layout_of(spec)
         modes = [m for m in MODES if m in doc["config"].get("modes", {})]
         for mode in modes:
             cfg = _config_of(doc, mode)
             meas = measured(doc, mode)
-            pred = predict(c, cfg, Layout())
-            base = predict_sync(c, cfg, Layout(), cfg.num_rollout)
+            pred = predict(c, cfg, layout)
+            base = predict_sync(c, cfg, layout, cfg.num_rollout)
             cf = closed_form(c, cfg)
             cf_step = {"sync": cf["sync_step_s"], "one-step": cf["one_step_step_s"],
                        "fully-async": cf["fully_async_step_s"]}[mode]
             row = {
                 "file": path, "mode": mode, "calibration": path == calibration and mode == "sync",
+                "layout": spec.get("layout", "split"), "engines": layout.engines,
                 "B": cfg.rollout_batch_size, "n": cfg.n_samples_per_prompt, "interval": cfg.update_weights_interval,
                 "max_staleness": cfg.max_weight_staleness, "steps": cfg.num_rollout,
                 "measured_step_s": meas["step_s"], "measured_step_s_range": [meas["step_s_min"], meas["step_s_max"]],
@@ -111,6 +123,8 @@ def validate(calibration: str, others: list[str]) -> dict[str, Any]:
                 "predicted_step_s": pred["step_s"], "predicted_speedup": base["step_s"] and base["step_s"] / pred["step_s"],
                 "closed_form_step_s": cf_step,
                 "closed_form_speedup": cf["sync_step_s"] / cf_step,
+                "measured_busy_per_step_s": meas["busy_per_step_s"],
+                "predicted_busy_per_step_s": pred["busy_per_step_s"],
                 "measured_age_mean": meas["age_mean"], "measured_age_max": meas["age_max"],
                 "predicted_age_mean": pred["age_recorded"]["mean"], "predicted_age_max": pred["age_recorded"]["max"],
                 "closed_form_age": {"sync": 0, "one-step": cf["one_step_age"],
@@ -126,56 +140,133 @@ def validate(calibration: str, others: list[str]) -> dict[str, Any]:
     return {"calibration": calibration, "costs": costs.to_json(), "rows": rows}
 
 
-def to_markdown(report: dict[str, Any], command: str) -> str:
-    pct = lambda x: "-" if x is None else f"{x:+.1%}"  # noqa: E731
-    f3 = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:+.1%}"
+
+
+def _f3(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f}"
+
+
+def _label(r: dict[str, Any]) -> str:
+    return f"{Path(r['file']).parent.name}{' (calib.)' if r['calibration'] else ''}"
+
+
+def _layout(r: dict[str, Any]) -> str:
+    return f"ray x{r['engines']}" if r.get("layout") == "ray" else r.get("layout", "split")
+
+
+def _calibration_text(report: dict[str, Any]) -> list[str]:
     c = report["costs"]
+    fit = c["fit"]
+    scale = fit.get("repeat_scale")
+    cont = fit.get("contention", {})
     lines = [
-        "# advise: predicted vs measured (CPU main job)", "",
-        f"Made by: `{command}`", "",
-        f"Calibration: the sync mode of `{report['calibration']}` (first repeat's timeline). Fitted costs: decode "
-        f"step {c['decode_base_s'] * 1e3:.2f} ms + {c['decode_per_seq_s'] * 1e6:.1f} us/seq, train "
-        f"{c['train_base_s']:.3f} s + {c['train_per_token_s'] * 1e6:.1f} us/token, weight sync "
+        f"Calibration: the sync mode of `{report['calibration']}` (first repeat's timeline"
+        + (f", costs scaled to the median repeat: engine x{scale['engine']:.3f}, trainer x{scale['trainer']:.3f}, "
+           f"weight sync x{scale['weight_sync']:.3f}" if scale else "")
+        + f"). Fitted costs: decode step {c['decode_base_s'] * 1e3:.2f} ms + {c['decode_per_seq_s'] * 1e6:.1f} us/seq, "
+        f"train {c['train_base_s']:.3f} s + {c['train_per_token_s'] * 1e6:.1f} us/token, weight sync "
         f"{c['weight_sync_s'] * 1e3:.1f} ms, pause/resume {c['pause_resume_s'] * 1e3:.1f} ms; engine fit RMS error "
-        f"{c['fit']['engine']['rms_rel_error']:.1%}, trainer {c['fit']['trainer']['rms_rel_error']:.1%}.", "",
-        "Measured: median over the run's repeats of wall/step and of the per-repeat speedup (against the same "
-        "repeat's sync). Predicted: `harness.advise.predict` (simulator, fitted costs). Closed form: "
-        "`harness.advise.validate.closed_form` on the same fitted costs.", "",
-        "| file | mode | B | k | s | measured s/step (range) | sim s/step (err) | closed-form s/step (err) | "
-        "measured speedup | sim speedup (err) | closed-form speedup (err) | age mean/max: measured | sim | "
-        "closed form |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in report["rows"]:
+        f"{fit['engine']['rms_rel_error']:.1%}, trainer {fit['trainer']['rms_rel_error']:.1%}.", ""]
+    if "engine" in cont:
+        e, t = cont["engine"], cont["trainer"]
+        se = lambda x: "-" if x["c_se"] is None else f"{x['c_se']:.3f}"  # noqa: E731
+        by = "; ".join(f"{m} alone: engine {v['engine']:.3f}, trainer {v['train']:.3f}"
+                       for m, v in cont["by_mode"].items())
+        lines += [
+            f"Contention (`harness.sim.contention`, fitted by `harness.advise.costs.fit_contention` on the same run's "
+            f"{e['n']} overlapped repeats, each against the sync repeat of the same index): while the trainer trains "
+            f"an engine step costs 1 + **{c['contention_engine']:.3f}** (standard error {se(e)}; the engine busy time "
+            f"it predicts is off by {e['rms_rel_error']:.1%} RMS) times as much; while the engine decodes a training "
+            f"step costs 1 + **{c['contention_trainer']:.3f}** (standard error {se(t)}; {t['rms_rel_error']:.1%} RMS) "
+            f"times as much. Fitted on each mode alone: {by}.", ""]
+    else:
+        lines += [f"Contention: {cont.get('source', 'not fitted')}.", ""]
+    return lines
+
+
+def _main_table(rows: list[dict[str, Any]]) -> list[str]:
+    lines = ["| file | layout | mode | B | k | s | measured s/step (range) | sim s/step (err) | "
+             "closed-form s/step (err) | measured speedup | sim speedup (err) | closed-form speedup (err) | age mean/max: measured | sim | "
+             "closed form |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
         lo, hi = r["measured_step_s_range"]
         lines.append(
-            f"| {Path(r['file']).parent.name}{' (calib.)' if r['calibration'] else ''} | {r['mode']} | {r['B']} | "
+            f"| {_label(r)} | {_layout(r)} | {r['mode']} | {r['B']} | "
             f"{r['interval']} | {'-' if r['max_staleness'] is None else r['max_staleness']} | "
-            f"{r['measured_step_s']:.4f} ({lo:.3f}-{hi:.3f}) | {r['predicted_step_s']:.4f} ({pct(r['step_error'])}) | "
-            f"{r['closed_form_step_s']:.4f} ({pct(r['closed_form_step_error'])}) | {f3(r['measured_speedup'])} | "
-            f"{f3(r['predicted_speedup'])} ({pct(r.get('speedup_error'))}) | {f3(r['closed_form_speedup'])} "
-            f"({pct(r.get('closed_form_speedup_error'))}) | "
-            f"{f3(r['measured_age_mean'])}/{r['measured_age_max']} | {f3(r['predicted_age_mean'])}/"
+            f"{r['measured_step_s']:.4f} ({lo:.3f}-{hi:.3f}) | {r['predicted_step_s']:.4f} ({_pct(r['step_error'])}) | "
+            f"{r['closed_form_step_s']:.4f} ({_pct(r['closed_form_step_error'])}) | {_f3(r['measured_speedup'])} | "
+            f"{_f3(r['predicted_speedup'])} ({_pct(r.get('speedup_error'))}) | {_f3(r['closed_form_speedup'])} "
+            f"({_pct(r.get('closed_form_speedup_error'))}) | "
+            f"{_f3(r['measured_age_mean'])}/{r['measured_age_max']} | {_f3(r['predicted_age_mean'])}/"
             f"{r['predicted_age_max']} | {r['closed_form_age']} (bound {r['closed_form_age_bound']}) |")
-    lines += [
-        "", "## Reading the table", "",
-        "* Simulator vs closed form: on these runs lengths are fixed (every copy response hits max_new_tokens) and "
-        "the trainer is the bottleneck, so both agree within a few percent. The closed form is lower because it "
-        "counts every weight sync (the measurement window ends with the last training step, so the simulator, like "
-        "the main job, leaves the last one out) and treats one-step as max(R, T) + W exactly; they part ways when "
-        "lengths vary (the closed form has no wave tail: a step's generation ends with its longest request), when "
-        "the engine is the bottleneck (fully-async streaming vs one-step's drain per step), with pause/resume cost "
-        "under retract, and with drops (the closed form assumes every generated group is trained).",
-        "* Ages: the closed-form fully-async mean (C + G)/B assumes a full buffer from the first step; the measured "
-        "and simulated means are a little higher because a group also ages while it is generated and lower in the "
-        "first steps (empty buffer); the closed-form bound (C + G)/B + 1 is one below the observed max for the same "
-        "reason (generation time spans a version).",
-        "* Runs measured on a loaded machine (other jobs on the same 2 cores; see each file's measured range) are "
-        "outside the model: the simulator assumes the engine and the trainer each own their core, and under "
-        "contention overlapping them only moves the wait. Such rows show how far from the model contention puts a "
-        "run; they are not a test of the calibration.",
-    ]
+    return lines
+
+
+def _busy_table(rows: list[dict[str, Any]]) -> list[str]:
+    lines = ["Busy time per training step, measured (median over repeats) / simulated, seconds: the engine "
+             "generating, the trainer training, weight sync.", "",
+             "| file | layout | mode | generating | training | weight sync |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        m, p = r.get("measured_busy_per_step_s") or {}, r.get("predicted_busy_per_step_s") or {}
+        cells = [f"{m[k]:.4f} / {p[k]:.4f}" if k in m and k in p else "-"
+                 for k in ("generating", "training", "weight_sync")]
+        lines.append(f"| {_label(r)} | {_layout(r)} | {r['mode']} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def summary(report: dict[str, Any], target: float = 0.10) -> dict[str, Any]:
+    """The largest errors of the held-out rows (not the calibration file), split layout
+    and Ray layout apart, and whether they are within ``target``."""
+    out = {}
+    for name in ("split", "ray"):
+        rows = [r for r in report["rows"] if r["file"] != report["calibration"]
+                and (r.get("layout") == "ray") == (name == "ray")]
+        if not rows:
+            continue
+        step = max(rows, key=lambda r: abs(r["step_error"]))
+        speed = max(rows, key=lambda r: abs(r.get("speedup_error") or 0.0))
+        out[name] = {"rows": len(rows), "worst_step_error": step["step_error"],
+                     "worst_step_row": f"{_label(step)} {step['mode']}",
+                     "worst_speedup_error": speed.get("speedup_error") or 0.0,
+                     "worst_speedup_row": f"{_label(speed)} {speed['mode']}",
+                     "within_target": all(abs(r["step_error"]) <= target and abs(r.get("speedup_error") or 0.0)
+                                          <= target for r in rows)}
+    return out
+
+
+def to_markdown(report: dict[str, Any], command: str) -> str:
+    lines = ["# advise: predicted vs measured (CPU main job)", "", f"Made by: `{command}`", ""]
+    lines += _calibration_text(report)
+    lines += ["Measured: median over the run's repeats of wall/step and of the per-repeat speedup (against the same "
+              "repeat's sync). Predicted: `harness.advise.predict` (simulator, fitted costs, `--engines N` for a Ray "
+              "run of N engines). Closed form: `harness.advise.validate.closed_form` on the same fitted costs "
+              "(no contention term).", ""]
+    lines += _main_table(report["rows"]) + [""]
+    for name, s in summary(report).items():
+        lines.append(f"Held-out {'split-layout' if name == 'split' else 'Ray-layout'} rows ({s['rows']}): largest "
+                     f"s/step error {_pct(s['worst_step_error'])} ({s['worst_step_row']}), largest speedup error "
+                     f"{_pct(s['worst_speedup_error'])} ({s['worst_speedup_row']}); "
+                     + ("all within 10%." if s["within_target"] else "**not all within 10%**."))
+    lines += [""] + _busy_table(report["rows"]) + ["", "## Reading the table", ""] + [f"* {t}" for t in READING]
     return "\n".join(lines) + "\n"
+
+
+READING = [
+    "Simulator vs closed form: on these runs lengths are fixed (every copy response hits max_new_tokens) and "
+    "the trainer is the bottleneck. The closed form is lower because it has no contention term and counts every "
+    "weight sync (the measurement window ends with the last training step, so the simulator, like the main job, "
+    "leaves the last one out) and treats one-step as max(R, T) + W exactly; they part ways when lengths vary (the "
+    "closed form has no wave tail: a step's generation ends with its longest request), when the engine is the "
+    "bottleneck (fully-async streaming vs one-step's drain per step), with pause/resume cost under retract, and "
+    "with drops (the closed form assumes every generated group is trained).",
+    "Ages: the closed-form fully-async mean (C + G)/B assumes a full buffer from the first step; the measured "
+    "and simulated means are a little higher because a group also ages while it is generated and lower in the "
+    "first steps (empty buffer); the closed-form bound (C + G)/B + 1 is one below the observed max for the same "
+    "reason (generation time spans a version).",
+]
 
 
 def main(argv: list[str] | None = None) -> int:

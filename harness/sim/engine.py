@@ -211,6 +211,7 @@ class SimEngine:
         self._fills: dict[tuple[int, int], tuple[list[int], list[float]]] = {}
         self._fills_version: int | None = None
         self._wake_next = 0
+        self._slow = 1.0  # contention (set_slowdown): every step's cost times this
         dist = self.cfg.response_length
         if dist.kind == "lognormal" and type(dist) is LengthDist:  # the draw, without a call per request
             self._lognormal = (dist.median, dist.sigma)
@@ -292,6 +293,24 @@ class SimEngine:
             self.sink.emit(ev.ENGINE_RESUME)
         if self.running or self.waiting:
             self._start_segment(self._now())
+
+    def set_slowdown(self, factor: float) -> None:
+        """Contention (``harness.sim.contention``): from now on every engine step, its
+        admission included, costs ``factor`` times its cost. The step in progress keeps
+        the part already done and runs the rest at the new rate: every later boundary
+        moves to ``now + (old boundary - now) * factor / old factor``."""
+        old = self._slow
+        if factor == old:
+            return
+        self._slow = factor
+        t0, extra, c, s0 = self._seg
+        now, r = self._now(), factor / old
+        self._seg = (now, (t0 + extra - now) * r, c * r, s0)
+        if self._timer is not None:
+            step = self._timer_step
+            self._timer.cancel()
+            self._timer, self._timer_step = None, -1
+            self._set_timer(step)
 
     # --- internals ----------------------------------------------------------------------
     def _now(self) -> float:
@@ -384,7 +403,8 @@ class SimEngine:
                 sink.emit(ev.ADMITTED, index=s.index, version=version, prefix_tokens=prefix)
         self._seq = seq
         self.stats["prefill_tokens"] += prefill
-        self._seg = (now, prefill * self.cfg.prefill_per_token_s, self._step_cost(), self._step)
+        slow = self._slow
+        self._seg = (now, prefill * self.cfg.prefill_per_token_s * slow, self._step_cost() * slow, self._step)
         self._set_busy(bool(self.running) and not self.paused)
         self._schedule()
 

@@ -1,6 +1,7 @@
 """A simulated trainer: a step costs ``step_base_s + per_token_s * tokens`` of virtual
-time; its "weights" are the number of optimizer steps taken, so a weight version's
-provenance is exact. ``fail_at_step`` injects a trainer exception."""
+time (longer under contention, ``harness.sim.contention``); its "weights" are the number
+of optimizer steps taken, so a weight version's provenance is exact. ``fail_at_step``
+injects a trainer exception."""
 
 from __future__ import annotations
 
@@ -34,13 +35,17 @@ class SimTrainer:
         self.cfg = config or SimTrainerConfig()
         self.steps = 0
         self.consumed: list[list[int]] = []  # sample indices per step, for differential checks
+        self.contention: Any = None  # harness.sim.contention.Contention, or None: a step takes its cost
 
     async def train(self, rollout_id: int, groups: list[Any]) -> dict[str, float]:
         samples = [s for g in groups for s in samples_of(g)]
         tokens = sum([len(s.response_tokens) for s in samples])
         if self.cfg.fail_at_step is not None and self.steps == self.cfg.fail_at_step:
             raise TrainerStepError(f"injected trainer failure at step {self.steps} (rollout_id={rollout_id})")
-        await asyncio.sleep(self.cfg.step_base_s + self.cfg.per_token_s * tokens)
+        if self.contention is None:
+            await asyncio.sleep(self.cfg.step_base_s + self.cfg.per_token_s * tokens)
+        else:
+            await self.contention.train(self.cfg.step_base_s + self.cfg.per_token_s * tokens)
         self.steps += 1
         self.consumed.append([s.index for s in samples])
         rewards = [s.reward for s in samples if s.reward is not None]

@@ -1,0 +1,96 @@
+"""Contention: the engines and the trainer slowing each other on shared hardware.
+
+On the calibrated CPU layout the engine (its own process) and the trainer (with the
+driver, in the main process) share two cores, memory bandwidth and caches, so each side
+runs slower while the other one works (the main job's loss table shows it as "rollout
+slower" and "train slower"). The model has two numbers (``CostModel.contention_engine``
+and ``contention_trainer``, fitted by ``harness.advise.costs.fit_contention``):
+
+* while the trainer is training, every engine step (admission included) costs
+  ``1 + engine`` times its cost (``SimEngine.set_slowdown``; a step in progress keeps
+  what it has done and runs the rest at the new rate);
+* while any engine is decoding, a training step progresses at ``1 / (1 + trainer)`` of
+  its rate: a step of cost ``w`` that overlaps decoding for ``o`` seconds takes
+  ``w + o * trainer / (1 + trainer)``.
+
+Weight sync and waiting are not slowed (the model has them idle on one side).
+
+Invariant: a ``Contention`` is attached only when a factor is above 0
+(``harness.advise.predict.simulate_layout``); without one the engine's factor stays 1
+and the trainer sleeps its cost as before, so a simulation without contention is the
+same run, event for event (the golden traces do not change).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from miles_async_core.errors import ConfigError
+
+_TIMER, _CHANGE = "timer", "change"
+
+
+def _set(fut: asyncio.Future, value: str) -> None:
+    if not fut.done():
+        fut.set_result(value)
+
+
+class Contention:
+    """The coupling: engines report how many of them decode (``engine_busy``), the trainer
+    runs its steps through ``train``; each side's rate follows the other's state."""
+
+    def __init__(self, *, engine: float, trainer: float) -> None:
+        for name, value in (("contention_engine", engine), ("contention_trainer", trainer)):
+            if not value >= 0:
+                raise ConfigError(f"{name} = {value!r}: must be >= 0 (0: no slow-down); fix: use 0 or a positive "
+                                  "factor from harness.advise.costs.fit_contention")
+        self.engine, self.trainer = float(engine), float(trainer)
+        self.engines: list[Any] = []  # objects with set_slowdown(factor)
+        self.busy = 0  # engines decoding now
+        self.training = False
+        self._wake: asyncio.Future | None = None
+
+    def attach(self, engine: Any) -> None:
+        self.engines.append(engine)
+        if self.training and self.engine:
+            engine.set_slowdown(1.0 + self.engine)
+
+    def engine_busy(self, count: int) -> None:
+        """``count`` engines decode from now on; a training step in progress re-plans."""
+        was = self.busy > 0
+        self.busy = count
+        if (count > 0) != was and self._wake is not None:
+            _set(self._wake, _CHANGE)
+
+    def _set_training(self, training: bool) -> None:
+        self.training = training
+        if self.engine:
+            factor = 1.0 + self.engine if training else 1.0
+            for e in self.engines:
+                e.set_slowdown(factor)
+
+    async def train(self, work_s: float) -> None:
+        """Sleep one training step of ``work_s`` seconds of work alone, at ``1 / (1 +
+        trainer)`` of the rate while an engine decodes."""
+        loop = asyncio.get_running_loop()
+        self._set_training(True)
+        try:
+            left = work_s
+            if not self.trainer:  # only the engines slow down: the step takes its cost
+                await asyncio.sleep(left)
+                left = 0.0
+            while left > 0:
+                slow = 1.0 + self.trainer if self.busy else 1.0
+                t0 = loop.time()
+                self._wake = wake = loop.create_future()
+                handle = loop.call_at(t0 + left * slow, _set, wake, _TIMER)
+                try:
+                    why = await wake
+                finally:
+                    handle.cancel()
+                    self._wake = None
+                # the timer ends the step exactly (no rounding remainder to sleep off)
+                left = 0.0 if why == _TIMER else left - (loop.time() - t0) / slow
+        finally:
+            self._set_training(False)
