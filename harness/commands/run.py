@@ -180,9 +180,7 @@ def main(args: argparse.Namespace) -> int:
     violated = _print_checks(runs)
     _print_self_cost(rows)
     print(f"\ntotal wall time {total_s:.1f} s ({spec.repeats} repeat(s) of {', '.join(modes)})")
-    peak = peak_rss_bytes()
-    print(f"peak resident memory: this process {peak['this_process'] / 2**30:.2f} GiB, largest engine process "
-          f"{peak['largest_child_process'] / 2**30:.2f} GiB")
+    _print_memory(rows)
     for p in paths:
         print(f"wrote {p}")
     for r in rows:
@@ -199,16 +197,19 @@ def main(args: argparse.Namespace) -> int:
     return 1 if any(r["error"] for r in rows) else 0
 
 
-def peak_rss_bytes() -> dict[str, int]:
-    """Peak resident memory so far (``getrusage``): this process (driver, trainer, gap
-    replay) and the largest of its finished child processes (the split layout's engine
-    processes; Ray's actors are the raylet's children, not this process's)."""
-    import resource
-    import sys
+def _print_memory(rows: list[dict[str, Any]]) -> None:
+    """Peak resident memory per mode (``harness.measure.memory``, median over repeats)."""
+    def gib(v: Any) -> str:
+        return f"{v / 2**30:.2f}" if isinstance(v, (int, float)) else "-"
 
-    unit = 1 if sys.platform == "darwin" else 1024  # ru_maxrss: bytes on macOS, KiB on Linux
-    return {"this_process": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * unit,
-            "largest_child_process": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * unit}
+    if not any(r.get("peak_rss_run_bytes") for r in rows):
+        print("\npeak resident memory: not readable on this system (needs Linux /proc)")
+        return
+    print("\npeak resident memory, GiB (harness.measure.memory; run: model builds + timed run; after run: gap "
+          "replay + checkers; engine: the split layout's engine process):")
+    for r in rows:
+        print(f"  {r['mode']:<12} run {gib(r.get('peak_rss_run_bytes'))}  after run "
+              f"{gib(r.get('peak_rss_after_run_bytes'))}  engine {gib(r.get('peak_rss_engine_process_bytes'))}")
 
 
 def _print_self_cost(rows: list[dict[str, Any]]) -> None:
@@ -358,7 +359,6 @@ def _write_outputs(out: Path, spec: Any, base: AsyncConfig, runs: dict[str, list
         res.extra["telemetry"] = telemetry
     if total_s is not None:
         res.extra["total_wall_s"] = total_s
-        res.extra["peak_rss_bytes"] = peak_rss_bytes()
     res.extra["table"] = rows
     res.extra["repeats"] = repeat_rows
     res.extra["checks"] = {m: [x["checks"] for x in rs] for m, rs in repeat_rows.items()}

@@ -49,6 +49,7 @@ from miles_async_core.errors import ConfigError
 from miles_async_core.rules import validate
 from miles_async_core.types import SamplingParams
 from harness.measure.ages import AgeRecorder
+from harness.measure.memory import PeakRss, read_peak_rss_bytes
 from harness.measure.self_cost import SelfCost
 from harness.measure.overlap import ideal_speedup, measurement_window, overlap_metrics
 from harness.sim.simulate import emit_run_end, histogram
@@ -130,6 +131,7 @@ class ModeResult:
     run_s: float = 0.0  # the driver's run, t1 - t0 (what measure=False times too)
     engine_stats: dict | None = None  # ray layout: RayEngineGroup.stats() (per engine, start-up, broadcast)
     self_cost: dict | None = None  # harness.measure.self_cost: the recording's own time inside t0 .. t1
+    peak_rss_bytes: dict = field(default_factory=dict)  # harness.measure.memory: run, after_run, engine_process
 
     def per_step(self, key: str) -> list[float]:
         return [r[key] for r in self.history if key in r]
@@ -206,6 +208,8 @@ def run_mode(mode: str, base: AsyncConfig, spec: RunSpec, *, on_step: Callable[[
     trainer = _trainer(spec, build, config)
     holder: dict[str, Any] = {}
     cost = SelfCost()
+    memory = PeakRss()
+    memory.start("run")  # model builds and the timed run; "after_run": the gap replay and the checkers
     recorder = _GapRecorder(spec, build, config) if measure and (spec.gap_decomposition if gap is None else gap) \
         else None
 
@@ -228,6 +232,8 @@ def run_mode(mode: str, base: AsyncConfig, spec: RunSpec, *, on_step: Callable[[
         finally:
             holder["t1"] = loop.time()
             emit_run_end(ctx)  # a no-op on the NullSink
+            child = getattr(getattr(engine, "process", None), "pid", None)  # the split layout's engine process
+            holder["engine_peak"] = read_peak_rss_bytes(child) if child is not None else None
             await _close(engine)
 
     error = None
@@ -240,6 +246,7 @@ def run_mode(mode: str, base: AsyncConfig, spec: RunSpec, *, on_step: Callable[[
     engine = holder.get("engine")
     history = ctx.history if ctx else []
     # after t1: nothing below is timed
+    memory.start("after_run")
     gap_summary = recorder.finish(history, trainer) if recorder is not None else None
     checks = None
     if measure:
@@ -248,10 +255,12 @@ def run_mode(mode: str, base: AsyncConfig, spec: RunSpec, *, on_step: Callable[[
         checks = check_report(events, config, complete=error is None)
     worker_error = getattr(ctx, "worker_error", None)
     t0, t1 = holder.get("t0", 0.0), holder.get("t1", 0.0)
+    peaks = {**memory.stop(), "engine_process": holder.get("engine_peak")}
     return ModeResult.from_trace(
         mode, config, history, events, t0, t1, error=error,
         engine_sync=list(getattr(engine, "sync_s", [])), gap_summary=gap_summary, checks=checks,
         chance_level=task.chance_level, run_s=t1 - t0, self_cost=cost.summary(t1 - t0) if measure else None,
+        peak_rss_bytes=peaks,
         engine_stats=engine.stats() if hasattr(engine, "stats") else None,
         worker_error=f"{type(worker_error).__name__}: {worker_error}" if worker_error else None)
 
@@ -426,6 +435,7 @@ def summarize_mode(r: ModeResult, sync: ModeResult | None) -> dict[str, Any]:
         "lr": r.per_step("train/lr")[-1] if r.per_step("train/lr") else None,
         "error": r.error, "worker_error": r.worker_error, "checks": checks,
         "self_cost_share": r.self_cost["share_of_run"] if r.self_cost else None,
+        **{f"peak_rss_{k}_bytes": v for k, v in r.peak_rss_bytes.items()},
         **{k2: v for k2, v in r.overlap.items() if k2 != "wall_s"},
     }
     if sync is not None and sync.history and r.history and r is not sync:

@@ -170,8 +170,9 @@ def test_the_run_command_checks_every_repeat_stores_the_verdicts_and_prints_chan
     assert "sync #2: PASS" in out and "one-step #2: PASS" in out and "chance" in out
     assert "where the overlap is lost" in out and "= measured - ideal" in out
     assert "the harness's recording inside the timed runs" in out and one["self_cost_share"] > 0
-    peak = doc["extra"]["peak_rss_bytes"]
-    assert peak["this_process"] > 2**20 and peak["largest_child_process"] > 2**20  # the split engine process
+    assert "peak resident memory, GiB" in out
+    for key in ("peak_rss_run_bytes", "peak_rss_after_run_bytes", "peak_rss_engine_process_bytes"):
+        assert one[key] > 2**20, key  # this process's phases and the split layout's engine process
 
 
 def test_a_trace_violation_fails_the_run_command_unless_violations_are_allowed(tmp_path, capsys, monkeypatch):
