@@ -207,9 +207,11 @@ class _OrderedTasks(set):
         return iter(sorted(set.__iter__(self), key=lambda t: keys.get(t, -1), reverse=self.order == "reverse"))
 
 
-def _ordered_scheduler(make: Callable) -> Callable:
+def _ordered_scheduler(make: Callable, *, worker: bool = False) -> Callable:
     """Upstream's ``make_submission_scheduler``; the scheduler's ``wait_for_progress``
-    result is returned as ``_OrderedTasks`` (same members, pinned iteration order)."""
+    result is returned as ``_OrderedTasks`` (same members, pinned iteration order).
+    ``worker``: the fully-async worker's scheduler, whose waits the host's accounting
+    follows (``UpstreamHost.worker_waits`` / ``worker_woke``)."""
 
     @functools.wraps(make)
     def wrapped(*args: Any, **kwargs: Any) -> Any:
@@ -217,10 +219,14 @@ def _ordered_scheduler(make: Callable) -> Callable:
         wait = scheduler.wait_for_progress
 
         async def ordered(pendings: set) -> tuple[set, set]:
+            if worker and _CURRENT is not None:
+                _CURRENT.worker_waits()
             done, pending = await wait(pendings)
             host = _CURRENT
             out = _OrderedTasks(done)
             out.order = host.set_order if host is not None else "index"
+            if worker and host is not None:
+                host.worker_woke(done)
             return out, pending
 
         scheduler.wait_for_progress = ordered
@@ -252,6 +258,7 @@ def _observed_group(generate_and_rm_group: Callable) -> Callable:
         gi = group[0].group_index
         if _CURRENT is not None:
             _CURRENT.task_key[asyncio.current_task()] = group[0].index
+            _CURRENT.task_group[asyncio.current_task()] = gi
         try:
             out = await generate_and_rm_group(state, group, *args, **kwargs)
         except BaseException:
@@ -260,6 +267,23 @@ def _observed_group(generate_and_rm_group: Callable) -> Callable:
             raise
         if _CURRENT is not None:
             _CURRENT._emit(ev.GROUP_DONE, group_index=gi, ok=True)
+        return out
+
+    return observed
+
+
+def _observed_filter(call_dynamic_filter: Callable) -> Callable:
+    """The one-step rollout's ``call_dynamic_filter``, called as is; a reject is recorded
+    as the group's drop when upstream makes it (``inference_rollout_train.py:L140-L143``)."""
+
+    @functools.wraps(call_dynamic_filter)
+    def observed(fn: Any, args: Any, group: list, *rest: Any, **kwargs: Any) -> Any:
+        out = call_dynamic_filter(fn, args, group, *rest, **kwargs)
+        host = _CURRENT
+        if host is not None and not out.keep:
+            gi = next(_iter_upstream(group)).group_index
+            host.live.pop(gi, None)
+            host._emit(ev.DROPPED, group_index=gi, reason=f"dynamic_filter:{out.reason}")
         return out
 
     return observed
@@ -285,7 +309,8 @@ def _install_seams() -> None:
 
     for mod in (fully_mod, train_mod):  # the group task's end, recorded as `group_done`
         mod.generate_and_rm_group = _observed_group(mod.generate_and_rm_group)
-        mod.make_submission_scheduler = _ordered_scheduler(mod.make_submission_scheduler)
+        mod.make_submission_scheduler = _ordered_scheduler(mod.make_submission_scheduler, worker=mod is fully_mod)
+    train_mod.call_dynamic_filter = _observed_filter(train_mod.call_dynamic_filter)
     _PATCHED = True
 
 
@@ -345,6 +370,13 @@ class UpstreamHost:
         self.hooks = hooks
         self.task_sample: dict[asyncio.Task, Any] = {}
         self.task_key: dict[asyncio.Task, int] = {}  # group task -> first sample index (set order, D9)
+        self.task_group: dict[asyncio.Task, int] = {}  # group task -> group index
+        # where upstream holds each live group, for the accounting after every rollout
+        # (``unaccounted``): returned by the worker's wait and not yet put, inside a put
+        self.held: set[int] = set()
+        self.putting: set[int] = set()
+        self.returned_tasks: set[asyncio.Task] = set()  # returned by a wait of the worker
+        self.lost: set[int] = set()  # live, but held by nothing: never listed as pending
         self.set_order = set_order
         self.mirrors: dict[int, CoreSample] = {}
         self.live: dict[int, str] = {}  # group_index -> live | recycled
@@ -391,6 +423,42 @@ class UpstreamHost:
             await eng.pause_generation("abort")
             await eng.continue_generation()
         return {}
+
+    # --- accounting: where upstream holds each live group ------------------------------
+    def worker_waits(self) -> None:
+        """The fully-async worker is back at ``wait_for_progress``: every group its last
+        wait returned must have gone to ``put`` (``fully_async_rollout.py:L134-L136``)."""
+        self.lost |= self.held
+        self.held = set()
+
+    def worker_woke(self, done: Any) -> None:
+        for task in done:
+            self.returned_tasks.add(task)
+            gi = self.task_group.get(task)
+            if gi is not None:
+                self.held.add(gi)
+
+    def holders(self) -> set[int]:
+        """The groups upstream holds now: queued in its data source or buffer, in a group
+        task the fully-async worker has not been handed yet (running, or finished since its
+        last wake-up), handed to it and not yet put, or inside a put."""
+        out = {g[0].group_index for g in getattr(self.data_source, "buffer", ())}
+        buf = self.buffer
+        if buf is not None:
+            out |= {e.prompt_group[0].group_index for e in buf._buffer}
+        if self.scenario.config.fully_async:
+            out |= {gi for t, gi in self.task_group.items() if t not in self.returned_tasks}
+        else:
+            out |= {gi for t, gi in self.task_group.items() if not t.done()}
+        return out | self.held | self.putting
+
+    def unaccounted(self) -> set[int]:
+        """Spec §9 item 16 (conservation) after a rollout: a group taken and not yet
+        trained, dropped, rejected or recycled that upstream no longer holds is lost. It is
+        left out of ``run_end.pending_groups``, so the conservation checker reports it."""
+        missing = {gi for gi, state in self.live.items() if gi not in self.lost} - self.holders()
+        self.lost |= missing
+        return missing
 
     # --- observation ------------------------------------------------------------------
     def _emit(self, kind: str, **fields: Any) -> None:
@@ -451,6 +519,14 @@ class UpstreamHost:
 
         async def observed_put(entry: Any) -> None:
             gi = entry.prompt_group[0].group_index
+            self.held.discard(gi)
+            self.putting.add(gi)
+            try:
+                await _put(entry, gi)
+            finally:
+                self.putting.discard(gi)
+
+        async def _put(entry: Any, gi: int) -> None:
             aborted = any(_status_name(s) == "ABORTED" for s in _iter_upstream(entry.group))
             if aborted:
                 self._emit(ev.PUT_REJECTED, group_index=gi, reason="aborted")
@@ -521,12 +597,17 @@ class UpstreamHost:
         if fully:
             self._emit(ev.DRAIN_END, rollout_id=rollout_id)
         else:
+            # what upstream discards by design: failed groups (logged), the pending ones at
+            # the abort without --partial-rollout, finished ones beyond B; one whose group
+            # task still runs is not discarded but unaccounted (abort awaits them all)
+            running = {gi for t, gi in self.task_group.items() if not t.done()}
             for gi in self.taken_this_generate:
-                if gi not in returned and self.live.get(gi) == "live":
+                if gi not in returned and gi not in running and self.live.get(gi) == "live":
                     self.live.pop(gi)
                     self._emit(ev.DROPPED, group_index=gi, reason="not_returned")
         for gi in returned:
             self.live.pop(gi, None)
+        self.unaccounted()
         return self.convert(out.samples), dict(out.metrics or {})
 
     # --- Ray stand-ins for the driver module --------------------------------------------
@@ -599,7 +680,8 @@ class UpstreamHost:
                 holder["live_tasks"] = sorted(getattr(t.get_coro(), "__qualname__", repr(t.get_coro()))
                                               for t in asyncio.all_tasks()
                                               if t is not me and not t.done() and not t.cancelling())
-                self._emit(ev.RUN_END, pending_groups=sorted(self.live))
+                self.unaccounted()
+                self._emit(ev.RUN_END, pending_groups=sorted(gi for gi in self.live if gi not in self.lost))
 
         _CURRENT = self
         error = None
@@ -611,6 +693,8 @@ class UpstreamHost:
             _CURRENT = None
             self.task_sample.clear()
             self.task_key.clear()
+            self.task_group.clear()
+            self.returned_tasks.clear()
         ctx = holder.get("ctx")
         # A fully-async worker that died after the last drain: upstream never reads its
         # exception, so the garbage collector would log "Task exception was never

@@ -213,6 +213,23 @@ def two_groups_from_one_pull(events: list[Event]) -> None:
     events[j].fields["call"] = events[i]["call"]
 
 
+def swap_two_recycled_takes(events: list[Event]) -> None:
+    """Two recycled groups handed out in the other order."""
+    i = first(events, ev.TAKEN, lambda e: e["recycled"])
+    j = first(events, ev.TAKEN, lambda e: e["recycled"] and e["group_index"] != events[i]["group_index"], start=i + 1)
+    a, b = events[i].fields, events[j].fields
+    for key in ("group_index", "indices"):
+        a[key], b[key] = b[key], a[key]
+
+
+def pull_past_the_budget(events: list[Event]) -> None:
+    """A second get_samples call right after the first pull, with B groups already pending."""
+    call = events[first(events, ev.TAKEN)]["call"]
+    i = max(j for j, e in enumerate(events) if e.kind == ev.TAKEN and e["call"] == call)
+    extra = {"group_index": 999, "indices": [9990, 9991], "recycled": False, "call": 999}
+    events.insert(i + 1, Event(-1, events[i].t, ev.TAKEN, extra))
+
+
 def _engine_event(events: list[Event], kind: str, engine: int, nth: int = 1) -> int:
     """Position of the ``nth`` ``kind`` event of ``engine`` (1-based)."""
     return [i for i, e in enumerate(events) if e.kind == kind and e.get("engine") == engine][nth - 1]
@@ -257,6 +274,8 @@ SURGERY = [
     ("in_flight_cap", IN_PLACE, None),  # a tighter G below
     ("whole_group_submission", FULLY_ASYNC, submit_out_of_group),
     ("one_group_per_pull", FULLY_ASYNC, two_groups_from_one_pull),
+    ("recycled_first_in_first_out", FULLY_ASYNC, swap_two_recycled_takes),
+    ("one_step_submission_budget", ONE_STEP_ABORT, pull_past_the_budget),
     ("colocate_exclusive", COLOCATED, overlap_colocated),
     ("colocate_no_decode_while_training", COLOCATED, decode_during_training),
     ("drain_metrics", FULLY_ASYNC, misreport_metric),

@@ -3,8 +3,10 @@
 small patch applied in memory to the upstream tree at test time
 (``harness.upstream.patching``); with it in effect, the differential matrix's cases run on
 upstream's code in order until one is caught by an invariant checker on the upstream
-run or by the differential against the core (on cases that agree unmutated). Prints the
-table: mutant, what caught it, runs needed (cases run on the mutant).
+run or by the differential against the core (on cases that agree unmutated), and on that
+case by at least one checker of the host's own (an invariant or the hang watchdog), not only
+the differential. Prints the table: mutant, what caught it, runs needed (cases run on the
+mutant).
 
 Without the mutant, the catching case is not caught (the bug, not the case, is what the
 checks see), and the whole matrix passes unmutated (``test_upstream_diff.py``).
@@ -99,6 +101,8 @@ def test_every_upstream_mutant_is_caught(miles_src, capsys):
         kinds = {k.split(":")[0] for k in c.caught_by}
         if c.case is None or not kinds & (set(m.expected) | {"hang"}):
             survivors.append(f"{m.name} (caught by {c.caught_by or 'nothing'}, expected {sorted(m.expected)})")
+        elif kinds <= {"differential"}:  # the host's own checks must see it on upstream's run too
+            survivors.append(f"{m.name} (caught only by the differential: {c.caught_by})")
         rows.append((m.name, m.area, ", ".join(c.caught_by) or "NOT CAUGHT", c.case or "-",
                      str(c.runs) if c.case else f">{c.runs}"))
     header = ("mutant", "area", "caught by", "first catching case", "runs needed")

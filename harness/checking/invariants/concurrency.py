@@ -11,6 +11,14 @@
   finished one as it is), and an aborted one that has used its token budget is truncated
   without a request, which the trace cannot tell from a missing one: such samples may be
   left out.
+* ``one_step_submission_budget``: a one-step or sync rollout pulls more prompts only while
+  its scheduler has room for the groups it still needs: with group granularity the groups
+  pending plus those accepted so far are fewer than B; with sample granularity the samples
+  in flight plus n fit in ``(B - accepted) * n`` (items 1, 3; the budget is B minus the
+  groups kept, ``inference_rollout_train.py:L111``). Accepted: finished, not failed, not
+  dropped by the dynamic filter. Samples in flight are counted from the trace (a finished
+  sample's slot frees a few loop steps after its ``finished`` event, a failed group's
+  siblings are released from its first ``finished``), so the sample check is lenient.
 * ``one_group_per_pull``: under fully-async every ``get_samples`` call hands out exactly
   one group (item 9: ``--over-sampling-batch-size`` has no effect), read from the
   ``call`` number each ``taken`` event carries.
@@ -86,6 +94,57 @@ def check_whole_group_submission(events: list[Event], config: AsyncConfig) -> li
             queue = [q for q in queue if q[1]]
         elif k == ev.FAULT and e["what"] == "worker_crash":
             queue = [q for q in queue if q[0] != e.fields.get("group_index")]
+    return out
+
+
+@invariant("one_step_submission_budget", applies=lambda c: not c.fully_async, spec=(1, 3))
+def check_one_step_submission_budget(events: list[Event], config: AsyncConfig) -> list[Violation]:
+    name, out = "one_step_submission_budget", []
+    B, n = config.rollout_batch_size, config.n_samples_per_prompt
+    by_sample = config.resolved_rollout_submission_granularity == "sample"
+    pending: set[int] = set()  # groups taken in this rollout, not yet done
+    accepted = 0
+    in_flight: dict[int, int] = {}  # sample index -> group
+    last: dict[int, str] = {}  # sample index -> status of its last `finished`
+    call = None
+    # A failed request cancels its siblings (each frees its slot) before the group's
+    # `group_done`; the trace does not say which request failed, so a failed group's
+    # samples are released from its first `finished` on (lenient).
+    failed = {e["group_index"] for e in events if e.kind == ev.GROUP_DONE and not e["ok"]}
+    for pos, e in enumerate(events):
+        k = e.kind
+        if k == ev.GENERATE_START:
+            pending, accepted, in_flight, call = set(), 0, {}, None
+        elif k == ev.TAKEN:
+            if e.get("call") != call:  # a new get_samples call: the scheduler said it had room
+                call = e.get("call")
+                if by_sample:
+                    flight = len(in_flight) if pending else 0  # item 4: nothing pending resets the count
+                    room = flight + n <= (B - accepted) * n
+                else:
+                    room = len(pending) + accepted < B
+                if not room:
+                    have = f"{len(in_flight)} samples in flight" if by_sample else f"{len(pending)} groups pending"
+                    out.append(violation(name, f"get_samples call {call} made with {have} and {accepted} of B={B} "
+                                         f"groups accepted: the {config.resolved_rollout_submission_granularity}-level "
+                                         "scheduler had no room", events, pos))
+            pending.add(e["group_index"])
+            for i in e["indices"]:  # a finished sample of a resumed group sends no request
+                if last.get(i) not in ("completed", "truncated"):
+                    in_flight[i] = e["group_index"]
+        elif k == ev.FINISHED:
+            in_flight.pop(e["index"], None)
+            last[e["index"]] = e["status"]
+            if e["group_index"] in failed:
+                for i in [i for i, gi in in_flight.items() if gi == e["group_index"]]:
+                    in_flight.pop(i)
+        elif k == ev.GROUP_DONE and e["group_index"] in pending:
+            pending.discard(e["group_index"])
+            accepted += bool(e["ok"])
+            for i in [i for i, gi in in_flight.items() if gi == e["group_index"]]:
+                in_flight.pop(i)  # siblings of a failed request are cancelled
+        elif k == ev.DROPPED and str(e["reason"]).startswith("dynamic_filter"):
+            accepted -= 1
     return out
 
 

@@ -4,7 +4,8 @@ Every group the data source hands out (``taken``) ends exactly once per time it 
 taken: trained, dropped with a reason, rejected by the dynamic filter, recycled (and
 then taken again or still queued in the data source), or listed in
 ``run_end.pending_groups``. Nothing is trained twice unless recycled in between, and
-nothing is trained that was not taken.
+nothing is trained that was not taken. Recycled groups are handed out again before any fresh
+prompt, oldest first.
 """
 
 from __future__ import annotations
@@ -79,6 +80,29 @@ def check_conservation(events: list[Event], config: AsyncConfig) -> list[Violati
 def check_conservation_prefix(events: list[Event], config: AsyncConfig) -> list[Violation]:
     """On any prefix (failed or cancelled runs too): nothing ends twice, nothing trained untaken."""
     return _walk(events, "conservation_prefix", closing=False)
+
+
+@invariant("recycled_first_in_first_out", spec=(27,))
+def check_recycled_first_in_first_out(events: list[Event], config: AsyncConfig) -> list[Violation]:
+    """Recycled groups are handed out by the next ``get_samples`` calls before any fresh
+    prompt, oldest first (the default data source's ``pop_first``, ``data_source.py``)."""
+    name, out = "recycled_first_in_first_out", []
+    queue: list[int] = []  # recycled, not yet taken again, oldest first
+    for pos, e in enumerate(events):
+        if e.kind == ev.RECYCLED:
+            queue.append(e["group_index"])
+        elif e.kind == ev.TAKEN:
+            gi = e["group_index"]
+            if e["recycled"]:
+                if queue and queue[0] != gi:
+                    out.append(violation(name, f"recycled group {gi} handed out while group {queue[0]}, recycled "
+                                         "before it, still waits", events, pos, context=lifecycle(events, gi, pos)))
+                if gi in queue:
+                    queue.remove(gi)
+            elif queue:
+                out.append(violation(name, f"fresh group {gi} handed out while recycled groups {queue[:8]} wait",
+                                     events, pos))
+    return out
 
 
 @invariant("trained_batch_shape", spec=(11,))
