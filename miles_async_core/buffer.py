@@ -92,7 +92,7 @@ class DefaultDataBuffer(DataBuffer):
 
     async def put(self, input: DataBufferInput) -> None:
         gi = input.prompt_group[0].group_index if input.prompt_group else -1
-        if any([s.status == Status.ABORTED for s in samples_of(input.group)]):
+        if Status.ABORTED in [s.status for s in samples_of(input.group)]:
             self._aborted += 1
             if self.sink.enabled:
                 self.sink.emit(ev.PUT_REJECTED, group_index=gi, reason="aborted")

@@ -14,9 +14,13 @@ from miles_async_core.types import samples_of
 
 def group_oldest_weight_version(group: Any) -> int | None:
     oldest = None
+    last = None  # the last single recorded version read: the samples of a group mostly share theirs
     for s in samples_of(group):
         wv = s.weight_versions
         if len(wv) == 1 and type(v := wv[0]) is str:  # Sample.oldest_weight_version's common case, inlined
+            if v == last:
+                continue  # counted already
+            last = v
             v = int(v) if v.isdigit() else None
         else:
             v = s.oldest_weight_version

@@ -28,16 +28,19 @@ def weight_version_metrics(groups: list) -> dict[str, float]:
     samples = [s for g in groups for s in samples_of(g)]
     m: dict[str, float] = {}
     oldest, mixed, token_oldest, token_mixed, old_kv, tokens = [], 0, [], 0, 0, 0
+    last, last_v = None, None  # the last single recorded version read, as a number: samples share few
     for s in samples:  # one pass: this runs on every step of long simulations
         wv = s.weight_versions
         if len(wv) == 1 and type(v := wv[0]) is str:  # Sample.oldest_weight_version's common case, inlined
-            v = int(v) if v.isdigit() else None
+            if v != last:
+                last, last_v = v, (int(v) if v.isdigit() else None)
+            v = last_v
         else:
             v = s.oldest_weight_version
+            if len(wv) > 1 and len(set(wv)) > 1:
+                mixed += 1
         if v is not None:
             oldest.append(v)
-        if len(wv) > 1 and len(set(wv)) > 1:
-            mixed += 1
         runs = s.token_versions.runs  # VersionRuns.oldest, .newest and .old_kv_token_count(), in one pass
         if len(runs) == 1:
             r = runs[0]
