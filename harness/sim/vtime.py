@@ -10,10 +10,11 @@ selector: nothing in a simulation does I/O, and a wake-up written by another thr
 (``call_soon_threadsafe``) has already queued its callback; the self-pipe is drained
 at the next clock jump. Outside debug mode, ``call_soon``, ``call_at`` and ``_run_once``
 are asyncio's own (CPython 3.11) with the per-callback Python overhead taken out: handles
-are built without their ``__init__`` chain, and the iteration runs each ready handle's
-callback in its context directly instead of through ``Handle._run``. The order in
-which callbacks run, the timer heap and the clock arithmetic are unchanged, so a run's
-trace is identical event for event. The cyclic garbage collector runs with a larger first-generation
+are built without their ``__init__`` chain, the iteration runs each ready handle's
+callback in its context directly instead of through ``Handle._run``, and one
+``_run_once`` call runs iterations until ``stop()`` (``run_forever``'s own loop). The
+order in which callbacks run, the timer heap and the clock arithmetic are unchanged, so
+a run's trace is identical event for event. The cyclic garbage collector runs with a larger first-generation
 threshold while the loop runs (``_young_gc_threshold``): a simulation allocates
 millions of short-lived, acyclic objects, and the default threshold made the
 collector cost about a sixth of the CPU time while finding almost nothing to free.
@@ -155,68 +156,76 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         return timer
 
     def _run_once(self) -> None:
-        """``BaseEventLoop._run_once`` of CPython 3.11, step for step, outside debug mode."""
-        if self._debug:
-            return super()._run_once()
-        scheduled = self._scheduled
-        sched_count = len(scheduled)
-        if (sched_count > _MIN_SCHEDULED_TIMER_HANDLES and
-                self._timer_cancelled_count / sched_count > _MIN_CANCELLED_TIMER_HANDLES_FRACTION):
-            new_scheduled = []
-            for handle in scheduled:
-                if handle._cancelled:
+        """Iterations of ``BaseEventLoop._run_once`` of CPython 3.11, step for step, outside
+        debug mode, until ``stop()``: ``run_forever``'s loop, which calls this, ends after
+        the iteration that stops it as well, so the two run the same iterations."""
+        ready, sel = self._ready, self._vsel
+        popleft = ready.popleft
+        while not self._debug:
+            scheduled = self._scheduled
+            sched_count = len(scheduled)
+            if (sched_count > _MIN_SCHEDULED_TIMER_HANDLES and
+                    self._timer_cancelled_count / sched_count > _MIN_CANCELLED_TIMER_HANDLES_FRACTION):
+                new_scheduled = []
+                for handle in scheduled:
+                    if handle._cancelled:
+                        handle._scheduled = False
+                    else:
+                        new_scheduled.append(handle)
+                heapq.heapify(new_scheduled)
+                self._scheduled = scheduled = new_scheduled
+                self._timer_cancelled_count = 0
+            else:
+                while scheduled and scheduled[0]._cancelled:
+                    self._timer_cancelled_count -= 1
+                    handle = _heappop(scheduled)
                     handle._scheduled = False
-                else:
-                    new_scheduled.append(handle)
-            heapq.heapify(new_scheduled)
-            self._scheduled = scheduled = new_scheduled
-            self._timer_cancelled_count = 0
-        else:
-            while scheduled and scheduled[0]._cancelled:
-                self._timer_cancelled_count -= 1
+
+            if not ready and not self._stopping:
+                # With callbacks ready (timeout 0) the virtual selector returns no events.
+                timeout = None
+                if scheduled:
+                    timeout = min(max(0, scheduled[0]._when - sel.now), _MAXIMUM_SELECT_TIMEOUT)
+                event_list = self._selector.select(timeout)
+                if event_list:
+                    self._process_events(event_list)
+                event_list = None
+
+            end_time = sel.now + self._clock_resolution
+            while scheduled:
+                handle = scheduled[0]
+                if handle._when >= end_time:
+                    break
                 handle = _heappop(scheduled)
                 handle._scheduled = False
+                ready.append(handle)
 
-        ready = self._ready
-        sel = self._vsel
-        if not ready and not self._stopping:
-            # With callbacks ready (timeout 0) the virtual selector returns no events.
-            timeout = None
-            if scheduled:
-                timeout = min(max(0, scheduled[0]._when - sel.now), _MAXIMUM_SELECT_TIMEOUT)
-            event_list = self._selector.select(timeout)
-            self._process_events(event_list)
-            event_list = None
-
-        end_time = sel.now + self._clock_resolution
-        while scheduled:
-            handle = scheduled[0]
-            if handle._when >= end_time:
-                break
-            handle = _heappop(scheduled)
-            handle._scheduled = False
-            ready.append(handle)
-
-        popleft = ready.popleft
-        for _ in range(len(ready)):
-            handle = popleft()
-            if handle._cancelled:
-                continue
-            cls = type(handle)
-            if cls is not _Handle and cls is not _TimerHandle:
-                handle._run()
-                continue
-            try:  # Handle._run
-                handle._context.run(handle._callback, *handle._args)
-            except (SystemExit, KeyboardInterrupt):
-                raise
-            except BaseException as exc:
-                cb = format_helpers._format_callback_source(handle._callback, handle._args)
-                context = {"message": f"Exception in callback {cb}", "exception": exc, "handle": handle}
-                if handle._source_traceback:
-                    context["source_traceback"] = handle._source_traceback
-                self.call_exception_handler(context)
-        handle = None  # Needed to break cycles when an exception occurs.
+            for _ in range(len(ready)):
+                handle = popleft()
+                if handle._cancelled:
+                    continue
+                cls = type(handle)
+                if cls is not _Handle and cls is not _TimerHandle:
+                    handle._run()
+                    continue
+                args = handle._args
+                try:  # Handle._run
+                    if len(args) == 1:  # most callbacks (a future's, a task's wake-up): no argument tuple to build
+                        handle._context.run(handle._callback, args[0])
+                    else:
+                        handle._context.run(handle._callback, *args)
+                except (SystemExit, KeyboardInterrupt):
+                    raise
+                except BaseException as exc:
+                    cb = format_helpers._format_callback_source(handle._callback, handle._args)
+                    context = {"message": f"Exception in callback {cb}", "exception": exc, "handle": handle}
+                    if handle._source_traceback:
+                        context["source_traceback"] = handle._source_traceback
+                    self.call_exception_handler(context)
+            handle = None  # Needed to break cycles when an exception occurs.
+            if self._stopping:
+                return
+        super()._run_once()  # debug mode: one stock iteration
 
 
 GC_GEN0_THRESHOLD = 50_000
