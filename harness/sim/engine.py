@@ -28,7 +28,7 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, field
 from statistics import NormalDist
-from typing import Any
+from typing import Any, Iterable
 
 import numpy as np
 
@@ -41,7 +41,7 @@ from miles_async_core.types import Sample, SamplingParams, Status
 _MASK64 = (1 << 64) - 1
 _NORMAL = NormalDist()
 # _NORMAL.inv_cdf(u) is _normal_dist_inv_cdf(u, 0.0, 1.0) after argument checks that every
-# u from _uniform passes (0 < u < 1); generate calls the function itself.
+# u from _uniform passes (0 < u < 1); SimEngine._length_block calls the function itself.
 _normal_dist_inv_cdf = getattr(statistics, "_normal_dist_inv_cdf", None)
 
 
@@ -174,7 +174,7 @@ class _Req(asyncio.Future):
     ``generate`` sets every field."""
 
     __slots__ = ("sample", "target", "truncated", "base", "join_step", "kv_floor", "finish_step", "state",
-                 "fail", "engine")
+                 "fail", "engine", "index", "prompt_len")
 
     @property
     def fut(self) -> "_Req":
@@ -195,7 +195,11 @@ class SimEngine:
         self.paused = False
         self.running: dict[int, _Req] = {}
         self.waiting: deque[_Req] = deque()
-        self._heap: list[tuple[int, int, _Req]] = []
+        # The running requests by finish step, each step's in admission order, and a heap of
+        # those steps: requests finish in (finish step, admission) order. Entries of requests
+        # that left the batch early (retracted, aborted, cancelled) are skipped when reached.
+        self._finishing: dict[int, list[_Req]] = {}
+        self._heap: list[int] = []
         self._step = 0  # global count of completed engine steps
         self._seg = (0.0, 0.0, 1.0, 0)  # (t0, extra prefill seconds, seconds per step, step at t0)
         self._timer: asyncio.TimerHandle | None = None
@@ -203,7 +207,6 @@ class SimEngine:
         self._kick_scheduled = False
         self._pause: tuple[str, asyncio.Future] | None = None
         self._busy = False
-        self._seq = 0
         self.stats = {"tokens": 0, "steps": 0, "prefill_tokens": 0, "requests": 0}
         self._wake_key: tuple | None = None  # (now, segment) of the last boundary computed by generate
         # _account's token and log-prob runs of the current version, by (kv_version, count):
@@ -212,36 +215,38 @@ class SimEngine:
         self._fills_version: int | None = None
         self._wake_next = 0
         self._slow = 1.0  # contention (set_slowdown): every step's cost times this
-        dist = self.cfg.response_length
-        if dist.kind == "lognormal" and type(dist) is LengthDist:  # the draw, without a call per request
-            self._lognormal = (dist.median, dist.sigma)
-        else:
-            self._lognormal = None
+        # Response lengths of first attempts (retry 0), drawn a block of consecutive
+        # indices at a time (``_length_block``): by block number, the most recent kept.
+        self._lengths: dict[int, list[int]] = {}
+        self._running_loop: asyncio.AbstractEventLoop | None = None  # see _loop
+        self._version_str = (0, "0")  # weight_version and str(weight_version), for record_outcome
 
     # --- contract -----------------------------------------------------------------------
     def generate(self, sample: Sample, sampling: SamplingParams) -> asyncio.Future:
-        loop = asyncio.get_running_loop()
+        loop = self._running_loop
+        if loop is None or not loop.is_running():  # _loop(), inlined
+            loop = self._loop()
         req = _Req(loop=loop)
         cfg = self.cfg
         index, retry = sample.index, sample.retry_count
-        u = _uniform3(cfg.seed, index, retry)
-        lognormal = self._lognormal
-        if lognormal is not None and _normal_dist_inv_cdf is not None:  # LengthDist.draw, inlined
-            median, sigma = lognormal
-            drawn = max(1, int(round(median * math.exp(sigma * _normal_dist_inv_cdf(u, 0.0, 1.0)))))
-        else:
-            drawn = cfg.response_length.draw(u)
+        if retry == 0 and type(index) is int and type(retry) is int and 0 <= index < 1 << 62:
+            lengths = self._lengths.get(index >> _BLOCK_BITS) or self._length_block(index >> _BLOCK_BITS)
+            drawn = lengths[index & _BLOCK_MASK]
+        else:  # a retry: scattered, drawn alone
+            drawn = cfg.response_length.draw(_uniform3(cfg.seed, index, retry))
         max_new = sampling.max_new_tokens
-        target = min(drawn, max_new)
+        target = drawn if drawn < max_new else max_new
         base = len(sample.response_tokens)  # tokens already generated (non-zero only for resumed samples)
         req.sample = sample
-        req.target = max(target, base)
+        req.target = base if base > target else target
         req.truncated = drawn >= max_new
         req.fail = cfg.request_failure_rate > 0 and _uniform3(cfg.seed + 1, index, retry) < cfg.request_failure_rate
         req.base = base
         req.join_step = req.kv_floor = req.finish_step = 0
         req.state = _WAITING
         req.engine = self
+        req.index = index
+        req.prompt_len = len(sample.prompt_tokens) or cfg.prompt_tokens  # the prompt, as submitted
         self.stats["requests"] += 1
         if self.sink.enabled:
             self.sink.emit(ev.SUBMITTED, index=index, group_index=sample.group_index, version=self.weight_version)
@@ -313,8 +318,32 @@ class SimEngine:
             self._set_timer(step)
 
     # --- internals ----------------------------------------------------------------------
+    def _length_block(self, b: int) -> list[int]:
+        """``[response_length.draw(_uniform(seed, k, 0)) for k in block b]``: the drawn
+        length of every first attempt in the block, kept for the requests to come."""
+        dist = self.cfg.response_length
+        us = _block((self.cfg.seed, b, 0))
+        if dist.kind == "lognormal" and type(dist) is LengthDist and _normal_dist_inv_cdf is not None:
+            # LengthDist.draw, inlined: NormalDist().inv_cdf(u) is _normal_dist_inv_cdf(u, 0.0, 1.0)
+            median, sigma, exp = dist.median, dist.sigma, math.exp
+            lengths = [max(1, int(round(median * exp(sigma * _normal_dist_inv_cdf(u, 0.0, 1.0))))) for u in us]
+        else:
+            lengths = [dist.draw(u) for u in us]
+        if len(self._lengths) >= _MAX_BLOCKS:
+            del self._lengths[next(iter(self._lengths))]  # the oldest block
+        self._lengths[b] = lengths
+        return lengths
+
+    def _loop(self) -> asyncio.AbstractEventLoop:
+        """``asyncio.get_running_loop()``, remembered while that loop runs: on CPython 3.11
+        each call of it is a ``getpid`` system call, and the engine asks once per request."""
+        loop = self._running_loop
+        if loop is None or not loop.is_running():
+            loop = self._running_loop = asyncio.get_running_loop()
+        return loop
+
     def _now(self) -> float:
-        return asyncio.get_running_loop().time()
+        return self._loop().time()
 
     def _step_cost(self) -> float:
         return self.cfg.decode_base_s + self.cfg.decode_per_seq_s * len(self.running)
@@ -329,7 +358,8 @@ class SimEngine:
                 return
             self._timer.cancel()
         self._timer_step = step
-        self._timer = asyncio.get_running_loop().call_at(self._boundary_time(step), self._on_timer, step)
+        t0, extra, c, s0 = self._seg  # _boundary_time(step)
+        self._timer = self._loop().call_at(t0 + extra + (step - s0) * c, self._on_timer, step)
 
     def _schedule(self) -> None:
         if self.paused or not self.running:
@@ -337,9 +367,10 @@ class SimEngine:
                 self._timer.cancel()
                 self._timer, self._timer_step = None, -1
             return
-        while self._heap and not self._valid(self._heap[0]):
-            heapq.heappop(self._heap)
-        self._set_timer(self._heap[0][0])
+        heap, finishing = self._heap, self._finishing
+        while heap and not self._valid(finishing[heap[0]], heap[0]):
+            del finishing[heapq.heappop(heap)]
+        self._set_timer(heap[0])
 
     def _wake_at_next_boundary(self) -> None:
         t0, extra, c, s0 = self._seg
@@ -349,9 +380,12 @@ class SimEngine:
             self._set_timer(nxt)
 
     @staticmethod
-    def _valid(entry: tuple[int, int, _Req]) -> bool:
-        req = entry[2]
-        return req.state == _RUNNING and req.finish_step == entry[0]
+    def _valid(reqs: list[_Req], finish_step: int) -> bool:
+        """Some request of ``reqs``, found under ``finish_step``, still runs to finish then."""
+        for req in reqs:
+            if req.state == _RUNNING and req.finish_step == finish_step:
+                return True
+        return False
 
     def _kick(self) -> None:
         self._kick_scheduled = False
@@ -365,11 +399,13 @@ class SimEngine:
         stats["tokens"] += (step - self._step) * len(self.running)
         self._step = step
         heap = self._heap
-        while heap and heap[0][0] <= step:
-            entry = heapq.heappop(heap)
-            req = entry[2]
-            if req.state == _RUNNING and req.finish_step == entry[0]:  # _valid(entry)
-                self._finish(req, aborted=False)
+        if heap and heap[0] <= step:
+            pop, finishing, finish = heapq.heappop, self._finishing, self._finish
+            while heap and heap[0] <= step:
+                finish_step = pop(heap)
+                for req in finishing.pop(finish_step):
+                    if req.state == _RUNNING and req.finish_step == finish_step:  # still to finish now
+                        finish(req, aborted=False)
         if self._pause is not None:
             mode, fut = self._pause
             self._pause = None
@@ -380,28 +416,29 @@ class SimEngine:
 
     def _start_segment(self, now: float) -> None:
         prefill = 0
-        waiting, running, heap, cfg = self.waiting, self.running, self._heap, self.cfg
-        max_running, default_prompt = cfg.max_running, cfg.prompt_tokens
-        step, version, seq = self._step, self.weight_version, self._seq
+        waiting, running, heap, finishing = self.waiting, self.running, self._heap, self._finishing
+        max_running = self.cfg.max_running
+        step, version = self._step, self.weight_version
         sink = self.sink if self.sink.enabled else None
         push = heapq.heappush
         while waiting and len(running) < max_running:
             req = waiting.popleft()
             if req.state != _WAITING:
                 continue
-            s = req.sample
-            prefix = len(s.prompt_tokens) or default_prompt
             base = req.base
-            prefix += base
+            prefix = req.prompt_len + base
             prefill += prefix
             req.state, req.join_step, req.kv_floor = _RUNNING, step, version
             finish = req.finish_step = step + req.target - base
-            seq += 1
-            push(heap, (finish, seq, req))
-            running[s.index] = req
+            same_step = finishing.get(finish)
+            if same_step is None:
+                finishing[finish] = [req]
+                push(heap, finish)
+            else:
+                same_step.append(req)
+            running[req.index] = req
             if sink is not None:
-                sink.emit(ev.ADMITTED, index=s.index, version=version, prefix_tokens=prefix)
-        self._seq = seq
+                sink.emit(ev.ADMITTED, index=req.index, version=version, prefix_tokens=prefix)
         self.stats["prefill_tokens"] += prefill
         slow = self._slow
         self._seg = (now, prefill * self.cfg.prefill_per_token_s * slow, self._step_cost() * slow, self._step)
@@ -417,33 +454,41 @@ class SimEngine:
     def _account(self, req: _Req) -> None:
         """Record the tokens made since ``req`` joined the batch, under the current version.
         A request that is not in the batch (waiting, or retracted) made none."""
-        step = self._step
-        n = step - req.join_step if req.state == _RUNNING else 0
-        if n > 0:
-            v, kv, s = self.weight_version, req.kv_floor, req.sample
-            runs = s.token_versions.runs  # VersionRuns.append(v, kv, n), inlined
-            if runs and (last := runs[-1])[0] == v and last[1] == kv:
-                last[2] += n
-            else:
-                runs.append([v, kv, n])
-            fills = self._fills
-            if self._fills_version != v or len(fills) > 4096:
-                fills.clear()
-                self._fills_version = v
-            fill = fills.get((kv, n))
-            if fill is None:  # ([v] * n, [log-prob] * n); extend copies them, nothing else holds them
-                fill = fills[(kv, n)] = ([v] * n, [-1.0 - 0.1 * (v - kv)] * n)
-            s.response_tokens.extend(fill[0])
-            s.rollout_log_probs.extend(fill[1])
-            req.base += n
-        req.join_step = step
+        self._account_all((req,))
+
+    def _account_all(self, reqs: Iterable[_Req]) -> None:
+        """``_account`` of each request of ``reqs`` in turn (a pause accounts the whole batch)."""
+        step, v = self._step, self.weight_version
+        fills = self._fills
+        if self._fills_version != v or len(fills) > 4096:
+            fills.clear()
+            self._fills_version = v
+        for req in reqs:
+            n = step - req.join_step if req.state == _RUNNING else 0
+            if n > 0:
+                kv, s = req.kv_floor, req.sample
+                runs = s.token_versions.runs  # VersionRuns.append(v, kv, n), inlined
+                if runs and (last := runs[-1])[0] == v and last[1] == kv:
+                    last[2] += n
+                else:
+                    runs.append([v, kv, n])
+                fill = fills.get((kv, n))
+                if fill is None:  # ([v] * n, [log-prob] * n); extend copies them, nothing else holds them
+                    fill = fills[(kv, n)] = ([v] * n, [-1.0 - 0.1 * (v - kv)] * n)
+                s.response_tokens.extend(fill[0])
+                s.rollout_log_probs.extend(fill[1])
+                req.base += n
+            req.join_step = step
 
     def _finish(self, req: _Req, *, aborted: bool) -> None:
-        self._account(req)
+        self._account_all((req,))  # _account(req)
         req.state = _DONE
         s = req.sample  # its tokens were appended as they were made (``_account``)
-        self.running.pop(s.index, None)
-        record_outcome(s, self.weight_version, Status.ABORTED if aborted else
+        self.running.pop(req.index, None)
+        version, version_str = self._version_str  # one string per version, shared by its samples
+        if version != self.weight_version or type(version) is not type(self.weight_version):
+            version, version_str = self._version_str = (self.weight_version, str(self.weight_version))
+        record_outcome(s, version_str, Status.ABORTED if aborted else
                        Status.TRUNCATED if req.truncated else Status.COMPLETED)
         sink = self.sink
         if sink.enabled:
@@ -465,20 +510,23 @@ class SimEngine:
                 self._finish(req, aborted=True)
             self.waiting.clear()
             self._heap.clear()
+            self._finishing.clear()
         elif mode == "retract":
             retracted = list(self.running.values())
+            self._account_all(retracted)
+            sink = self.sink
             for req in retracted:
-                self._account(req)
                 req.state = _WAITING
-                if self.sink.enabled:
-                    self.sink.emit(ev.RETRACTED, index=req.sample.index, version=self.weight_version,
-                                   generated_tokens=req.base)
+                if sink.enabled:
+                    sink.emit(ev.RETRACTED, index=req.sample.index, version=self.weight_version,
+                              generated_tokens=req.base)
             self.running.clear()
             self._heap.clear()
+            self._finishing.clear()
             self.waiting.extendleft(reversed(retracted))
         else:  # in_place: keep KV and batch; freeze
+            self._account_all(self.running.values())
             for req in self.running.values():
-                self._account(req)
                 if self.sink.enabled:
                     self.sink.emit(ev.PAUSED_REQ, index=req.sample.index, version=self.weight_version, mode=mode)
         self._set_busy(False)
