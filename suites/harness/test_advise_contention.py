@@ -167,3 +167,17 @@ def test_the_fit_scales_the_costs_to_the_median_repeat(tmp_path):
     assert fitted.train_per_token_s == pytest.approx(ALONE.train_per_token_s * 1.1, rel=1e-6)
     assert fitted.fit["contention"]["source"].startswith("none")
     assert fitted.contention_engine == 0.0 == fitted.contention_trainer
+
+
+def test_validation_predicts_a_ray_run_with_its_engine_count_and_flags_rows_beyond_the_target():
+    from harness.advise.validate import layout_of, summary
+
+    assert layout_of({"layout": "ray", "num_engines": 2}) == Layout(engines=2)
+    assert layout_of({"layout": "split", "num_engines": 2}) == Layout(engines=1)
+    row = {"file": "runs/x/results.json", "calibration": False, "mode": "one-step", "layout": "split",
+           "step_error": 0.04, "speedup_error": -0.03}
+    report = {"calibration": "runs/a/results.json",
+              "rows": [row, dict(row, layout="ray", engines=2, step_error=-0.3, speedup_error=0.12)]}
+    s = summary(report)
+    assert s["split"]["within_target"] and s["split"]["worst_step_error"] == 0.04
+    assert not s["ray"]["within_target"] and s["ray"]["worst_speedup_error"] == 0.12
