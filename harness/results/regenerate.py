@@ -82,6 +82,10 @@ STEPS: list[Step] = [
     Step("gap_smollm2", CLI + ["gap", "--model", "smollm2", "--device", "cpu", "--dtypes", "fp32,bf16,fp16",
                                "--num-seqs", "4", "--max-new-tokens", "16", "--seed", "0", "--threads", "1",
                                "--out", "results/gap/smollm2-cpu"], ["results/gap/smollm2-cpu"]),
+    # peak resident memory of the main job on SmolLM2 with the gap decomposition on (issue 10: report it)
+    Step("memory_smollm2", CLI + ["run", "--model", "smollm2", "--modes", "one-step,fully-async", "--steps", "4",
+                                  "--repeats", "1", "--no-plots", "--out", "results/gap/smollm2-run-memory"],
+         ["results/gap/smollm2-run-memory"]),
     Step("upstream_faults", [PY, "-m", "harness.upstream.faults", "sweep", "--runs", "10000", "--jobs", "2",
                              "--write"], ["results/upstream/fault_findings.json", "results/upstream/fault_findings.md"]),
     Step("serve_upstream_e2e", [PY, "-m", "harness.serve.upstream_e2e", "--out", "results/serve/upstream_e2e.json"],
