@@ -304,7 +304,7 @@ class OneStepRollout:
             if partial:
                 for group in collected:
                     self._drop(group, "aborted_at_rollout_end")
-            for task in waiting:
+            for task in sorted(waiting, key=lambda t: first_sample(t.prompt_group).index):  # not set order
                 if task.done():
                     if not task.cancelled() and task.exception() is not None:
                         self._drop(task.prompt_group, "generate_error")

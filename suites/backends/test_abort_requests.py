@@ -148,7 +148,9 @@ async def _rollout_on_held_engine(name: str):
         data, metrics = await rollout(0, 1)
         events_after_rollout = len(recorder.trace.events)
         await engine.abort_requests()  # nothing left in flight: again nothing
-        assert len(recorder.trace.events) == events_after_rollout
+        # (an engine thread's own idle bookkeeping, e.g. its generating phase ending, may still arrive)
+        late = [e.kind for e in recorder.trace.events[events_after_rollout:]]
+        assert not set(late) & {ev.ENGINE_PAUSE, ev.ENGINE_RESUME, ev.ABORTED, ev.FINISHED}, late
     finally:
         engine.close()
     # the test closes the account as the trainer and the run's end would
