@@ -50,7 +50,7 @@ from miles_async_core.rules import validate
 from miles_async_core.types import SamplingParams
 from harness.measure.ages import AgeRecorder
 from harness.measure.memory import PeakRss, read_peak_rss_bytes
-from harness.measure.self_cost import SelfCost
+from harness.measure.self_cost import SelfCost, process_cpu_s
 from harness.measure.overlap import ideal_speedup, measurement_window, overlap_metrics
 from harness.sim.simulate import emit_run_end, histogram
 from harness.trace import TraceRecorder
@@ -132,6 +132,7 @@ class ModeResult:
     engine_stats: dict | None = None  # ray layout: RayEngineGroup.stats() (per engine, start-up, broadcast)
     self_cost: dict | None = None  # harness.measure.self_cost: the recording's own time inside t0 .. t1
     peak_rss_bytes: dict = field(default_factory=dict)  # harness.measure.memory: run, after_run, engine_process
+    run_cpu_s: float | None = None  # CPU seconds of t0 .. t1, this process + the split engine process
 
     def per_step(self, key: str) -> list[float]:
         return [r[key] for r in self.history if key in r]
@@ -226,13 +227,15 @@ def run_mode(mode: str, base: AsyncConfig, spec: RunSpec, *, on_step: Callable[[
                            reward_fn=task.reward, sink=sink,
                            observer=cost.observer(AgeRecorder()) if measure else None)
         holder["ctx"] = ctx
+        child = getattr(getattr(engine, "process", None), "pid", None)  # the split layout's engine process
+        holder["cpu0"] = _cpu_now(child)
         holder["t0"] = loop.time()
         try:
             await run(ctx)
         finally:
             holder["t1"] = loop.time()
+            holder["cpu1"] = _cpu_now(child)
             emit_run_end(ctx)  # a no-op on the NullSink
-            child = getattr(getattr(engine, "process", None), "pid", None)  # the split layout's engine process
             holder["engine_peak"] = read_peak_rss_bytes(child) if child is not None else None
             await _close(engine)
 
@@ -261,6 +264,8 @@ def run_mode(mode: str, base: AsyncConfig, spec: RunSpec, *, on_step: Callable[[
         engine_sync=list(getattr(engine, "sync_s", [])), gap_summary=gap_summary, checks=checks,
         chance_level=task.chance_level, run_s=t1 - t0, self_cost=cost.summary(t1 - t0) if measure else None,
         peak_rss_bytes=peaks,
+        run_cpu_s=holder["cpu1"] - holder["cpu0"] if holder.get("cpu1") is not None and holder.get("cpu0") is not None
+        else None,
         engine_stats=engine.stats() if hasattr(engine, "stats") else None,
         worker_error=f"{type(worker_error).__name__}: {worker_error}" if worker_error else None)
 
@@ -400,6 +405,14 @@ def _make_engine(spec: RunSpec, build: Callable[[], Any], trainer: TorchTrainer,
     engine_model = build()
     core = EngineCore(engine_model, max_running=spec.max_running, eos_token_id=task.eos_token_id)
     return TorchEngine(core, seed=spec.seed, sink=sink)  # it records its own generating phase and decode steps
+
+
+def _cpu_now(child: int | None) -> float | None:
+    """This process's CPU seconds plus the engine process's (None: the child's unreadable)."""
+    if child is None:
+        return process_cpu_s()
+    theirs = process_cpu_s(child)
+    return None if theirs is None else process_cpu_s() + theirs
 
 
 async def _close(engine: Any) -> None:

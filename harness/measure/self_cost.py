@@ -18,6 +18,24 @@ import time
 from typing import Any
 
 
+def process_cpu_s(pid: int | None = None) -> float | None:
+    """CPU seconds (user + system, every thread) a process has used so far: this process
+    from ``time.process_time``, another from ``/proc/<pid>/stat`` (None where unreadable).
+    With the engine process's figure added, ``run_cpu_s`` of a run is the CPU its timed
+    window cost on both sides; unlike wall time it does not grow when the host gives the
+    machine's cores to someone else, so a with-and-without comparison resolves smaller
+    costs."""
+    if pid is None:
+        return time.process_time()
+    import os
+
+    try:
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime (fields 14, 15)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 class SelfCost:
     """Accumulates the wall time of the calls it wraps (``in_run_s``) and their count."""
 
@@ -72,4 +90,4 @@ class _TimedObserver:
             self.cost.calls += 1
 
 
-__all__ = ["SelfCost"]
+__all__ = ["SelfCost", "process_cpu_s"]

@@ -129,6 +129,7 @@ def test_a_real_run_ends_with_run_end_passes_every_checker_and_replays_the_gap_e
     assert r.chance_level == 0.25 and 0.0 < r.run_s
     # the recording's own time inside the timed window is measured call by call on every measured run
     assert r.self_cost["calls"] >= len(r.events) - 1 and 0.0 < r.self_cost["in_run_s"] < r.run_s
+    assert r.run_cpu_s > 0  # this process and the engine process over t0 .. t1
 
 
 def test_an_unmeasured_run_records_nothing_the_harness_computes_for_itself():

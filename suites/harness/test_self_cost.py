@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import sys
+
 import pytest
 
 from harness.measure.ages import AgeRecorder
-from harness.measure.self_cost import SelfCost
+from harness.measure.self_cost import SelfCost, process_cpu_s
 from harness.trace import TraceRecorder
 
 
@@ -43,3 +46,11 @@ def test_the_summary_is_the_share_of_the_timed_run():
     cost.in_run_s, cost.calls = 0.05, 10
     assert cost.summary(10.0) == {"in_run_s": 0.05, "calls": 10, "share_of_run": pytest.approx(0.005)}
     assert cost.summary(0.0)["share_of_run"] is None
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/<pid>/stat, a Linux file")
+def test_process_cpu_reads_another_process_from_proc_and_agrees_with_process_time_on_this_one():
+    sum(i * i for i in range(300_000))  # some CPU to read
+    mine, via_proc = process_cpu_s(), process_cpu_s(os.getpid())
+    assert via_proc is not None and abs(mine - via_proc) < 0.1  # /proc counts in clock ticks (10 ms)
+    assert process_cpu_s(2**22 + 12345) is None  # above Linux's pid_max: no such process
