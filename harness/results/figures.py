@@ -6,7 +6,7 @@ cell names one committed JSON file and, after it, one key path per number of the
 dotted (``rows.mixed.ratio``; a list index is a number). Reading the figure's numbers in
 order (plain, with thousands commas, or scientific like ``1.75e-3``), each key path accounts for one number, or for two when it resolves to a list:
 then the figure states its range, ``min-max``. A number followed by ``%`` is compared
-with 100 x the value, a number followed by ``x`` as a plain number. Each comparison
+with 100 x the value, one followed by ``GiB`` with the value (bytes) / 2**30, a number followed by ``x`` as a plain number. Each comparison
 rounds the file's value to the decimals the README prints, so a stale or edited figure
 fails and a figure printed at its precision passes.
 """
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-NUMBER = re.compile(r"(?<![\w.])(\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?)(\s*%)?")
+NUMBER = re.compile(r"(?<![\w.])(\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?)(\s*(?:%|GiB\b))?")
 
 
 @dataclass(frozen=True)
@@ -53,12 +53,13 @@ def lookup(doc: Any, key: str) -> Any:
     return doc
 
 
-def _numbers(text: str) -> list[tuple[str, bool]]:
-    return [(m.group(1).replace(",", ""), bool(m.group(2))) for m in NUMBER.finditer(text)]
+def _numbers(text: str) -> list[tuple[str, str]]:
+    """(number, unit) pairs; unit is "", "%" or "GiB"."""
+    return [(m.group(1).replace(",", ""), (m.group(2) or "").strip()) for m in NUMBER.finditer(text)]
 
 
-def _matches(printed: str, percent: bool, value: float) -> bool:
-    v = value * 100 if percent else value
+def _matches(printed: str, unit: str, value: float) -> bool:
+    v = value * 100 if unit == "%" else value / 2**30 if unit == "GiB" else value
     if "e" in printed:  # scientific: compare at the printed mantissa's precision
         mantissa = printed.split("e")[0]
         digits = len(mantissa.split(".")[1]) if "." in mantissa else 0
@@ -88,9 +89,9 @@ def check_figure(fig: Figure, root: Path) -> list[str]:
             if i >= len(numbers):
                 problems.append(f"{fig.what!r}: the figure {fig.figure!r} has fewer numbers than its keys")
                 return problems
-            printed, percent = numbers[i]
-            if not _matches(printed, percent, float(v)):
-                problems.append(f"{fig.what!r}: README says {printed}{'%' if percent else ''} for {key}, "
+            printed, unit = numbers[i]
+            if not _matches(printed, unit, float(v)):
+                problems.append(f"{fig.what!r}: README says {printed}{unit} for {key}, "
                                 f"{fig.source} has {v}")
             i += 1
     return problems

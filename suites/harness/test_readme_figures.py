@@ -36,3 +36,10 @@ def test_an_edited_figure_fails(tmp_path):
     assert check_figure(Figure("x", "k3 KL 1.76e-03, 31,277 per s", "k.json", ("kl", "n")), tmp_path) != []
     assert check_figure(Figure("x", "1", "missing.json", ("a",)), tmp_path) != []
     assert check_figure(Figure("x", "1", "r.json", ("nope",)), tmp_path) != []
+
+
+def test_a_figure_in_gib_is_compared_with_bytes(tmp_path):
+    (tmp_path / "m.json").write_text(json.dumps({"peak": 5_207_000_000}))
+    assert check_figure(Figure("x", "peak 4.85 GiB", "m.json", ("peak",)), tmp_path) == []
+    assert check_figure(Figure("x", "peak 4.86 GiB", "m.json", ("peak",)), tmp_path) != []
+    assert check_figure(Figure("x", "peak 5207000000", "m.json", ("peak",)), tmp_path) == []  # no unit: as stored
