@@ -12,7 +12,8 @@ for both sides; the gap replay and the checkers run after ``t1`` and are reporte
 (``after_s``: the call's wall time minus ``run_s``, on the measured side). The measured
 side also reports ``self_cost_share``, the recording's own time inside its timed window
 (``harness.measure.self_cost``: trace sink and age observer, timed call by call), a
-lower bound of the cost that, unlike the ratio, is not buried in run-to-run noise. Both
+figure that, unlike the ratio, is not buried in run-to-run noise (wall time inside the
+calls, GIL waits included, so it can over-state the recording's own work). Both
 sides also report ``run_cpu_s``, the CPU seconds of the timed window in this process and
 the engine process (``harness.measure.self_cost.process_cpu_s``): ``cpu_ratio`` is
 measured / unmeasured CPU, and ``extra_cpu_share_of_wall`` the extra CPU seconds as a
