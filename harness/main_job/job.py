@@ -228,13 +228,14 @@ def run_mode(mode: str, base: AsyncConfig, spec: RunSpec, *, on_step: Callable[[
                            observer=cost.observer(AgeRecorder()) if measure else None)
         holder["ctx"] = ctx
         child = getattr(getattr(engine, "process", None), "pid", None)  # the split layout's engine process
-        holder["cpu0"] = _cpu_now(child)
+        cpu0 = _cpu_now(child)
         holder["t0"] = loop.time()
         try:
             await run(ctx)
         finally:
             holder["t1"] = loop.time()
-            holder["cpu1"] = _cpu_now(child)
+            cpu1 = _cpu_now(child)
+            holder["run_cpu_s"] = cpu1 - cpu0 if cpu0 is not None and cpu1 is not None else None
             emit_run_end(ctx)  # a no-op on the NullSink
             holder["engine_peak"] = read_peak_rss_bytes(child) if child is not None else None
             await _close(engine)
@@ -264,8 +265,7 @@ def run_mode(mode: str, base: AsyncConfig, spec: RunSpec, *, on_step: Callable[[
         engine_sync=list(getattr(engine, "sync_s", [])), gap_summary=gap_summary, checks=checks,
         chance_level=task.chance_level, run_s=t1 - t0, self_cost=cost.summary(t1 - t0) if measure else None,
         peak_rss_bytes=peaks,
-        run_cpu_s=holder["cpu1"] - holder["cpu0"] if holder.get("cpu1") is not None and holder.get("cpu0") is not None
-        else None,
+        run_cpu_s=holder.get("run_cpu_s"),
         engine_stats=engine.stats() if hasattr(engine, "stats") else None,
         worker_error=f"{type(worker_error).__name__}: {worker_error}" if worker_error else None)
 
