@@ -80,6 +80,12 @@ class CostModel:
     # training step runs at 1 / (1 + contention_trainer) of its rate. 0: the sides are independent
     contention_engine: float = 0.0
     contention_trainer: float = 0.0
+    # engines sharing the calibrated host (fit_engine_sharing, from a run with several engines):
+    # k > 1 engines decoding at once each step at max(1, k / engine_slots) times the cost (0: every
+    # engine has its own hardware, as on a cluster); each engine past the first adds
+    # weight_sync_per_engine_s to a weight update (its load and the calls that reach it)
+    engine_slots: float = 0.0
+    weight_sync_per_engine_s: float = 0.0
     reference: dict[str, Any] = field(default_factory=lambda: {"engine_gpus": 1, "trainer_gpus": 1})
     fit: dict[str, Any] = field(default_factory=dict)
 
@@ -555,6 +561,83 @@ def fit_contention(obs: Observations, costs: CostModel, *, iterations: int = 4) 
             "engine": result["engine"], "trainer": result["train"], "by_mode": by_mode,
             "engine_steps_ratio": ratio, "points": points}
     return dataclasses.replace(fitted, fit={**costs.fit, "contention": info})
+
+
+def _median_per_step(rows: list[dict[str, Any]], key: str) -> float:
+    return float(np.median([r[key] / r["steps"] for r in rows if r.get("steps")]))
+
+
+def fit_engine_sharing(costs: CostModel, path: str | Path) -> CostModel:
+    """Fit ``engine_slots`` and ``weight_sync_per_engine_s`` from the sync mode of a run with
+    N > 1 engines of the calibrated size on the calibrated host (``costs`` came from the
+    same layout with one engine).
+
+    * Weight sync: the per-engine cost at which the simulated sync run with N engines
+      spends as long in weight sync per trained step as the run did (median over its sync
+      repeats); the calibrated ``weight_sync_s`` is the first engine's share.
+    * Slots: the value at which the simulated sync run with N engines spends as long
+      generating per step as the run measured (median over its sync repeats), found by
+      bisection on [0.5, N] (more slots, faster; the simulated time falls monotonically).
+      At N (or more) the engines do not slow each other and the field stays 0 (off).
+
+    Only sync steps are read, so the run's overlapped modes stay held out."""
+    from harness.advise.predict import Layout, simulate_layout  # predict imports this module
+    from harness.sim.simulate import summarize
+
+    try:
+        doc = json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise ConfigError(f"engine-sharing run {path}: cannot read it ({exc.strerror})") from None
+    spec = doc.get("config", {}).get("spec", {})
+    n = int(spec.get("num_engines", 1))
+    rows = [r for r in (doc.get("extra", {}).get("repeats", {}).get("sync") or []) if r.get("steps")]
+    if n < 2 or not rows:
+        raise ConfigError(f"engine-sharing run {path}: needs a sync mode run with --num-engines >= 2 (has "
+                          f"{n} engine(s), {len(rows)} sync repeat(s)); fix: run miles-harness run --layout ray "
+                          "--num-engines 2 --modes sync,...")
+    configs = doc["config"]["modes"]
+    # as many steps as the run's repeats had: per-step figures depend on the count (the
+    # last step's weight sync falls after the measurement window)
+    cfg = dataclasses.replace(config_of(configs, "sync"), num_rollout=int(rows[0]["steps"]))
+    base = dataclasses.replace(costs, max_running=int(spec.get("max_running", costs.max_running)),
+                               contention_engine=0.0, contention_trainer=0.0)
+    target = _median_per_step(rows, "rollout_busy_s")
+
+    def per_step(slots: float, per_engine: float = 0.0) -> dict[str, float]:
+        res = simulate_layout(dataclasses.replace(base, engine_slots=slots, weight_sync_per_engine_s=per_engine),
+                              cfg, Layout(engines=n))
+        if res.error is not None or not res.history:
+            raise RuntimeError(f"engine-sharing fit: the simulated sync run failed: {res.error!r}")
+        s = summarize(res)
+        return {"generating": s["rollout_generating_s"] / s["steps"], "weight_sync": s["weight_sync_s"] / s["steps"]}
+
+    lo, hi = 0.5, float(n)
+    own = per_step(0.0)
+    if target <= own["generating"] * (1 + 1e-9):
+        slots = 0.0
+    elif target >= per_step(lo)["generating"]:
+        slots = lo
+    else:
+        for _ in range(30):
+            mid = 0.5 * (lo + hi)
+            lo, hi = (lo, mid) if per_step(mid)["generating"] < target else (mid, hi)
+        slots = 0.5 * (lo + hi)
+        if slots >= n * (1 - 1e-6):
+            slots = 0.0
+    # weight sync per step is linear in the per-engine cost (the same updates, each longer):
+    # read the slope off two simulations, measured the same way as the run (per trained step)
+    w_n = _median_per_step(rows, "weight_sync_s")
+    probe = max(costs.weight_sync_s, 1e-3)
+    w0, w1 = own["weight_sync"], per_step(0.0, probe)["weight_sync"]
+    per_engine = max(0.0, (w_n - w0) / (w1 - w0) * probe) if w1 > w0 else 0.0
+    info = {"source": str(path), "engines": n, "sync_repeats": len(rows),
+            "measured_generating_per_step_s": target, "simulated_generating_own_hardware_s": own["generating"],
+            "slots": slots, "weight_sync_per_step_s": w_n, "weight_sync_one_engine_s": costs.weight_sync_s,
+            "note": "slots by bisection of the simulated sync generating time per step against the measured "
+                    "median; per-engine weight sync: the simulated weight sync per step matched to the measured median; the run's overlapped modes are "
+                    "not read"}
+    return dataclasses.replace(costs, engine_slots=slots, weight_sync_per_engine_s=per_engine,
+                               fit={**costs.fit, "engine_sharing": info})
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,8 +13,9 @@ router that sends each request to the engine with the fewest outstanding request
 least-load policy. Modelled this way rather than as one engine with N times the
 throughput because the split matters: each engine fills and drains its own batch (so
 the tail of a step is per engine), and a pause waits for every engine's step boundary.
-A weight update pauses every engine, waits ``weight_sync_s`` (a broadcast, independent
-of N), loads the version into each, and resumes them; a pause that interrupts running
+A weight update pauses every engine, waits ``weight_sync_s`` (a broadcast) plus
+``weight_sync_per_engine_s`` for each engine past the first (0 unless a run with several
+engines calibrated it, ``fit_engine_sharing``), loads the version into each, and resumes them; a pause that interrupts running
 requests costs ``pause_resume_s`` more. The rollout side counts as busy while any
 engine is.
 
@@ -24,6 +25,9 @@ the trainer trains every engine step is slower, while an engine decodes training
 slower. They apply to layouts whose engines and trainer have the calibrated sizes
 (``calibrated_units``: any number of such engines), i.e. the calibrated kind of
 machine; a layout of bigger engines or trainers is another machine and gets none.
+Likewise ``engine_slots`` (engines of the calibrated size sharing that host: several
+decoding at once decode together as fast as ``engine_slots`` of them alone), which only
+a calibration with several engines on one host sets.
 
 ``predict`` simulates the given flags and, for the speedup, the same flags as sync
 (``train.py``: no overlap). Sync steps are independent of each other, so the sync
@@ -237,11 +241,14 @@ def simulate_layout(costs: CostModel, config: AsyncConfig, layout: Layout, *, de
     """One simulated run; with a contention factor above 0 in ``costs`` the engines and the
     trainer slow each other (``harness.sim.contention``), else they run independently."""
     contention = None
-    if (costs.contention_engine or costs.contention_trainer) and calibrated_units(costs, layout):
-        contention = Contention(engine=costs.contention_engine, trainer=costs.contention_trainer)
+    shared = costs.engine_slots if layout.engines > 1 else 0.0
+    if (costs.contention_engine or costs.contention_trainer or shared) and calibrated_units(costs, layout):
+        contention = Contention(engine=costs.contention_engine, trainer=costs.contention_trainer,
+                                engine_slots=shared)
+    weight_sync_s = costs.weight_sync_s + (layout.engines - 1) * costs.weight_sync_per_engine_s
 
     def factory(cfg: SimEngineConfig, sink: Any) -> RoutedEngines:
-        return RoutedEngines(cfg, layout.engines, sink=sink, weight_sync_s=costs.weight_sync_s,
+        return RoutedEngines(cfg, layout.engines, sink=sink, weight_sync_s=weight_sync_s,
                              pause_resume_s=costs.pause_resume_s, detail=detail, contention=contention)
 
     def trainer_factory(cfg: SimTrainerConfig) -> SimTrainer:

@@ -38,7 +38,8 @@ from pathlib import Path
 from typing import Any
 
 from miles_async_core.config import AsyncConfig
-from harness.advise.costs import CostModel, fit_costs, observations_from_results, replay_steps
+from harness.advise.costs import (CostModel, fit_costs, fit_engine_sharing, observations_from_results,
+                                  replay_steps)
 from harness.advise.predict import Layout, predict, predict_sync
 
 MODES = ("sync", "one-step", "fully-async")
@@ -96,10 +97,13 @@ def layout_of(spec: dict[str, Any]) -> Layout:
     return Layout(engines=int(spec.get("num_engines", 1)) if spec.get("layout") == "ray" else 1)
 
 
-def validate(calibration: str, others: list[str]) -> dict[str, Any]:
+def validate(calibration: str, others: list[str], engines_from: str | None = None) -> dict[str, Any]:
     costs = fit_costs(observations_from_results(calibration))
+    if engines_from is not None:
+        costs = fit_engine_sharing(costs, engines_from)
     rows = []
-    for path in [calibration] + others:
+    paths = [calibration] + ([engines_from] if engines_from and engines_from not in others else []) + others
+    for path in dict.fromkeys(paths):
         doc = json.loads(Path(path).read_text())
         spec = doc["config"].get("spec", {})
         c = dataclasses.replace(costs, max_running=int(spec.get("max_running", costs.max_running)))
@@ -117,7 +121,7 @@ def validate(calibration: str, others: list[str]) -> dict[str, Any]:
             cf_step = {"sync": cf["sync_step_s"], "one-step": cf["one_step_step_s"],
                        "fully-async": cf["fully_async_step_s"]}[mode]
             row = {
-                "file": path, "mode": mode, "calibration": path == calibration and mode == "sync",
+                "file": path, "mode": mode, "calibration": path in (calibration, engines_from) and mode == "sync",
                 "layout": spec.get("layout", "split"), "engines": layout.engines,
                 "commit": (doc.get("git") or {}).get("commit"),
                 "B": cfg.rollout_batch_size, "n": cfg.n_samples_per_prompt, "interval": cfg.update_weights_interval,
@@ -147,7 +151,7 @@ def validate(calibration: str, others: list[str]) -> dict[str, Any]:
                 row["speedup_error_no_contention"] = base["step_s"] / pred0 / row["measured_speedup"] - 1
                 row["closed_form_speedup_error"] = row["closed_form_speedup"] / row["measured_speedup"] - 1
             rows.append(row)
-    return {"calibration": calibration, "costs": costs.to_json(), "rows": rows}
+    return {"calibration": calibration, "engines_from": engines_from, "costs": costs.to_json(), "rows": rows}
 
 
 def _pct(x: float | None) -> str:
@@ -237,8 +241,7 @@ def summary(report: dict[str, Any], target: float = 0.10) -> dict[str, Any]:
     and Ray layout apart, and whether they are within ``target``."""
     out = {}
     for name in ("split", "ray"):
-        rows = [r for r in report["rows"] if r["file"] != report["calibration"]
-                and (r.get("layout") == "ray") == (name == "ray")]
+        rows = _held_out(report, name)
         if not rows:
             continue
         step = max(rows, key=lambda r: abs(r["step_error"]))
@@ -287,7 +290,9 @@ STATIC_READING = [
 
 
 def _held_out(report: dict[str, Any], layout: str) -> list[dict[str, Any]]:
-    return [r for r in report["rows"] if r["file"] != report["calibration"]
+    """Rows not used by the calibration: the calibration file's rows (its overlapped modes
+    fit the contention) and the engine-sharing file's sync row are not held out."""
+    return [r for r in report["rows"] if r["file"] != report["calibration"] and not r["calibration"]
             and (r.get("layout") == "ray") == (layout == "ray")]
 
 
@@ -304,6 +309,8 @@ def _contention_reading(report: dict[str, Any]) -> list[str]:
     if "engine" not in cont:
         return []
     split = [r for r in _held_out(report, "split") if r["mode"] != "sync"]
+    if not split:
+        return []
     by = cont["by_mode"]
     out = [
         "Contention: the simulator without it has the engine and the trainer each own a core and never slow each "
@@ -330,67 +337,60 @@ def _contention_reading(report: dict[str, Any]) -> list[str]:
     return out
 
 
-def _ray_reading(report: dict[str, Any]) -> list[str]:
-    ray = _held_out(report, "ray")
-    if not ray:
+def _sharing_reading(report: dict[str, Any]) -> list[str]:
+    """The reading of a calibration with several engines (``--engines-from``)."""
+    info = report["costs"]["fit"].get("engine_sharing")
+    if not info:
         return []
-    calib = next(r for r in report["rows"] if r["calibration"])
-    ws = calib["measured_busy_per_step_s"].get("weight_sync")
-    syncs = [r for r in ray if r["mode"] == "sync" and r.get("measured_busy_per_step_s")]
-    parts = [f"{_label(r)} {r['measured_busy_per_step_s']['weight_sync']:.3f} s" for r in syncs]
-    tps = {(r["engines"], r["mode"]): r["engine_busy_tokens_per_s"] for r in ray if r.get("engine_busy_tokens_per_s")}
-    tok = "; ".join(f"{m}: " + ", ".join(
-        f"{n} engine{'s' if n > 1 else ''} {sum(tps[(n, m)]):.0f} tokens/s"
-        + (f" ({' + '.join(f'{x:.0f}' for x in tps[(n, m)])})" if n > 1 else "")
-        for n in sorted({n for n, mm in tps if mm == m}) if (n, m) in tps) for m in MODES
-        if any(mm == m for _, mm in tps))
-    drift = []
-    for r in syncs:
-        t, t0 = r["measured_busy_per_step_s"].get("training"), calib["measured_busy_per_step_s"].get("training")
-        if t and t0 and abs(t / t0 - 1) > 0.05:
-            drift.append(f"{_label(r)}'s trainer trained {abs(t / t0 - 1):.0%} {'faster' if t < t0 else 'slower'} "
-                         f"than the calibration's ({t:.3f} vs {t0:.3f} s/step) in sync mode, where the layout does not "
-                         f"touch it: it was measured at another time (commit {str(r.get('commit'))[:7]} vs "
-                         f"{str(calib.get('commit'))[:7]}), so its rows also carry the machine's drift between the two")
-    drift_text = ("; ".join(drift) + ". ") if drift else ""
+    c = report["costs"]
+    ray = _held_out(report, "ray")
+    n = info["engines"]
+    sharing = (f"together decode as fast as **{c['engine_slots']:.2f}** of them alone" if c["engine_slots"]
+               else "do not slow each other (slots off)")
     return [
-        "Ray layout: predicted as `advise --engines N` from the split calibration, the Ray rows miss by far more "
-        f"than 10% (s/step up to {_worst(ray, 'step_error')}, speedup up to {_worst(ray, 'speedup_error')}), and "
-        "the busy table shows why: the split calibration does not contain Ray's own costs. Weight sync per step in "
-        f"sync mode: {', '.join(parts)} against {ws:.3f} s in the split layout (a ray.put of the weights and a "
-        "remote load per engine instead of one shared-memory copy; the runs' `extra.engines.*.stats.sync_s`). "
-        "Engines: the simulator gives every engine its own hardware, so two engines halve the generating time; on "
-        "2 cores the engine processes, the trainer and the driver share the same two cores. Each engine's decode "
-        "speed while busy (`extra.engines`: its tokens over its own decode-step time; the engines run side by "
-        f"side, so their sum is the layout's) is {tok}. Two engines together decode about as fast as one, and "
-        "under training the engines slow down far more than the one-engine contention factor says (busy table, "
-        "generating). Predicting the Ray layout needs a Ray calibration (its weight sync "
-        "and its engines' throughput per engine count on the machine), not the split one; on a cluster, where "
-        "each engine has its own GPUs, the split-calibrated model's assumption holds. " + drift_text]
+        f"Engines on one host (`harness.advise.costs.fit_engine_sharing`, from the sync mode of "
+        f"`{info['source']}` only): its {n} engines spent {info['measured_generating_per_step_s']:.3f} s generating "
+        f"per step, where {n} engines with their own hardware would take "
+        f"{info['simulated_generating_own_hardware_s']:.3f} s; so {n} engines of the calibrated size on this host "
+        f"{sharing}. Weight sync: {info['weight_sync_per_step_s']:.3f} s per step with {n} engines against "
+        f"{info['weight_sync_one_engine_s']:.3f} s per update with one, {c['weight_sync_per_engine_s'] * 1e3:.1f} ms "
+        "more per engine (each engine's load and the calls that reach it). The contention factors come from the "
+        "one-engine calibration run's overlapped modes, so the held-out rows here are the several-engine run's "
+        f"overlapped modes ({len(ray)}): largest s/step error {_worst(ray, 'step_error')}, largest speedup error "
+        f"{_worst(ray, 'speedup_error')}. On a cluster each engine has its own GPUs and the fit would find no "
+        "sharing; the per-engine weight sync is the part that carries over to a real broadcast."]
 
 
 def reading(report: dict[str, Any]) -> list[str]:
     """The reading of the table, its figures computed from the report."""
-    return _contention_reading(report) + _ray_reading(report) + STATIC_READING
+    return _contention_reading(report) + _sharing_reading(report) + STATIC_READING
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m harness.advise.validate", description=__doc__.split("\n")[0])
     p.add_argument("--calibrate", required=True, help="results.json whose sync mode calibrates the costs")
     p.add_argument("--predict", nargs="*", default=[], help="more results.json files to predict")
+    p.add_argument("--engines-from", default=None,
+                   help="results.json of the calibration's layout with N > 1 engines: its sync mode fits how the "
+                        "engines share the host and the weight sync per engine (harness.advise.costs."
+                        "fit_engine_sharing); its overlapped modes are predicted, held out")
     p.add_argument("--out", default="results/advise")
+    p.add_argument("--name", default="", help="suffix of the written files: validation<NAME>.json/.md and "
+                   "cpu_costs<NAME>.json (default none)")
     args = p.parse_args(argv)
     command = "python -m harness.advise.validate " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
-    report = validate(args.calibrate, args.predict)
+    report = validate(args.calibrate, args.predict, args.engines_from)
     report["command"] = command
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    CostModel.from_json(report["costs"]).write(out / "cpu_costs.json")
-    (out / "validation.json").write_text(json.dumps(report, indent=1, sort_keys=True, default=str) + "\n")
+    costs_path, json_path, md_path = (out / f"cpu_costs{args.name}.json", out / f"validation{args.name}.json",
+                                      out / f"validation{args.name}.md")
+    CostModel.from_json(report["costs"]).write(costs_path)
+    json_path.write_text(json.dumps(report, indent=1, sort_keys=True, default=str) + "\n")
     md = to_markdown(report, command)
-    (out / "validation.md").write_text(md)
+    md_path.write_text(md)
     print(md)
-    print(f"wrote {out / 'validation.json'}, {out / 'validation.md'}, {out / 'cpu_costs.json'}")
+    print(f"wrote {json_path}, {md_path}, {costs_path}")
     return 0
 
 

@@ -13,6 +13,12 @@ and ``contention_trainer``, fitted by ``harness.advise.costs.fit_contention``):
   its rate: a step of cost ``w`` that overlaps decoding for ``o`` seconds takes
   ``w + o * trainer / (1 + trainer)``.
 
+* engines sharing one host (``CostModel.engine_slots``, fitted by
+  ``harness.advise.costs.fit_engine_sharing``): with ``slots`` > 0, while ``k`` > 1
+  engines decode at once every engine step costs ``max(1, k / slots)`` times as much
+  (processor sharing: the engines together decode as fast as ``slots`` engines alone;
+  on a cluster every engine has its own GPUs and ``slots`` is 0, off).
+
 Weight sync and waiting are not slowed (the model has them idle on one side).
 
 Invariant: a ``Contention`` is attached only when a factor is above 0
@@ -40,12 +46,13 @@ class Contention:
     """The coupling: engines report how many of them decode (``engine_busy``), the trainer
     runs its steps through ``train``; each side's rate follows the other's state."""
 
-    def __init__(self, *, engine: float, trainer: float) -> None:
-        for name, value in (("contention_engine", engine), ("contention_trainer", trainer)):
+    def __init__(self, *, engine: float, trainer: float, engine_slots: float = 0.0) -> None:
+        for name, value in (("contention_engine", engine), ("contention_trainer", trainer),
+                            ("engine_slots", engine_slots)):
             if not value >= 0:
                 raise ConfigError(f"{name} = {value!r}: must be >= 0 (0: no slow-down); fix: use 0 or a positive "
-                                  "factor from harness.advise.costs.fit_contention")
-        self.engine, self.trainer = float(engine), float(trainer)
+                                  "value from harness.advise.costs.fit_contention / fit_engine_sharing")
+        self.engine, self.trainer, self.slots = float(engine), float(trainer), float(engine_slots)
         self.engines: list[Any] = []  # objects with set_slowdown(factor)
         self.busy = 0  # engines decoding now
         self.training = False
@@ -53,22 +60,36 @@ class Contention:
 
     def attach(self, engine: Any) -> None:
         self.engines.append(engine)
-        if self.training and self.engine:
-            engine.set_slowdown(1.0 + self.engine)
+        factor = self.engine_factor()
+        if factor != 1.0:
+            engine.set_slowdown(factor)
+
+    def engine_factor(self) -> float:
+        """What an engine step costs now, relative to the calibrated engine alone."""
+        factor = 1.0 + self.engine if self.training else 1.0
+        if self.slots and self.busy > 1 and self.busy > self.slots:
+            factor *= self.busy / self.slots
+        return factor
+
+    def _apply(self) -> None:
+        factor = self.engine_factor()
+        for e in self.engines:
+            e.set_slowdown(factor)
 
     def engine_busy(self, count: int) -> None:
-        """``count`` engines decode from now on; a training step in progress re-plans."""
+        """``count`` engines decode from now on; a training step in progress re-plans,
+        and with shared slots every engine's rate follows the count."""
         was = self.busy > 0
         self.busy = count
+        if self.slots:
+            self._apply()
         if (count > 0) != was and self._wake is not None:
             _set(self._wake, _CHANGE)
 
     def _set_training(self, training: bool) -> None:
         self.training = training
         if self.engine:
-            factor = 1.0 + self.engine if training else 1.0
-            for e in self.engines:
-                e.set_slowdown(factor)
+            self._apply()
 
     async def train(self, work_s: float) -> None:
         """Sleep one training step of ``work_s`` seconds of work alone, at ``1 / (1 +
