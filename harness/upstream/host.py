@@ -220,7 +220,7 @@ def _ordered_scheduler(make: Callable, *, worker: bool = False) -> Callable:
 
         async def ordered(pendings: set) -> tuple[set, set]:
             if worker and _CURRENT is not None:
-                _CURRENT.worker_waits()
+                _CURRENT.worker_waits(pendings)
             done, pending = await wait(pendings)
             host = _CURRENT
             out = _OrderedTasks(done)
@@ -272,6 +272,22 @@ def _observed_group(generate_and_rm_group: Callable) -> Callable:
     return observed
 
 
+def _observed_submit(submit_generate_tasks: Callable) -> Callable:
+    """The one-step rollout's ``submit_generate_tasks`` (``inference_rollout_train.py:L66-L83``),
+    called as is; each group task it creates is recorded as holding its group from creation
+    (``UpstreamHost.track_group_task``)."""
+
+    @functools.wraps(submit_generate_tasks)
+    def observed(state: Any, samples: list, *args: Any, **kwargs: Any) -> list:
+        tasks = submit_generate_tasks(state, samples, *args, **kwargs)
+        if _CURRENT is not None:
+            for group, task in zip(samples, tasks):
+                _CURRENT.track_group_task(task, group)
+        return tasks
+
+    return observed
+
+
 def _observed_filter(call_dynamic_filter: Callable) -> Callable:
     """The one-step rollout's ``call_dynamic_filter``, called as is; a reject is recorded
     as the group's drop when upstream makes it (``inference_rollout_train.py:L140-L143``)."""
@@ -311,6 +327,7 @@ def _install_seams() -> None:
         mod.generate_and_rm_group = _observed_group(mod.generate_and_rm_group)
         mod.make_submission_scheduler = _ordered_scheduler(mod.make_submission_scheduler, worker=mod is fully_mod)
     train_mod.call_dynamic_filter = _observed_filter(train_mod.call_dynamic_filter)
+    train_mod.submit_generate_tasks = _observed_submit(train_mod.submit_generate_tasks)
     _PATCHED = True
 
 
@@ -377,6 +394,7 @@ class UpstreamHost:
         self.putting: set[int] = set()
         self.returned_tasks: set[asyncio.Task] = set()  # returned by a wait of the worker
         self.lost: set[int] = set()  # live, but held by nothing: never listed as pending
+        self._last_taken: list = []  # the groups of the latest get_samples call
         self.set_order = set_order
         self.mirrors: dict[int, CoreSample] = {}
         self.live: dict[int, str] = {}  # group_index -> live | recycled
@@ -425,11 +443,35 @@ class UpstreamHost:
         return {}
 
     # --- accounting: where upstream holds each live group ------------------------------
-    def worker_waits(self) -> None:
+    def track_group_task(self, task: asyncio.Task, group: list) -> None:
+        """``task`` holds ``group`` from its creation, not from its first step: the drain
+        (or the run's end) can come between the two, as in ``fully_async_rollout.py:L133``
+        creating a group task right after a put and the drain returning before that task
+        first runs."""
+        self.task_key[task] = group[0].index
+        self.task_group[task] = group[0].group_index
+
+    def observe_submit(self, fn: Any) -> None:
+        """The fully-async worker's ``_submit_one_group`` (``fully_async_rollout.py:L112-L116``),
+        called as is: the group task it returns is recorded at once (``track_group_task``)."""
+        submit = fn._submit_one_group
+
+        def observed() -> asyncio.Task:
+            task = submit()
+            [group] = self._last_taken
+            self.track_group_task(task, group)
+            return task
+
+        fn._submit_one_group = observed
+
+    def worker_waits(self, pendings: set) -> None:
         """The fully-async worker is back at ``wait_for_progress``: every group its last
-        wait returned must have gone to ``put`` (``fully_async_rollout.py:L134-L136``)."""
+        wait returned must have gone to ``put`` (``fully_async_rollout.py:L134-L136``), and
+        every group task it created and was not handed back must be in what it waits on
+        now (its ``active`` set, L132-L134): a task it forgot is a group lost."""
         self.lost |= self.held
         self.held = set()
+        self.lost |= {gi for t, gi in self.task_group.items() if t not in pendings and t not in self.returned_tasks}
 
     def worker_woke(self, done: Any) -> None:
         for task in done:
@@ -440,8 +482,10 @@ class UpstreamHost:
 
     def holders(self) -> set[int]:
         """The groups upstream holds now: queued in its data source or buffer, in a group
-        task the fully-async worker has not been handed yet (running, or finished since its
-        last wake-up), handed to it and not yet put, or inside a put."""
+        task (from its creation: one not yet started holds its group too) the fully-async
+        worker has not been handed yet (created, running, or finished since its last
+        wake-up) or the one-step rollout has not finished, handed to the worker and not yet
+        put, or inside a put."""
         out = {g[0].group_index for g in getattr(self.data_source, "buffer", ())}
         buf = self.buffer
         if buf is not None:
@@ -473,6 +517,7 @@ class UpstreamHost:
             calls[0] += 1
             recycled_before = {id(g) for g in ds.buffer}
             groups = get_samples(num)
+            self._last_taken = groups
             now = asyncio.get_running_loop().time()
             self.get_samples_calls.append((now, num, [g[0].group_index for g in groups]))
             for g in groups:
@@ -622,6 +667,7 @@ class UpstreamHost:
 
             fn = FullyAsyncRolloutFn(ci)
             self.observe_handler(fn)
+            self.observe_submit(fn)
         else:
             from miles.rollout.inference_rollout.inference_rollout_common import InferenceRolloutFn
 
