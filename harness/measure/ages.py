@@ -11,14 +11,16 @@
   steps behind the weights of that oldest token version.
 
 ``group_token_version`` is the one definition of a group's oldest token version; every
-true-age figure of the harness goes through it.
+true-age figure of the harness goes through it. ``on_train_batch`` computes it, Miles'
+``group_oldest_weight_version`` and the token count in one pass over each group's samples
+(it runs on every step of long simulations); ``suites/harness/test_ages.py`` holds that pass
+to the two definitions.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from miles_async_core.staleness import group_oldest_weight_version
 from miles_async_core.types import samples_of
 
 
@@ -42,17 +44,30 @@ class AgeRecorder:
         self.version_steps[version] = ctx.trainer_steps
 
     def on_train_batch(self, ctx: Any, rollout_id: int, data: list) -> dict[str, Any]:
+        version, steps, version_steps = ctx.weight_version, ctx.trainer_steps, self.version_steps
         miles, token, lag, tokens = [], [], [], 0
         for g in data:
-            recorded = group_oldest_weight_version(g)
+            # One pass over the group's samples (this runs on every step of long simulations):
+            # ``group_oldest_weight_version(g)``, ``group_token_version(g)`` and the tokens.
+            recorded = oldest = last = None
+            for s in samples_of(g):
+                wv = s.weight_versions
+                if len(wv) == 1 and type(v := wv[0]) is str:  # group_oldest_weight_version's common case
+                    if v != last:
+                        last = v
+                        if v.isdigit() and (recorded is None or int(v) < recorded):
+                            recorded = int(v)
+                elif (v := s.oldest_weight_version) is not None and (recorded is None or v < recorded):
+                    recorded = v
+                for r in s.token_versions.runs:
+                    if oldest is None or r[0] < oldest:
+                        oldest = r[0]
+                tokens += len(s.response_tokens)
             if recorded is not None:
-                miles.append(ctx.weight_version - recorded)
-            oldest = group_token_version(g)
+                miles.append(version - recorded)
             if oldest is not None:
-                token.append(ctx.weight_version - oldest)
-                lag.append(ctx.trainer_steps - self.version_steps.get(oldest, 0))
-            tokens += sum([len(s.response_tokens) for s in samples_of(g)])
+                token.append(version - oldest)
+                lag.append(steps - version_steps.get(oldest, 0))
         return {"age_versions": miles, "token_age_versions": token, "lag_steps": lag, "tokens": tokens}
-
 
 __all__ = ["AgeRecorder", "group_token_version"]

@@ -38,8 +38,15 @@ class SimTrainer:
         self.contention: Any = None  # harness.sim.contention.Contention, or None: a step takes its cost
 
     async def train(self, rollout_id: int, groups: list[Any]) -> dict[str, float]:
-        samples = [s for g in groups for s in samples_of(g)]
-        tokens = sum([len(s.response_tokens) for s in samples])
+        # one pass over the batch for the step's cost, its sample indices and its rewards
+        indices, tokens, reward_sum, rewarded = [], 0, 0, 0
+        for g in groups:
+            for s in samples_of(g):
+                indices.append(s.index)
+                tokens += len(s.response_tokens)
+                if s.reward is not None:
+                    reward_sum += s.reward  # in batch order, as sum() of the rewards adds them
+                    rewarded += 1
         if self.cfg.fail_at_step is not None and self.steps == self.cfg.fail_at_step:
             raise TrainerStepError(f"injected trainer failure at step {self.steps} (rollout_id={rollout_id})")
         if self.contention is None:
@@ -47,9 +54,8 @@ class SimTrainer:
         else:
             await self.contention.train(self.cfg.step_base_s + self.cfg.per_token_s * tokens)
         self.steps += 1
-        self.consumed.append([s.index for s in samples])
-        rewards = [s.reward for s in samples if s.reward is not None]
-        return {"train/tokens": float(tokens), "train/reward_mean": sum(rewards) / len(rewards) if rewards else 0.0}
+        self.consumed.append(indices)
+        return {"train/tokens": float(tokens), "train/reward_mean": reward_sum / rewarded if rewarded else 0.0}
 
     def get_weights(self) -> int:
         return self.steps
