@@ -15,6 +15,9 @@ from __future__ import annotations
 # --- sample lifecycle -------------------------------------------------------------
 TAKEN = "taken"  # data source handed out a prompt group
 SUBMITTED = "submitted"  # a sample's generate request reached the engine
+# a generate function (--custom-generate-function-path) is about to generate a sample it
+# added to the trajectory of prompt sample ``trajectory`` (a nested group, generate.py)
+TRAJECTORY_SAMPLE = "trajectory_sample"
 ADMITTED = "admitted"  # the engine started (or, after retract, re-started) a request
 PAUSED_REQ = "paused_req"  # a running request was frozen (in_place) at a pause
 RETRACTED = "retracted"  # a running request lost its KV and went back to waiting
@@ -54,6 +57,7 @@ RUN_END = "run_end"
 EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     TAKEN: ("group_index", "indices", "recycled"),
     SUBMITTED: ("index", "group_index", "version"),
+    TRAJECTORY_SAMPLE: ("index", "group_index", "trajectory"),
     ADMITTED: ("index", "version", "prefix_tokens"),
     PAUSED_REQ: ("index", "version", "mode"),
     RETRACTED: ("index", "version", "generated_tokens"),

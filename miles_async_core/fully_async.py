@@ -10,7 +10,8 @@ sibling group tasks run on, as upstream (the extension ``cancel_orphaned_tasks``
 A drain collects B groups with ``buffer.get(current_version=weight_version)``, the
 version read once when the drain starts, checks the worker first (a dead worker fails
 every later drain, even with groups buffered), sorts by first sample index, and ends
-with exactly one ``buffer.get_metrics()``.
+with exactly one ``buffer.get_metrics()``. With a ``generate_function`` that returns several
+samples per call a group is n trajectories (``generate.py``), checked at the top level (L171).
 
 The unused-samples handler: ``drop`` forgets the group, ``retry`` resets every sample
 (``reset_for_retry``) and re-adds the flat prompt group to the data source, unless the
@@ -27,6 +28,7 @@ from typing import Any, Callable
 from miles_async_core import events as ev
 from miles_async_core.buffer import DefaultDataBuffer
 from miles_async_core.contracts import NullSink, RolloutEngine
+from miles_async_core.generate import GenerateFunction
 from miles_async_core.rollout import RewardFn, discard_tasks, retrieve_outcome, submit_group
 from miles_async_core.scheduler import Progress, make_submission_scheduler
 from miles_async_core.types import DataBufferConstructorInput, DataBufferInput, SamplingParams, first_sample
@@ -70,13 +72,14 @@ async def _wait_first(a: asyncio.Future, b: asyncio.Future, timeout: float) -> N
 class FullyAsyncRolloutFn:
     def __init__(self, args: Any, engine: RolloutEngine, data_source: Any, *, sampling: SamplingParams,
                  reward_fn: RewardFn | None = None, buffer_factory: Callable | None = None,
-                 sink: Any = None) -> None:
+                 sink: Any = None, generate_function: GenerateFunction | None = None) -> None:
         assert args.async_unused_samples_handler in ("retry", "drop")
         self.args = args
         self.engine = engine
         self.data_source = data_source
         self.sampling = sampling
         self.reward_fn = reward_fn
+        self.generate_function = generate_function  # --custom-generate-function-path; None: single-turn
         self.buffer_factory = buffer_factory or (lambda ci: DefaultDataBuffer(ci, sink=sink))
         self.sink = sink or NullSink()
         self.scheduler = make_submission_scheduler(args.rollout_submission_granularity, args.n_samples_per_prompt,
@@ -151,7 +154,8 @@ class FullyAsyncRolloutFn:
                     [prompt_group] = self.data_source.get_samples(1)
                     self.in_flight_groups[prompt_group[0].group_index] = prompt_group
                     submit_group(self.engine, prompt_group, self.sampling, scheduler=scheduler, progress=progress,
-                                 active=active, reward_fn=self.reward_fn, sink=self.sink)
+                                 active=active, reward_fn=self.reward_fn, sink=self.sink,
+                                 generate_function=self.generate_function)
                 done, active = await progress.wait_for_progress(active)
                 # Upstream puts in set-iteration order (unspecified); sorting keeps runs reproducible.
                 for task in sorted(done, key=lambda t: t.prompt_group[0].index):

@@ -27,6 +27,7 @@ from miles_async_core import events as ev
 from miles_async_core.buffer import call_dynamic_filter
 from miles_async_core.contracts import NullSink, RolloutEngine
 from miles_async_core.errors import EngineDeadError
+from miles_async_core.generate import GenerateFunction, generate_and_rm
 from miles_async_core.scheduler import Progress, make_submission_scheduler
 from miles_async_core.types import Sample, SamplingParams, Status, first_sample
 
@@ -43,9 +44,17 @@ async def generate_and_rm_group(
     reward_fn: RewardFn | None = None,
     sample_done_callback: Callable | None = None,
     sink: Any = None,
-) -> list[Sample]:
-    futs = [_generate(engine, s, sampling) for s in group]
-    return await await_group(futs, group, reward_fn=reward_fn, sample_done_callback=sample_done_callback, sink=sink)
+    generate_function: GenerateFunction | None = None,
+) -> list:
+    if generate_function is None:
+        futs = [_generate(engine, s, sampling) for s in group]
+        return await await_group(futs, group, reward_fn=reward_fn, sample_done_callback=sample_done_callback,
+                                 sink=sink)
+    # the group is what the calls returned, in order (inference_rollout_common.py:L161-L168)
+    futs = [asyncio.ensure_future(generate_and_rm(generate_function, engine, s, sampling, reward_fn=reward_fn,
+                                                  sink=sink)) for s in group]
+    await await_group(futs, group, sample_done_callback=sample_done_callback, sink=sink)
+    return [f.result() for f in futs]
 
 
 def _generate(engine: RolloutEngine, sample: Sample, sampling: SamplingParams) -> asyncio.Future:
@@ -166,12 +175,14 @@ def as_completed_in_order(tasks: Any, *, key: Callable) -> Iterator[Awaitable]:
 
 
 def submit_group(engine: RolloutEngine, group: list[Sample], sampling: SamplingParams, *, scheduler: Any,
-                 progress: Progress, active: set, reward_fn: RewardFn | None, sink: Any) -> asyncio.Task:
+                 progress: Progress, active: set, reward_fn: RewardFn | None, sink: Any,
+                 generate_function: GenerateFunction | None = None) -> asyncio.Task:
     """Submit one prompt group as a task: counted by the scheduler, tracked by ``progress``,
     added to ``active``; the task carries its ``prompt_group`` for whoever collects it."""
     scheduler.on_submit([group])
     task = asyncio.ensure_future(_group_task(engine, group, sampling, progress=progress, reward_fn=reward_fn,
-                                             sample_done_callback=scheduler.sample_done_callback, sink=sink))
+                                             sample_done_callback=scheduler.sample_done_callback, sink=sink,
+                                             generate_function=generate_function))
     task.prompt_group = group  # type: ignore[attr-defined]
     progress.track(task)
     active.add(task)
@@ -182,12 +193,14 @@ class OneStepRollout:
     """The rollout function of ``train.py`` and one-step ``train_async.py``."""
 
     def __init__(self, args: Any, engine: RolloutEngine, data_source: Any, *, sampling: SamplingParams,
-                 reward_fn: RewardFn | None = None, sink: Any = None) -> None:
+                 reward_fn: RewardFn | None = None, sink: Any = None,
+                 generate_function: GenerateFunction | None = None) -> None:
         self.args = args
         self.engine = engine
         self.data_source = data_source
         self.sampling = sampling
         self.reward_fn = reward_fn
+        self.generate_function = generate_function  # --custom-generate-function-path; None: single-turn
         self.sink = sink or NullSink()
         self.dynamic_filter = getattr(args, "dynamic_sampling_filter", None)
 
@@ -208,7 +221,8 @@ class OneStepRollout:
             while scheduler.has_capacity(pending_groups=len(pendings), group_budget=B - len(data)):
                 for group in self.data_source.get_samples(args.resolved_over_sampling_batch_size):
                     submit_group(self.engine, group, self.sampling, scheduler=scheduler, progress=progress,
-                                 active=pendings, reward_fn=self.reward_fn, sink=self.sink)
+                                 active=pendings, reward_fn=self.reward_fn, sink=self.sink,
+                                 generate_function=self.generate_function)
             try:
                 done, pendings = await progress.wait_for_progress(pendings)
             except BaseException:

@@ -25,14 +25,17 @@ logger = logging.getLogger(__name__)
 
 def make_context(args: Any, engine: Any, trainer: Any, prompt_fn: Callable, *, sampling: SamplingParams,
                  reward_fn: Callable | None = None, sink: Any = None, observer: Any = None,
-                 buffer_factory: Callable | None = None, data_source: Any = None) -> RunContext:
+                 buffer_factory: Callable | None = None, data_source: Any = None,
+                 generate_function: Callable | None = None) -> RunContext:
     sink = sink or NullSink()
     data_source = data_source or RolloutDataSourceWithBuffer(args.n_samples_per_prompt, prompt_fn, sink=sink)
     if args.fully_async:
         rollout_fn = FullyAsyncRolloutFn(args, engine, data_source, sampling=sampling, reward_fn=reward_fn,
-                                         buffer_factory=buffer_factory, sink=sink)
+                                         buffer_factory=buffer_factory, sink=sink,
+                                         generate_function=generate_function)
     else:
-        rollout_fn = OneStepRollout(args, engine, data_source, sampling=sampling, reward_fn=reward_fn, sink=sink)
+        rollout_fn = OneStepRollout(args, engine, data_source, sampling=sampling, reward_fn=reward_fn, sink=sink,
+                                    generate_function=generate_function)
     rm = RolloutManager(rollout_fn, sink=sink)
     ctx = RunContext(args=args, engine=engine, trainer=trainer, rollout_manager=rm, sink=sink, observer=observer)
     ctx.data_source = data_source  # type: ignore[attr-defined]
