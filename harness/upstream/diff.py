@@ -55,6 +55,7 @@ class DiffCase:
     trainer: dict[str, Any] = field(default_factory=dict)
     max_new_tokens: int = 96
     dynamic_filter: str | None = None  # a name in harness.upstream.filters.FORMS
+    generate_function: str | None = None  # a name in harness.upstream.generate_fns.FORMS (nested groups)
     faults: FaultSchedule | None = None
     known: str | None = None
 
@@ -185,6 +186,10 @@ def _core_run(case: DiffCase, sc: Scenario) -> Any:
         holder["ctx"] = ctx
         if fn is not None and not sc.config.fully_async:
             ctx.rollout_manager.rollout_fn.dynamic_filter = fn
+        if case.generate_function:
+            from harness.upstream.generate_fns import FORMS
+
+            ctx.rollout_manager.rollout_fn.generate_function = FORMS[case.generate_function][0]
 
     return simulate(sc, buffer_factory=buffer_factory, engine_factory=engine, hooks=hooks)
 
@@ -194,7 +199,13 @@ def _upstream_run(case: DiffCase, sc: Scenario, *, set_order: str = "index") -> 
 
     engine = fault_engine_class(SimEngine, case.faults) if case.faults is not None else SimEngine
     path = f"harness.upstream.filters.{case.dynamic_filter}" if case.dynamic_filter else None
-    return host_simulate(sc, engine_factory=engine, dynamic_filter_path=path, set_order=set_order)
+    gen = None
+    if case.generate_function:
+        from harness.upstream.generate_fns import FORMS
+
+        gen = FORMS[case.generate_function][1]  # upstream loads it: --custom-generate-function-path
+    return host_simulate(sc, engine_factory=engine, dynamic_filter_path=path, generate_function_path=gen,
+                         set_order=set_order)
 
 
 def run_case(case: DiffCase, *, set_order: str = "index") -> DiffReport:
@@ -296,6 +307,23 @@ def matrix() -> list[DiffCase]:
         _c("fa-colocate", config={**FA, **G, "colocate": True}),
         _c("one-step-critic-no-correction", config={"use_critic": True}),
         _c("fa-critic-no-correction", config={**FA, **G, "use_critic": True}),
+        # D2: nested groups. A generate function (--custom-generate-function-path) returns a
+        # list of samples per prompt sample (harness.upstream.generate_fns.multi_sample: 1-3
+        # turns), so a group is n trajectories: len(group) == n at the top level
+        # (fully_async_rollout.py:L171, inference_rollout_train.py:L138), flattened one
+        # level by the buffer (fully_async_data_buffer.py:L28-L43)
+        _c("fa-group-nested", config={**FA, **G}, generate_function="multi_sample"),
+        _c("fa-sample-nested", config={**FA, **S}, generate_function="multi_sample"),
+        _c("fa-group-nested-staleness1-retry", config={**FA, **G, "max_weight_staleness": 1,
+                                                       "async_unused_samples_handler": "retry"},
+           generate_function="multi_sample"),
+        _c("fa-group-nested-abort-storm-retry", config={**FA, **G, "async_unused_samples_handler": "retry"},
+           faults=FaultSchedule(abort_storm_times_s=(1.0, 4.5), seed=1), generate_function="multi_sample"),
+        _c("fa-group-nested-filter-reason", config={**FA, **G}, dynamic_filter="with_reason",
+           generate_function="multi_sample"),
+        _c("one-step-nested", config={}, generate_function="multi_sample"),
+        _c("one-step-nested-over-sampling", config={"over_sampling_batch_size": 6}, generate_function="multi_sample"),
+        _c("sync-nested", config={"driver": "train"}, generate_function="multi_sample"),
     ]
     return cases
 

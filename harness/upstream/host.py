@@ -137,8 +137,13 @@ def upstream_args(scenario: Scenario, *, dynamic_filter_path: str | None = None,
     return argparse.Namespace(**d)
 
 
-async def sim_reward_rm(args: Any, sample: Any, **_: Any) -> float:
-    """``--custom-rm-path`` target: the reward ``harness.sim.simulate.sim_reward`` gives the core."""
+async def sim_reward_rm(args: Any, sample: Any, **_: Any) -> Any:
+    """``--custom-rm-path`` target: the reward ``harness.sim.simulate.sim_reward`` gives the core.
+    Called with one sample (``async_rm``) or, for the samples a generate function returned
+    as a list, with that list (``batched_async_rm``, ``rm_hub/__init__.py:L104-L106``,
+    called at ``inference_rollout_common.py:L124``): then one reward per sample."""
+    if isinstance(sample, list):
+        return [1.0 if _uniform(args.harness_seed + 7, s.index) < 0.5 else 0.0 for s in sample]
     return 1.0 if _uniform(args.harness_seed + 7, sample.index) < 0.5 else 0.0
 
 
@@ -176,19 +181,31 @@ async def http_get(url: str, *args: Any, **kwargs: Any) -> dict:
 
 
 class _LifecycleSink:
-    """``TrajectoryLifecycle().sink``: remembers which sample each task is generating."""
+    """``TrajectoryLifecycle().sink``: remembers which sample each task is generating.
+    ``generate_and_rm`` announces its prompt sample (``attempt_start``, ``gen_start``,
+    ``inference_rollout_common.py:L78-L93``); a generate function that adds samples to the
+    trajectory announces each before its request (``gen_start``), recorded as
+    ``trajectory_sample`` (nested groups, ``harness.upstream.generate_fns``)."""
 
     def attempt_start(self, sample: Any) -> None:
-        pass
+        host = _CURRENT
+        if host is not None:
+            host.task_root[asyncio.current_task()] = sample
 
     def gen_start(self, sample: Any) -> None:
         host = _host()
-        host.task_sample[asyncio.current_task()] = sample
+        task = asyncio.current_task()
+        root = host.task_root.get(task)
+        if root is not None and sample is not root:
+            host._emit(ev.TRAJECTORY_SAMPLE, index=sample.index, group_index=sample.group_index,
+                       trajectory=root.index)
+        host.task_sample[task] = sample
 
     def attempt_end(self, sample: Any) -> None:
         host = _CURRENT
         if host is not None:
             host.task_sample.pop(asyncio.current_task(), None)
+            host.task_root.pop(asyncio.current_task(), None)
 
 
 _PATCHED = False
@@ -386,6 +403,7 @@ class UpstreamHost:
         self.trace = trace
         self.hooks = hooks
         self.task_sample: dict[asyncio.Task, Any] = {}
+        self.task_root: dict[asyncio.Task, Any] = {}  # generate_and_rm task -> its prompt sample
         self.task_key: dict[asyncio.Task, int] = {}  # group task -> first sample index (set order, D9)
         self.task_group: dict[asyncio.Task, int] = {}  # group task -> group index
         # where upstream holds each live group, for the accounting after every rollout
@@ -420,7 +438,12 @@ class UpstreamHost:
         # version); a --partial-rollout sample aborted before its first token keeps its
         # weight version and resumes on its mirror, as the core resumes the same Sample
         if m is None or (usample.response == "" and not usample.weight_versions):
-            retry = 0 if m is None else m.retry_count + 1
+            root = self.task_root.get(asyncio.current_task())
+            if root is not None and root is not usample:  # a sample the generate function added:
+                rm = self.mirrors.get(root.index)  # its trajectory's attempt
+                retry = rm.retry_count if rm is not None else 0
+            else:
+                retry = 0 if m is None else m.retry_count + 1
             m = CoreSample(prompt=str(usample.prompt), prompt_tokens=prompt, index=usample.index,
                            group_index=usample.group_index, retry_count=retry)
             self.mirrors[usample.index] = m
@@ -738,6 +761,7 @@ class UpstreamHost:
         finally:
             _CURRENT = None
             self.task_sample.clear()
+            self.task_root.clear()
             self.task_key.clear()
             self.task_group.clear()
             self.returned_tasks.clear()

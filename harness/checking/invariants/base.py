@@ -151,12 +151,23 @@ def violation(name: str, message: str, events: list[Event], pos: int, *, context
 
 
 def walk_groups(events: list[Event]):
-    """Yield (pos, event, members, finished) with the current sample state at each event."""
+    """Yield (pos, event, members, finished) with the current sample state at each event.
+
+    ``members[g]``: the samples of group ``g`` as taken, plus every sample a generate
+    function added to one of its trajectories since (``trajectory_sample``: a nested group,
+    ``miles_async_core/generate.py``), as upstream's buffer flattens a nested group one
+    level for its status and staleness checks (``fully_async_data_buffer.py:L28-L43``).
+    A new take starts the group afresh."""
     members: dict[int, list[int]] = {}
     finished: dict[int, Event] = {}
     for pos, e in enumerate(events):
-        if e.kind == ev.TAKEN:
+        k = e.kind
+        if k == ev.TAKEN:
             members[e["group_index"]] = list(e["indices"])
-        elif e.kind == ev.FINISHED:
+        elif k == ev.FINISHED:
             finished[e["index"]] = e
+        elif k == ev.TRAJECTORY_SAMPLE:
+            group = members.get(e["group_index"])
+            if group is not None and e["trajectory"] in group and e["index"] not in group:
+                group.append(e["index"])
         yield pos, e, members, finished

@@ -10,7 +10,10 @@
   submits only its samples that did not finish (upstream's ``generate_and_rm`` keeps a
   finished one as it is), and an aborted one that has used its token budget is truncated
   without a request, which the trace cannot tell from a missing one: such samples may be
-  left out.
+  left out. A sample a generate function adds to a trajectory (a nested group,
+  ``trajectory_sample``) is not a prompt sample of the group: it may be submitted later,
+  but only after its ``trajectory_sample`` announcement, for a trajectory (a prompt sample
+  of that group's current take) whose own request was already submitted.
 * ``one_step_submission_budget``: a one-step or sync rollout pulls more prompts only while
   its scheduler has room for the groups it still needs: with group granularity the groups
   pending plus those accepted so far are fewer than B; with sample granularity the samples
@@ -66,16 +69,32 @@ def check_whole_group_submission(events: list[Event], config: AsyncConfig) -> li
     queue: list[list] = []  # [group_index, indices still to submit]
     partial = bool(getattr(config, "partial_rollout", False)) and not config.fully_async
     last: dict[int, Event] = {}  # sample index -> its last `finished` (partial rollout)
+    taken: dict[int, set] = {}  # group -> prompt sample indices of its current take
+    added: dict[int, int] = {}  # announced sample of a trajectory, not yet submitted -> group
     for pos, e in enumerate(events):
         k = e.kind
         if k == ev.FINISHED and partial:
             last[e["index"]] = e
+        elif k == ev.TRAJECTORY_SAMPLE:
+            gi, traj = e["group_index"], e["trajectory"]
+            pending = any(q[0] == gi and traj in q[1] for q in queue)
+            if traj not in taken.get(gi, ()) or e["index"] in taken.get(gi, ()) or pending:
+                why = ("its trajectory is still waiting to be submitted" if pending else
+                       "it is a prompt sample of the group" if e["index"] in taken.get(gi, ()) else
+                       f"{traj} is not a prompt sample of group {gi}'s current take")
+                out.append(violation(name, f"sample {e['index']} added to trajectory {traj} of group {gi}, but "
+                                     + why, events, pos))
+            else:
+                added[e["index"]] = gi
         elif k == ev.TAKEN:
             indices = list(e["indices"])
+            taken[e["group_index"]] = set(indices)
             if partial and e["recycled"]:
                 indices = [i for i in indices if i not in last or last[i]["status"] == "aborted"]
             queue.append([e["group_index"], indices])
             queue = [q for q in queue if q[1]]
+        elif k == ev.SUBMITTED and added.get(e["index"]) == e["group_index"]:
+            del added[e["index"]]  # announced for a trajectory of its group (above)
         elif k == ev.SUBMITTED:
             if partial:  # resumed samples with a spent budget send no request
                 while queue and queue[0][0] != e["group_index"] and all(
