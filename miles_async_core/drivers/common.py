@@ -25,51 +25,48 @@ from miles_async_core.types import iter_samples, samples_of
 def weight_version_metrics(groups: list) -> dict[str, float]:
     """`rollout/weight_version/*` as `miles/ray/rollout/metrics.py:L107-L111` computes them,
     plus this harness' true per-token figures under `rollout/token_version/*`."""
-    samples = [s for g in groups for s in samples_of(g)]
     m: dict[str, float] = {}
-    oldest, mixed, token_oldest, token_mixed, old_kv, tokens = [], 0, [], 0, 0, 0
+    oldest, mixed, token_oldest, token_mixed, old_kv, tokens, count = [], 0, None, 0, 0, 0, 0
     last, last_v = None, None  # the last single recorded version read, as a number: samples share few
-    for s in samples:  # one pass: this runs on every step of long simulations
-        wv = s.weight_versions
-        if len(wv) == 1 and type(v := wv[0]) is str:  # Sample.oldest_weight_version's common case, inlined
-            if v != last:
-                last, last_v = v, (int(v) if v.isdigit() else None)
-            v = last_v
-        else:
-            v = s.oldest_weight_version
-            if len(wv) > 1 and len(set(wv)) > 1:
-                mixed += 1
-        if v is not None:
-            oldest.append(v)
-        runs = s.token_versions.runs  # VersionRuns.oldest, .newest and .old_kv_token_count(), in one pass
-        if len(runs) == 1:
-            r = runs[0]
-            token_oldest.append(r[0])
-            if r[1] < r[0]:
-                old_kv += r[2]
-        elif runs:
-            lo = hi = runs[0][0]
-            for r in runs:
-                if r[0] < lo:
-                    lo = r[0]
-                elif r[0] > hi:
-                    hi = r[0]
-                if r[1] < r[0]:
-                    old_kv += r[2]
-            token_oldest.append(lo)
-            token_mixed += lo != hi
-        tokens += len(s.response_tokens)
-    if oldest and samples:
+    for g in groups:  # one pass: this runs on every step of long simulations
+        for s in samples_of(g):
+            count += 1
+            wv = s.weight_versions
+            if len(wv) == 1 and type(v := wv[0]) is str:  # Sample.oldest_weight_version's common case, inlined
+                if v != last:
+                    last, last_v = v, (int(v) if v.isdigit() else None)
+                v = last_v
+            else:
+                v = s.oldest_weight_version
+                if len(wv) > 1 and len(set(wv)) > 1:
+                    mixed += 1
+            if v is not None:
+                oldest.append(v)
+            lo = hi = None  # VersionRuns.oldest, .newest and .old_kv_token_count(), in one pass
+            for version, kv_version, count_ in s.token_versions.runs:
+                if lo is None:
+                    lo = hi = version
+                elif version < lo:
+                    lo = version
+                elif version > hi:
+                    hi = version
+                if kv_version < version:
+                    old_kv += count_
+            if lo is not None:
+                token_oldest = lo if token_oldest is None or lo < token_oldest else token_oldest
+                token_mixed += lo != hi
+            tokens += len(s.response_tokens)
+    if oldest and count:
         oldest.sort()
         m["rollout/weight_version/mean"] = sum(oldest) / len(oldest)
         mid = len(oldest) // 2
         m["rollout/weight_version/median"] = (oldest[mid] if len(oldest) % 2 else (oldest[mid - 1] + oldest[mid]) / 2)
         m["rollout/weight_version/max"] = float(oldest[-1])
         m["rollout/weight_version/min"] = float(oldest[0])
-        m["rollout/weight_version/mixed_version_ratio"] = mixed / len(samples)
-    if token_oldest:
-        m["rollout/token_version/min"] = float(min(token_oldest))
-        m["rollout/token_version/mixed_ratio"] = token_mixed / len(samples)
+        m["rollout/weight_version/mixed_version_ratio"] = mixed / count
+    if token_oldest is not None:
+        m["rollout/token_version/min"] = float(token_oldest)
+        m["rollout/token_version/mixed_ratio"] = token_mixed / count
         m["rollout/token_version/old_kv_token_share"] = old_kv / max(1, tokens)
     return m
 
