@@ -47,7 +47,10 @@ async def generate_and_rm_group(
     generate_function: GenerateFunction | None = None,
 ) -> list:
     if generate_function is None:
-        futs = [_generate(engine, s, sampling) for s in group]
+        futs = []
+        for s in group:  # a fresh sample is a plain request (_generate, without its checks and call)
+            f = engine.generate(s, sampling) if s.status is Status.PENDING else _generate(engine, s, sampling)
+            futs.append(f if isinstance(f, asyncio.Future) else asyncio.ensure_future(f))
         return await await_group(futs, group, reward_fn=reward_fn, sample_done_callback=sample_done_callback,
                                  sink=sink)
     # the group is what the calls returned, in order (inference_rollout_common.py:L161-L168)
@@ -147,11 +150,14 @@ def retrieve_outcome(task: asyncio.Future) -> None:
 
 
 async def _group_task(engine: RolloutEngine, group: list[Sample], sampling: SamplingParams, *, progress: Progress,
-                      **kwargs: Any) -> list[Sample]:
+                      reward_fn: RewardFn | None, sample_done_callback: Callable | None, sink: Any,
+                      generate_function: GenerateFunction | None) -> list:
     """A submitted group's body: reports its end to ``progress`` from its last loop step,
     so a waiter resuming later in that step counts it done, as ``asyncio.wait`` does."""
     try:
-        return await generate_and_rm_group(engine, group, sampling, **kwargs)
+        return await generate_and_rm_group(engine, group, sampling, reward_fn=reward_fn, sink=sink,
+                                           sample_done_callback=sample_done_callback,
+                                           generate_function=generate_function)
     finally:
         progress.ended(asyncio.current_task())
 
@@ -180,9 +186,10 @@ def submit_group(engine: RolloutEngine, group: list[Sample], sampling: SamplingP
     """Submit one prompt group as a task: counted by the scheduler, tracked by ``progress``,
     added to ``active``; the task carries its ``prompt_group`` for whoever collects it."""
     scheduler.on_submit([group])
-    task = asyncio.ensure_future(_group_task(engine, group, sampling, progress=progress, reward_fn=reward_fn,
-                                             sample_done_callback=scheduler.sample_done_callback, sink=sink,
-                                             generate_function=generate_function))
+    # asyncio.ensure_future(coroutine) is the running loop's create_task, without its checks
+    task = asyncio.get_running_loop().create_task(_group_task(
+        engine, group, sampling, progress=progress, reward_fn=reward_fn,
+        sample_done_callback=scheduler.sample_done_callback, sink=sink, generate_function=generate_function))
     task.prompt_group = group  # type: ignore[attr-defined]
     progress.track(task)
     active.add(task)

@@ -115,10 +115,10 @@ class Progress:
             # this callback, the same as a finished group's task completion, so both land
             # in one wake-up (submission_scheduler.py:L57-L63)
             self._relay = True
-            asyncio.get_running_loop().call_soon(self._relay_hop, waiter)
+            waiter.get_loop().call_soon(self._relay_hop, waiter)  # the running loop, without its lookup
 
     def _relay_hop(self, waiter: asyncio.Future) -> None:
-        asyncio.get_running_loop().call_soon(self._relay_wake, waiter)
+        waiter.get_loop().call_soon(self._relay_wake, waiter)
 
     def _relay_wake(self, waiter: asyncio.Future) -> None:
         self._relay = False
