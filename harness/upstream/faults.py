@@ -34,6 +34,10 @@ mode, message)``:
 * ``silent_drop``: a group whose generation failed was discarded with no retry and no
   metric (its prompt is gone from the run).
 
+A run the harness itself got wrong is no finding: its row carries ``harness_error``
+instead (``_row``), e.g. the host's ``HostAccountingError`` (a group its accounting
+declared lost came back, ``harness.upstream.host``), and ``sweep`` exits non-zero.
+
 ``sweep(seeds)`` runs many and ``summarize`` folds them into the findings file
 (``results/upstream/fault_findings.json`` + ``.md``): per kind (category, detail, mode)
 the count, the fault kinds it came under and the first seeds. The CLI:

@@ -377,6 +377,22 @@ def _staleness(group: Any, current: int | None) -> int | None:
     return None if oldest is None else current - oldest
 
 
+class HostAccountingError(RuntimeError):
+    """The host's own accounting contradicted itself: a group it declared lost (held by
+    nothing upstream, ``UpstreamHost.unaccounted`` / ``worker_waits``) showed up again in
+    upstream's hands (submitted, returned by a wait, put, in the buffer or the data
+    source, got, handed to the handler, recycled, returned by a rollout). That proves the
+    accounting missed a holder: a harness bug, never an upstream finding. ``run`` raises it
+    after the run (``result`` is what the run left), so the fault sweep records the seed as
+    a ``harness_error`` (``harness.upstream.faults._row``) and the differential fails."""
+
+    def __init__(self, problems: list[str], result: "HostResult") -> None:
+        super().__init__("harness_error: host accounting: " + "; ".join(problems[:8])
+                         + (f" (and {len(problems) - 8} more)" if len(problems) > 8 else ""))
+        self.problems = problems
+        self.result = result
+
+
 @dataclass
 class HostResult:
     """What a host run leaves: the same shape the differential reads from a core run."""
@@ -412,6 +428,8 @@ class UpstreamHost:
         self.putting: set[int] = set()
         self.returned_tasks: set[asyncio.Task] = set()  # returned by a wait of the worker
         self.lost: set[int] = set()  # live, but held by nothing: never listed as pending
+        self.lost_why: dict[int, str] = {}  # group -> when and why it was declared lost
+        self.accounting_problems: list[str] = []  # a lost group seen again (HostAccountingError)
         self._last_taken: list = []  # the groups of the latest get_samples call
         self.set_order = set_order
         self.mirrors: dict[int, CoreSample] = {}
@@ -471,6 +489,7 @@ class UpstreamHost:
         (or the run's end) can come between the two, as in ``fully_async_rollout.py:L133``
         creating a group task right after a put and the drain returning before that task
         first runs."""
+        self.seen(group[0].group_index, "a group task was created for it")
         self.task_key[task] = group[0].index
         self.task_group[task] = group[0].group_index
 
@@ -492,15 +511,17 @@ class UpstreamHost:
         wait returned must have gone to ``put`` (``fully_async_rollout.py:L134-L136``), and
         every group task it created and was not handed back must be in what it waits on
         now (its ``active`` set, L132-L134): a task it forgot is a group lost."""
-        self.lost |= self.held
+        self._declare_lost(self.held, "returned by the worker's wait and not put before its next wait")
         self.held = set()
-        self.lost |= {gi for t, gi in self.task_group.items() if t not in pendings and t not in self.returned_tasks}
+        forgotten = {gi for t, gi in self.task_group.items() if t not in pendings and t not in self.returned_tasks}
+        self._declare_lost(forgotten, "its group task is not among those the worker waits on")
 
     def worker_woke(self, done: Any) -> None:
         for task in done:
             self.returned_tasks.add(task)
             gi = self.task_group.get(task)
             if gi is not None:
+                self.seen(gi, "the worker's wait returned its group task")
                 self.held.add(gi)
 
     def holders(self) -> set[int]:
@@ -509,10 +530,7 @@ class UpstreamHost:
         worker has not been handed yet (created, running, or finished since its last
         wake-up) or the one-step rollout has not finished, handed to the worker and not yet
         put, or inside a put."""
-        out = {g[0].group_index for g in getattr(self.data_source, "buffer", ())}
-        buf = self.buffer
-        if buf is not None:
-            out |= {e.prompt_group[0].group_index for e in buf._buffer}
+        out = self._queued()
         if self.scenario.config.fully_async:
             out |= {gi for t, gi in self.task_group.items() if t not in self.returned_tasks}
         else:
@@ -523,9 +541,36 @@ class UpstreamHost:
         """Spec §9 item 16 (conservation) after a rollout: a group taken and not yet
         trained, dropped, rejected or recycled that upstream no longer holds is lost. It is
         left out of ``run_end.pending_groups``, so the conservation checker reports it."""
+        for gi in self.lost & self._queued():
+            self.seen(gi, "queued in the data source or the buffer")
         missing = {gi for gi, state in self.live.items() if gi not in self.lost} - self.holders()
-        self.lost |= missing
+        self._declare_lost(missing, "held by nothing after a rollout")
         return missing
+
+    # --- the accounting's self-check: a lost group is gone for good --------------------
+    def _declare_lost(self, groups: set[int], why: str) -> None:
+        now = asyncio.get_running_loop().time()
+        for gi in groups - self.lost:
+            self.lost_why[gi] = f"t={now:g}: {why}"
+        self.lost |= groups
+
+    def seen(self, gi: int, where: str) -> None:
+        """``gi`` is in upstream's hands (``where``). If the host declared it lost, the
+        declaration was wrong (a group held by nothing cannot come back): recorded, and
+        raised as ``HostAccountingError`` after the run. Not raised here: the caller is
+        upstream's code, which may catch it (a failed group task is logged and skipped).
+        A group task's first step is no sighting: a task the worker forgot still runs."""
+        if gi in self.lost:
+            now = asyncio.get_running_loop().time()
+            self.accounting_problems.append(f"group {gi} declared lost ({self.lost_why.get(gi, '?')}) "
+                                            f"and then at t={now:g}: {where}")
+
+    def _queued(self) -> set[int]:
+        """The groups in upstream's data source or buffer."""
+        out = {g[0].group_index for g in getattr(self.data_source, "buffer", ())}
+        if self.buffer is not None:
+            out |= {e.prompt_group[0].group_index for e in self.buffer._buffer}
+        return out
 
     # --- observation ------------------------------------------------------------------
     def _emit(self, kind: str, **fields: Any) -> None:
@@ -545,6 +590,7 @@ class UpstreamHost:
             self.get_samples_calls.append((now, num, [g[0].group_index for g in groups]))
             for g in groups:
                 gi = g[0].group_index
+                self.seen(gi, "taken from the data source")
                 self.live[gi] = "live"
                 self.taken_this_generate.append(gi)
                 self._emit(ev.TAKEN, group_index=gi, indices=[s.index for s in g], recycled=id(g) in recycled_before,
@@ -555,6 +601,7 @@ class UpstreamHost:
             add_samples(groups)
             for g in groups or []:
                 gi = g[0].group_index
+                self.seen(gi, "recycled to the data source")
                 self.live[gi] = "recycled"
                 self._emit(ev.RECYCLED, group_index=gi)
 
@@ -567,6 +614,7 @@ class UpstreamHost:
 
         def observed(prompt_group: list) -> None:
             gi = prompt_group[0].group_index
+            self.seen(gi, "handed to the unused-samples handler")
             # put's abort path calls the handler before its first await, so the flag is only
             # ever set while that call runs; any other call is get's stale filter.
             cause = "aborted" if self._aborting else "stale"
@@ -587,6 +635,7 @@ class UpstreamHost:
 
         async def observed_put(entry: Any) -> None:
             gi = entry.prompt_group[0].group_index
+            self.seen(gi, "put to the buffer")
             self.held.discard(gi)
             self.putting.add(gi)
             try:
@@ -625,6 +674,7 @@ class UpstreamHost:
                 entry = await get(current_version=current_version, **context)
             finally:
                 self._in_get = False
+            self.seen(entry.prompt_group[0].group_index, "got from the buffer")
             self._emit(ev.GOT, group_index=entry.prompt_group[0].group_index,
                        staleness=_staleness(entry.group, current_version), current_version=current_version,
                        queue_size=len(buf._buffer))
@@ -662,6 +712,8 @@ class UpstreamHost:
             self._emit(ev.DRAIN_START, rollout_id=rollout_id, current_version=version)
         out = await self.rollout_fn(RolloutFnTrainInput(rollout_id=rollout_id, weight_version=version))
         returned = {g[0][0].group_index if isinstance(g[0], list) else g[0].group_index for g in out.samples}
+        for gi in sorted(returned):
+            self.seen(gi, f"returned by rollout {rollout_id} for training")
         if fully:
             self._emit(ev.DRAIN_END, rollout_id=rollout_id)
         else:
@@ -766,6 +818,7 @@ class UpstreamHost:
             self.task_group.clear()
             self.returned_tasks.clear()
         ctx = holder.get("ctx")
+        problems, self.accounting_problems = self.accounting_problems, []
         # A fully-async worker that died after the last drain: upstream never reads its
         # exception, so the garbage collector would log "Task exception was never
         # retrieved" at a random later point, inside whatever test runs then (on CPython
@@ -774,11 +827,14 @@ class UpstreamHost:
         worker = getattr(self.rollout_fn, "_worker", None)
         worker_error = (worker.exception() if isinstance(worker, asyncio.Future) and worker.done()
                         and not worker.cancelled() else None)
-        return HostResult(scenario=sc, history=ctx.history if ctx else [], wall_s=holder.get("t_end", 0.0),
-                          events=self.sink.events if isinstance(self.sink, TraceRecorder) else [], error=error,
-                          get_samples_calls=self.get_samples_calls,
-                          extra={"abort_posts": list(self.abort_posts), "live_tasks": holder.get("live_tasks", []),
-                                 "worker_error": worker_error})
+        result = HostResult(scenario=sc, history=ctx.history if ctx else [], wall_s=holder.get("t_end", 0.0),
+                            events=self.sink.events if isinstance(self.sink, TraceRecorder) else [], error=error,
+                            get_samples_calls=self.get_samples_calls,
+                            extra={"abort_posts": list(self.abort_posts), "live_tasks": holder.get("live_tasks", []),
+                                   "worker_error": worker_error})
+        if problems:
+            raise HostAccountingError(problems, result)
+        return result
 
 
 def host_simulate(scenario: Scenario, **kwargs: Any) -> HostResult:

@@ -12,6 +12,8 @@ lost there and conservation reported it at the run's end, though it was in the b
 
 from __future__ import annotations
 
+import pytest
+
 from miles_async_core import events as ev
 from harness.checking.invariants import check_all
 from harness.sim.scenario import scenario_from_dict
@@ -75,3 +77,57 @@ def test_a_group_task_the_worker_forgets_is_reported_lost(miles_src):
     assert lost and any(f"group {forgotten}:" in v.message for v in lost), lost
     [run_end] = [e for e in res.events if e.kind == ev.RUN_END]
     assert forgotten not in run_end["pending_groups"]
+
+
+# --- the accounting checks itself: a group declared lost never comes back ------------------------
+
+def _misses_the_buffer(monkeypatch):
+    """Break the host's accounting (in this test only): a group queued in upstream's buffer
+    is not counted as held, so the accounting after a drain declares it lost."""
+    from harness.upstream.host import UpstreamHost
+
+    holders = UpstreamHost.holders
+
+    def blind(self):
+        return holders(self) - {e.prompt_group[0].group_index for e in self.buffer._buffer}
+
+    monkeypatch.setattr(UpstreamHost, "holders", blind)
+
+
+def _fault_free_row(monkeypatch):
+    """The fault sweep's row for SEED_2668's scenario with no fault, as ``sweep`` makes it."""
+    from harness.checking.strategies import RunCase
+    from harness.sim.faults import FaultSchedule
+    from harness.upstream import faults as uf
+
+    monkeypatch.setattr(uf, "case_from_seed", lambda seed: RunCase(scenario_from_dict(SEED_2668), FaultSchedule()))
+    return uf._row(0)
+
+
+def test_a_lost_group_seen_again_is_a_harness_error_not_an_upstream_finding(miles_src, monkeypatch):
+    """A group the host declared lost that a later drain gets from the buffer proves the
+    host's accounting wrong, not upstream: the run raises ``HostAccountingError`` naming
+    the group, where it was declared lost and where it showed up, and the fault sweep
+    records the seed as a ``harness_error`` with no upstream finding (before the
+    self-check, this run reported a conservation loss of upstream's)."""
+    from harness.upstream.host import HostAccountingError
+
+    _misses_the_buffer(monkeypatch)
+    with pytest.raises(HostAccountingError, match=r"^harness_error: host accounting: group \d+ declared lost "
+                                                  r"\(t=[\d.]+: held by nothing after a rollout\) and then at "
+                                                  r"t=[\d.]+: (got from the buffer|queued in the data source "
+                                                  r"or the buffer)") as info:
+        _run(miles_src)
+    assert info.value.result.error is None and info.value.result.history  # upstream's run itself went fine
+    row = _fault_free_row(monkeypatch)
+    assert "HostAccountingError('harness_error: host accounting" in row["harness_error"]
+    assert "findings" not in row
+
+
+def test_a_group_upstream_really_loses_stays_an_upstream_finding(miles_src, monkeypatch):
+    """The self-check does not fire on a real loss: the forgotten group task still runs
+    after the host declares its group lost, and nothing hands the group back."""
+    with patching.applied(FORGETS_A_GROUP_TASK):
+        row = _fault_free_row(monkeypatch)
+    assert "harness_error" not in row
+    assert "invariant:conservation@fully_async" in {f["kind"] for f in row["findings"]}
