@@ -80,6 +80,9 @@ class CostModel:
     # training step runs at 1 / (1 + contention_trainer) of its rate. 0: the sides are independent
     contention_engine: float = 0.0
     contention_trainer: float = 0.0
+    # the same two factors fitted on one overlapped mode's repeats alone ({"one-step": {"engine":
+    # .., "trainer": ..}, "fully-async": ..}): a mode found here uses its own, others the joint ones
+    contention_by_mode: dict[str, dict[str, float]] = field(default_factory=dict)
     # engines sharing the calibrated host (fit_engine_sharing, from a run with several engines):
     # k > 1 engines decoding at once each step at max(1, k / engine_slots) times the cost (0: every
     # engine has its own hardware, as on a cluster); each engine past the first adds
@@ -88,6 +91,15 @@ class CostModel:
     weight_sync_per_engine_s: float = 0.0
     reference: dict[str, Any] = field(default_factory=lambda: {"engine_gpus": 1, "trainer_gpus": 1})
     fit: dict[str, Any] = field(default_factory=dict)
+
+    def contention_for(self, config: Any) -> tuple[float, float]:
+        """(engine, trainer) contention factors for a run of ``config``: its mode's own
+        (``contention_by_mode``) where fitted, else the joint ones."""
+        mode = "fully-async" if config.fully_async else "one-step" if config.driver == "train_async" else "sync"
+        own = self.contention_by_mode.get(mode)
+        if own is None:
+            return self.contention_engine, self.contention_trainer
+        return own["engine"], own["trainer"]
 
     def length_dist(self) -> LengthDist:
         return LengthDist(**self.response_length)
@@ -527,13 +539,36 @@ def fit_contention(obs: Observations, costs: CostModel, *, iterations: int = 4) 
     (its own timestamps) fall inside the trainer's training intervals (``both_busy_s``).
     Then per side ``busy - alone = k * overlap`` through the origin, ``c = k / (1 - k)``.
     The step ratio depends on the timing, so fit and simulation alternate until the
-    factors settle (``iterations`` at most)."""
+    factors settle (``iterations`` at most). The same fit on each overlapped mode's
+    repeats alone gives ``contention_by_mode``, which predictions of that mode use: the
+    modes contend differently (on the CPU main job fully-async's engine slows several
+    times more under training than one-step's; its driver, in the trainer's process,
+    submits per sample and stores groups while the trainer trains)."""
     sync_rows = (obs.repeats or {}).get(obs.mode) or []
     modes = [m for m in OVERLAPPED if (obs.repeats or {}).get(m) and m in (obs.configs or {})]
     if obs.mode != "sync" or not sync_rows or not modes or obs.mode not in (obs.configs or {}):
         return dataclasses.replace(costs, fit={**costs.fit, "contention": {
             "source": "none (no overlapped mode beside sync in the input): 0"}})
-    fitted, result = costs, {}
+    costs = dataclasses.replace(costs, contention_by_mode={})
+    fitted, result, points, ratio = _fit_factors(obs, costs, modes, sync_rows, iterations)
+    by_mode, per_mode = {}, {}
+    for m in modes:
+        own, res, _, _ = _fit_factors(obs, costs, [m], sync_rows, iterations)
+        by_mode[m] = {"engine": res["engine"]["c"], "train": res["train"]["c"]}
+        per_mode[m] = {"engine": own.contention_engine, "trainer": own.contention_trainer}
+    info = {"source": "overlapped repeats vs the sync repeat of the same index: busy time per step minus alone "
+                      "time = slope x overlap (engine decode inside training), c = slope / (1 - slope); jointly "
+                      "over the overlapped modes, and on each mode's repeats alone (contention_by_mode)",
+            "engine": result["engine"], "trainer": result["train"], "by_mode": by_mode,
+            "engine_steps_ratio": ratio, "points": points}
+    return dataclasses.replace(fitted, contention_by_mode=per_mode, fit={**costs.fit, "contention": info})
+
+
+def _fit_factors(obs: Observations, costs: CostModel, modes: list[str], sync_rows: list[dict[str, Any]],
+                 iterations: int) -> tuple[CostModel, dict[str, Any], list[dict[str, Any]], dict[str, float]]:
+    """One contention fit on the repeats of ``modes``: (costs with the factors, the fit per
+    side, the points, the engine steps ratio per mode)."""
+    fitted, result, points, ratio = costs, {}, [], {}
     for _ in range(iterations):
         ratio = {m: _engine_steps_ratio(fitted, obs.configs, m, obs.mode) for m in modes}
         points = []
@@ -547,8 +582,6 @@ def fit_contention(obs: Observations, costs: CostModel, *, iterations: int = 4) 
                                "engine_s": _engine_busy_s(a) / n,
                                "engine_alone_s": _engine_busy_s(s) / ns * ratio[m]})
         result = {side: _through_origin(points, f"{side}_s", f"{side}_alone_s") for side in ("engine", "train")}
-        by_mode = {m: {side: _through_origin([p for p in points if p["mode"] == m], f"{side}_s",
-                                             f"{side}_alone_s")["c"] for side in ("engine", "train")} for m in modes}
         new = dataclasses.replace(fitted, contention_engine=result["engine"]["c"],
                                   contention_trainer=result["train"]["c"])
         settled = (abs(new.contention_engine - fitted.contention_engine) < 1e-4
@@ -556,11 +589,7 @@ def fit_contention(obs: Observations, costs: CostModel, *, iterations: int = 4) 
         fitted = new
         if settled:
             break
-    info = {"source": "overlapped repeats vs the sync repeat of the same index: busy time per step minus alone "
-                      "time = slope x overlap (engine decode inside training), c = slope / (1 - slope)",
-            "engine": result["engine"], "trainer": result["train"], "by_mode": by_mode,
-            "engine_steps_ratio": ratio, "points": points}
-    return dataclasses.replace(fitted, fit={**costs.fit, "contention": info})
+    return fitted, result, points, ratio
 
 
 def _median_per_step(rows: list[dict[str, Any]], key: str) -> float:
@@ -600,7 +629,7 @@ def fit_engine_sharing(costs: CostModel, path: str | Path) -> CostModel:
     # last step's weight sync falls after the measurement window)
     cfg = dataclasses.replace(config_of(configs, "sync"), num_rollout=int(rows[0]["steps"]))
     base = dataclasses.replace(costs, max_running=int(spec.get("max_running", costs.max_running)),
-                               contention_engine=0.0, contention_trainer=0.0)
+                               contention_engine=0.0, contention_trainer=0.0, contention_by_mode={})
     target = _median_per_step(rows, "rollout_busy_s")
 
     def per_step(slots: float, per_engine: float = 0.0) -> dict[str, float]:

@@ -242,9 +242,9 @@ def simulate_layout(costs: CostModel, config: AsyncConfig, layout: Layout, *, de
     trainer slow each other (``harness.sim.contention``), else they run independently."""
     contention = None
     shared = costs.engine_slots if layout.engines > 1 else 0.0
-    if (costs.contention_engine or costs.contention_trainer or shared) and calibrated_units(costs, layout):
-        contention = Contention(engine=costs.contention_engine, trainer=costs.contention_trainer,
-                                engine_slots=shared)
+    engine_c, trainer_c = costs.contention_for(config)
+    if (engine_c or trainer_c or shared) and calibrated_units(costs, layout):
+        contention = Contention(engine=engine_c, trainer=trainer_c, engine_slots=shared)
     weight_sync_s = costs.weight_sync_s + (layout.engines - 1) * costs.weight_sync_per_engine_s
 
     def factory(cfg: SimEngineConfig, sink: Any) -> RoutedEngines:

@@ -114,7 +114,7 @@ def validate(calibration: str, others: list[str], engines_from: str | None = Non
             meas = measured(doc, mode)
             pred = predict(c, cfg, layout)
             base = predict_sync(c, cfg, layout, cfg.num_rollout)
-            alone = dataclasses.replace(c, contention_engine=0.0, contention_trainer=0.0)
+            alone = dataclasses.replace(c, contention_engine=0.0, contention_trainer=0.0, contention_by_mode={})
             pred0 = predict(alone, cfg, layout, baseline=base)["step_s"] if mode != "sync" else pred["step_s"]
             engines = doc["extra"].get("engines", {}).get(mode, {}).get("rows", [])
             cf = closed_form(c, cfg)
@@ -194,7 +194,7 @@ def _calibration_text(report: dict[str, Any]) -> list[str]:
             f"an engine step costs 1 + **{c['contention_engine']:.3f}** (standard error {se(e)}; the engine busy time "
             f"it predicts is off by {e['rms_rel_error']:.1%} RMS) times as much; while the engine decodes a training "
             f"step costs 1 + **{c['contention_trainer']:.3f}** (standard error {se(t)}; {t['rms_rel_error']:.1%} RMS) "
-            f"times as much. Fitted on each mode alone: {by}.", ""]
+            f"times as much. Fitted on each mode alone (what predictions of that mode use): {by}.", ""]
     else:
         lines += [f"Contention: {cont.get('source', 'not fitted')}.", ""]
     return lines
@@ -308,32 +308,32 @@ def _contention_reading(report: dict[str, Any]) -> list[str]:
     cont = report["costs"]["fit"].get("contention", {})
     if "engine" not in cont:
         return []
-    split = [r for r in _held_out(report, "split") if r["mode"] != "sync"]
-    if not split:
+    held = [r for r in report["rows"] if r["mode"] != "sync" and not r["calibration"]
+            and r["file"] != report["calibration"]]
+    if not held:
         return []
     by = cont["by_mode"]
     out = [
-        "Contention: the simulator without it has the engine and the trainer each own a core and never slow each "
-        "other; on the 2-core split layout (engine in its own process, trainer and driver in the main one) each "
-        "side runs slower while the other works. Without the factors the held-out overlapped split rows miss by up "
-        f"to {_worst(split, 'step_error_no_contention')} on s/step and {_worst(split, 'speedup_error_no_contention')}"
-        f" on speedup (last column of the busy table); with them by up to {_worst(split, 'step_error')} and "
-        f"{_worst(split, 'speedup_error')}. The factors and the median-repeat scaling come from the calibration "
-        "run alone; nothing is tuned on the held-out runs."]
+        "Contention: the simulator without it has the engines and the trainer each own hardware and never slow "
+        "each other; on 2 cores (engines in their own processes, trainer and driver in the main one) each side runs "
+        "slower while the other works. Without the factors the held-out overlapped rows miss by up to "
+        f"{_worst(held, 'step_error_no_contention')} on s/step and {_worst(held, 'speedup_error_no_contention')} on "
+        f"speedup (last column of the busy table); with them by up to {_worst(held, 'step_error')} and "
+        f"{_worst(held, 'speedup_error')}. The factors and the median-repeat scaling come from the calibration run "
+        "alone; nothing is tuned on the held-out runs."]
     if "one-step" in by and "fully-async" in by:
-        one = [r for r in split if r["mode"] == "one-step"]
         out.append(
-            "The slow-down is not one number per side, and the fit's standard errors say so: fitted on each mode "
-            f"alone the engine is {by['one-step']['engine']:.0%} slower under training in one-step and "
-            f"{by['fully-async']['engine']:.0%} in fully-async, the trainer {by['one-step']['train']:.0%} and "
-            f"{by['fully-async']['train']:.0%}. The joint factors therefore make one-step too slow (held-out "
-            f"one-step rows: up to {_worst(one, 'step_error')} on s/step, {_worst(one, 'speedup_error')} on speedup) "
-            "and fully-async's engine too fast (busy table, generating). The results files keep per repeat the "
-            "engine's decode-step time and its overlap with training, not the steps themselves, so why fully-async "
-            "contends more is not settled from them; candidates are its admissions spread over more engine steps "
-            "(per-sample submission, re-prefill of retracted requests: the simulator has no per-admission cost, and "
-            "a sync calibration cannot identify one since every wave admits a full batch at once) and the driver, "
-            "which shares the trainer's process, submitting and storing groups while the trainer trains.")
+            "The slow-down is not one number per side: fitted on each mode alone the engine is "
+            f"{by['one-step']['engine']:.0%} slower under training in one-step and {by['fully-async']['engine']:.0%} "
+            f"in fully-async, the trainer {by['one-step']['train']:.0%} and {by['fully-async']['train']:.0%} (jointly: "
+            f"engine {report['costs']['contention_engine']:.0%}, trainer {report['costs']['contention_trainer']:.0%}). "
+            "So each mode is predicted with its own factors (`contention_by_mode`); the joint ones made one-step too "
+            "slow and fully-async's engine too fast. The results files keep per repeat the engine's decode-step time "
+            "and its overlap with training, not the steps themselves, so why fully-async contends more is not "
+            "settled from them; candidates are its admissions spread over more engine steps (per-sample submission, "
+            "re-prefill of retracted requests: the simulator has no per-admission cost, and a sync calibration cannot "
+            "identify one since every wave admits a full batch at once) and the driver, which shares the trainer's "
+            "process, submitting and storing groups while the trainer trains.")
     return out
 
 
@@ -357,8 +357,21 @@ def _sharing_reading(report: dict[str, Any]) -> list[str]:
         "more per engine (each engine's load and the calls that reach it). The contention factors come from the "
         "one-engine calibration run's overlapped modes, so the held-out rows here are the several-engine run's "
         f"overlapped modes ({len(ray)}): largest s/step error {_worst(ray, 'step_error')}, largest speedup error "
-        f"{_worst(ray, 'speedup_error')}. On a cluster each engine has its own GPUs and the fit would find no "
-        "sharing; the per-engine weight sync is the part that carries over to a real broadcast."]
+        f"{_worst(ray, 'speedup_error')}. " + _generating_gap(ray) + "On a cluster each engine has its own GPUs "
+        "and the fit would find no sharing; the per-engine weight sync is the part that carries over to a real "
+        "broadcast."]
+
+
+def _generating_gap(rows: list[dict[str, Any]]) -> str:
+    """Where the several-engine rows miss: the engines' generating time under training."""
+    gaps = [(r, r["measured_busy_per_step_s"]["generating"], r["predicted_busy_per_step_s"]["generating"])
+            for r in rows if r["mode"] != "sync" and "generating" in (r.get("measured_busy_per_step_s") or {})]
+    if not gaps:
+        return ""
+    text = "; ".join(f"{_label(r)} {r['mode']} {m:.3f} s measured vs {p:.3f} s simulated" for r, m, p in gaps)
+    return ("What the model misses is the engines' generating time per step while the trainer trains (busy table: "
+            f"{text}): with the trainer busy, two engines and the trainer are three busy processes on two cores, "
+            "and the one-engine contention factor times the sharing factor under-states that. ")
 
 
 def reading(report: dict[str, Any]) -> list[str]:

@@ -95,6 +95,27 @@ def test_the_fit_recovers_a_known_contention_from_simulated_runs():
         assert predict(fitted, cfg, Layout())["step_s"] == pytest.approx(truth, rel=1e-6)
 
 
+def test_each_overlapped_mode_gets_its_own_factors_when_the_modes_contend_differently():
+    """Truth: one-step contends lightly, fully-async heavily (as the CPU main job does).
+    The joint fit lands between them; the per-mode fit recovers each, and predictions of a
+    mode use its own."""
+    truth = dataclasses.replace(ALONE, contention_by_mode={"one-step": {"engine": 0.05, "trainer": 0.03},
+                                                           "fully-async": {"engine": 0.40, "trainer": 0.20}})
+    assert truth.contention_for(ONE_STEP) == (0.05, 0.03) and truth.contention_for(FULLY_ASYNC) == (0.40, 0.20)
+    assert truth.contention_for(SYNC) == (0.0, 0.0)  # no own factors: the joint ones
+    fitted = fit_costs(_observations(truth))
+    for mode, cfg in (("one-step", ONE_STEP), ("fully-async", FULLY_ASYNC)):
+        want = truth.contention_by_mode[mode]
+        assert fitted.contention_by_mode[mode]["engine"] == pytest.approx(want["engine"], rel=1e-6)
+        assert fitted.contention_by_mode[mode]["trainer"] == pytest.approx(want["trainer"], rel=1e-6)
+        assert predict(fitted, cfg, Layout())["step_s"] == pytest.approx(predict(truth, cfg, Layout())["step_s"],
+                                                                         rel=1e-6)
+    assert 0.05 < fitted.contention_engine < 0.40
+    # the joint factors alone predict fully-async too fast: the per-mode ones are what fix it
+    joint = dataclasses.replace(fitted, contention_by_mode={})
+    assert predict(joint, FULLY_ASYNC, Layout())["step_s"] < predict(truth, FULLY_ASYNC, Layout())["step_s"]
+
+
 def test_the_fit_finds_no_contention_in_independent_runs():
     fitted = fit_costs(_observations(ALONE))
     assert fitted.contention_engine == pytest.approx(0.0, abs=1e-9)
