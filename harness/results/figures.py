@@ -19,7 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-NUMBER = re.compile(r"(?<![\w.])(\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?)(\s*(?:%|GiB\b))?")
+# a sign counts only where it starts the number (after a space or a bracket), so the dash of
+# a range ("0.83-0.95") is not read as a minus
+NUMBER = re.compile(r"(?<![\w.])([-+\u2212]?\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?)(\s*(?:%|GiB\b))?")
 
 
 @dataclass(frozen=True)
@@ -55,7 +57,8 @@ def lookup(doc: Any, key: str) -> Any:
 
 def _numbers(text: str) -> list[tuple[str, str]]:
     """(number, unit) pairs; unit is "", "%" or "GiB"."""
-    return [(m.group(1).replace(",", ""), (m.group(2) or "").strip()) for m in NUMBER.finditer(text)]
+    return [(m.group(1).replace(",", "").replace("\u2212", "-"), (m.group(2) or "").strip())
+            for m in NUMBER.finditer(text)]
 
 
 def _matches(printed: str, unit: str, value: float) -> bool:

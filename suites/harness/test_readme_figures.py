@@ -43,3 +43,11 @@ def test_a_figure_in_gib_is_compared_with_bytes(tmp_path):
     assert check_figure(Figure("x", "peak 4.85 GiB", "m.json", ("peak",)), tmp_path) == []
     assert check_figure(Figure("x", "peak 4.86 GiB", "m.json", ("peak",)), tmp_path) != []
     assert check_figure(Figure("x", "peak 5207000000", "m.json", ("peak",)), tmp_path) == []  # no unit: as stored
+
+
+def test_a_signed_figure_keeps_its_sign_and_a_range_dash_is_not_a_minus(tmp_path):
+    (tmp_path / "e.json").write_text(json.dumps({"err": -0.0928, "up": 0.091, "lo": 0.83, "hi": 0.95}))
+    keys = ("err", "up", "lo", "hi")
+    assert check_figure(Figure("x", "-9.3% and +9.1% (0.83-0.95)", "e.json", keys), tmp_path) == []
+    assert check_figure(Figure("x", "9.3% and +9.1% (0.83-0.95)", "e.json", keys), tmp_path) != []
+    assert check_figure(Figure("x", "-9.3% and -9.1% (0.83-0.95)", "e.json", keys), tmp_path) != []
