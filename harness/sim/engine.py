@@ -33,7 +33,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from miles_async_core import events as ev
-from harness.backends.engine_io import emit_finished, record_outcome
+from harness.backends.engine_io import emit_finished
 from miles_async_core.contracts import NullSink, check_pause_mode
 from miles_async_core.errors import ConfigError
 from miles_async_core.types import Sample, SamplingParams, Status
@@ -219,7 +219,7 @@ class SimEngine:
         # indices at a time (``_length_block``): by block number, the most recent kept.
         self._lengths: dict[int, list[int]] = {}
         self._running_loop: asyncio.AbstractEventLoop | None = None  # see _loop
-        self._version_str = (0, "0")  # weight_version and str(weight_version), for record_outcome
+        self._version_str = (0, "0")  # weight_version and str(weight_version), for _finish
 
     # --- contract -----------------------------------------------------------------------
     def generate(self, sample: Sample, sampling: SamplingParams) -> asyncio.Future:
@@ -481,15 +481,34 @@ class SimEngine:
             req.join_step = step
 
     def _finish(self, req: _Req, *, aborted: bool) -> None:
-        self._account_all((req,))  # _account(req)
+        s = req.sample  # its earlier tokens were appended as they were made (``_account``)
+        step, v = self._step, self.weight_version
+        if req.state == _RUNNING and step > req.join_step:  # _account(req), inlined: once per request
+            n, kv = step - req.join_step, req.kv_floor
+            runs = s.token_versions.runs  # VersionRuns.append(v, kv, n), inlined
+            if runs and (last := runs[-1])[0] == v and last[1] == kv:
+                last[2] += n
+            else:
+                runs.append([v, kv, n])
+            fills = self._fills
+            if self._fills_version != v or len(fills) > 4096:
+                fills.clear()
+                self._fills_version = v
+            fill = fills.get((kv, n))
+            if fill is None:
+                fill = fills[(kv, n)] = ([v] * n, [-1.0 - 0.1 * (v - kv)] * n)
+            s.response_tokens.extend(fill[0])
+            s.rollout_log_probs.extend(fill[1])
+            req.base += n
+        req.join_step = step
         req.state = _DONE
-        s = req.sample  # its tokens were appended as they were made (``_account``)
         self.running.pop(req.index, None)
         version, version_str = self._version_str  # one string per version, shared by its samples
-        if version != self.weight_version or type(version) is not type(self.weight_version):
-            version, version_str = self._version_str = (self.weight_version, str(self.weight_version))
-        record_outcome(s, version_str, Status.ABORTED if aborted else
-                       Status.TRUNCATED if req.truncated else Status.COMPLETED)
+        if version != v or type(version) is not type(v):
+            version, version_str = self._version_str = (v, str(v))
+        # record_outcome(s, version_str, status), inlined (version_str is a str: str() of it is itself)
+        s.weight_versions.append(version_str)
+        s.status = Status.ABORTED if aborted else Status.TRUNCATED if req.truncated else Status.COMPLETED
         sink = self.sink
         if sink.enabled:
             if aborted:
