@@ -552,9 +552,9 @@ def fit_contention(obs: Observations, costs: CostModel, *, iterations: int = 4) 
     costs = dataclasses.replace(costs, contention_by_mode={})
     fitted, result, points, ratio = _fit_factors(obs, costs, modes, sync_rows, iterations)
     by_mode, per_mode = {}, {}
-    for m in modes:
+    for m in modes:  # the factors go to contention_by_mode, the fit records (errors) to the fit info
         own, res, _, _ = _fit_factors(obs, costs, [m], sync_rows, iterations)
-        by_mode[m] = {"engine": res["engine"]["c"], "train": res["train"]["c"]}
+        by_mode[m] = {"engine": res["engine"], "trainer": res["train"]}
         per_mode[m] = {"engine": own.contention_engine, "trainer": own.contention_trainer}
     info = {"source": "overlapped repeats vs the sync repeat of the same index: busy time per step minus alone "
                       "time = slope x overlap (engine decode inside training), c = slope / (1 - slope); jointly "

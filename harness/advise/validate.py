@@ -186,8 +186,8 @@ def _calibration_text(report: dict[str, Any]) -> list[str]:
     if "engine" in cont:
         e, t = cont["engine"], cont["trainer"]
         se = lambda x: "-" if x["c_se"] is None else f"{x['c_se']:.3f}"  # noqa: E731
-        by = "; ".join(f"{m} alone: engine {v['engine']:.3f}, trainer {v['train']:.3f}"
-                       for m, v in cont["by_mode"].items())
+        by = "; ".join(f"{m} alone: engine {v['engine']:.3f}, trainer {v['trainer']:.3f}"
+                       for m, v in c["contention_by_mode"].items())
         lines += [
             f"Contention (`harness.sim.contention`, fitted by `harness.advise.costs.fit_contention` on the same run's "
             f"{e['n']} overlapped repeats, each against the sync repeat of the same index): while the trainer trains "
@@ -312,7 +312,7 @@ def _contention_reading(report: dict[str, Any]) -> list[str]:
             and r["file"] != report["calibration"]]
     if not held:
         return []
-    by = cont["by_mode"]
+    by = report["costs"]["contention_by_mode"]
     out = [
         "Contention: the simulator without it has the engines and the trainer each own hardware and never slow "
         "each other; on 2 cores (engines in their own processes, trainer and driver in the main one) each side runs "
@@ -325,7 +325,7 @@ def _contention_reading(report: dict[str, Any]) -> list[str]:
         out.append(
             "The slow-down is not one number per side: fitted on each mode alone the engine is "
             f"{by['one-step']['engine']:.0%} slower under training in one-step and {by['fully-async']['engine']:.0%} "
-            f"in fully-async, the trainer {by['one-step']['train']:.0%} and {by['fully-async']['train']:.0%} (jointly: "
+            f"in fully-async, the trainer {by['one-step']['trainer']:.0%} and {by['fully-async']['trainer']:.0%} (jointly: "
             f"engine {report['costs']['contention_engine']:.0%}, trainer {report['costs']['contention_trainer']:.0%}). "
             "So each mode is predicted with its own factors (`contention_by_mode`); the joint ones made one-step too "
             "slow and fully-async's engine too fast. The results files keep per repeat the engine's decode-step time "

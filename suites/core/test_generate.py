@@ -21,6 +21,7 @@ from miles_async_core.generate import GenerateFnInput, GenerateFnOutput, generat
 from miles_async_core.rollout import OneStepRollout, generate_and_rm_group
 from miles_async_core.types import (DataBufferConstructorInput, DataBufferInput, Sample, SamplingParams, Status,
                                     samples_of)
+from harness.trace import TraceRecorder
 
 SAMPLING = SamplingParams(max_new_tokens=4)
 
@@ -42,16 +43,6 @@ class FakeEngine:
 
     async def abort_requests(self) -> None:
         pass
-
-
-class Sink:
-    enabled = True
-
-    def __init__(self) -> None:
-        self.events: list[tuple[str, dict]] = []
-
-    def emit(self, kind: str, /, **fields) -> None:
-        self.events.append((kind, fields))
 
 
 def two_turns(added_reward: float | None = None):
@@ -103,16 +94,16 @@ def test_a_finished_sample_is_kept_without_calling_the_generate_function():
 
 def test_a_group_of_list_returning_calls_is_n_trajectories_and_records_added_samples():
     group = [Sample(index=i, group_index=3) for i in range(2)]
-    sink, done = Sink(), []
+    sink, done = TraceRecorder(lambda: 0.0, strict=True), []
     out = asyncio.run(generate_and_rm_group(FakeEngine(), group, SAMPLING, reward_fn=lambda x: 1.0, sink=sink,
                                             sample_done_callback=done.append, generate_function=two_turns()))
     assert len(out) == 2 and all(isinstance(t, list) for t in out)
     assert [[s.index for s in t] for t in out] == [[0, 100], [1, 101]]
     assert out[0][0] is group[0]  # turn 0 generated in place, as the single-turn generate
     assert len(done) == 2  # one scheduler credit per prompt sample (its generate_and_rm task)
-    added = [f for k, f in sink.events if k == ev.TRAJECTORY_SAMPLE]
+    added = [e.fields for e in sink.of(ev.TRAJECTORY_SAMPLE)]
     assert added == [{"index": 100, "group_index": 3, "trajectory": 0}, {"index": 101, "group_index": 3, "trajectory": 1}]
-    assert [k for k, _ in sink.events][-1] == ev.GROUP_DONE
+    assert sink.events[-1].kind == ev.GROUP_DONE
 
 
 def _data_source(n: int) -> RolloutDataSourceWithBuffer:
