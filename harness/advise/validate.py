@@ -144,6 +144,7 @@ def validate(calibration: str, others: list[str], engines_from: str | None = Non
             # each engine's decode speed while busy: its tokens over its own decode-step time
             row["engine_busy_tokens_per_s"] = [e["tokens"] / e["decode_busy_s"] for e in engines
                                                if e.get("decode_busy_s")]
+            row["engine_steps"] = _engine_steps(engines, c, cfg, layout.engines)
             row["step_error"] = row["predicted_step_s"] / row["measured_step_s"] - 1
             row["closed_form_step_error"] = cf_step / row["measured_step_s"] - 1
             if row["measured_speedup"] is not None:
@@ -152,6 +153,54 @@ def validate(calibration: str, others: list[str], engines_from: str | None = Non
                 row["closed_form_speedup_error"] = row["closed_form_speedup"] / row["measured_speedup"] - 1
             rows.append(row)
     return {"calibration": calibration, "engines_from": engines_from, "costs": costs.to_json(), "rows": rows}
+
+
+def _engine_steps(engines: list[dict[str, Any]], costs: CostModel, config: AsyncConfig,
+                  n: int) -> dict[str, Any] | None:
+    """The engines' own decode-step times of the first repeat (``harness.measure.engines``:
+    mean over the engines of each part, milliseconds) with the factor the simulator applies
+    to a step in each part when all ``n`` engines decode: ``max(1, n / engine_slots)``, times
+    ``1 + engine contention`` of the mode under training. None for a results file without
+    them (the split layout, or a run made before they were recorded)."""
+    rows = [e for e in engines if e.get("step_ms") is not None]
+    if not rows:
+        return None
+
+    def mean(key: str) -> float | None:
+        vals = [e[key] for e in rows if e.get(key) is not None]
+        return sum(vals) / len(vals) if vals else None
+
+    sharing = n / costs.engine_slots if costs.engine_slots and n > 1 and n > costs.engine_slots else 1.0
+    engine_c = costs.contention_for(config)[0] if config.driver != "train" else 0.0
+    return {"step_ms": mean("step_ms"), "step_ms_training": mean("step_ms_training"),
+            "step_ms_not_training": mean("step_ms_not_training"),
+            "model_factor_training": sharing * (1.0 + engine_c), "model_factor_not_training": sharing}
+
+
+def _steps_table(rows: list[dict[str, Any]]) -> list[str]:
+    """Decode steps as the engines timed them, against the step the calibration fitted."""
+    with_steps = [r for r in rows if r.get("engine_steps")]
+    if not with_steps:
+        return []
+    ref = next((r["engine_steps"]["step_ms"] for r in with_steps if r["calibration"] and r["engines"] == 1), None)
+    if ref is None:
+        return []
+    lines = [f"Decode steps as the engines timed them (first repeat, mean over engines; "
+             f"`harness.measure.engines`), in ms and as a factor of the one-engine sync step ({ref:.2f} ms): "
+             "under training (at least half of the step overlaps a training step) and not; beside each, the "
+             "factor the simulator applies to such a step when all the layout's engines decode.", "",
+             "| file | layout | mode | all steps | under training: measured | model | not training: measured | "
+             "model |", "|---|---|---|---|---|---|---|---|"]
+    for r in with_steps:
+        s = r["engine_steps"]
+
+        def cell(key: str) -> str:
+            return "-" if s[key] is None else f"{s[key]:.2f} (x{s[key] / ref:.2f})"
+
+        lines.append(f"| {_label(r)} | {_layout(r)} | {r['mode']} | {cell('step_ms')} | {cell('step_ms_training')} "
+                     f"| x{s['model_factor_training']:.2f} | {cell('step_ms_not_training')} | "
+                     f"x{s['model_factor_not_training']:.2f} |")
+    return lines
 
 
 def _pct(x: float | None) -> str:
@@ -268,7 +317,8 @@ def to_markdown(report: dict[str, Any], command: str) -> str:
                      f"s/step error {_pct(s['worst_step_error'])} ({s['worst_step_row']}), largest speedup error "
                      f"{_pct(s['worst_speedup_error'])} ({s['worst_speedup_row']}); "
                      + ("all within 10%." if s["within_target"] else "**not all within 10%**."))
-    lines += [""] + _busy_table(report["rows"]) + ["", "## Reading the table", ""] + [f"* {t}" for t in reading(report)]
+    steps = _steps_table(report["rows"])
+    lines += [""] + _busy_table(report["rows"]) + ([""] + steps if steps else []) + ["", "## Reading the table", ""] + [f"* {t}" for t in reading(report)]
     return "\n".join(lines) + "\n"
 
 
@@ -357,21 +407,41 @@ def _sharing_reading(report: dict[str, Any]) -> list[str]:
         "more per engine (each engine's load and the calls that reach it). The contention factors come from the "
         "one-engine calibration run's overlapped modes, so the held-out rows here are the several-engine run's "
         f"overlapped modes ({len(ray)}): largest s/step error {_worst(ray, 'step_error')}, largest speedup error "
-        f"{_worst(ray, 'speedup_error')}. " + _generating_gap(ray) + "On a cluster each engine has its own GPUs "
+        f"{_worst(ray, 'speedup_error')}. " + _generating_gap(ray, _reference_step_ms(report['rows'])) + "On a cluster each engine has its own GPUs "
         "and the fit would find no sharing; the per-engine weight sync is the part that carries over to a real "
         "broadcast."]
 
 
-def _generating_gap(rows: list[dict[str, Any]]) -> str:
-    """Where the several-engine rows miss: the engines' generating time under training."""
+def _reference_step_ms(rows: list[dict[str, Any]]) -> float | None:
+    """The one-engine calibration run's sync decode step, as its engine timed it."""
+    return next((r["engine_steps"]["step_ms"] for r in rows
+                 if r.get("engine_steps") and r["calibration"] and r["engines"] == 1), None)
+
+
+def _generating_gap(rows: list[dict[str, Any]], ref: float | None) -> str:
+    """Where the several-engine rows miss: the engines' generating time per step, and
+    (where the runs recorded them) the engines' own step times against the model's."""
     gaps = [(r, r["measured_busy_per_step_s"]["generating"], r["predicted_busy_per_step_s"]["generating"])
             for r in rows if r["mode"] != "sync" and "generating" in (r.get("measured_busy_per_step_s") or {})]
     if not gaps:
         return ""
     text = "; ".join(f"{_label(r)} {r['mode']} {m:.3f} s measured vs {p:.3f} s simulated" for r, m, p in gaps)
-    return ("What the model misses is the engines' generating time per step while the trainer trains (busy table: "
-            f"{text}): with the trainer busy, two engines and the trainer are three busy processes on two cores, "
-            "and the one-engine contention factor times the sharing factor under-states that. ")
+    out = f"The engines' generating time per step (busy table): {text}. "
+    steps = [(r, r["engine_steps"]) for r, _m, _p in gaps
+             if r.get("engine_steps") and r["engine_steps"].get("step_ms_training") is not None]
+    if steps and ref:
+        def part(s: dict[str, Any], key: str, model: str) -> str:
+            return "-" if s[key] is None else f"x{s[key] / ref:.2f} measured vs x{s[model]:.2f} modelled"
+
+        out += ("The engines' own step times (steps table), as factors of the one-engine sync step: "
+                + "; ".join(f"{_label(r)} {r['mode']} under training "
+                            f"{part(s, 'step_ms_training', 'model_factor_training')}, not training "
+                            f"{part(s, 'step_ms_not_training', 'model_factor_not_training')}" for r, s in steps)
+                + ". The model multiplies one engine's slow-down under training (fitted per mode on the "
+                "one-engine run) by the engines' sharing (fitted on the several-engine sync mode); where a "
+                "measured factor exceeds the modelled one, the engines, the trainer and the driver together "
+                "want more of the host than that product allows. ")
+    return out
 
 
 def reading(report: dict[str, Any]) -> list[str]:

@@ -5,6 +5,14 @@ For engine ``k`` over the measurement window: ``requests`` (its ``finished`` eve
 ``tokens`` (one per sample of each of its ``decode_step`` events), ``decode_busy_s`` (its
 decode steps' ``[t - dur_s, t]`` merged), ``busy_share`` (that over the window),
 ``tokens_per_s`` (tokens over the window) and ``loads`` (its ``engine_loaded`` events).
+
+Its decode steps inside the window, split by what the trainer did meanwhile (a step
+counts as under training when at least half of ``[t - dur_s, t]`` overlaps a ``training``
+phase): ``decode_steps``, ``steps_training``, and the mean step time of each part in
+milliseconds, ``step_ms``, ``step_ms_training`` and ``step_ms_not_training`` (None where
+there was no such step). On hardware the engines and the trainer share, the ratio of these
+to the same engine's sync-mode ``step_ms`` is the contention as the engine itself saw it,
+step by step (``harness.advise.validate`` prints it next to the simulator's factors).
 """
 
 from __future__ import annotations
@@ -12,19 +20,26 @@ from __future__ import annotations
 from typing import Any
 
 from miles_async_core import events as ev
-from harness.measure.overlap import merge, total
+from harness.measure.overlap import intervals, merge, total
 
 
 def per_engine_rows(events: list[Any], window: tuple[float, float]) -> list[dict[str, Any]]:
     keys = sorted({e.fields.get("engine") for e in events if e.kind == ev.DECODE_STEP} - {None})
     wall = max(1e-12, window[1] - window[0])
+    training = intervals(events, "train", "training", window[1])
     rows = []
     for k in keys:
         steps = [e for e in events if e.kind == ev.DECODE_STEP and e.fields.get("engine") == k]
         busy = total(merge([(e.t - e["dur_s"], e.t) for e in steps]), window)
-        tokens = sum(len(e["indices"]) for e in steps if window[0] <= e.t <= window[1])
+        inside = [e for e in steps if window[0] <= e.t <= window[1]]
+        tokens = sum(len(e["indices"]) for e in inside)
+        under = [e for e in inside if 2 * _overlap(e.t - e["dur_s"], e.t, training) >= e["dur_s"] > 0]
+        under_ids = {id(e) for e in under}
+        rest = [e for e in inside if id(e) not in under_ids]
         rows.append({"engine": k, "requests": sum(1 for e in events if e.kind == ev.FINISHED
                                                   and e.fields.get("engine") == k),
+                     "decode_steps": len(inside), "steps_training": len(under), "step_ms": _mean_ms(inside),
+                     "step_ms_training": _mean_ms(under), "step_ms_not_training": _mean_ms(rest),
                      "tokens": tokens, "decode_busy_s": busy, "busy_share": busy / wall,
                      "tokens_per_s": tokens / wall,
                      "loads": sum(1 for e in events if e.kind == ev.ENGINE_LOADED and e["engine"] == k),
@@ -33,10 +48,22 @@ def per_engine_rows(events: list[Any], window: tuple[float, float]) -> list[dict
     return rows
 
 
+def _overlap(t0: float, t1: float, iv: list[tuple[float, float]]) -> float:
+    return sum(max(0.0, min(t1, b) - max(t0, a)) for a, b in iv if a < t1 and b > t0)
+
+
+def _mean_ms(steps: list[Any]) -> float | None:
+    return 1e3 * sum(e["dur_s"] for e in steps) / len(steps) if steps else None
+
+
 def format_engine_rows(rows_by_mode: dict[str, list[dict[str, Any]]]) -> str:
-    header = ["mode", "engine", "requests", "tokens", "tokens/s", "decode busy s", "busy share", "loads", "died"]
+    header = ["mode", "engine", "requests", "tokens", "tokens/s", "decode busy s", "busy share",
+              "step ms: all / training / not", "loads", "died"]
     body = [[mode, str(r["engine"]), str(r["requests"]), str(r["tokens"]), f"{r['tokens_per_s']:.1f}",
-             f"{r['decode_busy_s']:.2f}", f"{r['busy_share']:.1%}", str(r["loads"]), "yes" if r["died"] else "-"]
+             f"{r['decode_busy_s']:.2f}", f"{r['busy_share']:.1%}",
+             " / ".join("-" if r.get(k) is None else f"{r[k]:.1f}"
+                        for k in ("step_ms", "step_ms_training", "step_ms_not_training")),
+             str(r["loads"]), "yes" if r["died"] else "-"]
             for mode, rows in rows_by_mode.items() for r in rows]
     widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(header)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths))]

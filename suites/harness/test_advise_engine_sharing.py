@@ -114,3 +114,30 @@ def test_the_fit_refuses_a_run_with_one_engine(tmp_path):
 def test_negative_slots_are_refused_with_the_field_named():
     with pytest.raises(ConfigError, match="engine_slots"):
         Contention(engine=0.0, trainer=0.0, engine_slots=-1.0)
+
+
+def test_engine_step_factors_against_the_model():
+    """The validation's steps table: the engines' own step times (mean over engines) beside
+    the factor the simulator applies: sharing ``n / slots`` times ``1 + engine contention``
+    of the mode under training; a file without step times gives no entry."""
+    from harness.advise.validate import _engine_steps, _steps_table
+
+    costs = dataclasses.replace(ALONE, engine_slots=1.25, contention_by_mode={
+        "fully-async": {"engine": 0.5, "trainer": 0.1}, "one-step": {"engine": 0.2, "trainer": 0.1}})
+    engines = [{"step_ms": 20.0, "step_ms_training": 30.0, "step_ms_not_training": 15.0},
+               {"step_ms": 22.0, "step_ms_training": 34.0, "step_ms_not_training": None}]
+    s = _engine_steps(engines, costs, FULLY_ASYNC, 2)
+    assert s["step_ms"] == pytest.approx(21.0) and s["step_ms_training"] == pytest.approx(32.0)
+    assert s["step_ms_not_training"] == pytest.approx(15.0)
+    assert s["model_factor_not_training"] == pytest.approx(2 / 1.25)
+    assert s["model_factor_training"] == pytest.approx(2 / 1.25 * 1.5)
+    assert _engine_steps(engines, costs, FULLY_ASYNC, 1)["model_factor_training"] == pytest.approx(1.5)
+    assert _engine_steps([{"tokens": 3}], costs, FULLY_ASYNC, 2) is None
+    ref = {"file": "a", "mode": "sync", "calibration": True, "engines": 1, "layout": "ray",
+           "engine_steps": {"step_ms": 10.0, "step_ms_training": None, "step_ms_not_training": 10.0,
+                            "model_factor_training": 1.0, "model_factor_not_training": 1.0}}
+    held = {"file": "b", "mode": "fully-async", "calibration": False, "engines": 2, "layout": "ray",
+            "engine_steps": s}
+    table = "\n".join(_steps_table([ref, held]))
+    assert "32.00 (x3.20) | x2.40 | 15.00 (x1.50) | x1.60" in table
+    assert _steps_table([held]) == []  # no one-engine sync reference: no table

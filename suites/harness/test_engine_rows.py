@@ -1,0 +1,60 @@
+"""Per-engine rows (``harness.measure.engines``): each engine's decode steps split by
+whether the trainer trained meanwhile, on a hand-built trace whose answer is known."""
+
+from __future__ import annotations
+
+import pytest
+
+from miles_async_core import events as ev
+from harness.measure.engines import format_engine_rows, per_engine_rows
+from harness.trace import TraceRecorder
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _trace() -> list:
+    clock = _Clock()
+    rec = TraceRecorder(clock, strict=True)
+
+    def at(t: float, kind: str, **fields) -> None:
+        clock.t = t
+        rec.emit(kind, **fields)
+
+    # training from 1.0 to 2.0; engine 0 steps 10 ms alone and 30 ms under training,
+    # engine 1 steps only under training (20 ms); one step of engine 0 straddles the start
+    # with 4 of its 10 ms inside training (not "under training": less than half)
+    at(0.10, ev.DECODE_STEP, indices=[1, 2], version=0, dur_s=0.010, engine=0)
+    at(0.50, ev.DECODE_STEP, indices=[1, 2], version=0, dur_s=0.010, engine=0)
+    at(1.00, ev.PHASE_START, side="train", phase="training")
+    at(1.004, ev.DECODE_STEP, indices=[1], version=0, dur_s=0.010, engine=0)
+    at(1.50, ev.DECODE_STEP, indices=[1], version=0, dur_s=0.030, engine=0)
+    at(1.60, ev.DECODE_STEP, indices=[3], version=0, dur_s=0.020, engine=1)
+    at(1.70, ev.DECODE_STEP, indices=[3], version=0, dur_s=0.020, engine=1)
+    at(2.00, ev.PHASE_END, side="train", phase="training")
+    at(3.00, ev.DECODE_STEP, indices=[1], version=0, dur_s=0.010, engine=0)  # after the window
+    return rec.events
+
+
+def test_steps_are_split_by_training_overlap():
+    rows = {r["engine"]: r for r in per_engine_rows(_trace(), (0.0, 2.0))}
+    e0, e1 = rows[0], rows[1]
+    assert e0["decode_steps"] == 4 and e0["steps_training"] == 1
+    assert e0["step_ms_training"] == pytest.approx(30.0)
+    assert e0["step_ms_not_training"] == pytest.approx(10.0)
+    assert e0["step_ms"] == pytest.approx(15.0)
+    assert e0["tokens"] == 6
+    assert e1["decode_steps"] == 2 and e1["steps_training"] == 2
+    assert e1["step_ms_training"] == pytest.approx(20.0)
+    assert e1["step_ms_not_training"] is None
+
+
+def test_table_shows_the_split_and_dashes_for_none():
+    text = format_engine_rows({"fully-async": per_engine_rows(_trace(), (0.0, 2.0))})
+    assert "15.0 / 30.0 / 10.0" in text
+    assert "20.0 / 20.0 / -" in text
