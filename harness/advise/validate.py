@@ -378,13 +378,31 @@ def _contention_reading(report: dict[str, Any]) -> list[str]:
             f"in fully-async, the trainer {by['one-step']['trainer']:.0%} and {by['fully-async']['trainer']:.0%} (jointly: "
             f"engine {report['costs']['contention_engine']:.0%}, trainer {report['costs']['contention_trainer']:.0%}). "
             "So each mode is predicted with its own factors (`contention_by_mode`); the joint ones made one-step too "
-            "slow and fully-async's engine too fast. The results files keep per repeat the engine's decode-step time "
-            "and its overlap with training, not the steps themselves, so why fully-async contends more is not "
-            "settled from them; candidates are its admissions spread over more engine steps (per-sample submission, "
-            "re-prefill of retracted requests: the simulator has no per-admission cost, and a sync calibration cannot "
-            "identify one since every wave admits a full batch at once) and the driver, which shares the trainer's "
-            "process, submitting and storing groups while the trainer trains.")
+            "slow and fully-async's engine too fast. " + _why_fully_async(report))
     return out
+
+
+def _why_fully_async(report: dict[str, Any]) -> str:
+    """Why fully-async contends more: from the calibration run's own step times where it
+    recorded them, else what the busy times cannot settle."""
+    ref = _reference_step_ms(report["rows"])
+    steps = {r["mode"]: r["engine_steps"] for r in report["rows"] if r["file"] == report["calibration"]
+             and r.get("engine_steps") and r["mode"] != "sync"}
+    if ref and all(m in steps and steps[m]["step_ms_training"] and steps[m]["step_ms_not_training"]
+                   for m in ("one-step", "fully-async")):
+        f = {m: (steps[m]["step_ms_training"] / ref, steps[m]["step_ms_not_training"] / ref) for m in steps}
+        return ("The calibration run's own decode steps (steps table) show where: its engine's steps take "
+                f"x{f['one-step'][0]:.2f} of its sync step under training and x{f['one-step'][1]:.2f} otherwise in "
+                f"one-step, x{f['fully-async'][0]:.2f} and x{f['fully-async'][1]:.2f} in fully-async. So "
+                "fully-async's engine is slower even while the trainer does not train (its driver, in the "
+                "trainer's process, submits, collects and stores groups throughout), and the simulator, which "
+                "slows an engine only under training, folds that into the fully-async factor.")
+    return ("The results files keep per repeat the engine's decode-step time and its overlap with training, not "
+            "the steps themselves, so why fully-async contends more is not settled from them; candidates are its "
+            "admissions spread over more engine steps (per-sample submission, re-prefill of retracted requests: "
+            "the simulator has no per-admission cost, and a sync calibration cannot identify one since every wave "
+            "admits a full batch at once) and the driver, which shares the trainer's process, submitting and "
+            "storing groups while the trainer trains.")
 
 
 def _sharing_reading(report: dict[str, Any]) -> list[str]:

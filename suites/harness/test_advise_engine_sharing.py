@@ -141,3 +141,19 @@ def test_engine_step_factors_against_the_model():
     table = "\n".join(_steps_table([ref, held]))
     assert "32.00 (x3.20) | x2.40 | 15.00 (x1.50) | x1.60" in table
     assert _steps_table([held]) == []  # no one-engine sync reference: no table
+
+
+def test_the_reading_uses_the_calibration_runs_step_times_where_recorded():
+    from harness.advise.validate import _why_fully_async
+
+    def row(mode, train, other):
+        return {"file": "cal", "mode": mode, "calibration": mode == "sync", "engines": 1, "layout": "ray",
+                "engine_steps": {"step_ms": 10.0, "step_ms_training": train, "step_ms_not_training": other}}
+
+    report = {"calibration": "cal", "rows": [row("sync", None, 10.0), row("one-step", 12.0, 11.0),
+                                             row("fully-async", 16.0, 12.0)]}
+    text = _why_fully_async(report)
+    assert "x1.20 of its sync step under training and x1.10 otherwise in one-step, x1.60 and x1.20" in text
+    for r in report["rows"]:
+        r.pop("engine_steps")
+    assert "not settled" in _why_fully_async(report)
