@@ -179,6 +179,7 @@ def main(args: argparse.Namespace) -> int:
         _print_engines(runs)
     violated = _print_checks(runs)
     _print_self_cost(rows)
+    _print_cpu_use(rows)
     print(f"\ntotal wall time {total_s:.1f} s ({spec.repeats} repeat(s) of {', '.join(modes)})")
     _print_memory(rows)
     for p in paths:
@@ -219,6 +220,21 @@ def _print_self_cost(rows: list[dict[str, Any]]) -> None:
         print("\nthe harness's recording inside the timed runs (trace sink + age observer, median over repeats): "
               + ", ".join(f"{m} {100 * v:.2f}%" for m, v in shares.items())
               + "; the gap decomposition and the checkers run after the timed window")
+
+
+def _print_cpu_use(rows: list[dict[str, Any]]) -> None:
+    """Cores the run's processes kept busy (``harness.measure.cpu_use``, median over repeats)."""
+    def f(v: Any) -> str:
+        return "-" if v is None else f"{v:.2f}"
+
+    if not any(r.get("cpu_cores_main") is not None for r in rows):
+        return
+    host = next((r.get("host_cpu_count") for r in rows if r.get("host_cpu_count")), None)
+    print(f"\nCPU use over the timed runs, cores of this host's {host or '?'} (harness.measure.cpu_use; median over "
+          "repeats; main: driver + trainer):")
+    for r in rows:
+        print(f"  {r['mode']:<12} main {f(r.get('cpu_cores_main'))}  engines {f(r.get('cpu_cores_engines'))}  "
+              f"total {f(r.get('cpu_cores_total'))}")
 
 
 def _engine_rows(runs: dict[str, list[Any]]) -> dict[str, list[dict[str, Any]]]:

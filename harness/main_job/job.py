@@ -49,6 +49,7 @@ from miles_async_core.errors import ConfigError
 from miles_async_core.rules import validate
 from miles_async_core.types import SamplingParams
 from harness.measure.ages import AgeRecorder
+from harness.measure import cpu_use
 from harness.measure.memory import PeakRss, read_peak_rss_bytes
 from harness.measure.self_cost import SelfCost, process_cpu_s
 from harness.measure.overlap import ideal_speedup, measurement_window, overlap_metrics
@@ -133,6 +134,7 @@ class ModeResult:
     self_cost: dict | None = None  # harness.measure.self_cost: the recording's own time inside t0 .. t1
     peak_rss_bytes: dict = field(default_factory=dict)  # harness.measure.memory: run, after_run, engine_process
     run_cpu_s: float | None = None  # CPU seconds of t0 .. t1, this process + the split engine process
+    cpu_use: dict | None = None  # harness.measure.cpu_use.cores over t0 .. t1: cores per process and in total
 
     def per_step(self, key: str) -> list[float]:
         return [r[key] for r in self.history if key in r]
@@ -228,14 +230,16 @@ def run_mode(mode: str, base: AsyncConfig, spec: RunSpec, *, on_step: Callable[[
                            observer=cost.observer(AgeRecorder()) if measure else None)
         holder["ctx"] = ctx
         child = getattr(getattr(engine, "process", None), "pid", None)  # the split layout's engine process
-        cpu0 = _cpu_now(child)
+        engine_pids = [child] if child is not None else _engine_pids(holder["engine"])
+        cpu0, use0 = _cpu_now(child), cpu_use.snapshot(engine_pids)
         holder["t0"] = loop.time()
         try:
             await run(ctx)
         finally:
             holder["t1"] = loop.time()
-            cpu1 = _cpu_now(child)
+            cpu1, use1 = _cpu_now(child), cpu_use.snapshot(engine_pids)
             holder["run_cpu_s"] = cpu1 - cpu0 if cpu0 is not None and cpu1 is not None else None
+            holder["cpu_use"] = cpu_use.cores(use0, use1, holder["t1"] - holder["t0"])
             emit_run_end(ctx)  # a no-op on the NullSink
             holder["engine_peak"] = read_peak_rss_bytes(child) if child is not None else None
             await _close(engine)
@@ -265,7 +269,7 @@ def run_mode(mode: str, base: AsyncConfig, spec: RunSpec, *, on_step: Callable[[
         engine_sync=list(getattr(engine, "sync_s", [])), gap_summary=gap_summary, checks=checks,
         chance_level=task.chance_level, run_s=t1 - t0, self_cost=cost.summary(t1 - t0) if measure else None,
         peak_rss_bytes=peaks,
-        run_cpu_s=holder.get("run_cpu_s"),
+        run_cpu_s=holder.get("run_cpu_s"), cpu_use=holder.get("cpu_use"),
         engine_stats=engine.stats() if hasattr(engine, "stats") else None,
         worker_error=f"{type(worker_error).__name__}: {worker_error}" if worker_error else None)
 
@@ -407,6 +411,11 @@ def _make_engine(spec: RunSpec, build: Callable[[], Any], trainer: TorchTrainer,
     return TorchEngine(core, seed=spec.seed, sink=sink)  # it records its own generating phase and decode steps
 
 
+def _engine_pids(engine: Any) -> list[int]:
+    """The Ray layout's engine actors that run on this host (``RayEngineGroup.clock``)."""
+    return [c["pid"] for c in getattr(engine, "clock", []) if c.get("shared") and c.get("pid")]
+
+
 def _cpu_now(child: int | None) -> float | None:
     """This process's CPU seconds plus the engine process's (None: the child's unreadable)."""
     if child is None:
@@ -449,6 +458,7 @@ def summarize_mode(r: ModeResult, sync: ModeResult | None) -> dict[str, Any]:
         "error": r.error, "worker_error": r.worker_error, "checks": checks,
         "self_cost_share": r.self_cost["share_of_run"] if r.self_cost else None,
         **{f"peak_rss_{k}_bytes": v for k, v in r.peak_rss_bytes.items()},
+        **(r.cpu_use or {}),
         **{k2: v for k2, v in r.overlap.items() if k2 != "wall_s"},
     }
     if sync is not None and sync.history and r.history and r is not sync:
