@@ -61,7 +61,10 @@ def measured(doc: dict[str, Any], mode: str) -> dict[str, Any]:
     busy = {side: med(sorted(r[key] / r["steps"] for r in rows if r.get("steps") and key in r))
             for side, key in (("generating", "rollout_busy_s"), ("training", "train_busy_s"),
                               ("weight_sync", "weight_sync_s")) if all(key in r for r in rows)}
-    return {"step_s": med(per_step), "step_s_min": per_step[0], "step_s_max": per_step[-1],
+    cpu = sorted(r["cpu_cores_total"] for r in rows if r.get("cpu_cores_total") is not None)
+    return {"cpu_cores_total": med(cpu) if cpu and len(cpu) == len(rows) else None,
+            "host_cpu_count": next((r["host_cpu_count"] for r in rows if r.get("host_cpu_count")), None),
+            "step_s": med(per_step), "step_s_min": per_step[0], "step_s_max": per_step[-1],
             "speedup": med(speed) if speed else (1.0 if mode == "sync" else None), "repeats": len(rows),
             "age_mean": sum(ages) / len(ages) if ages else None, "age_max": max(ages) if ages else None,
             "busy_per_step_s": busy}
@@ -132,6 +135,7 @@ def validate(calibration: str, others: list[str], engines_from: str | None = Non
                 "closed_form_step_s": cf_step,
                 "closed_form_speedup": cf["sync_step_s"] / cf_step,
                 "measured_busy_per_step_s": meas["busy_per_step_s"],
+                "cpu_cores_total": meas["cpu_cores_total"], "host_cpu_count": meas["host_cpu_count"],
                 "predicted_busy_per_step_s": pred["busy_per_step_s"],
                 "measured_age_mean": meas["age_mean"], "measured_age_max": meas["age_max"],
                 "predicted_age_mean": pred["age_recorded"]["mean"], "predicted_age_max": pred["age_recorded"]["max"],
@@ -271,9 +275,10 @@ def _main_table(rows: list[dict[str, Any]]) -> list[str]:
 def _busy_table(rows: list[dict[str, Any]]) -> list[str]:
     lines = ["Busy time per training step, measured (median over repeats) / simulated, seconds: the engine "
              "generating, the trainer training, weight sync; and the simulator's prediction with the contention "
-             "factors set to 0 (the model before them).", "",
+             "factors set to 0 (the model before them); and the host's cores the run's processes kept busy "
+             "(`harness.measure.cpu_use`, median over repeats; '-': not recorded).", "",
              "| file | layout | mode | generating | training | weight sync | sim without contention: s/step (err), "
-             "speedup (err) |", "|---|---|---|---|---|---|---|"]
+             "speedup (err) | host cores busy |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         m, p = r.get("measured_busy_per_step_s") or {}, r.get("predicted_busy_per_step_s") or {}
         cells = [f"{m[k]:.4f} / {p[k]:.4f}" if k in m and k in p else "-"
@@ -281,6 +286,8 @@ def _busy_table(rows: list[dict[str, Any]]) -> list[str]:
         sp0 = r.get("speedup_error_no_contention")
         cells.append(f"{r['predicted_step_s_no_contention']:.4f} ({_pct(r['step_error_no_contention'])}), "
                      f"{_pct(sp0) if sp0 is not None else '-'}")
+        cores = r.get("cpu_cores_total")
+        cells.append("-" if cores is None else f"{cores:.2f} of {r.get('host_cpu_count') or '?'}")
         lines.append(f"| {_label(r)} | {_layout(r)} | {r['mode']} | " + " | ".join(cells) + " |")
     return lines
 
