@@ -63,7 +63,7 @@ def measured(doc: dict[str, Any], mode: str) -> dict[str, Any]:
                               ("weight_sync", "weight_sync_s")) if all(key in r for r in rows)}
     cpu = sorted(r["cpu_cores_total"] for r in rows if r.get("cpu_cores_total") is not None)
     return {"cpu_cores_total": med(cpu) if cpu and len(cpu) == len(rows) else None,
-            "host_cpu_count": next((r["host_cpu_count"] for r in rows if r.get("host_cpu_count")), None),
+            "host_cpu_count": next((int(r["host_cpu_count"]) for r in rows if r.get("host_cpu_count")), None),
             "step_s": med(per_step), "step_s_min": per_step[0], "step_s_max": per_step[-1],
             "speedup": med(speed) if speed else (1.0 if mode == "sync" else None), "repeats": len(rows),
             "age_mean": sum(ages) / len(ages) if ages else None, "age_max": max(ages) if ages else None,

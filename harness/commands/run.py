@@ -229,7 +229,7 @@ def _print_cpu_use(rows: list[dict[str, Any]]) -> None:
 
     if not any(r.get("cpu_cores_main") is not None for r in rows):
         return
-    host = next((r.get("host_cpu_count") for r in rows if r.get("host_cpu_count")), None)
+    host = next((int(r["host_cpu_count"]) for r in rows if r.get("host_cpu_count")), None)
     print(f"\nCPU use over the timed runs, cores of this host's {host or '?'} (harness.measure.cpu_use; median over "
           "repeats; main: driver + trainer):")
     for r in rows:
