@@ -493,7 +493,9 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     costs_path, json_path, md_path = (out / f"cpu_costs{args.name}.json", out / f"validation{args.name}.json",
                                       out / f"validation{args.name}.md")
-    CostModel.from_json(report["costs"]).write(costs_path)
+    fitted = CostModel.from_json(report["costs"])
+    fitted.fit["validation"] = {"report": str(md_path), "held_out": summary(report)}  # advise prints it
+    fitted.write(costs_path)
     json_path.write_text(json.dumps(report, indent=1, sort_keys=True, default=str) + "\n")
     md = to_markdown(report, command)
     md_path.write_text(md)

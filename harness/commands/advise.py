@@ -73,6 +73,20 @@ def format_prediction(p: dict[str, Any]) -> str:
     return "\n".join(f"{a:<{w}}  {b}" for a, b in rows)
 
 
+def format_validation(v: dict[str, Any] | None) -> str:
+    """How well this calibration predicted the runs it was not fitted on
+    (``harness.advise.validate`` stores it in the costs file), or '' if it was not validated."""
+    if not v or not v.get("held_out"):
+        return ""
+    lines = [f"this calibration on held-out measured runs ({v['report']}):"]
+    for layout, s in v["held_out"].items():
+        lines.append(f"  {layout} layout, {s['rows']} row(s): worst s/step error {s['worst_step_error']:+.1%} "
+                     f"({s['worst_step_row']}), worst speedup error {s['worst_speedup_error']:+.1%} "
+                     f"({s['worst_speedup_row']}); " + ("all within 10%" if s["within_target"] else "NOT all within 10%"
+                                                        ": treat this kind of prediction as rough"))
+    return "\n".join(lines)
+
+
 def format_recommendation(r: dict[str, Any]) -> str:
     lines = [f"target: {r['target']} ({r['steps_simulated']} steps simulated per candidate)"]
     for c in sorted(r["candidates"], key=lambda c: c["step_s"]):
@@ -104,7 +118,8 @@ def main(args: argparse.Namespace) -> int:
     layout = Layout(engines=args.engines, gpus_per_engine=args.gpus_per_engine, trainer_gpus=args.trainer_gpus)
     check_layout(layout, config, args.profile)  # refuse before loading or simulating anything
     costs = load_costs(args.costs)
-    out: dict[str, Any] = {"costs": args.costs, "prediction": predict(costs, config, layout, profile=args.profile)}
+    out: dict[str, Any] = {"costs": args.costs, "prediction": predict(costs, config, layout, profile=args.profile),
+                           "calibration_validation": costs.fit.get("validation")}
     if args.target:
         out["recommendation"] = recommend(costs, config, layout, args.target, base_lr=args.lr, profile=args.profile)
     if args.plot:
@@ -117,6 +132,9 @@ def main(args: argparse.Namespace) -> int:
         print(json.dumps(out, indent=1, sort_keys=True, default=str))
         return 0
     print(format_prediction(out["prediction"]))
+    accuracy = format_validation(costs.fit.get("validation"))
+    if accuracy:
+        print(accuracy)
     if "recommendation" in out:
         print()
         print(format_recommendation(out["recommendation"]))

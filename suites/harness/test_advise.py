@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 
@@ -182,3 +183,37 @@ def test_closed_form_matches_the_simulator_when_nothing_varies():
     w = c.weight_sync_s / SYNC.num_rollout
     assert predict(c, SYNC, Layout())["step_s"] == pytest.approx(cf["sync_step_s"] - w, rel=1e-6)
     assert predict(c, one_step, Layout(), sync_steps=20)["step_s"] == pytest.approx(cf["one_step_step_s"], rel=0.05)
+
+
+def test_cli_prints_the_calibrations_held_out_accuracy_when_the_costs_carry_it(tmp_path, capsys):
+    """``validate`` stores its held-out summary in the costs file; ``advise`` prints it with
+    each prediction, flagging a calibration that missed 10%; costs without it print none."""
+    args = ["--", "--rollout-batch-size", "8", "--n-samples-per-prompt", "4", "--num-rollout", "4"]
+    plain = KNOWN.write(tmp_path / "plain.json")
+    assert cli_main(["advise", "--costs", str(plain)] + args) == 0
+    assert "held-out" not in capsys.readouterr().out
+    validated = dataclasses.replace(KNOWN, fit={"validation": {"report": "v.md", "held_out": {
+        "split": {"rows": 8, "worst_step_error": -0.093, "worst_step_row": "run-b8 one-step",
+                  "worst_speedup_error": 0.091, "worst_speedup_row": "run-b8 one-step", "within_target": True},
+        "ray": {"rows": 2, "worst_step_error": -0.139, "worst_step_row": "ray-2 fully-async",
+                "worst_speedup_error": 0.231, "worst_speedup_row": "ray-2 fully-async", "within_target": False}}}})
+    path = validated.write(tmp_path / "validated.json")
+    assert cli_main(["advise", "--costs", str(path)] + args) == 0
+    out = capsys.readouterr().out
+    assert "split layout, 8 row(s): worst s/step error -9.3% (run-b8 one-step)" in out
+    assert "all within 10%" in out
+    assert "ray layout, 2 row(s): worst s/step error -13.9% (ray-2 fully-async), worst speedup error +23.1%" in out
+    assert "NOT all within 10%: treat this kind of prediction as rough" in out
+
+
+def test_validate_stores_its_held_out_summary_in_the_costs_file_it_writes(tmp_path):
+    from harness.advise.validate import main as validate_main
+
+    root = Path(__file__).resolve().parents[2]
+    rc = validate_main(["--calibrate", str(root / "results/cpu/run-a/results.json"), "--predict",
+                        str(root / "results/cpu/run-b/results.json"), "--out", str(tmp_path), "--name", "_t"])
+    assert rc == 0
+    v = load_costs(tmp_path / "cpu_costs_t.json").fit["validation"]
+    assert v["report"].endswith("validation_t.md")
+    held = v["held_out"]["split"]
+    assert held["rows"] == 3 and set(held) >= {"worst_step_error", "worst_speedup_error", "within_target"}
