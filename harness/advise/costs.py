@@ -75,6 +75,9 @@ class CostModel:
     train_per_token_s: float
     weight_sync_s: float
     pause_resume_s: float = 0.0
+    # one prefill batch's fixed cost, paid by each engine step that admits requests (fit_costs, from
+    # the calibration engine's own step times: admitting steps minus decode-only ones); 0: not measured
+    prefill_base_s: float = 0.0
     # contention (harness.sim.contention, fitted by fit_contention): while the trainer trains
     # an engine step costs (1 + contention_engine) times as much; while an engine decodes a
     # training step runs at 1 / (1 + contention_trainer) of its rate. 0: the sides are independent
@@ -111,7 +114,8 @@ class CostModel:
         return SimEngineConfig(max_running=max(1, int(round(self.max_running * g))),
                                decode_base_s=max(self.decode_base_s / g, 1e-12),
                                decode_per_seq_s=self.decode_per_seq_s / g,
-                               prefill_per_token_s=self.prefill_per_token_s / g, prompt_tokens=self.prompt_tokens,
+                               prefill_per_token_s=self.prefill_per_token_s / g,
+                               prefill_base_s=self.prefill_base_s / g, prompt_tokens=self.prompt_tokens,
                                response_length=self.length_dist(), seed=seed)
 
     def trainer_config(self, trainer_gpus: int = 1) -> SimTrainerConfig:
@@ -176,6 +180,9 @@ class Observations:
     # simulated run) and the mode's resolved flags: what repeat_scale and fit_contention read
     repeats: dict[str, list[dict[str, Any]]] | None = None
     configs: dict[str, dict[str, Any]] | None = None
+    # the calibration mode's engine, timed by itself (a results file's extra.engines[mode].rows,
+    # harness.measure.engines) when the run had one engine and recorded its admitting steps
+    engine_steps: dict[str, Any] | None = None
 
 
 def _per_step_spans(phases: list[list[Any]]) -> list[dict[str, float]]:
@@ -285,9 +292,11 @@ def observations_from_results(path: str | Path, *, mode: str = "sync", trace: st
         raise ConfigError(f"results file {path}: mode {mode!r} has no per-step history with tokens")
     if not max_new:
         max_new = max(max(s.lengths) for s in steps)
+    engine_rows = extra.get("engines", {}).get(mode, {}).get("rows") or []
+    engine_steps = engine_rows[0] if len(engine_rows) == 1 and engine_rows[0].get("step_ms_admitting") else None
     return Observations(mode=mode, steps=steps, max_running=max_running, prompt_tokens=prompt or 0,
                         max_new_tokens=max_new, lengths_exact=False, source=str(path), fully_async_sync_s=fa_sync,
-                        repeats=extra.get("repeats"), configs=config.get("modes"))
+                        repeats=extra.get("repeats"), configs=config.get("modes"), engine_steps=engine_steps)
 
 
 # --- the fit ------------------------------------------------------------------------------
@@ -305,6 +314,38 @@ def replay_steps(lengths: Iterable[int], max_running: int) -> int:
         heapq.heappush(slots, end)
         makespan = max(makespan, end)
     return makespan
+
+
+def replay_admissions(lengths: Iterable[int], max_running: int) -> int:
+    """Of the engine steps ``replay_steps`` counts, those that admit requests (each runs one
+    prefill batch): the distinct start steps of the FIFO schedule."""
+    slots: list[int] = []
+    starts: set[int] = set()
+    for n in lengths:
+        start = heapq.heappop(slots) if len(slots) >= max_running else 0
+        starts.add(start)
+        heapq.heappush(slots, start + max(1, int(n)))
+    return len(starts)
+
+
+def _prefill_base(obs: Observations, per_token_kept: bool) -> tuple[float, dict[str, Any]]:
+    """One prefill batch's fixed cost from the engine's own step times: a step that admits
+    runs a prefill forward before its decode (``harness.backends.torch_engine``, as an
+    SGLang prefill batch), so admitting minus decode-only steps is its cost. Not
+    identifiable from phase times alone: with equal lengths every wave admits once and has
+    the same number of decode steps, so the two costs move together."""
+    es = obs.engine_steps
+    if not es or es.get("step_ms_decode_only") is None or not es.get("steps_admitting"):
+        return 0.0, {"source": "none: the input has no engine step times split by admission (the split layout, or a "
+                               "run recorded before them): 0, folded into decode_base_s"}
+    if per_token_kept:
+        return 0.0, {"source": "not fitted: prefill_per_token_s was identifiable and already carries the admitting "
+                               "steps' extra time"}
+    value = max(0.0, (es["step_ms_admitting"] - es["step_ms_decode_only"]) / 1e3)
+    return value, {"source": "the calibration engine's mean admitting step minus its mean decode-only step "
+                             "(harness.measure.engines, first repeat)", "step_ms_admitting": es["step_ms_admitting"],
+                   "step_ms_decode_only": es["step_ms_decode_only"], "steps_admitting": es["steps_admitting"],
+                   "value_s": value}
 
 
 def _lstsq(columns: dict[str, list[float]], y: list[float], drop_order: list[str]) -> dict[str, Any]:
@@ -381,6 +422,11 @@ def fit_costs(obs: Observations, *, warmup_steps: int = 1) -> CostModel:
     if obs.prompt_tokens > 0:
         cols["prefill_per_token_s"] = pre
     eng = _lstsq(cols, [s.generating_s for s in steps], ["prefill_per_token_s", "decode_per_seq_s", "decode_base_s"])
+    prefill_base, prefill_base_fit = _prefill_base(obs, "prefill_per_token_s" in eng["coef"])
+    if prefill_base > 0:  # the decode costs are what is left of each step's generating time
+        admits = [float(replay_admissions(s.lengths, obs.max_running)) for s in steps]
+        eng = _lstsq(cols, [s.generating_s - prefill_base * a for s, a in zip(steps, admits)],
+                     ["prefill_per_token_s", "decode_per_seq_s", "decode_base_s"])
     for name in eng["dropped"]:
         notes.append(f"engine {name}: not identifiable from this run (its column moves with the others), set to 0 "
                      "and its cost folded into the kept coefficients; extrapolation in "
@@ -411,7 +457,7 @@ def fit_costs(obs: Observations, *, warmup_steps: int = 1) -> CostModel:
     rollout_latency = float(np.mean([max(0.0, s.waiting_s - s.generating_s) for s in steps]))
     fit = {
         "source": obs.source, "mode": obs.mode, "steps": len(steps), "warmup_steps_skipped": warmup_steps,
-        "engine": eng, "trainer": trn,
+        "engine": eng, "prefill_base": prefill_base_fit, "trainer": trn,
         "response_length": lstats,
         "weight_sync": {"mean_s": ws, "cv": float(sync.std() / ws) if ws else 0.0, "n": len(sync)},
         "pause_resume": pause_fit,
@@ -420,7 +466,8 @@ def fit_costs(obs: Observations, *, warmup_steps: int = 1) -> CostModel:
         "notes": notes,
     }
     costs = CostModel(decode_base_s=a if a > 0 else 1e-9, decode_per_seq_s=b,
-                      prefill_per_token_s=eng["coef"].get("prefill_per_token_s", 0.0), max_running=obs.max_running,
+                      prefill_per_token_s=eng["coef"].get("prefill_per_token_s", 0.0), prefill_base_s=prefill_base,
+                      max_running=obs.max_running,
                       prompt_tokens=obs.prompt_tokens, max_new_tokens=obs.max_new_tokens, response_length=length,
                       train_base_s=trn["coef"].get("train_base_s", 0.0),
                       train_per_token_s=trn["coef"].get("train_per_token_s", 0.0), weight_sync_s=ws,
@@ -475,7 +522,8 @@ def repeat_scale(obs: Observations, costs: CostModel) -> CostModel:
                                                    "repeat's (whose timeline the fit read)"}}
     return dataclasses.replace(costs, decode_base_s=costs.decode_base_s * e,
                                decode_per_seq_s=costs.decode_per_seq_s * e,
-                               prefill_per_token_s=costs.prefill_per_token_s * e, train_base_s=costs.train_base_s * t,
+                               prefill_per_token_s=costs.prefill_per_token_s * e,
+                               prefill_base_s=costs.prefill_base_s * e, train_base_s=costs.train_base_s * t,
                                train_per_token_s=costs.train_per_token_s * t, weight_sync_s=costs.weight_sync_s * w,
                                fit=fit)
 

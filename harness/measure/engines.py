@@ -13,10 +13,16 @@ milliseconds, ``step_ms``, ``step_ms_training`` and ``step_ms_not_training`` (No
 there was no such step). On hardware the engines and the trainer share, the ratio of these
 to the same engine's sync-mode ``step_ms`` is the contention as the engine itself saw it,
 step by step (``harness.advise.validate`` prints it next to the simulator's factors).
+And split by whether the step admitted requests (an ``admitted`` event of the engine inside
+``[t - dur_s, t]``: the step ran a prefill batch before its decode): ``steps_admitting``,
+``step_ms_admitting`` and ``step_ms_decode_only``; their difference in a sync run is what
+one prefill batch costs beyond its tokens (``harness.advise.costs`` fits ``prefill_base_s``
+from it).
 """
 
 from __future__ import annotations
 
+import bisect
 from typing import Any
 
 from miles_async_core import events as ev
@@ -33,6 +39,8 @@ def per_engine_rows(events: list[Any], window: tuple[float, float]) -> list[dict
         busy = total(merge([(e.t - e["dur_s"], e.t) for e in steps]), window)
         inside = [e for e in steps if window[0] <= e.t <= window[1]]
         tokens = sum(len(e["indices"]) for e in inside)
+        admitted = sorted(e.t for e in events if e.kind == ev.ADMITTED and e.fields.get("engine") == k)
+        admitting = [e for e in inside if _any_in(admitted, e.t - e["dur_s"], e.t)]
         under = [e for e in inside if 2 * _overlap(e.t - e["dur_s"], e.t, training) >= e["dur_s"] > 0]
         under_ids = {id(e) for e in under}
         rest = [e for e in inside if id(e) not in under_ids]
@@ -40,6 +48,9 @@ def per_engine_rows(events: list[Any], window: tuple[float, float]) -> list[dict
                                                   and e.fields.get("engine") == k),
                      "decode_steps": len(inside), "steps_training": len(under), "step_ms": _mean_ms(inside),
                      "step_ms_training": _mean_ms(under), "step_ms_not_training": _mean_ms(rest),
+                     "steps_admitting": len(admitting), "step_ms_admitting": _mean_ms(admitting),
+                     "step_ms_decode_only": _mean_ms([e for e in inside if not _any_in(admitted, e.t - e["dur_s"],
+                                                                                        e.t)]),
                      "tokens": tokens, "decode_busy_s": busy, "busy_share": busy / wall,
                      "tokens_per_s": tokens / wall,
                      "loads": sum(1 for e in events if e.kind == ev.ENGINE_LOADED and e["engine"] == k),
@@ -50,6 +61,11 @@ def per_engine_rows(events: list[Any], window: tuple[float, float]) -> list[dict
 
 def _overlap(t0: float, t1: float, iv: list[tuple[float, float]]) -> float:
     return sum(max(0.0, min(t1, b) - max(t0, a)) for a, b in iv if a < t1 and b > t0)
+
+
+def _any_in(sorted_times: list[float], t0: float, t1: float) -> bool:
+    i = bisect.bisect_left(sorted_times, t0)
+    return i < len(sorted_times) and sorted_times[i] <= t1
 
 
 def _mean_ms(steps: list[Any]) -> float | None:

@@ -1,9 +1,10 @@
 """A simulated rollout engine with continuous batching, on (virtual) asyncio time.
 
 Cost model: every engine step decodes one token for each running request and costs
-``decode_base_s + decode_per_seq_s * running``; a step that admits requests also pays
-``prefill_per_token_s`` per prefilled token (prompt, plus the tokens already generated
-for a retracted request). Requests join and leave the batch only between steps.
+``decode_base_s + decode_per_seq_s * running``; a step that admits requests also runs
+one prefill batch before its decode: ``prefill_base_s`` (the batch's fixed cost, as a
+real engine's separate prefill forward) plus ``prefill_per_token_s`` per prefilled token
+(prompt, plus the tokens already generated for a retracted request). Requests join and leave the batch only between steps.
 Response lengths come from a seeded distribution keyed by (seed, index, retry), so the
 same sample gets the same length whatever the schedule, and are capped at
 ``max_new_tokens`` (status TRUNCATED).
@@ -140,6 +141,7 @@ class SimEngineConfig:
     decode_base_s: float = 0.02
     decode_per_seq_s: float = 0.0002
     prefill_per_token_s: float = 0.00002
+    prefill_base_s: float = 0.0  # per step that admits requests (one prefill batch)
     prompt_tokens: int = 64
     response_length: LengthDist = field(default_factory=LengthDist)
     request_failure_rate: float = 0.0
@@ -149,7 +151,7 @@ class SimEngineConfig:
         if not self.decode_base_s > 0:
             raise ConfigError(f"engine.decode_base_s = {self.decode_base_s!r}: must be > 0 (a decode step takes time); "
                               "fix: give a positive number of seconds, e.g. 0.02")
-        for name in ("decode_per_seq_s", "prefill_per_token_s", "request_failure_rate"):
+        for name in ("decode_per_seq_s", "prefill_per_token_s", "prefill_base_s", "request_failure_rate"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"engine.{name} = {getattr(self, name)!r}: must be >= 0; fix: use 0 or a positive value")
         if self.max_running < 1:
@@ -417,6 +419,7 @@ class SimEngine:
     def _start_segment(self, now: float) -> None:
         prefill = 0
         waiting, running, heap, finishing = self.waiting, self.running, self._heap, self._finishing
+        before = len(running)
         max_running = self.cfg.max_running
         step, version = self._step, self.weight_version
         sink = self.sink if self.sink.enabled else None
@@ -441,7 +444,10 @@ class SimEngine:
                 sink.emit(ev.ADMITTED, index=req.index, version=version, prefix_tokens=prefix)
         self.stats["prefill_tokens"] += prefill
         slow = self._slow
-        self._seg = (now, prefill * self.cfg.prefill_per_token_s * slow, self._step_cost() * slow, self._step)
+        extra = prefill * self.cfg.prefill_per_token_s
+        if len(running) > before:  # one prefill batch
+            extra += self.cfg.prefill_base_s
+        self._seg = (now, extra * slow, self._step_cost() * slow, self._step)
         self._set_busy(bool(self.running) and not self.paused)
         self._schedule()
 

@@ -7,11 +7,12 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from harness.advise.costs import CostModel, fit_costs, load_costs, observations_from_events, \
-    observations_from_results, replay_steps
+    observations_from_results, replay_admissions, replay_steps
 from harness.advise.predict import Layout, check_layout, parse_target, predict, recommend, simulate_layout
 from harness.cli import main as cli_main
 from harness.measure.overlap import measurement_window, phase_spans
@@ -217,3 +218,41 @@ def test_validate_stores_its_held_out_summary_in_the_costs_file_it_writes(tmp_pa
     assert v["report"].endswith("validation_t.md")
     held = v["held_out"]["split"]
     assert held["rows"] == 3 and set(held) >= {"worst_step_error", "worst_speedup_error", "within_target"}
+
+
+WAVES = dataclasses.replace(KNOWN, decode_per_seq_s=0.0, prefill_per_token_s=0.0, prefill_base_s=0.006,
+                            response_length={"kind": "fixed", "median": 6.0}, max_new_tokens=6)
+
+
+def _waves_obs() -> Any:
+    sync = simulate_layout(WAVES, SYNC, Layout(), detail=True)
+    assert sync.error is None
+    return observations_from_events(sync.events, mode="sync", samples_per_step=32, max_running=16,
+                                    prompt_tokens=None, max_new_tokens=6)
+
+
+def test_a_prefill_batch_costs_its_base_once_per_admitting_step():
+    """32 requests of 6 tokens in 16 slots: 2 waves, each one admitting step, 12 decode
+    steps in all; the sync step's generating time is 12 * decode_base + 2 * prefill_base."""
+    obs = _waves_obs()
+    assert replay_admissions([6] * 32, 16) == 2 and replay_steps([6] * 32, 16) == 12
+    for s in obs.steps[1:]:
+        assert s.generating_s == pytest.approx(12 * 0.004 + 2 * 0.006, rel=1e-9)
+
+
+def test_fit_takes_the_prefill_base_from_the_engines_own_steps_and_leaves_decode_its_own_cost():
+    """With equal lengths the phase times cannot split a wave's prefill from its decode
+    steps (without the engine's step times it is folded into decode_base_s); the engine's
+    admitting minus decode-only step time gives it, and decode_base_s comes out exact."""
+    obs = _waves_obs()
+    folded = fit_costs(obs)
+    assert folded.prefill_base_s == 0.0 and "none" in folded.fit["prefill_base"]["source"]
+    assert folded.decode_base_s == pytest.approx(0.004 + 2 * 0.006 / 12, rel=1e-6)
+    obs.engine_steps = {"step_ms_admitting": 10.0, "step_ms_decode_only": 4.0, "steps_admitting": 38}
+    fitted = fit_costs(obs)
+    assert fitted.prefill_base_s == pytest.approx(0.006, rel=1e-9)
+    assert fitted.decode_base_s == pytest.approx(0.004, rel=1e-6)
+    assert fitted.fit["prefill_base"]["value_s"] == pytest.approx(0.006)
+    assert predict(fitted, SYNC, Layout())["step_s"] == pytest.approx(predict(WAVES, SYNC, Layout())["step_s"],
+                                                                     rel=1e-6)
+    assert fitted.engine_config(gpus_per_engine=2).prefill_base_s == pytest.approx(0.003)

@@ -31,6 +31,7 @@ def _trace() -> list:
     # with 4 of its 10 ms inside training (not "under training": less than half)
     at(0.10, ev.DECODE_STEP, indices=[1, 2], version=0, dur_s=0.010, engine=0)
     at(0.50, ev.DECODE_STEP, indices=[1, 2], version=0, dur_s=0.010, engine=0)
+    at(0.495, ev.ADMITTED, index=1, version=0, prefix_tokens=3, engine=0)  # inside engine 0's step at 0.50
     at(1.00, ev.PHASE_START, side="train", phase="training")
     at(1.004, ev.DECODE_STEP, indices=[1], version=0, dur_s=0.010, engine=0)
     at(1.50, ev.DECODE_STEP, indices=[1], version=0, dur_s=0.030, engine=0)
@@ -52,6 +53,9 @@ def test_steps_are_split_by_training_overlap():
     assert e1["decode_steps"] == 2 and e1["steps_training"] == 2
     assert e1["step_ms_training"] == pytest.approx(20.0)
     assert e1["step_ms_not_training"] is None
+    assert e0["steps_admitting"] == 1 and e0["step_ms_admitting"] == pytest.approx(10.0)
+    assert e0["step_ms_decode_only"] == pytest.approx(50.0 / 3)
+    assert e1["steps_admitting"] == 0 and e1["step_ms_admitting"] is None  # engine 0's admission is not its
 
 
 def test_table_shows_the_split_and_dashes_for_none():
