@@ -1,0 +1,94 @@
+"""The Ray-layout validation, made several times over: how much its verdict moves from run to run.
+
+On a shared 2-core host the same pair of runs (the Ray layout with 1 engine, then with 2)
+measures differently each time, so one validation's held-out errors are one draw. This
+makes ``--runs`` fresh pairs back to back (each as ``make results`` makes
+``results/advise/runs/ray-1`` and ``results/cpu/ray-2``: 4 interleaved repeats of sync,
+one-step and fully-async), validates each exactly as ``harness.advise.validate`` does
+(calibrate on the 1-engine run and the 2-engine run's sync mode, predict the 2-engine
+run's overlapped modes), and writes every run's held-out errors and their range.
+
+    python -m harness.advise.validate_runs --runs 3 --out results/advise/validation_ray_runs.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from harness.advise.validate import summary, validate
+from harness.results.schema import git_info, utc_now
+
+RUN = ["-m", "harness.cli", "run", "--layout", "ray", "--repeats", "4", "--no-plots",
+       "--modes", "sync,one-step,fully-async"]
+
+
+def one_run(work: Path) -> dict[str, Any]:
+    """One pair of runs and its validation: per held-out row, the s/step and speedup errors."""
+    paths = {}
+    for n in (1, 2):
+        out = work / f"ray-{n}"
+        subprocess.run([sys.executable] + RUN + ["--num-engines", str(n), "--out", str(out)], check=True,
+                       stdout=subprocess.DEVNULL)
+        paths[n] = str(out / "results.json")
+    report = validate(paths[1], [], paths[2])
+    rows = [{"engines": r["engines"], "mode": r["mode"], "step_error": r["step_error"],
+             "speedup_error": r.get("speedup_error"), "measured_step_s": r["measured_step_s"],
+             "predicted_step_s": r["predicted_step_s"], "measured_speedup": r["measured_speedup"],
+             "predicted_speedup": r["predicted_speedup"]}
+            for r in report["rows"] if r["engines"] == 2 and r["mode"] != "sync"]
+    return {"rows": rows, "summary": summary(report).get("ray"),
+            "prefill_base_s": report["costs"]["prefill_base_s"], "engine_slots": report["costs"]["engine_slots"]}
+
+
+def ranges(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per held-out mode, the range of each error over the runs, and how many runs had every
+    held-out row within 10%."""
+    out: dict[str, Any] = {}
+    for mode in ("one-step", "fully-async"):
+        for key in ("step_error", "speedup_error"):
+            vals = [r[key] for run in runs for r in run["rows"] if r["mode"] == mode and r[key] is not None]
+            if vals:
+                out[f"{mode}/{key}"] = {"min": min(vals), "max": max(vals), "n": len(vals)}
+    out["runs_within_10pct"] = sum(1 for run in runs if run["summary"] and run["summary"]["within_target"])
+    out["runs"] = len(runs)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m harness.advise.validate_runs", description=__doc__.split("\n")[0])
+    p.add_argument("--runs", type=int, default=3, help="fresh pairs of Ray runs to make and validate (default 3)")
+    p.add_argument("--out", default="results/advise/validation_ray_runs.json")
+    args = p.parse_args(argv)
+    if args.runs < 1:
+        raise SystemExit(f"--runs {args.runs}: must be >= 1; fix: e.g. --runs 3")
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="ray-validation-") as tmp:
+        for i in range(args.runs):
+            runs.append(one_run(Path(tmp) / f"run{i}"))
+            s = runs[-1]["summary"]
+            print(f"run {i + 1}/{args.runs}: " + ", ".join(f"{r['mode']} s/step {r['step_error']:+.1%} speedup "
+                                                          f"{r['speedup_error']:+.1%}" for r in runs[-1]["rows"])
+                  + ("; all within 10%" if s and s["within_target"] else "; NOT all within 10%"), flush=True)
+    git = git_info()
+    doc = {"command": "python -m harness.advise.validate_runs " + " ".join(argv if argv is not None else sys.argv[1:]),
+           "created_utc": utc_now(), "git_commit": git["commit"] if git else None,
+           "git_dirty": git["dirty"] if git else None, "runs": runs, "range": ranges(runs)}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    r = doc["range"]
+    for k, v in r.items():
+        if isinstance(v, dict):
+            print(f"{k}: {v['min']:+.1%} .. {v['max']:+.1%} over {v['n']} run(s)")
+    print(f"runs with every held-out row within 10%: {r['runs_within_10pct']} of {r['runs']}; wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

@@ -1,0 +1,23 @@
+"""``harness.advise.validate_runs``: the range of the Ray validation's held-out errors over
+several runs (the runs themselves take minutes each and are made by ``make results``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.advise.validate_runs import ranges
+
+
+def _run(os_step, os_speed, fa_step, fa_speed):
+    rows = [{"mode": "one-step", "step_error": os_step, "speedup_error": os_speed},
+            {"mode": "fully-async", "step_error": fa_step, "speedup_error": fa_speed}]
+    within = all(abs(x) <= 0.10 for x in (os_step, os_speed, fa_step, fa_speed))
+    return {"rows": rows, "summary": {"within_target": within}}
+
+
+def test_ranges_span_every_run_and_count_the_runs_within_target():
+    r = ranges([_run(-0.05, 0.01, -0.139, 0.231), _run(-0.091, 0.011, 0.002, -0.023)])
+    assert r["fully-async/step_error"] == {"min": pytest.approx(-0.139), "max": pytest.approx(0.002), "n": 2}
+    assert r["fully-async/speedup_error"]["max"] == pytest.approx(0.231)
+    assert r["one-step/step_error"]["min"] == pytest.approx(-0.091)
+    assert r["runs_within_10pct"] == 1 and r["runs"] == 2
