@@ -78,7 +78,8 @@ def format_validation(v: dict[str, Any] | None) -> str:
     (``harness.advise.validate`` stores it in the costs file), or '' if it was not validated."""
     if not v or not v.get("held_out"):
         return ""
-    lines = [f"this calibration on held-out measured runs ({v['report']}):"]
+    lines = [f"this calibration on held-out measured runs (one validation, {v['report']}; a shared host's "
+             "run-to-run spread can move these by several points: python -m harness.advise.validate_runs):"]
     for layout, s in v["held_out"].items():
         lines.append(f"  {layout} layout, {s['rows']} row(s): worst s/step error {s['worst_step_error']:+.1%} "
                      f"({s['worst_step_row']}), worst speedup error {s['worst_speedup_error']:+.1%} "
