@@ -302,30 +302,30 @@ def observations_from_results(path: str | Path, *, mode: str = "sync", trace: st
 # --- the fit ------------------------------------------------------------------------------
 
 
-def replay_steps(lengths: Iterable[int], max_running: int) -> int:
-    """Engine steps to serve ``lengths`` submitted at once: FIFO admission into
-    ``max_running`` slots, one token per running request per step (the simulator's
-    schedule)."""
+def _replay(lengths: Iterable[int], max_running: int) -> tuple[int, int]:
+    """The simulator's schedule for ``lengths`` submitted at once (FIFO admission into
+    ``max_running`` slots, one token per running request per step): its engine steps and
+    how many of them admit requests (the distinct start steps; each runs one prefill batch)."""
     slots: list[int] = []
+    starts: set[int] = set()
     makespan = 0
     for n in lengths:
         start = heapq.heappop(slots) if len(slots) >= max_running else 0
+        starts.add(start)
         end = start + max(1, int(n))
         heapq.heappush(slots, end)
         makespan = max(makespan, end)
-    return makespan
+    return makespan, len(starts)
+
+
+def replay_steps(lengths: Iterable[int], max_running: int) -> int:
+    """Engine steps to serve ``lengths`` submitted at once (``_replay``)."""
+    return _replay(lengths, max_running)[0]
 
 
 def replay_admissions(lengths: Iterable[int], max_running: int) -> int:
-    """Of the engine steps ``replay_steps`` counts, those that admit requests (each runs one
-    prefill batch): the distinct start steps of the FIFO schedule."""
-    slots: list[int] = []
-    starts: set[int] = set()
-    for n in lengths:
-        start = heapq.heappop(slots) if len(slots) >= max_running else 0
-        starts.add(start)
-        heapq.heappush(slots, start + max(1, int(n)))
-    return len(starts)
+    """Of the engine steps ``replay_steps`` counts, those that admit requests (``_replay``)."""
+    return _replay(lengths, max_running)[1]
 
 
 def _prefill_base(obs: Observations, per_token_kept: bool) -> tuple[float, dict[str, Any]]:

@@ -41,6 +41,7 @@ from miles_async_core.config import AsyncConfig
 from harness.advise.costs import (CostModel, fit_costs, fit_engine_sharing, observations_from_results,
                                   replay_steps)
 from harness.advise.predict import Layout, predict, predict_sync
+from harness.sim.contention import Contention
 
 MODES = ("sync", "one-step", "fully-async")
 
@@ -163,8 +164,9 @@ def _engine_steps(engines: list[dict[str, Any]], costs: CostModel, config: Async
                   n: int) -> dict[str, Any] | None:
     """The engines' own decode-step times of the first repeat (``harness.measure.engines``:
     mean over the engines of each part, milliseconds) with the factor the simulator applies
-    to a step in each part when all ``n`` engines decode: ``max(1, n / engine_slots)``, times
-    ``1 + engine contention`` of the mode under training. None for a results file without
+    to a step in each part when all ``n`` engines decode (``Contention.engine_factor``: the
+    sharing ``max(1, n / engine_slots)``, times ``1 + engine contention`` of the mode under
+    training). None for a results file without
     them (the split layout, or a run made before they were recorded)."""
     rows = [e for e in engines if e.get("step_ms") is not None]
     if not rows:
@@ -174,11 +176,14 @@ def _engine_steps(engines: list[dict[str, Any]], costs: CostModel, config: Async
         vals = [e[key] for e in rows if e.get(key) is not None]
         return sum(vals) / len(vals) if vals else None
 
-    sharing = n / costs.engine_slots if costs.engine_slots and n > 1 and n > costs.engine_slots else 1.0
-    engine_c = costs.contention_for(config)[0] if config.driver != "train" else 0.0
+    model = Contention(engine=costs.contention_for(config)[0] if config.driver != "train" else 0.0, trainer=0.0,
+                       engine_slots=costs.engine_slots)
+    model.busy = n
+    factor_not_training = model.engine_factor()
+    model.training = True
     return {"step_ms": mean("step_ms"), "step_ms_training": mean("step_ms_training"),
             "step_ms_not_training": mean("step_ms_not_training"),
-            "model_factor_training": sharing * (1.0 + engine_c), "model_factor_not_training": sharing}
+            "model_factor_training": model.engine_factor(), "model_factor_not_training": factor_not_training}
 
 
 def _steps_table(rows: list[dict[str, Any]]) -> list[str]:

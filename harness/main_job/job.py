@@ -51,7 +51,7 @@ from miles_async_core.types import SamplingParams
 from harness.measure.ages import AgeRecorder
 from harness.measure import cpu_use
 from harness.measure.memory import PeakRss, read_peak_rss_bytes
-from harness.measure.self_cost import SelfCost, process_cpu_s
+from harness.measure.self_cost import SelfCost
 from harness.measure.overlap import ideal_speedup, measurement_window, overlap_metrics
 from harness.sim.simulate import emit_run_end, histogram
 from harness.trace import TraceRecorder
@@ -231,15 +231,15 @@ def run_mode(mode: str, base: AsyncConfig, spec: RunSpec, *, on_step: Callable[[
         holder["ctx"] = ctx
         child = getattr(getattr(engine, "process", None), "pid", None)  # the split layout's engine process
         engine_pids = [child] if child is not None else _engine_pids(holder["engine"])
-        cpu0, use0 = _cpu_now(child), cpu_use.snapshot(engine_pids)
+        use0 = cpu_use.snapshot(engine_pids)
         holder["t0"] = loop.time()
         try:
             await run(ctx)
         finally:
             holder["t1"] = loop.time()
-            cpu1, use1 = _cpu_now(child), cpu_use.snapshot(engine_pids)
-            holder["run_cpu_s"] = cpu1 - cpu0 if cpu0 is not None and cpu1 is not None else None
+            use1 = cpu_use.snapshot(engine_pids)
             holder["cpu_use"] = cpu_use.cores(use0, use1, holder["t1"] - holder["t0"])
+            holder["run_cpu_s"] = _run_cpu_s(use0, use1, split=child is not None)
             emit_run_end(ctx)  # a no-op on the NullSink
             holder["engine_peak"] = read_peak_rss_bytes(child) if child is not None else None
             await _close(engine)
@@ -416,12 +416,14 @@ def _engine_pids(engine: Any) -> list[int]:
     return [c["pid"] for c in getattr(engine, "clock", []) if c.get("shared") and c.get("pid")]
 
 
-def _cpu_now(child: int | None) -> float | None:
-    """This process's CPU seconds plus the engine process's (None: the child's unreadable)."""
-    if child is None:
-        return process_cpu_s()
-    theirs = process_cpu_s(child)
-    return None if theirs is None else process_cpu_s() + theirs
+def _run_cpu_s(before: dict[str, Any], after: dict[str, Any], *, split: bool) -> float | None:
+    """CPU seconds between two ``cpu_use`` snapshots: this process, plus the split layout's
+    engine process (None: the engine's unreadable)."""
+    own = after["main"] - before["main"]
+    if not split:
+        return own
+    a, b = before["engines"][0], after["engines"][0]
+    return None if a is None or b is None else own + b - a
 
 
 async def _close(engine: Any) -> None:

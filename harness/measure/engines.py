@@ -40,27 +40,23 @@ def per_engine_rows(events: list[Any], window: tuple[float, float]) -> list[dict
         inside = [e for e in steps if window[0] <= e.t <= window[1]]
         tokens = sum(len(e["indices"]) for e in inside)
         admitted = sorted(e.t for e in events if e.kind == ev.ADMITTED and e.fields.get("engine") == k)
-        admitting = [e for e in inside if _any_in(admitted, e.t - e["dur_s"], e.t)]
-        under = [e for e in inside if 2 * _overlap(e.t - e["dur_s"], e.t, training) >= e["dur_s"] > 0]
-        under_ids = {id(e) for e in under}
-        rest = [e for e in inside if id(e) not in under_ids]
+        under, rest, admitting, decode_only = [], [], [], []
+        for e in inside:
+            t0 = e.t - e["dur_s"]
+            (under if 2 * total(training, (t0, e.t)) >= e["dur_s"] > 0 else rest).append(e)
+            (admitting if _any_in(admitted, t0, e.t) else decode_only).append(e)
         rows.append({"engine": k, "requests": sum(1 for e in events if e.kind == ev.FINISHED
                                                   and e.fields.get("engine") == k),
                      "decode_steps": len(inside), "steps_training": len(under), "step_ms": _mean_ms(inside),
                      "step_ms_training": _mean_ms(under), "step_ms_not_training": _mean_ms(rest),
                      "steps_admitting": len(admitting), "step_ms_admitting": _mean_ms(admitting),
-                     "step_ms_decode_only": _mean_ms([e for e in inside if not _any_in(admitted, e.t - e["dur_s"],
-                                                                                        e.t)]),
+                     "step_ms_decode_only": _mean_ms(decode_only),
                      "tokens": tokens, "decode_busy_s": busy, "busy_share": busy / wall,
                      "tokens_per_s": tokens / wall,
                      "loads": sum(1 for e in events if e.kind == ev.ENGINE_LOADED and e["engine"] == k),
                      "died": any(e.kind == ev.FAULT and e.fields.get("what") == "engine_died"
                                  and e.fields.get("engine") == k for e in events)})
     return rows
-
-
-def _overlap(t0: float, t1: float, iv: list[tuple[float, float]]) -> float:
-    return sum(max(0.0, min(t1, b) - max(t0, a)) for a, b in iv if a < t1 and b > t0)
 
 
 def _any_in(sorted_times: list[float], t0: float, t1: float) -> bool:
