@@ -8,13 +8,22 @@ one-step and fully-async), validates each exactly as ``harness.advise.validate``
 (calibrate on the 1-engine run and the 2-engine run's sync mode, predict the 2-engine
 run's overlapped modes), and writes every run's held-out errors and their range.
 
-    python -m harness.advise.validate_runs --runs 3 --out results/advise/validation_ray_runs.json
+With ``--keep DIR`` each pair's results files are kept (gzipped, ``DIR/run<i>/ray-<n>.json.gz``);
+``--rescore DIR`` validates the kept pairs again without running anything, so a change of
+the model is judged on the same measurements as the model before it (the pairs measured
+before a model change are what it was developed on, not a held-out test of it).
+
+    python -m harness.advise.validate_runs --runs 3 --keep results/advise/ray_pairs \
+        --out results/advise/validation_ray_runs.json
+    python -m harness.advise.validate_runs --rescore results/advise/ray_pairs --out /tmp/rescored.json
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -28,15 +37,25 @@ RUN = ["-m", "harness.cli", "run", "--layout", "ray", "--repeats", "4", "--no-pl
        "--modes", "sync,one-step,fully-async"]
 
 
-def one_run(work: Path) -> dict[str, Any]:
-    """One pair of runs and its validation: per held-out row, the s/step and speedup errors."""
+def one_run(work: Path, keep: Path | None = None) -> dict[str, Any]:
+    """One pair of runs and its validation: per held-out row, the s/step and speedup errors.
+    With ``keep`` the pair's results files are kept there, gzipped."""
     paths = {}
     for n in (1, 2):
         out = work / f"ray-{n}"
         subprocess.run([sys.executable] + RUN + ["--num-engines", str(n), "--out", str(out)], check=True,
                        stdout=subprocess.DEVNULL)
         paths[n] = str(out / "results.json")
-    report = validate(paths[1], [], paths[2])
+        if keep is not None:
+            keep.mkdir(parents=True, exist_ok=True)
+            with open(paths[n], "rb") as src, gzip.open(keep / f"ray-{n}.json.gz", "wb", compresslevel=9) as dst:
+                shutil.copyfileobj(src, dst)
+    return score(paths[1], paths[2])
+
+
+def score(one_engine: str, two_engines: str) -> dict[str, Any]:
+    """The validation of one pair of results files (1 engine, 2 engines)."""
+    report = validate(one_engine, [], two_engines)
     rows = [{"engines": r["engines"], "mode": r["mode"], "step_error": r["step_error"],
              "speedup_error": r.get("speedup_error"), "measured_step_s": r["measured_step_s"],
              "predicted_step_s": r["predicted_step_s"], "measured_speedup": r["measured_speedup"],
@@ -60,23 +79,60 @@ def ranges(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def rescore(kept: Path, work: Path) -> list[dict[str, Any]]:
+    """``score`` of every pair kept under ``kept`` (``run<i>/ray-{1,2}.json.gz``), in run order."""
+    dirs = sorted((d for d in kept.glob("run*") if (d / "ray-1.json.gz").is_file()
+                   and (d / "ray-2.json.gz").is_file()), key=lambda d: int(d.name[3:]) if d.name[3:].isdigit() else -1)
+    if not dirs:
+        raise SystemExit(f"--rescore {kept}: no kept pairs (run<i>/ray-1.json.gz and ray-2.json.gz) there; fix: "
+                         "make them with --keep DIR, or name the folder that holds them")
+    runs = []
+    for d in dirs:
+        paths = []
+        for n in (1, 2):
+            path = work / d.name / f"ray-{n}.json"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with gzip.open(d / f"ray-{n}.json.gz", "rb") as src, open(path, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+            paths.append(str(path))
+        runs.append({"pair": d.name, **score(*paths)})
+    return runs
+
+
+def _print_run(i: int, total: int, run: dict[str, Any]) -> None:
+    s = run["summary"]
+    print(f"run {i + 1}/{total}: " + ", ".join(f"{r['mode']} s/step {r['step_error']:+.1%} speedup "
+                                               f"{r['speedup_error']:+.1%}" for r in run["rows"])
+          + ("; all within 10%" if s and s["within_target"] else "; NOT all within 10%"), flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m harness.advise.validate_runs", description=__doc__.split("\n")[0])
     p.add_argument("--runs", type=int, default=3, help="fresh pairs of Ray runs to make and validate (default 3)")
     p.add_argument("--out", default="results/advise/validation_ray_runs.json")
+    p.add_argument("--keep", default=None, help="keep each pair's results files (gzipped) under this folder")
+    p.add_argument("--rescore", default=None, help="validate the pairs kept under this folder again; runs nothing")
     args = p.parse_args(argv)
     if args.runs < 1:
         raise SystemExit(f"--runs {args.runs}: must be >= 1; fix: e.g. --runs 3")
+    if args.keep and args.rescore:
+        raise SystemExit("--keep and --rescore: give one (--keep makes new pairs, --rescore reads kept ones)")
     runs = []
     with tempfile.TemporaryDirectory(prefix="ray-validation-") as tmp:
-        for i in range(args.runs):
-            runs.append(one_run(Path(tmp) / f"run{i}"))
-            s = runs[-1]["summary"]
-            print(f"run {i + 1}/{args.runs}: " + ", ".join(f"{r['mode']} s/step {r['step_error']:+.1%} speedup "
-                                                          f"{r['speedup_error']:+.1%}" for r in runs[-1]["rows"])
-                  + ("; all within 10%" if s and s["within_target"] else "; NOT all within 10%"), flush=True)
+        if args.rescore:
+            runs = rescore(Path(args.rescore), Path(tmp))
+            for i, run in enumerate(runs):
+                _print_run(i, len(runs), run)
+        else:
+            if args.keep and Path(args.keep).exists():
+                shutil.rmtree(args.keep)  # the kept pairs are this run's, not a mix with an earlier one's
+            for i in range(args.runs):
+                keep = Path(args.keep) / f"run{i}" if args.keep else None
+                runs.append({**({"pair": f"run{i}"} if keep else {}), **one_run(Path(tmp) / f"run{i}", keep)})
+                _print_run(i, args.runs, runs[-1])
     git = git_info()
     doc = {"command": "python -m harness.advise.validate_runs " + " ".join(argv if argv is not None else sys.argv[1:]),
+           **({"rescored": args.rescore} if args.rescore else {}),
            "created_utc": utc_now(), "git_commit": git["commit"] if git else None,
            "git_dirty": git["dirty"] if git else None, "runs": runs, "range": ranges(runs)}
     out = Path(args.out)

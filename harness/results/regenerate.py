@@ -77,10 +77,12 @@ STEPS: list[Step] = [
                                    "results/cpu/ray-2/results.json", "--out", "results/advise", "--name", "_ray"],
          ["results/advise/cpu_costs_ray.json", "results/advise/validation_ray.json",
           "results/advise/validation_ray.md"]),
-    # the same validation on 3 fresh pairs of Ray runs: how far its verdict moves run to run (about 33 min)
-    Step("advise_validation_ray_runs", [PY, "-m", "harness.advise.validate_runs", "--runs", "3", "--out",
+    # the same validation on 3 fresh pairs of Ray runs: how far its verdict moves run to run (about 33 min);
+    # the pairs are kept, so a later model can be rescored on them (--rescore)
+    Step("advise_validation_ray_runs", [PY, "-m", "harness.advise.validate_runs", "--runs", "3", "--keep",
+                                        "results/advise/ray_pairs", "--out",
                                         "results/advise/validation_ray_runs.json"],
-         ["results/advise/validation_ray_runs.json"]),
+         ["results/advise/validation_ray_runs.json", "results/advise/ray_pairs"]),
     Step("advise_scale", CLI + ["advise", "--costs", "results/advise/cpu_costs.json", "--engines", "16",
                                 "--gpus-per-engine", "8", "--trainer-gpus", "64", "--json", "--", "--fully-async",
                                 "--rollout-batch-size", "512", "--n-samples-per-prompt", "16", "--num-rollout", "200"],

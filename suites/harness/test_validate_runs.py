@@ -21,3 +21,19 @@ def test_ranges_span_every_run_and_count_the_runs_within_target():
     assert r["fully-async/speedup_error"]["max"] == pytest.approx(0.231)
     assert r["one-step/step_error"]["min"] == pytest.approx(-0.091)
     assert r["runs_within_10pct"] == 1 and r["runs"] == 2
+
+
+def test_rescore_without_kept_pairs_names_the_flag_and_the_fix(tmp_path):
+    from harness.advise.validate_runs import main
+
+    (tmp_path / "run0").mkdir()
+    (tmp_path / "run0" / "ray-1.json.gz").write_bytes(b"")  # ray-2 missing: not a pair
+    with pytest.raises(SystemExit, match=r"--rescore .*no kept pairs.*fix: make them with --keep DIR"):
+        main(["--rescore", str(tmp_path), "--out", str(tmp_path / "out.json")])
+
+
+def test_keep_and_rescore_together_are_refused(tmp_path):
+    from harness.advise.validate_runs import main
+
+    with pytest.raises(SystemExit, match="--keep and --rescore: give one"):
+        main(["--keep", str(tmp_path / "a"), "--rescore", str(tmp_path / "b")])
