@@ -31,10 +31,10 @@ from pathlib import Path
 from typing import Any
 
 from harness.advise.validate import summary, validate
+from harness.results.regenerate import RAY_RUN
 from harness.results.schema import git_info, utc_now
 
-RUN = ["-m", "harness.cli", "run", "--layout", "ray", "--repeats", "4", "--no-plots",
-       "--modes", "sync,one-step,fully-async"]
+RUN = ["-m", "harness.cli"] + RAY_RUN  # the flags make results' own Ray runs have
 
 
 def one_run(work: Path, keep: Path | None = None) -> dict[str, Any]:

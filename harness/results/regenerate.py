@@ -27,6 +27,9 @@ ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
 CLI = [PY, "-m", "harness.cli"]
 BENCH = [PY, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", "-m", "bench"]
+# the Ray layout's main-job runs, as the advisor's Ray validation calibrates and predicts them
+# (harness.advise.validate_runs makes its fresh pairs with the same flags)
+RAY_RUN = ["run", "--layout", "ray", "--repeats", "4", "--no-plots", "--modes", "sync,one-step,fully-async"]
 WRITE = {"MILES_HARNESS_WRITE_RESULTS": "1"}
 
 
@@ -55,11 +58,9 @@ STEPS: list[Step] = [
     # calibrates on ray-1, and on ray-2's sync mode for how two engines share the host); 4 repeats:
     # with 2, two runs at clean commits put the worst held-out row at -12.5% s/step (fully-async)
     # and at -14.3% speedup (one-step), the host's run-to-run spread being about the 10% target
-    Step("main_job_ray1", CLI + ["run", "--layout", "ray", "--num-engines", "1", "--repeats", "4", "--no-plots",
-                                 "--modes", "sync,one-step,fully-async", "--out", "results/advise/runs/ray-1"],
+    Step("main_job_ray1", CLI + RAY_RUN + ["--num-engines", "1", "--out", "results/advise/runs/ray-1"],
          ["results/advise/runs/ray-1"]),
-    Step("main_job_ray2", CLI + ["run", "--layout", "ray", "--num-engines", "2", "--repeats", "4", "--no-plots",
-                                 "--modes", "sync,one-step,fully-async", "--out", "results/cpu/ray-2"],
+    Step("main_job_ray2", CLI + RAY_RUN + ["--num-engines", "2", "--out", "results/cpu/ray-2"],
          ["results/cpu/ray-2"]),
     # held-out runs for the advisor's validation: another batch size and update interval
     Step("main_job_b8", CLI + ["run", "--repeats", "1", "--no-plots", "--modes", "sync,one-step,fully-async",
