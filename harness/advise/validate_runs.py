@@ -8,10 +8,14 @@ one-step and fully-async), validates each exactly as ``harness.advise.validate``
 (calibrate on the 1-engine run and the 2-engine run's sync mode, predict the 2-engine
 run's overlapped modes), and writes every run's held-out errors and their range.
 
-With ``--keep DIR`` each pair's results files are kept (gzipped, ``DIR/run<i>/ray-<n>.json.gz``);
-``--rescore DIR`` validates the kept pairs again without running anything, so a change of
-the model is judged on the same measurements as the model before it (the pairs measured
-before a model change are what it was developed on, not a held-out test of it).
+With ``--keep DIR`` each pair's results files are kept (gzipped, ``DIR/run<i>/ray-<n>.json.gz``)
+after the pairs already kept there, and the report covers every kept pair: the earlier ones
+validated again with the current model, the new ones marked ``new`` (each pair records the
+commit its runs were measured at; the pairs are measurements of the main job, which the
+model does not change). ``--rescore DIR`` validates the kept pairs again without running
+anything, so a change of the model is judged on the same measurements as the model before
+it (the pairs measured before a model change are what it was developed on, not a held-out
+test of it).
 
     python -m harness.advise.validate_runs --runs 3 --keep results/advise/ray_pairs \
         --out results/advise/validation_ray_runs.json
@@ -56,12 +60,16 @@ def one_run(work: Path, keep: Path | None = None) -> dict[str, Any]:
 def score(one_engine: str, two_engines: str) -> dict[str, Any]:
     """The validation of one pair of results files (1 engine, 2 engines)."""
     report = validate(one_engine, [], two_engines)
+    measured = {}
+    for n, path in ((1, one_engine), (2, two_engines)):
+        git = json.loads(Path(path).read_text()).get("git") or {}
+        measured[f"ray-{n}"] = {"commit": git.get("commit"), "dirty": git.get("dirty")}
     rows = [{"engines": r["engines"], "mode": r["mode"], "step_error": r["step_error"],
              "speedup_error": r.get("speedup_error"), "measured_step_s": r["measured_step_s"],
              "predicted_step_s": r["predicted_step_s"], "measured_speedup": r["measured_speedup"],
              "predicted_speedup": r["predicted_speedup"]}
             for r in report["rows"] if r["engines"] == 2 and r["mode"] != "sync"]
-    return {"rows": rows, "summary": summary(report).get("ray"),
+    return {"rows": rows, "summary": summary(report).get("ray"), "measured_at": measured,
             "prefill_base_s": report["costs"]["prefill_base_s"], "engine_slots": report["costs"]["engine_slots"]}
 
 
@@ -79,10 +87,16 @@ def ranges(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def kept_pairs(kept: Path) -> list[Path]:
+    """The pair folders under ``kept`` (``run<i>`` with both files), by ``i``."""
+    dirs = [d for d in kept.glob("run*") if d.name[3:].isdigit() and (d / "ray-1.json.gz").is_file()
+            and (d / "ray-2.json.gz").is_file()]
+    return sorted(dirs, key=lambda d: int(d.name[3:]))
+
+
 def rescore(kept: Path, work: Path) -> list[dict[str, Any]]:
     """``score`` of every pair kept under ``kept`` (``run<i>/ray-{1,2}.json.gz``), in run order."""
-    dirs = sorted((d for d in kept.glob("run*") if (d / "ray-1.json.gz").is_file()
-                   and (d / "ray-2.json.gz").is_file()), key=lambda d: int(d.name[3:]) if d.name[3:].isdigit() else -1)
+    dirs = kept_pairs(kept)
     if not dirs:
         raise SystemExit(f"--rescore {kept}: no kept pairs (run<i>/ray-1.json.gz and ray-2.json.gz) there; fix: "
                          "make them with --keep DIR, or name the folder that holds them")
@@ -124,17 +138,25 @@ def main(argv: list[str] | None = None) -> int:
             for i, run in enumerate(runs):
                 _print_run(i, len(runs), run)
         else:
-            if args.keep and Path(args.keep).exists():
-                shutil.rmtree(args.keep)  # the kept pairs are this run's, not a mix with an earlier one's
-            for i in range(args.runs):
+            earlier = kept_pairs(Path(args.keep)) if args.keep else []
+            if earlier:  # validated again with this model; the new pairs follow them
+                runs = [{**run, "new": False} for run in rescore(Path(args.keep), Path(tmp) / "kept")]
+                for i, run in enumerate(runs):
+                    _print_run(i, len(runs), run)
+                print(f"{len(runs)} kept pair(s) above; {args.runs} new below", flush=True)
+            first = int(earlier[-1].name[3:]) + 1 if earlier else 0
+            for i in range(first, first + args.runs):
                 keep = Path(args.keep) / f"run{i}" if args.keep else None
-                runs.append({**({"pair": f"run{i}"} if keep else {}), **one_run(Path(tmp) / f"run{i}", keep)})
-                _print_run(i, args.runs, runs[-1])
+                runs.append({**({"pair": f"run{i}"} if keep else {}), "new": True,
+                             **one_run(Path(tmp) / f"run{i}", keep)})
+                _print_run(i - first, args.runs, runs[-1])
     git = git_info()
     doc = {"command": "python -m harness.advise.validate_runs " + " ".join(argv if argv is not None else sys.argv[1:]),
            **({"rescored": args.rescore} if args.rescore else {}),
            "created_utc": utc_now(), "git_commit": git["commit"] if git else None,
-           "git_dirty": git["dirty"] if git else None, "runs": runs, "range": ranges(runs)}
+           "git_dirty": git["dirty"] if git else None, "runs": runs, "range": ranges(runs),
+           **({"range_new": ranges([r for r in runs if r.get("new")])} if any(r.get("new") is False for r in runs)
+              else {})}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")

@@ -78,8 +78,9 @@ STEPS: list[Step] = [
                                    "results/cpu/ray-2/results.json", "--out", "results/advise", "--name", "_ray"],
          ["results/advise/cpu_costs_ray.json", "results/advise/validation_ray.json",
           "results/advise/validation_ray.md"]),
-    # the same validation on 3 fresh pairs of Ray runs: how far its verdict moves run to run (about 33 min);
-    # the pairs are kept, so a later model can be rescored on them (--rescore)
+    # the same validation on 3 fresh pairs of Ray runs: how far its verdict moves run to run (about 30 min);
+    # the pairs are kept after the ones already kept, and the report covers them all (a later model is
+    # judged on every pair with --rescore)
     Step("advise_validation_ray_runs", [PY, "-m", "harness.advise.validate_runs", "--runs", "3", "--keep",
                                         "results/advise/ray_pairs", "--out",
                                         "results/advise/validation_ray_runs.json"],

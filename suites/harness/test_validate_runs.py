@@ -37,3 +37,34 @@ def test_keep_and_rescore_together_are_refused(tmp_path):
 
     with pytest.raises(SystemExit, match="--keep and --rescore: give one"):
         main(["--keep", str(tmp_path / "a"), "--rescore", str(tmp_path / "b")])
+
+
+def test_kept_pairs_come_in_number_order_and_need_both_files(tmp_path):
+    from harness.advise.validate_runs import kept_pairs
+
+    for name, files in (("run10", 2), ("run2", 2), ("run3", 1), ("runx", 2)):
+        (tmp_path / name).mkdir()
+        for n in range(1, files + 1):
+            (tmp_path / name / f"ray-{n}.json.gz").write_bytes(b"")
+    assert [d.name for d in kept_pairs(tmp_path)] == ["run2", "run10"]
+
+
+def test_the_committed_range_is_what_the_model_gives_on_its_kept_pairs(tmp_path):
+    """The committed range file's first pair, validated again from its kept results files:
+    the same held-out errors (a model change that moves them needs the file made again,
+    ``validate_runs --rescore results/advise/ray_pairs``)."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    from harness.advise.validate_runs import rescore
+
+    root = Path(__file__).resolve().parents[2] / "results/advise"
+    doc = json.loads((root / "validation_ray_runs.json").read_text())
+    first = doc["runs"][0]
+    shutil.copytree(root / "ray_pairs" / first["pair"], tmp_path / "kept" / first["pair"])
+    [again] = rescore(tmp_path / "kept", tmp_path / "work")
+    for mine, committed in zip(again["rows"], first["rows"], strict=True):
+        assert mine["mode"] == committed["mode"]
+        assert mine["step_error"] == pytest.approx(committed["step_error"], abs=1e-9)
+        assert mine["speedup_error"] == pytest.approx(committed["speedup_error"], abs=1e-9)
