@@ -20,6 +20,8 @@ test of it).
     python -m harness.advise.validate_runs --runs 3 --keep results/advise/ray_pairs \
         --out results/advise/validation_ray_runs.json
     python -m harness.advise.validate_runs --rescore results/advise/ray_pairs --out /tmp/rescored.json
+    python -m harness.advise.validate_runs --runs 0 --keep results/advise/ray_pairs \
+        --out results/advise/validation_ray_runs.json   # the kept pairs' report again, none new
 """
 
 from __future__ import annotations
@@ -67,21 +69,26 @@ def score(one_engine: str, two_engines: str) -> dict[str, Any]:
     rows = [{"engines": r["engines"], "mode": r["mode"], "step_error": r["step_error"],
              "speedup_error": r.get("speedup_error"), "measured_step_s": r["measured_step_s"],
              "predicted_step_s": r["predicted_step_s"], "measured_speedup": r["measured_speedup"],
-             "predicted_speedup": r["predicted_speedup"]}
+             "predicted_speedup": r["predicted_speedup"],
+             # each side's busy time per step, simulated over measured, minus 1 (validate's busy table)
+             **{f"{side}_error": r["predicted_busy_per_step_s"][side] / r["measured_busy_per_step_s"][side] - 1
+                for side in ("generating", "training", "weight_sync")
+                if r["measured_busy_per_step_s"].get(side) and side in r["predicted_busy_per_step_s"]}}
             for r in report["rows"] if r["engines"] == 2 and r["mode"] != "sync"]
     return {"rows": rows, "summary": summary(report).get("ray"), "measured_at": measured,
             "prefill_base_s": report["costs"]["prefill_base_s"], "engine_slots": report["costs"]["engine_slots"]}
 
 
 def ranges(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per held-out mode, the range of each error over the runs, and how many runs had every
-    held-out row within 10%."""
+    """Per held-out mode, the range and mean of each error over the runs (s/step, speedup, and
+    the busy time per step of each side), and how many runs had every held-out row within 10%."""
     out: dict[str, Any] = {}
     for mode in ("one-step", "fully-async"):
-        for key in ("step_error", "speedup_error"):
-            vals = [r[key] for run in runs for r in run["rows"] if r["mode"] == mode and r[key] is not None]
+        for key in ("step_error", "speedup_error", "generating_error", "training_error", "weight_sync_error"):
+            vals = [r[key] for run in runs for r in run["rows"] if r["mode"] == mode and r.get(key) is not None]
             if vals:
-                out[f"{mode}/{key}"] = {"min": min(vals), "max": max(vals), "n": len(vals)}
+                out[f"{mode}/{key}"] = {"min": min(vals), "max": max(vals), "mean": sum(vals) / len(vals),
+                                        "n": len(vals)}
     out["runs_within_10pct"] = sum(1 for run in runs if run["summary"] and run["summary"]["within_target"])
     out["runs"] = len(runs)
     return out
@@ -127,8 +134,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--keep", default=None, help="keep each pair's results files (gzipped) under this folder")
     p.add_argument("--rescore", default=None, help="validate the pairs kept under this folder again; runs nothing")
     args = p.parse_args(argv)
-    if args.runs < 1:
-        raise SystemExit(f"--runs {args.runs}: must be >= 1; fix: e.g. --runs 3")
+    if args.runs < (0 if args.keep else 1):
+        raise SystemExit(f"--runs {args.runs}: must be >= 1 (>= 0 with --keep: 0 validates the kept pairs again and "
+                         "makes none); fix: e.g. --runs 3")
     if args.keep and args.rescore:
         raise SystemExit("--keep and --rescore: give one (--keep makes new pairs, --rescore reads kept ones)")
     runs = []
@@ -143,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
                 runs = [{**run, "new": False} for run in rescore(Path(args.keep), Path(tmp) / "kept")]
                 for i, run in enumerate(runs):
                     _print_run(i, len(runs), run)
-                print(f"{len(runs)} kept pair(s) above; {args.runs} new below", flush=True)
+                if args.runs:
+                    print(f"{len(runs)} kept pair(s) above; {args.runs} new below", flush=True)
             first = int(earlier[-1].name[3:]) + 1 if earlier else 0
             for i in range(first, first + args.runs):
                 keep = Path(args.keep) / f"run{i}" if args.keep else None
@@ -155,15 +164,15 @@ def main(argv: list[str] | None = None) -> int:
            **({"rescored": args.rescore} if args.rescore else {}),
            "created_utc": utc_now(), "git_commit": git["commit"] if git else None,
            "git_dirty": git["dirty"] if git else None, "runs": runs, "range": ranges(runs),
-           **({"range_new": ranges([r for r in runs if r.get("new")])} if any(r.get("new") is False for r in runs)
-              else {})}
+           **({"range_new": ranges([r for r in runs if r.get("new")])}
+              if any(r.get("new") is False for r in runs) and any(r.get("new") for r in runs) else {})}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
     r = doc["range"]
     for k, v in r.items():
         if isinstance(v, dict):
-            print(f"{k}: {v['min']:+.1%} .. {v['max']:+.1%} over {v['n']} run(s)")
+            print(f"{k}: {v['min']:+.1%} .. {v['max']:+.1%} (mean {v['mean']:+.1%}) over {v['n']} run(s)")
     print(f"runs with every held-out row within 10%: {r['runs_within_10pct']} of {r['runs']}; wrote {out}")
     return 0
 

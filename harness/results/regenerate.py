@@ -8,6 +8,9 @@ outputs are whatever the command left. README's "Measured here" table cites thes
 (``harness.results.figures`` checks it in CI).
 
     python -m harness.results.regenerate [--only NAME,...] [--allow-dirty] [--list]
+
+A step marked optional runs only when ``--only`` names it (a cheaper remake of an output
+another step makes: the Ray validation's report from its kept pairs).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ class Step:
     outputs: list[str]
     env: dict[str, str] = field(default_factory=dict)
     stdout: str | None = None  # a file that receives the command's standard output
+    optional: bool = False  # run only when named (--only), not by make results
 
 
 STEPS: list[Step] = [
@@ -85,6 +89,11 @@ STEPS: list[Step] = [
                                         "results/advise/ray_pairs", "--out",
                                         "results/advise/validation_ray_runs.json"],
          ["results/advise/validation_ray_runs.json", "results/advise/ray_pairs"]),
+    # the same report from the kept pairs alone, after a change of the model or of the report (seconds)
+    Step("advise_validation_ray_rescore", [PY, "-m", "harness.advise.validate_runs", "--runs", "0", "--keep",
+                                           "results/advise/ray_pairs", "--out",
+                                           "results/advise/validation_ray_runs.json"],
+         ["results/advise/validation_ray_runs.json"], optional=True),
     Step("advise_scale", CLI + ["advise", "--costs", "results/advise/cpu_costs.json", "--engines", "16",
                                 "--gpus-per-engine", "8", "--trainer-gpus", "64", "--json", "--", "--fully-async",
                                 "--rollout-batch-size", "512", "--n-samples-per-prompt", "16", "--num-rollout", "200"],
@@ -110,7 +119,7 @@ STEPS: list[Step] = [
 
 def select(only: str | None) -> list[Step]:
     if not only:
-        return list(STEPS)
+        return [s for s in STEPS if not s.optional]
     names = [n.strip() for n in only.split(",") if n.strip()]
     known = {s.name for s in STEPS}
     unknown = [n for n in names if n not in known]
@@ -128,8 +137,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     steps = select(args.only)
     if args.list:
-        for s in steps:
-            print(f"{s.name:<18} {' '.join(s.argv[1:] if s.argv[0] == PY else s.argv)}  ->  {', '.join(s.outputs)}")
+        for s in STEPS if not args.only else steps:  # the optional steps too, marked
+            print(f"{s.name:<18} {' '.join(s.argv[1:] if s.argv[0] == PY else s.argv)}  ->  {', '.join(s.outputs)}"
+                  + ("  (optional: only with --only)" if s.optional else ""))
         return 0
     git = git_info() or {}
     if git.get("dirty") and not args.allow_dirty:

@@ -17,7 +17,8 @@ def _run(os_step, os_speed, fa_step, fa_speed):
 
 def test_ranges_span_every_run_and_count_the_runs_within_target():
     r = ranges([_run(-0.05, 0.01, -0.139, 0.231), _run(-0.091, 0.011, 0.002, -0.023)])
-    assert r["fully-async/step_error"] == {"min": pytest.approx(-0.139), "max": pytest.approx(0.002), "n": 2}
+    assert r["fully-async/step_error"] == {"min": pytest.approx(-0.139), "max": pytest.approx(0.002),
+                                           "mean": pytest.approx(-0.0685), "n": 2}
     assert r["fully-async/speedup_error"]["max"] == pytest.approx(0.231)
     assert r["one-step/step_error"]["min"] == pytest.approx(-0.091)
     assert r["runs_within_10pct"] == 1 and r["runs"] == 2
@@ -68,3 +69,17 @@ def test_the_committed_range_is_what_the_model_gives_on_its_kept_pairs(tmp_path)
         assert mine["mode"] == committed["mode"]
         assert mine["step_error"] == pytest.approx(committed["step_error"], abs=1e-9)
         assert mine["speedup_error"] == pytest.approx(committed["speedup_error"], abs=1e-9)
+
+
+def test_runs_zero_needs_kept_pairs_to_report_on(tmp_path):
+    from harness.advise.validate_runs import main
+
+    with pytest.raises(SystemExit, match=r"--runs 0: must be >= 1 \(>= 0 with --keep"):
+        main(["--runs", "0", "--out", str(tmp_path / "out.json")])
+
+
+def test_make_results_runs_the_optional_rescore_only_when_named():
+    from harness.results.regenerate import select
+
+    assert "advise_validation_ray_rescore" not in {s.name for s in select(None)}
+    assert [s.name for s in select("advise_validation_ray_rescore")] == ["advise_validation_ray_rescore"]
