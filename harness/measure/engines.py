@@ -3,7 +3,10 @@ the per-engine rows under ``miles-harness run``'s table.
 
 For engine ``k`` over the measurement window: ``requests`` (its ``finished`` events),
 ``tokens`` (one per sample of each of its ``decode_step`` events), ``decode_busy_s`` (its
-decode steps' ``[t - dur_s, t]`` merged), ``busy_share`` (that over the window),
+decode steps' ``[t - dur_s, t]`` merged), ``generating_busy_s`` (its own ``generating``
+phases: from a request to work on until it has none, steps and the time between them; the
+run's ``rollout_busy_s`` is the union over the engines, so with engines that are busy at
+different times the union exceeds each one's), ``busy_share`` (decode busy over the window),
 ``tokens_per_s`` (tokens over the window) and ``loads`` (its ``engine_loaded`` events).
 
 Its decode steps inside the window, split by what the trainer did meanwhile (a step
@@ -37,6 +40,8 @@ def per_engine_rows(events: list[Any], window: tuple[float, float]) -> list[dict
     for k in keys:
         steps = [e for e in events if e.kind == ev.DECODE_STEP and e.fields.get("engine") == k]
         busy = total(merge([(e.t - e["dur_s"], e.t) for e in steps]), window)
+        own = [e for e in events if e.kind in (ev.PHASE_START, ev.PHASE_END) and e.fields.get("engine") == k]
+        generating = total(intervals(own, "rollout", "generating", window[1]), window)
         inside = [e for e in steps if window[0] <= e.t <= window[1]]
         tokens = sum(len(e["indices"]) for e in inside)
         admitted = sorted(e.t for e in events if e.kind == ev.ADMITTED and e.fields.get("engine") == k)
@@ -51,7 +56,8 @@ def per_engine_rows(events: list[Any], window: tuple[float, float]) -> list[dict
                      "step_ms_training": _mean_ms(under), "step_ms_not_training": _mean_ms(rest),
                      "steps_admitting": len(admitting), "step_ms_admitting": _mean_ms(admitting),
                      "step_ms_decode_only": _mean_ms(decode_only),
-                     "tokens": tokens, "decode_busy_s": busy, "busy_share": busy / wall,
+                     "tokens": tokens, "decode_busy_s": busy, "generating_busy_s": generating,
+                     "busy_share": busy / wall,
                      "tokens_per_s": tokens / wall,
                      "loads": sum(1 for e in events if e.kind == ev.ENGINE_LOADED and e["engine"] == k),
                      "died": any(e.kind == ev.FAULT and e.fields.get("what") == "engine_died"

@@ -39,6 +39,10 @@ def _trace() -> list:
     at(1.70, ev.DECODE_STEP, indices=[3], version=0, dur_s=0.020, engine=1)
     at(2.00, ev.PHASE_END, side="train", phase="training")
     at(3.00, ev.DECODE_STEP, indices=[1], version=0, dur_s=0.010, engine=0)  # after the window
+    # each engine's own generating phases (engine 0's second one runs past the window's end)
+    for t, kind, engine in ((0.05, ev.PHASE_START, 0), (0.60, ev.PHASE_END, 0), (1.55, ev.PHASE_START, 1),
+                            (1.75, ev.PHASE_END, 1), (1.00, ev.PHASE_START, 0), (3.10, ev.PHASE_END, 0)):
+        at(t, kind, side="rollout", phase="generating", engine=engine)
     return rec.events
 
 
@@ -56,6 +60,12 @@ def test_steps_are_split_by_training_overlap():
     assert e0["steps_admitting"] == 1 and e0["step_ms_admitting"] == pytest.approx(10.0)
     assert e0["step_ms_decode_only"] == pytest.approx(50.0 / 3)
     assert e1["steps_admitting"] == 0 and e1["step_ms_admitting"] is None  # engine 0's admission is not its
+
+
+def test_each_engines_generating_time_is_its_own_phases_inside_the_window():
+    rows = {r["engine"]: r for r in per_engine_rows(_trace(), (0.0, 2.0))}
+    assert rows[0]["generating_busy_s"] == pytest.approx(0.55 + 1.0)  # 0.05-0.60, and 1.00 to the window's end
+    assert rows[1]["generating_busy_s"] == pytest.approx(0.20)
 
 
 def test_table_shows_the_split_and_dashes_for_none():
