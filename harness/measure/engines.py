@@ -13,7 +13,8 @@ Its decode steps inside the window, split by what the trainer did meanwhile (a s
 counts as under training when at least half of ``[t - dur_s, t]`` overlaps a ``training``
 phase): ``decode_steps``, ``steps_training``, and the mean step time of each part in
 milliseconds, ``step_ms``, ``step_ms_training`` and ``step_ms_not_training`` (None where
-there was no such step). On hardware the engines and the trainer share, the ratio of these
+there was no such step), and the standard deviation of all its step times, ``step_ms_sd``
+(None below two steps): how much the engine's own speed wanders from step to step. On hardware the engines and the trainer share, the ratio of these
 to the same engine's sync-mode ``step_ms`` is the contention as the engine itself saw it,
 step by step (``harness.advise.validate`` prints it next to the simulator's factors).
 And split by whether the step admitted requests (an ``admitted`` event of the engine inside
@@ -26,6 +27,7 @@ from it).
 from __future__ import annotations
 
 import bisect
+import statistics
 from typing import Any
 
 from miles_async_core import events as ev
@@ -53,6 +55,7 @@ def per_engine_rows(events: list[Any], window: tuple[float, float]) -> list[dict
         rows.append({"engine": k, "requests": sum(1 for e in events if e.kind == ev.FINISHED
                                                   and e.fields.get("engine") == k),
                      "decode_steps": len(inside), "steps_training": len(under), "step_ms": _mean_ms(inside),
+                     "step_ms_sd": _sd_ms(inside),
                      "step_ms_training": _mean_ms(under), "step_ms_not_training": _mean_ms(rest),
                      "steps_admitting": len(admitting), "step_ms_admitting": _mean_ms(admitting),
                      "step_ms_decode_only": _mean_ms(decode_only),
@@ -68,6 +71,10 @@ def per_engine_rows(events: list[Any], window: tuple[float, float]) -> list[dict
 def _any_in(sorted_times: list[float], t0: float, t1: float) -> bool:
     i = bisect.bisect_left(sorted_times, t0)
     return i < len(sorted_times) and sorted_times[i] <= t1
+
+
+def _sd_ms(steps: list[Any]) -> float | None:
+    return 1e3 * statistics.stdev(e["dur_s"] for e in steps) if len(steps) > 1 else None
 
 
 def _mean_ms(steps: list[Any]) -> float | None:

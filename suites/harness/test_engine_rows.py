@@ -57,6 +57,8 @@ def test_steps_are_split_by_training_overlap():
     assert e1["decode_steps"] == 2 and e1["steps_training"] == 2
     assert e1["step_ms_training"] == pytest.approx(20.0)
     assert e1["step_ms_not_training"] is None
+    assert e0["step_ms_sd"] == pytest.approx(10.0)  # 10, 10, 10, 30 ms
+    assert e1["step_ms_sd"] == pytest.approx(0.0)
     assert e0["steps_admitting"] == 1 and e0["step_ms_admitting"] == pytest.approx(10.0)
     assert e0["step_ms_decode_only"] == pytest.approx(50.0 / 3)
     assert e1["steps_admitting"] == 0 and e1["step_ms_admitting"] is None  # engine 0's admission is not its
