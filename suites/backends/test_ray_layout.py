@@ -32,6 +32,8 @@ except ModuleNotFoundError:  # pytest run from elsewhere than the repository roo
     from fixtures.mutants.ray_engine import RAY_BASE, RAY_RUNS, run_ray
 
 from harness.backends.ray_engine import LeastOutstandingRouter, RayEngineGroup, align_clock, engine_pool
+from harness.measure.engines import per_engine_rows
+from harness.measure.overlap import intervals, total
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -79,6 +81,15 @@ def test_two_engines_run_every_mode_and_every_checker_passes(ray_cluster, mode: 
     assert {"ray_init_s", "actors_start_s", "reset_s"} <= set(stats["startup"])
     times = [e.t for e in result.events]
     assert result.window[0] <= result.window[1] and min(times) >= 0 < max(times)
+    # each engine's own generating time holds its decode steps, and the run's (the union over the
+    # engines) is at least the longest engine's and at most their sum
+    rows = per_engine_rows(result.events, result.window)
+    assert [r["engine"] for r in rows] == [0, 1]
+    for r in rows:
+        assert r["generating_busy_s"] >= r["decode_busy_s"] - 1e-3, r
+        assert r["step_ms_sd"] is not None and r["step_ms_sd"] >= 0
+    union = total(intervals(result.events, "rollout", "generating", result.window[1]), result.window)
+    assert max(r["generating_busy_s"] for r in rows) - 1e-9 <= union <= sum(r["generating_busy_s"] for r in rows) + 1e-9
 
 
 class _KillsEngineOne(RayEngineGroup):
