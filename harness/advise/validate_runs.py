@@ -127,6 +127,13 @@ def _print_run(i: int, total: int, run: dict[str, Any]) -> None:
           + ("; all within 10%" if s and s["within_target"] else "; NOT all within 10%"), flush=True)
 
 
+def _rescore_and_print(kept: Path, work: Path) -> list[dict[str, Any]]:
+    runs = rescore(kept, work)
+    for i, run in enumerate(runs):
+        _print_run(i, len(runs), run)
+    return runs
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m harness.advise.validate_runs", description=__doc__.split("\n")[0])
     p.add_argument("--runs", type=int, default=3, help="fresh pairs of Ray runs to make and validate (default 3)")
@@ -142,15 +149,11 @@ def main(argv: list[str] | None = None) -> int:
     runs = []
     with tempfile.TemporaryDirectory(prefix="ray-validation-") as tmp:
         if args.rescore:
-            runs = rescore(Path(args.rescore), Path(tmp))
-            for i, run in enumerate(runs):
-                _print_run(i, len(runs), run)
+            runs = _rescore_and_print(Path(args.rescore), Path(tmp))
         else:
             earlier = kept_pairs(Path(args.keep)) if args.keep else []
             if earlier:  # validated again with this model; the new pairs follow them
-                runs = [{**run, "new": False} for run in rescore(Path(args.keep), Path(tmp) / "kept")]
-                for i, run in enumerate(runs):
-                    _print_run(i, len(runs), run)
+                runs = [{**run, "new": False} for run in _rescore_and_print(Path(args.keep), Path(tmp) / "kept")]
                 if args.runs:
                     print(f"{len(runs)} kept pair(s) above; {args.runs} new below", flush=True)
             first = int(earlier[-1].name[3:]) + 1 if earlier else 0

@@ -35,25 +35,29 @@ from harness.measure.overlap import intervals, merge, total
 
 
 def per_engine_rows(events: list[Any], window: tuple[float, float]) -> list[dict[str, Any]]:
-    keys = sorted({e.fields.get("engine") for e in events if e.kind == ev.DECODE_STEP} - {None})
+    by_engine: dict[Any, list[Any]] = {}  # each engine's events, in trace order: one pass over the trace
+    for e in events:
+        k = e.fields.get("engine")
+        if k is not None:
+            by_engine.setdefault(k, []).append(e)
+    keys = sorted(k for k, evs in by_engine.items() if any(e.kind == ev.DECODE_STEP for e in evs))
     wall = max(1e-12, window[1] - window[0])
     training = intervals(events, "train", "training", window[1])
     rows = []
     for k in keys:
-        steps = [e for e in events if e.kind == ev.DECODE_STEP and e.fields.get("engine") == k]
+        own = by_engine[k]
+        steps = [e for e in own if e.kind == ev.DECODE_STEP]
         busy = total(merge([(e.t - e["dur_s"], e.t) for e in steps]), window)
-        own = [e for e in events if e.kind in (ev.PHASE_START, ev.PHASE_END) and e.fields.get("engine") == k]
         generating = total(intervals(own, "rollout", "generating", window[1]), window)
         inside = [e for e in steps if window[0] <= e.t <= window[1]]
         tokens = sum(len(e["indices"]) for e in inside)
-        admitted = sorted(e.t for e in events if e.kind == ev.ADMITTED and e.fields.get("engine") == k)
+        admitted = sorted(e.t for e in own if e.kind == ev.ADMITTED)
         under, rest, admitting, decode_only = [], [], [], []
         for e in inside:
             t0 = e.t - e["dur_s"]
             (under if 2 * total(training, (t0, e.t)) >= e["dur_s"] > 0 else rest).append(e)
             (admitting if _any_in(admitted, t0, e.t) else decode_only).append(e)
-        rows.append({"engine": k, "requests": sum(1 for e in events if e.kind == ev.FINISHED
-                                                  and e.fields.get("engine") == k),
+        rows.append({"engine": k, "requests": sum(1 for e in own if e.kind == ev.FINISHED),
                      "decode_steps": len(inside), "steps_training": len(under), "step_ms": _mean_ms(inside),
                      "step_ms_sd": _sd_ms(inside),
                      "step_ms_training": _mean_ms(under), "step_ms_not_training": _mean_ms(rest),
@@ -62,9 +66,8 @@ def per_engine_rows(events: list[Any], window: tuple[float, float]) -> list[dict
                      "tokens": tokens, "decode_busy_s": busy, "generating_busy_s": generating,
                      "busy_share": busy / wall,
                      "tokens_per_s": tokens / wall,
-                     "loads": sum(1 for e in events if e.kind == ev.ENGINE_LOADED and e["engine"] == k),
-                     "died": any(e.kind == ev.FAULT and e.fields.get("what") == "engine_died"
-                                 and e.fields.get("engine") == k for e in events)})
+                     "loads": sum(1 for e in own if e.kind == ev.ENGINE_LOADED),
+                     "died": any(e.kind == ev.FAULT and e.fields.get("what") == "engine_died" for e in own)})
     return rows
 
 
