@@ -63,7 +63,13 @@ def measured(doc: dict[str, Any], mode: str) -> dict[str, Any]:
             for side, key in (("generating", "rollout_busy_s"), ("training", "train_busy_s"),
                               ("weight_sync", "weight_sync_s")) if all(key in r for r in rows)}
     cpu = sorted(r["cpu_cores_total"] for r in rows if r.get("cpu_cores_total") is not None)
+    # each engine's share of the host while the rollout generates: the engines' cores over the
+    # run, per engine, over the share of the run they generated (``rollout_busy_s``: their union)
+    share = sorted(r["cpu_cores_engines"] / len(r["cpu_cores_per_engine"]) * r["wall_s"] / r["rollout_busy_s"]
+                   for r in rows if r.get("cpu_cores_engines") is not None and r.get("cpu_cores_per_engine")
+                   and r.get("rollout_busy_s"))
     return {"cpu_cores_total": med(cpu) if cpu and len(cpu) == len(rows) else None,
+            "engine_cores_generating": med(share) if share and len(share) == len(rows) else None,
             "host_cpu_count": next((int(r["host_cpu_count"]) for r in rows if r.get("host_cpu_count")), None),
             "step_s": med(per_step), "step_s_min": per_step[0], "step_s_max": per_step[-1],
             "speedup": med(speed) if speed else (1.0 if mode == "sync" else None), "repeats": len(rows),
@@ -127,7 +133,7 @@ def validate(calibration: str, others: list[str], engines_from: str | None = Non
             row = {
                 "file": path, "mode": mode, "calibration": path in (calibration, engines_from) and mode == "sync",
                 "layout": spec.get("layout", "split"), "engines": layout.engines,
-                "commit": (doc.get("git") or {}).get("commit"),
+                "commit": (doc.get("git") or {}).get("commit"), "dirty": (doc.get("git") or {}).get("dirty"),
                 "B": cfg.rollout_batch_size, "n": cfg.n_samples_per_prompt, "interval": cfg.update_weights_interval,
                 "max_staleness": cfg.max_weight_staleness, "steps": cfg.num_rollout,
                 "measured_step_s": meas["step_s"], "measured_step_s_range": [meas["step_s_min"], meas["step_s_max"]],
@@ -137,6 +143,7 @@ def validate(calibration: str, others: list[str], engines_from: str | None = Non
                 "closed_form_speedup": cf["sync_step_s"] / cf_step,
                 "measured_busy_per_step_s": meas["busy_per_step_s"],
                 "cpu_cores_total": meas["cpu_cores_total"], "host_cpu_count": meas["host_cpu_count"],
+                "engine_cores_generating": meas["engine_cores_generating"],
                 "predicted_busy_per_step_s": pred["busy_per_step_s"],
                 "measured_age_mean": meas["age_mean"], "measured_age_max": meas["age_max"],
                 "predicted_age_mean": pred["age_recorded"]["mean"], "predicted_age_max": pred["age_recorded"]["max"],
@@ -437,9 +444,38 @@ def _sharing_reading(report: dict[str, Any]) -> list[str]:
         "more per engine (each engine's load and the calls that reach it). The contention factors come from the "
         "one-engine calibration run's overlapped modes, so the held-out rows here are the several-engine run's "
         f"overlapped modes ({len(ray)}): largest s/step error {_worst(ray, 'step_error')}, largest speedup error "
-        f"{_worst(ray, 'speedup_error')}. " + _generating_gap(ray, _reference_step_ms(report['rows'])) + "On a cluster each engine has its own GPUs "
+        f"{_worst(ray, 'speedup_error')}. " + _generating_gap(ray, _reference_step_ms(report["rows"]), report["rows"])
+        + "On a cluster each engine has its own GPUs "
         "and the fit would find no sharing; the per-engine weight sync is the part that carries over to a real "
         "broadcast."]
+
+
+def mode_vs_sync(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the model assumes of the engines' sharing, tested on one pair, per overlapped mode.
+
+    The simulator slows an engine by its mode's factor (fitted on one engine) times the
+    engines' sharing (fitted on the two-engine sync mode), so it assumes that a mode's engine
+    step, over the sync step of the same run, is the same with 2 engines as with 1:
+    ``growth`` = (2-engine mode step / 2-engine sync step) / (1-engine mode step / 1-engine
+    sync step) is 1 in the model. Steps are the engines' own mean decode step of the first
+    repeat (``harness.measure.engines``); within one run both steps meet the same host, so
+    the ratios cancel the host's state at the time. Beside it, each engine's cores while the
+    rollout generates (median over repeats; over their union, so where the engines are
+    staggered, as one-step's are, a lower bound of each engine's share), with 1 and 2 engines."""
+    by = {(r["engines"], r["mode"]): r for r in rows}
+    out = {}
+    for mode in ("one-step", "fully-async"):
+        steps = {}
+        for n in (1, 2):
+            a, s = by.get((n, mode)), by.get((n, "sync"))
+            if a and s and a.get("engine_steps") and s.get("engine_steps"):
+                steps[n] = a["engine_steps"]["step_ms"] / s["engine_steps"]["step_ms"]
+        if len(steps) == 2:
+            out[mode] = {"step_vs_sync_1_engine": steps[1], "step_vs_sync_2_engines": steps[2],
+                         "growth": steps[2] / steps[1],
+                         "engine_cores_generating_1_engine": by[(1, mode)].get("engine_cores_generating"),
+                         "engine_cores_generating_2_engines": by[(2, mode)].get("engine_cores_generating")}
+    return out
 
 
 def _reference_step_ms(rows: list[dict[str, Any]]) -> float | None:
@@ -448,7 +484,8 @@ def _reference_step_ms(rows: list[dict[str, Any]]) -> float | None:
                  if r.get("engine_steps") and r["calibration"] and r["engines"] == 1), None)
 
 
-def _generating_gap(rows: list[dict[str, Any]], ref: float | None) -> str:
+def _generating_gap(rows: list[dict[str, Any]], ref: float | None,
+                    all_rows: list[dict[str, Any]] | None = None) -> str:
     """Where the several-engine rows miss: the engines' generating time per step, and
     (where the runs recorded them) the engines' own step times against the model's."""
     gaps = [(r, r["measured_busy_per_step_s"]["generating"], r["predicted_busy_per_step_s"]["generating"])
@@ -471,6 +508,14 @@ def _generating_gap(rows: list[dict[str, Any]], ref: float | None) -> str:
                 "one-engine run) by the engines' sharing (fitted on the several-engine sync mode); where a "
                 "measured factor exceeds the modelled one, the engines, the trainer and the driver together "
                 "want more of the host than that product allows. ")
+    growth = mode_vs_sync([r for r in all_rows or [] if r.get("layout") == "ray"])
+    if growth:
+        out += ("A mode's factor times the sharing assumes the mode's engine step, over the sync step of the same "
+                "run, is the same with 2 engines as with 1 (`harness.advise.validate.mode_vs_sync`); measured (each engine's "
+                "own mean step, first repeat): "
+                + "; ".join(f"{m} x{g['step_vs_sync_1_engine']:.2f} with 1 engine, "
+                            f"x{g['step_vs_sync_2_engines']:.2f} with 2 (x{g['growth']:.2f})"
+                            for m, g in growth.items()) + ". ")
     return out
 
 

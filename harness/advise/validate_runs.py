@@ -36,7 +36,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from harness.advise.validate import summary, validate
+from harness.advise.validate import mode_vs_sync, summary, validate
 from harness.results.regenerate import RAY_RUN
 from harness.results.schema import git_info, utc_now
 
@@ -62,10 +62,7 @@ def one_run(work: Path, keep: Path | None = None) -> dict[str, Any]:
 def score(one_engine: str, two_engines: str) -> dict[str, Any]:
     """The validation of one pair of results files (1 engine, 2 engines)."""
     report = validate(one_engine, [], two_engines)
-    measured = {}
-    for n, path in ((1, one_engine), (2, two_engines)):
-        git = json.loads(Path(path).read_text()).get("git") or {}
-        measured[f"ray-{n}"] = {"commit": git.get("commit"), "dirty": git.get("dirty")}
+    measured = {f"ray-{r['engines']}": {"commit": r["commit"], "dirty": r["dirty"]} for r in report["rows"]}
     rows = [{"engines": r["engines"], "mode": r["mode"], "step_error": r["step_error"],
              "speedup_error": r.get("speedup_error"), "measured_step_s": r["measured_step_s"],
              "predicted_step_s": r["predicted_step_s"], "measured_speedup": r["measured_speedup"],
@@ -76,7 +73,8 @@ def score(one_engine: str, two_engines: str) -> dict[str, Any]:
                 if r["measured_busy_per_step_s"].get(side) and side in r["predicted_busy_per_step_s"]}}
             for r in report["rows"] if r["engines"] == 2 and r["mode"] != "sync"]
     return {"rows": rows, "summary": summary(report).get("ray"), "measured_at": measured,
-            "prefill_base_s": report["costs"]["prefill_base_s"], "engine_slots": report["costs"]["engine_slots"]}
+            "prefill_base_s": report["costs"]["prefill_base_s"], "engine_slots": report["costs"]["engine_slots"],
+            "mode_vs_sync": mode_vs_sync(report["rows"])}
 
 
 def ranges(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -89,6 +87,10 @@ def ranges(runs: list[dict[str, Any]]) -> dict[str, Any]:
             if vals:
                 out[f"{mode}/{key}"] = {"min": min(vals), "max": max(vals), "mean": sum(vals) / len(vals),
                                         "n": len(vals)}
+        growth = [run["mode_vs_sync"][mode]["growth"] for run in runs if mode in run.get("mode_vs_sync", {})]
+        if growth:
+            out[f"{mode}/engine_step_vs_sync_growth"] = {"min": min(growth), "max": max(growth),
+                                                         "mean": sum(growth) / len(growth), "n": len(growth)}
     out["runs_within_10pct"] = sum(1 for run in runs if run["summary"] and run["summary"]["within_target"])
     out["runs"] = len(runs)
     return out
@@ -174,7 +176,10 @@ def main(argv: list[str] | None = None) -> int:
     out.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
     r = doc["range"]
     for k, v in r.items():
-        if isinstance(v, dict):
+        if isinstance(v, dict) and k.endswith("_growth"):
+            print(f"{k}: x{v['min']:.2f} .. x{v['max']:.2f} (mean x{v['mean']:.2f}; the model assumes x1) over "
+                  f"{v['n']} run(s)")
+        elif isinstance(v, dict):
             print(f"{k}: {v['min']:+.1%} .. {v['max']:+.1%} (mean {v['mean']:+.1%}) over {v['n']} run(s)")
     print(f"runs with every held-out row within 10%: {r['runs_within_10pct']} of {r['runs']}; wrote {out}")
     return 0

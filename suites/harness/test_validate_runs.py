@@ -24,6 +24,32 @@ def test_ranges_span_every_run_and_count_the_runs_within_target():
     assert r["runs_within_10pct"] == 1 and r["runs"] == 2
 
 
+def _row(engines, mode, step_ms, cores=None):
+    return {"engines": engines, "mode": mode, "engine_steps": {"step_ms": step_ms}, "engine_cores_generating": cores}
+
+
+def test_mode_vs_sync_growth_is_1_where_a_mode_slows_as_much_with_2_engines_as_with_1():
+    """The model's assumption (a mode's engine step over the sync step of the same run does
+    not depend on the number of engines) holds on these rows for one-step (x1.5 with 1 and
+    with 2 engines) and not for fully-async (x1.5, then x2.0: growth 4/3)."""
+    from harness.advise.validate_runs import mode_vs_sync
+
+    rows = [_row(1, "sync", 10.0), _row(1, "one-step", 15.0), _row(1, "fully-async", 15.0, cores=0.9),
+            _row(2, "sync", 14.0), _row(2, "one-step", 21.0), _row(2, "fully-async", 28.0, cores=0.5)]
+    got = mode_vs_sync(rows)
+    assert got["one-step"]["growth"] == pytest.approx(1.0)
+    assert got["fully-async"]["step_vs_sync_1_engine"] == pytest.approx(1.5)
+    assert got["fully-async"]["step_vs_sync_2_engines"] == pytest.approx(2.0)
+    assert got["fully-async"]["growth"] == pytest.approx(4 / 3)
+    assert got["fully-async"]["engine_cores_generating_2_engines"] == 0.5
+    # a mode without the engines' own steps on one side is left out, not guessed
+    rows[4] = {**rows[4], "engine_steps": None}
+    assert set(mode_vs_sync(rows)) == {"fully-async"}
+    r = ranges([{**_run(0, 0, 0, 0), "mode_vs_sync": got}, {**_run(0, 0, 0, 0), "mode_vs_sync": {}}])
+    assert r["fully-async/engine_step_vs_sync_growth"] == {"min": pytest.approx(4 / 3), "max": pytest.approx(4 / 3),
+                                                           "mean": pytest.approx(4 / 3), "n": 1}
+
+
 def test_rescore_without_kept_pairs_names_the_flag_and_the_fix(tmp_path):
     from harness.advise.validate_runs import main
 
@@ -69,6 +95,8 @@ def test_the_committed_range_is_what_the_model_gives_on_its_kept_pairs(tmp_path)
         assert mine["mode"] == committed["mode"]
         assert mine["step_error"] == pytest.approx(committed["step_error"], abs=1e-9)
         assert mine["speedup_error"] == pytest.approx(committed["speedup_error"], abs=1e-9)
+    for mode, diag in again["mode_vs_sync"].items():  # read off the measurements alone: no model in it
+        assert diag["growth"] == pytest.approx(first["mode_vs_sync"][mode]["growth"], abs=1e-12)
 
 
 def test_runs_zero_needs_kept_pairs_to_report_on(tmp_path):
