@@ -4,6 +4,8 @@ whether the trainer trained meanwhile, on a hand-built trace whose answer is kno
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from miles_async_core import events as ev
 from harness.measure.engines import format_engine_rows, per_engine_rows
@@ -74,3 +76,16 @@ def test_table_shows_the_split_and_dashes_for_none():
     text = format_engine_rows({"fully-async": per_engine_rows(_trace(), (0.0, 2.0))})
     assert "15.0 / 30.0 / 10.0" in text
     assert "20.0 / 20.0 / -" in text
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(st.lists(st.tuples(st.floats(0, 50, allow_nan=False), st.floats(0, 5, allow_nan=False)), max_size=30),
+       st.floats(-1, 60, allow_nan=False), st.floats(0, 10, allow_nan=False))
+def test_training_overlap_by_bisection_is_the_full_sum(raw, t0, width):
+    """A decode step's time under training, found from the intervals that reach into the
+    step alone, is the sum over every interval (``overlap.total``), to the bit."""
+    from harness.measure.engines import _inside
+    from harness.measure.overlap import merge, total
+
+    iv = merge([(a, a + w) for a, w in raw])
+    assert _inside(iv, [b for _, b in iv], t0, t0 + width) == total(iv, (t0, t0 + width))
