@@ -48,9 +48,12 @@ async def generate_and_rm_group(
 ) -> list:
     if generate_function is None:
         futs = []
-        for s in group:  # a fresh sample is a plain request (_generate, without its checks and call)
-            f = engine.generate(s, sampling) if s.status is Status.PENDING else _generate(engine, s, sampling)
-            futs.append(f if isinstance(f, asyncio.Future) else asyncio.ensure_future(f))
+        for s in group:
+            if s.status is Status.PENDING:  # a fresh sample is a plain request (_generate, without its checks)
+                f = engine.generate(s, sampling)
+                futs.append(f if isinstance(f, asyncio.Future) else asyncio.ensure_future(f))
+            else:
+                futs.append(_generate(engine, s, sampling))
         return await await_group(futs, group, reward_fn=reward_fn, sample_done_callback=sample_done_callback,
                                  sink=sink)
     # the group is what the calls returned, in order (inference_rollout_common.py:L161-L168)
