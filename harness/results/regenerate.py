@@ -48,6 +48,7 @@ class Step:
 
 STEPS: list[Step] = [
     Step("sim_speed", BENCH + ["suites/bench/test_sim_speed.py"], ["results/bench/sim_speed.json"], WRITE),
+    Step("sim_profile", BENCH + ["suites/bench/test_sim_profile.py"], ["results/bench/sim_profile.json"], WRITE),
     Step("engine_throughput", BENCH + ["suites/bench/test_engine_throughput.py"],
          ["results/bench/engine_throughput.json"], WRITE),
     Step("ray_layout", BENCH + ["suites/bench/test_ray_layout.py"], ["results/bench/ray_layout.json"], WRITE),
