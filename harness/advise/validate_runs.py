@@ -12,16 +12,14 @@ With ``--keep DIR`` each pair's results files are kept (gzipped, ``DIR/run<i>/ra
 after the pairs already kept there, and the report covers every kept pair: the earlier ones
 validated again with the current model, the new ones marked ``new`` (each pair records the
 commit its runs were measured at; the pairs are measurements of the main job, which the
-model does not change). ``--rescore DIR`` validates the kept pairs again without running
-anything, so a change of the model is judged on the same measurements as the model before
-it (the pairs measured before a model change are what it was developed on, not a held-out
-test of it).
+model does not change). ``--rescore DIR`` (the same as ``--keep DIR --runs 0``) validates the
+kept pairs again without running anything, so a change of the model is judged on the same
+measurements as the model before it (the pairs measured before a model change are what it
+was developed on, not a held-out test of it).
 
     python -m harness.advise.validate_runs --runs 3 --keep results/advise/ray_pairs \
         --out results/advise/validation_ray_runs.json
     python -m harness.advise.validate_runs --rescore results/advise/ray_pairs --out /tmp/rescored.json
-    python -m harness.advise.validate_runs --runs 0 --keep results/advise/ray_pairs \
-        --out results/advise/validation_ray_runs.json   # the kept pairs' report again, none new
 """
 
 from __future__ import annotations
@@ -104,11 +102,8 @@ def kept_pairs(kept: Path) -> list[Path]:
 
 
 def rescore(kept: Path, work: Path) -> list[dict[str, Any]]:
-    """``score`` of every pair kept under ``kept`` (``run<i>/ray-{1,2}.json.gz``), in run order."""
+    """``score`` of every pair kept under ``kept`` (``run<i>/ray-{1,2}.json.gz``), in run order (none: [])."""
     dirs = kept_pairs(kept)
-    if not dirs:
-        raise SystemExit(f"--rescore {kept}: no kept pairs (run<i>/ray-1.json.gz and ray-2.json.gz) there; fix: "
-                         "make them with --keep DIR, or name the folder that holds them")
     runs = []
     for d in dirs:
         paths = []
@@ -138,35 +133,44 @@ def _rescore_and_print(kept: Path, work: Path) -> list[dict[str, Any]]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m harness.advise.validate_runs", description=__doc__.split("\n")[0])
-    p.add_argument("--runs", type=int, default=3, help="fresh pairs of Ray runs to make and validate (default 3)")
+    p.add_argument("--runs", type=int, default=None,
+                   help="fresh pairs of Ray runs to make and validate (default 3; 0 with --keep)")
     p.add_argument("--out", default="results/advise/validation_ray_runs.json")
     p.add_argument("--keep", default=None, help="keep each pair's results files (gzipped) under this folder")
-    p.add_argument("--rescore", default=None, help="validate the pairs kept under this folder again; runs nothing")
+    p.add_argument("--rescore", default=None, help="validate the pairs kept under this folder again and make none "
+                   "(--keep DIR --runs 0)")
     args = p.parse_args(argv)
+    if args.keep and args.rescore:
+        raise SystemExit("--keep and --rescore: give one (--keep makes new pairs, --rescore reads kept ones)")
+    if args.rescore:
+        if args.runs:
+            raise SystemExit(f"--rescore with --runs {args.runs}: --rescore makes no runs; fix: drop --runs, or use "
+                             "--keep DIR --runs N to add pairs")
+        args.keep, args.runs = args.rescore, 0
+    elif args.runs is None:
+        args.runs = 3
     if args.runs < (0 if args.keep else 1):
         raise SystemExit(f"--runs {args.runs}: must be >= 1 (>= 0 with --keep: 0 validates the kept pairs again and "
                          "makes none); fix: e.g. --runs 3")
-    if args.keep and args.rescore:
-        raise SystemExit("--keep and --rescore: give one (--keep makes new pairs, --rescore reads kept ones)")
+    if args.runs == 0 and not kept_pairs(Path(args.keep)):
+        flag = f"--rescore {args.rescore}" if args.rescore else f"--keep {args.keep} --runs 0"
+        raise SystemExit(f"{flag}: no kept pairs (run<i>/ray-1.json.gz and ray-2.json.gz) there, so nothing to "
+                         "validate; fix: make them with --keep DIR, or name the folder that holds them")
     runs = []
     with tempfile.TemporaryDirectory(prefix="ray-validation-") as tmp:
-        if args.rescore:
-            runs = _rescore_and_print(Path(args.rescore), Path(tmp))
-        else:
-            earlier = kept_pairs(Path(args.keep)) if args.keep else []
-            if earlier:  # validated again with this model; the new pairs follow them
-                runs = [{**run, "new": False} for run in _rescore_and_print(Path(args.keep), Path(tmp) / "kept")]
-                if args.runs:
-                    print(f"{len(runs)} kept pair(s) above; {args.runs} new below", flush=True)
-            first = int(earlier[-1].name[3:]) + 1 if earlier else 0
-            for i in range(first, first + args.runs):
-                keep = Path(args.keep) / f"run{i}" if args.keep else None
-                runs.append({**({"pair": f"run{i}"} if keep else {}), "new": True,
-                             **one_run(Path(tmp) / f"run{i}", keep)})
-                _print_run(i - first, args.runs, runs[-1])
+        earlier = kept_pairs(Path(args.keep)) if args.keep else []
+        if earlier:  # validated again with this model; the new pairs follow them
+            runs = [{**run, "new": False} for run in _rescore_and_print(Path(args.keep), Path(tmp) / "kept")]
+            if args.runs:
+                print(f"{len(runs)} kept pair(s) above; {args.runs} new below", flush=True)
+        first = int(earlier[-1].name[3:]) + 1 if earlier else 0
+        for i in range(first, first + args.runs):
+            keep = Path(args.keep) / f"run{i}" if args.keep else None
+            runs.append({**({"pair": f"run{i}"} if keep else {}), "new": True,
+                         **one_run(Path(tmp) / f"run{i}", keep)})
+            _print_run(i - first, args.runs, runs[-1])
     git = git_info()
     doc = {"command": "python -m harness.advise.validate_runs " + " ".join(argv if argv is not None else sys.argv[1:]),
-           **({"rescored": args.rescore} if args.rescore else {}),
            "created_utc": utc_now(), "git_commit": git["commit"] if git else None,
            "git_dirty": git["dirty"] if git else None, "runs": runs, "range": ranges(runs),
            **({"range_new": ranges([r for r in runs if r.get("new")])}

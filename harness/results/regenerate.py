@@ -91,7 +91,7 @@ STEPS: list[Step] = [
                                         "results/advise/validation_ray_runs.json"],
          ["results/advise/validation_ray_runs.json", "results/advise/ray_pairs"]),
     # the same report from the kept pairs alone, after a change of the model or of the report (seconds)
-    Step("advise_validation_ray_rescore", [PY, "-m", "harness.advise.validate_runs", "--runs", "0", "--keep",
+    Step("advise_validation_ray_rescore", [PY, "-m", "harness.advise.validate_runs", "--rescore",
                                            "results/advise/ray_pairs", "--out",
                                            "results/advise/validation_ray_runs.json"],
          ["results/advise/validation_ray_runs.json"], optional=True),

@@ -104,6 +104,16 @@ def test_runs_zero_needs_kept_pairs_to_report_on(tmp_path):
 
     with pytest.raises(SystemExit, match=r"--runs 0: must be >= 1 \(>= 0 with --keep"):
         main(["--runs", "0", "--out", str(tmp_path / "out.json")])
+    with pytest.raises(SystemExit, match=r"--keep .* --runs 0: no kept pairs .* nothing to validate; fix"):
+        main(["--keep", str(tmp_path / "empty"), "--runs", "0", "--out", str(tmp_path / "out.json")])
+    assert not (tmp_path / "out.json").exists()
+
+
+def test_rescore_makes_no_runs(tmp_path):
+    from harness.advise.validate_runs import main
+
+    with pytest.raises(SystemExit, match=r"--rescore with --runs 3: --rescore makes no runs; fix"):
+        main(["--rescore", str(tmp_path), "--runs", "3"])
 
 
 def test_make_results_runs_the_optional_rescore_only_when_named():
