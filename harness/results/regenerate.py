@@ -99,6 +99,13 @@ STEPS: list[Step] = [
                                 "--gpus-per-engine", "8", "--trainer-gpus", "64", "--json", "--", "--fully-async",
                                 "--rollout-batch-size", "512", "--n-samples-per-prompt", "16", "--num-rollout", "200"],
          ["results/advise/scale_128gpu.json"], stdout="results/advise/scale_128gpu.json"),
+    # an example of what the advisor prints for a user (with its target and learning rate), and its plot
+    Step("advise_example", CLI + ["advise", "--costs", "results/advise/cpu_costs.json", "--engines", "4", "--target",
+                                  "fastest with age <= 2", "--plot", "results/advise/engines_cpu.png", "--",
+                                  "--fully-async", "--rollout-batch-size", "16", "--n-samples-per-prompt", "8",
+                                  "--num-rollout", "30"],
+         ["results/advise/advise_example.txt", "results/advise/engines_cpu.png"],
+         stdout="results/advise/advise_example.txt"),
     Step("report", CLI + ["report", "results/cpu/run-a/results.json", "results/cpu/run-b/results.json",
                           "--out", "results/cpu/report"], ["results/cpu/report"]),
     Step("gap_tiny", CLI + ["gap", "--model", "tiny", "--device", "cpu", "--dtypes", "fp32,bf16,fp16",
