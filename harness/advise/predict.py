@@ -312,6 +312,9 @@ def predict(costs: CostModel, config: AsyncConfig, layout: Layout, *, profile: s
         "busy_per_step_s": {"generating": s["rollout_generating_s"] / steps, "training": s["train_training_s"] / steps,
                             "weight_sync": s["weight_sync_s"] / steps},
         "train_idle_ratio": s["train_idle_ratio"], "samples_trained": samples, "cpu_s": cpu,
+        # the engines' steps that admitted requests (a prefill batch before the decode), of all their steps
+        "admitting_share": (res.engine_stats.get("admitting_steps", 0) / res.engine_stats["steps"]
+                            if res.engine_stats.get("steps") else None),
         "samples_per_cpu_s": samples / cpu if cpu > 0 else None,
     }
 

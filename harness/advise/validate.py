@@ -157,6 +157,13 @@ def validate(calibration: str, others: list[str], engines_from: str | None = Non
             row["engine_busy_tokens_per_s"] = [e["tokens"] / e["decode_busy_s"] for e in engines
                                                if e.get("decode_busy_s")]
             row["engine_steps"] = _engine_steps(engines, c, cfg, layout.engines)
+            # the engines' steps that admitted requests, of all their steps: measured (first repeat, every
+            # engine) and simulated; a real engine admits requests as they arrive, the simulated one a group's
+            # requests at once
+            counted = [e for e in engines if e.get("steps_admitting") is not None and e.get("decode_steps")]
+            row["admitting_share_measured"] = (sum(e["steps_admitting"] for e in counted)
+                                               / sum(e["decode_steps"] for e in counted)) if counted else None
+            row["admitting_share_simulated"] = pred["admitting_share"]
             row["step_error"] = row["predicted_step_s"] / row["measured_step_s"] - 1
             row["closed_form_step_error"] = cf_step / row["measured_step_s"] - 1
             if row["measured_speedup"] is not None:
@@ -508,6 +515,15 @@ def _generating_gap(rows: list[dict[str, Any]], ref: float | None,
                 "one-engine run) by the engines' sharing (fitted on the several-engine sync mode); where a "
                 "measured factor exceeds the modelled one, the engines, the trainer and the driver together "
                 "want more of the host than that product allows. ")
+    shares = [r for r in all_rows or [] if r.get("layout") == "ray" and r.get("admitting_share_measured") is not None
+              and r.get("admitting_share_simulated") is not None]
+    if shares:
+        out += ("Steps that admitted requests (a prefill batch before the decode), of the engines' steps, measured vs "
+                "simulated: " + "; ".join(f"{_layout(r)} {r['mode']} {r['admitting_share_measured']:.0%} vs "
+                                         f"{r['admitting_share_simulated']:.0%}" for r in shares)
+                + ". A real engine admits requests as they arrive, the simulated one a group's requests together, "
+                "so in fully-async the simulated engines run a prefill batch in fewer of their steps and the "
+                "fully-async factor fitted on one engine carries the difference. ")
     growth = mode_vs_sync([r for r in all_rows or [] if r.get("layout") == "ray"])
     if growth:
         out += ("A mode's factor times the sharing assumes the mode's engine step, over the sync step of the same "

@@ -68,7 +68,9 @@ def score(one_engine: str, two_engines: str) -> dict[str, Any]:
              # each side's busy time per step, simulated over measured, minus 1 (validate's busy table)
              **{f"{side}_error": r["predicted_busy_per_step_s"][side] / r["measured_busy_per_step_s"][side] - 1
                 for side in ("generating", "training", "weight_sync")
-                if r["measured_busy_per_step_s"].get(side) and side in r["predicted_busy_per_step_s"]}}
+                if r["measured_busy_per_step_s"].get(side) and side in r["predicted_busy_per_step_s"]},
+             "admitting_share_measured": r.get("admitting_share_measured"),
+             "admitting_share_simulated": r.get("admitting_share_simulated")}
             for r in report["rows"] if r["engines"] == 2 and r["mode"] != "sync"]
     return {"rows": rows, "summary": summary(report).get("ray"), "measured_at": measured,
             "prefill_base_s": report["costs"]["prefill_base_s"], "engine_slots": report["costs"]["engine_slots"],
@@ -80,7 +82,8 @@ def ranges(runs: list[dict[str, Any]]) -> dict[str, Any]:
     the busy time per step of each side), and how many runs had every held-out row within 10%."""
     out: dict[str, Any] = {}
     for mode in ("one-step", "fully-async"):
-        for key in ("step_error", "speedup_error", "generating_error", "training_error", "weight_sync_error"):
+        for key in ("step_error", "speedup_error", "generating_error", "training_error", "weight_sync_error",
+                    "admitting_share_measured", "admitting_share_simulated"):
             vals = [r[key] for run in runs for r in run["rows"] if r["mode"] == mode and r.get(key) is not None]
             if vals:
                 out[f"{mode}/{key}"] = {"min": min(vals), "max": max(vals), "mean": sum(vals) / len(vals),
@@ -183,6 +186,8 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(v, dict) and k.endswith("_growth"):
             print(f"{k}: x{v['min']:.2f} .. x{v['max']:.2f} (mean x{v['mean']:.2f}; the model assumes x1) over "
                   f"{v['n']} run(s)")
+        elif isinstance(v, dict) and "_share_" in k:
+            print(f"{k}: {v['min']:.1%} .. {v['max']:.1%} (mean {v['mean']:.1%}) over {v['n']} run(s)")
         elif isinstance(v, dict):
             print(f"{k}: {v['min']:+.1%} .. {v['max']:+.1%} (mean {v['mean']:+.1%}) over {v['n']} run(s)")
     print(f"runs with every held-out row within 10%: {r['runs_within_10pct']} of {r['runs']}; wrote {out}")

@@ -209,7 +209,9 @@ class SimEngine:
         self._kick_scheduled = False
         self._pause: tuple[str, asyncio.Future] | None = None
         self._busy = False
-        self.stats = {"tokens": 0, "steps": 0, "prefill_tokens": 0, "requests": 0}
+        # steps run, tokens decoded, prompt tokens prefilled, requests served, steps that admitted
+        # requests (each ran a prefill batch before its decode)
+        self.stats = {"tokens": 0, "steps": 0, "prefill_tokens": 0, "requests": 0, "admitting_steps": 0}
         self._wake_key: tuple | None = None  # (now, segment) of the last boundary computed by generate
         # _account's token and log-prob runs of the current version, by (kv_version, count):
         # extending from a kept list spares allocating (and freeing) a temporary one per call
@@ -447,6 +449,7 @@ class SimEngine:
         extra = prefill * self.cfg.prefill_per_token_s
         if len(running) > before:  # one prefill batch
             extra += self.cfg.prefill_base_s
+            self.stats["admitting_steps"] += 1
         self._seg = (now, extra * slow, self._step_cost() * slow, self._step)
         self._set_busy(bool(self.running) and not self.paused)
         self._schedule()

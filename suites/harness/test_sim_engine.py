@@ -52,6 +52,22 @@ def test_two_requests_share_steps_and_the_batch_shrinks_when_one_leaves():
     assert s.status == Status.TRUNCATED and l.status == Status.COMPLETED
 
 
+def test_admitting_steps_count_the_steps_that_ran_a_prefill_batch():
+    """Two requests submitted together join in one step; one submitted while they decode
+    joins at the next boundary, in a second admitting step; the other steps only decode."""
+    async def main():
+        eng = engine(10)
+        first = [eng.generate(sample(i), SamplingParams(max_new_tokens=100)) for i in (0, 1)]
+        await asyncio.sleep(3.5 * (BASE + 2 * PER_SEQ))  # inside the fourth step
+        late = eng.generate(sample(2), SamplingParams(max_new_tokens=100))
+        await asyncio.gather(*first, late)
+        return eng.stats
+
+    stats = run_virtual(main())
+    assert stats["admitting_steps"] == 2 and stats["requests"] == 3
+    assert stats["steps"] == 4 + 10  # the late request joins after step 4 and decodes 10 more
+
+
 @pytest.mark.parametrize("mode", ["abort", "retract", "in_place"])
 def test_pause_modes_record_versions_and_kv_provenance(mode):
     async def main():
