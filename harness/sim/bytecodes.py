@@ -1,6 +1,6 @@
 """A deterministic profile of the simulator: Python bytecodes executed per simulated sample.
 
-CPU time on a shared host moves 10-30% from run to run with nothing changed, so a
+CPU time on a shared host moves from run to run with nothing changed, so a
 change of the simulator's speed of a few percent cannot be seen in it. The number of
 bytecodes the interpreter executes for the same seeded simulation does not move at all;
 it is what an optimisation of the Python code changes, and the profile says where they go.

@@ -2,7 +2,7 @@
 (``harness.sim.bytecodes``) on the simulation-speed bench's scenario (fully-async, B = 64,
 n = 8), steps 4 to 12.
 
-CPU seconds on this host move 10-30% with nothing changed; this count does not move at
+CPU seconds on a shared host move with nothing changed; this count does not move at
 all, so it is what tells whether a change of the simulator's Python made it cheaper, and
 where its work goes. The test checks the committed ``results/bench/sim_profile.json``
 against a fresh count: a change that moves the simulator's bytecodes per sample by more
