@@ -2,8 +2,10 @@
 
 CPU time on a shared host moves from run to run with nothing changed, so a
 change of the simulator's speed of a few percent cannot be seen in it. The number of
-bytecodes the interpreter executes for the same seeded simulation does not move at all;
-it is what an optimisation of the Python code changes, and the profile says where they go.
+bytecodes the interpreter executes for the same seeded simulation does not depend on the
+host's load (it moved by 0.2% between checkouts here: garbage-collector callbacks, such as
+a weak set's, run at other moments); it is what an optimisation of the Python code
+changes, and the profile says where they go.
 (It does not see the C work behind a bytecode, an allocation or a dict lookup: on CPython
 3.11 the evaluation loop is about half of the simulator's instructions, the rest a flat
 tail of such C work.)
@@ -53,7 +55,7 @@ def _count(run: Callable[[int], Any], steps: int) -> tuple[Counter, Counter]:
 
     before, before_threads = sys.gettrace(), threading.gettrace()
     sys.settrace(tracer)
-    threading.settrace(tracer)
+    threading.settrace(tracer)  # threads the run starts (the simulator starts none)
     try:
         run(steps)
     finally:

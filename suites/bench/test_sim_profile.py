@@ -2,8 +2,9 @@
 (``harness.sim.bytecodes``) on the simulation-speed bench's scenario (fully-async, B = 64,
 n = 8), steps 4 to 12.
 
-CPU seconds on a shared host move with nothing changed; this count does not move at
-all, so it is what tells whether a change of the simulator's Python made it cheaper, and
+CPU seconds on a shared host move with nothing changed; this count does not depend on
+the host's load (0.2% between checkouts here, from garbage-collector callbacks), so it is
+what tells whether a change of the simulator's Python made it cheaper, and
 where its work goes. The test checks the committed ``results/bench/sim_profile.json``
 against a fresh count: a change that moves the simulator's bytecodes per sample by more
 than 1% needs the file made again (``python -m harness.results.regenerate --only
