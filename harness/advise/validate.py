@@ -116,6 +116,7 @@ def validate(calibration: str, others: list[str], engines_from: str | None = Non
     for path in dict.fromkeys(paths):
         doc = json.loads(Path(path).read_text())
         spec = doc["config"].get("spec", {})
+        git = doc.get("git") or {}
         c = dataclasses.replace(costs, max_running=int(spec.get("max_running", costs.max_running)))
         layout = layout_of(spec)
         modes = [m for m in MODES if m in doc["config"].get("modes", {})]
@@ -133,7 +134,7 @@ def validate(calibration: str, others: list[str], engines_from: str | None = Non
             row = {
                 "file": path, "mode": mode, "calibration": path in (calibration, engines_from) and mode == "sync",
                 "layout": spec.get("layout", "split"), "engines": layout.engines,
-                "commit": (doc.get("git") or {}).get("commit"), "dirty": (doc.get("git") or {}).get("dirty"),
+                "commit": git.get("commit"), "dirty": git.get("dirty"),
                 "B": cfg.rollout_batch_size, "n": cfg.n_samples_per_prompt, "interval": cfg.update_weights_interval,
                 "max_staleness": cfg.max_weight_staleness, "steps": cfg.num_rollout,
                 "measured_step_s": meas["step_s"], "measured_step_s_range": [meas["step_s_min"], meas["step_s_max"]],
@@ -451,7 +452,8 @@ def _sharing_reading(report: dict[str, Any]) -> list[str]:
         "more per engine (each engine's load and the calls that reach it). The contention factors come from the "
         "one-engine calibration run's overlapped modes, so the held-out rows here are the several-engine run's "
         f"overlapped modes ({len(ray)}): largest s/step error {_worst(ray, 'step_error')}, largest speedup error "
-        f"{_worst(ray, 'speedup_error')}. " + _generating_gap(ray, _reference_step_ms(report["rows"]), report["rows"])
+        f"{_worst(ray, 'speedup_error')}. " + _generating_gap(ray, _reference_step_ms(report["rows"]))
+        + _step_types_reading([r for r in report["rows"] if r.get("layout") == "ray"])
         + "On a cluster each engine has its own GPUs "
         "and the fit would find no sharing; the per-engine weight sync is the part that carries over to a real "
         "broadcast."]
@@ -491,8 +493,7 @@ def _reference_step_ms(rows: list[dict[str, Any]]) -> float | None:
                  if r.get("engine_steps") and r["calibration"] and r["engines"] == 1), None)
 
 
-def _generating_gap(rows: list[dict[str, Any]], ref: float | None,
-                    all_rows: list[dict[str, Any]] | None = None) -> str:
+def _generating_gap(rows: list[dict[str, Any]], ref: float | None) -> str:
     """Where the several-engine rows miss: the engines' generating time per step, and
     (where the runs recorded them) the engines' own step times against the model's."""
     gaps = [(r, r["measured_busy_per_step_s"]["generating"], r["predicted_busy_per_step_s"]["generating"])
@@ -515,7 +516,13 @@ def _generating_gap(rows: list[dict[str, Any]], ref: float | None,
                 "one-engine run) by the engines' sharing (fitted on the several-engine sync mode); where a "
                 "measured factor exceeds the modelled one, the engines, the trainer and the driver together "
                 "want more of the host than that product allows. ")
-    shares = [r for r in all_rows or [] if r.get("layout") == "ray" and r.get("admitting_share_measured") is not None
+    return out
+
+
+def _step_types_reading(rows: list[dict[str, Any]]) -> str:
+    """The Ray rows' admission shares, measured vs simulated, and ``mode_vs_sync``'s growth."""
+    out = ""
+    shares = [r for r in rows if r.get("admitting_share_measured") is not None
               and r.get("admitting_share_simulated") is not None]
     if shares:
         out += ("Steps that admitted requests (a prefill batch before the decode), of the engines' steps, measured vs "
@@ -524,7 +531,7 @@ def _generating_gap(rows: list[dict[str, Any]], ref: float | None,
                 + ". A real engine admits requests as they arrive, the simulated one a group's requests together, "
                 "so in fully-async the simulated engines run a prefill batch in fewer of their steps and the "
                 "fully-async factor fitted on one engine carries the difference. ")
-    growth = mode_vs_sync([r for r in all_rows or [] if r.get("layout") == "ray"])
+    growth = mode_vs_sync(rows)
     if growth:
         out += ("A mode's factor times the sharing assumes the mode's engine step, over the sync step of the same "
                 "run, is the same with 2 engines as with 1 (`harness.advise.validate.mode_vs_sync`); measured (each engine's "

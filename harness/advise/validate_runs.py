@@ -84,17 +84,18 @@ def ranges(runs: list[dict[str, Any]]) -> dict[str, Any]:
     for mode in ("one-step", "fully-async"):
         for key in ("step_error", "speedup_error", "generating_error", "training_error", "weight_sync_error",
                     "admitting_share_measured", "admitting_share_simulated"):
-            vals = [r[key] for run in runs for r in run["rows"] if r["mode"] == mode and r.get(key) is not None]
-            if vals:
-                out[f"{mode}/{key}"] = {"min": min(vals), "max": max(vals), "mean": sum(vals) / len(vals),
-                                        "n": len(vals)}
-        growth = [run["mode_vs_sync"][mode]["growth"] for run in runs if mode in run.get("mode_vs_sync", {})]
-        if growth:
-            out[f"{mode}/engine_step_vs_sync_growth"] = {"min": min(growth), "max": max(growth),
-                                                         "mean": sum(growth) / len(growth), "n": len(growth)}
+            _put_range(out, f"{mode}/{key}",
+                       [r[key] for run in runs for r in run["rows"] if r["mode"] == mode and r.get(key) is not None])
+        _put_range(out, f"{mode}/engine_step_vs_sync_growth",
+                   [run["mode_vs_sync"][mode]["growth"] for run in runs if mode in run.get("mode_vs_sync", {})])
     out["runs_within_10pct"] = sum(1 for run in runs if run["summary"] and run["summary"]["within_target"])
     out["runs"] = len(runs)
     return out
+
+
+def _put_range(out: dict[str, Any], key: str, vals: list[float]) -> None:
+    if vals:
+        out[key] = {"min": min(vals), "max": max(vals), "mean": sum(vals) / len(vals), "n": len(vals)}
 
 
 def kept_pairs(kept: Path) -> list[Path]:
@@ -127,13 +128,6 @@ def _print_run(i: int, total: int, run: dict[str, Any]) -> None:
           + ("; all within 10%" if s and s["within_target"] else "; NOT all within 10%"), flush=True)
 
 
-def _rescore_and_print(kept: Path, work: Path) -> list[dict[str, Any]]:
-    runs = rescore(kept, work)
-    for i, run in enumerate(runs):
-        _print_run(i, len(runs), run)
-    return runs
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m harness.advise.validate_runs", description=__doc__.split("\n")[0])
     p.add_argument("--runs", type=int, default=None,
@@ -155,15 +149,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.runs < (0 if args.keep else 1):
         raise SystemExit(f"--runs {args.runs}: must be >= 1 (>= 0 with --keep: 0 validates the kept pairs again and "
                          "makes none); fix: e.g. --runs 3")
-    if args.runs == 0 and not kept_pairs(Path(args.keep)):
+    earlier = kept_pairs(Path(args.keep)) if args.keep else []
+    if args.runs == 0 and not earlier:
         flag = f"--rescore {args.rescore}" if args.rescore else f"--keep {args.keep} --runs 0"
         raise SystemExit(f"{flag}: no kept pairs (run<i>/ray-1.json.gz and ray-2.json.gz) there, so nothing to "
                          "validate; fix: make them with --keep DIR, or name the folder that holds them")
     runs = []
     with tempfile.TemporaryDirectory(prefix="ray-validation-") as tmp:
-        earlier = kept_pairs(Path(args.keep)) if args.keep else []
         if earlier:  # validated again with this model; the new pairs follow them
-            runs = [{**run, "new": False} for run in _rescore_and_print(Path(args.keep), Path(tmp) / "kept")]
+            runs = [{**run, "new": False} for run in rescore(Path(args.keep), Path(tmp) / "kept")]
+            for i, run in enumerate(runs):
+                _print_run(i, len(runs), run)
             if args.runs:
                 print(f"{len(runs)} kept pair(s) above; {args.runs} new below", flush=True)
         first = int(earlier[-1].name[3:]) + 1 if earlier else 0

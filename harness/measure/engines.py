@@ -31,7 +31,7 @@ import statistics
 from typing import Any
 
 from miles_async_core import events as ev
-from harness.measure.overlap import intervals, merge, total
+from harness.measure.overlap import intervals, merge, total, total_sorted
 
 
 def per_engine_rows(events: list[Any], window: tuple[float, float]) -> list[dict[str, Any]]:
@@ -56,7 +56,7 @@ def per_engine_rows(events: list[Any], window: tuple[float, float]) -> list[dict
         under, rest, admitting, decode_only = [], [], [], []
         for e in inside:
             t0 = e.t - e["dur_s"]
-            (under if 2 * _inside(training, training_ends, t0, e.t) >= e["dur_s"] > 0 else rest).append(e)
+            (under if 2 * total_sorted(training, training_ends, (t0, e.t)) >= e["dur_s"] > 0 else rest).append(e)
             (admitting if _any_in(admitted, t0, e.t) else decode_only).append(e)
         rows.append({"engine": k, "requests": sum(1 for e in own if e.kind == ev.FINISHED),
                      "decode_steps": len(inside), "steps_training": len(under), "step_ms": _mean_ms(inside),
@@ -70,18 +70,6 @@ def per_engine_rows(events: list[Any], window: tuple[float, float]) -> list[dict
                      "loads": sum(1 for e in own if e.kind == ev.ENGINE_LOADED),
                      "died": any(e.kind == ev.FAULT and e.fields.get("what") == "engine_died" for e in own)})
     return rows
-
-
-def _inside(iv: list[tuple[float, float]], ends: list[float], t0: float, t1: float) -> float:
-    """``total(iv, (t0, t1))`` for merged ``iv`` (``ends`` its ends): the same sum over the
-    intervals that reach into ``[t0, t1]`` alone (the others add 0), found by bisection, so a
-    run's decode steps cost O(log n) each instead of one pass over every training interval."""
-    covered = 0
-    for a, b in iv[bisect.bisect_left(ends, t0):]:
-        if a >= t1:
-            break
-        covered += max(0.0, min(b, t1) - max(a, t0))
-    return covered
 
 
 def _any_in(sorted_times: list[float], t0: float, t1: float) -> bool:

@@ -28,6 +28,8 @@ step (setup and teardown excluded), the same for simulated and real runs.
 
 from __future__ import annotations
 
+import bisect
+
 from typing import Any, Iterable
 
 from miles_async_core import events as ev
@@ -94,6 +96,19 @@ def merge(iv: list[Interval]) -> list[Interval]:
 def total(iv: list[Interval], window: Interval) -> float:
     lo, hi = window
     return sum(max(0.0, min(b, hi) - max(a, lo)) for a, b in iv)
+
+
+def total_sorted(iv: list[Interval], ends: list[float], window: Interval) -> float:
+    """``total(iv, window)`` for merged ``iv`` (sorted, disjoint; ``ends`` their ends): the
+    same sum over the intervals that reach into the window alone (the others add 0), found
+    by bisection, so many short windows cost O(log n) each instead of a pass over ``iv``."""
+    lo, hi = window
+    covered = 0
+    for a, b in iv[bisect.bisect_left(ends, lo):]:
+        if a >= hi:
+            break
+        covered += max(0.0, min(b, hi) - max(a, lo))
+    return covered
 
 
 def intersect(x: list[Interval], y: list[Interval]) -> list[Interval]:

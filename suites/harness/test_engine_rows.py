@@ -84,8 +84,7 @@ def test_table_shows_the_split_and_dashes_for_none():
 def test_training_overlap_by_bisection_is_the_full_sum(raw, t0, width):
     """A decode step's time under training, found from the intervals that reach into the
     step alone, is the sum over every interval (``overlap.total``), to the bit."""
-    from harness.measure.engines import _inside
-    from harness.measure.overlap import merge, total
+    from harness.measure.overlap import merge, total, total_sorted
 
     iv = merge([(a, a + w) for a, w in raw])
-    assert _inside(iv, [b for _, b in iv], t0, t0 + width) == total(iv, (t0, t0 + width))
+    assert total_sorted(iv, [b for _, b in iv], (t0, t0 + width)) == total(iv, (t0, t0 + width))
