@@ -53,6 +53,7 @@ import numpy as np
 
 from miles_async_core import events as ev
 from miles_async_core.errors import ConfigError
+from harness.advise import host_share
 from harness.sim.engine import LengthDist, SimEngineConfig
 from harness.sim.trainer import SimTrainerConfig
 
@@ -92,14 +93,18 @@ class CostModel:
     # weight_sync_per_engine_s to a weight update (its load and the calls that reach it)
     engine_slots: float = 0.0
     weight_sync_per_engine_s: float = 0.0
+    # the host's cores (harness.advise.host_share): per mode, what the one engine of the calibration
+    # run took while generating; what N engines took together in the N-engine run's sync mode (0:
+    # not recorded). From them the engines share more in an overlapped mode than engine_slots says
+    engine_cores_by_mode: dict[str, float] = field(default_factory=dict)
+    host_engine_cores: float = 0.0
     reference: dict[str, Any] = field(default_factory=lambda: {"engine_gpus": 1, "trainer_gpus": 1})
     fit: dict[str, Any] = field(default_factory=dict)
 
     def contention_for(self, config: Any) -> tuple[float, float]:
         """(engine, trainer) contention factors for a run of ``config``: its mode's own
         (``contention_by_mode``) where fitted, else the joint ones."""
-        mode = "fully-async" if config.fully_async else "one-step" if config.driver == "train_async" else "sync"
-        own = self.contention_by_mode.get(mode)
+        own = self.contention_by_mode.get(mode_of(config))
         if own is None:
             return self.contention_engine, self.contention_trainer
         return own["engine"], own["trainer"]
@@ -140,6 +145,11 @@ class CostModel:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(self.to_json(), indent=1, sort_keys=True) + "\n")
         return path
+
+
+def mode_of(config: Any) -> str:
+    """The main job's name for the mode ``config`` runs: sync, one-step or fully-async."""
+    return "fully-async" if config.fully_async else "one-step" if config.driver == "train_async" else "sync"
 
 
 def load_costs(path: str | Path) -> CostModel:
@@ -475,6 +485,7 @@ def fit_costs(obs: Observations, *, warmup_steps: int = 1) -> CostModel:
     if obs.repeats:
         costs = repeat_scale(obs, costs)
         costs = fit_contention(obs, costs)
+        costs = dataclasses.replace(costs, engine_cores_by_mode=host_share.engine_cores_by_mode(obs.repeats))
     return costs
 
 
@@ -707,13 +718,14 @@ def fit_engine_sharing(costs: CostModel, path: str | Path) -> CostModel:
     probe = max(costs.weight_sync_s, 1e-3)
     w0, w1 = own["weight_sync"], per_step(0.0, probe)["weight_sync"]
     per_engine = max(0.0, (w_n - w0) / (w1 - w0) * probe) if w1 > w0 else 0.0
-    info = {"source": str(path), "engines": n, "sync_repeats": len(rows),
+    host = host_share.host_cores(rows, n) if costs.engine_cores_by_mode.get("sync") else 0.0
+    info = {"source": str(path), "engines": n, "sync_repeats": len(rows), "host_engine_cores": host,
             "measured_generating_per_step_s": target, "simulated_generating_own_hardware_s": own["generating"],
             "slots": slots, "weight_sync_per_step_s": w_n, "weight_sync_one_engine_s": costs.weight_sync_s,
             "note": "slots by bisection of the simulated sync generating time per step against the measured "
                     "median; per-engine weight sync: the simulated weight sync per step matched to the measured median; the run's overlapped modes are "
                     "not read"}
-    return dataclasses.replace(costs, engine_slots=slots, weight_sync_per_engine_s=per_engine,
+    return dataclasses.replace(costs, engine_slots=slots, weight_sync_per_engine_s=per_engine, host_engine_cores=host,
                                fit={**costs.fit, "engine_sharing": info})
 
 

@@ -27,7 +27,9 @@ slower. They apply to layouts whose engines and trainer have the calibrated size
 machine; a layout of bigger engines or trainers is another machine and gets none.
 Likewise ``engine_slots`` (engines of the calibrated size sharing that host: several
 decoding at once decode together as fast as ``engine_slots`` of them alone), which only
-a calibration with several engines on one host sets.
+a calibration with several engines on one host sets; with it, in an overlapped mode the
+main process's demand on the host's cores makes the engines share more than in sync
+(``harness.advise.host_share``).
 
 ``predict`` simulates the given flags and, for the speedup, the same flags as sync
 (``train.py``: no overlap). Sync steps are independent of each other, so the sync
@@ -49,7 +51,8 @@ from miles_async_core.config import AsyncConfig
 from miles_async_core.contracts import NullSink
 from miles_async_core.errors import ConfigError
 from miles_async_core.rules import validate
-from harness.advise.costs import CostModel
+from harness.advise import host_share
+from harness.advise.costs import CostModel, mode_of
 from harness.measure.overlap import ideal_speedup
 from harness.sim.contention import Contention
 from harness.sim.engine import _DONE, SimEngine, SimEngineConfig
@@ -244,7 +247,8 @@ def simulate_layout(costs: CostModel, config: AsyncConfig, layout: Layout, *, de
     shared = costs.engine_slots if layout.engines > 1 else 0.0
     engine_c, trainer_c = costs.contention_for(config)
     if (engine_c or trainer_c or shared) and calibrated_units(costs, layout):
-        contention = Contention(engine=engine_c, trainer=trainer_c, engine_slots=shared)
+        cores = host_share.figures(costs, mode_of(config)) if shared else {}
+        contention = Contention(engine=engine_c, trainer=trainer_c, engine_slots=shared, **cores)
     weight_sync_s = costs.weight_sync_s + (layout.engines - 1) * costs.weight_sync_per_engine_s
 
     def factory(cfg: SimEngineConfig, sink: Any) -> RoutedEngines:

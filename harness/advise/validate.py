@@ -38,8 +38,10 @@ from pathlib import Path
 from typing import Any
 
 from miles_async_core.config import AsyncConfig
-from harness.advise.costs import (CostModel, fit_costs, fit_engine_sharing, observations_from_results,
+from harness.advise import host_share
+from harness.advise.costs import (CostModel, fit_costs, fit_engine_sharing, mode_of, observations_from_results,
                                   replay_steps)
+from harness.advise.host_share import engine_cores_generating
 from harness.advise.predict import Layout, predict, predict_sync
 from harness.sim.contention import Contention
 
@@ -63,13 +65,9 @@ def measured(doc: dict[str, Any], mode: str) -> dict[str, Any]:
             for side, key in (("generating", "rollout_busy_s"), ("training", "train_busy_s"),
                               ("weight_sync", "weight_sync_s")) if all(key in r for r in rows)}
     cpu = sorted(r["cpu_cores_total"] for r in rows if r.get("cpu_cores_total") is not None)
-    # each engine's share of the host while the rollout generates: the engines' cores over the
-    # run, per engine, over the share of the run they generated (``rollout_busy_s``: their union)
-    share = sorted(r["cpu_cores_engines"] / len(r["cpu_cores_per_engine"]) * r["wall_s"] / r["rollout_busy_s"]
-                   for r in rows if r.get("cpu_cores_engines") is not None and r.get("cpu_cores_per_engine")
-                   and r.get("rollout_busy_s"))
     return {"cpu_cores_total": med(cpu) if cpu and len(cpu) == len(rows) else None,
-            "engine_cores_generating": med(share) if share and len(share) == len(rows) else None,
+            # each engine's share of the host while the rollout generates
+            "engine_cores_generating": engine_cores_generating(rows),
             "host_cpu_count": next((int(r["host_cpu_count"]) for r in rows if r.get("host_cpu_count")), None),
             "step_s": med(per_step), "step_s_min": per_step[0], "step_s_max": per_step[-1],
             "speedup": med(speed) if speed else (1.0 if mode == "sync" else None), "repeats": len(rows),
@@ -180,8 +178,8 @@ def _engine_steps(engines: list[dict[str, Any]], costs: CostModel, config: Async
     """The engines' own decode-step times of the first repeat (``harness.measure.engines``:
     mean over the engines of each part, milliseconds) with the factor the simulator applies
     to a step in each part when all ``n`` engines decode (``Contention.engine_factor``: the
-    sharing ``max(1, n / engine_slots)``, times ``1 + engine contention`` of the mode under
-    training). None for a results file without
+    sharing ``max(1, n / engine_slots)`` times the mode's ``host_share.growth``, times
+    ``1 + engine contention`` of the mode under training). None for a results file without
     them (the split layout, or a run made before they were recorded)."""
     rows = [e for e in engines if e.get("step_ms") is not None]
     if not rows:
@@ -192,7 +190,7 @@ def _engine_steps(engines: list[dict[str, Any]], costs: CostModel, config: Async
         return sum(vals) / len(vals) if vals else None
 
     model = Contention(engine=costs.contention_for(config)[0] if config.driver != "train" else 0.0, trainer=0.0,
-                       engine_slots=costs.engine_slots)
+                       engine_slots=costs.engine_slots, **host_share.figures(costs, mode_of(config)))
     model.busy = n
     factor_not_training = model.engine_factor()
     model.training = True
@@ -460,13 +458,16 @@ def _sharing_reading(report: dict[str, Any]) -> list[str]:
 
 
 def mode_vs_sync(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """What the model assumes of the engines' sharing, tested on one pair, per overlapped mode.
+    """What the model says of the engines' sharing, tested on one pair, per overlapped mode.
 
     The simulator slows an engine by its mode's factor (fitted on one engine) times the
-    engines' sharing (fitted on the two-engine sync mode), so it assumes that a mode's engine
-    step, over the sync step of the same run, is the same with 2 engines as with 1:
-    ``growth`` = (2-engine mode step / 2-engine sync step) / (1-engine mode step / 1-engine
-    sync step) is 1 in the model. Steps are the engines' own mean decode step of the first
+    engines' sharing (fitted on the two-engine sync mode) times the mode's host growth
+    (``harness.advise.host_share``: the main process's demand on the host's cores makes the
+    engines share more than in sync). ``growth`` = (2-engine mode step / 2-engine sync
+    step) / (1-engine mode step / 1-engine sync step), measured; ``growth_model``, the same
+    ratio of the factors the model applies to a step when both engines decode and the
+    trainer does not train (the rows' ``engine_steps``; 1 without the host's cores, the
+    model before them). Steps are the engines' own mean decode step of the first
     repeat (``harness.measure.engines``); within one run both steps meet the same host, so
     the ratios cancel the host's state at the time. Beside it, each engine's cores while the
     rollout generates (median over repeats; over their union, so where the engines are
@@ -474,14 +475,18 @@ def mode_vs_sync(rows: list[dict[str, Any]]) -> dict[str, Any]:
     by = {(r["engines"], r["mode"]): r for r in rows}
     out = {}
     for mode in ("one-step", "fully-async"):
-        steps = {}
+        steps, model = {}, {}
         for n in (1, 2):
             a, s = by.get((n, mode)), by.get((n, "sync"))
             if a and s and a.get("engine_steps") and s.get("engine_steps"):
                 steps[n] = a["engine_steps"]["step_ms"] / s["engine_steps"]["step_ms"]
+                if "model_factor_not_training" in a["engine_steps"]:
+                    model[n] = (a["engine_steps"]["model_factor_not_training"]
+                                / s["engine_steps"]["model_factor_not_training"])
         if len(steps) == 2:
             out[mode] = {"step_vs_sync_1_engine": steps[1], "step_vs_sync_2_engines": steps[2],
                          "growth": steps[2] / steps[1],
+                         "growth_model": model[2] / model[1] if len(model) == 2 else None,
                          "engine_cores_generating_1_engine": by[(1, mode)].get("engine_cores_generating"),
                          "engine_cores_generating_2_engines": by[(2, mode)].get("engine_cores_generating")}
     return out
@@ -533,11 +538,13 @@ def _step_types_reading(rows: list[dict[str, Any]]) -> str:
                 "fully-async factor fitted on one engine carries the difference. ")
     growth = mode_vs_sync(rows)
     if growth:
-        out += ("A mode's factor times the sharing assumes the mode's engine step, over the sync step of the same "
-                "run, is the same with 2 engines as with 1 (`harness.advise.validate.mode_vs_sync`); measured (each engine's "
-                "own mean step, first repeat): "
+        out += ("A mode's engine step over the sync step of the same run, with 1 engine and with 2 "
+                "(`harness.advise.validate.mode_vs_sync`), measured (each engine's own mean step, first repeat), "
+                "and how much it grows with the second engine, measured and in the model (a mode's factor times the "
+                "sharing times the host growth of `harness.advise.host_share`): "
                 + "; ".join(f"{m} x{g['step_vs_sync_1_engine']:.2f} with 1 engine, "
-                            f"x{g['step_vs_sync_2_engines']:.2f} with 2 (x{g['growth']:.2f})"
+                            f"x{g['step_vs_sync_2_engines']:.2f} with 2 (x{g['growth']:.2f}; model "
+                            + ("-" if g.get("growth_model") is None else f"x{g['growth_model']:.2f}") + ")"
                             for m, g in growth.items()) + ". ")
     return out
 

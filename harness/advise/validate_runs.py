@@ -86,8 +86,10 @@ def ranges(runs: list[dict[str, Any]]) -> dict[str, Any]:
                     "admitting_share_measured", "admitting_share_simulated"):
             _put_range(out, f"{mode}/{key}",
                        [r[key] for run in runs for r in run["rows"] if r["mode"] == mode and r.get(key) is not None])
-        _put_range(out, f"{mode}/engine_step_vs_sync_growth",
-                   [run["mode_vs_sync"][mode]["growth"] for run in runs if mode in run.get("mode_vs_sync", {})])
+        for key, name in (("growth", "engine_step_vs_sync_growth"),
+                          ("growth_model", "engine_step_vs_sync_growth_model")):
+            _put_range(out, f"{mode}/{name}", [run["mode_vs_sync"][mode][key] for run in runs
+                                               if run.get("mode_vs_sync", {}).get(mode, {}).get(key) is not None])
     out["runs_within_10pct"] = sum(1 for run in runs if run["summary"] and run["summary"]["within_target"])
     out["runs"] = len(runs)
     return out
@@ -179,9 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     out.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
     r = doc["range"]
     for k, v in r.items():
-        if isinstance(v, dict) and k.endswith("_growth"):
-            print(f"{k}: x{v['min']:.2f} .. x{v['max']:.2f} (mean x{v['mean']:.2f}; the model assumes x1) over "
-                  f"{v['n']} run(s)")
+        if isinstance(v, dict) and "_growth" in k:
+            print(f"{k}: x{v['min']:.2f} .. x{v['max']:.2f} (mean x{v['mean']:.2f}) over {v['n']} run(s)")
         elif isinstance(v, dict) and "_share_" in k:
             print(f"{k}: {v['min']:.1%} .. {v['max']:.1%} (mean {v['mean']:.1%}) over {v['n']} run(s)")
         elif isinstance(v, dict):

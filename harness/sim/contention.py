@@ -17,7 +17,17 @@ and ``contention_trainer``, fitted by ``harness.advise.costs.fit_contention``):
   ``harness.advise.costs.fit_engine_sharing``): with ``slots`` > 0, while ``k`` > 1
   engines decode at once every engine step costs ``max(1, k / slots)`` times as much
   (processor sharing: the engines together decode as fast as ``slots`` engines alone;
-  on a cluster every engine has its own GPUs and ``slots`` is 0, off).
+  on a cluster every engine has its own GPUs and ``slots`` is 0, off);
+* the main process's demand on that host (``host_growth``; ``engine_cores``,
+  ``main_cores``, ``host_cores``, fitted by ``harness.advise.host_share``): the slots are
+  fitted on the sync mode, where the main process (driver and trainer) is idle while the
+  engines decode; in an overlapped mode it wants ``main_cores`` of the host's
+  ``host_cores`` all along, so ``k`` engines share more than in sync. With the host shared
+  in proportion to demand (each engine wants ``engine_cores``), a state's slow-down is
+  ``max(1, demand / host_cores)``, and ``k`` engines in the mode are slowed by
+  ``host_growth(k)`` = (their slow-down over one engine's in the mode) / (the same in sync)
+  on top of the sync sharing (one engine's slow-down in the mode is already in
+  ``engine``). 0 (any of the three): off, the growth is 1.
 
 Weight sync and waiting are not slowed (the model has them idle on one side).
 
@@ -37,6 +47,20 @@ from miles_async_core.errors import ConfigError
 _TIMER, _CHANGE = "timer", "change"
 
 
+def host_growth(k: int, *, engine_cores: float, main_cores: float, host_cores: float) -> float:
+    """How much more ``k`` engines slow each other with the main process wanting
+    ``main_cores`` than without it: (k engines' slow-down / one engine's) with it, over the
+    same without it, each slow-down ``max(1, demand / host_cores)`` (the host shared in
+    proportion to demand). 1 when any figure is 0 (not measured) or ``k`` <= 1."""
+    if k <= 1 or not (engine_cores > 0 and main_cores > 0 and host_cores > 0):
+        return 1.0
+
+    def slow(n: int, main: float) -> float:
+        return max(1.0, (n * engine_cores + main) / host_cores)
+
+    return (slow(k, main_cores) / slow(1, main_cores)) / (slow(k, 0.0) / slow(1, 0.0))
+
+
 def _set(fut: asyncio.Future, value: str) -> None:
     if not fut.done():
         fut.set_result(value)
@@ -46,13 +70,17 @@ class Contention:
     """The coupling: engines report how many of them decode (``engine_busy``), the trainer
     runs its steps through ``train``; each side's rate follows the other's state."""
 
-    def __init__(self, *, engine: float, trainer: float, engine_slots: float = 0.0) -> None:
+    def __init__(self, *, engine: float, trainer: float, engine_slots: float = 0.0, engine_cores: float = 0.0,
+                 main_cores: float = 0.0, host_cores: float = 0.0) -> None:
         for name, value in (("contention_engine", engine), ("contention_trainer", trainer),
-                            ("engine_slots", engine_slots)):
+                            ("engine_slots", engine_slots), ("engine_cores", engine_cores),
+                            ("main_cores", main_cores), ("host_cores", host_cores)):
             if not value >= 0:
                 raise ConfigError(f"{name} = {value!r}: must be >= 0 (0: no slow-down); fix: use 0 or a positive "
                                   "value from harness.advise.costs.fit_contention / fit_engine_sharing")
         self.engine, self.trainer, self.slots = float(engine), float(trainer), float(engine_slots)
+        self.cores = {"engine_cores": float(engine_cores), "main_cores": float(main_cores),
+                      "host_cores": float(host_cores)}
         self.engines: list[Any] = []  # objects with set_slowdown(factor)
         self.busy = 0  # engines decoding now
         self.training = False
@@ -67,8 +95,10 @@ class Contention:
     def engine_factor(self) -> float:
         """What an engine step costs now, relative to the calibrated engine alone."""
         factor = 1.0 + self.engine if self.training else 1.0
-        if self.slots and self.busy > 1 and self.busy > self.slots:
-            factor *= self.busy / self.slots
+        if self.slots and self.busy > 1:
+            share = (self.busy / self.slots if self.busy > self.slots else 1.0) * host_growth(self.busy, **self.cores)
+            if share > 1.0:
+                factor *= share
         return factor
 
     def _apply(self) -> None:
