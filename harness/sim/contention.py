@@ -76,8 +76,10 @@ class Contention:
                             ("engine_slots", engine_slots), ("engine_cores", engine_cores),
                             ("main_cores", main_cores), ("host_cores", host_cores)):
             if not value >= 0:
+                source = "harness.advise.host_share" if name.endswith("_cores") else \
+                    "harness.advise.costs.fit_contention / fit_engine_sharing"
                 raise ConfigError(f"{name} = {value!r}: must be >= 0 (0: no slow-down); fix: use 0 or a positive "
-                                  "value from harness.advise.costs.fit_contention / fit_engine_sharing")
+                                  f"value from {source}")
         self.engine, self.trainer, self.slots = float(engine), float(trainer), float(engine_slots)
         self.cores = {"engine_cores": float(engine_cores), "main_cores": float(main_cores),
                       "host_cores": float(host_cores)}
