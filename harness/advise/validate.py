@@ -518,9 +518,11 @@ def _generating_gap(rows: list[dict[str, Any]], ref: float | None) -> str:
                             f"{part(s, 'step_ms_training', 'model_factor_training')}, not training "
                             f"{part(s, 'step_ms_not_training', 'model_factor_not_training')}" for r, s in steps)
                 + ". The model multiplies one engine's slow-down under training (fitted per mode on the "
-                "one-engine run) by the engines' sharing (fitted on the several-engine sync mode); where a "
-                "measured factor exceeds the modelled one, the engines, the trainer and the driver together "
-                "want more of the host than that product allows. ")
+                "one-engine run) by the engines' sharing (fitted on the several-engine sync mode) and, in an "
+                "overlapped mode, by the host's growth (`harness.advise.host_share`: the main process's demand "
+                "on the host, inferred from the one-engine run); where a measured factor exceeds the modelled "
+                "one, the engines, the trainer and the driver together want more of the host than that "
+                "product allows. ")
     return out
 
 
