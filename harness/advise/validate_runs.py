@@ -17,6 +17,12 @@ kept pairs again without running anything, so a change of the model is judged on
 measurements as the model before it (the pairs measured before a model change are what it
 was developed on, not a held-out test of it).
 
+Each held-out row also says how far its own measurement moves: the s/step range of its
+repeats over their median (``repeat_spread``) and whether the prediction lies inside that
+range (``predicted_within_repeats``); the report counts those rows per mode and gives each
+error's spread over the pairs (``sd``). A miss outside the repeats is the model's; one
+inside them is as close as the measurement can tell.
+
     python -m harness.advise.validate_runs --runs 3 --keep results/advise/ray_pairs \
         --out results/advise/validation_ray_runs.json
     python -m harness.advise.validate_runs --rescore results/advise/ray_pairs --out /tmp/rescored.json
@@ -70,11 +76,21 @@ def score(one_engine: str, two_engines: str) -> dict[str, Any]:
                 for side in ("generating", "training", "weight_sync")
                 if r["measured_busy_per_step_s"].get(side) and side in r["predicted_busy_per_step_s"]},
              "admitting_share_measured": r.get("admitting_share_measured"),
-             "admitting_share_simulated": r.get("admitting_share_simulated")}
+             "admitting_share_simulated": r.get("admitting_share_simulated"), **_noise(r)}
             for r in report["rows"] if r["engines"] == 2 and r["mode"] != "sync"]
     return {"rows": rows, "summary": summary(report).get("ray"), "measured_at": measured,
             "prefill_base_s": report["costs"]["prefill_base_s"], "engine_slots": report["costs"]["engine_slots"],
             "mode_vs_sync": mode_vs_sync(report["rows"])}
+
+
+def _noise(row: dict[str, Any]) -> dict[str, Any]:
+    """How far the held-out measurement moves by itself: its repeats' s/step range, that range
+    over the median (``repeat_spread``), and whether the prediction lies inside it (the
+    measured median is one draw of such a run; a prediction inside its repeats is as close
+    as the measurement can tell)."""
+    lo, hi = row["measured_step_s_range"]
+    return {"measured_step_s_range": [lo, hi], "repeat_spread": (hi - lo) / row["measured_step_s"],
+            "predicted_within_repeats": lo <= row["predicted_step_s"] <= hi}
 
 
 def ranges(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -83,9 +99,13 @@ def ranges(runs: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for mode in ("one-step", "fully-async"):
         for key in ("step_error", "speedup_error", "generating_error", "training_error", "weight_sync_error",
-                    "admitting_share_measured", "admitting_share_simulated"):
+                    "admitting_share_measured", "admitting_share_simulated", "repeat_spread"):
             _put_range(out, f"{mode}/{key}",
                        [r[key] for run in runs for r in run["rows"] if r["mode"] == mode and r.get(key) is not None])
+        inside = [r["predicted_within_repeats"] for run in runs for r in run["rows"]
+                  if r["mode"] == mode and "predicted_within_repeats" in r]
+        if inside:
+            out[f"{mode}/predicted_within_repeats"] = {"rows": sum(inside), "of": len(inside)}
         for key, name in (("growth", "engine_step_vs_sync_growth"),
                           ("growth_model", "engine_step_vs_sync_growth_model")):
             _put_range(out, f"{mode}/{name}", [run["mode_vs_sync"][mode][key] for run in runs
@@ -97,7 +117,9 @@ def ranges(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _put_range(out: dict[str, Any], key: str, vals: list[float]) -> None:
     if vals:
-        out[key] = {"min": min(vals), "max": max(vals), "mean": sum(vals) / len(vals), "n": len(vals)}
+        mean = sum(vals) / len(vals)
+        sd = (sum((v - mean) ** 2 for v in vals) / (len(vals) - 1)) ** 0.5 if len(vals) > 1 else None
+        out[key] = {"min": min(vals), "max": max(vals), "mean": mean, "sd": sd, "n": len(vals)}
 
 
 def kept_pairs(kept: Path) -> list[Path]:
@@ -183,7 +205,9 @@ def main(argv: list[str] | None = None) -> int:
     for k, v in r.items():
         if isinstance(v, dict) and "_growth" in k:
             print(f"{k}: x{v['min']:.2f} .. x{v['max']:.2f} (mean x{v['mean']:.2f}) over {v['n']} run(s)")
-        elif isinstance(v, dict) and "_share_" in k:
+        elif isinstance(v, dict) and "rows" in v:
+            print(f"{k}: {v['rows']} of {v['of']} held-out rows")
+        elif isinstance(v, dict) and ("_share_" in k or k.endswith("_spread")):
             print(f"{k}: {v['min']:.1%} .. {v['max']:.1%} (mean {v['mean']:.1%}) over {v['n']} run(s)")
         elif isinstance(v, dict):
             print(f"{k}: {v['min']:+.1%} .. {v['max']:+.1%} (mean {v['mean']:+.1%}) over {v['n']} run(s)")
