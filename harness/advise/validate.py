@@ -41,7 +41,6 @@ from miles_async_core.config import AsyncConfig
 from harness.advise import host_share
 from harness.advise.costs import (CostModel, fit_costs, fit_engine_sharing, mode_of, observations_from_results,
                                   replay_steps)
-from harness.advise.host_share import engine_cores_generating
 from harness.advise.predict import Layout, predict, predict_sync
 from harness.sim.contention import Contention
 
@@ -67,7 +66,7 @@ def measured(doc: dict[str, Any], mode: str) -> dict[str, Any]:
     cpu = sorted(r["cpu_cores_total"] for r in rows if r.get("cpu_cores_total") is not None)
     return {"cpu_cores_total": med(cpu) if cpu and len(cpu) == len(rows) else None,
             # each engine's share of the host while the rollout generates
-            "engine_cores_generating": engine_cores_generating(rows),
+            "engine_cores_generating": host_share.engine_cores_generating(rows),
             "host_cpu_count": next((int(r["host_cpu_count"]) for r in rows if r.get("host_cpu_count")), None),
             "step_s": med(per_step), "step_s_min": per_step[0], "step_s_max": per_step[-1],
             "speedup": med(speed) if speed else (1.0 if mode == "sync" else None), "repeats": len(rows),

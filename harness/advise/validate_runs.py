@@ -34,6 +34,7 @@ import argparse
 import gzip
 import json
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -117,9 +118,8 @@ def ranges(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _put_range(out: dict[str, Any], key: str, vals: list[float]) -> None:
     if vals:
-        mean = sum(vals) / len(vals)
-        sd = (sum((v - mean) ** 2 for v in vals) / (len(vals) - 1)) ** 0.5 if len(vals) > 1 else None
-        out[key] = {"min": min(vals), "max": max(vals), "mean": mean, "sd": sd, "n": len(vals)}
+        out[key] = {"min": min(vals), "max": max(vals), "mean": sum(vals) / len(vals),
+                    "sd": statistics.stdev(vals) if len(vals) > 1 else None, "n": len(vals)}
 
 
 def kept_pairs(kept: Path) -> list[Path]:
