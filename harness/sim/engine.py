@@ -23,9 +23,11 @@ tokens and log-probs are synthetic: token id = the sampling version, log-prob
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import heapq
 import math
 import statistics
+from asyncio import format_helpers
 from collections import deque
 from dataclasses import dataclass, field
 from statistics import NormalDist
@@ -164,6 +166,9 @@ class SimEngineConfig:
 _WAITING, _RUNNING, _DONE = 0, 1, 2
 
 
+_future_set_result, _future_set_exception = asyncio.Future.set_result, asyncio.Future.set_exception
+
+
 class _Req(asyncio.Future):
     """One generate request: the engine's record of it and the future ``generate``
     returns, in one object (``fut`` is itself). One object, not a request and a future
@@ -173,20 +178,78 @@ class _Req(asyncio.Future):
     Cancelling it removes the request from the engine (``_on_cancel``), queued just
     before the future's own done callbacks: where a done callback registered at
     submission would run, without a callback per request that completes normally.
-    ``generate`` sets every field."""
+
+    Its done callbacks are kept here (``_cbs``), not in the C future: when an engine
+    step finishes several requests, their callbacks run in one loop callback
+    (``_run_callbacks``), in the order and at the place in the ready queue where the
+    future's own scheduling would have put one handle each. However the future ends
+    (``set_result``, ``set_exception``, ``cancel``), its callbacks are scheduled as
+    asyncio's futures schedule them. ``generate`` sets every field."""
 
     __slots__ = ("sample", "target", "truncated", "base", "join_step", "kv_floor", "finish_step", "state",
-                 "fail", "engine", "index", "prompt_len")
+                 "fail", "engine", "index", "prompt_len", "_cbs")
 
     @property
     def fut(self) -> "_Req":
         return self
 
+    def add_done_callback(self, fn: Any, *, context: Any = None) -> None:
+        if self.done():
+            self.get_loop().call_soon(fn, self, context=context)
+            return
+        if context is None:
+            context = contextvars.copy_context()
+        cbs = self._cbs
+        if cbs is None:
+            self._cbs = [(fn, context)]
+        else:
+            cbs.append((fn, context))
+
+    def remove_done_callback(self, fn: Any) -> int:
+        cbs = self._cbs
+        if not cbs:
+            return 0
+        kept = [entry for entry in cbs if not entry[0] == fn]
+        self._cbs = kept
+        return len(cbs) - len(kept)
+
+    def _schedule_callbacks(self) -> None:
+        cbs, self._cbs = self._cbs, None
+        if cbs:
+            loop = self.get_loop()
+            for fn, context in cbs:
+                loop.call_soon(fn, self, context=context)
+
+    def set_result(self, result: Any) -> None:
+        _future_set_result(self, result)
+        self._schedule_callbacks()
+
+    def set_exception(self, exception: Any) -> None:
+        _future_set_exception(self, exception)
+        self._schedule_callbacks()
+
     def cancel(self, msg: Any = None) -> bool:
         if self.done():
             return False
         self.get_loop().call_soon(self.engine._on_cancel, self)
-        return super().cancel(msg)
+        super().cancel(msg)
+        self._schedule_callbacks()
+        return True
+
+
+def _run_callbacks(batch: list[tuple[_Req, list]]) -> None:
+    """The done callbacks of requests an engine step finished, in order: each as
+    ``Handle._run`` runs one (an exception goes to the loop's exception handler)."""
+    for req, cbs in batch:
+        for fn, context in cbs:
+            try:
+                context.run(fn, req)
+            except (SystemExit, KeyboardInterrupt):
+                raise
+            except BaseException as exc:
+                cb = format_helpers._format_callback_source(fn, (req,))
+                req.get_loop().call_exception_handler(
+                    {"message": f"Exception in callback {cb}", "exception": exc, "future": req})
 
 
 class SimEngine:
@@ -224,6 +287,8 @@ class SimEngine:
         self._lengths: dict[int, list[int]] = {}
         self._running_loop: asyncio.AbstractEventLoop | None = None  # see _loop
         self._version_str = (0, "0")  # weight_version and str(weight_version), for _finish
+        # the done callbacks of the requests _on_timer is finishing (_run_callbacks), else None
+        self._batch: list | None = None
 
     # --- contract -----------------------------------------------------------------------
     def generate(self, sample: Sample, sampling: SamplingParams) -> asyncio.Future:
@@ -248,6 +313,7 @@ class SimEngine:
         req.base = base
         req.join_step = req.kv_floor = req.finish_step = 0
         req.state = _WAITING
+        req._cbs = None
         req.engine = self
         req.index = index
         req.prompt_len = len(sample.prompt_tokens) or cfg.prompt_tokens  # the prompt, as submitted
@@ -255,6 +321,12 @@ class SimEngine:
         if self.sink.enabled:
             self.sink.emit(ev.SUBMITTED, index=index, group_index=sample.group_index, version=self.weight_version)
         self.waiting.append(req)
+        self._submitted(loop)
+        return req
+
+    def _submitted(self, loop: asyncio.AbstractEventLoop) -> None:
+        """A request joined the waiting queue: a running batch admits it at its next step
+        boundary, an idle engine at once (``_kick``); a paused one on resume."""
         if not self.paused:
             if self.running:
                 # _wake_at_next_boundary(), computed once per instant and segment: the
@@ -270,7 +342,58 @@ class SimEngine:
             elif not self._kick_scheduled:
                 self._kick_scheduled = True
                 loop.call_soon(self._kick)
-        return req
+
+    def generate_group(self, samples: list[Sample], sampling: SamplingParams) -> list[_Req] | None:
+        """``[self.generate(s, sampling) for s in samples]`` for a group of fresh samples
+        (first attempts, no tokens yet), in one call: the same requests, events, timer
+        and kick, with the per-call work done once (the contract's optional method).
+        ``None`` (the caller calls ``generate`` per sample) for any other group, and
+        when a subclass overrides ``generate``."""
+        if type(self).generate is not SimEngine.generate:
+            return None
+        for s in samples:
+            if s.status is not Status.PENDING or type(s.retry_count) is not int or s.retry_count:
+                return None
+        loop = self._running_loop
+        if loop is None or not loop.is_running():
+            loop = self._loop()
+        cfg = self.cfg
+        max_new = sampling.max_new_tokens
+        failing = cfg.request_failure_rate > 0
+        lengths_of, waiting, engine = self._lengths, self.waiting.append, self
+        futs = []
+        emit = self.sink.emit if self.sink.enabled else None
+        version = self.weight_version
+        prompt_default = cfg.prompt_tokens
+        for sample in samples:
+            req = _Req(loop=loop)
+            index = sample.index
+            if type(index) is int and 0 <= index < 1 << 62:
+                b = index >> _BLOCK_BITS
+                drawn = (lengths_of.get(b) or self._length_block(b))[index & _BLOCK_MASK]
+            else:
+                drawn = cfg.response_length.draw(_uniform3(cfg.seed, index, 0))
+            base = len(sample.response_tokens)
+            target = drawn if drawn < max_new else max_new
+            req.sample = sample
+            req.target = base if base > target else target
+            req.truncated = drawn >= max_new
+            req.fail = failing and _uniform3(cfg.seed + 1, index, 0) < cfg.request_failure_rate
+            req.base = base
+            req.join_step = req.kv_floor = req.finish_step = 0
+            req.state = _WAITING
+            req._cbs = None
+            req.engine = engine
+            req.index = index
+            req.prompt_len = len(sample.prompt_tokens) or prompt_default
+            if emit is not None:
+                emit(ev.SUBMITTED, index=index, group_index=sample.group_index, version=version)
+            waiting(req)
+            futs.append(req)
+        self.stats["requests"] += len(futs)
+        if futs:
+            self._submitted(loop)
+        return futs
 
     async def pause_generation(self, mode: str) -> None:
         check_pause_mode(mode)
@@ -405,11 +528,15 @@ class SimEngine:
         heap = self._heap
         if heap and heap[0] <= step:
             pop, finishing, finish = heapq.heappop, self._finishing, self._finish
-            while heap and heap[0] <= step:
-                finish_step = pop(heap)
-                for req in finishing.pop(finish_step):
-                    if req.state == _RUNNING and req.finish_step == finish_step:  # still to finish now
-                        finish(req, aborted=False)
+            self._batch = []
+            try:
+                while heap and heap[0] <= step:
+                    finish_step = pop(heap)
+                    for req in finishing.pop(finish_step):
+                        if req.state == _RUNNING and req.finish_step == finish_step:  # still to finish now
+                            finish(req, aborted=False)
+            finally:
+                self._batch = None
         if self._pause is not None:
             mode, fut = self._pause
             self._pause = None
@@ -525,9 +652,17 @@ class SimEngine:
             emit_finished(sink, s)
         if not req.done():
             if req.fail and not aborted:
-                req.set_exception(EngineRequestError(f"injected failure of request index={s.index}"))
+                _future_set_exception(req, EngineRequestError(f"injected failure of request index={s.index}"))
             else:
-                req.set_result(s)
+                _future_set_result(req, s)
+            batch = self._batch
+            if batch is None:
+                req._schedule_callbacks()
+            elif req._cbs:  # _on_timer's finishes: one loop callback runs the callbacks of them all
+                if not batch:
+                    req.get_loop().call_soon(_run_callbacks, batch)
+                batch.append((req, req._cbs))
+                req._cbs = None
 
     def _apply_pause(self, mode: str) -> None:
         self.paused = True
