@@ -49,7 +49,7 @@ class Step:
 STEPS: list[Step] = [
     Step("sim_speed", BENCH + ["suites/bench/test_sim_speed.py"], ["results/bench/sim_speed.json"], WRITE),
     # the simulator against d7779bb (before issue 10's last changes to it), side by side
-    Step("sim_speed_ab", [PY, "-m", "harness.results.sim_ab", "--base", "d7779bb", "--pairs", "3"],
+    Step("sim_speed_ab", [PY, "-m", "harness.results.sim_ab", "--base", "d7779bb", "--pairs", "8"],
          ["results/bench/sim_speed_ab.json"]),
     Step("sim_profile", BENCH + ["suites/bench/test_sim_profile.py"], ["results/bench/sim_profile.json"], WRITE),
     Step("engine_throughput", BENCH + ["suites/bench/test_engine_throughput.py"],
