@@ -292,42 +292,59 @@ class SimEngine:
 
     # --- contract -----------------------------------------------------------------------
     def generate(self, sample: Sample, sampling: SamplingParams) -> asyncio.Future:
+        return self._submit((sample,), sampling)[0]
+
+    def generate_group(self, samples: list[Sample], sampling: SamplingParams) -> list[_Req] | None:
+        """``[self.generate(s, sampling) for s in samples]`` in one call, for a group whose
+        samples all wait for generation (``PENDING``): the same requests, events, timer and
+        kick, with the per-call work done once (the contract's optional method). ``None``
+        (the caller calls ``generate`` per sample) for any other group, and when a
+        subclass overrides ``generate``."""
+        if type(self).generate is not SimEngine.generate:
+            return None
+        for s in samples:
+            if s.status is not Status.PENDING:
+                return None
+        return self._submit(samples, sampling)
+
+    def _submit(self, samples: Iterable[Sample], sampling: SamplingParams) -> list[_Req]:
+        """A request per sample, queued in order, then the engine woken once."""
         loop = self._running_loop
         if loop is None or not loop.is_running():  # _loop(), inlined
             loop = self._loop()
-        req = _Req(loop=loop)
         cfg = self.cfg
-        index, retry = sample.index, sample.retry_count
-        if retry == 0 and type(index) is int and type(retry) is int and 0 <= index < 1 << 62:
-            lengths = self._lengths.get(index >> _BLOCK_BITS) or self._length_block(index >> _BLOCK_BITS)
-            drawn = lengths[index & _BLOCK_MASK]
-        else:  # a retry: scattered, drawn alone
-            drawn = cfg.response_length.draw(_uniform3(cfg.seed, index, retry))
         max_new = sampling.max_new_tokens
-        target = drawn if drawn < max_new else max_new
-        base = len(sample.response_tokens)  # tokens already generated (non-zero only for resumed samples)
-        req.sample = sample
-        req.target = base if base > target else target
-        req.truncated = drawn >= max_new
-        req.fail = cfg.request_failure_rate > 0 and _uniform3(cfg.seed + 1, index, retry) < cfg.request_failure_rate
-        req.base = base
-        req.join_step = req.kv_floor = req.finish_step = 0
-        req.state = _WAITING
-        req._cbs = None
-        req.engine = self
-        req.index = index
-        req.prompt_len = len(sample.prompt_tokens) or cfg.prompt_tokens  # the prompt, as submitted
-        self.stats["requests"] += 1
-        if self.sink.enabled:
-            self.sink.emit(ev.SUBMITTED, index=index, group_index=sample.group_index, version=self.weight_version)
-        self.waiting.append(req)
-        self._submitted(loop)
-        return req
-
-    def _submitted(self, loop: asyncio.AbstractEventLoop) -> None:
-        """A request joined the waiting queue: a running batch admits it at its next step
-        boundary, an idle engine at once (``_kick``); a paused one on resume."""
-        if not self.paused:
+        failing = cfg.request_failure_rate > 0
+        lengths_of, waiting = self._lengths, self.waiting
+        emit = self.sink.emit if self.sink.enabled else None
+        reqs = []
+        for sample in samples:
+            req = _Req(loop=loop)
+            index, retry = sample.index, sample.retry_count
+            if retry == 0 and type(index) is int and type(retry) is int and 0 <= index < 1 << 62:
+                b = index >> _BLOCK_BITS
+                drawn = (lengths_of.get(b) or self._length_block(b))[index & _BLOCK_MASK]
+            else:  # a retry: scattered, drawn alone
+                drawn = cfg.response_length.draw(_uniform3(cfg.seed, index, retry))
+            target = drawn if drawn < max_new else max_new
+            base = len(sample.response_tokens)  # tokens already generated (non-zero only for resumed samples)
+            req.sample = sample
+            req.target = base if base > target else target
+            req.truncated = drawn >= max_new
+            req.fail = failing and _uniform3(cfg.seed + 1, index, retry) < cfg.request_failure_rate
+            req.base = base
+            req.join_step = req.kv_floor = req.finish_step = 0
+            req.state = _WAITING
+            req._cbs = None
+            req.engine = self
+            req.index = index
+            req.prompt_len = len(sample.prompt_tokens) or cfg.prompt_tokens  # the prompt, as submitted
+            if emit is not None:
+                emit(ev.SUBMITTED, index=index, group_index=sample.group_index, version=self.weight_version)
+            waiting.append(req)
+            reqs.append(req)
+        self.stats["requests"] += len(reqs)
+        if reqs and not self.paused:
             if self.running:
                 # _wake_at_next_boundary(), computed once per instant and segment: the
                 # samples of a group arrive together
@@ -342,58 +359,7 @@ class SimEngine:
             elif not self._kick_scheduled:
                 self._kick_scheduled = True
                 loop.call_soon(self._kick)
-
-    def generate_group(self, samples: list[Sample], sampling: SamplingParams) -> list[_Req] | None:
-        """``[self.generate(s, sampling) for s in samples]`` for a group of fresh samples
-        (first attempts, no tokens yet), in one call: the same requests, events, timer
-        and kick, with the per-call work done once (the contract's optional method).
-        ``None`` (the caller calls ``generate`` per sample) for any other group, and
-        when a subclass overrides ``generate``."""
-        if type(self).generate is not SimEngine.generate:
-            return None
-        for s in samples:
-            if s.status is not Status.PENDING or type(s.retry_count) is not int or s.retry_count:
-                return None
-        loop = self._running_loop
-        if loop is None or not loop.is_running():
-            loop = self._loop()
-        cfg = self.cfg
-        max_new = sampling.max_new_tokens
-        failing = cfg.request_failure_rate > 0
-        lengths_of, waiting, engine = self._lengths, self.waiting.append, self
-        futs = []
-        emit = self.sink.emit if self.sink.enabled else None
-        version = self.weight_version
-        prompt_default = cfg.prompt_tokens
-        for sample in samples:
-            req = _Req(loop=loop)
-            index = sample.index
-            if type(index) is int and 0 <= index < 1 << 62:
-                b = index >> _BLOCK_BITS
-                drawn = (lengths_of.get(b) or self._length_block(b))[index & _BLOCK_MASK]
-            else:
-                drawn = cfg.response_length.draw(_uniform3(cfg.seed, index, 0))
-            base = len(sample.response_tokens)
-            target = drawn if drawn < max_new else max_new
-            req.sample = sample
-            req.target = base if base > target else target
-            req.truncated = drawn >= max_new
-            req.fail = failing and _uniform3(cfg.seed + 1, index, 0) < cfg.request_failure_rate
-            req.base = base
-            req.join_step = req.kv_floor = req.finish_step = 0
-            req.state = _WAITING
-            req._cbs = None
-            req.engine = engine
-            req.index = index
-            req.prompt_len = len(sample.prompt_tokens) or prompt_default
-            if emit is not None:
-                emit(ev.SUBMITTED, index=index, group_index=sample.group_index, version=version)
-            waiting(req)
-            futs.append(req)
-        self.stats["requests"] += len(futs)
-        if futs:
-            self._submitted(loop)
-        return futs
+        return reqs
 
     async def pause_generation(self, mode: str) -> None:
         check_pause_mode(mode)
