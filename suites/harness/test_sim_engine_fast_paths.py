@@ -167,3 +167,23 @@ def test_one_steps_finishes_run_their_callbacks_in_order_and_an_error_reaches_th
     assert order == [0, 1, 2, 3]
     assert len(errors) == 1 and isinstance(errors[0], ZeroDivisionError)
 
+
+
+def test_removing_callbacks_keeps_the_others_in_order():
+    order = []
+
+    async def main():
+        eng = _engine()
+        [fut] = eng.generate_group(_group(1), SamplingParams())
+        first = lambda f: order.append("first")  # noqa: E731
+        fut.add_done_callback(first)
+        fut.add_done_callback(lambda f: order.append("second"))
+        fut.add_done_callback(first)
+        fut.add_done_callback(lambda f: order.append("third"))
+        removed = fut.remove_done_callback(first)
+        await fut
+        await asyncio.sleep(0)
+        return removed, fut.remove_done_callback(first)
+
+    assert run_virtual(main()) == (2, 0)
+    assert order == ["second", "third"]
