@@ -49,19 +49,19 @@ class _Deadline:
     reached or moves on to the current deadline. A wait is released at the same instant
     as by its own timer."""
 
-    __slots__ = ("loop", "handle", "handle_when", "when", "waiter")
+    __slots__ = ("loop", "handle", "when", "waiter")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop, self.handle, self.handle_when, self.when, self.waiter = loop, None, 0.0, 0.0, None
+        self.loop, self.handle, self.when, self.waiter = loop, None, 0.0, None
 
     def arm(self, waiter: asyncio.Future, timeout: float) -> None:
         loop = self.loop
         self.waiter, self.when = waiter, loop.time() + timeout
-        if self.handle is not None and self.when < self.handle_when:  # a shorter timeout than the timer's
+        if self.handle is not None and self.when < self.handle.when():  # a shorter timeout than the timer's
             self.handle.cancel()
             self.handle = None
         if self.handle is None:
-            self.handle, self.handle_when = loop.call_at(self.when, self._fire), self.when
+            self.handle = loop.call_at(self.when, self._fire)
 
     def _fire(self) -> None:
         self.handle = None
@@ -69,7 +69,7 @@ class _Deadline:
         if waiter is None:
             return
         if self.when > self.loop.time() + self.loop._clock_resolution:  # a later wait's deadline
-            self.handle, self.handle_when = self.loop.call_at(self.when, self._fire), self.when
+            self.handle = self.loop.call_at(self.when, self._fire)
         elif not waiter.done():
             waiter.set_result(None)
 
@@ -221,10 +221,9 @@ class FullyAsyncRolloutFn:
                     raise RuntimeError("fully-async rollout worker exited without an exception")
                 if get_task.done():
                     return get_task.result()
-                deadline = self._deadline
-                if deadline is None or deadline.loop is not worker.get_loop():
-                    deadline = self._deadline = _Deadline(worker.get_loop())
-                await _wait_first(get_task, worker, NO_PROGRESS_WARN_SECS, deadline)
+                if self._deadline is None:  # on the worker's loop, made with the first wait
+                    self._deadline = _Deadline(worker.get_loop())
+                await _wait_first(get_task, worker, NO_PROGRESS_WARN_SECS, self._deadline)
                 if not (get_task.done() or worker.done()):
                     logger.warning("No completed rollout groups for %.1fs", NO_PROGRESS_WARN_SECS)
         finally:

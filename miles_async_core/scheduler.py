@@ -66,17 +66,8 @@ class SampleBackfillSubmission:
 
     def sample_done_callback(self, _fut: Any = None) -> None:
         self.samples_in_flight -= 1
-        progress = self.progress
-        if progress is None:
-            return
-        if type(progress) is not Progress:
-            progress.signal_sample()
-        else:  # Progress.signal_sample, inlined: this runs once per sample
-            progress.sample_signal = True
-            waiter = progress._waiter
-            if waiter is not None and not progress._relay and not waiter.done():
-                progress._relay = True
-                waiter.get_loop().call_soon(progress._relay_hop, waiter)
+        if self.progress is not None:
+            self.progress.signal_sample()
 
 
 def make_submission_scheduler(granularity: str | None, n: int, *, default: str):

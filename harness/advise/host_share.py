@@ -29,8 +29,6 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from harness.sim.contention import host_growth
-
 
 def engine_cores_generating(rows: list[dict[str, Any]]) -> float | None:
     """Each engine's cores while the rollout generates, median over the repeats: the
@@ -79,7 +77,3 @@ def figures(costs: Any, mode: str) -> dict[str, float]:
     return {"engine_cores": costs.engine_cores_by_mode["sync"], "main_cores": main,
             "host_cores": costs.host_engine_cores}
 
-
-def growth(costs: Any, mode: str, engines: int) -> float:
-    """The factor ``engines`` engines decoding at once take in ``mode`` on top of the sync sharing."""
-    return host_growth(engines, **figures(costs, mode))

@@ -177,7 +177,8 @@ def _engine_steps(engines: list[dict[str, Any]], costs: CostModel, config: Async
     """The engines' own decode-step times of the first repeat (``harness.measure.engines``:
     mean over the engines of each part, milliseconds) with the factor the simulator applies
     to a step in each part when all ``n`` engines decode (``Contention.engine_factor``: the
-    sharing ``max(1, n / engine_slots)`` times the mode's ``host_share.growth``, times
+    sharing ``max(1, n / engine_slots)`` times the mode's host growth (``host_growth`` of
+    ``host_share.figures``), times
     ``1 + engine contention`` of the mode under training). None for a results file without
     them (the split layout, or a run made before they were recorded)."""
     rows = [e for e in engines if e.get("step_ms") is not None]

@@ -184,7 +184,7 @@ class _Req(asyncio.Future):
     (``_run_callbacks``), in the order and at the place in the ready queue where the
     future's own scheduling would have put one handle each. However the future ends
     (``set_result``, ``set_exception``, ``cancel``), its callbacks are scheduled as
-    asyncio's futures schedule them. ``generate`` sets every field."""
+    asyncio's futures schedule them. ``_submit`` sets every field."""
 
     __slots__ = ("sample", "target", "truncated", "base", "join_step", "kv_floor", "finish_step", "state",
                  "fail", "engine", "index", "prompt_len", "_cbs")

@@ -69,7 +69,7 @@ def test_the_main_process_demand_is_inferred_from_the_cores_the_lone_engine_kept
     assert host_share.figures(costs, "fully-async") == {"engine_cores": 1.2, "main_cores": pytest.approx(1.2),
                                                          "host_cores": 1.8}
     assert host_share.main_cores(dataclasses.replace(costs, host_engine_cores=0.0), "fully-async") == 0.0
-    assert host_share.growth(costs, "fully-async", 2) == pytest.approx((3.6 / 2.4) / (2.4 / 1.8))
+    assert host_growth(2, **host_share.figures(costs, "fully-async")) == pytest.approx((3.6 / 2.4) / (2.4 / 1.8))
 
 
 def _rows(cores_per_engine, engines=1):
