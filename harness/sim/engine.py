@@ -289,6 +289,9 @@ class SimEngine:
         self._version_str = (0, "0")  # weight_version and str(weight_version), for _finish
         # the done callbacks of the requests _on_timer is finishing (_run_callbacks), else None
         self._batch: list | None = None
+        # A retract's batch, in batch order: the head of the waiting queue while the engine
+        # is paused, though its requests stay in ``running`` and in the finish heap (``_apply_pause``)
+        self._retracted: list[_Req] | None = None
 
     # --- contract -----------------------------------------------------------------------
     def generate(self, sample: Sample, sampling: SamplingParams) -> asyncio.Future:
@@ -391,6 +394,7 @@ class SimEngine:
             self.sink.emit(ev.ENGINE_RESUME)
         if self.running or self.waiting:
             self._start_segment(self._now())
+        self._retracted = None  # every request of it was cancelled, if _start_segment did not run
 
     def set_slowdown(self, factor: float) -> None:
         """Contention (``harness.sim.contention``): from now on every engine step, its
@@ -519,6 +523,28 @@ class SimEngine:
         step, version = self._step, self.weight_version
         sink = self.sink if self.sink.enabled else None
         push = heapq.heappush
+        retracted, readmitted = self._retracted, 0
+        if retracted is not None:  # the front of the waiting queue, kept in place by _apply_pause
+            self._retracted = None
+            for req in retracted:
+                if req.state != _RUNNING:  # cancelled meanwhile
+                    continue
+                base = req.base
+                prefix = req.prompt_len + base
+                prefill += prefix
+                readmitted += 1
+                req.join_step, req.kv_floor = step, version
+                finish = step + req.target - base
+                if finish != req.finish_step:  # not reached while paused: no step ran since the retract
+                    req.finish_step = finish
+                    same_step = finishing.get(finish)
+                    if same_step is None:
+                        finishing[finish] = [req]
+                        push(heap, finish)
+                    else:
+                        same_step.append(req)
+                if sink is not None:
+                    sink.emit(ev.ADMITTED, index=req.index, version=version, prefix_tokens=prefix)
         while waiting and len(running) < max_running:
             req = waiting.popleft()
             if req.state != _WAITING:
@@ -540,7 +566,7 @@ class SimEngine:
         self.stats["prefill_tokens"] += prefill
         slow = self._slow
         extra = prefill * self.cfg.prefill_per_token_s
-        if len(running) > before:  # one prefill batch
+        if readmitted or len(running) > before:  # one prefill batch
             extra += self.cfg.prefill_base_s
             self.stats["admitting_steps"] += 1
         self._seg = (now, extra * slow, self._step_cost() * slow, self._step)
@@ -634,25 +660,28 @@ class SimEngine:
         self.paused = True
         if self.sink.enabled:
             self.sink.emit(ev.ENGINE_PAUSE, mode=mode, in_flight=len(self.running) + len(self.waiting))
-        if mode == "abort":
+        if mode == "abort":  # a retracted batch (running) is the head of the waiting queue
             for req in list(self.running.values()) + [r for r in self.waiting if r.state == _WAITING]:
                 self._finish(req, aborted=True)
+            self._retracted = None
             self.waiting.clear()
             self._heap.clear()
             self._finishing.clear()
+        elif self._retracted is not None:  # paused again after a retract: the batch is out already
+            pass
         elif mode == "retract":
+            # The batch leaves with its tokens so far and waits at the head of the queue
+            # (``_retracted``). Its requests stay in ``running``, in the finish heap and in
+            # batch order, as their admission again will put them: no step runs while paused,
+            # so each joins again at the step count it left and reaches the same finish step.
             retracted = list(self.running.values())
             self._account_all(retracted)
             sink = self.sink
-            for req in retracted:
-                req.state = _WAITING
-                if sink.enabled:
+            if sink.enabled:
+                for req in retracted:
                     sink.emit(ev.RETRACTED, index=req.sample.index, version=self.weight_version,
                               generated_tokens=req.base)
-            self.running.clear()
-            self._heap.clear()
-            self._finishing.clear()
-            self.waiting.extendleft(reversed(retracted))
+            self._retracted = retracted or None
         else:  # in_place: keep KV and batch; freeze
             self._account_all(self.running.values())
             for req in self.running.values():

@@ -114,6 +114,84 @@ def test_nothing_is_admitted_while_paused():
     assert run_virtual(main()).response_length == 10
 
 
+def _retracted_batch_run(then):
+    """Requests 0-2 (10 tokens each; max_new_tokens 10, 12 and 14) decode, request 3 (9
+    tokens) waits behind them (max_running 3); mid-step 5 the engine is paused with
+    ``retract`` and ``then(engine, futures)`` runs while it is paused; then version 1 is
+    loaded and the engine resumes. Returns each sample (or ``"cancelled"``), the
+    (kind, index) of the engine's request events and its stats."""
+    from harness.trace import TraceRecorder
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        eng = engine(10, max_running=3)
+        eng.sink = TraceRecorder(loop.time)
+        futs = [eng.generate(sample(i), SamplingParams(max_new_tokens=n)) for i, n in enumerate((10, 12, 14, 9))]
+        await asyncio.sleep(60 * PREFILL + 4.5 * (BASE + 3 * PER_SEQ))  # mid-step 5
+        await eng.pause_generation("retract")
+        await then(eng, futs)
+        await eng.update_weights(1, None)
+        await eng.continue_generation()
+        out = []
+        for f in futs:
+            try:
+                out.append(await f)
+            except asyncio.CancelledError:
+                out.append("cancelled")
+        kinds = ("admitted", "retracted", "paused_req", "finished", "aborted")
+        events = [(e.kind, e["index"]) for e in eng.sink.events if e.kind in kinds]
+        readmitted = [(e["index"], e["version"], e["prefix_tokens"]) for e in eng.sink.events
+                      if e.kind == "admitted" and e["version"] == 1]
+        return out, events, readmitted, dict(eng.stats)
+
+    return run_virtual(main())
+
+
+# (The expectations below were checked against the engine before a retracted batch stayed
+# in place: every event, with its time, and the stats were the same.)
+_RETRACT = [("admitted", 0), ("admitted", 1), ("admitted", 2), ("retracted", 0), ("retracted", 1), ("retracted", 2)]
+
+
+@pytest.mark.parametrize("again", [None, "in_place", "retract"])
+def test_a_retracted_batch_is_admitted_again_first_in_batch_order(again):
+    """Resumed, the batch joins again in batch order ahead of the queue, prefilling prompt
+    plus tokens so far under version 1; a second pause while paused changes nothing."""
+    async def then(eng, futs):
+        if again is not None:
+            await eng.pause_generation(again)
+
+    out, events, readmitted, stats = _retracted_batch_run(then)
+    assert events == _RETRACT + [("admitted", 0), ("admitted", 1), ("admitted", 2), ("finished", 0), ("finished", 1),
+                                 ("finished", 2), ("admitted", 3), ("finished", 3)]
+    assert readmitted == [(0, 1, 25), (1, 1, 25), (2, 1, 25), (3, 1, 20)]
+    assert [s.token_versions.runs for s in out] == [[[0, 0, 5], [1, 1, 5]]] * 3 + [[[1, 1, 9]]]
+    assert all(len(s.response_tokens) == len(s.rollout_log_probs) == len(s.token_versions) for s in out)
+    assert stats == {"tokens": 39, "steps": 19, "prefill_tokens": 155, "requests": 4, "admitting_steps": 3}
+
+
+def test_a_retracted_request_cancelled_while_paused_is_not_admitted_again():
+    async def cancel_one(eng, futs):
+        futs[1].cancel()
+        await asyncio.sleep(0)
+
+    out, events, readmitted, stats = _retracted_batch_run(cancel_one)
+    assert out[1] == "cancelled"
+    assert events == _RETRACT + [("admitted", 0), ("admitted", 2), ("admitted", 3), ("finished", 0), ("finished", 2),
+                                 ("finished", 3)]
+    assert stats == {"tokens": 34, "steps": 14, "prefill_tokens": 130, "requests": 4, "admitting_steps": 2}
+
+
+def test_an_abort_of_a_retracted_engine_aborts_the_batch_first_then_the_queue():
+    async def abort(eng, futs):
+        await eng.pause_generation("abort")
+
+    out, events, readmitted, stats = _retracted_batch_run(abort)
+    assert events == _RETRACT + [("aborted", 0), ("finished", 0), ("aborted", 1), ("finished", 1), ("aborted", 2),
+                                 ("finished", 2), ("aborted", 3), ("finished", 3)]
+    assert [s.status for s in out] == [Status.ABORTED] * 4 and [s.response_length for s in out] == [5, 5, 5, 0]
+    assert readmitted == [] and stats["steps"] == 5
+
+
 @pytest.mark.parametrize("mode", ["abort", "retract", "in_place"])
 def test_a_pause_waiting_for_a_boundary_completes_when_the_last_request_is_cancelled(mode):
     """Found by a fully-async run whose worker died during a weight update: the pause
