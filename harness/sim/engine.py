@@ -421,9 +421,10 @@ class SimEngine:
         dist = self.cfg.response_length
         us = _block((self.cfg.seed, b, 0))
         if dist.kind == "lognormal" and type(dist) is LengthDist and _normal_dist_inv_cdf is not None:
-            # LengthDist.draw, inlined: NormalDist().inv_cdf(u) is _normal_dist_inv_cdf(u, 0.0, 1.0)
-            median, sigma, exp = dist.median, dist.sigma, math.exp
-            lengths = [max(1, int(round(median * exp(sigma * _normal_dist_inv_cdf(u, 0.0, 1.0))))) for u in us]
+            # LengthDist.draw, inlined: NormalDist().inv_cdf(u) is _normal_dist_inv_cdf(u, 0.0, 1.0),
+            # round() of a float is already an int, and max(1, n) is n if n > 1 else 1
+            median, sigma, exp, inv = dist.median, dist.sigma, math.exp, _normal_dist_inv_cdf
+            lengths = [n if (n := round(median * exp(sigma * inv(u, 0.0, 1.0)))) > 1 else 1 for u in us]
         else:
             lengths = [dist.draw(u) for u in us]
         if len(self._lengths) >= _MAX_BLOCKS:

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from harness.sim.engine import LengthDist, SimEngine, SimEngineConfig
+from harness.sim.engine import LengthDist, SimEngine, SimEngineConfig, _uniform
 from harness.sim.vtime import VirtualDeadlock, run_virtual
 from miles_async_core.errors import ConfigError
 from miles_async_core.types import Sample, SamplingParams, Status
@@ -228,6 +228,19 @@ def test_response_lengths_are_keyed_by_sample_not_by_schedule():
         return {i: (await f).response_length for i, f in futs.items()}
 
     assert run_virtual(lengths([0, 1, 2, 3])) == run_virtual(lengths([3, 1, 0, 2]))
+
+
+@pytest.mark.parametrize("median,sigma,seed", [(64.0, 0.8, 0), (50, 1.0, 3), (0.7, 2.0, 11)])
+def test_first_attempt_lengths_drawn_a_block_at_a_time_are_length_dist_draw(median, sigma, seed):
+    """``_length_block`` inlines ``LengthDist.draw`` for the lognormal: the same length for
+    every index of the block, the clamp to 1 included (a median of 0.7 rounds many to 0)."""
+    dist = LengthDist(kind="lognormal", median=median, sigma=sigma)
+    eng = SimEngine(SimEngineConfig(response_length=dist, seed=seed))
+    for b in (0, 1, 7):
+        expected = [dist.draw(_uniform(seed, k, 0)) for k in range(b << 10, (b + 1) << 10)]
+        assert eng._length_block(b) == expected
+    if median < 1:
+        assert min(eng._length_block(0)) == 1 and max(eng._length_block(0)) > 1  # the clamp was exercised
 
 
 def test_bad_engine_config_names_the_field():
