@@ -161,15 +161,16 @@ def retrieve_outcome(task: asyncio.Future) -> None:
 
 async def _group_task(engine: RolloutEngine, group: list[Sample], sampling: SamplingParams, *, progress: Progress,
                       reward_fn: RewardFn | None, sample_done_callback: Callable | None, sink: Any,
-                      generate_function: GenerateFunction | None) -> list:
+                      generate_function: GenerateFunction | None, loop: asyncio.AbstractEventLoop) -> list:
     """A submitted group's body: reports its end to ``progress`` from its last loop step,
-    so a waiter resuming later in that step counts it done, as ``asyncio.wait`` does."""
+    so a waiter resuming later in that step counts it done, as ``asyncio.wait`` does.
+    ``loop`` is the loop it runs on (``current_task(loop)`` does not look it up again)."""
     try:
         return await generate_and_rm_group(engine, group, sampling, reward_fn=reward_fn, sink=sink,
                                            sample_done_callback=sample_done_callback,
                                            generate_function=generate_function)
     finally:
-        progress.ended(asyncio.current_task())
+        progress.ended(asyncio.current_task(loop))
 
 
 def as_completed_in_order(tasks: Any, *, key: Callable) -> Iterator[Awaitable]:
@@ -197,9 +198,11 @@ def submit_group(engine: RolloutEngine, group: list[Sample], sampling: SamplingP
     added to ``active``; the task carries its ``prompt_group`` for whoever collects it."""
     scheduler.on_submit([group])
     # asyncio.ensure_future(coroutine) is the running loop's create_task, without its checks
-    task = asyncio.get_running_loop().create_task(_group_task(
+    loop = asyncio.get_running_loop()
+    task = loop.create_task(_group_task(
         engine, group, sampling, progress=progress, reward_fn=reward_fn,
-        sample_done_callback=scheduler.sample_done_callback, sink=sink, generate_function=generate_function))
+        sample_done_callback=scheduler.sample_done_callback, sink=sink, generate_function=generate_function,
+        loop=loop))
     task.prompt_group = group  # type: ignore[attr-defined]
     progress.track(task)
     active.add(task)

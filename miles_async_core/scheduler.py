@@ -62,7 +62,7 @@ class SampleBackfillSubmission:
         return False
 
     def on_submit(self, groups: list[list[Any]]) -> None:
-        self.samples_in_flight += sum(len(g) for g in groups)
+        self.samples_in_flight += sum(map(len, groups))
 
     def sample_done_callback(self, _fut: Any = None) -> None:
         self.samples_in_flight -= 1
