@@ -498,14 +498,23 @@ class SimEngine:
         self._step = step
         heap = self._heap
         if heap and heap[0] <= step:
-            pop, finishing, finish = heapq.heappop, self._finishing, self._finish
+            pop, finishing = heapq.heappop, self._finishing
             self._batch = []
             try:
-                while heap and heap[0] <= step:
-                    finish_step = pop(heap)
-                    for req in finishing.pop(finish_step):
-                        if req.state == _RUNNING and req.finish_step == finish_step:  # still to finish now
-                            finish(req, aborted=False)
+                if type(self)._finish is SimEngine._finish:  # one _finish_all call for the step's finishes
+                    due = []
+                    while heap and heap[0] <= step:
+                        finish_step = pop(heap)
+                        for req in finishing.pop(finish_step):
+                            if req.state == _RUNNING and req.finish_step == finish_step:  # still to finish now
+                                due.append(req)
+                    self._finish_all(due, False)
+                else:  # a subclass's _finish, request by request
+                    while heap and heap[0] <= step:
+                        finish_step = pop(heap)
+                        for req in finishing.pop(finish_step):
+                            if req.state == _RUNNING and req.finish_step == finish_step:
+                                self._finish(req, aborted=False)
             finally:
                 self._batch = None
         if self._pause is not None:
@@ -610,52 +619,58 @@ class SimEngine:
             req.join_step = step
 
     def _finish(self, req: _Req, *, aborted: bool) -> None:
-        s = req.sample  # its earlier tokens were appended as they were made (``_account``)
+        self._finish_all((req,), aborted)
+
+    def _finish_all(self, reqs: Iterable[_Req], aborted: bool) -> None:
+        """``_finish`` of each request of ``reqs`` in turn, with what they share read once
+        (``_on_timer`` finishes a step's requests in one call)."""
         step, v = self._step, self.weight_version
-        if req.state == _RUNNING and step > req.join_step:  # _account(req), inlined: once per request
-            n, kv = step - req.join_step, req.kv_floor
-            runs = s.token_versions.runs  # VersionRuns.append(v, kv, n), inlined
-            if runs and (last := runs[-1])[0] == v and last[1] == kv:
-                last[2] += n
-            else:
-                runs.append([v, kv, n])
-            fills = self._fills
-            if self._fills_version != v or len(fills) > 4096:
-                fills.clear()
-                self._fills_version = v
-            fill = fills.get((kv, n))
-            if fill is None:
-                fill = fills[(kv, n)] = ([v] * n, [-1.0 - 0.1 * (v - kv)] * n)
-            s.response_tokens.extend(fill[0])
-            s.rollout_log_probs.extend(fill[1])
-            req.base += n
-        req.join_step = step
-        req.state = _DONE
-        self.running.pop(req.index, None)
+        fills = self._fills
+        if self._fills_version != v or len(fills) > 4096:
+            fills.clear()
+            self._fills_version = v
         version, version_str = self._version_str  # one string per version, shared by its samples
         if version != v or type(version) is not type(v):
             version, version_str = self._version_str = (v, str(v))
-        # record_outcome(s, version_str, status), inlined (version_str is a str: str() of it is itself)
-        s.weight_versions.append(version_str)
-        s.status = Status.ABORTED if aborted else Status.TRUNCATED if req.truncated else Status.COMPLETED
-        sink = self.sink
-        if sink.enabled:
-            if aborted:
-                sink.emit(ev.ABORTED, index=s.index, version=self.weight_version, generated_tokens=s.response_length)
-            emit_finished(sink, s)
-        if not req.done():
-            if req.fail and not aborted:
-                _future_set_exception(req, EngineRequestError(f"injected failure of request index={s.index}"))
-            else:
-                _future_set_result(req, s)
-            batch = self._batch
-            if batch is None:
-                req._schedule_callbacks()
-            elif req._cbs:  # _on_timer's finishes: one loop callback runs the callbacks of them all
-                if not batch:
-                    req.get_loop().call_soon(_run_callbacks, batch)
-                batch.append((req, req._cbs))
-                req._cbs = None
+        running_pop, batch = self.running.pop, self._batch
+        sink = self.sink if self.sink.enabled else None
+        for req in reqs:
+            s = req.sample  # its earlier tokens were appended as they were made (``_account``)
+            if req.state == _RUNNING and step > req.join_step:  # _account(req), inlined: once per request
+                n, kv = step - req.join_step, req.kv_floor
+                runs = s.token_versions.runs  # VersionRuns.append(v, kv, n), inlined
+                if runs and (last := runs[-1])[0] == v and last[1] == kv:
+                    last[2] += n
+                else:
+                    runs.append([v, kv, n])
+                fill = fills.get((kv, n))
+                if fill is None:
+                    fill = fills[(kv, n)] = ([v] * n, [-1.0 - 0.1 * (v - kv)] * n)
+                s.response_tokens.extend(fill[0])
+                s.rollout_log_probs.extend(fill[1])
+                req.base += n
+            req.join_step = step
+            req.state = _DONE
+            running_pop(req.index, None)
+            # record_outcome(s, version_str, status), inlined (version_str is a str: str() of it is itself)
+            s.weight_versions.append(version_str)
+            s.status = Status.ABORTED if aborted else Status.TRUNCATED if req.truncated else Status.COMPLETED
+            if sink is not None:
+                if aborted:
+                    sink.emit(ev.ABORTED, index=s.index, version=v, generated_tokens=s.response_length)
+                emit_finished(sink, s)
+            if not req.done():
+                if req.fail and not aborted:
+                    _future_set_exception(req, EngineRequestError(f"injected failure of request index={s.index}"))
+                else:
+                    _future_set_result(req, s)
+                if batch is None:
+                    req._schedule_callbacks()
+                elif req._cbs:  # _on_timer's finishes: one loop callback runs the callbacks of them all
+                    if not batch:
+                        req.get_loop().call_soon(_run_callbacks, batch)
+                    batch.append((req, req._cbs))
+                    req._cbs = None
 
     def _apply_pause(self, mode: str) -> None:
         self.paused = True
