@@ -52,6 +52,9 @@ STEPS: list[Step] = [
     Step("sim_speed_ab", [PY, "-m", "harness.results.sim_ab", "--base", "d7779bb", "--pairs", "8"],
          ["results/bench/sim_speed_ab.json"]),
     Step("sim_profile", BENCH + ["suites/bench/test_sim_profile.py"], ["results/bench/sim_profile.json"], WRITE),
+    # the same comparison in instructions and cache misses per sample (cachegrind): counts the host's load leaves alone
+    Step("sim_instructions", [PY, "-m", "harness.results.sim_instructions", "--base", "d7779bb"],
+         ["results/bench/sim_instructions.json"]),
     Step("engine_throughput", BENCH + ["suites/bench/test_engine_throughput.py"],
          ["results/bench/engine_throughput.json"], WRITE),
     Step("ray_layout", BENCH + ["suites/bench/test_ray_layout.py"], ["results/bench/ray_layout.json"], WRITE),

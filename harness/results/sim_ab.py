@@ -13,6 +13,7 @@ the ratio of the medians and each pair's ratio.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -20,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Iterator
 
 from harness.results.schema import git_info, machine_info, utc_now
 
@@ -53,31 +55,43 @@ def _run(checkout: Path, steps: int) -> tuple[float, int, int]:
     return float(rate), int(requests), int(tokens)
 
 
+def resolve(base: str) -> str:
+    """The full commit of ``--base``, or SystemExit naming the flag."""
+    out = subprocess.run(["git", "rev-parse", base], cwd=ROOT, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"--base {base!r}: not a commit of this repository; fix: give a commit, e.g. HEAD~3")
+    return out.stdout.strip()
+
+
+@contextlib.contextmanager
+def checkout(commit: str) -> Iterator[Path]:
+    """``commit`` checked out in a temporary git worktree, removed afterwards."""
+    with tempfile.TemporaryDirectory() as tmp:
+        wt = Path(tmp) / "base"
+        subprocess.run(["git", "worktree", "add", "--detach", "-q", str(wt), commit], cwd=ROOT, check=True)
+        try:
+            yield wt
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", str(wt)], cwd=ROOT, check=False)
+
+
 def compare(base: str, pairs: int, steps: int) -> dict:
     if pairs < 1 or steps < 1:
         raise SystemExit(f"--pairs {pairs} --steps {steps}: both must be >= 1; fix: e.g. --pairs 3 --steps 1000")
-    base_commit = subprocess.run(["git", "rev-parse", base], cwd=ROOT, capture_output=True, text=True)
-    if base_commit.returncode != 0:
-        raise SystemExit(f"--base {base!r}: not a commit of this repository; fix: give a commit, e.g. HEAD~3")
+    base_commit = resolve(base)
     rates: dict[str, list[float]] = {"base": [], "head": []}
     work: dict[str, set] = {"base": set(), "head": set()}
-    with tempfile.TemporaryDirectory() as tmp:
-        wt = Path(tmp) / "base"
-        subprocess.run(["git", "worktree", "add", "--detach", "-q", str(wt), base_commit.stdout.strip()], cwd=ROOT,
-                       check=True)
-        try:
-            for i in range(pairs):
-                order = [("base", wt), ("head", ROOT)] if i % 2 == 0 else [("head", ROOT), ("base", wt)]
-                for side, checkout in order:
-                    rate, requests, tokens = _run(checkout, steps)
-                    rates[side].append(rate)
-                    work[side].add((requests, tokens))
-        finally:
-            subprocess.run(["git", "worktree", "remove", "--force", str(wt)], cwd=ROOT, check=False)
+    with checkout(base_commit) as wt:
+        for i in range(pairs):
+            order = [("base", wt), ("head", ROOT)] if i % 2 == 0 else [("head", ROOT), ("base", wt)]
+            for side, tree in order:
+                rate, requests, tokens = _run(tree, steps)
+                rates[side].append(rate)
+                work[side].add((requests, tokens))
     med = {side: statistics.median(v) for side, v in rates.items()}
     git = git_info()
     return {"bench": "sim_speed_ab", "steps": steps, "B": B, "n": N, "pairs": pairs,
-            "base_commit": base_commit.stdout.strip(), "head_commit": git["commit"] if git else None,
+            "base_commit": base_commit, "head_commit": git["commit"] if git else None,
             "git_dirty": git["dirty"] if git else None, "created_utc": utc_now(), "machine": machine_info(),
             # the same simulation on both sides: requests served and tokens decoded
             "same_work": work["base"] == work["head"] and len(work["base"]) == 1,
