@@ -109,11 +109,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="results/bench/sim_speed_ab.json")
     args = p.parse_args(argv)
     report = compare(args.base, args.pairs, args.steps)
-    out = ROOT / args.out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
-    print(json.dumps({k: report[k] for k in ("median", "ratio_head_over_base", "pair_ratios", "same_work")}))
+    write_report(report, args.out, ("median", "ratio_head_over_base", "pair_ratios", "same_work"))
     return 0
+
+
+def write_report(report: dict, out: str, shown: tuple[str, ...]) -> None:
+    """Write ``report`` to ``out`` (relative to the repository) and print its ``shown`` keys."""
+    path = ROOT / out
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
+    print(json.dumps({k: report[k] for k in shown}))
 
 
 if __name__ == "__main__":

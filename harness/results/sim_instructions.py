@@ -19,7 +19,6 @@ Needs valgrind (``apt install valgrind``); about 2 minutes per checkout, two at 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import shutil
@@ -29,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from harness.results.schema import git_info, machine_info, utc_now
-from harness.results.sim_ab import CHILD, B, N, ROOT, checkout, resolve
+from harness.results.sim_ab import CHILD, B, N, ROOT, checkout, resolve, write_report
 
 LAST_LEVEL = "524288,8,64"  # size in bytes, associativity, line size
 VALGRIND = ["valgrind", "--tool=cachegrind", "--cache-sim=yes", f"--LL={LAST_LEVEL}", "--cachegrind-out-file=/dev/null"]
@@ -94,10 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="results/bench/sim_instructions.json")
     args = p.parse_args(argv)
     report = compare(args.base, args.short, args.long)
-    out = ROOT / args.out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
-    print(json.dumps({k: report[k] for k in ("per_sample", "ratio_head_over_base")}))
+    write_report(report, args.out, ("per_sample", "ratio_head_over_base"))
     return 0
 
 

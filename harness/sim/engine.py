@@ -31,7 +31,7 @@ from asyncio import format_helpers
 from collections import deque
 from dataclasses import dataclass, field
 from statistics import NormalDist
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 
@@ -544,15 +544,10 @@ class SimEngine:
                 prefill += prefix
                 readmitted += 1
                 req.join_step, req.kv_floor = step, version
-                finish = step + req.target - base
-                if finish != req.finish_step:  # not reached while paused: no step ran since the retract
-                    req.finish_step = finish
-                    same_step = finishing.get(finish)
-                    if same_step is None:
-                        finishing[finish] = [req]
-                        push(heap, finish)
-                    else:
-                        same_step.append(req)
+                if step + req.target - base != req.finish_step:  # its place in the finish heap is kept
+                    raise RuntimeError(f"SimEngine: retracted request index={req.index} would finish at step "
+                                       f"{step + req.target - base}, not {req.finish_step}: an engine step ran while "
+                                       "the engine was paused (a bug of the engine or of a subclass)")
                 if sink is not None:
                     sink.emit(ev.ADMITTED, index=req.index, version=version, prefix_tokens=prefix)
         while waiting and len(running) < max_running:
@@ -621,35 +616,18 @@ class SimEngine:
     def _finish(self, req: _Req, *, aborted: bool) -> None:
         self._finish_all((req,), aborted)
 
-    def _finish_all(self, reqs: Iterable[_Req], aborted: bool) -> None:
+    def _finish_all(self, reqs: Sequence[_Req], aborted: bool) -> None:
         """``_finish`` of each request of ``reqs`` in turn, with what they share read once
         (``_on_timer`` finishes a step's requests in one call)."""
-        step, v = self._step, self.weight_version
-        fills = self._fills
-        if self._fills_version != v or len(fills) > 4096:
-            fills.clear()
-            self._fills_version = v
+        self._account_all(reqs)  # the tokens each made since it joined the batch
+        v = self.weight_version
         version, version_str = self._version_str  # one string per version, shared by its samples
         if version != v or type(version) is not type(v):
             version, version_str = self._version_str = (v, str(v))
         running_pop, batch = self.running.pop, self._batch
         sink = self.sink if self.sink.enabled else None
         for req in reqs:
-            s = req.sample  # its earlier tokens were appended as they were made (``_account``)
-            if req.state == _RUNNING and step > req.join_step:  # _account(req), inlined: once per request
-                n, kv = step - req.join_step, req.kv_floor
-                runs = s.token_versions.runs  # VersionRuns.append(v, kv, n), inlined
-                if runs and (last := runs[-1])[0] == v and last[1] == kv:
-                    last[2] += n
-                else:
-                    runs.append([v, kv, n])
-                fill = fills.get((kv, n))
-                if fill is None:
-                    fill = fills[(kv, n)] = ([v] * n, [-1.0 - 0.1 * (v - kv)] * n)
-                s.response_tokens.extend(fill[0])
-                s.rollout_log_probs.extend(fill[1])
-                req.base += n
-            req.join_step = step
+            s = req.sample
             req.state = _DONE
             running_pop(req.index, None)
             # record_outcome(s, version_str, status), inlined (version_str is a str: str() of it is itself)
