@@ -289,9 +289,10 @@ class SimEngine:
         self._version_str = (0, "0")  # weight_version and str(weight_version), for _finish
         # the done callbacks of the requests _on_timer is finishing (_run_callbacks), else None
         self._batch: list | None = None
-        # A retract's batch, in batch order: the head of the waiting queue while the engine
-        # is paused, though its requests stay in ``running`` and in the finish heap (``_apply_pause``)
-        self._retracted: list[_Req] | None = None
+        # The running batch was retracted: while the engine is paused, ``running`` (in batch
+        # order, without the requests cancelled since) is the head of the waiting queue,
+        # though its requests stay in it and in the finish heap (``_apply_pause``)
+        self._retracted = False
 
     # --- contract -----------------------------------------------------------------------
     def generate(self, sample: Sample, sampling: SamplingParams) -> asyncio.Future:
@@ -394,7 +395,6 @@ class SimEngine:
             self.sink.emit(ev.ENGINE_RESUME)
         if self.running or self.waiting:
             self._start_segment(self._now())
-        self._retracted = None  # every request of it was cancelled, if _start_segment did not run
 
     def set_slowdown(self, factor: float) -> None:
         """Contention (``harness.sim.contention``): from now on every engine step, its
@@ -498,23 +498,20 @@ class SimEngine:
         self._step = step
         heap = self._heap
         if heap and heap[0] <= step:
-            pop, finishing = heapq.heappop, self._finishing
+            pop, finishing, due = heapq.heappop, self._finishing, []
+            while heap and heap[0] <= step:
+                finish_step = pop(heap)
+                for req in finishing.pop(finish_step):
+                    if req.state == _RUNNING and req.finish_step == finish_step:  # still to finish now
+                        due.append(req)
             self._batch = []
             try:
-                if type(self)._finish is SimEngine._finish:  # one _finish_all call for the step's finishes
-                    due = []
-                    while heap and heap[0] <= step:
-                        finish_step = pop(heap)
-                        for req in finishing.pop(finish_step):
-                            if req.state == _RUNNING and req.finish_step == finish_step:  # still to finish now
-                                due.append(req)
-                    self._finish_all(due, False)
+                if type(self)._finish is SimEngine._finish:
+                    self._finish_all(due, False)  # the step's finishes in one call
                 else:  # a subclass's _finish, request by request
-                    while heap and heap[0] <= step:
-                        finish_step = pop(heap)
-                        for req in finishing.pop(finish_step):
-                            if req.state == _RUNNING and req.finish_step == finish_step:
-                                self._finish(req, aborted=False)
+                    for req in due:
+                        if req.state == _RUNNING:  # not ended by an earlier one's _finish
+                            self._finish(req, aborted=False)
             finally:
                 self._batch = None
         if self._pause is not None:
@@ -533,12 +530,10 @@ class SimEngine:
         step, version = self._step, self.weight_version
         sink = self.sink if self.sink.enabled else None
         push = heapq.heappush
-        retracted, readmitted = self._retracted, 0
-        if retracted is not None:  # the front of the waiting queue, kept in place by _apply_pause
-            self._retracted = None
-            for req in retracted:
-                if req.state != _RUNNING:  # cancelled meanwhile
-                    continue
+        readmitted = 0
+        if self._retracted:  # the head of the waiting queue, kept in place by _apply_pause
+            self._retracted = False
+            for req in running.values():
                 base = req.base
                 prefix = req.prompt_len + base
                 prefill += prefix
@@ -657,25 +652,23 @@ class SimEngine:
         if mode == "abort":  # a retracted batch (running) is the head of the waiting queue
             for req in list(self.running.values()) + [r for r in self.waiting if r.state == _WAITING]:
                 self._finish(req, aborted=True)
-            self._retracted = None
             self.waiting.clear()
             self._heap.clear()
             self._finishing.clear()
-        elif self._retracted is not None:  # paused again after a retract: the batch is out already
+        elif self._retracted:  # paused again after a retract: the batch is out already
             pass
         elif mode == "retract":
             # The batch leaves with its tokens so far and waits at the head of the queue
-            # (``_retracted``). Its requests stay in ``running``, in the finish heap and in
+            # (``_retracted`` set). Its requests stay in ``running``, in the finish heap and in
             # batch order, as their admission again will put them: no step runs while paused,
             # so each joins again at the step count it left and reaches the same finish step.
-            retracted = list(self.running.values())
-            self._account_all(retracted)
+            self._account_all(self.running.values())
             sink = self.sink
             if sink.enabled:
-                for req in retracted:
+                for req in self.running.values():
                     sink.emit(ev.RETRACTED, index=req.sample.index, version=self.weight_version,
                               generated_tokens=req.base)
-            self._retracted = retracted or None
+            self._retracted = True
         else:  # in_place: keep KV and batch; freeze
             self._account_all(self.running.values())
             for req in self.running.values():

@@ -191,6 +191,33 @@ def test_a_step_counted_while_a_retracted_batch_waits_fails_the_resume_loudly():
         _retracted_batch_run(step_while_paused)
 
 
+def test_a_batch_retracted_and_cancelled_whole_leaves_no_mark_on_the_next_retract():
+    """Every retracted request cancelled while paused, and nothing queued: the resume has
+    nothing to admit, and a later retract still takes the batch running then."""
+    from harness.trace import TraceRecorder
+
+    async def main():
+        eng = engine(10)
+        eng.sink = TraceRecorder(asyncio.get_running_loop().time)
+        first = eng.generate(sample(0), SamplingParams(max_new_tokens=100))
+        await asyncio.sleep(20 * PREFILL + 4.5 * (BASE + PER_SEQ))
+        await eng.pause_generation("retract")
+        first.cancel()
+        await asyncio.sleep(0)
+        await eng.continue_generation()
+        second = eng.generate(sample(1), SamplingParams(max_new_tokens=100))
+        await asyncio.sleep(0.5 * BASE + 20 * PREFILL + 3 * (BASE + PER_SEQ))
+        await eng.pause_generation("retract")
+        await eng.update_weights(1, None)
+        await eng.continue_generation()
+        s = await second
+        return [(e.kind, e["index"]) for e in eng.sink.events if e.kind == "retracted"], s.token_versions.runs
+
+    retracted, runs = run_virtual(main())
+    assert retracted == [("retracted", 0), ("retracted", 1)]
+    assert runs[0][0] == 0 and runs[-1][:2] == [1, 1] and sum(r[2] for r in runs) == 10
+
+
 def test_an_abort_of_a_retracted_engine_aborts_the_batch_first_then_the_queue():
     async def abort(eng, futs):
         await eng.pause_generation("abort")
