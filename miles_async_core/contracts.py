@@ -83,7 +83,10 @@ class EventSink(Protocol):
 class NullSink:
     """Records nothing; the drivers check ``sink.enabled`` before building payloads."""
 
-    enabled = False
+    def __init__(self) -> None:
+        # an instance attribute, not a class one: CPython 3.11 specialises reading it (the
+        # drivers read it several times per sample)
+        self.enabled = False
 
     def emit(self, kind: str, /, **fields: Any) -> None:  # pragma: no cover - trivial
         return None

@@ -29,7 +29,7 @@ from miles_async_core.contracts import NullSink, RolloutEngine
 from miles_async_core.errors import EngineDeadError
 from miles_async_core.generate import GenerateFunction, generate_and_rm
 from miles_async_core.scheduler import Progress, make_submission_scheduler
-from miles_async_core.types import Sample, SamplingParams, Status, first_sample
+from miles_async_core.types import ABORTED, PENDING, Sample, SamplingParams, Status, first_sample
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ async def generate_and_rm_group(
                                      sink=sink)
         futs = []
         for s in group:
-            if s.status is Status.PENDING:  # a fresh sample is a plain request (_generate, without its checks)
+            if s.status is PENDING:  # a fresh sample is a plain request (_generate, without its checks)
                 f = engine.generate(s, sampling)
                 futs.append(f if isinstance(f, asyncio.Future) else asyncio.ensure_future(f))
             else:
@@ -106,7 +106,7 @@ async def await_group(
         remaining -= 1
         if sample_done_callback is not None:
             sample_done_callback(f)
-        if not first_failure_or_all.done() and (remaining == 0 or f.cancelled() or f.exception() is not None):
+        if (remaining == 0 or f.cancelled() or f.exception() is not None) and not first_failure_or_all.done():
             first_failure_or_all.set_result(None)
 
     for f in futs:
@@ -129,7 +129,7 @@ async def await_group(
         for s in group:
             # a sample kept from a resumed partial group keeps its reward (upstream rewards
             # only `sample.reward is None`, inference_rollout_common.py:L130)
-            if s.status != Status.ABORTED and s.reward is None:
+            if s.status != ABORTED and s.reward is None:
                 s.reward = reward_fn(s)
     if sink is not None and sink.enabled:
         sink.emit(ev.GROUP_DONE, group_index=group[0].group_index, ok=True)

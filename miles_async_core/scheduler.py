@@ -109,7 +109,7 @@ class Progress:
     def signal_sample(self) -> None:
         self.sample_signal = True
         waiter = self._waiter
-        if waiter is not None and not waiter.done() and not self._relay:
+        if waiter is not None and not self._relay and not waiter.done():
             # upstream's sample credit reaches the worker through an Event, the task
             # waiting on it and asyncio.wait's completion callback: two loop hops after
             # this callback, the same as a finished group's task completion, so both land

@@ -39,7 +39,7 @@ from miles_async_core import events as ev
 from harness.backends.engine_io import emit_finished
 from miles_async_core.contracts import NullSink, check_pause_mode
 from miles_async_core.errors import ConfigError
-from miles_async_core.types import Sample, SamplingParams, Status
+from miles_async_core.types import ABORTED, COMPLETED, PENDING, TRUNCATED, Sample, SamplingParams
 
 _MASK64 = (1 << 64) - 1
 _NORMAL = NormalDist()
@@ -166,7 +166,10 @@ class SimEngineConfig:
 _WAITING, _RUNNING, _DONE = 0, 1, 2
 
 
+# asyncio.Future's own methods, called as functions: a method call on a _Req is not
+# specialised by CPython 3.11 (the C future's instance dict pointer, never set, defeats it)
 _future_set_result, _future_set_exception = asyncio.Future.set_result, asyncio.Future.set_exception
+_future_done = asyncio.Future.done
 
 
 class _Req(asyncio.Future):
@@ -194,7 +197,7 @@ class _Req(asyncio.Future):
         return self
 
     def add_done_callback(self, fn: Any, *, context: Any = None) -> None:
-        if self.done():
+        if _future_done(self):
             self.get_loop().call_soon(fn, self, context=context)
             return
         if context is None:
@@ -307,7 +310,7 @@ class SimEngine:
         if type(self).generate is not SimEngine.generate:
             return None
         for s in samples:
-            if s.status is not Status.PENDING:
+            if s.status is not PENDING:
                 return None
         return self._submit(samples, sampling)
 
@@ -627,12 +630,12 @@ class SimEngine:
             running_pop(req.index, None)
             # record_outcome(s, version_str, status), inlined (version_str is a str: str() of it is itself)
             s.weight_versions.append(version_str)
-            s.status = Status.ABORTED if aborted else Status.TRUNCATED if req.truncated else Status.COMPLETED
+            s.status = ABORTED if aborted else TRUNCATED if req.truncated else COMPLETED
             if sink is not None:
                 if aborted:
                     sink.emit(ev.ABORTED, index=s.index, version=v, generated_tokens=s.response_length)
                 emit_finished(sink, s)
-            if not req.done():
+            if not _future_done(req):
                 if req.fail and not aborted:
                     _future_set_exception(req, EngineRequestError(f"injected failure of request index={s.index}"))
                 else:
