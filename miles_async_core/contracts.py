@@ -84,9 +84,7 @@ class NullSink:
     """Records nothing; the drivers check ``sink.enabled`` before building payloads."""
 
     def __init__(self) -> None:
-        # an instance attribute, not a class one: CPython 3.11 specialises reading it (the
-        # drivers read it several times per sample)
-        self.enabled = False
+        self.enabled = False  # not a class attribute: CPython 3.11 specialises reading this one
 
     def emit(self, kind: str, /, **fields: Any) -> None:  # pragma: no cover - trivial
         return None

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from miles_async_core.types import samples_of
+from miles_async_core.types import RECORDED_NUMBERS, recorded_number, samples_of
 
 
 def group_oldest_weight_version(group: Any) -> int | None:
@@ -21,7 +21,7 @@ def group_oldest_weight_version(group: Any) -> int | None:
             if v == last:
                 continue  # counted already
             last = v
-            v = int(v) if v.isdigit() else None
+            v = RECORDED_NUMBERS[v] if v in RECORDED_NUMBERS else recorded_number(v)
         else:
             v = s.oldest_weight_version
         if v is not None and (oldest is None or v < oldest):

@@ -30,10 +30,21 @@ class Status(str, enum.Enum):
     ABORTED = "aborted"
 
 
-# The members as module constants, for code that reads them once per sample: on CPython
-# 3.11 ``Status.X`` goes through the enum metaclass' ``__getattr__`` hook, about ten times
-# the cost of reading a global.
+# for per-sample code: CPython 3.11 reads ``Status.X`` through the enum metaclass' __getattr__
 PENDING, COMPLETED, TRUNCATED, ABORTED = Status.PENDING, Status.COMPLETED, Status.TRUNCATED, Status.ABORTED
+
+
+# ``int(v) if v.isdigit() else None`` of a recorded version string, kept by string (the
+# per-step passes parse each of a run's few hundred many times; ``int`` of a string costs
+# several dict lookups): ``RECORDED_NUMBERS[v] if v in RECORDED_NUMBERS else recorded_number(v)``
+RECORDED_NUMBERS: dict[str, int | None] = {}
+
+
+def recorded_number(v: str) -> int | None:
+    if len(RECORDED_NUMBERS) >= 4096:
+        RECORDED_NUMBERS.clear()
+    n = RECORDED_NUMBERS[v] = int(v) if v.isdigit() else None
+    return n
 
 
 class VersionRuns:
@@ -90,10 +101,6 @@ class VersionRuns:
             if r[0] > hi:
                 hi = r[0]
         return hi
-
-    @property
-    def oldest_kv(self) -> int | None:
-        return min((r[1] for r in self.runs), default=None)
 
     def old_kv_token_count(self) -> int:
         """Tokens sampled by newer weights on top of KV computed by older ones (in_place)."""
@@ -181,20 +188,15 @@ def iter_samples(group: Any) -> Iterator[Sample]:
 
 def samples_of(group: Any) -> list[Sample]:
     """``list(iter_samples(group))``, without a generator step per sample for the common
-    flat group (this runs several times per sample in long simulations)."""
+    flat group (this runs several times per sample in long simulations). A ``Sample`` is no
+    list by its exact type; a negative ``isinstance`` looks up ``__class__`` first."""
     items = list(group)
     for item in items:
-        if isinstance(item, list):
+        if type(item) is not Sample and isinstance(item, list):
             break
     else:
         return items  # flat
-    out: list[Sample] = []
-    for item in items:
-        if isinstance(item, list):
-            out.extend(item)
-        else:
-            out.append(item)
-    return out
+    return [s for item in items for s in (item if isinstance(item, list) else (item,))]
 
 
 def first_sample(group: Any) -> Sample:

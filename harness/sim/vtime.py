@@ -34,6 +34,7 @@ import gc
 import heapq
 import selectors
 from asyncio import base_events, events, format_helpers
+from itertools import repeat as _repeat
 from typing import Any, Awaitable, TypeVar
 
 T = TypeVar("T")
@@ -124,7 +125,10 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         self.get_debug = (True if self._debug else False).__bool__
 
     # --- asyncio's scheduling, without per-callback Python overhead (same semantics) ---
-    def call_soon(self, callback: Any, *args: Any, context: contextvars.Context | None = None) -> events.Handle:
+    def call_soon(self, callback: Any, /, *args: Any, context: contextvars.Context | None = None) -> events.Handle:
+        # ``callback`` positional-only: C futures and tasks pass ``context=`` under a name
+        # that is not the interned string, which CPython matches against each parameter
+        # that could take a keyword, by value, in order
         if self._debug or self._closed:  # the stock checks (and their errors)
             return super().call_soon(callback, *args, context=context)
         handle = _new_handle(_Handle)  # what Handle.__init__ sets outside debug mode
@@ -200,7 +204,7 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
                 handle._scheduled = False
                 ready.append(handle)
 
-            for _ in range(len(ready)):
+            for _ in _repeat(None, len(ready)):  # range() would compare its step with 0 on each creation
                 handle = popleft()
                 if handle._cancelled:
                     continue
