@@ -296,6 +296,7 @@ class SimEngine:
         # order, without the requests cancelled since) is the head of the waiting queue,
         # though its requests stay in it and in the finish heap (``_apply_pause``)
         self._retracted = False
+        self._retract_step = 0  # the engine step it was retracted at (the resume is checked against it)
 
     # --- contract -----------------------------------------------------------------------
     def generate(self, sample: Sample, sampling: SamplingParams) -> asyncio.Future:
@@ -536,18 +537,20 @@ class SimEngine:
         readmitted = 0
         if self._retracted:  # the head of the waiting queue, kept in place by _apply_pause
             self._retracted = False
+            # The retract accounted each request's tokens up to the step it left (join_step is
+            # that step): at the same step, each joins again where it left and keeps its place
+            # in the finish heap; one step later, each would finish a step late
+            if step != self._retract_step:
+                raise RuntimeError(f"SimEngine: the retracted batch resumes at step {step}, not {self._retract_step}: "
+                                   "an engine step ran while the engine was paused (a bug of the engine or of a "
+                                   "subclass); its requests would finish later than their place in the finish heap")
+            readmitted = len(running)
             for req in running.values():
-                base = req.base
-                prefix = req.prompt_len + base
-                prefill += prefix
-                readmitted += 1
-                req.join_step, req.kv_floor = step, version
-                if step + req.target - base != req.finish_step:  # its place in the finish heap is kept
-                    raise RuntimeError(f"SimEngine: retracted request index={req.index} would finish at step "
-                                       f"{step + req.target - base}, not {req.finish_step}: an engine step ran while "
-                                       "the engine was paused (a bug of the engine or of a subclass)")
-                if sink is not None:
-                    sink.emit(ev.ADMITTED, index=req.index, version=version, prefix_tokens=prefix)
+                prefill += req.prompt_len + req.base
+                req.kv_floor = version
+            if sink is not None:
+                for req in running.values():
+                    sink.emit(ev.ADMITTED, index=req.index, version=version, prefix_tokens=req.prompt_len + req.base)
         while waiting and len(running) < max_running:
             req = waiting.popleft()
             if req.state != _WAITING:
@@ -666,6 +669,7 @@ class SimEngine:
             # batch order, as their admission again will put them: no step runs while paused,
             # so each joins again at the step count it left and reaches the same finish step.
             self._account_all(self.running.values())
+            self._retract_step = self._step
             sink = self.sink
             if sink.enabled:
                 for req in self.running.values():
