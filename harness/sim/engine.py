@@ -187,7 +187,8 @@ class _Req(asyncio.Future):
     (``_run_callbacks``), in the order and at the place in the ready queue where the
     future's own scheduling would have put one handle each. However the future ends
     (``set_result``, ``set_exception``, ``cancel``), its callbacks are scheduled as
-    asyncio's futures schedule them. ``_submit`` sets every field."""
+    asyncio's futures schedule them. ``_submit`` sets every field but the three the admission sets
+    (``join_step``, ``kv_floor``, ``finish_step``: read only while the request runs)."""
 
     __slots__ = ("sample", "target", "truncated", "base", "join_step", "kv_floor", "finish_step", "state",
                  "fail", "engine", "index", "prompt_len", "_cbs")
@@ -341,8 +342,7 @@ class SimEngine:
             req.truncated = drawn >= max_new
             req.fail = failing and _uniform3(cfg.seed + 1, index, retry) < cfg.request_failure_rate
             req.base = base
-            req.join_step = req.kv_floor = req.finish_step = 0
-            req.state = _WAITING
+            req.state = _WAITING  # join_step, kv_floor and finish_step are set when it is admitted
             req._cbs = None
             req.engine = self
             req.index = index
