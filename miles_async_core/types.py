@@ -143,8 +143,8 @@ class Sample:
         wv = self.weight_versions
         if len(wv) == 1:  # the common single-turn case, kept cheap for long simulations
             v = wv[0]
-            if type(v) is str:  # what engines record (str(v) is v)
-                return int(v) if v.isdigit() else None
+            if type(v) is str:  # what engines record (str(v) is v): parsed once per string
+                return RECORDED_NUMBERS[v] if v in RECORDED_NUMBERS else recorded_number(v)
             return int(v) if str(v).isdigit() else None
         numeric = [int(v) for v in wv if str(v).isdigit()]
         return min(numeric) if numeric else None
