@@ -181,18 +181,21 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if rc else 0
 
 
-def _merge_manifest(manifest: dict) -> None:
-    """Keep earlier entries for steps not rerun (``--only``), so the file covers every output."""
-    path = ROOT / "results" / "MANIFEST.json"
+def _merge_manifest(manifest: dict, path: Path = ROOT / "results" / "MANIFEST.json") -> None:
+    """Keep earlier entries for steps not rerun (``--only``), so the file covers every output.
+    Each step records the commit and the machine it ran at (``git``, ``machine``); the
+    top-level ``git`` and ``machine`` are those of the latest run. A kept step without its
+    own ``git`` takes the earlier top-level one; one without ``machine`` (recorded before
+    steps had it) gets none: which machine made it is then in its output files, where they
+    record one."""
     earlier = json.loads(path.read_text()) if path.exists() else {}
     ran = {s["name"] for s in manifest["steps"]}
     kept = [dict(s, git=earlier.get("git")) if "git" not in s else s
             for s in earlier.get("steps", []) if s["name"] not in ran]
     for s in manifest["steps"]:
-        s["git"] = manifest["git"]
+        s["git"], s["machine"] = manifest["git"], manifest["machine"]
     manifest["steps"] = kept + manifest["steps"]
     path.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
-
 
 if __name__ == "__main__":
     sys.exit(main())

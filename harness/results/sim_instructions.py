@@ -4,8 +4,9 @@ instructions and last-level cache misses per simulated sample, at a base commit 
 CPU seconds on a shared host move by a third between hours with the code unchanged
 (``sim_ab``), so a change of a few percent cannot be seen in them. Valgrind's cachegrind
 counts every instruction the process executes, the C work behind each bytecode included,
-and simulates its data accesses against one last-level cache (here 512 KiB, 8-way, 64 B
-lines: this host's L2). The ``sim_speed`` scenario runs at ``--short`` and ``--long``
+and simulates its data accesses against one last-level cache (512 KiB, 8-way, 64 B lines:
+the L2 of the AMD EPYC host the counts were first made on; fixed, so that counts made on
+other hosts compare). The ``sim_speed`` scenario runs at ``--short`` and ``--long``
 steps; the difference over ``(long - short) * B * n`` samples is the steady state per
 sample, without imports and set-up. Instructions repeat to about 0.01% between runs of the
 same code; misses to about 0.5%. The run is single-threaded (``OPENBLAS_NUM_THREADS=1``:
