@@ -137,4 +137,7 @@ def test_a_seeded_loop_reproduces_its_metrics_exactly():
         return out
 
     first, second = run(), run()
-    assert first == second and first[-1]["train/loss"] != first[0]["train/loss"]
+    assert first == second
+    # the steps did something: on-policy the loss is -mean(advantage) = 0 up to rounding (exactly
+    # 0.0 on some hosts), so it is the gradient that differs from step to step
+    assert first[0]["train/grad_norm"] > 0 and len({m["train/grad_norm"] for m in first}) == 3
