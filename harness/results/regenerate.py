@@ -197,5 +197,6 @@ def _merge_manifest(manifest: dict, path: Path = ROOT / "results" / "MANIFEST.js
     manifest["steps"] = kept + manifest["steps"]
     path.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
 
+
 if __name__ == "__main__":
     sys.exit(main())

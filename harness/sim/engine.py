@@ -546,11 +546,11 @@ class SimEngine:
                                    "subclass); its requests would finish later than their place in the finish heap")
             readmitted = len(running)
             for req in running.values():
-                prefill += req.prompt_len + req.base
+                prefix = req.prompt_len + req.base
+                prefill += prefix
                 req.kv_floor = version
-            if sink is not None:
-                for req in running.values():
-                    sink.emit(ev.ADMITTED, index=req.index, version=version, prefix_tokens=req.prompt_len + req.base)
+                if sink is not None:
+                    sink.emit(ev.ADMITTED, index=req.index, version=version, prefix_tokens=prefix)
         while waiting and len(running) < max_running:
             req = waiting.popleft()
             if req.state != _WAITING:

@@ -34,7 +34,6 @@ import gc
 import heapq
 import selectors
 from asyncio import base_events, events, format_helpers
-from itertools import repeat as _repeat
 from typing import Any, Awaitable, TypeVar
 
 T = TypeVar("T")
@@ -204,7 +203,7 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
                 handle._scheduled = False
                 ready.append(handle)
 
-            for _ in _repeat(None, len(ready)):  # range() would compare its step with 0 on each creation
+            for _ in range(len(ready)):
                 handle = popleft()
                 if handle._cancelled:
                     continue
