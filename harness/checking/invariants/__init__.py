@@ -12,8 +12,9 @@ stores per mode and ``miles-harness check-trace`` prints.
 from __future__ import annotations
 
 from miles_async_core.config import AsyncConfig
-from harness.checking.invariants import (buffer, colocate, concurrency, conservation, engines, metrics, pause,
-                                         staleness, versions)
+# Each module registers its checkers on import; this order is the order they run and report in.
+from harness.checking.invariants import (buffer_checks, colocate, concurrency, conservation, multi_engine_checks,
+                                         metrics, pause, staleness_checks, versions)
 from harness.checking.invariants.base import REGISTRY, Check, Violation, format_event
 from harness.trace import Event
 
@@ -59,5 +60,5 @@ def format_violations(violations: list[Violation], *, limit: int = 5) -> str:
 
 
 __all__ = ["ALL_CHECKS", "Check", "Violation", "applicable", "check_all", "check_report", "format_event",
-           "format_violations", "buffer", "colocate", "concurrency", "conservation", "engines", "metrics", "pause",
-           "staleness", "versions"]
+           "format_violations", "buffer_checks", "colocate", "concurrency", "conservation", "metrics",
+           "multi_engine_checks", "pause", "staleness_checks", "versions"]
