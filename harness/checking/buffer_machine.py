@@ -3,9 +3,9 @@
 Contract: ``check_buffer(factory)`` returns ``None`` when the buffer built by
 ``factory(DataBufferConstructorInput(args, unused_handler_fn)) -> DataBuffer`` (the
 signature of Miles' ``--custom-async-data-buffer-path``, so ``DefaultDataBuffer``
-itself is a factory) keeps every guarantee of spec §9 items 15-24, and otherwise a
-``BufferFailure`` naming the broken invariant, with the shrunk operation sequence and
-a timeline of the buffer operations of the failing example.
+itself is a factory) keeps every guarantee of upstream's buffer contract (the invariants
+listed below), and otherwise a ``BufferFailure`` naming the broken invariant, with the
+shrunk operation sequence and a timeline of the buffer operations of the failing example.
 
 ``BufferMachine`` drives the buffer with ``put`` (completed, aborted, dynamic-filter
 rejected groups, flat or nested), ``get`` (with ``current_version`` None or a version,
@@ -24,7 +24,8 @@ Invariants (names as reported): ``capacity``, ``put_blocks_iff_full``,
 ``get_blocks_iff_empty``, ``conservation``, ``fifo``, ``staleness_bound``,
 ``handler_once``, ``filter_not_handled``, ``metrics_window``, ``no_exception``.
 ``avg_staleness`` / ``max_staleness`` cover every group popped in the window, stale
-rejects included: the decision recorded in ``miles_async_core/buffer.py`` (§10.1).
+rejects included, as upstream's code computes them (the decision is recorded in
+``miles_async_core/buffer.py``).
 """
 
 from __future__ import annotations
@@ -349,7 +350,7 @@ class BufferMachine(RuleBasedStateMachine):
     @rule(without_version=st.booleans(), extra_context=st.booleans(), settle=st.booleans())
     def start_get(self, without_version: bool, extra_context: bool, settle: bool) -> None:
         # Concurrent gets share one current_version, as within one drain of the real
-        # driver (spec §9 item 14), so which waiter gets a group never changes a verdict.
+        # driver (one drain reads the version once), so which waiter gets a group never changes a verdict.
         outstanding = [op for op in self.ops if op.kind == "get" and not op.finished]
         arg = self.get_arg if outstanding else (None if without_version else self.version)
         self.get_arg = arg

@@ -71,7 +71,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          "(default: miles_async_core.buffer.DefaultDataBuffer)")
     group.addoption("--miles-src", action="store", default=None, metavar="PATH",
                     help="upstream Miles checkout for the upstream tier (default: $MILES_SRC, else the pinned "
-                         "tree ../shared/third_party/miles-31f1ca9 when present; none: the tier skips)")
+                         "Miles tree in ../shared/third_party/ when present; none: the tier skips)")
     group.addoption(GUARD_OPTION, action="store_true", default=False,
                     help="on CPython 3.11, render asyncio log tracebacks without caret anchors, so a leaked "
                          "task's traceback cannot corrupt ast.parse in another test (see "

@@ -1,10 +1,10 @@
-"""Trace invariant checkers (spec §9), one module per family.
+"""Trace invariant checkers, one module per family.
 
 ``check_all(events, config, complete=True)`` runs every registered checker that applies
 to ``config`` and returns their violations; ``complete=False`` keeps only the checkers
 that hold on the prefix of a run that failed or was cancelled (conservation is then
 relaxed to ``conservation_prefix``: nothing ends twice, nothing trained untaken).
-``ALL_CHECKS`` maps invariant name -> ``Check`` (function, applicability, spec items).
+``ALL_CHECKS`` maps invariant name -> ``Check`` (function, applicability, whether it needs a complete run).
 ``check_report`` runs them and returns the JSON-able verdict ``miles-harness run``
 stores per mode and ``miles-harness check-trace`` prints.
 """

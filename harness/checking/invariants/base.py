@@ -10,7 +10,7 @@ a person can read what happened (``Violation.format()``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Callable
 
 from miles_async_core import events as ev
 from miles_async_core.config import AsyncConfig
@@ -124,19 +124,18 @@ class Check:
     fn: Checker
     applies: Callable[[AsyncConfig], bool]
     needs_complete_run: bool  # False: holds on the prefix of a run that failed or was cancelled
-    spec_items: tuple[int, ...]
 
 
 REGISTRY: list[Check] = []
 
 
 def invariant(name: str, *, applies: Callable[[AsyncConfig], bool] = lambda c: True,
-              complete_only: bool = False, spec: Iterable[int] = ()) -> Callable[[Checker], Checker]:
+              complete_only: bool = False) -> Callable[[Checker], Checker]:
     """Register ``fn`` under ``name``; ``Violation.invariant`` must be that name."""
 
     def wrap(fn: Checker) -> Checker:
         assert all(c.name != name for c in REGISTRY), f"duplicate invariant {name}"
-        REGISTRY.append(Check(name, fn, applies, complete_only, tuple(spec)))
+        REGISTRY.append(Check(name, fn, applies, complete_only))
         fn.invariant_name = name  # type: ignore[attr-defined]
         return fn
 

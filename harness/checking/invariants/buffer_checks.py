@@ -1,4 +1,4 @@
-"""The fully-async data buffer as seen in the trace (spec §9 items 11, 12, 15-21).
+"""The fully-async data buffer as seen in the trace (upstream's `fully_async_data_buffer.py`).
 
 Reconstructs the queue from ``put_accepted`` (+1), ``got`` and ``stale_rejected`` (-1)
 and checks it against every reported ``queue_size`` and the capacity
@@ -14,7 +14,7 @@ from harness.checking.invariants.base import Violation, invariant, is_fully_asyn
 from harness.trace import Event
 
 
-@invariant("buffer_capacity", applies=is_fully_async, spec=(15,))
+@invariant("buffer_capacity", applies=is_fully_async)
 def check_buffer_capacity(events: list[Event], config: AsyncConfig) -> list[Violation]:
     """Queue size never above C, put_blocked only at C, reported sizes match the trace."""
     name, cap, size, out = "buffer_capacity", config.capacity, 0, []
@@ -36,7 +36,7 @@ def check_buffer_capacity(events: list[Event], config: AsyncConfig) -> list[Viol
     return out
 
 
-@invariant("buffer_fifo", applies=is_fully_async, spec=(17,))
+@invariant("buffer_fifo", applies=is_fully_async)
 def check_buffer_fifo(events: list[Event], config: AsyncConfig) -> list[Violation]:
     """Groups leave the buffer (returned or stale-rejected) in the order they were accepted."""
     queue: list[int] = []
@@ -64,7 +64,7 @@ def _handler_calls_until_retake(events: list[Event], pos: int, gi: int) -> list[
     return calls
 
 
-@invariant("aborted_never_stored", applies=is_fully_async, spec=(18,))
+@invariant("aborted_never_stored", applies=is_fully_async)
 def check_aborted_never_stored(events: list[Event], config: AsyncConfig) -> list[Violation]:
     """A group with an ABORTED sample is rejected, never stored, and handed to the handler once."""
     name, out = "aborted_never_stored", []
@@ -87,7 +87,7 @@ def check_aborted_never_stored(events: list[Event], config: AsyncConfig) -> list
     return out
 
 
-@invariant("filter_rejects_not_handled", applies=is_fully_async, spec=(19,))
+@invariant("filter_rejects_not_handled", applies=is_fully_async)
 def check_filter_rejects_not_handled(events: list[Event], config: AsyncConfig) -> list[Violation]:
     """A dynamic-filter reject is never stored and never handed to the unused handler."""
     out = []
@@ -104,7 +104,7 @@ def check_filter_rejects_not_handled(events: list[Event], config: AsyncConfig) -
     return out
 
 
-@invariant("stale_rejects_handled", applies=is_fully_async, spec=(20, 21))
+@invariant("stale_rejects_handled", applies=is_fully_async)
 def check_stale_rejects_handled(events: list[Event], config: AsyncConfig) -> list[Violation]:
     """Every stale reject exceeds the bound and reaches the handler exactly once; the
     handler's decision is carried out (drop -> dropped, retry -> recycled or retry_cap)."""
@@ -137,7 +137,7 @@ def check_stale_rejects_handled(events: list[Event], config: AsyncConfig) -> lis
     return out
 
 
-@invariant("drain_shape", applies=is_fully_async, spec=(11, 12, 14))
+@invariant("drain_shape", applies=is_fully_async)
 def check_drain_shape(events: list[Event], config: AsyncConfig) -> list[Violation]:
     """A drain returns exactly B groups, all read with the drain's single current_version,
     and ends with one metrics report."""

@@ -1,4 +1,4 @@
-"""Colocation (spec §2, `--colocate`): the engine and the trainer share GPUs.
+"""Colocation (`--colocate`): the engine and the trainer share GPUs.
 
 * ``colocate_exclusive``: the engine's ``generating`` phase and the trainer's
   ``training`` phase never overlap (in trace order).

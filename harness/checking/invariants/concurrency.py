@@ -1,4 +1,4 @@
-"""Submission and concurrency (spec §9 items 9, 10).
+"""Submission and concurrency (upstream's `submission_scheduler.py` and the fully-async worker).
 
 * ``in_flight_cap``: under fully-async, in-flight samples (submitted, not finished, not
   cancelled with a failed group) never exceed ``G * n`` with sample granularity, and
@@ -17,13 +17,13 @@
 * ``one_step_submission_budget``: a one-step or sync rollout pulls more prompts only while
   its scheduler has room for the groups it still needs: with group granularity the groups
   pending plus those accepted so far are fewer than B; with sample granularity the samples
-  in flight plus n fit in ``(B - accepted) * n`` (items 1, 3; the budget is B minus the
+  in flight plus n fit in ``(B - accepted) * n`` (the budget is B minus the
   groups kept, ``inference_rollout_train.py:L111``). Accepted: finished, not failed, not
   dropped by the dynamic filter. Samples in flight are counted from the trace (a finished
   sample's slot frees a few loop steps after its ``finished`` event, a failed group's
   siblings are released from its first ``finished``), so the sample check is lenient.
 * ``one_group_per_pull``: under fully-async every ``get_samples`` call hands out exactly
-  one group (item 9: ``--over-sampling-batch-size`` has no effect), read from the
+  one group (``--over-sampling-batch-size`` has no effect there), read from the
   ``call`` number each ``taken`` event carries.
 """
 
@@ -35,7 +35,7 @@ from harness.checking.invariants.base import Violation, invariant, is_fully_asyn
 from harness.trace import Event
 
 
-@invariant("in_flight_cap", applies=is_fully_async, spec=(10,))
+@invariant("in_flight_cap", applies=is_fully_async)
 def check_in_flight_cap(events: list[Event], config: AsyncConfig) -> list[Violation]:
     name, out = "in_flight_cap", []
     n, g_budget = config.n_samples_per_prompt, config.group_budget
@@ -63,7 +63,7 @@ def check_in_flight_cap(events: list[Event], config: AsyncConfig) -> list[Violat
     return out
 
 
-@invariant("whole_group_submission", spec=(9,))
+@invariant("whole_group_submission")
 def check_whole_group_submission(events: list[Event], config: AsyncConfig) -> list[Violation]:
     name, out = "whole_group_submission", []
     queue: list[list] = []  # [group_index, indices still to submit]
@@ -116,7 +116,7 @@ def check_whole_group_submission(events: list[Event], config: AsyncConfig) -> li
     return out
 
 
-@invariant("one_step_submission_budget", applies=lambda c: not c.fully_async, spec=(1, 3))
+@invariant("one_step_submission_budget", applies=lambda c: not c.fully_async)
 def check_one_step_submission_budget(events: list[Event], config: AsyncConfig) -> list[Violation]:
     name, out = "one_step_submission_budget", []
     B, n = config.rollout_batch_size, config.n_samples_per_prompt
@@ -138,7 +138,7 @@ def check_one_step_submission_budget(events: list[Event], config: AsyncConfig) -
             if e.get("call") != call:  # a new get_samples call: the scheduler said it had room
                 call = e.get("call")
                 if by_sample:
-                    flight = len(in_flight) if pending else 0  # item 4: nothing pending resets the count
+                    flight = len(in_flight) if pending else 0  # nothing pending resets the count
                     room = flight + n <= (B - accepted) * n
                 else:
                     room = len(pending) + accepted < B
@@ -167,7 +167,7 @@ def check_one_step_submission_budget(events: list[Event], config: AsyncConfig) -
     return out
 
 
-@invariant("one_group_per_pull", applies=is_fully_async, spec=(9,))
+@invariant("one_group_per_pull", applies=is_fully_async)
 def check_one_group_per_pull(events: list[Event], config: AsyncConfig) -> list[Violation]:
     name, out = "one_group_per_pull", []
     seen: dict[int, int] = {}  # call -> groups handed out

@@ -1,4 +1,4 @@
-"""Conservation of prompt groups (spec §9 items 11, 16, 25-27).
+"""Conservation of prompt groups.
 
 Every group the data source hands out (``taken``) ends exactly once per time it was
 taken: trained, dropped with a reason, rejected by the dynamic filter, recycled (and
@@ -67,7 +67,7 @@ def _walk(events: list[Event], name: str, *, closing: bool) -> list[Violation]:
     return out
 
 
-@invariant("conservation", complete_only=True, spec=(16, 25, 26, 27))
+@invariant("conservation", complete_only=True)
 def check_conservation(events: list[Event], config: AsyncConfig) -> list[Violation]:
     """Each take ends exactly once; the run end accounts for what is still live."""
     if not any(e.kind == ev.RUN_END for e in events):
@@ -76,13 +76,13 @@ def check_conservation(events: list[Event], config: AsyncConfig) -> list[Violati
     return _walk(events, "conservation", closing=True)
 
 
-@invariant("conservation_prefix", spec=(16,))
+@invariant("conservation_prefix")
 def check_conservation_prefix(events: list[Event], config: AsyncConfig) -> list[Violation]:
     """On any prefix (failed or cancelled runs too): nothing ends twice, nothing trained untaken."""
     return _walk(events, "conservation_prefix", closing=False)
 
 
-@invariant("recycled_first_in_first_out", spec=(27,))
+@invariant("recycled_first_in_first_out")
 def check_recycled_first_in_first_out(events: list[Event], config: AsyncConfig) -> list[Violation]:
     """Recycled groups are handed out by the next ``get_samples`` calls before any fresh
     prompt, oldest first (the default data source's ``pop_first``, ``data_source.py``)."""
@@ -105,7 +105,7 @@ def check_recycled_first_in_first_out(events: list[Event], config: AsyncConfig) 
     return out
 
 
-@invariant("trained_batch_shape", spec=(11,))
+@invariant("trained_batch_shape")
 def check_trained_batch_shape(events: list[Event], config: AsyncConfig) -> list[Violation]:
     """Every training batch has exactly B groups of n samples, sorted by first sample index."""
     out = []

@@ -1,11 +1,11 @@
-"""Drain metrics against the trace (spec §9 items 12, 24; `fully_async_data_buffer.py`
+"""Drain metrics against the trace (`fully_async_data_buffer.py`
 ``get_metrics`` and this core's handler counters).
 
 The window of drain ``M`` is every event after the previous ``drain_end`` up to this
 drain's ``drain_end``. In it: ``aborted_groups_filtered`` = ``put_rejected`` with
 reason ``aborted``; ``stale_groups_filtered`` = ``stale_rejected``; ``avg/max_staleness``
 over the non-None staleness of every group popped (``got`` and ``stale_rejected``,
-§10.1 as decided in `buffer.py`), absent when none; ``queue_size`` = the queue the trace
+as upstream's code computes them and `buffer.py` decides), absent when none; ``queue_size`` = the queue the trace
 holds at the drain's end; ``handler_dropped`` / ``handler_retried`` / ``handler_retry_cap``
 = ``dropped(handler_drop:*)`` / ``recycled`` / ``dropped(retry_cap:*)``, checked when the
 drain reports them (upstream Miles, run by ``harness.upstream.host``, has no such counters).
@@ -27,7 +27,7 @@ def _close(a: float | None, b: float | None) -> bool:
     return abs(a - b) <= 1e-9 * max(1.0, abs(a), abs(b))
 
 
-@invariant("drain_metrics", applies=is_fully_async, spec=(12, 24))
+@invariant("drain_metrics", applies=is_fully_async)
 def check_drain_metrics(events: list[Event], config: AsyncConfig) -> list[Violation]:
     name, out = "drain_metrics", []
     queue = 0

@@ -1,4 +1,4 @@
-"""Several engines behind one rollout engine (the ``ray`` layout; spec §5, Miles' updater
+"""Several engines behind one rollout engine (the ``ray`` layout; Miles' updater
 pauses, loads and resumes every engine: ``update_weight_from_distributed/mixin.py:L309-L331``).
 
 Engine events carry ``engine`` (the engine's index); each engine records
@@ -54,7 +54,7 @@ def _is_weight_sync_start(e: Event) -> bool:
     return e.kind == ev.PHASE_START and e.fields.get("side") == "train" and e.fields.get("phase") == "weight_sync"
 
 
-@invariant("engine_versions_monotonic", spec=(36,))
+@invariant("engine_versions_monotonic")
 def check_engine_versions_monotonic(events: list[Event], config: AsyncConfig) -> list[Violation]:
     name, out = "engine_versions_monotonic", []
     if not _multi_engine(events):
@@ -81,7 +81,7 @@ def check_engine_versions_monotonic(events: list[Event], config: AsyncConfig) ->
     return out
 
 
-@invariant("all_engines_updated_before_resume", spec=(30, 36))
+@invariant("all_engines_updated_before_resume")
 def check_all_engines_updated_before_resume(events: list[Event], config: AsyncConfig) -> list[Violation]:
     name, out = "all_engines_updated_before_resume", []
     if not _multi_engine(events):
@@ -109,7 +109,7 @@ def check_all_engines_updated_before_resume(events: list[Event], config: AsyncCo
     return out
 
 
-@invariant("all_engines_paused_for_update", spec=(41,))
+@invariant("all_engines_paused_for_update")
 def check_all_engines_paused_for_update(events: list[Event], config: AsyncConfig) -> list[Violation]:
     name, out = "all_engines_paused_for_update", []
     if not _multi_engine(events):

@@ -1,4 +1,4 @@
-"""Pause modes (spec §9 item 41; `contracts.py` engine contract).
+"""Pause modes (the engine contract of `contracts.py`).
 
 * ``no_generation_while_paused``: between ``engine_pause`` and ``engine_resume`` nothing
   is admitted, no decode step runs (``decode_step``, recorded by the real engines as

@@ -1,4 +1,4 @@
-"""Staleness and sample age (spec §9 items 20, 23, 31-35).
+"""Staleness and sample age.
 
 * ``got_staleness``: every ``got`` has staleness ``None`` or ``<= max_weight_staleness``,
   and the reported staleness is Miles' definition recomputed from the trace:
@@ -6,11 +6,12 @@
 * ``trained_age_bound``: under fully-async ``train_async.py`` with ``s`` set, every
   trained group's Miles age (trainer version - oldest recorded version) is ``<= s + 1``.
 * ``batch_single_version``: sync and one-step batches: every sample of batch ``M`` was
-  made by exactly one weight version, ``version(gen(M))`` of items 31 and 33, token by
-  token (so the true token-level age equals the recorded one). With ``--partial-rollout``
-  a group handed back at an earlier rollout's end carries older versions too (D5 of issue
-  11): then every recorded version is at most ``version(gen(M))``, non-decreasing, and
-  every token was made by one of the recorded versions.
+  made by exactly one weight version, ``version(gen(M))`` (``expected_batch_version``),
+  token by token (so the true token-level age equals the recorded one). With
+  ``--partial-rollout`` a group handed back at an earlier rollout's end carries older
+  versions too (``inference_rollout_train.py:L38-L53``): then every recorded version is at
+  most ``version(gen(M))``, non-decreasing, and every token was made by one of the
+  recorded versions.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ def _oldest(gi: int, members: dict[int, list[int]], finished: dict[int, Event]) 
     return min(vs) if vs else None
 
 
-@invariant("got_staleness", applies=is_fully_async, spec=(20, 22, 23))
+@invariant("got_staleness", applies=is_fully_async)
 def check_got_staleness(events: list[Event], config: AsyncConfig) -> list[Violation]:
     name, s_max, out = "got_staleness", config.max_weight_staleness, []
     for pos, e, members, finished in walk_groups(events):
@@ -51,7 +52,7 @@ def _fully_async_bounded(c: AsyncConfig) -> bool:
     return c.fully_async and c.driver == "train_async" and c.max_weight_staleness is not None
 
 
-@invariant("trained_age_bound", applies=_fully_async_bounded, spec=(35,))
+@invariant("trained_age_bound", applies=_fully_async_bounded)
 def check_trained_age_bound(events: list[Event], config: AsyncConfig) -> list[Violation]:
     name, bound, out = "trained_age_bound", config.max_weight_staleness + 1, []
     for pos, e, members, finished in walk_groups(events):
@@ -68,14 +69,16 @@ def check_trained_age_bound(events: list[Event], config: AsyncConfig) -> list[Vi
 
 
 def expected_batch_version(config: AsyncConfig, rollout_id: int) -> int:
-    """``version(gen(M))``: sync ``M - S + 1`` (item 33); one-step item 31."""
+    """``version(gen(M))``: sync ``M - S + 1``; one-step ``1 + #{N in [S, M-2] : (N+1) % k == 0}``
+    (the updates done before generate(M) launched: one after each iteration N with
+    ``(N+1) % k == 0``, ``train_async.py``)."""
     s, k = config.start_rollout_id, config.update_weights_interval
     if config.driver == "train":
         return rollout_id - s + 1
     return 1 + sum(1 for n in range(s, rollout_id - 1) if (n + 1) % k == 0)
 
 
-@invariant("batch_single_version", applies=lambda c: not c.fully_async, spec=(31, 33))
+@invariant("batch_single_version", applies=lambda c: not c.fully_async)
 def check_batch_single_version(events: list[Event], config: AsyncConfig) -> list[Violation]:
     name, out = "batch_single_version", []
     partial = bool(getattr(config, "partial_rollout", False))

@@ -1,4 +1,4 @@
-"""Weight versions (spec §9 items 36, 40, 41).
+"""Weight versions.
 
 * ``version_steps``: engine versions start at 1 and rise by exactly one per update;
   ``set_weight_version`` follows them and never goes backwards.
@@ -20,7 +20,7 @@ from harness.checking.invariants.base import GenerateCalls, Violation, invariant
 from harness.trace import Event
 
 
-@invariant("version_steps", spec=(30, 36))
+@invariant("version_steps")
 def check_version_steps(events: list[Event], config: AsyncConfig) -> list[Violation]:
     name, out, engine, manager = "version_steps", [], 0, None
     for pos, e in enumerate(events):
@@ -38,7 +38,7 @@ def check_version_steps(events: list[Event], config: AsyncConfig) -> list[Violat
     return out
 
 
-@invariant("token_versions", spec=(40, 41))
+@invariant("token_versions")
 def check_token_versions(events: list[Event], config: AsyncConfig) -> list[Violation]:
     name, out, engine = "token_versions", [], 0
     submitted: dict[int, int] = {}
@@ -82,7 +82,7 @@ def check_token_versions(events: list[Event], config: AsyncConfig) -> list[Viola
     return out
 
 
-@invariant("update_outside_generate", spec=(29, 34))
+@invariant("update_outside_generate")
 def check_update_outside_generate(events: list[Event], config: AsyncConfig) -> list[Violation]:
     name, out, open_ids = "update_outside_generate", [], set()
     for pos, e in enumerate(events):
