@@ -1,4 +1,4 @@
-"""The ``RolloutEngine`` contract over SGLang's offline ``Engine`` (spec §5).
+"""The ``RolloutEngine`` contract (``miles_async_core/contracts.py``) over SGLang's offline ``Engine``.
 
 Two layers:
 
@@ -65,7 +65,8 @@ What this module relies on, by file and line in that wheel (``sglang/srt/...``):
   queue is ignored (``managers/scheduler.py:L5518-L5546``), so it works after
   ``retract`` and fails after ``in_place`` with requests frozen in the running batch.
   The update therefore flushes unless the pause was ``in_place``, as Miles' updater
-  does (spec §5.1), and passes ``flush_cache=False`` to the load itself.
+  does (``update_weight_from_distributed/mixin.py:L315``), and passes ``flush_cache=False``
+  to the load itself.
 * The initial version is the server argument ``weight_version``, default
   ``"default"`` (``arg_groups/fields/serving.py:L172-L175``).
 

@@ -19,7 +19,7 @@ distribution, ``log_softmax(logits / temperature)``, as SGLang does by default
 Miles' trainer divides its logits by ``rollout_temperature`` to match. Temperature 0 is
 greedy and reports ``log_softmax(logits)``. ``TorchTrainer`` uses the same rule.
 
-Pause modes (``contracts.py``, spec §5.2; checked by ``contracts.check_pause_mode``):
+Pause modes (``contracts.py``, SGLang's pause semantics; checked by ``contracts.check_pause_mode``):
 ``abort`` finishes every running and waiting request now as ABORTED with its partial output; ``retract`` frees the KV of running
 requests and puts them at the front of the waiting queue, so they are re-prefilled
 under the weights current at re-admission; ``in_place`` keeps their KV, so after an

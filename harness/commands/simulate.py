@@ -17,7 +17,7 @@ from pathlib import Path
 
 from miles_async_core.config import AsyncConfig, parse_miles_args
 from miles_async_core.errors import ConfigError
-from miles_async_core.rules import validate
+from miles_async_core.rules import PROFILES, validate
 from harness.sim.scenario import DEFAULT_SCENARIO, load_scenario
 from harness.sim.simulate import format_summary, simulate, summarize
 
@@ -26,7 +26,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scenario", help="scenario file (.toml or .json); default: the built-in scenario")
     p.add_argument("--trace", default="results/sim/trace.jsonl", help="where to write the JSONL trace")
     p.add_argument("--num-rollout", type=int, help="override the number of training steps")
-    p.add_argument("--profile", default="manual", help="rule profile for validation (manual | miles-31f1ca9)")
+    p.add_argument("--profile", default="manual", help=f"rule profile for validation: {', '.join(PROFILES)}")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON document")
     p.add_argument("miles_args", nargs=argparse.REMAINDER, help="Miles flags after --")
 

@@ -5,7 +5,7 @@ floats) plus optional per-sample loss masks (1 = token counts). Everything is
 computed in float64 on CPU; nothing here touches a model, an engine or a clock.
 
 Contract: each function reproduces the upstream Miles formula it names, so a number
-from this module is comparable with the same key in a Miles run (spec section 6.2):
+from this module is comparable with the same key in a Miles run:
 
 * ``train_rollout_logprob_abs_diff`` and ``train_rollout_kl`` mirror
   ``policy_loss_function`` in ``backends/training_utils/loss_hub/losses.py``

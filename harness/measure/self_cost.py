@@ -7,8 +7,7 @@ update and each trained batch) and adds up the wall time spent inside them
 timed run spent inside the recording's calls, on whichever thread made them. It is wall
 time: a call that waits for the GIL while the trainer's or the engine reader's thread
 runs counts that wait too, so on a busy process it can over-state the recording's own
-work (the main job's one-step runs have shown 0.3% in the bench's rounds and 2% in a
-`make run`); and it leaves out what a caller builds before it emits (the core builds an
+work; and it leaves out what a caller builds before it emits (the core builds an
 event's fields only when ``sink.enabled``) and an engine process's own event buffering. The
 with-and-without comparison (``suites/bench/test_measurement_cost.py``) measures the
 whole cost; this figure says how much of it is the recording itself, on every run, at

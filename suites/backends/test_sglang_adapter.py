@@ -77,7 +77,7 @@ def test_tokens_log_probs_and_versions_have_one_entry_per_token(name):
 
 def test_a_request_spanning_a_retract_update_looks_fresh_to_miles_but_not_per_token():
     sample = apply_case(load("retract_across_update"))
-    assert sample.oldest_weight_version == 2  # spec §5.3: Miles under-reports
+    assert sample.oldest_weight_version == 2  # Miles under-reports: it records the version at completion only
     assert sample.oldest_token_version == 1
     assert sample.metadata["num_retractions"] == 1
 

@@ -1,5 +1,5 @@
-"""DefaultDataBuffer: Miles' upstream buffer tests (spec §7.1), ported, plus the
-decisions this harness takes on the spec's open points."""
+"""DefaultDataBuffer: Miles' upstream buffer tests (``tests/fast/rollout/test_fully_async_rollout.py``),
+ported, plus the decisions this harness takes where upstream's docs and code disagree."""
 
 from __future__ import annotations
 
@@ -112,7 +112,7 @@ def test_dynamic_filter_reject_is_dropped_without_the_handler_and_counted_by_rea
 
 @pytest.mark.parametrize("out, kept", [(None, False), (False, False), (0, False), (True, True), (1, True)])
 def test_dynamic_filter_output_that_is_not_a_filter_output_is_read_as_keep(out, kept):
-    """D3 (issue 11): any return but a ``DynamicFilterOutput`` is wrapped as ``keep=output``
+    """Any return but a ``DynamicFilterOutput`` is wrapped as ``keep=output``
     (`filter_hub/base_types.py:L17-L19`), so ``None`` drops the group, with no drop metric.
     No filter at all keeps."""
     from miles_async_core.buffer import call_dynamic_filter
@@ -147,7 +147,7 @@ def test_buffer_get_skips_groups_stale_at_consumption_time_and_hands_them_to_the
     assert got.group[0].group_index == 1
     assert handler.calls == [(0, "stale")]
     assert m[P + "stale_groups_filtered"] == 1.0
-    # §10.1 decision: consumed staleness includes the filtered group, as upstream code does.
+    # consumed staleness includes the filtered group, as upstream's code computes it
     assert m[P + "max_staleness"] == 5.0 and m[P + "avg_staleness"] == 3.0
 
 

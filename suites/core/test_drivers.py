@@ -1,4 +1,5 @@
-"""Driver loops: Miles' version arithmetic and ordering (spec §2, §9 items 28-36)."""
+"""Driver loops: Miles' version arithmetic and ordering (``train.py``, ``train_async.py``, the
+fully-async worker)."""
 
 from __future__ import annotations
 
@@ -215,7 +216,7 @@ def _one_step(engine, B, over_sampling):
 
 
 def test_a_group_that_fails_during_the_end_of_rollout_abort_fails_the_step(caplog):
-    """D6 (issue 11): upstream's abort() awaits the pending groups with as_completed_async
+    """Upstream's abort() awaits the pending groups with as_completed_async
     (inference_rollout_train.py:L40), so a pending group that raises fails the rollout;
     the groups still pending are left running, as upstream, and their outcomes retrieved."""
     engine = _ScriptedEngine({1: 3, 2: 8}, fail={1})
@@ -284,7 +285,7 @@ def test_a_worker_error_a_drain_raised_is_not_reported_twice(caplog):
 
 
 def test_one_step_filter_drops_are_reported_as_upstreams_drop_reason_metric():
-    """D4 (issue 11): a one-step dynamic-filter drop with a reason is counted under
+    """A one-step dynamic-filter drop with a reason is counted under
     ``rollout/dynamic_filter/drop_<reason>`` (`inference_rollout_train.py:L142,L185`); a drop
     without a reason is not."""
 
@@ -317,7 +318,7 @@ def test_one_step_filter_drops_are_reported_as_upstreams_drop_reason_metric():
     ({"use_critic": True, "fully_async": True}, "behavior-policy correction"),
 ])
 def test_the_async_driver_refuses_what_upstream_train_async_asserts(fields, message):
-    """D8 (issue 11): ``train_async.py:L23-L24`` asserts no colocation and an off-policy
+    """``train_async.py:L23-L24`` asserts no colocation and an off-policy
     correction with a critic before anything starts; the core's driver does the same."""
     config = AsyncConfig(rollout_batch_size=2, n_samples_per_prompt=2, num_rollout=2, **fields)
     result = simulate(Scenario(config=config, trainer=SimTrainerConfig(step_base_s=0.5), max_new_tokens=8))
@@ -338,7 +339,7 @@ def test_colocated_async_training_runs_only_with_the_harness_extension():
 
 
 def test_a_drain_checks_a_nested_group_at_the_top_level():
-    """D2 (issue 11): ``fully_async_rollout.py:L171`` asserts ``len(entry.group) == n``: a
+    """``fully_async_rollout.py:L171`` asserts ``len(entry.group) == n``: a
     nested group of n trajectories of two turns each is accepted (8 samples for n=2 and B=2)."""
     from miles_async_core.fully_async import FullyAsyncRolloutFn
     from miles_async_core.types import DataBufferInput, Sample, SamplingParams
@@ -372,7 +373,7 @@ def test_a_drain_checks_a_nested_group_at_the_top_level():
 
 
 def test_a_failing_step_leaves_the_launched_generate_running_as_upstream():
-    """D10 (issue 11): ``train_async.py:L80`` launches generate(N+1) before training step N;
+    """``train_async.py:L80`` launches generate(N+1) before training step N;
     when that step raises, the launched generate is left running (the core keeps it on
     ``ctx.pending_generate``), not cancelled: it has already pulled its prompts."""
     seen = {}
@@ -393,7 +394,7 @@ def test_a_failing_step_leaves_the_launched_generate_running_as_upstream():
 
 @pytest.mark.parametrize("cancel", [False, True])
 def test_a_dead_fully_async_workers_sibling_groups_run_on_unless_cancel_orphaned_tasks(caplog, cancel):
-    """D7 (issue 11): when a group kills the worker, upstream leaves the sibling group tasks
+    """When a group kills the worker, upstream leaves the sibling group tasks
     running (fully_async_rollout.py:L128-L136), and so does the core, reading each outcome
     so nothing is logged from a finalizer; the harness extension cancel_orphaned_tasks
     cancels them at once."""
@@ -467,10 +468,10 @@ def test_the_fully_async_worker_takes_exactly_one_group_per_pull():
 
 
 def test_a_sample_wake_up_carries_the_group_its_sample_finished():
-    """D1 (issue 11): upstream's per-sample credit reaches the worker through an Event, the
-    task waiting on it and asyncio.wait (submission_scheduler.py:L57-L63), so the group
-    whose last sample finished is in the same done set; the core woke on the sample first
-    and returned an empty done (then submitted a replacement before putting the group)."""
+    """Upstream's per-sample credit reaches the worker through an Event, the task waiting on
+    it and asyncio.wait (submission_scheduler.py:L57-L63), so the group whose last sample
+    finished is in the same done set: the wake-up on a sample must not return an empty done
+    (which would submit a replacement before putting the group)."""
     from miles_async_core.rollout import submit_group
     from miles_async_core.scheduler import Progress, SampleBackfillSubmission
     from miles_async_core.types import Sample, SamplingParams
@@ -489,12 +490,11 @@ def test_a_sample_wake_up_carries_the_group_its_sample_finished():
 
 
 def test_a_group_that_ends_in_the_step_the_waiter_resumes_is_in_its_done_set():
-    """D11 (issue 11): asyncio.wait collects every task done when its waiter resumes
-    (``f.done()``, not its completion callbacks), so a group that ends one loop step after
-    the group that woke the waiter, before the waiter runs, is in the same done set; the core's
-    completion queue held only groups whose done-callback had run and returned it one
-    wake-up later. Its late callback then wakes nothing: the next wait returns only on the
-    next group."""
+    """asyncio.wait collects every task done when its waiter resumes (``f.done()``, not its
+    completion callbacks), so a group that ends one loop step after the group that woke the
+    waiter, before the waiter runs, is in the same done set, not one wake-up later (a
+    completion queue fed only by done-callbacks would miss it). Its late callback then wakes
+    nothing: the next wait returns only on the next group."""
     from miles_async_core.scheduler import GroupLevelSubmission, Progress
 
     async def main():
@@ -526,7 +526,7 @@ def test_a_group_that_ends_in_the_step_the_waiter_resumes_is_in_its_done_set():
 
 
 def test_a_resumed_partial_group_generates_only_its_unfinished_samples():
-    """D5 (issue 11): a --partial-rollout group comes back with finished and aborted samples;
+    """A --partial-rollout group comes back with finished and aborted samples;
     upstream's generate_and_rm returns a finished one as it is, reward and all
     (inference_rollout_common.py:L70-L75), the single-turn generate resumes an aborted one
     and truncates one with no token budget left without a request (single_turn.py:L26-L33),
@@ -559,7 +559,7 @@ def test_a_resumed_partial_group_generates_only_its_unfinished_samples():
 
 @pytest.mark.parametrize("partial_rollout", [False, True])
 def test_one_step_hands_its_pending_groups_back_only_with_partial_rollout(partial_rollout):
-    """D5 (issue 11): upstream's abort() collects the pending groups after abort_request and,
+    """Upstream's abort() collects the pending groups after abort_request and,
     with --partial-rollout, the rollout function adds them back to the data source, each
     sample with a response marked with the rollout it started in
     (inference_rollout_train.py:L40-L53, inference_rollout_common.py:L225); without it they

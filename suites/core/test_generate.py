@@ -1,4 +1,4 @@
-"""Generate functions and nested groups (D2 of issue 11): a call of
+"""Generate functions and nested groups (``--custom-generate-function-path``): a call of
 ``--custom-generate-function-path`` may return a list of samples per prompt sample; the
 group is then ``n`` trajectories, checked at the top level (``len(group) == n``,
 ``fully_async_rollout.py:L171``, ``inference_rollout_train.py:L138``) and flattened one level

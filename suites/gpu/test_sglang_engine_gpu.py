@@ -105,7 +105,7 @@ def test_in_place_pause_decodes_new_weights_on_old_kv(engine, run, tokenizer, or
         runs = s.token_versions.to_json()
         assert [r[:2] for r in runs] == [[old, old], [new, old]], runs
         assert s.token_versions.old_kv_token_count() == runs[1][2]
-        assert s.oldest_weight_version == new  # Miles' view under-reports (spec §5.3)
+        assert s.oldest_weight_version == new  # Miles' view under-reports (it records the version at completion)
 
 
 def test_update_weights_from_tensor_changes_outputs_and_the_version(engine, run, tokenizer, original_weights):

@@ -5,6 +5,10 @@ from __future__ import annotations
 import json
 
 from harness.cli import main
+from miles_async_core.rules import PROFILES
+
+# the upstream profile, named after the pinned Miles commit
+UPSTREAM = next(name for name in PROFILES if name.startswith("miles-"))
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:
@@ -24,13 +28,13 @@ def test_colocated_fully_async_passes_manual_and_fails_upstream(capsys):
     argv = ["--", "train_async.py", "--fully-async", "--colocate", "--pause-generation-mode", "retract"]
     rc, out, _ = run(capsys, *argv)
     assert rc == 0 and "# OK: 0 error(s)" in out
-    rc, out, _ = run(capsys, "--profile", "miles-31f1ca9", *argv)
+    rc, out, _ = run(capsys, "--profile", UPSTREAM, *argv)
     assert rc == 2
     assert "[miles-colocate-not-async]" in out and "Colocation is not supported for async training." in out
 
 
 def test_one_step_colocate_fails_both_profiles(capsys):
-    for profile in ("manual", "miles-31f1ca9"):
+    for profile in ("manual", UPSTREAM):
         rc, out, _ = run(capsys, "--profile", profile, "--", "train_async.py", "--colocate")
         assert rc == 2, profile
         assert "--colocate" in out
@@ -70,7 +74,7 @@ def test_a_parse_error_exits_2_with_the_message_and_no_traceback(capsys):
 def test_an_unknown_profile_exits_2_naming_the_choices(capsys):
     rc, _, err = run(capsys, "--profile", "upstream", "--", "--fully-async")
     assert rc == 2
-    assert "--profile 'upstream'" in err and "miles-31f1ca9" in err
+    assert "--profile 'upstream'" in err and UPSTREAM in err
 
 
 def test_an_undefined_group_budget_is_printed_not_raised(capsys):
@@ -80,11 +84,11 @@ def test_an_undefined_group_budget_is_printed_not_raised(capsys):
 
 
 def test_json_output_is_one_document_with_config_and_violations(capsys):
-    rc, out, _ = run(capsys, "--json", "--profile", "miles-31f1ca9", "--", "--fully-async",
+    rc, out, _ = run(capsys, "--json", "--profile", UPSTREAM, "--", "--fully-async",
                      "--update-weights-interval", "0", "--seed", "3")
     assert rc == 2
     doc = json.loads(out)
-    assert doc["ok"] is False and doc["profile"] == "miles-31f1ca9"
+    assert doc["ok"] is False and doc["profile"] == UPSTREAM
     assert doc["config"]["seed"] == 3 and doc["resolved"]["capacity"] == 16
     assert [v["rule_id"] for v in doc["violations"]] == ["update-weights-interval-positive"]
 
@@ -100,5 +104,5 @@ def test_a_pasted_command_line_without_the_separator_is_read_as_miles_flags(caps
     assert cli(["check", "--fully-async", "--pause-generation-mode", "abort"]) == 2
     out = capsys.readouterr()
     assert "--pause-generation-mode" in out.out + out.err and "--fully-async" in out.out + out.err
-    assert cli(["check", "--profile", "miles-31f1ca9", "train_async.py", "--fully-async", "--colocate"]) == 2
+    assert cli(["check", "--profile", UPSTREAM, "train_async.py", "--fully-async", "--colocate"]) == 2
     assert cli(["check", "--json", "train_async.py", "--fully-async", "--rollout-batch-size=8"]) == 0

@@ -1,4 +1,4 @@
-"""Gap metrics match Miles' definitions (spec 6.2, invariants 42-45).
+"""Gap metrics match Miles' definitions (``loss_hub/losses.py``, ``corrections.py``, ``mis.py``).
 
 Expected numbers are computed by hand in each test from the formula, never by
 calling the code under test. Random inputs come from seeded torch generators.

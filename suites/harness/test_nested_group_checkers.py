@@ -1,4 +1,4 @@
-"""The invariant checkers on nested groups (D2 of issue 11): a multi-sample generate
+"""The invariant checkers on nested groups: a multi-sample generate
 function (``harness.upstream.generate_fns.multi_sample``, 1-3 samples per trajectory) makes
 each group ``n`` trajectories. The checkers count a group's trajectories at the top level and
 read every sample a trajectory added (``trajectory_sample``) as a member of its group: a

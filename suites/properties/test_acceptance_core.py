@@ -1,13 +1,13 @@
-"""Issue 2 acceptance, measured on simulated runs: the sample age each mode promises.
+"""The sample age each mode promises, measured on simulated runs.
 
-* sync ``train.py``: every trained sample is 0 versions old, lag 0 (spec §9 item 33);
+* sync ``train.py``: every trained sample is 0 versions old, lag 0;
 * one-step ``train_async.py``, k = 1: exactly one version old, 0 for the first batch;
-  any k: the lag in optimizer steps of batch M > 0 is ``((M - 1) mod k) + 1`` (item 32),
+  any k: the lag in optimizer steps of batch M > 0 is ``((M - 1) mod k) + 1``,
   so k = 3 cycles 1, 2, 3;
 * fully-async with ``--max-weight-staleness s`` (s = 0..3): no ``got`` beyond s, trained
-  Miles age <= s + 1 (item 35), and the true token-level age (oldest token's version)
-  measured and printed next to it: it is never below the Miles age (§10.4: the Miles
-  age is a lower bound), and can exceed it;
+  Miles age <= s + 1, and the true token-level age (oldest token's version)
+  measured and printed next to it: it is never below the Miles age (Miles stamps
+  the version at completion, so its age is a lower bound), and can exceed it;
 * every run satisfies every applicable trace invariant (conservation included).
 """
 

@@ -1,4 +1,4 @@
-"""The buffer conformance suite (spec §9 items 15-24) and checks that it can fail.
+"""The buffer conformance suite (``harness.checking.buffer_machine``) and checks that it can fail.
 
 ``test_buffer_keeps_every_guarantee_under_random_interleavings`` runs the shadow-model
 machine of ``harness.checking.buffer_machine`` against the buffer named by ``--data-buffer``

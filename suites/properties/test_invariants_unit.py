@@ -1,9 +1,9 @@
 """Each trace invariant checker passes on real simulated traces and fails on a targeted
 edit of one (trace surgery), reporting the invariant by name with a readable timeline.
 
-Also pins two bugs of ``harness/sim/engine.py`` that the property suites found and that
-are now fixed (regression tests): an abort credited tokens to waiting requests, and a
-cancellation of the last running request left the waiting queue unadmitted.
+Also regression tests for two bugs the property suites found in ``harness/sim/engine.py``:
+an abort must not credit tokens to waiting requests, and a cancellation of the last
+running request must still admit the waiting queue.
 """
 
 from __future__ import annotations

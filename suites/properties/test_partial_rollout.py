@@ -1,4 +1,4 @@
-"""One-step and sync ``--partial-rollout`` (D5 of issue 11): the groups pending at the end of
+"""One-step and sync ``--partial-rollout`` (``inference_rollout_train.py:L38-L53``): the groups pending at the end of
 a rollout go back to the data source and a later rollout resumes them
 (``inference_rollout_train.py:L40-L53``, ``inference_rollout_common.py:L225`` in
 radixark/miles).

@@ -1,4 +1,5 @@
-"""Submission schedulers and ``Progress`` under random completions (spec §9 items 1-6).
+"""Submission schedulers and ``Progress`` under random completions (upstream's
+``submission_scheduler.py``).
 
 A state machine plays the rollout worker's part: it asks ``has_capacity`` with the
 driver's pending count and a budget, submits groups through the real
@@ -91,7 +92,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     def submit_while_capacity(self, group_budget: int) -> None:
         pending = len(self.active)
         if self.backfill and pending == 0:
-            self.leaked = 0  # item 4: with nothing pending the count resyncs to 0 first
+            self.leaked = 0  # with nothing pending the count resyncs to 0 first
         expected = (self.submitted - self.completed + self.leaked + self.n <= group_budget * self.n
                     if self.backfill else pending < group_budget)
         got = self.scheduler.has_capacity(pending_groups=pending, group_budget=group_budget)
@@ -113,7 +114,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.active.add(task)
         run_until_quiet(self.loop)
         self.group_futures[task] = self.sample_futures[before:]
-        if self.backfill:  # item 3: never past the budget after a granted submission
+        if self.backfill:  # never past the budget after a granted submission
             assert self.scheduler.samples_in_flight <= group_budget * self.n, (
                 f"samples_in_flight {self.scheduler.samples_in_flight} > budget {group_budget} x n {self.n}")
 
@@ -168,12 +169,12 @@ class SchedulerMachine(RuleBasedStateMachine):
     # -- invariants ----------------------------------------------------------------------------------
 
     @invariant()
-    def group_level_counts_groups_and_has_no_callback(self) -> None:  # item 1
+    def group_level_counts_groups_and_has_no_callback(self) -> None:
         if hasattr(self, "scheduler") and isinstance(self.scheduler, GroupLevelSubmission):
             assert self.scheduler.sample_done_callback is None
 
     @invariant()
-    def samples_in_flight_is_submitted_minus_completed(self) -> None:  # item 2
+    def samples_in_flight_is_submitted_minus_completed(self) -> None:
         if getattr(self, "backfill", False):
             sif = self.scheduler.samples_in_flight
             assert sif == self.submitted - self.completed + self.leaked, (
@@ -182,7 +183,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert sif >= 0
 
     @invariant()
-    def a_finished_group_has_every_sample_done(self) -> None:  # item 6
+    def a_finished_group_has_every_sample_done(self) -> None:
         for task, futs in getattr(self, "group_futures", {}).items():
             if task.done():
                 assert all(f.done() for f in futs), "generate_and_rm_group finished with a sample still running"
@@ -190,7 +191,7 @@ class SchedulerMachine(RuleBasedStateMachine):
                     assert all(not f.cancelled() and f.exception() is None for f in futs)
 
     @invariant()
-    def wait_for_progress_returns_its_input_split_and_only_when_something_happened(self) -> None:  # item 5
+    def wait_for_progress_returns_its_input_split_and_only_when_something_happened(self) -> None:
         if getattr(self, "wait_task", None) is None:
             return
         if not self.wait_task.done():
