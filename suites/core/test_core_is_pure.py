@@ -1,5 +1,5 @@
 """The core is decision logic only: importing it pulls in no engine, model, process,
-thread-based backend, HTTP client or harness module (issue: one step of design)."""
+thread-based backend, HTTP client or harness module."""
 
 from __future__ import annotations
 
