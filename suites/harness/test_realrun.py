@@ -177,7 +177,7 @@ def test_the_run_command_checks_every_repeat_stores_the_verdicts_and_prints_chan
 
 
 def test_a_trace_violation_fails_the_run_command_unless_violations_are_allowed(tmp_path, capsys, monkeypatch):
-    """A main job that forgot RUN_END (the old behaviour) fails ``conservation``."""
+    """A main job whose trace has no RUN_END event fails ``conservation``."""
     import json
 
     import harness.main_job.job as job
