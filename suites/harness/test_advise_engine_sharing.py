@@ -29,8 +29,9 @@ FULLY_ASYNC = dataclasses.replace(SYNC, driver="train_async", fully_async=True)
 
 
 def _decode_times(slots: float, starts: list[float]) -> list[float]:
-    """Each engine gets one request of 10 steps of 0.1 s at its start time; returns
-    when each finishes."""
+    """Each engine gets one request of 10 steps of 0.1 s at its start time (through the
+    router: each earlier request is still outstanding, so request i goes to engine i);
+    returns when each finishes."""
     cfg = SimEngineConfig(decode_base_s=0.1, decode_per_seq_s=0.0, prefill_per_token_s=0.0,
                           response_length=LengthDist(kind="fixed", median=10))
 
@@ -41,8 +42,8 @@ def _decode_times(slots: float, starts: list[float]) -> list[float]:
 
         async def one(i: int, t0: float) -> None:
             await asyncio.sleep(t0)
-            fut = group.engines[i].generate(Sample(index=i, group_index=i, prompt_tokens=[0]),
-                                            SamplingParams(max_new_tokens=100))
+            fut = group.generate(Sample(index=i, group_index=i, prompt_tokens=[0]),
+                                 SamplingParams(max_new_tokens=100))
             await fut
             done[i] = loop.time()
 
