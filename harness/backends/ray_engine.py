@@ -61,10 +61,9 @@ A dead engine (``ray.kill``, a crash: its poll raises ``RayActorError``): the gr
 ``fault(what="engine_died", engine=i, lost=[sample indices], lost_groups=[...])``, stops
 routing to it (Miles' router marks a worker dead and skips it, ``router.py:L87-L113``,
 ``L223-L225``), and fails the requests that were on it with ``EngineLostError`` -- a
-failed generate call, which the one-step rollout logs and skips, dropping the group
-(spec §2.3 step 3; the trace's ``dropped(reason=generate_error)`` says where the prompt
-went) and which kills the fully-async worker (spec §2.4, "Any exception from
-``task.result()`` kills the worker"). With ``on_engine_death="fail"`` (the default, Miles
+failed generate call, which the one-step rollout logs and skips, dropping the group (the
+trace's ``dropped(reason=generate_error)`` says where the prompt went), and which kills
+the fully-async worker (any exception from a group task's ``result()`` does). With ``on_engine_death="fail"`` (the default, Miles
 without ``--use-fault-tolerance``) the next pause raises ``EngineDeadError`` naming the
 engine: Miles' updater ``ray.get``s ``pause_generation`` on every engine
 (``mixin.py:L313-L314``) and a dead actor raises there, so the run ends at its next weight

@@ -166,7 +166,7 @@ def test_measured_host_cores_are_the_median_over_repeats_and_unknown_if_one_lack
     def doc(cores):
         reps = [{"mode": "sync", "steps": 10, "wall_s": 5.0, "cpu_cores_total": c, "host_cpu_count": 2}
                 for c in cores]
-        return {"extra": {"repeats": {"sync": reps}, "per_step": {}}}
+        return {"kind": "run", "extra": {"repeats": {"sync": reps}, "per_step": {}}}
 
     assert measured(doc([1.2, 1.8, 1.5]), "sync")["cpu_cores_total"] == pytest.approx(1.5)
     assert measured(doc([1.2, 1.8, 1.5]), "sync")["host_cpu_count"] == 2
