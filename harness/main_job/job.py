@@ -34,7 +34,6 @@ import asyncio
 import dataclasses
 import functools
 import random
-import time
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable
 
@@ -67,18 +66,16 @@ MODES: dict[str, dict[str, Any]] = {
 LAYOUTS = ("split", "colocate", "ray")
 
 
-def _flag(default: Any, help: str, *, flag: str | None = None, choices: tuple[str, ...] | None = None,
-          type: Callable[[str], Any] | None = None) -> Any:
+def _flag(default: Any, help_text: str, *, flag: str | None = None, choices: tuple[str, ...] | None = None,
+          value_type: Callable[[str], Any] | None = None) -> Any:
     """A ``RunSpec`` field and its ``miles-harness run`` flag: ``flag`` (default: the field's
-    name as ``--name-with-dashes``), ``help``, ``choices`` (checked by ``RunSpec`` itself,
-    so a bad value is a ``ConfigError`` naming the flag) and the value's ``type`` (default:
-    the default's)."""
-    return field(default=default, metadata={"flag": flag, "help": help, "choices": choices,
-                                            "type": type or (None if default is None else _value_type(default))})
-
-
-def _value_type(value: Any) -> Callable[[str], Any]:
-    return {bool: bool, int: int, float: float, str: str}[type(value)]
+    name as ``--name-with-dashes``), ``help_text``, ``choices`` (checked by ``RunSpec``
+    itself, so a bad value is a ``ConfigError`` naming the flag) and ``value_type`` (default:
+    the default's type; a bool field is a switch that turns its default over)."""
+    if value_type is None and default is not None:
+        value_type = type(default)
+    return field(default=default, metadata={"flag": flag, "help": help_text, "choices": choices,
+                                            "type": value_type})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -108,15 +105,15 @@ class RunSpec:
     device: str = _flag("cpu", "where the engine and trainer models live (cuda needs a CUDA build of torch and a "
                         "GPU)", choices=("cpu", "cuda"))
     # copy task only (None: the task's own); longer -> more decode steps; chance level 1 / task_symbols
-    task_length: int | None = _flag(2, "copy task: symbols to copy", type=int)
-    task_symbols: int | None = _flag(4, "copy task: alphabet size (1-8); chance level is 1 / this", type=int)
+    task_length: int | None = _flag(2, "copy task: symbols to copy", value_type=int)
+    task_symbols: int | None = _flag(4, "copy task: alphabet size (1-8); chance level is 1 / this", value_type=int)
     repeats: int = _flag(2, "interleaved repeats of the modes (sync, one-step, fully-async, sync, ...); the "
                          "table reports medians and min-max")
     gap_decomposition: bool = _flag(True, "skip the per-step kernel / staleness gap decomposition (computed after "
                                     "the timed run)", flag="--no-gap")
     num_engines: int = _flag(2, "ray layout: rollout engines (Ray actors)")
     ray_address: str | None = _flag(None, "ray layout: join this Ray cluster (default: start a local one sized to "
-                                    "the machine)", type=str)
+                                    "the machine)", value_type=str)
     broadcast: str = _flag("put_once", "ray layout: weights to the engines by one ray.put (put_once) or one "
                            "argument per engine", choices=BROADCASTS)
 

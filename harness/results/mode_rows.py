@@ -150,8 +150,9 @@ def _extra(doc: dict[str, Any], source: str) -> dict[str, Any]:
 
 
 def table_of(doc: dict[str, Any], source: str = "<results>") -> dict[str, ModeRow]:
-    """The aggregated row of each mode, by mode name, in the order the modes ran; reads
-    ``extra.table`` as a list (schema_version 1) or keyed by mode (2)."""
+    """The aggregated row of each mode, by mode name; reads ``extra.table`` as a list
+    (schema_version 1) or keyed by mode (2; files are written with sorted keys, so the
+    order is the names', not the run's)."""
     table = _extra(doc, source).get("table", {})
     if isinstance(table, list):
         table = {row["mode"]: row for row in table}
