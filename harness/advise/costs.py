@@ -60,6 +60,7 @@ from miles_async_core.errors import ConfigError
 from harness.advise import host_share
 from harness.advise.cost_model import CostModel, load_costs, mode_of  # load_costs, mode_of: re-exported
 from harness.advise.predict import Layout, simulate_layout
+from harness.results.mode_rows import ModeRow, repeats_of
 from harness.sim.simulate import summarize
 
 # Drop a coefficient whose relative standard error exceeds this (not identifiable).
@@ -89,9 +90,9 @@ class Observations:
     lengths_exact: bool
     source: str
     fully_async_sync_s: list[float] | None = None  # weight-sync spans of a fully-async run, if any
-    # per mode, each repeat's busy totals (a results file's extra.repeats; mode_rows of a
-    # simulated run) and the mode's resolved flags: what repeat_scale and fit_contention read
-    repeats: dict[str, list[dict[str, Any]]] | None = None
+    # per mode, each repeat's row (a results file's extra.repeats; mode_rows of a simulated
+    # run) and the mode's resolved flags: what repeat_scale and fit_contention read
+    repeats: dict[str, list[ModeRow]] | None = None
     configs: dict[str, dict[str, Any]] | None = None
     # the calibration mode's engine, timed by itself (a results file's extra.engines[mode].rows,
     # harness.measure.engines) when the run had one engine and recorded its admitting steps
@@ -209,7 +210,7 @@ def observations_from_results(path: str | Path, *, mode: str = "sync", trace: st
     engine_steps = engine_rows[0] if len(engine_rows) == 1 and engine_rows[0].get("step_ms_admitting") else None
     return Observations(mode=mode, steps=steps, max_running=max_running, prompt_tokens=prompt or 0,
                         max_new_tokens=max_new, lengths_exact=False, source=str(path), fully_async_sync_s=fa_sync,
-                        repeats=extra.get("repeats"), configs=config.get("modes"), engine_steps=engine_steps)
+                        repeats=repeats_of(doc, str(path)), configs=config.get("modes"), engine_steps=engine_steps)
 
 
 # --- the fit ------------------------------------------------------------------------------
@@ -405,13 +406,13 @@ def config_of(configs: dict[str, dict[str, Any]], mode: str) -> Any:
     return AsyncConfig.from_dict({k: v for k, v in configs[mode].items() if k in names})
 
 
-def mode_rows(result: Any) -> dict[str, Any]:
-    """A simulated run's busy totals in the shape of a results file's ``extra.repeats``
-    row (the simulated engine records no decode steps: its generating phase stands in)."""
+def mode_rows(result: Any) -> ModeRow:
+    """A simulated run's busy totals as a results file's ``extra.repeats`` row (the
+    simulated engine records no decode steps: its generating phase stands in)."""
     s = summarize(result)
-    return {"steps": s["steps"], "wall_s": s["window_s"], "rollout_busy_s": s["rollout_generating_s"],
-            "decode_busy_s": 0.0, "train_busy_s": s["train_training_s"], "weight_sync_s": s["weight_sync_s"],
-            "both_busy_s": s["both_busy_fraction"] * s["window_s"]}
+    return ModeRow(mode=mode_of(result.config), steps=s["steps"], wall_s=s["window_s"],
+                   rollout_busy_s=s["rollout_generating_s"], decode_busy_s=0.0, train_busy_s=s["train_training_s"],
+                   weight_sync_s=s["weight_sync_s"], both_busy_s=s["both_busy_fraction"] * s["window_s"])
 
 
 def repeat_scale(obs: Observations, costs: CostModel) -> CostModel:
@@ -420,12 +421,12 @@ def repeat_scale(obs: Observations, costs: CostModel) -> CostModel:
     (run-a's two sync repeats: 0.642 and 0.707 s/step). So each component's costs are
     scaled by the median over the calibration mode's repeats of its busy time per step
     (engine generating, trainer training, weight sync) over the first repeat's."""
-    rows = [r for r in (obs.repeats or {}).get(obs.mode) or [] if r.get("steps")]
+    rows = [r for r in (obs.repeats or {}).get(obs.mode) or [] if r.steps]
     if len(rows) < 2:
         return costs
 
     def ratio(key: str) -> float:
-        per = [r[key] / r["steps"] for r in rows]
+        per = [getattr(r, key) / r.steps for r in rows]
         return float(np.median(per) / per[0]) if per[0] > 0 else 1.0
 
     e, t, w = ratio("rollout_busy_s"), ratio("train_busy_s"), ratio("weight_sync_s")
@@ -440,9 +441,9 @@ def repeat_scale(obs: Observations, costs: CostModel) -> CostModel:
                                fit=fit)
 
 
-def _engine_busy_s(row: dict[str, Any]) -> float:
+def _engine_busy_s(row: ModeRow) -> float:
     """The engine's own decode-step time where it recorded it, else its generating phase."""
-    return float(row.get("decode_busy_s") or row["rollout_busy_s"])
+    return float(row.decode_busy_s or row.rollout_busy_s)
 
 
 def _engine_steps_ratio(costs: CostModel, configs: dict[str, dict[str, Any]], mode: str, sync_mode: str) -> float:
@@ -523,7 +524,7 @@ def fit_contention(obs: Observations, costs: CostModel, *, iterations: int = 4) 
     return dataclasses.replace(fitted, contention_by_mode=per_mode, fit={**costs.fit, "contention": info})
 
 
-def _fit_factors(obs: Observations, costs: CostModel, modes: list[str], sync_rows: list[dict[str, Any]],
+def _fit_factors(obs: Observations, costs: CostModel, modes: list[str], sync_rows: list[ModeRow],
                  iterations: int) -> tuple[CostModel, dict[str, Any], list[dict[str, Any]], dict[str, float]]:
     """One contention fit on the repeats of ``modes``: (costs with the factors, the fit per
     side, the points, the engine steps ratio per mode)."""
@@ -533,11 +534,11 @@ def _fit_factors(obs: Observations, costs: CostModel, modes: list[str], sync_row
         points = []
         for m in modes:
             for i, a in enumerate(obs.repeats[m]):
-                if i >= len(sync_rows) or not a.get("steps") or not sync_rows[i].get("steps"):
+                if i >= len(sync_rows) or not a.steps or not sync_rows[i].steps:
                     continue
-                s, n, ns = sync_rows[i], a["steps"], sync_rows[i]["steps"]
-                points.append({"mode": m, "repeat": i, "both_busy_s": a["both_busy_s"] / n,
-                               "train_s": a["train_busy_s"] / n, "train_alone_s": s["train_busy_s"] / ns,
+                s, n, ns = sync_rows[i], a.steps, sync_rows[i].steps
+                points.append({"mode": m, "repeat": i, "both_busy_s": a.both_busy_s / n,
+                               "train_s": a.train_busy_s / n, "train_alone_s": s.train_busy_s / ns,
                                "engine_s": _engine_busy_s(a) / n,
                                "engine_alone_s": _engine_busy_s(s) / ns * ratio[m]})
         result = {side: _through_origin(points, f"{side}_s", f"{side}_alone_s") for side in ("engine", "train")}
@@ -551,8 +552,8 @@ def _fit_factors(obs: Observations, costs: CostModel, modes: list[str], sync_row
     return fitted, result, points, ratio
 
 
-def _median_per_step(rows: list[dict[str, Any]], key: str) -> float:
-    return float(np.median([r[key] / r["steps"] for r in rows if r.get("steps")]))
+def _median_per_step(rows: list[ModeRow], key: str) -> float:
+    return float(np.median([getattr(r, key) / r.steps for r in rows if r.steps]))
 
 
 def fit_engine_sharing(costs: CostModel, path: str | Path) -> CostModel:
@@ -576,7 +577,7 @@ def fit_engine_sharing(costs: CostModel, path: str | Path) -> CostModel:
         raise ConfigError(f"engine-sharing run {path}: cannot read it ({exc.strerror})") from None
     spec = doc.get("config", {}).get("spec", {})
     n = int(spec.get("num_engines", 1))
-    rows = [r for r in (doc.get("extra", {}).get("repeats", {}).get("sync") or []) if r.get("steps")]
+    rows = [r for r in repeats_of(doc, str(path)).get("sync", []) if r.steps]
     if n < 2 or not rows:
         raise ConfigError(f"engine-sharing run {path}: needs a sync mode run with --num-engines >= 2 (has "
                           f"{n} engine(s), {len(rows)} sync repeat(s)); fix: run miles-harness run --layout ray "
@@ -584,7 +585,7 @@ def fit_engine_sharing(costs: CostModel, path: str | Path) -> CostModel:
     configs = doc["config"]["modes"]
     # as many steps as the run's repeats had: per-step figures depend on the count (the
     # last step's weight sync falls after the measurement window)
-    cfg = dataclasses.replace(config_of(configs, "sync"), num_rollout=int(rows[0]["steps"]))
+    cfg = dataclasses.replace(config_of(configs, "sync"), num_rollout=int(rows[0].steps))
     base = dataclasses.replace(costs, max_running=int(spec.get("max_running", costs.max_running)),
                                contention_engine=0.0, contention_trainer=0.0, contention_by_mode={})
     target = _median_per_step(rows, "rollout_busy_s")

@@ -68,7 +68,7 @@ def measured(doc: dict[str, Any], mode: str) -> dict[str, Any]:
     cpu = sorted(r.cpu_cores_total for r in rows if r.cpu_cores_total is not None)
     return {"cpu_cores_total": med(cpu) if cpu and len(cpu) == len(rows) else None,
             # each engine's share of the host while the rollout generates
-            "engine_cores_generating": host_share.engine_cores_generating([r.to_dict() for r in rows]),
+            "engine_cores_generating": host_share.engine_cores_generating(rows),
             "host_cpu_count": next((int(r.host_cpu_count) for r in rows if r.host_cpu_count), None),
             "step_s": med(per_step), "step_s_min": per_step[0], "step_s_max": per_step[-1],
             "speedup": med(speed) if speed else (1.0 if mode == "sync" else None), "repeats": len(rows),

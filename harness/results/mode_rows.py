@@ -143,7 +143,8 @@ ALWAYS_WRITTEN = frozenset({"mode", "steps", "wall_s", "rollout_busy_s", "train_
 
 
 def _extra(doc: dict[str, Any], source: str) -> dict[str, Any]:
-    if doc.get("kind") != "run":
+    """The ``extra`` of a run document (one without a ``kind``, built by hand, is read as one)."""
+    if doc.get("kind", "run") != "run":
         raise ConfigError(f"results file {source}: kind {doc.get('kind')!r} has no mode table; expected a "
                           "miles-harness run results file (kind 'run')")
     return doc.get("extra", {})

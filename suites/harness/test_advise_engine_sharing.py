@@ -73,9 +73,9 @@ def _two_engine_results(tmp_path, truth: CostModel) -> str:
     for seed in (3, 4, 5):
         res = simulate_layout(truth, dataclasses.replace(SYNC, seed=seed), Layout(engines=2))
         rows.append(mode_rows(res))
-    doc = {"config": {"spec": {"layout": "ray", "num_engines": 2, "max_running": 16},
-                      "modes": {"sync": SYNC.to_dict()}},
-           "extra": {"repeats": {"sync": rows}}}
+    doc = {"kind": "run", "config": {"spec": {"layout": "ray", "num_engines": 2, "max_running": 16},
+                                     "modes": {"sync": SYNC.to_dict()}},
+           "extra": {"repeats": {"sync": [r.to_dict() for r in rows]}}}
     path = tmp_path / "two.json"
     path.write_text(json.dumps(doc))
     return str(path)
@@ -106,8 +106,9 @@ def test_sharing_slows_a_two_engine_prediction_and_leaves_one_engine_alone():
 
 def test_the_fit_refuses_a_run_with_one_engine(tmp_path):
     path = tmp_path / "one.json"
-    path.write_text(json.dumps({"config": {"spec": {"layout": "split"}, "modes": {"sync": SYNC.to_dict()}},
-                                "extra": {"repeats": {"sync": [mode_rows(simulate_layout(ALONE, SYNC, Layout()))]}}}))
+    row = mode_rows(simulate_layout(ALONE, SYNC, Layout()))
+    path.write_text(json.dumps({"kind": "run", "config": {"spec": {"layout": "split"}, "modes": {"sync": SYNC.to_dict()}},
+                                "extra": {"repeats": {"sync": [row.to_dict()]}}}))
     with pytest.raises(ConfigError, match="--num-engines >= 2"):
         fit_engine_sharing(ALONE, path)
 

@@ -217,3 +217,10 @@ def test_a_row_with_an_unknown_key_names_the_key_and_where():
     doc["extra"]["table"]["one-step"]["speedup_typo"] = 1.0
     with pytest.raises(ConfigError, match=r"f\.json: extra\.table\.one-step: unknown key 'speedup_typo'"):
         table_of(doc, "f.json")
+
+
+def test_a_file_of_another_kind_has_no_mode_table():
+    from harness.results.mode_rows import table_of
+
+    with pytest.raises(ConfigError, match="g.json: kind 'gap' has no mode table"):
+        table_of({"kind": "gap", "extra": {"table": [{"factor": "dtype"}]}}, "g.json")
