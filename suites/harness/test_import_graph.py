@@ -11,6 +11,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("harness", "miles_async_core")
 
@@ -109,14 +111,17 @@ def test_the_checker_finds_a_cycle_hidden_in_a_function_and_through_a_relative_i
     assert cycles(import_graph(module_files(tmp_path, ("harness",)))) == []
 
 
-def test_harness_and_the_core_import_without_cycles():
-    graph = import_graph(module_files(ROOT))
+@pytest.fixture(scope="module")
+def graph() -> dict[str, set[str]]:
+    return import_graph(module_files(ROOT))
+
+
+def test_harness_and_the_core_import_without_cycles(graph):
     assert len(graph) > 50 and sum(map(len, graph.values())) > 100  # the tree was read
     assert cycles(graph) == []
 
 
-def test_the_core_never_imports_the_harness():
-    graph = import_graph(module_files(ROOT))
+def test_the_core_never_imports_the_harness(graph):
     leaks = {m: sorted(t for t in targets if t.startswith("harness"))
              for m, targets in graph.items() if m.startswith("miles_async_core")}
     assert {m: t for m, t in leaks.items() if t} == {}
