@@ -34,6 +34,10 @@ ones; ``fit.notes`` says which, and which extrapolations that makes uncertain. F
 errors: per component the RMS and max relative residual over the steps, and the
 relative standard error of each kept coefficient.
 
+The model itself (``CostModel``, its file format, ``load_costs``) is in
+``harness.advise.cost_model``; this module fits it, simulating runs through
+``harness.advise.predict`` for the contention and engine-sharing fits.
+
 ``python -m harness.advise.costs RESULTS.json [--trace EVENTS.jsonl] --out COSTS.json``
 writes the fitted model (``CostModel.to_json``).
 """
@@ -45,7 +49,7 @@ import dataclasses
 import heapq
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -54,113 +58,13 @@ import numpy as np
 from miles_async_core import events as ev
 from miles_async_core.errors import ConfigError
 from harness.advise import host_share
-from harness.sim.engine import LengthDist, SimEngineConfig
-from harness.sim.trainer import SimTrainerConfig
+from harness.advise.cost_model import CostModel, load_costs, mode_of  # load_costs, mode_of: re-exported
+from harness.advise.predict import Layout, simulate_layout
+from harness.results.mode_rows import ModeRow, repeats_of
+from harness.sim.simulate import summarize
 
 # Drop a coefficient whose relative standard error exceeds this (not identifiable).
 MAX_REL_SE = 0.5
-
-
-@dataclass
-class CostModel:
-    """Costs of one engine and one trainer in the calibrated layout (``reference``)."""
-
-    decode_base_s: float
-    decode_per_seq_s: float
-    prefill_per_token_s: float
-    max_running: int
-    prompt_tokens: int
-    max_new_tokens: int
-    response_length: dict[str, Any]
-    train_base_s: float
-    train_per_token_s: float
-    weight_sync_s: float
-    pause_resume_s: float = 0.0
-    # one prefill batch's fixed cost, paid by each engine step that admits requests (fit_costs, from
-    # the calibration engine's own step times: admitting steps minus decode-only ones); 0: not measured
-    prefill_base_s: float = 0.0
-    # contention (harness.sim.contention, fitted by fit_contention): while the trainer trains
-    # an engine step costs (1 + contention_engine) times as much; while an engine decodes a
-    # training step runs at 1 / (1 + contention_trainer) of its rate. 0: the sides are independent
-    contention_engine: float = 0.0
-    contention_trainer: float = 0.0
-    # the same two factors fitted on one overlapped mode's repeats alone ({"one-step": {"engine":
-    # .., "trainer": ..}, "fully-async": ..}): a mode found here uses its own, others the joint ones
-    contention_by_mode: dict[str, dict[str, float]] = field(default_factory=dict)
-    # engines sharing the calibrated host (fit_engine_sharing, from a run with several engines):
-    # k > 1 engines decoding at once each step at max(1, k / engine_slots) times the cost (0: every
-    # engine has its own hardware, as on a cluster); each engine past the first adds
-    # weight_sync_per_engine_s to a weight update (its load and the calls that reach it)
-    engine_slots: float = 0.0
-    weight_sync_per_engine_s: float = 0.0
-    # the host's cores (harness.advise.host_share): per mode, what the one engine of the calibration
-    # run took while generating; what N engines took together in the N-engine run's sync mode (0:
-    # not recorded). From them the engines share more in an overlapped mode than engine_slots says
-    engine_cores_by_mode: dict[str, float] = field(default_factory=dict)
-    host_engine_cores: float = 0.0
-    reference: dict[str, Any] = field(default_factory=lambda: {"engine_gpus": 1, "trainer_gpus": 1})
-    fit: dict[str, Any] = field(default_factory=dict)
-
-    def contention_for(self, config: Any) -> tuple[float, float]:
-        """(engine, trainer) contention factors for a run of ``config``: its mode's own
-        (``contention_by_mode``) where fitted, else the joint ones."""
-        own = self.contention_by_mode.get(mode_of(config))
-        if own is None:
-            return self.contention_engine, self.contention_trainer
-        return own["engine"], own["trainer"]
-
-    def length_dist(self) -> LengthDist:
-        return LengthDist(**self.response_length)
-
-    def engine_config(self, gpus_per_engine: int = 1, seed: int = 0) -> SimEngineConfig:
-        """The engine on ``gpus_per_engine`` GPUs, relative to the calibrated engine:
-        step costs / g and ``max_running`` x g (ideal tensor parallel: optimistic)."""
-        g = gpus_per_engine / self.reference.get("engine_gpus", 1)
-        return SimEngineConfig(max_running=max(1, int(round(self.max_running * g))),
-                               decode_base_s=max(self.decode_base_s / g, 1e-12),
-                               decode_per_seq_s=self.decode_per_seq_s / g,
-                               prefill_per_token_s=self.prefill_per_token_s / g,
-                               prefill_base_s=self.prefill_base_s / g, prompt_tokens=self.prompt_tokens,
-                               response_length=self.length_dist(), seed=seed)
-
-    def trainer_config(self, trainer_gpus: int = 1) -> SimTrainerConfig:
-        """The trainer on ``trainer_gpus``: per-token cost / t (ideal data parallel), the
-        per-step base unchanged."""
-        t = trainer_gpus / self.reference.get("trainer_gpus", 1)
-        return SimTrainerConfig(step_base_s=self.train_base_s, per_token_s=self.train_per_token_s / t)
-
-    def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> CostModel:
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - names)
-        if unknown:
-            raise ConfigError(f"cost model: unknown field {unknown[0]!r}; allowed: {', '.join(sorted(names))}")
-        return cls(**data)
-
-    def write(self, path: str | Path) -> Path:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_json(), indent=1, sort_keys=True) + "\n")
-        return path
-
-
-def mode_of(config: Any) -> str:
-    """The main job's name for the mode ``config`` runs: sync, one-step or fully-async."""
-    return "fully-async" if config.fully_async else "one-step" if config.driver == "train_async" else "sync"
-
-
-def load_costs(path: str | Path) -> CostModel:
-    try:
-        data = json.loads(Path(path).read_text())
-    except OSError as exc:
-        raise ConfigError(f"--costs {path}: cannot read it ({exc.strerror}); fix: pass a file written by "
-                          "python -m harness.advise.costs") from None
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"--costs {path}: not valid JSON ({exc})") from None
-    return CostModel.from_json(data)
 
 
 # --- observations -------------------------------------------------------------------------
@@ -186,9 +90,9 @@ class Observations:
     lengths_exact: bool
     source: str
     fully_async_sync_s: list[float] | None = None  # weight-sync spans of a fully-async run, if any
-    # per mode, each repeat's busy totals (a results file's extra.repeats; mode_rows of a
-    # simulated run) and the mode's resolved flags: what repeat_scale and fit_contention read
-    repeats: dict[str, list[dict[str, Any]]] | None = None
+    # per mode, each repeat's row (a results file's extra.repeats; mode_rows of a simulated
+    # run) and the mode's resolved flags: what repeat_scale and fit_contention read
+    repeats: dict[str, list[ModeRow]] | None = None
     configs: dict[str, dict[str, Any]] | None = None
     # the calibration mode's engine, timed by itself (a results file's extra.engines[mode].rows,
     # harness.measure.engines) when the run had one engine and recorded its admitting steps
@@ -306,7 +210,7 @@ def observations_from_results(path: str | Path, *, mode: str = "sync", trace: st
     engine_steps = engine_rows[0] if len(engine_rows) == 1 and engine_rows[0].get("step_ms_admitting") else None
     return Observations(mode=mode, steps=steps, max_running=max_running, prompt_tokens=prompt or 0,
                         max_new_tokens=max_new, lengths_exact=False, source=str(path), fully_async_sync_s=fa_sync,
-                        repeats=extra.get("repeats"), configs=config.get("modes"), engine_steps=engine_steps)
+                        repeats=repeats_of(doc, str(path)), configs=config.get("modes"), engine_steps=engine_steps)
 
 
 # --- the fit ------------------------------------------------------------------------------
@@ -502,15 +406,13 @@ def config_of(configs: dict[str, dict[str, Any]], mode: str) -> Any:
     return AsyncConfig.from_dict({k: v for k, v in configs[mode].items() if k in names})
 
 
-def mode_rows(result: Any) -> dict[str, Any]:
-    """A simulated run's busy totals in the shape of a results file's ``extra.repeats``
-    row (the simulated engine records no decode steps: its generating phase stands in)."""
-    from harness.sim.simulate import summarize
-
+def mode_rows(result: Any) -> ModeRow:
+    """A simulated run's busy totals as a results file's ``extra.repeats`` row (the
+    simulated engine records no decode steps: its generating phase stands in)."""
     s = summarize(result)
-    return {"steps": s["steps"], "wall_s": s["window_s"], "rollout_busy_s": s["rollout_generating_s"],
-            "decode_busy_s": 0.0, "train_busy_s": s["train_training_s"], "weight_sync_s": s["weight_sync_s"],
-            "both_busy_s": s["both_busy_fraction"] * s["window_s"]}
+    return ModeRow(mode=mode_of(result.config), steps=s["steps"], wall_s=s["window_s"],
+                   rollout_busy_s=s["rollout_generating_s"], decode_busy_s=0.0, train_busy_s=s["train_training_s"],
+                   weight_sync_s=s["weight_sync_s"], both_busy_s=s["both_busy_fraction"] * s["window_s"])
 
 
 def repeat_scale(obs: Observations, costs: CostModel) -> CostModel:
@@ -519,12 +421,12 @@ def repeat_scale(obs: Observations, costs: CostModel) -> CostModel:
     (run-a's two sync repeats: 0.642 and 0.707 s/step). So each component's costs are
     scaled by the median over the calibration mode's repeats of its busy time per step
     (engine generating, trainer training, weight sync) over the first repeat's."""
-    rows = [r for r in (obs.repeats or {}).get(obs.mode) or [] if r.get("steps")]
+    rows = [r for r in (obs.repeats or {}).get(obs.mode) or [] if r.steps]
     if len(rows) < 2:
         return costs
 
     def ratio(key: str) -> float:
-        per = [r[key] / r["steps"] for r in rows]
+        per = [getattr(r, key) / r.steps for r in rows]
         return float(np.median(per) / per[0]) if per[0] > 0 else 1.0
 
     e, t, w = ratio("rollout_busy_s"), ratio("train_busy_s"), ratio("weight_sync_s")
@@ -539,16 +441,15 @@ def repeat_scale(obs: Observations, costs: CostModel) -> CostModel:
                                fit=fit)
 
 
-def _engine_busy_s(row: dict[str, Any]) -> float:
+def _engine_busy_s(row: ModeRow) -> float:
     """The engine's own decode-step time where it recorded it, else its generating phase."""
-    return float(row.get("decode_busy_s") or row["rollout_busy_s"])
+    return float(row.decode_busy_s or row.rollout_busy_s)
 
 
 def _engine_steps_ratio(costs: CostModel, configs: dict[str, dict[str, Any]], mode: str, sync_mode: str) -> float:
     """Engine steps per trained step in ``mode`` over those in ``sync_mode``, from the
     simulator's schedule (fully-async decodes more per trained step than sync: it fills
     the buffer ahead and re-prefills what a pause retracted)."""
-    from harness.advise.predict import Layout, simulate_layout  # predict imports this module
 
     per = {}
     for m in (mode, sync_mode):
@@ -623,7 +524,7 @@ def fit_contention(obs: Observations, costs: CostModel, *, iterations: int = 4) 
     return dataclasses.replace(fitted, contention_by_mode=per_mode, fit={**costs.fit, "contention": info})
 
 
-def _fit_factors(obs: Observations, costs: CostModel, modes: list[str], sync_rows: list[dict[str, Any]],
+def _fit_factors(obs: Observations, costs: CostModel, modes: list[str], sync_rows: list[ModeRow],
                  iterations: int) -> tuple[CostModel, dict[str, Any], list[dict[str, Any]], dict[str, float]]:
     """One contention fit on the repeats of ``modes``: (costs with the factors, the fit per
     side, the points, the engine steps ratio per mode)."""
@@ -633,11 +534,11 @@ def _fit_factors(obs: Observations, costs: CostModel, modes: list[str], sync_row
         points = []
         for m in modes:
             for i, a in enumerate(obs.repeats[m]):
-                if i >= len(sync_rows) or not a.get("steps") or not sync_rows[i].get("steps"):
+                if i >= len(sync_rows) or not a.steps or not sync_rows[i].steps:
                     continue
-                s, n, ns = sync_rows[i], a["steps"], sync_rows[i]["steps"]
-                points.append({"mode": m, "repeat": i, "both_busy_s": a["both_busy_s"] / n,
-                               "train_s": a["train_busy_s"] / n, "train_alone_s": s["train_busy_s"] / ns,
+                s, n, ns = sync_rows[i], a.steps, sync_rows[i].steps
+                points.append({"mode": m, "repeat": i, "both_busy_s": a.both_busy_s / n,
+                               "train_s": a.train_busy_s / n, "train_alone_s": s.train_busy_s / ns,
                                "engine_s": _engine_busy_s(a) / n,
                                "engine_alone_s": _engine_busy_s(s) / ns * ratio[m]})
         result = {side: _through_origin(points, f"{side}_s", f"{side}_alone_s") for side in ("engine", "train")}
@@ -651,8 +552,8 @@ def _fit_factors(obs: Observations, costs: CostModel, modes: list[str], sync_row
     return fitted, result, points, ratio
 
 
-def _median_per_step(rows: list[dict[str, Any]], key: str) -> float:
-    return float(np.median([r[key] / r["steps"] for r in rows if r.get("steps")]))
+def _median_per_step(rows: list[ModeRow], key: str) -> float:
+    return float(np.median([getattr(r, key) / r.steps for r in rows if r.steps]))
 
 
 def fit_engine_sharing(costs: CostModel, path: str | Path) -> CostModel:
@@ -669,8 +570,6 @@ def fit_engine_sharing(costs: CostModel, path: str | Path) -> CostModel:
       At N (or more) the engines do not slow each other and the field stays 0 (off).
 
     Only sync steps are read, so the run's overlapped modes stay held out."""
-    from harness.advise.predict import Layout, simulate_layout  # predict imports this module
-    from harness.sim.simulate import summarize
 
     try:
         doc = json.loads(Path(path).read_text())
@@ -678,7 +577,7 @@ def fit_engine_sharing(costs: CostModel, path: str | Path) -> CostModel:
         raise ConfigError(f"engine-sharing run {path}: cannot read it ({exc.strerror})") from None
     spec = doc.get("config", {}).get("spec", {})
     n = int(spec.get("num_engines", 1))
-    rows = [r for r in (doc.get("extra", {}).get("repeats", {}).get("sync") or []) if r.get("steps")]
+    rows = [r for r in repeats_of(doc, str(path)).get("sync", []) if r.steps]
     if n < 2 or not rows:
         raise ConfigError(f"engine-sharing run {path}: needs a sync mode run with --num-engines >= 2 (has "
                           f"{n} engine(s), {len(rows)} sync repeat(s)); fix: run miles-harness run --layout ray "
@@ -686,7 +585,7 @@ def fit_engine_sharing(costs: CostModel, path: str | Path) -> CostModel:
     configs = doc["config"]["modes"]
     # as many steps as the run's repeats had: per-step figures depend on the count (the
     # last step's weight sync falls after the measurement window)
-    cfg = dataclasses.replace(config_of(configs, "sync"), num_rollout=int(rows[0]["steps"]))
+    cfg = dataclasses.replace(config_of(configs, "sync"), num_rollout=int(rows[0].steps))
     base = dataclasses.replace(costs, max_running=int(spec.get("max_running", costs.max_running)),
                                contention_engine=0.0, contention_trainer=0.0, contention_by_mode={})
     target = _median_per_step(rows, "rollout_busy_s")

@@ -29,34 +29,35 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from harness.results.mode_rows import ModeRow
 
-def engine_cores_generating(rows: list[dict[str, Any]]) -> float | None:
+
+def engine_cores_generating(rows: list[ModeRow]) -> float | None:
     """Each engine's cores while the rollout generates, median over the repeats: the
     engines' cores over the run, per engine, over the share of the run they generated
     (``rollout_busy_s``: their union). None unless every repeat recorded them."""
-    share = [r["cpu_cores_engines"] / len(r["cpu_cores_per_engine"]) * r["wall_s"] / r["rollout_busy_s"]
-             for r in rows if r.get("cpu_cores_engines") is not None and r.get("cpu_cores_per_engine")
-             and r.get("rollout_busy_s")]
+    share = [r.cpu_cores_engines / len(r.cpu_cores_per_engine) * r.wall_s / r.rollout_busy_s
+             for r in rows if r.cpu_cores_engines is not None and r.cpu_cores_per_engine and r.rollout_busy_s]
     return statistics.median(share) if share and len(share) == len(rows) else None
 
 
-def engine_cores_by_mode(repeats: dict[str, list[dict[str, Any]]] | None) -> dict[str, float]:
+def engine_cores_by_mode(repeats: dict[str, list[ModeRow]] | None) -> dict[str, float]:
     """Per mode of a one-engine run, its engine's cores while generating (modes without
     them, or a run with several engines, left out)."""
     out = {}
     for mode, rows in (repeats or {}).items():
-        rows = [r for r in rows if r.get("steps")]
-        if rows and all(len(r.get("cpu_cores_per_engine") or ()) == 1 for r in rows):
+        rows = [r for r in rows if r.steps]
+        if rows and all(len(r.cpu_cores_per_engine or ()) == 1 for r in rows):
             cores = engine_cores_generating(rows)
             if cores:
                 out[mode] = cores
     return out
 
 
-def host_cores(rows: list[dict[str, Any]], engines: int) -> float:
+def host_cores(rows: list[ModeRow], engines: int) -> float:
     """What ``engines`` engines take together while generating in a sync mode's repeats (0
     when not recorded)."""
-    cores = engine_cores_generating([r for r in rows if r.get("steps")])
+    cores = engine_cores_generating([r for r in rows if r.steps])
     return engines * cores if cores else 0.0
 
 

@@ -52,7 +52,8 @@ from miles_async_core.contracts import NullSink
 from miles_async_core.errors import ConfigError
 from miles_async_core.rules import validate
 from harness.advise import host_share
-from harness.advise.costs import CostModel, mode_of
+from harness.advise.cost_model import CostModel, mode_of
+from harness.backends.router import LeastOutstandingRouter
 from harness.measure.overlap import ideal_speedup
 from harness.sim.contention import Contention
 from harness.sim.engine import _DONE, SimEngine, SimEngineConfig
@@ -151,19 +152,20 @@ class _RoutedEngine(SimEngine):
     """A ``SimEngine`` that tells the router when it turns busy or idle and when one of its
     requests leaves (finished, aborted or cancelled): no callback per request."""
 
-    def __init__(self, config: SimEngineConfig, *, sink: Any, busy: _Busy, load: list[int], index: int) -> None:
+    def __init__(self, config: SimEngineConfig, *, sink: Any, busy: _Busy, router: LeastOutstandingRouter,
+                 index: int) -> None:
         super().__init__(config, sink=sink)
         self._router_busy = busy
         self._was_busy = False
-        self._load, self._index = load, index
+        self._router, self._index = router, index
 
     def _finish(self, req: Any, *, aborted: bool) -> None:
         super()._finish(req, aborted=aborted)
-        self._load[self._index] -= 1
+        self._router.done(self._index)
 
     def _on_cancel(self, req: Any) -> None:
         if req.state != _DONE:
-            self._load[self._index] -= 1
+            self._router.done(self._index)
         super()._on_cancel(req)
 
     def _set_busy(self, busy: bool) -> None:  # the engine's own busy edge, reported to the router
@@ -174,15 +176,16 @@ class _RoutedEngine(SimEngine):
 
 
 class RoutedEngines:
-    """N ``SimEngine``s behind a least-outstanding-requests router (the engine contract)."""
+    """N ``SimEngine``s behind Miles' least-outstanding-requests router
+    (``harness.backends.router``, the one the Ray layout uses), as one engine."""
 
     def __init__(self, config: SimEngineConfig, n: int, *, sink: Any = None, weight_sync_s: float = 0.0,
                  pause_resume_s: float = 0.0, detail: bool = False, contention: Contention | None = None) -> None:
         sink = sink or NullSink()
         busy = _Busy(sink, contention)
         inner = _EngineSink(sink, detail)
-        self._load = [0] * n  # outstanding requests per engine (submitted, not yet returned)
-        self.engines = [_RoutedEngine(config, sink=inner, busy=busy, load=self._load, index=i) for i in range(n)]
+        self.router = LeastOutstandingRouter(n)
+        self.engines = [_RoutedEngine(config, sink=inner, busy=busy, router=self.router, index=i) for i in range(n)]
         for e in self.engines if contention is not None else ():
             contention.attach(e)
         self.weight_sync_s, self.pause_resume_s = weight_sync_s, pause_resume_s
@@ -201,10 +204,7 @@ class RoutedEngines:
         return out
 
     def generate(self, sample: Any, sampling: Any) -> asyncio.Future:
-        load = self._load
-        i = load.index(min(load)) if len(load) > 1 else 0  # fewest outstanding, lowest index on ties
-        load[i] += 1
-        return self.engines[i].generate(sample, sampling)
+        return self.engines[self.router.pick()].generate(sample, sampling)
 
     async def pause_generation(self, mode: str) -> None:
         interrupted = any(e.running and not e.paused for e in self.engines)

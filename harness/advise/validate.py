@@ -6,7 +6,8 @@ runs, and put the closed-form formulas next to the simulator on the same inputs.
 
 For every (results file, mode) it predicts the per-step wall time and the speedup over
 that file's own sync mode, and compares with the measured medians over the run's repeats
-(``extra.table``; a file without repeats has one). Writes ``validation.json``,
+(``extra.repeats``, else the mode's row of ``extra.table``, read in either layout by
+``harness.results.mode_rows``). Writes ``validation.json``,
 ``validation.md`` and the fitted ``cpu_costs.json`` into ``--out``.
 
 Closed forms, from sync-step costs R (generation), T (training), W (weight sync) that
@@ -42,6 +43,7 @@ from harness.advise import host_share
 from harness.advise.costs import (CostModel, fit_costs, fit_engine_sharing, mode_of, observations_from_results,
                                   replay_steps)
 from harness.advise.predict import Layout, predict, predict_sync
+from harness.results.mode_rows import repeats_of, table_of
 from harness.sim.contention import Contention
 
 MODES = ("sync", "one-step", "fully-async")
@@ -55,19 +57,19 @@ def _config_of(doc: dict[str, Any], mode: str) -> AsyncConfig:
 
 def measured(doc: dict[str, Any], mode: str) -> dict[str, Any]:
     """Median per-step wall and speedup over the repeats (one value without repeats)."""
-    rows = doc["extra"].get("repeats", {}).get(mode) or [r for r in doc["extra"]["table"] if r["mode"] == mode]
-    per_step = sorted(r["wall_s"] / r["steps"] for r in rows if r.get("steps"))
-    speed = sorted(r["speedup"] for r in rows if r.get("speedup") is not None)
+    rows = repeats_of(doc).get(mode) or [table_of(doc)[mode]]
+    per_step = sorted(r.wall_s / r.steps for r in rows if r.steps)
+    speed = sorted(r.speedup for r in rows if r.speedup is not None)
     ages = [a for h in doc["extra"].get("per_step", {}).get(mode, []) for a in h.get("age_versions", [])]
     med = lambda xs: xs[len(xs) // 2] if len(xs) % 2 else 0.5 * (xs[len(xs) // 2 - 1] + xs[len(xs) // 2])  # noqa
-    busy = {side: med(sorted(r[key] / r["steps"] for r in rows if r.get("steps") and key in r))
+    busy = {side: med(sorted(getattr(r, key) / r.steps for r in rows if r.steps and getattr(r, key) is not None))
             for side, key in (("generating", "rollout_busy_s"), ("training", "train_busy_s"),
-                              ("weight_sync", "weight_sync_s")) if all(key in r for r in rows)}
-    cpu = sorted(r["cpu_cores_total"] for r in rows if r.get("cpu_cores_total") is not None)
+                              ("weight_sync", "weight_sync_s")) if all(getattr(r, key) is not None for r in rows)}
+    cpu = sorted(r.cpu_cores_total for r in rows if r.cpu_cores_total is not None)
     return {"cpu_cores_total": med(cpu) if cpu and len(cpu) == len(rows) else None,
             # each engine's share of the host while the rollout generates
             "engine_cores_generating": host_share.engine_cores_generating(rows),
-            "host_cpu_count": next((int(r["host_cpu_count"]) for r in rows if r.get("host_cpu_count")), None),
+            "host_cpu_count": next((int(r.host_cpu_count) for r in rows if r.host_cpu_count), None),
             "step_s": med(per_step), "step_s_min": per_step[0], "step_s_max": per_step[-1],
             "speedup": med(speed) if speed else (1.0 if mode == "sync" else None), "repeats": len(rows),
             "age_mean": sum(ages) / len(ages) if ages else None, "age_max": max(ages) if ages else None,

@@ -7,7 +7,7 @@ unchanged; behind it:
 * **Engines.** Each engine is an ``EngineActor`` (a threaded Ray actor) that owns an
   ``EngineCore`` driven by one engine thread, exactly as ``ProcessEngine``'s child drives
   it: commands are applied between steps, every batched step is one ``core.step()``.
-* **Router.** Least outstanding requests, as Miles' own router picks a worker
+* **Router.** ``harness.backends.router``: least outstanding requests, as Miles' own router picks a worker
   (``miles/router/router.py:L215-L229``, ``_use_url``: ``min`` over the live workers'
   request counts, ties to the first registered; dead workers skipped): a request goes to
   the live engine with the fewest requests submitted and not yet returned, ties to the
@@ -61,10 +61,9 @@ A dead engine (``ray.kill``, a crash: its poll raises ``RayActorError``): the gr
 ``fault(what="engine_died", engine=i, lost=[sample indices], lost_groups=[...])``, stops
 routing to it (Miles' router marks a worker dead and skips it, ``router.py:L87-L113``,
 ``L223-L225``), and fails the requests that were on it with ``EngineLostError`` -- a
-failed generate call, which the one-step rollout logs and skips, dropping the group
-(spec §2.3 step 3; the trace's ``dropped(reason=generate_error)`` says where the prompt
-went) and which kills the fully-async worker (spec §2.4, "Any exception from
-``task.result()`` kills the worker"). With ``on_engine_death="fail"`` (the default, Miles
+failed generate call, which the one-step rollout logs and skips, dropping the group (the
+trace's ``dropped(reason=generate_error)`` says where the prompt went), and which kills
+the fully-async worker (any exception from a group task's ``result()`` does). With ``on_engine_death="fail"`` (the default, Miles
 without ``--use-fault-tolerance``) the next pause raises ``EngineDeadError`` naming the
 engine: Miles' updater ``ray.get``s ``pause_generation`` on every engine
 (``mixin.py:L313-L314``) and a dead actor raises there, so the run ends at its next weight
@@ -96,6 +95,7 @@ from miles_async_core.types import Sample, SamplingParams, Status
 
 from .engine_io import add_request_args, emit_finished, emit_submitted, merge_result, sample_fields
 from .engine_thread import apply_command, pack_finished
+from .router import LeastOutstandingRouter
 
 BROADCASTS = ("put_once", "per_engine")
 ON_ENGINE_DEATH = ("fail", "continue")
@@ -346,27 +346,6 @@ def align_clock(a: float, c: float, b: float) -> tuple[float, bool]:
     if a <= c <= b:
         return 0.0, True
     return (a + b) / 2 - c, False
-
-
-class LeastOutstandingRouter:
-    """Miles' router policy (``router.py:L215-L229``): the live engine with the fewest
-    outstanding requests, ties to the lowest index."""
-
-    def __init__(self, n: int) -> None:
-        self.outstanding = [0] * n
-        self.routed = [0] * n
-
-    def pick(self, live: list[int]) -> int:
-        if not live:
-            raise EngineDeadError("every rollout engine has died; nothing to route to")
-        i = min(live, key=lambda k: (self.outstanding[k], k))
-        self.outstanding[i] += 1
-        self.routed[i] += 1
-        return i
-
-    def done(self, i: int) -> None:
-        self.outstanding[i] -= 1
-        assert self.outstanding[i] >= 0, f"engine {i}: outstanding count went negative"
 
 
 class RayEngineGroup:

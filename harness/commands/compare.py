@@ -6,7 +6,7 @@ is on block means of each run's per-step samples (``--blocks``, default 5) or on
 means, after dropping the first ``--warmup-steps`` (default 1) steps: per-step samples
 of one run are autocorrelated, so testing them directly would overstate significance. Files may be
 miles-harness results files or pytest-benchmark ``--benchmark-json`` output. The
-statistics and the threshold rule are documented in ``harness/results/compare.py``.
+statistics and the threshold rule are documented in ``harness/results/rank_test.py``.
 
 Exit codes: 0 no threshold failed; 1 a threshold failed; 2 bad input (unreadable or
 damaged file, future schema, unknown threshold metric, changed benchmark definition).
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import argparse
 
-from harness.results.compare import (
+from harness.results.rank_test import (
     BLOCKS,
     HISTORY_LIMIT,
     WARMUP_STEPS,

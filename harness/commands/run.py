@@ -44,62 +44,26 @@ from typing import Any
 from miles_async_core import events as ev
 from miles_async_core.config import AsyncConfig, parse_miles_args
 from miles_async_core.errors import ConfigError
+from harness.results.mode_rows import ModeRow
 
 DEFAULT_MILES_ARGS = ["--rollout-batch-size", "16", "--n-samples-per-prompt", "8"]
 
 
-def _default(field_name: str) -> Any:
-    """A main-job default, from its one definition: ``RunSpec``'s field."""
-    from harness.main_job.job import RunSpec
-
-    return RunSpec.__dataclass_fields__[field_name].default
-
-
-# flag dest -> RunSpec field, for the flags that set one (``--no-gap`` sets gap_decomposition off)
-RUNSPEC_FLAGS: dict[str, str] = {
-    "layout": "layout", "model": "model", "task": "task", "steps": "steps", "lr": "lr", "lr_scaling": "lr_scaling",
-    "use_tis": "use_tis", "tis_clip": "tis_clip", "seed": "seed", "threads": "threads", "d_model": "tiny_d_model",
-    "layers": "tiny_layers", "task_length": "task_length", "task_symbols": "task_symbols",
-    "max_running": "max_running", "profile": "profile", "device": "device", "repeats": "repeats",
-    "num_engines": "num_engines", "ray_address": "ray_address", "broadcast": "broadcast",
-}
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    d = _default
+    """The main job's flags: one per ``RunSpec`` field, built from the field's metadata
+    (flag, help, choices, type; the default is the field's), then the command's own."""
+    from harness.main_job.job import RunSpec, flag_of
+
     p.add_argument("--modes", default="sync,one-step,fully-async", help="comma list of sync, one-step, fully-async")
-    p.add_argument("--layout", default=d("layout"), help="split (engine in its own process), colocate, or ray "
-                                                         "(--num-engines engines as Ray actors)")
-    p.add_argument("--num-engines", type=int, default=d("num_engines"), help="ray layout: rollout engines")
-    p.add_argument("--ray-address", default=d("ray_address"),
-                   help="ray layout: join this Ray cluster (default: start a local one sized to the machine)")
-    p.add_argument("--broadcast", default=d("broadcast"),
-                   help="ray layout: weights to the engines by one ray.put (put_once) or one argument per engine")
-    p.add_argument("--model", default=d("model"), help="tiny (built from a config), smollm2 (needs the model extra), "
-                                                       "or a local Hugging Face model directory")
-    p.add_argument("--task", default=d("task"), help="copy (tiny model learns it) or arithmetic (for SmolLM2)")
-    p.add_argument("--steps", type=int, default=d("steps"), help="training steps per mode")
-    p.add_argument("--lr", type=float, default=d("lr"))
-    p.add_argument("--lr-scaling", default=d("lr_scaling"), help="none | interval | staleness: the seed's LR rule")
-    assert d("use_tis") is False and d("gap_decomposition") is True  # store_true flags below turn them over
-    p.add_argument("--use-tis", action="store_true")
-    p.add_argument("--tis-clip", type=float, default=d("tis_clip"))
-    p.add_argument("--seed", type=int, default=d("seed"))
-    p.add_argument("--threads", type=int, default=d("threads"), help="torch threads per process")
-    p.add_argument("--d-model", type=int, default=d("tiny_d_model"), help="tiny model width")
-    p.add_argument("--layers", type=int, default=d("tiny_layers"), help="tiny model depth")
-    p.add_argument("--task-length", type=int, default=d("task_length"), help="copy task: symbols to copy")
-    p.add_argument("--task-symbols", type=int, default=d("task_symbols"),
-                   help="copy task: alphabet size (1-8); chance level is 1 / this")
-    p.add_argument("--repeats", type=int, default=d("repeats"),
-                   help="interleaved repeats of the modes; the table reports medians and min-max")
+    for f in dataclasses.fields(RunSpec):
+        meta, flag = f.metadata, flag_of(f)
+        if meta["type"] is bool:  # a switch turns the default over: --use-tis on, --no-gap off
+            p.add_argument(flag, dest=f.name, action="store_false" if f.default else "store_true", help=meta["help"])
+            continue
+        metavar = "{" + ",".join(meta["choices"]) + "}" if meta["choices"] else flag[2:].upper().replace("-", "_")
+        p.add_argument(flag, dest=f.name, type=meta["type"], default=f.default, metavar=metavar, help=meta["help"])
     p.add_argument("--allow-violations", action="store_true",
                    help="exit 0 even when a trace violates an invariant (the violations are still printed)")
-    p.add_argument("--max-running", type=int, default=d("max_running"),
-                   help="engine's continuous-batching width (requests)")
-    p.add_argument("--profile", default=d("profile"), help="rule profile (manual | miles-31f1ca9)")
-    p.add_argument("--device", default=d("device"), help="cpu or cuda: where the engine and trainer models live")
-    p.add_argument("--no-gap", action="store_true", help="skip the per-step kernel / staleness gap decomposition")
     p.add_argument("--telemetry-interval", type=float, default=0.25,
                    help="NVML sampling interval in seconds (GPU machines; says 'no telemetry' once elsewhere)")
     p.add_argument("--out", default=None, help="output folder (default results/runs/<UTC time>)")
@@ -112,10 +76,10 @@ def spec_from_args(args: argparse.Namespace) -> Any:
     apply to the copy task only)."""
     from harness.main_job.job import RunSpec
 
-    values = {field: getattr(args, dest) for dest, field in RUNSPEC_FLAGS.items()}
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(RunSpec)}
     if values["task"] != "copy":
         values["task_length"] = values["task_symbols"] = None
-    return RunSpec(**values, gap_decomposition=not args.no_gap)
+    return RunSpec(**values)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -132,7 +96,7 @@ def main(args: argparse.Namespace) -> int:
     _check_model(spec)
     out = Path(args.out or f"results/runs/{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}")
     runs: dict[str, list[Any]] = {m: [] for m in modes}  # ModeResult per repeat
-    repeat_rows: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
+    repeat_rows: dict[str, list[ModeRow]] = {m: [] for m in modes}
     progress = _progress(spec.repeats * len(modes) * spec.steps)
     from harness.measure.telemetry import TelemetrySampler
 
@@ -168,7 +132,7 @@ def main(args: argparse.Namespace) -> int:
                            total_s=total_s)
     rows = [aggregate_repeats(rs) for rs in repeat_rows.values() if rs]
     print(format_table(rows))
-    losses = {r["mode"]: r["losses"] for r in rows if r.get("losses")}
+    losses = {r.mode: r.losses for r in rows if r.losses}
     if losses:
         from harness.measure.overlap_loss import format_loss_table
 
@@ -185,56 +149,56 @@ def main(args: argparse.Namespace) -> int:
     for p in paths:
         print(f"wrote {p}")
     for r in rows:
-        if r["error"]:
-            print(f"mode {r['mode']} failed: {r['error']}")
-        if r.get("worker_error"):
-            print(f"mode {r['mode']}: the fully-async rollout worker died after the last drain: {r['worker_error']}")
+        if r.error:
+            print(f"mode {r.mode} failed: {r.error}")
+        if r.worker_error:
+            print(f"mode {r.mode}: the fully-async rollout worker died after the last drain: {r.worker_error}")
     if violated and not args.allow_violations:
         print(f"FAILED: invariant violations in {', '.join(violated)}; the run's figures are not trustworthy. "
               "Pass --allow-violations to explore anyway.")
         return 1
     if violated:
         print(f"warning: invariant violations in {', '.join(violated)} (--allow-violations given)")
-    return 1 if any(r["error"] for r in rows) else 0
+    return 1 if any(r.error for r in rows) else 0
 
 
-def _print_memory(rows: list[dict[str, Any]]) -> None:
+def _print_memory(rows: list[ModeRow]) -> None:
     """Peak resident memory per mode (``harness.measure.memory``, median over repeats)."""
     def gib(v: Any) -> str:
         return f"{v / 2**30:.2f}" if isinstance(v, (int, float)) else "-"
 
-    if not any(r.get("peak_rss_run_bytes") for r in rows):
+    if not any(r.peak_rss_run_bytes for r in rows):
         print("\npeak resident memory: not readable on this system (needs Linux /proc)")
         return
     print("\npeak resident memory, GiB (harness.measure.memory; run: model builds + timed run; after run: gap "
           "replay + checkers; engine: the split layout's engine process):")
     for r in rows:
-        print(f"  {r['mode']:<12} run {gib(r.get('peak_rss_run_bytes'))}  after run "
-              f"{gib(r.get('peak_rss_after_run_bytes'))}  engine {gib(r.get('peak_rss_engine_process_bytes'))}")
+        print(f"  {r.mode:<12} run {gib(r.peak_rss_run_bytes)}  after run {gib(r.peak_rss_after_run_bytes)}  "
+              f"engine {gib(r.peak_rss_engine_process_bytes)}")
 
 
-def _print_self_cost(rows: list[dict[str, Any]]) -> None:
+def _print_self_cost(rows: list[ModeRow]) -> None:
     """The recording's own time inside the timed runs (``harness.measure.self_cost``)."""
-    shares = {r["mode"]: r["self_cost_share"] for r in rows if r.get("self_cost_share") is not None}
+    shares = {r.mode: r.self_cost_share for r in rows if r.self_cost_share is not None}
     if shares:
         print("\nthe harness's recording inside the timed runs (trace sink + age observer, median over repeats): "
               + ", ".join(f"{m} {100 * v:.2f}%" for m, v in shares.items())
               + "; the gap decomposition and the checkers run after the timed window")
 
 
-def _print_cpu_use(rows: list[dict[str, Any]]) -> None:
+def _print_cpu_use(rows: list[ModeRow]) -> None:
     """Cores the run's processes kept busy (``harness.measure.cpu_use``, median over repeats)."""
     def f(v: Any) -> str:
         return "-" if v is None else f"{v:.2f}"
 
-    if not any(r.get("cpu_cores_main") is not None for r in rows):
+    if not any(r.cpu_cores_main is not None for r in rows):
         return
-    host = next((int(r["host_cpu_count"]) for r in rows if r.get("host_cpu_count")), None)
+    host = next((int(r.host_cpu_count) for r in rows if r.host_cpu_count), None)
     print(f"\nCPU use over the timed runs, cores of this host's {host or '?'} (harness.measure.cpu_use; median over "
           "repeats; main: driver + trainer):")
     for r in rows:
-        print(f"  {r['mode']:<12} main {f(r.get('cpu_cores_main'))}  engines {f(r.get('cpu_cores_engines'))}  "
-              f"total {f(r.get('cpu_cores_total'))}")
+        print(f"  {r.mode:<12} main {f(r.cpu_cores_main)}  engines {f(r.cpu_cores_engines)}  "
+              f"total {f(r.cpu_cores_total)}")
 
 
 def _engine_rows(runs: dict[str, list[Any]]) -> dict[str, list[dict[str, Any]]]:
@@ -327,7 +291,7 @@ def _tokens_per_s(r: Any) -> list[float]:
 
 
 def _write_outputs(out: Path, spec: Any, base: AsyncConfig, runs: dict[str, list[Any]],
-                   repeat_rows: dict[str, list[dict[str, Any]]], *, plots: bool,
+                   repeat_rows: dict[str, list[ModeRow]], *, plots: bool,
                    telemetry: dict[str, Any] | None = None, total_s: float | None = None) -> list[Path]:
     """results.json (every repeat's rows, the aggregated table, checks, losses), the
     timeline of the first repeat, and the PNGs."""
@@ -344,7 +308,7 @@ def _write_outputs(out: Path, spec: Any, base: AsyncConfig, runs: dict[str, list
     rows = [aggregate_repeats(rs) for rs in repeat_rows.values() if rs]
     modes_extra: dict[str, Any] = {}
     for row in rows:
-        mode = row["mode"]
+        mode = row.mode
         times = [t for r in runs[mode] for t in _step_times(r)]
         if times:
             res.add_benchmark(f"{mode}/step_s", times, unit="s", higher_is_better=False)
@@ -352,15 +316,15 @@ def _write_outputs(out: Path, spec: Any, base: AsyncConfig, runs: dict[str, list
         if tps:
             res.add_benchmark(f"{mode}/tokens_per_s", tps, unit="tokens/s", higher_is_better=True)
         for key, better in (("speedup", True), ("overlap_efficiency", True), ("both_busy_fraction", True)):
-            values = [x[key] for x in repeat_rows[mode] if x.get(key) is not None]
+            values = [getattr(x, key) for x in repeat_rows[mode] if getattr(x, key) is not None]
             if values and mode != "sync":  # one sample per repeat
                 res.add_benchmark(f"{mode}/{key}", values, unit="ratio", higher_is_better=better)
         r = first[mode]
         ages = [a for h in r.history for a in h.get("age_versions", [])]
-        modes_extra[mode] = {"phases": _phases(r), "sample_ages": ages, "wall_s": row["wall_s"],
-                             **{k: row[k] for k in ("speedup", "overlap_efficiency", "error", "worker_error",
-                                                    "chance_level", "reward_start", "reward_end", "checks_passed")
-                                if row.get(k) is not None}}
+        modes_extra[mode] = {"phases": _phases(r), "sample_ages": ages, "wall_s": row.wall_s,
+                             **{k: getattr(row, k) for k in ("speedup", "overlap_efficiency", "error", "worker_error",
+                                                             "chance_level", "reward_start", "reward_end",
+                                                             "checks_passed") if getattr(row, k) is not None}}
     res.extra["modes"] = modes_extra
     gap_mode = "one-step" if "one-step" in first else next(iter(first), None)
     if gap_mode is not None:
@@ -375,9 +339,9 @@ def _write_outputs(out: Path, spec: Any, base: AsyncConfig, runs: dict[str, list
         res.extra["telemetry"] = telemetry
     if total_s is not None:
         res.extra["total_wall_s"] = total_s
-    res.extra["table"] = rows
-    res.extra["repeats"] = repeat_rows
-    res.extra["checks"] = {m: [x["checks"] for x in rs] for m, rs in repeat_rows.items()}
+    res.extra["table"] = {row.mode: row.to_dict() for row in rows}  # keyed by mode (harness.results.mode_rows)
+    res.extra["repeats"] = {m: [x.to_dict() for x in rs] for m, rs in repeat_rows.items()}
+    res.extra["checks"] = {m: [x.checks for x in rs] for m, rs in repeat_rows.items()}
     res.extra["per_step"] = {m: r.history for m, r in first.items()}
     if spec.layout == "ray":
         engine_rows = _engine_rows(runs)
@@ -398,19 +362,20 @@ def _fmt(v: Any, spec: str = ".3f") -> str:
     return format(v, spec) if isinstance(v, float) else str(v)
 
 
-def _spread(r: dict[str, Any], key: str, spec: str) -> str:
-    if r.get(key) is None:
+def _spread(r: ModeRow, key: str, spec: str) -> str:
+    value, low, high = getattr(r, key), getattr(r, f"{key}_min", None), getattr(r, f"{key}_max", None)
+    if value is None:
         return "-"
-    if r.get("repeats", 1) > 1 and f"{key}_min" in r:
-        return f"{r[key]:{spec}} ({r[key + '_min']:{spec}}-{r[key + '_max']:{spec}})"
-    return format(r[key], spec)
+    if (r.repeats or 1) > 1 and low is not None:
+        return f"{value:{spec}} ({low:{spec}}-{high:{spec}})"
+    return format(value, spec)
 
 
-def format_table(rows: list[dict[str, Any]]) -> str:
+def format_table(rows: list[ModeRow]) -> str:
     """The aggregated rows (``aggregate_repeats``): medians over the repeats, min-max in
     brackets for speedup and overlap efficiency."""
-    repeats = max((r.get("repeats", 1) for r in rows), default=1)
-    window = next((int(r["reward_window"]) for r in rows if r.get("reward_window")), None)
+    repeats = max((r.repeats or 1 for r in rows), default=1)
+    window = next((int(r.reward_window) for r in rows if r.reward_window), None)
     cols = [("mode", "mode", "s"), ("steps", "steps", "d"), ("wall s", "wall_s", ".2f"),
             ("speedup", "speedup", "spread.2f"), ("ideal", "ideal_speedup", ".2f"),
             ("overlap eff", "overlap_efficiency", "spread.2f"), ("both busy", "both_busy_fraction", ".1%"),
@@ -424,12 +389,12 @@ def format_table(rows: list[dict[str, Any]]) -> str:
         cells = []
         for _, k, f in cols:
             if f == "d":
-                cells.append(_fmt(None if r.get(k) is None else int(r[k]), "d"))
+                cells.append(_fmt(None if getattr(r, k) is None else int(getattr(r, k)), "d"))
             elif f.startswith("spread"):
                 cells.append(_spread(r, k, f[len("spread"):]))
             else:
-                cells.append(_fmt(r.get(k), f))
-        body.append(cells + [" ".join(f"{a}:{n}" for a, n in r["age_hist"].items()) or "-"])
+                cells.append(_fmt(getattr(r, k), f))
+        body.append(cells + [" ".join(f"{a}:{n}" for a, n in r.age_hist.items()) or "-"])
     widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(header)]
     lines = [f"medians over {repeats} interleaved repeat(s), (min-max) where shown; reward start / end: mean "
              f"train/reward_mean of the first / last {window or '-'} steps; chance: the best prompt-blind "

@@ -34,15 +34,15 @@ import asyncio
 import dataclasses
 import functools
 import random
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Callable
 
 import torch
 
 from miles_async_core import events as ev
 from harness.backends.tasks import get_task
-from harness.backends.torch_trainer import TorchTrainer, TrainerConfig
+from harness.backends.ray_engine import BROADCASTS
+from harness.backends.torch_trainer import LR_SCALINGS, TorchTrainer, TrainerConfig
 from miles_async_core.config import AsyncConfig
 from miles_async_core.drivers import make_context, run
 from miles_async_core.errors import ConfigError
@@ -53,6 +53,7 @@ from harness.measure import cpu_use
 from harness.measure.memory import PeakRss, read_peak_rss_bytes
 from harness.measure.self_cost import SelfCost
 from harness.measure.overlap import ideal_speedup, measurement_window, overlap_metrics
+from harness.results.mode_rows import SPREAD_KEYS, ModeRow
 from harness.sim.simulate import emit_run_end, histogram
 from harness.trace import TraceRecorder
 from miles_async_core.contracts import NullSink
@@ -65,41 +66,66 @@ MODES: dict[str, dict[str, Any]] = {
 LAYOUTS = ("split", "colocate", "ray")
 
 
+def _flag(default: Any, help_text: str, *, flag: str | None = None, choices: tuple[str, ...] | None = None,
+          value_type: Callable[[str], Any] | None = None) -> Any:
+    """A ``RunSpec`` field and its ``miles-harness run`` flag: ``flag`` (default: the field's
+    name as ``--name-with-dashes``), ``help_text``, ``choices`` (checked by ``RunSpec``
+    itself, so a bad value is a ``ConfigError`` naming the flag) and ``value_type`` (default:
+    the default's type; a bool field is a switch that turns its default over)."""
+    if value_type is None and default is not None:
+        value_type = type(default)
+    return field(default=default, metadata={"flag": flag, "help": help_text, "choices": choices,
+                                            "type": value_type})
+
+
 @dataclass(frozen=True, kw_only=True)
 class RunSpec:
-    """The main job's settings. These defaults are the only ones: ``miles-harness run``'s
-    flags take theirs from here (``harness.commands.run.RUNSPEC_FLAGS``), so ``make run``
-    with no arguments runs ``RunSpec()``."""
+    """The main job's settings, and the one definition of ``miles-harness run``'s flags
+    (``harness.commands.run`` builds its parser from these fields' metadata), so ``make
+    run`` with no arguments runs ``RunSpec()``."""
 
-    layout: str = "split"
-    model: str = "tiny"
-    task: str = "copy"
-    steps: int = 40
-    lr: float = 1e-3  # 3e-3 collapsed the copy policy to a prompt-blind constant (reward at chance)
-    lr_scaling: str = "none"
-    use_tis: bool = False
-    tis_clip: float = 2.0
-    seed: int = 0
-    threads: int = 1
-    max_running: int = 16  # the engine's continuous-batching width (requests)
-    tiny_d_model: int = 256
-    tiny_layers: int = 4
-    profile: str = "manual"
-    device: str = "cpu"
-    task_length: int | None = 2  # copy task only: symbols to copy (longer -> more decode steps); None: the task's own
-    task_symbols: int | None = 4  # copy task only: alphabet size (chance level 1 / task_symbols); None: the task's own
-    repeats: int = 2  # interleaved repeats (sync, one-step, fully-async, sync, ...); 3: est. ~3.8 min on 2 cores
-    gap_decomposition: bool = True  # per-step kernel / staleness gap, computed after the timed run
-    num_engines: int = 2  # ray layout: rollout engines (Ray actors)
-    ray_address: str | None = None  # ray layout: join this cluster; None: start a local one (num_cpus = cores)
-    broadcast: str = "put_once"  # ray layout: weights via one ray.put (put_once) or one argument per engine
+    layout: str = _flag("split", "split (engine in its own process), colocate, or ray (--num-engines engines "
+                        "as Ray actors)", choices=LAYOUTS)
+    model: str = _flag("tiny", "tiny (built from a config), smollm2 (needs the model extra), or a local Hugging "
+                       "Face model directory")
+    task: str = _flag("copy", "copy (tiny model learns it) or arithmetic (for SmolLM2)")
+    steps: int = _flag(40, "training steps per mode")
+    # 3e-3 collapsed the copy policy to a prompt-blind constant (reward at chance)
+    lr: float = _flag(1e-3, "learning rate")
+    lr_scaling: str = _flag("none", "the seed's LR rule", choices=LR_SCALINGS)
+    use_tis: bool = _flag(False, "truncated importance sampling on the rollout log-probs")
+    tis_clip: float = _flag(2.0, "TIS weight clip")
+    seed: int = _flag(0, "seed of the model, the prompts and the sampling")
+    threads: int = _flag(1, "torch threads per process")
+    max_running: int = _flag(16, "engine's continuous-batching width (requests)")
+    tiny_d_model: int = _flag(256, "tiny model width", flag="--d-model")
+    tiny_layers: int = _flag(4, "tiny model depth", flag="--layers")
+    profile: str = _flag("manual", "rule profile: manual (the seed manual) or the pinned upstream Miles "
+                         "profile (miles-<pinned commit>; miles_async_core.rules.PROFILES)")
+    device: str = _flag("cpu", "where the engine and trainer models live (cuda needs a CUDA build of torch and a "
+                        "GPU)", choices=("cpu", "cuda"))
+    # copy task only (None: the task's own); longer -> more decode steps; chance level 1 / task_symbols
+    task_length: int | None = _flag(2, "copy task: symbols to copy", value_type=int)
+    task_symbols: int | None = _flag(4, "copy task: alphabet size (1-8); chance level is 1 / this", value_type=int)
+    repeats: int = _flag(2, "interleaved repeats of the modes (sync, one-step, fully-async, sync, ...); the "
+                         "table reports medians and min-max")
+    gap_decomposition: bool = _flag(True, "skip the per-step kernel / staleness gap decomposition (computed after "
+                                    "the timed run)", flag="--no-gap")
+    num_engines: int = _flag(2, "ray layout: rollout engines (Ray actors)")
+    ray_address: str | None = _flag(None, "ray layout: join this Ray cluster (default: start a local one sized to "
+                                    "the machine)", value_type=str)
+    broadcast: str = _flag("put_once", "ray layout: weights to the engines by one ray.put (put_once) or one "
+                           "argument per engine", choices=BROADCASTS)
 
     def __post_init__(self) -> None:
-        if self.device not in ("cpu", "cuda") or (self.device == "cuda" and not torch.cuda.is_available()):
+        for f in fields(self):
+            allowed = f.metadata["choices"]
+            if allowed and getattr(self, f.name) not in allowed:
+                raise ConfigError(f"{flag_of(f)} {getattr(self, f.name)!r}: allowed {', '.join(allowed)}; fix: pick "
+                                  "one of them")
+        if self.device == "cuda" and not torch.cuda.is_available():
             raise ConfigError(f"--device {self.device!r}: allowed cpu, cuda (cuda needs a CUDA build of torch and a "
                               "GPU); fix: --device cpu")
-        if self.layout not in LAYOUTS:
-            raise ConfigError(f"--layout {self.layout!r}: allowed {', '.join(LAYOUTS)}; fix: pick one of them")
         if self.steps < 2:
             raise ConfigError(f"--steps {self.steps}: must be >= 2 to compare start and end; fix: e.g. --steps 40")
         if self.repeats < 1:
@@ -113,6 +139,11 @@ class RunSpec:
         if self.task != "copy":
             return {}
         return {k: v for k, v in (("length", self.task_length), ("n_symbols", self.task_symbols)) if v}
+
+
+def flag_of(f: Any) -> str:
+    """The ``miles-harness run`` flag of a ``RunSpec`` field."""
+    return f.metadata["flag"] or "--" + f.name.replace("_", "-")
 
 
 @dataclass
@@ -435,7 +466,7 @@ async def _close(engine: Any) -> None:
 REWARD_WINDOW = 5  # reward start / end: the mean of the first / last 5 steps (fewer in runs under 10 steps)
 
 
-def summarize_mode(r: ModeResult, sync: ModeResult | None) -> dict[str, Any]:
+def summarize_mode(r: ModeResult, sync: ModeResult | None) -> ModeRow:
     """One row of the main job's table (one repeat of one mode). With ``sync`` (the sync
     run of the same repeat): speedup, ideal speedup, overlap efficiency and the loss
     table (``harness.measure.overlap_loss``)."""
@@ -449,72 +480,73 @@ def summarize_mode(r: ModeResult, sync: ModeResult | None) -> dict[str, Any]:
     dropped = sum(1 for e in r.events if e.kind == ev.DROPPED)
     retried = sum(1 for e in r.events if e.kind == ev.RECYCLED)
     checks = {k2: v for k2, v in r.checks.items() if not k2.startswith("_")} if r.checks is not None else None
-    row: dict[str, Any] = {
-        "mode": r.mode, "steps": len(r.history), "wall_s": r.overlap["wall_s"], "run_s": r.run_s,
-        "reward_start": sum(rewards[:k]) / k if rewards else None,
-        "reward_end": sum(rewards[-k:]) / k if rewards else None,
-        "reward_window": k, "chance_level": r.chance_level,
-        "age_hist": histogram(ages), "lag_hist": histogram(lags),
-        "dropped_share": dropped / taken if taken else 0.0, "retried_share": retried / taken if taken else 0.0,
-        "lr": r.per_step("train/lr")[-1] if r.per_step("train/lr") else None,
-        "error": r.error, "worker_error": r.worker_error, "checks": checks,
-        "self_cost_share": r.self_cost["share_of_run"] if r.self_cost else None,
-        **{f"peak_rss_{k}_bytes": v for k, v in r.peak_rss_bytes.items()},
+    row = ModeRow(
+        mode=r.mode, steps=len(r.history), run_s=r.run_s,
+        reward_start=sum(rewards[:k]) / k if rewards else None,
+        reward_end=sum(rewards[-k:]) / k if rewards else None,
+        reward_window=k, chance_level=r.chance_level,
+        age_hist=histogram(ages), lag_hist=histogram(lags),
+        dropped_share=dropped / taken if taken else 0.0, retried_share=retried / taken if taken else 0.0,
+        lr=r.per_step("train/lr")[-1] if r.per_step("train/lr") else None,
+        error=r.error, worker_error=r.worker_error, checks=checks,
+        self_cost_share=r.self_cost["share_of_run"] if r.self_cost else None,
+        **{f"peak_rss_{k2}_bytes": v for k2, v in r.peak_rss_bytes.items()},
         **(r.cpu_use or {}),
-        **{k2: v for k2, v in r.overlap.items() if k2 != "wall_s"},
-    }
+        **r.overlap,
+    )
     if sync is not None and sync.history and r.history and r is not sync:
         per_step_sync = sync.overlap["wall_s"] / len(sync.history)
         per_step = r.overlap["wall_s"] / len(r.history)
         R = sync.overlap["rollout_busy_s"] / len(sync.history)
         T = (sync.overlap["train_busy_s"] + sync.overlap["weight_sync_s"]) / len(sync.history)
         ideal = ideal_speedup(R, T)
-        row.update(speedup=per_step_sync / per_step, ideal_speedup=ideal,
-                   overlap_efficiency=(per_step_sync / per_step) / ideal, sync_rollout_s=R, sync_train_s=T,
-                   losses=loss_table(step_parts(sync.events, sync.window, len(sync.history)),
-                                     step_parts(r.events, r.window, len(r.history))))
+        row = dataclasses.replace(row, speedup=per_step_sync / per_step, ideal_speedup=ideal,
+                                  overlap_efficiency=(per_step_sync / per_step) / ideal, sync_rollout_s=R,
+                                  sync_train_s=T,
+                                  losses=loss_table(step_parts(sync.events, sync.window, len(sync.history)),
+                                                    step_parts(r.events, r.window, len(r.history))))
     return row
 
 
-SPREAD_KEYS = ("speedup", "overlap_efficiency", "wall_s", "run_s", "reward_start", "reward_end")
+# not a median: a list, the per-repeat verdicts, the aggregate's own fields, or the spreads
+_NOT_AGGREGATED = frozenset({"mode", "cpu_cores_per_engine", "checks", "repeats", "checks_passed", "losses_repeat",
+                             *(f"{k}_{end}" for k in SPREAD_KEYS for end in ("min", "max"))})
 
 
-def aggregate_repeats(rows: list[dict[str, Any]]) -> dict[str, Any]:
+def aggregate_repeats(rows: list[ModeRow]) -> ModeRow:
     """One mode's table row from its repeats' rows (``summarize_mode``): every numeric
-    figure is the median over the repeats; ``SPREAD_KEYS`` also get ``<key>_min`` and
-    ``<key>_max``; the age and lag histograms add up over the repeats; the loss table is
-    the one of the repeat whose overlap efficiency is the median (the lower middle one
-    for an even count), so its parts sum to that repeat's gap; ``checks_passed`` is
-    whether every repeat's trace passed every checker; ``error`` is the first error."""
+    figure is the median over the repeats that have it; ``SPREAD_KEYS`` also get
+    ``<key>_min`` and ``<key>_max``; the age and lag histograms add up over the repeats;
+    the loss table is the one of the repeat whose overlap efficiency is the median (the
+    lower middle one for an even count), so its parts sum to that repeat's gap;
+    ``checks_passed`` is whether every repeat's trace passed every checker; ``error`` is
+    the first error."""
     import statistics
 
     if not rows:
         raise ValueError("aggregate_repeats needs at least one row")
-    out: dict[str, Any] = {"mode": rows[0]["mode"], "repeats": len(rows)}
-    numeric = [k for k, v in rows[0].items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
-    for key in numeric:
-        values = [r[key] for r in rows if isinstance(r.get(key), (int, float))]
+    out: dict[str, Any] = {"mode": rows[0].mode, "repeats": len(rows)}
+    for f in dataclasses.fields(ModeRow):
+        if f.name in _NOT_AGGREGATED:
+            continue
+        values = [getattr(r, f.name) for r in rows]
+        values = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
         if values:
-            out[key] = statistics.median(values)
-            if key in SPREAD_KEYS:
-                out[f"{key}_min"], out[f"{key}_max"] = min(values), max(values)
-    for key in ("speedup", "overlap_efficiency"):
-        values = [r[key] for r in rows if r.get(key) is not None]
-        if values and key not in out:
-            out[key] = statistics.median(values)
-            out[f"{key}_min"], out[f"{key}_max"] = min(values), max(values)
+            out[f.name] = statistics.median(values)
+            if f.name in SPREAD_KEYS:
+                out[f"{f.name}_min"], out[f"{f.name}_max"] = min(values), max(values)
     for key in ("age_hist", "lag_hist"):
         merged: dict[int, int] = {}
         for r in rows:
-            for a, n in r[key].items():
+            for a, n in getattr(r, key).items():
                 merged[a] = merged.get(a, 0) + n
         out[key] = dict(sorted(merged.items()))
-    with_losses = sorted((r for r in rows if r.get("losses")), key=lambda r: r["overlap_efficiency"])
+    with_losses = sorted((r for r in rows if r.losses), key=lambda r: r.overlap_efficiency)
     if with_losses:
         median_row = with_losses[(len(with_losses) - 1) // 2]
-        out["losses"] = median_row["losses"]
+        out["losses"] = median_row.losses
         out["losses_repeat"] = rows.index(median_row)
-    out["checks_passed"] = all(r["checks"]["passed"] for r in rows if r.get("checks") is not None)
-    out["error"] = next((r["error"] for r in rows if r.get("error")), None)
-    out["worker_error"] = next((r["worker_error"] for r in rows if r.get("worker_error")), None)
-    return out
+    out["checks_passed"] = all(r.checks["passed"] for r in rows if r.checks is not None)
+    out["error"] = next((r.error for r in rows if r.error), None)
+    out["worker_error"] = next((r.worker_error for r in rows if r.worker_error), None)
+    return ModeRow(**out)

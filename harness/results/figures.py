@@ -1,14 +1,23 @@
-"""README figures checked against the committed files they cite.
+"""Figures in ``results/README.md`` checked against the committed files they cite.
 
-The README's "Measured here" table has three columns: what, figure, source. The source
-cell names one committed JSON file and, after it, one key path per number of the figure
-(all in backticks): `results/bench/sim_speed.json` `samples_per_cpu_s`. Key paths are
-dotted (``rows.mixed.ratio``; a list index is a number). Reading the figure's numbers in
-order (plain, with thousands commas, or scientific like ``1.75e-3``), each key path accounts for one number, or for two when it resolves to a list:
-then the figure states its range, ``min-max``. A number followed by ``%`` is compared
-with 100 x the value, one followed by ``GiB`` with the value (bytes) / 2**30, a number followed by ``x`` as a plain number. Each comparison
-rounds the file's value to the decimals the README prints, so a stale or edited figure
-fails and a figure printed at its precision passes.
+The figures table (the first table after ``## Figures``) has three columns: what,
+figure, source. The source cell names one committed JSON file and, after it, one key
+path per number of the figure (all in backticks):
+`results/cpu/run-a/results.json` `extra.table.one-step.overlap_efficiency`.
+
+Key paths name what they cite; they never count positions. A path is dotted keys
+(``rows.mixed.ratio``); where the file holds a list of records, a selector picks the one
+record whose fields have the given values: ``rows[engines=2,mode=one-step].step_error``
+(a selector's field may be dotted itself, ``runs[config.name=fully-async-retract-tensor]``;
+a number or boolean is compared as JSON writes it). A list index (``rows.7``) is refused.
+
+Reading the figure's numbers in order (plain, with thousands commas, or scientific like
+``1.75e-3``), each key path accounts for one number, or for two when it resolves to a
+list: then the figure states its range, ``min-max``. Every number of the figure must be
+accounted for. A number followed by ``%`` is compared with 100 x the value, one followed
+by ``GiB`` with the value (bytes) / 2**30, one followed by ``x`` as a plain number. Each
+comparison rounds the file's value to the decimals the figure prints, so a stale or
+edited figure fails and a figure printed at its precision passes.
 """
 
 from __future__ import annotations
@@ -22,6 +31,12 @@ from typing import Any
 # a sign counts only where it starts the number (after a space or a bracket), so the dash of
 # a range ("0.83-0.95") is not read as a minus
 NUMBER = re.compile(r"(?<![\w.])([-+\u2212]?\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?)(\s*(?:%|GiB\b))?")
+SEGMENT = re.compile(r"([^.\[\]]*)(?:\[([^\]]*)\])?")
+HEADING = "## Figures"
+
+
+class KeyPathError(LookupError):
+    """A key path that does not resolve, with what went wrong."""
 
 
 @dataclass(frozen=True)
@@ -32,11 +47,11 @@ class Figure:
     keys: tuple[str, ...]
 
 
-def table_rows(readme: str, heading: str = "## Measured here") -> list[Figure]:
+def table_rows(text: str, heading: str = HEADING) -> list[Figure]:
     """The rows of the first table after ``heading``."""
-    start = readme.index(heading)
+    start = text.index(heading)
     rows = []
-    for line in readme[start:].splitlines()[1:]:
+    for line in text[start:].splitlines()[1:]:
         if rows and not line.startswith("|"):
             break
         if not line.startswith("|") or set(line) <= set("|-: "):
@@ -49,9 +64,60 @@ def table_rows(readme: str, heading: str = "## Measured here") -> list[Figure]:
     return rows
 
 
+def segments(key: str) -> list[tuple[str, str | None]]:
+    """``a.b[x=1,y.z=2].c`` -> [("a", None), ("b", "x=1,y.z=2"), ("c", None)]: dots split
+    keys except inside a selector's brackets."""
+    parts, depth, cur = [], 0, ""
+    for ch in key:
+        depth += {"[": 1, "]": -1}.get(ch, 0)
+        if ch == "." and depth == 0:
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    parts.append(cur)
+    out = []
+    for part in parts:
+        m = SEGMENT.fullmatch(part)
+        if m is None or (not m.group(1) and m.group(2) is None):
+            raise KeyPathError(f"{part!r} is not a key or a key[field=value,...] selector")
+        out.append((m.group(1), m.group(2)))
+    return out
+
+
+def _as_text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def _select(records: Any, selector: str) -> Any:
+    if not isinstance(records, list):
+        raise KeyPathError(f"[{selector}] selects from a list, found {type(records).__name__}")
+    wanted = [tuple(p.split("=", 1)) for p in selector.split(",")]
+    if any(len(w) != 2 for w in wanted):
+        raise KeyPathError(f"[{selector}]: each part is field=value")
+    hits = []
+    for rec in records:
+        try:
+            if all(_as_text(lookup(rec, field)) == value for field, value in wanted):
+                hits.append(rec)
+        except KeyPathError:
+            continue
+    if len(hits) != 1:
+        raise KeyPathError(f"[{selector}] matches {len(hits)} records, not exactly one")
+    return hits[0]
+
+
 def lookup(doc: Any, key: str) -> Any:
-    for part in key.split("."):
-        doc = doc[int(part)] if isinstance(doc, list) else doc[part]
+    """The value at a named key path (see the module's docstring)."""
+    for name, selector in segments(key):
+        if name:
+            if name.isdigit() and isinstance(doc, list):
+                raise KeyPathError(f"{name!r} is a list position; cite the record by name, e.g. [mode=one-step]")
+            if not isinstance(doc, dict) or name not in doc:
+                raise KeyPathError(f"no key {name!r}")
+            doc = doc[name]
+        if selector is not None:
+            doc = _select(doc, selector)
     return doc
 
 
@@ -84,8 +150,8 @@ def check_figure(fig: Figure, root: Path) -> list[str]:
     for key in fig.keys:
         try:
             value = lookup(doc, key)
-        except (KeyError, IndexError, ValueError, TypeError):
-            problems.append(f"{fig.what!r}: {fig.source} has no key {key!r}")
+        except KeyPathError as exc:
+            problems.append(f"{fig.what!r}: {fig.source} {key!r}: {exc}")
             continue
         wanted = [min(value), max(value)] if isinstance(value, list) else [value]
         for v in wanted:
@@ -93,11 +159,15 @@ def check_figure(fig: Figure, root: Path) -> list[str]:
                 problems.append(f"{fig.what!r}: the figure {fig.figure!r} has fewer numbers than its keys")
                 return problems
             printed, unit = numbers[i]
-            if not _matches(printed, unit, float(v)):
-                problems.append(f"{fig.what!r}: README says {printed}{unit} for {key}, "
-                                f"{fig.source} has {v}")
+            if not isinstance(v, (int, float)) or isinstance(v, bool):
+                problems.append(f"{fig.what!r}: {fig.source} {key} is {v!r}, not a number")
+            elif not _matches(printed, unit, float(v)):
+                problems.append(f"{fig.what!r}: the figure says {printed}{unit} for {key}, {fig.source} has {v}")
             i += 1
+    if not problems and i < len(numbers):
+        problems.append(f"{fig.what!r}: the figure {fig.figure!r} has numbers no key accounts for: "
+                        + ", ".join(n + u for n, u in numbers[i:]))
     return problems
 
 
-__all__ = ["Figure", "check_figure", "lookup", "table_rows"]
+__all__ = ["Figure", "KeyPathError", "check_figure", "lookup", "segments", "table_rows"]

@@ -4,8 +4,8 @@ Each step is a committed command that writes committed files. The run refuses a 
 tree (``--allow-dirty`` overrides, and the manifest then says so), runs the steps in
 order, and writes ``results/MANIFEST.json``: the commit, the dirty flag, and per step its
 command, outputs, wall time and exit code. A failing step stops the run (exit 1); its
-outputs are whatever the command left. README's "Measured here" table cites these files
-(``harness.results.figures`` checks it in CI).
+outputs are whatever the command left. ``results/README.md`` cites these files by named
+keys (``harness.results.figures``; ``suites/harness/test_results_figures.py`` checks it).
 
     python -m harness.results.regenerate [--only NAME,...] [--allow-dirty] [--list]
 
@@ -34,6 +34,9 @@ BENCH = [PY, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", "-m", "bench"
 # (harness.advise.validate_runs makes its fresh pairs with the same flags)
 RAY_RUN = ["run", "--layout", "ray", "--repeats", "4", "--no-plots", "--modes", "sync,one-step,fully-async"]
 WRITE = {"MILES_HARNESS_WRITE_RESULTS": "1"}
+# the simulator's baseline for the side-by-side files: the version before its speed work, so
+# sim_speed_ab and sim_instructions say what that work gains on the same host in one session
+SIM_BASELINE = "d7779bb"
 
 
 @dataclass(frozen=True)
@@ -48,12 +51,12 @@ class Step:
 
 STEPS: list[Step] = [
     Step("sim_speed", BENCH + ["suites/bench/test_sim_speed.py"], ["results/bench/sim_speed.json"], WRITE),
-    # the simulator against d7779bb (before issue 10's last changes to it), side by side
-    Step("sim_speed_ab", [PY, "-m", "harness.results.sim_ab", "--base", "d7779bb", "--pairs", "8"],
+    # the simulator against its baseline, side by side
+    Step("sim_speed_ab", [PY, "-m", "harness.results.sim_ab", "--base", SIM_BASELINE, "--pairs", "8"],
          ["results/bench/sim_speed_ab.json"]),
     Step("sim_profile", BENCH + ["suites/bench/test_sim_profile.py"], ["results/bench/sim_profile.json"], WRITE),
     # the same comparison in instructions and cache misses per sample (cachegrind): counts the host's load leaves alone
-    Step("sim_instructions", [PY, "-m", "harness.results.sim_instructions", "--base", "d7779bb"],
+    Step("sim_instructions", [PY, "-m", "harness.results.sim_instructions", "--base", SIM_BASELINE],
          ["results/bench/sim_instructions.json"]),
     Step("engine_throughput", BENCH + ["suites/bench/test_engine_throughput.py"],
          ["results/bench/engine_throughput.json"], WRITE),
@@ -120,7 +123,7 @@ STEPS: list[Step] = [
     Step("gap_smollm2", CLI + ["gap", "--model", "smollm2", "--device", "cpu", "--dtypes", "fp32,bf16,fp16",
                                "--num-seqs", "4", "--max-new-tokens", "16", "--seed", "0", "--threads", "1",
                                "--out", "results/gap/smollm2-cpu"], ["results/gap/smollm2-cpu"]),
-    # peak resident memory of the main job on SmolLM2 with the gap decomposition on (issue 10: report it)
+    # peak resident memory of the main job on SmolLM2 with the gap decomposition on
     Step("memory_smollm2", CLI + ["run", "--model", "smollm2", "--modes", "one-step,fully-async", "--steps", "4",
                                   "--repeats", "1", "--no-plots", "--out", "results/gap/smollm2-run-memory"],
          ["results/gap/smollm2-run-memory"]),

@@ -15,7 +15,7 @@ Invariants guaranteed by this module:
   or raises ``ConfigError`` naming the file and the offending field;
 * files are written with sorted keys and ``indent=1``, atomically (temp file + rename).
 
-Layout (``schema_version`` 1)::
+Layout (``schema_version`` 2)::
 
     schema, schema_version, run_id, created_utc, kind,
     machine  {cpu_model, cpu_count, gpus: [{name, memory_total_bytes}], driver_version}
@@ -24,6 +24,10 @@ Layout (``schema_version`` 1)::
     config   {...}                     the resolved run config
     benchmarks {name: {unit, higher_is_better, definition, samples, stats, [samples_missing]}}
     extra    {...}                     free: tables, trace paths, series for plots
+
+Versions: 2 keys a run document's ``extra.table`` by mode name (``{"one-step": row}``);
+1 stored it as a list. ``harness.results.mode_rows`` reads both into typed rows and
+upgrades a version 1 file in place; every other field is the same in both.
 
 ``stats`` = ``{min, max, median, mean, stddev, q1, q3, n}``; ``stddev`` is the sample
 standard deviation (ddof=1, 0 for one sample) and ``q1``/``q3`` are numpy's linear
@@ -54,7 +58,7 @@ import numpy as np
 from miles_async_core.errors import ConfigError
 
 SCHEMA = "miles-async-harness/results"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: a run's extra.table keyed by mode name (harness.results.mode_rows)
 STAT_KEYS = ("min", "max", "median", "mean", "stddev", "q1", "q3", "n")
 _REPO_DIR = Path(__file__).resolve().parents[2]  # the checkout: harness/results/schema.py -> root
 

@@ -175,12 +175,12 @@ def test_the_fit_scales_the_costs_to_the_median_repeat(tmp_path):
     from harness.measure.overlap import measurement_window, phase_spans
 
     row = mode_rows(res)
-    slower = dict(row, rollout_busy_s=row["rollout_busy_s"] * 1.2, train_busy_s=row["train_busy_s"] * 1.1)
-    doc = {"config": {"spec": {"max_running": 16}, "modes": {"sync": SYNC.to_dict()}},
+    slower = dataclasses.replace(row, rollout_busy_s=row.rollout_busy_s * 1.2, train_busy_s=row.train_busy_s * 1.1)
+    doc = {"kind": "run", "config": {"spec": {"max_running": 16}, "modes": {"sync": SYNC.to_dict()}},
            "extra": {"modes": {"sync": {"phases": phase_spans(res.events, measurement_window(res.events, 0.0,
                                                                                               res.wall_s))}},
                      "per_step": {"sync": [{"tokens": 6 * 32} for _ in res.history]},
-                     "repeats": {"sync": [row, slower, slower]}}}
+                     "repeats": {"sync": [r.to_dict() for r in (row, slower, slower)]}}}
     path = tmp_path / "results.json"
     path.write_text(json.dumps(doc))
     fitted = fit_costs(observations_from_results(path))

@@ -29,8 +29,9 @@ FULLY_ASYNC = dataclasses.replace(SYNC, driver="train_async", fully_async=True)
 
 
 def _decode_times(slots: float, starts: list[float]) -> list[float]:
-    """Each engine gets one request of 10 steps of 0.1 s at its start time; returns
-    when each finishes."""
+    """Each engine gets one request of 10 steps of 0.1 s at its start time (through the
+    router: each earlier request is still outstanding, so request i goes to engine i);
+    returns when each finishes."""
     cfg = SimEngineConfig(decode_base_s=0.1, decode_per_seq_s=0.0, prefill_per_token_s=0.0,
                           response_length=LengthDist(kind="fixed", median=10))
 
@@ -41,8 +42,8 @@ def _decode_times(slots: float, starts: list[float]) -> list[float]:
 
         async def one(i: int, t0: float) -> None:
             await asyncio.sleep(t0)
-            fut = group.engines[i].generate(Sample(index=i, group_index=i, prompt_tokens=[0]),
-                                            SamplingParams(max_new_tokens=100))
+            fut = group.generate(Sample(index=i, group_index=i, prompt_tokens=[0]),
+                                 SamplingParams(max_new_tokens=100))
             await fut
             done[i] = loop.time()
 
@@ -72,9 +73,9 @@ def _two_engine_results(tmp_path, truth: CostModel) -> str:
     for seed in (3, 4, 5):
         res = simulate_layout(truth, dataclasses.replace(SYNC, seed=seed), Layout(engines=2))
         rows.append(mode_rows(res))
-    doc = {"config": {"spec": {"layout": "ray", "num_engines": 2, "max_running": 16},
-                      "modes": {"sync": SYNC.to_dict()}},
-           "extra": {"repeats": {"sync": rows}}}
+    doc = {"kind": "run", "config": {"spec": {"layout": "ray", "num_engines": 2, "max_running": 16},
+                                     "modes": {"sync": SYNC.to_dict()}},
+           "extra": {"repeats": {"sync": [r.to_dict() for r in rows]}}}
     path = tmp_path / "two.json"
     path.write_text(json.dumps(doc))
     return str(path)
@@ -105,8 +106,9 @@ def test_sharing_slows_a_two_engine_prediction_and_leaves_one_engine_alone():
 
 def test_the_fit_refuses_a_run_with_one_engine(tmp_path):
     path = tmp_path / "one.json"
-    path.write_text(json.dumps({"config": {"spec": {"layout": "split"}, "modes": {"sync": SYNC.to_dict()}},
-                                "extra": {"repeats": {"sync": [mode_rows(simulate_layout(ALONE, SYNC, Layout()))]}}}))
+    row = mode_rows(simulate_layout(ALONE, SYNC, Layout()))
+    path.write_text(json.dumps({"kind": "run", "config": {"spec": {"layout": "split"}, "modes": {"sync": SYNC.to_dict()}},
+                                "extra": {"repeats": {"sync": [row.to_dict()]}}}))
     with pytest.raises(ConfigError, match="--num-engines >= 2"):
         fit_engine_sharing(ALONE, path)
 
@@ -165,7 +167,7 @@ def test_measured_host_cores_are_the_median_over_repeats_and_unknown_if_one_lack
     def doc(cores):
         reps = [{"mode": "sync", "steps": 10, "wall_s": 5.0, "cpu_cores_total": c, "host_cpu_count": 2}
                 for c in cores]
-        return {"extra": {"repeats": {"sync": reps}, "per_step": {}}}
+        return {"kind": "run", "extra": {"repeats": {"sync": reps}, "per_step": {}}}
 
     assert measured(doc([1.2, 1.8, 1.5]), "sync")["cpu_cores_total"] == pytest.approx(1.5)
     assert measured(doc([1.2, 1.8, 1.5]), "sync")["host_cpu_count"] == 2

@@ -14,6 +14,7 @@ import pytest
 from harness.advise import host_share
 from harness.advise.costs import CostModel, fit_engine_sharing, mode_rows
 from harness.advise.predict import Layout, predict, simulate_layout
+from harness.results.mode_rows import ModeRow
 from harness.sim.contention import Contention, host_growth
 from miles_async_core.config import AsyncConfig
 from miles_async_core.errors import ConfigError
@@ -73,8 +74,8 @@ def test_the_main_process_demand_is_inferred_from_the_cores_the_lone_engine_kept
 
 
 def _rows(cores_per_engine, engines=1):
-    return [{"steps": 10, "wall_s": 5.0, "rollout_busy_s": 2.5, "cpu_cores_engines": c * engines,
-             "cpu_cores_per_engine": [c] * engines} for c in cores_per_engine]
+    return [ModeRow(mode="sync", steps=10, wall_s=5.0, rollout_busy_s=2.5, cpu_cores_engines=c * engines,
+                    cpu_cores_per_engine=[c] * engines) for c in cores_per_engine]
 
 
 def test_engine_cores_are_per_engine_while_generating_over_one_engine_runs_only():
@@ -83,7 +84,7 @@ def test_engine_cores_are_per_engine_while_generating_over_one_engine_runs_only(
     got = host_share.engine_cores_by_mode({"sync": _rows([0.5, 0.6, 0.55]), "fully-async": _rows([0.45]),
                                            "one-step": _rows([0.5], engines=2)})
     assert got == {"sync": pytest.approx(1.1), "fully-async": pytest.approx(0.9)}
-    assert host_share.engine_cores_by_mode({"sync": _rows([0.5]) + [{"steps": 10, "wall_s": 5.0}]}) == {}
+    assert host_share.engine_cores_by_mode({"sync": _rows([0.5]) + [ModeRow(mode="sync", steps=10, wall_s=5.0)]}) == {}
     assert host_share.host_cores(_rows([0.45, 0.5], engines=2), 2) == pytest.approx(2 * 0.95)
 
 
@@ -91,12 +92,13 @@ def test_the_sharing_fit_reads_the_host_cores_off_the_several_engine_sync_mode(t
     rows = []
     for seed in (3, 4):
         row = mode_rows(simulate_layout(ALONE, dataclasses.replace(SYNC, seed=seed), Layout(engines=2)))
-        rows.append({**row, "cpu_cores_engines": 0.6, "cpu_cores_per_engine": [0.3, 0.3]})
-    doc = {"config": {"spec": {"layout": "ray", "num_engines": 2, "max_running": 16}, "modes": {"sync": SYNC.to_dict()}},
-           "extra": {"repeats": {"sync": rows}}}
+        rows.append(dataclasses.replace(row, cpu_cores_engines=0.6, cpu_cores_per_engine=[0.3, 0.3]))
+    doc = {"kind": "run", "config": {"spec": {"layout": "ray", "num_engines": 2, "max_running": 16},
+                                     "modes": {"sync": SYNC.to_dict()}},
+           "extra": {"repeats": {"sync": [r.to_dict() for r in rows]}}}
     path = tmp_path / "two.json"
     path.write_text(json.dumps(doc))
-    expected = 2 * statistics.median(0.3 * r["wall_s"] / r["rollout_busy_s"] for r in rows)  # 2 engines
+    expected = 2 * statistics.median(0.3 * r.wall_s / r.rollout_busy_s for r in rows)  # 2 engines
     with_cores = dataclasses.replace(ALONE, engine_cores_by_mode={"sync": 1.2})
     assert fit_engine_sharing(with_cores, path).host_engine_cores == pytest.approx(expected)
     assert fit_engine_sharing(ALONE, path).host_engine_cores == 0.0  # the calibration recorded no cores

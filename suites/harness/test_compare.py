@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from harness.cli import main as cli
-from harness.results.compare import block_means, mann_whitney_u
+from harness.results.rank_test import block_means, mann_whitney_u
 from harness.results.schema import Results
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "results"

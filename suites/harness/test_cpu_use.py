@@ -43,12 +43,13 @@ def test_snapshot_reads_this_process_by_pid_and_none_for_a_missing_one():
 def test_run_prints_the_cores_per_mode_with_the_hosts_count_as_a_whole_number(capsys):
     from harness.commands.run import _print_cpu_use
     from harness.main_job.job import aggregate_repeats
+    from harness.results.mode_rows import ModeRow
 
-    reps = [{"mode": "one-step", "age_hist": {}, "lag_hist": {}, "cpu_cores_main": m, "cpu_cores_engines": 0.8,
-             "cpu_cores_total": m + 0.8, "host_cpu_count": 2} for m in (0.8, 0.9)]
+    reps = [ModeRow(mode="one-step", cpu_cores_main=m, cpu_cores_engines=0.8, cpu_cores_total=m + 0.8,
+                    host_cpu_count=2) for m in (0.8, 0.9)]
     _print_cpu_use([aggregate_repeats(reps)])
     out = capsys.readouterr().out
     assert "cores of this host's 2 (" in out
     assert "one-step     main 0.85  engines 0.80  total 1.65" in out
-    _print_cpu_use([{"mode": "sync"}])  # runs without the figures print nothing
+    _print_cpu_use([ModeRow(mode="sync")])  # runs without the figures print nothing
     assert capsys.readouterr().out == ""

@@ -57,8 +57,8 @@ def test_one_hand_built_trace_gives_the_same_ratios_in_simulate_and_run():
                 "wait_time_ratio": 0.5}
     for key, value in expected.items():
         assert sim[key] == pytest.approx(value), key
-        assert run[key] == sim[key], key
-    assert sim["window_s"] == run["wall_s"] == pytest.approx(10.0)
+        assert getattr(run, key) == sim[key], key
+    assert sim["window_s"] == run.wall_s == pytest.approx(10.0)
     assert sim["rollout_idle_s"] == pytest.approx(1.0) and sim["train_training_s"] == pytest.approx(4.0)
 
 
@@ -69,12 +69,12 @@ def test_one_simulated_trace_gives_the_same_ratios_and_printed_figures_in_simula
     assert result.error is None
     sim, run = _both_reports(result.events, scenario.config, result.history, result.wall_s)
     for key in OVERLAP_RATIOS:
-        assert run[key] == sim[key], key
+        assert getattr(run, key) == sim[key], key
         assert 0.0 <= sim[key] <= 1.0, key
     assert sim["both_busy_fraction"] > 0.0  # fully-async: rollout and training overlap
     printed_sim, printed_run = format_summary(sim), format_table([run])
     for key in OVERLAP_RATIOS:
-        assert f"{sim[key]:.1%}" in printed_sim and f"{run[key]:.1%}" in printed_run, key
+        assert f"{sim[key]:.1%}" in printed_sim and f"{getattr(run, key):.1%}" in printed_run, key
 
 
 def test_the_run_timeline_is_the_overlap_pairing_clipped_to_the_window():

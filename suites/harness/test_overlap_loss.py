@@ -8,6 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from harness.main_job.job import _GapRecorder, aggregate_repeats
+from harness.results.mode_rows import ModeRow
 from harness.measure.overlap import ideal_speedup
 from harness.measure.overlap_loss import PARTS, format_loss_table, loss_table, step_parts
 from harness.trace import Event
@@ -79,21 +80,20 @@ def test_step_parts_split_each_weight_sync_at_the_engines_pause_and_version_even
 
 
 def _row(eff, wall, ages, losses_tag=None, passed=True):
-    return {"mode": "one-step", "steps": 4, "wall_s": wall, "speedup": eff * 1.5, "overlap_efficiency": eff,
-            "age_hist": ages, "lag_hist": {}, "error": None, "worker_error": None,
-            "checks": {"passed": passed}, "losses": {"tag": losses_tag}}
+    return ModeRow(mode="one-step", steps=4, wall_s=wall, speedup=eff * 1.5, overlap_efficiency=eff, age_hist=ages,
+                   lag_hist={}, checks={"passed": passed}, losses={"tag": losses_tag})
 
 
 def test_repeats_aggregate_to_medians_with_their_spread_and_the_median_repeats_loss_table():
     rows = [_row(0.9, 10.0, {0: 2}, "a"), _row(0.6, 14.0, {1: 3}, "b"), _row(0.8, 11.0, {0: 1, 1: 1}, "c")]
     agg = aggregate_repeats(rows)
-    assert (agg["overlap_efficiency"], agg["overlap_efficiency_min"], agg["overlap_efficiency_max"]) == (0.8, 0.6, 0.9)
-    assert (agg["wall_s"], agg["wall_s_min"], agg["wall_s_max"], agg["repeats"]) == (11.0, 10.0, 14.0, 3)
-    assert agg["speedup"] == pytest.approx(1.2)
-    assert agg["age_hist"] == {0: 3, 1: 4}
-    assert agg["losses"] == {"tag": "c"} and agg["losses_repeat"] == 2  # one slow repeat does not pick the table
-    assert agg["checks_passed"] is True
-    assert aggregate_repeats(rows + [_row(0.7, 12.0, {}, "d", passed=False)])["checks_passed"] is False
+    assert (agg.overlap_efficiency, agg.overlap_efficiency_min, agg.overlap_efficiency_max) == (0.8, 0.6, 0.9)
+    assert (agg.wall_s, agg.wall_s_min, agg.wall_s_max, agg.repeats) == (11.0, 10.0, 14.0, 3)
+    assert agg.speedup == pytest.approx(1.2)
+    assert agg.age_hist == {0: 3, 1: 4}
+    assert agg.losses == {"tag": "c"} and agg.losses_repeat == 2  # one slow repeat does not pick the table
+    assert agg.checks_passed is True
+    assert aggregate_repeats(rows + [_row(0.7, 12.0, {}, "d", passed=False)]).checks_passed is False
 
 
 class _Sample:

@@ -53,7 +53,7 @@ def test_a_killed_engine_process_fails_the_run_clearly_and_keeps_finished_steps(
     assert [m.getMessage() for m in caplog.records if m.name == "asyncio"] == []
     assert 2 <= len(r.history) < 8
     row = summarize_mode(r, None)
-    assert row["steps"] == len(r.history) and row["error"] == r.error
+    assert row.steps == len(r.history) and row.error == r.error
 
 
 def test_a_worker_error_from_after_the_last_drain_reaches_the_row(monkeypatch):
@@ -69,8 +69,8 @@ def test_a_worker_error_from_after_the_last_drain_reaches_the_row(monkeypatch):
     monkeypatch.setattr(realrun, "run", run_then_worker_dies)
     r = run_mode("fully-async", BASE, SPEC)
     row = summarize_mode(r, None)
-    assert r.error is None and row["error"] is None
-    assert row["worker_error"] == "RuntimeError: worker died late"
+    assert r.error is None and row.error is None
+    assert row.worker_error == "RuntimeError: worker died late"
 
 
 @pytest.mark.parametrize("argv,needle", [
@@ -142,10 +142,10 @@ def test_an_unmeasured_run_records_nothing_the_harness_computes_for_itself():
 def test_the_loss_table_of_a_real_run_sums_to_its_gap_from_the_ideal():
     sync, one = run_mode("sync", BASE, SPEC, gap=False), run_mode("one-step", BASE, SPEC, gap=False)
     row = summarize_mode(one, sync)
-    losses = row["losses"]
-    assert losses["overlap_efficiency"] == pytest.approx(row["overlap_efficiency"], rel=1e-9)
+    losses = row.losses
+    assert losses["overlap_efficiency"] == pytest.approx(row.overlap_efficiency, rel=1e-9)
     assert sum(losses["parts_s"].values()) == pytest.approx(losses["gap_s"], abs=1e-9)
-    assert sum(losses["parts_points"].values()) == pytest.approx(1 - row["overlap_efficiency"], abs=1e-9)
+    assert sum(losses["parts_points"].values()) == pytest.approx(1 - row.overlap_efficiency, abs=1e-9)
     assert losses["sync"]["W"] > 0 and losses["sync"]["P"] > 0  # the split engine pauses, loads, resumes
 
 
@@ -164,7 +164,7 @@ def test_the_run_command_checks_every_repeat_stores_the_verdicts_and_prints_chan
     assert set(checks) == {"sync", "one-step"} and all(len(v) == 2 and all(c["passed"] for c in v)
                                                        for v in checks.values())
     assert all(len(v) == 2 for v in doc["extra"]["repeats"].values())
-    one = next(r for r in doc["extra"]["table"] if r["mode"] == "one-step")
+    one = doc["extra"]["table"]["one-step"]  # keyed by mode name
     assert one["repeats"] == 2 and one["chance_level"] == 0.25
     assert one["overlap_efficiency_min"] <= one["overlap_efficiency"] <= one["overlap_efficiency_max"]
     assert doc["benchmarks"]["one-step/overlap_efficiency"]["stats"]["n"] == 2

@@ -89,7 +89,7 @@ def test_future_schema_version_asks_for_an_upgrade(tmp_path):
     with pytest.raises(ConfigError) as err:
         load_results(path)
     assert str(err.value) == (
-        f"results file {path} was written by schema_version 7; this harness reads up to 1: "
+        f"results file {path} was written by schema_version 7; this harness reads up to {SCHEMA_VERSION}: "
         "upgrade miles-async-harness."
     )
 
@@ -161,3 +161,66 @@ def test_converted_pytest_benchmark_round_trips_through_a_results_file(tmp_path)
 def test_strict_loader_points_pytest_benchmark_files_to_the_converter():
     with pytest.raises(ConfigError, match="looks like pytest-benchmark output"):
         load_results(FIXTURES / "pytest_benchmark_5.3.1_data.json")
+
+
+# --- a run's mode table: typed rows, keyed by mode name, both layouts ------------------------
+
+
+def _run_doc(table):
+    row = {"mode": "one-step", "steps": 40, "wall_s": 12.5, "speedup": 1.69, "overlap_efficiency": 0.95,
+           "overlap_efficiency_min": 0.92, "overlap_efficiency_max": 0.97, "age_hist": {"0": 3, "1": 37},
+           "lag_hist": {}, "error": None, "worker_error": None, "repeats": 2}
+    sync = {"mode": "sync", "steps": 40, "wall_s": 21.0, "age_hist": {"0": 40}, "lag_hist": {}, "error": None,
+            "worker_error": None, "repeats": 2}
+    rows = [sync, row]
+    return {"kind": "run", "schema_version": 1 if table == "list" else 2,
+            "extra": {"table": rows if table == "list" else {r["mode"]: r for r in rows},
+                      "repeats": {"one-step": [dict(row, repeats=None, checks={"passed": True})]}}}
+
+
+@pytest.mark.parametrize("layout", ["list", "keyed"])
+def test_a_run_table_loads_into_typed_rows_keyed_by_mode_in_either_layout(layout):
+    from harness.results.mode_rows import ModeRow, repeats_of, table_of
+
+    table = table_of(_run_doc(layout))
+    assert list(table) == ["sync", "one-step"]
+    one = table["one-step"]
+    assert isinstance(one, ModeRow) and one.overlap_efficiency == 0.95 and one.overlap_efficiency_min == 0.92
+    assert one.age_hist == {0: 3, 1: 37} and table["sync"].speedup is None
+    assert repeats_of(_run_doc(layout))["one-step"][0].checks == {"passed": True}
+
+
+def test_upgrading_the_old_layout_keys_the_table_by_mode_and_changes_no_value(tmp_path):
+    from harness.results.mode_rows import upgrade_file
+
+    old = _run_doc("list")
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(old))
+    assert upgrade_file(path) is True
+    new = json.loads(path.read_text())
+    assert new["schema_version"] == 2 and new["extra"]["table"] == {r["mode"]: r for r in old["extra"]["table"]}
+    assert new["extra"]["repeats"] == old["extra"]["repeats"]
+    assert upgrade_file(path) is False  # already in the new layout: left as it is
+
+
+def test_a_typed_row_written_and_read_back_is_the_same_row():
+    from harness.results.mode_rows import ModeRow
+
+    row = ModeRow(mode="fully-async", steps=40, wall_s=14.0, speedup=1.5, age_hist={0: 1, 4: 2}, losses={"gap_s": 1})
+    assert ModeRow.from_dict(json.loads(json.dumps(row.to_dict()))) == row
+
+
+def test_a_row_with_an_unknown_key_names_the_key_and_where():
+    from harness.results.mode_rows import table_of
+
+    doc = _run_doc("keyed")
+    doc["extra"]["table"]["one-step"]["speedup_typo"] = 1.0
+    with pytest.raises(ConfigError, match=r"f\.json: extra\.table\.one-step: unknown key 'speedup_typo'"):
+        table_of(doc, "f.json")
+
+
+def test_a_file_of_another_kind_has_no_mode_table():
+    from harness.results.mode_rows import table_of
+
+    with pytest.raises(ConfigError, match="g.json: kind 'gap' has no mode table"):
+        table_of({"kind": "gap", "extra": {"table": [{"factor": "dtype"}]}}, "g.json")

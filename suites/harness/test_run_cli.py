@@ -1,13 +1,16 @@
-"""`miles-harness run`'s flags take their defaults from ``RunSpec``: one set of main-job
-defaults, and ``make run`` (no arguments) runs ``RunSpec()``."""
+"""`miles-harness run`'s flags are generated from ``RunSpec``: one definition of each
+flag (name, help, choices, type, default), and ``make run`` (no arguments) runs ``RunSpec()``."""
 
 from __future__ import annotations
 
 import dataclasses
 
 from harness.cli import build_parser
-from harness.commands.run import RUNSPEC_FLAGS, spec_from_args
-from harness.main_job.job import RunSpec
+import pytest
+
+from harness.commands.run import spec_from_args
+from harness.main_job.job import RunSpec, flag_of
+from miles_async_core.errors import ConfigError
 
 
 def _parse(*argv: str):
@@ -17,14 +20,36 @@ def _parse(*argv: str):
 def test_an_empty_command_line_is_runspec_defaults():
     args = _parse()
     assert spec_from_args(args) == RunSpec()
-    for dest, field in RUNSPEC_FLAGS.items():
-        assert getattr(args, dest) == RunSpec.__dataclass_fields__[field].default, dest
+    for f in dataclasses.fields(RunSpec):
+        assert getattr(args, f.name) == f.default, f.name
 
 
-def test_every_runspec_field_has_a_flag():
-    fields = {f.name for f in dataclasses.fields(RunSpec)}
-    assert fields == set(RUNSPEC_FLAGS.values()) | {"gap_decomposition"}
+def test_every_runspec_field_has_one_flag_with_its_help_and_choices():
+    parser = build_parser("run")
+    run = next(a for a in parser._subparsers._group_actions[0].choices.values() if a.prog.endswith(" run"))
+    by_dest = {}
+    for action in run._actions:
+        by_dest.setdefault(action.dest, []).extend(action.option_strings)
+    for f in dataclasses.fields(RunSpec):
+        assert by_dest.get(f.name) == [flag_of(f)], f.name
+        assert f.metadata["help"], f.name
+    help_text = " ".join(run.format_help().split())
+    assert "--d-model" in help_text and "{split,colocate,ray}" in help_text and "{put_once,per_engine}" in help_text
+
+
+def test_switches_turn_their_default_over():
     assert spec_from_args(_parse("--no-gap")).gap_decomposition is False
+    assert spec_from_args(_parse("--use-tis")).use_tis is True
+
+
+@pytest.mark.parametrize("argv,flag,allowed", [
+    (("--layout", "mesh"), "--layout 'mesh'", "split, colocate, ray"),
+    (("--broadcast", "gossip"), "--broadcast 'gossip'", "put_once, per_engine"),
+    (("--lr-scaling", "cosine"), "--lr-scaling 'cosine'", "none, interval, staleness"),
+])
+def test_a_value_outside_a_fields_choices_names_the_flag_and_what_is_allowed(argv, flag, allowed):
+    with pytest.raises(ConfigError, match=f"{flag}: allowed {allowed}; fix"):
+        spec_from_args(_parse(*argv))
 
 
 def test_the_defaults_are_the_run_that_learns_above_chance():
@@ -44,12 +69,9 @@ def test_flags_reach_the_spec_and_task_length_and_symbols_are_for_the_copy_task_
     assert spec.task_kwargs() == {"length": 2, "n_symbols": 3}
     arithmetic = spec_from_args(_parse("--task", "arithmetic"))
     assert (arithmetic.task_length, arithmetic.task_symbols, arithmetic.task_kwargs()) == (None, None, {})
+    assert spec_from_args(_parse("--ray-address", "10.0.0.1:6379", "--layout", "ray")).ray_address == "10.0.0.1:6379"
 
 
 def test_repeats_below_one_are_refused():
-    import pytest
-
-    from miles_async_core.errors import ConfigError
-
     with pytest.raises(ConfigError, match="--repeats 0"):
         RunSpec(repeats=0)
