@@ -1,4 +1,4 @@
-"""The SGLang-compatible server, through HTTP (``harness.serve``; issue 12).
+"""The SGLang-compatible server, through HTTP (``harness.serve``).
 
 Every test drives a real uvicorn server on 127.0.0.1 with httpx. Pauses land at an exact
 token count through the ``/harness/step`` hook (the engine runs exactly n decode steps,
@@ -21,19 +21,21 @@ import httpx
 import pytest
 import torch
 
-from harness.backends.tasks import TINY_TOKENIZER
 from harness.backends.torch_engine import EngineCore
-from harness.backends.torch_models import TinyLMConfig, build_tiny_lm
+from harness.backends.torch_models import build_tiny_lm
 from harness.serve.order import check_update_order
+from harness.serve.server import tiny_model_config
 from harness.serve.weights import encode_named_tensors, save_weights_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPT = [1, 5, 9, 4, 7]
 OLD_SEED, NEW_SEED = 0, 1  # the server's tiny model is seeded with OLD_SEED
 
+pytestmark = pytest.mark.slow  # real HTTP servers
+
 
 def tiny(seed: int):
-    return build_tiny_lm(TinyLMConfig(vocab_size=TINY_TOKENIZER.vocab_size, seed=seed))
+    return build_tiny_lm(tiny_model_config(seed))
 
 
 def fresh_logprobs(model, prompt: list[int], output: list[int], temperature: float = 1.0) -> list[float]:
@@ -310,7 +312,7 @@ def test_update_weights_from_disk_and_version_endpoints(served_engine, tmp_path)
 
     out, info, version, health = asyncio.run(go())
     assert version == {"weight_version": "1"} and info["weight_version"] == "1"
-    assert info["is_generation"] is True and info["max_seq_len"] == 128
+    assert info["is_generation"] is True and info["max_seq_len"] == 512
     assert health.status_code == 200
     assert logprobs(out) == pytest.approx(fresh_logprobs(tiny(NEW_SEED), PROMPT, out["output_ids"]), abs=1e-4)
     assert check_update_order(served_engine.request_log) == []
@@ -322,11 +324,14 @@ BAD = [
     ("missing input", "POST", "/generate", {"sampling_params": {"max_new_tokens": 2}}, 400, "error"),
     ("input_ids of the wrong type", "POST", "/generate", {"input_ids": "abc"}, 400, "object"),
     ("max_new_tokens of the wrong type", "POST", "/generate",
-     {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": "x"}}, 400, "error"),
+     {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": "x"}}, 400, "schema"),
     ("token outside the vocabulary", "POST", "/generate", {"input_ids": [1, 999]}, 400, "error"),
     ("prompt longer than the context", "POST", "/generate",
-     {"input_ids": [1] * 120, "sampling_params": {"max_new_tokens": 20}}, 400, "error"),
-    ("unmodelled top_p", "POST", "/generate", {"input_ids": [1, 2], "sampling_params": {"top_p": 0.5}}, 400, "error"),
+     {"input_ids": [1] * 500, "sampling_params": {"max_new_tokens": 20}}, 400, "error"),
+    ("top_p out of range", "POST", "/generate", {"input_ids": [1, 2], "sampling_params": {"top_p": 1.5}}, 400, "error"),
+    ("unmodelled json_schema", "POST", "/generate",
+     {"input_ids": [1, 2], "sampling_params": {"json_schema": "{}"}}, 400, "error"),
+    ("unknown sampling key", "POST", "/generate", {"input_ids": [1, 2], "sampling_params": {"top_q": 1}}, 400, "schema"),
     ("routed experts asked", "POST", "/generate", {"input_ids": [1, 2], "return_routed_experts": True}, 400, "error"),
     ("unknown endpoint", "POST", "/no_such_endpoint", {}, 404, "detail"),
     ("wrong method", "GET", "/generate", None, 405, "detail"),
@@ -343,6 +348,7 @@ BAD = [
 
 def _message(body: dict, key: str) -> str:
     return {"error": lambda: body["error"]["message"], "object": lambda: body["message"],
+            "schema": lambda: body["error"] if isinstance(body["error"], str) else "",
             "detail": lambda: body["detail"], "success": lambda: body["message"]}[key]()
 
 
