@@ -136,6 +136,11 @@ class _LockedSink:
             self.trace.emit(kind, **fields)
 
 
+def _set_all(events: list[asyncio.Event]) -> None:
+    for event in events:
+        event.set()
+
+
 def version_int(label: str, previous: int) -> int:
     text = str(label)
     return int(text) if text.isdigit() else previous + 1
@@ -609,12 +614,15 @@ class ServedEngine:
 
     def _report_progress(self) -> None:
         """Leave each streaming request's output so far for its route to read."""
+        woken = []
         for req, where in self.core.live():
             pending = self._pending.get(req.req_id)
             if pending is None or not pending.stream or where != "running":
                 continue
             pending.progress = Progress(list(req.output_tokens), list(req.log_probs), self.core.version)
-            self._loop.call_soon_threadsafe(pending.wake.set)
+            woken.append(pending.wake)
+        if woken:  # one wake-up of the loop per step, however many streams
+            self._loop.call_soon_threadsafe(_set_all, woken)
 
     def _on_thread_error(self, exc: BaseException) -> None:  # surfaced to every waiter and every later call
         self._loop.call_soon_threadsafe(self._fail_all, exc)
