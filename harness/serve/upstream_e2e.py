@@ -106,7 +106,7 @@ class E2EConfig:
                               f"{self.buckets} (>= 1) are out of range.")
 
 
-# The three runs the results file holds (issue 12: >= 5 steps one-step, and fully async with
+# The three runs the results file holds (at least 5 steps each: one-step, and fully async with
 # retract and with in_place). Fully async keeps 2 groups in flight (8 samples) so generation,
 # not training, is the bottleneck: the buffer stays short of full and a request is in flight
 # at most updates; stopping at EOS staggers the groups, so the pause meets some of them
