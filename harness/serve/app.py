@@ -54,6 +54,7 @@ from .generate_routes import router as generate_router
 from .openai_routes import openai_error, router as openai_router
 from .served_engine import ServedEngine
 from .served_errors import ServeError
+from .weights import decode_named_tensors, load_weights_dir
 
 
 class _Body(BaseModel):
@@ -270,15 +271,11 @@ def create_app(engine: ServedEngine) -> FastAPI:
 
     @app.post("/update_weights_from_tensor")
     async def update_weights_from_tensor(req: TensorReq) -> JSONResponse:
-        from .weights import decode_named_tensors
-
         return await _load(lambda: decode_named_tensors(req.serialized_named_tensors, req.load_format),
                            req.weight_version, "from tensor")
 
     @app.post("/update_weights_from_disk")
     async def update_weights_from_disk(req: DiskReq) -> JSONResponse:
-        from .weights import load_weights_dir
-
         response = await _load(lambda: load_weights_dir(req.model_path), req.weight_version, "from disk")
         body = json.loads(response.body)
         body["num_paused_requests"] = 0
