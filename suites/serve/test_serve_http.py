@@ -440,3 +440,95 @@ def test_cli_serve_starts_under_ten_seconds(tmp_path):
     assert proc.returncode == 0, rest
     lines = [json.loads(x) for x in trace.read_text().splitlines()]
     assert [x["kind"] for x in lines if x["kind"] in ("submitted", "finished")] == ["submitted", "finished"]
+
+
+# --- scheduler state, abort by rid, streaming (exact token counts through /harness/step) ------------
+def _load(c_sync) -> dict:
+    return c_sync.get("/v1/loads").json()["loads"][0]
+
+
+@pytest.mark.parametrize("mode, running", [("retract", 0), ("in_place", 1)])
+def test_loads_show_retract_empties_the_batch_and_in_place_keeps_it(served_engine, mode, running):
+    async def go():
+        async with httpx.AsyncClient(base_url=served_engine.url, timeout=60) as c:
+            await c.post("/harness/step", json={"n": 0})
+            task = asyncio.create_task(c.post("/generate", json=gen_body(30, 4, rid="job-a")))
+            await wait_for(lambda: events(served_engine, "submitted"), "the request to reach the engine")
+            await c.post("/harness/step", json={"n": 3})
+            before = (await c.get("/v1/loads")).json()["loads"][0]
+            await c.post("/pause_generation", json={"mode": mode})
+            during = (await c.get("/v1/loads")).json()["loads"][0]
+            await c.post("/continue_generation", json={})
+            await c.post("/harness/step", json={"n": None})
+            await task
+            return before, during
+
+    before, during = asyncio.run(go())
+    assert (before["num_running_reqs"], before["harness"]["running_rids"], before["harness"]["paused"]) == \
+        (1, ["job-a"], False)
+    assert before["num_used_tokens"] == len(PROMPT) + 3 - 1  # the KV holds prompt + output[:-1]
+    assert during["num_running_reqs"] == running and during["harness"]["paused"]
+    assert during["harness"]["pause_mode"] == mode
+    if mode == "retract":
+        assert during["harness"]["waiting_rids"] == ["job-a"] and during["queues"]["retracted"] == 1
+        assert during["num_used_tokens"] == 0
+    assert during["harness"]["free_kv_tokens"] == during["max_total_num_tokens"] - during["num_used_tokens"]
+
+
+def test_abort_by_rid_returns_exactly_the_tokens_so_far_and_the_trace_checks(served_engine):
+    k = 5
+
+    async def go():
+        async with httpx.AsyncClient(base_url=served_engine.url, timeout=60) as c:
+            await c.post("/harness/step", json={"n": 0})
+            tasks = [asyncio.create_task(c.post("/generate", json=gen_body(30, s, rid=rid)))
+                     for s, rid in ((1, "job-1"), (2, "job-10"), (3, "job-1_0"))]
+            await wait_for(lambda: len(events(served_engine, "submitted")) == 3, "the requests to reach the engine")
+            await c.post("/harness/step", json={"n": k})
+            assert (await c.post("/abort_request", json={"rid": "job-1"})).status_code == 200
+            assert (await c.post("/abort_request", json={"rid": "job-1"})).status_code == 200  # gone: a no-op
+            first = (await tasks[0]).json()
+            await c.post("/harness/step", json={"n": None})
+            return first, [(await t).json() for t in tasks[1:]]
+
+    first, others = asyncio.run(go())
+    meta = first["meta_info"]
+    assert meta["finish_reason"]["type"] == "abort" and meta["finish_reason"]["message"] == "Aborted"
+    assert meta["completion_tokens"] == len(first["output_ids"]) == k
+    assert logprobs(first) == pytest.approx(fresh_logprobs(tiny(OLD_SEED), PROMPT, first["output_ids"]), abs=1e-4)
+    assert [o["meta_info"]["finish_reason"]["type"] for o in others] == ["length", "length"]
+    assert [e["what"] for e in events(served_engine, "fault")] == ["abort_request"]
+    assert served_engine.check()["violations"] == []
+
+
+def test_stream_gets_one_chunk_per_step_and_an_abort_pause_ends_it(served_engine):
+    async def go():
+        async with httpx.AsyncClient(base_url=served_engine.url, timeout=60) as c:
+            await c.post("/harness/step", json={"n": 0})
+            chunks: list[dict] = []
+
+            async def read():
+                async with c.stream("POST", "/generate", json=gen_body(30, 8, stream=True)) as r:
+                    async for line in r.aiter_lines():
+                        if line.startswith("data: "):
+                            chunks.append(line[6:])
+
+            reader = asyncio.create_task(read())
+            await wait_for(lambda: events(served_engine, "submitted"), "the request to reach the engine")
+            for n in range(1, 4):  # one step at a time: each step's chunk arrives before the next step
+                await c.post("/harness/step", json={"n": 1})
+                await wait_for(lambda: len(chunks) == n, f"chunk {n}")
+            await c.post("/pause_generation", json={"mode": "abort"})
+            await reader
+            await c.post("/continue_generation", json={})
+            await c.post("/harness/step", json={"n": None})
+            return chunks
+
+    chunks = asyncio.run(go())
+    assert chunks[-1] == "[DONE]"
+    outs = [json.loads(c) for c in chunks[:-1]]
+    assert [len(o["output_ids"]) for o in outs] == [1, 2, 3, 3]
+    assert [o["meta_info"]["finish_reason"] for o in outs[:3]] == [None, None, None]
+    assert outs[-1]["meta_info"]["finish_reason"]["type"] == "abort"
+    assert outs[-1]["output_ids"][:2] == outs[1]["output_ids"]
+    assert served_engine.check(pause_generation_mode="abort")["violations"] == []
