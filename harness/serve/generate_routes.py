@@ -161,6 +161,9 @@ async def interleaved(engine: ServedEngine, params: list[GenerateParams]) -> Asy
         except ServeError as exc:
             await queue.put({"error": {"message": exc.message, "type": "invalid_request_error",
                                        "code": exc.status, "retryable": False}})
+        except Exception as exc:  # e.g. the engine thread died: the stream still ends with [DONE]
+            await queue.put({"error": {"message": f"internal error: {type(exc).__name__}: {exc}",
+                                       "type": "internal_error", "code": 500, "retryable": False}})
         finally:
             await queue.put(None)
 

@@ -165,3 +165,53 @@ def test_output_text_cuts_stop_strings_and_tokens_unless_no_stop_trim():
     assert output_text(TOK.decode, ids, SamplingOptions(no_stop_trim=True), matched="c=") == "abc="
     assert output_text(TOK.decode, ids, opts, matched=ids[-1]) == "abc=1"
     assert stop_prefix_pending("abc=", ("=12",)) and not stop_prefix_pending("abc", ("=12",))
+
+
+# --- /generate's request expansion (the route's logic on a real engine, no HTTP) ---------------------
+@pytest.fixture(scope="module")
+def engine():
+    from harness.serve.server import build_engine
+
+    return build_engine("tiny", eos_token_id=None)
+
+
+def expand(engine, **body):
+    from harness.serve.generate_routes import GenerateReq, expand as expand_request
+
+    return expand_request(engine, GenerateReq(**body))
+
+
+def test_one_prompt_is_one_output_without_index(engine):
+    params, listed = expand(engine, text="hi", rid="a", sampling_params={"max_new_tokens": 3})
+    assert not listed and [(p.rid, p.index, p.input_ids) for p in params] == [("a", None, TOK.encode("hi"))]
+
+
+def test_n_and_batches_are_prompt_major_with_sglangs_rids(engine):
+    params, listed = expand(engine, text=["a", "b"], rid="x", sampling_params={"max_new_tokens": 2})
+    assert listed and [(p.rid, p.index) for p in params] == [("x_0", 0), ("x_1", 1)]
+    params, _ = expand(engine, input_ids=[[5, 6], [7]], rid=["p", "q"], sampling_params={"n": 2, "max_new_tokens": 2})
+    assert [p.index for p in params] == [0, 1, 2, 3]
+    assert [p.input_ids for p in params] == [[5, 6], [5, 6], [7], [7]]
+    assert len({p.rid for p in params}) == 4 and all(len(p.rid) == 32 for p in params)  # fresh uuid4 hex each
+    assert len({p.seed for p in params}) == 4  # no sampling_seed: each sample its own
+
+
+def test_max_new_tokens_is_clamped_only_when_not_given(engine):
+    long_prompt = [5] * (engine.max_seq_len - 10)
+    params, _ = expand(engine, input_ids=long_prompt)
+    assert params[0].options.max_new_tokens == 10
+    with pytest.raises(ServeError, match="max_new_tokens"):
+        expand(engine, input_ids=long_prompt, sampling_params={"max_new_tokens": 11})
+
+
+@pytest.mark.parametrize("body, words", [
+    ({}, "text or input_ids"),
+    ({"input_ids": [[1], [2]], "rid": ["a"]}, "rid"),
+    ({"input_ids": [[1], [2]], "sampling_params": [{"n": 1}, {"n": 2}]}, "n differs"),
+    ({"input_ids": [1, 10_000]}, "outside the vocabulary"),
+    ({"input_ids": [1], "lora_path": "x"}, "lora_path"),
+    ({"input_ids": [[1], [2]], "rid": ["a", "a"]}, "rid repeats"),
+])
+def test_refused_generate_requests_say_why(engine, body, words):
+    with pytest.raises(ServeError, match=words):
+        expand(engine, **body)
