@@ -17,7 +17,7 @@ import time
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="tiny", help="tiny (default), smollm2, or a local HF model directory")
+    parser.add_argument("--model", default="tiny", help="tiny (default: a seeded two-layer model over a character vocabulary with a byte fallback, so any text works), smollm2, or a local HF model directory")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=0, help="port (default 0: a free one, printed at start)")
     parser.add_argument("--seed", type=int, default=0, help="tiny-model weights and default sampling seeds")
@@ -29,13 +29,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
-    from harness.serve.server import ServedEngine, build_host
+    from harness.serve.server import RunningServer, build_engine
 
     kwargs = {"eos_token_id": None} if args.no_eos else {}
-    host = build_host(args.model, seed=args.seed, max_running=args.max_running,
-                      weight_version=args.weight_version, **kwargs)
-    served = ServedEngine(host, bind=args.host, port=args.port).start()
-    print(f"serving {served.url} (model={args.model}, weight_version={host.weight_version}, "
+    engine = build_engine(args.model, seed=args.seed, max_running=args.max_running,
+                          weight_version=args.weight_version, **kwargs)
+    served = RunningServer(engine, bind=args.host, port=args.port).start()
+    print(f"serving {served.url} (model={args.model}, weight_version={engine.weight_version}, "
           f"started in {time.perf_counter() - t0:.2f} s)", flush=True)
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
@@ -48,8 +48,8 @@ def main(args: argparse.Namespace) -> int:
     finally:
         served.stop()
         if args.trace:
-            host.trace.write_jsonl(args.trace)
+            engine.trace.write_jsonl(args.trace)
             with open(f"{args.trace}.requests.json", "w") as f:
-                json.dump(host.request_log, f, indent=1)
-            print(f"trace: {args.trace} ({len(host.trace.events)} events)", flush=True)
+                json.dump(engine.request_log, f, indent=1)
+            print(f"trace: {args.trace} ({len(engine.trace.events)} events)", flush=True)
     return 0

@@ -1,10 +1,10 @@
 """pytest fixtures for the served engine (registered by the harness pytest plugin).
 
-* ``serve_factory``: ``start(model="tiny", **build_host_kwargs) -> ServedEngine`` on a
+* ``serve_factory``: ``start(model="tiny", **build_engine_kwargs) -> RunningServer`` on a
   free 127.0.0.1 port; every server it started is stopped at teardown.
 * ``served_engine``: one tiny-model server (``eos_token_id=None``: requests run to
   their ``max_new_tokens``), for a test that needs just one. Parametrize it indirectly
-  with a dict of ``build_host`` keyword arguments to change that.
+  with a dict of ``build_engine`` keyword arguments to change that.
 
 Importing this module costs nothing: the web stack and torch load when a fixture runs.
 """

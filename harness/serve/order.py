@@ -1,6 +1,6 @@
 """The order of one weight update, checked against the server's request log.
 
-Miles' Megatron updater (``mixin.py:L309-L331``; spec §5.1) does, per update:
+Miles' Megatron updater (``update_weight_from_distributed/mixin.py:L309-L331``) does, per update:
 ``pause_generation(mode)`` -> ``flush_cache`` unless mode is ``in_place`` ->
 ``begin_weight_update`` -> one or more transfers -> ``update_weight_version`` ->
 ``end_weight_update`` -> ``continue_generation``. The disk-delta path does

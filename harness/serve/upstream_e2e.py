@@ -106,7 +106,7 @@ class E2EConfig:
                               f"{self.buckets} (>= 1) are out of range.")
 
 
-# The three runs the results file holds (issue 12: >= 5 steps one-step, and fully async with
+# The three runs the results file holds (at least 5 steps each: one-step, and fully async with
 # retract and with in_place). Fully async keeps 2 groups in flight (8 samples) so generation,
 # not training, is the bottleneck: the buffer stays short of full and a request is in flight
 # at most updates; stopping at EOS staggers the groups, so the pause meets some of them
@@ -172,36 +172,6 @@ async def copy_task_rm(args: Any, sample: Any, **_: Any) -> float:
     positional = sum(1 for a, b in zip(response, target) if a == b) / len(target)
     dense = sum(1 for t in response if t in symbols) / len(response) if response else 0.0
     return 0.5 * positional + 0.5 * dense
-
-
-# --------------------------------------------------------------------------- uvicorn thread for the router
-
-class _AppThread:
-    def __init__(self, app: Any, *, bind: str = "127.0.0.1") -> None:
-        import uvicorn
-
-        self.bind = bind
-        self.server = uvicorn.Server(uvicorn.Config(app, host=bind, port=0, log_level="warning", lifespan="on",
-                                                   access_log=False, timeout_graceful_shutdown=5))
-        self.thread: threading.Thread | None = None
-        self.port: int | None = None
-
-    def start(self, timeout_s: float = 30.0) -> "_AppThread":
-        self.thread = threading.Thread(target=self.server.run, name="miles-router", daemon=True)
-        self.thread.start()
-        deadline = time.monotonic() + timeout_s
-        while not self.server.started:  # bounded wait for uvicorn's readiness flag
-            if not self.thread.is_alive() or time.monotonic() > deadline:
-                raise ConfigError(f"the router did not start within {timeout_s} s")
-            self.thread.join(0.01)
-        self.port = self.server.servers[0].sockets[0].getsockname()[1]
-        return self
-
-    def stop(self) -> None:
-        if self.thread is not None:
-            self.server.should_exit = True
-            self.thread.join(30)
-            self.thread = None
 
 
 # --------------------------------------------------------------------------- observing /generate
@@ -475,12 +445,14 @@ class _Run:
         from harness.backends.torch_trainer import TorchTrainer, TrainerConfig
 
         from .server import serve_in_thread
+        from .uvicorn_thread import UvicornThread
 
         cfg = self.cfg
         t0 = time.monotonic()
         hf_dir, prompts = write_tiny_assets(self.workdir, seed=cfg.seed)
         eos = {} if cfg.stop_at_eos else {"eos_token_id": None}
-        self.served = [serve_in_thread("tiny", seed=cfg.seed, **eos) for _ in range(cfg.servers)]
+        self.served = [serve_in_thread("tiny", seed=cfg.seed, tokenizer=TINY_TOKENIZER, **eos)
+                       for _ in range(cfg.servers)]
         router = None
         self.trained_rows: list[dict[str, Any]] = []
         try:
@@ -489,7 +461,7 @@ class _Run:
                                              miles_router_timeout=None, rollout_health_check_interval=5.0,
                                              miles_router_health_check_failure_threshold=3)
             miles_router = MilesRouter(router_args)
-            router = _AppThread(miles_router.app).start()
+            router = UvicornThread(miles_router.app, name="miles-router").start()
             args = _args(cfg, hf_dir, prompts, router.port)
             for s in self.served:  # what SGLangEngine._init_normal posts with --use-miles-router
                 requests.post(f"http://127.0.0.1:{router.port}/add_worker?url={s.url}", timeout=10).raise_for_status()

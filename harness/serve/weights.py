@@ -33,7 +33,7 @@ from typing import Any, Iterable
 
 import torch
 
-from .engine import ServeError
+from .served_errors import ServeError
 
 _DTYPE_NAMES = {name for name in dir(torch) if isinstance(getattr(torch, name, None), torch.dtype)}
 

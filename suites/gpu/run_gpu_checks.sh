@@ -10,7 +10,11 @@
 # (b) the kernel-level gap table (`miles-harness gap`) in fp32, bf16 and fp16 on $DEVICE,
 #     with per-row GPU telemetry in OUTDIR/gap/telemetry.json;
 # (c) GPU telemetry (harness.measure.telemetry.TelemetrySampler, NVML) over both, tagged with
-#     the stage, in OUTDIR/telemetry.json.
+#     the stage, in OUTDIR/telemetry.json;
+# (d) with DEVICE=cuda and sglang installed: the SGLang conformance suite
+#     (suites/sglang_conformance) against a real SGLang server launched here on
+#     $MILES_SGLANG_TEST_MODEL (default: SmolLM2-135M-Instruct exported from the packaged GGUF),
+#     output in OUTDIR/conformance.txt; skipped, and said so, otherwise.
 # DEVICE=cpu is a dry run with tiny settings (a few seconds to a minute).
 # Exit status: 0 when every stage passed, 1 otherwise (the summary says which).
 set -euo pipefail
@@ -106,6 +110,37 @@ gap_rc=0
 timeout "$GAP_LIMIT_S" "${HARNESS[@]}" gap --model "$GAP_MODEL" --device "$DEVICE" --dtypes fp32,bf16,fp16 --out "$OUT/gap" --telemetry \
   "${GAP_ARGS[@]}" || gap_rc=$?
 
+# (d) the SGLang conformance suite against a real SGLang server.
+conf_rc=skipped
+SGLANG_PID=
+stop_sglang() { if [[ -n "${SGLANG_PID:-}" ]]; then kill "$SGLANG_PID" 2>/dev/null || true; wait "$SGLANG_PID" 2>/dev/null || true; SGLANG_PID=; fi; }
+trap 'stop_sglang; stop_telemetry' EXIT
+if [[ "$DEVICE" == cuda ]] && "$PY" -c "import sglang" 2>/dev/null; then
+  echo conformance > "$OUT/.phase"
+  MODEL_DIR=${MILES_SGLANG_TEST_MODEL:-$OUT/smollm2-135m}
+  [[ -n "${MILES_SGLANG_TEST_MODEL:-}" ]] || "$PY" -c "import sys; from harness.backends.torch_models import load_smollm2, load_smollm2_tokenizer as t; load_smollm2(dtype='bfloat16').hf.save_pretrained(sys.argv[1]); t().save_pretrained(sys.argv[1])" "$MODEL_DIR"
+  PORT=${SGLANG_CONFORMANCE_PORT:-30123}
+  log "(d) sglang.launch_server --model-path $MODEL_DIR --port $PORT, then pytest suites/sglang_conformance --server-url"
+  "$PY" -m sglang.launch_server --model-path "$MODEL_DIR" --host 127.0.0.1 --port "$PORT" --mem-fraction-static 0.3 \
+    --random-seed 0 --log-level warning > "$OUT/sglang_server.log" 2>&1 &
+  SGLANG_PID=$!
+  conf_rc=0
+  "$PY" -c "import sys, time, urllib.request as u
+end = time.time() + 300
+while time.time() < end:
+    try: u.urlopen(sys.argv[1] + '/health', timeout=5); sys.exit(0)
+    except Exception: time.sleep(2)
+sys.exit('the SGLang server did not answer /health within 300 s; see sglang_server.log')" "http://127.0.0.1:$PORT" || conf_rc=$?
+  if [[ $conf_rc == 0 ]]; then
+    timeout 300 "$PY" -m pytest -q -p no:cacheprovider suites/sglang_conformance --server-url "http://127.0.0.1:$PORT" \
+      > "$OUT/conformance.txt" 2>&1 || conf_rc=$?
+    tail -n 5 "$OUT/conformance.txt"
+  fi
+  stop_sglang
+else
+  log "(d) skipped: needs DEVICE=cuda and sglang (pip install -e '.[gpu]')"
+fi
+
 echo done > "$OUT/.phase"
 stop_telemetry
 rm -f "$OUT/.phase"
@@ -140,8 +175,9 @@ else:
     print("  (c) telemetry: MISSING")
 print(f"  outputs in {out}")
 EOF
-if [[ $run_rc -ne 0 || $gap_rc -ne 0 ]]; then
-  log "FAILED: run exit $run_rc, gap exit $gap_rc"
+log "(d) sglang conformance: $conf_rc (0 = every case passed; see $OUT/conformance.txt)"
+if [[ $run_rc -ne 0 || $gap_rc -ne 0 || ( $conf_rc != skipped && $conf_rc != 0 ) ]]; then
+  log "FAILED: run exit $run_rc, gap exit $gap_rc, conformance $conf_rc"
   exit 1
 fi
 log "all checks passed"

@@ -1,4 +1,4 @@
-"""The SGLang-compatible server, through HTTP (``harness.serve``; issue 12).
+"""The SGLang-compatible server, through HTTP (``harness.serve``).
 
 Every test drives a real uvicorn server on 127.0.0.1 with httpx. Pauses land at an exact
 token count through the ``/harness/step`` hook (the engine runs exactly n decode steps,
@@ -21,19 +21,21 @@ import httpx
 import pytest
 import torch
 
-from harness.backends.tasks import TINY_TOKENIZER
 from harness.backends.torch_engine import EngineCore
-from harness.backends.torch_models import TinyLMConfig, build_tiny_lm
+from harness.backends.torch_models import build_tiny_lm
 from harness.serve.order import check_update_order
+from harness.serve.server import tiny_model_config
 from harness.serve.weights import encode_named_tensors, save_weights_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPT = [1, 5, 9, 4, 7]
 OLD_SEED, NEW_SEED = 0, 1  # the server's tiny model is seeded with OLD_SEED
 
+pytestmark = pytest.mark.slow  # real HTTP servers
+
 
 def tiny(seed: int):
-    return build_tiny_lm(TinyLMConfig(vocab_size=TINY_TOKENIZER.vocab_size, seed=seed))
+    return build_tiny_lm(tiny_model_config(seed))
 
 
 def fresh_logprobs(model, prompt: list[int], output: list[int], temperature: float = 1.0) -> list[float]:
@@ -310,7 +312,7 @@ def test_update_weights_from_disk_and_version_endpoints(served_engine, tmp_path)
 
     out, info, version, health = asyncio.run(go())
     assert version == {"weight_version": "1"} and info["weight_version"] == "1"
-    assert info["is_generation"] is True and info["max_seq_len"] == 128
+    assert info["is_generation"] is True and info["max_seq_len"] == 512
     assert health.status_code == 200
     assert logprobs(out) == pytest.approx(fresh_logprobs(tiny(NEW_SEED), PROMPT, out["output_ids"]), abs=1e-4)
     assert check_update_order(served_engine.request_log) == []
@@ -322,11 +324,14 @@ BAD = [
     ("missing input", "POST", "/generate", {"sampling_params": {"max_new_tokens": 2}}, 400, "error"),
     ("input_ids of the wrong type", "POST", "/generate", {"input_ids": "abc"}, 400, "object"),
     ("max_new_tokens of the wrong type", "POST", "/generate",
-     {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": "x"}}, 400, "error"),
+     {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": "x"}}, 400, "schema"),
     ("token outside the vocabulary", "POST", "/generate", {"input_ids": [1, 999]}, 400, "error"),
     ("prompt longer than the context", "POST", "/generate",
-     {"input_ids": [1] * 120, "sampling_params": {"max_new_tokens": 20}}, 400, "error"),
-    ("unmodelled top_p", "POST", "/generate", {"input_ids": [1, 2], "sampling_params": {"top_p": 0.5}}, 400, "error"),
+     {"input_ids": [1] * 500, "sampling_params": {"max_new_tokens": 20}}, 400, "error"),
+    ("top_p out of range", "POST", "/generate", {"input_ids": [1, 2], "sampling_params": {"top_p": 1.5}}, 400, "error"),
+    ("unmodelled json_schema", "POST", "/generate",
+     {"input_ids": [1, 2], "sampling_params": {"json_schema": "{}"}}, 400, "error"),
+    ("unknown sampling key", "POST", "/generate", {"input_ids": [1, 2], "sampling_params": {"top_q": 1}}, 400, "schema"),
     ("routed experts asked", "POST", "/generate", {"input_ids": [1, 2], "return_routed_experts": True}, 400, "error"),
     ("unknown endpoint", "POST", "/no_such_endpoint", {}, 404, "detail"),
     ("wrong method", "GET", "/generate", None, 405, "detail"),
@@ -343,6 +348,7 @@ BAD = [
 
 def _message(body: dict, key: str) -> str:
     return {"error": lambda: body["error"]["message"], "object": lambda: body["message"],
+            "schema": lambda: body["error"] if isinstance(body["error"], str) else "",
             "detail": lambda: body["detail"], "success": lambda: body["message"]}[key]()
 
 
@@ -434,3 +440,95 @@ def test_cli_serve_starts_under_ten_seconds(tmp_path):
     assert proc.returncode == 0, rest
     lines = [json.loads(x) for x in trace.read_text().splitlines()]
     assert [x["kind"] for x in lines if x["kind"] in ("submitted", "finished")] == ["submitted", "finished"]
+
+
+# --- scheduler state, abort by rid, streaming (exact token counts through /harness/step) ------------
+def _load(c_sync) -> dict:
+    return c_sync.get("/v1/loads").json()["loads"][0]
+
+
+@pytest.mark.parametrize("mode, running", [("retract", 0), ("in_place", 1)])
+def test_loads_show_retract_empties_the_batch_and_in_place_keeps_it(served_engine, mode, running):
+    async def go():
+        async with httpx.AsyncClient(base_url=served_engine.url, timeout=60) as c:
+            await c.post("/harness/step", json={"n": 0})
+            task = asyncio.create_task(c.post("/generate", json=gen_body(30, 4, rid="job-a")))
+            await wait_for(lambda: events(served_engine, "submitted"), "the request to reach the engine")
+            await c.post("/harness/step", json={"n": 3})
+            before = (await c.get("/v1/loads")).json()["loads"][0]
+            await c.post("/pause_generation", json={"mode": mode})
+            during = (await c.get("/v1/loads")).json()["loads"][0]
+            await c.post("/continue_generation", json={})
+            await c.post("/harness/step", json={"n": None})
+            await task
+            return before, during
+
+    before, during = asyncio.run(go())
+    assert (before["num_running_reqs"], before["harness"]["running_rids"], before["harness"]["paused"]) == \
+        (1, ["job-a"], False)
+    assert before["num_used_tokens"] == len(PROMPT) + 3 - 1  # the KV holds prompt + output[:-1]
+    assert during["num_running_reqs"] == running and during["harness"]["paused"]
+    assert during["harness"]["pause_mode"] == mode
+    if mode == "retract":
+        assert during["harness"]["waiting_rids"] == ["job-a"] and during["queues"]["retracted"] == 1
+        assert during["num_used_tokens"] == 0
+    assert during["harness"]["free_kv_tokens"] == during["max_total_num_tokens"] - during["num_used_tokens"]
+
+
+def test_abort_by_rid_returns_exactly_the_tokens_so_far_and_the_trace_checks(served_engine):
+    k = 5
+
+    async def go():
+        async with httpx.AsyncClient(base_url=served_engine.url, timeout=60) as c:
+            await c.post("/harness/step", json={"n": 0})
+            tasks = [asyncio.create_task(c.post("/generate", json=gen_body(30, s, rid=rid)))
+                     for s, rid in ((1, "job-1"), (2, "job-10"), (3, "job-1_0"))]
+            await wait_for(lambda: len(events(served_engine, "submitted")) == 3, "the requests to reach the engine")
+            await c.post("/harness/step", json={"n": k})
+            assert (await c.post("/abort_request", json={"rid": "job-1"})).status_code == 200
+            assert (await c.post("/abort_request", json={"rid": "job-1"})).status_code == 200  # gone: a no-op
+            first = (await tasks[0]).json()
+            await c.post("/harness/step", json={"n": None})
+            return first, [(await t).json() for t in tasks[1:]]
+
+    first, others = asyncio.run(go())
+    meta = first["meta_info"]
+    assert meta["finish_reason"]["type"] == "abort" and meta["finish_reason"]["message"] == "Aborted"
+    assert meta["completion_tokens"] == len(first["output_ids"]) == k
+    assert logprobs(first) == pytest.approx(fresh_logprobs(tiny(OLD_SEED), PROMPT, first["output_ids"]), abs=1e-4)
+    assert [o["meta_info"]["finish_reason"]["type"] for o in others] == ["length", "length"]
+    assert [e["what"] for e in events(served_engine, "fault")] == ["abort_request"]
+    assert served_engine.check()["violations"] == []
+
+
+def test_stream_gets_one_chunk_per_step_and_an_abort_pause_ends_it(served_engine):
+    async def go():
+        async with httpx.AsyncClient(base_url=served_engine.url, timeout=60) as c:
+            await c.post("/harness/step", json={"n": 0})
+            chunks: list[dict] = []
+
+            async def read():
+                async with c.stream("POST", "/generate", json=gen_body(30, 8, stream=True)) as r:
+                    async for line in r.aiter_lines():
+                        if line.startswith("data: "):
+                            chunks.append(line[6:])
+
+            reader = asyncio.create_task(read())
+            await wait_for(lambda: events(served_engine, "submitted"), "the request to reach the engine")
+            for n in range(1, 4):  # one step at a time: each step's chunk arrives before the next step
+                await c.post("/harness/step", json={"n": 1})
+                await wait_for(lambda: len(chunks) == n, f"chunk {n}")
+            await c.post("/pause_generation", json={"mode": "abort"})
+            await reader
+            await c.post("/continue_generation", json={})
+            await c.post("/harness/step", json={"n": None})
+            return chunks
+
+    chunks = asyncio.run(go())
+    assert chunks[-1] == "[DONE]"
+    outs = [json.loads(c) for c in chunks[:-1]]
+    assert [len(o["output_ids"]) for o in outs] == [1, 2, 3, 3]
+    assert [o["meta_info"]["finish_reason"] for o in outs[:3]] == [None, None, None]
+    assert outs[-1]["meta_info"]["finish_reason"]["type"] == "abort"
+    assert outs[-1]["output_ids"][:2] == outs[1]["output_ids"]
+    assert served_engine.check(pause_generation_mode="abort")["violations"] == []

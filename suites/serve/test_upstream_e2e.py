@@ -1,4 +1,4 @@
-"""Upstream Miles end to end through the served CPU engine (issue 12, parts 3-4).
+"""Upstream Miles end to end through the served CPU engine.
 
 ``harness.serve.upstream_e2e`` runs upstream's own ``train_async.py`` loop, rollout
 functions (one-step ``InferenceRolloutFn``, ``FullyAsyncRolloutFn``), data source,
@@ -42,7 +42,7 @@ def runs(miles_src):
         torch.set_num_threads(before)
 
 
-def test_standard_runs_cover_the_issue():
+def test_standard_runs_cover_both_rollout_kinds_both_pause_modes_and_both_transfers():
     assert {(c.fully_async, c.pause_mode) for c in STANDARD_RUNS} == {(False, "retract"), (True, "retract"),
                                                                      (True, "in_place")}
     assert {c.transfer for c in STANDARD_RUNS} == {"disk", "tensor"}
@@ -90,6 +90,7 @@ def test_age_summary_counts_a_request_spanning_an_update_as_recorded_younger():
     assert (out["groups_trained"], out["groups_truly_staler_than_limit"]) == (2, 1)
 
 
+@pytest.mark.slow  # upstream training through two HTTP servers
 @pytest.mark.parametrize("name", list(RUNS))
 def test_upstream_trains_five_steps_through_the_servers(runs, name):
     res = runs[name]
@@ -104,6 +105,7 @@ def test_upstream_trains_five_steps_through_the_servers(runs, name):
         assert server["requests"].get("/generate", 0) > 0, "the router sent this server nothing"
 
 
+@pytest.mark.slow  # upstream training through two HTTP servers
 @pytest.mark.parametrize("name", list(RUNS))
 def test_trace_invariants_hold_on_every_server(runs, name):
     for server in runs[name].servers:
@@ -112,6 +114,7 @@ def test_trace_invariants_hold_on_every_server(runs, name):
         assert ENGINE_CHECKS <= set(report["checkers"]), sorted(report["checkers"])
 
 
+@pytest.mark.slow  # upstream training through two HTTP servers
 @pytest.mark.parametrize("name", list(RUNS))
 def test_weight_update_order_in_the_request_log(runs, name):
     cfg = RUNS[name]
@@ -132,6 +135,7 @@ def test_weight_update_order_in_the_request_log(runs, name):
             assert calls.get("/abort_request") == cfg.steps
 
 
+@pytest.mark.slow  # upstream training through two HTTP servers
 @pytest.mark.parametrize("name", list(RUNS))
 def test_recorded_weight_versions_next_to_per_token_truth(runs, name):
     res = runs[name]
@@ -150,6 +154,7 @@ def test_recorded_weight_versions_next_to_per_token_truth(runs, name):
         assert ages["tokens_older_than_recorded"] >= 1 and ages["max_understatement"] >= 1
 
 
+@pytest.mark.slow  # upstream training through two HTTP servers
 @pytest.mark.parametrize("name", list(RUNS))
 def test_retract_reprefills_and_in_place_keeps_old_kv(runs, name):
     res = runs[name]

@@ -1,7 +1,7 @@
-"""``EngineHost``: what the HTTP routes drive, with SGLang's semantics, on an ``EngineCore``.
+"""``ServedEngine``: what the HTTP routes drive, with SGLang's semantics, on a ``ServedCore``.
 
 One background thread (``engine_thread.EngineThread``, as ``TorchEngine``'s) owns the
-``EngineCore`` and applies commands (add, cancel, pause, load weights, set version,
+``ServedCore`` and applies commands (add, cancel, pause, load weights, set version,
 resume, abort) only between decode steps; the routes run on the web server's event loop
 and await those commands. Every engine fact goes into ``self.trace`` (a strict
 ``TraceRecorder``) *from the engine thread*, in the order the engine did it, so
@@ -19,10 +19,11 @@ and await those commands. Every engine fact goes into ``self.trace`` (a strict
   an ``engine_pause(mode="abort")``, the aborted requests, ``engine_resume`` (none if
   the server was paused: it stays paused), nothing when no request is in flight;
 * ``fault`` (``what="abort_request"``) for a request ended by ``/abort_request`` with its
-  ``rid``, ``what="shutdown"`` for those the server's shutdown ends.
+  ``rid`` or by its client going away, ``what="shutdown"`` for those the server's
+  shutdown ends.
 
-SGLang semantics kept (spec §5.2; ``harness/backends/sglang_engine.py`` cites the
-sglang 0.5.23 source):
+SGLang semantics kept (``harness/backends/sglang_engine.py`` cites the sglang 0.5.23
+source for each):
 
 * a ``/generate`` that arrives while paused (or while a weight load waits for in-flight
   requests) waits at admission until ``/continue_generation``, like the tokenizer
@@ -36,8 +37,9 @@ sglang 0.5.23 source):
   and fails after ``in_place`` with frozen requests; the engine has no prefix cache, so a
   successful flush changes nothing else (``cached_tokens`` is always 0);
 * weight versions are SGLang's strings (initially ``"default"``); ``meta_info
-  ["weight_version"]`` is the version when the output is emitted and
-  ``meta_info["weight_versions"]`` the per-token spans ``{"version", "start", "end"}``.
+  ["weight_versions"]`` are the per-token spans ``{"version", "start", "end"}`` and
+  ``meta_info["weight_version"]`` the last span's (the version now, for a request with
+  no token yet).
   Inside the engine and the trace a version is an int: a numeric string is its value,
   anything else the previous int + 1 (``"default"`` at start: ``initial_version``);
 * a weight load while *not* paused waits for in-flight requests to finish with new ones
@@ -48,10 +50,14 @@ Stricter than SGLang, on purpose (a checking server): a second ``pause_generatio
 before ``continue_generation``, a ``begin_weight_update`` inside an open one and an
 ``end_weight_update`` without one are refused with HTTP 400.
 
-Known gap: ``/abort_request`` with one ``rid`` removes that request but cannot return its
-partial output (``EngineCore`` has no per-request abort that reports one), so it
-returns ``finish_reason`` abort with no tokens; ``abort_all`` (what Miles posts) returns
-every partial output.
+``/abort_request`` by ``rid`` (the exact rid; SGLang's scheduler would also end live
+requests whose rid merely starts with it) ends a running or waiting request (a request
+retracted by a pause waits, so it answers at once, paused or not) with the tokens it
+generated so far; a rid that is not live is a no-op. A request still held at admission
+by a pause has not reached the engine and is not aborted (as in SGLang, whose tokenizer
+holds it). Streaming (``stream``): the route reads ``Progress`` snapshots the engine
+thread leaves after every decode step; a newer snapshot replaces an unread one, so
+chunks are never more than tokens (SGLang collapses queued chunks the same way).
 """
 
 from __future__ import annotations
@@ -60,42 +66,47 @@ import asyncio
 import itertools
 import threading
 import time
-from dataclasses import dataclass
-from typing import Any, Callable
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Callable
 
 import torch
 
 from miles_async_core import events as ev
 from miles_async_core.contracts import check_pause_mode
 from miles_async_core.errors import ConfigError, EngineDeadError
-from miles_async_core.types import Sample, Status
+from miles_async_core.types import Sample, Status, VersionRuns
 
 from harness.backends.engine_io import check_request, emit_finished, merge_result
 from harness.backends.engine_thread import EngineThread, abort_all, set_exception, set_result
-from harness.backends.torch_engine import EngineCore, FinishedRequest
+from harness.backends.torch_engine import FinishedRequest
 from harness.trace import TraceRecorder
 
+from .responses import finish_reason, generate_output, output_text, stop_prefix_pending
+from .sampling import SamplingOptions
+from .served_core import ServedCore
+from .served_errors import ServeError
+
 PAUSE_MODES = ("abort", "retract", "in_place")
-_FINISH_TYPE = {Status.COMPLETED: "stop", Status.TRUNCATED: "length", Status.ABORTED: "abort"}
-
-
-class ServeError(Exception):
-    """A request the server refuses; ``status`` is the HTTP status."""
-
-    def __init__(self, message: str, status: int = 400) -> None:
-        super().__init__(message)
-        self.message = message
-        self.status = status
+WAITING_ABORT = "Abort in waiting queue"  # SGLang's message for a request aborted before it runs
 
 
 @dataclass(frozen=True, kw_only=True)
 class GenerateParams:
     input_ids: list[int]
-    max_new_tokens: int
-    temperature: float
+    options: SamplingOptions
     seed: int
     rid: str
     return_logprob: bool = False
+    index: int | None = None  # the output's place in a batch or ``n > 1`` stream (SGLang's ``index``)
+
+
+@dataclass
+class Progress:
+    """A streaming request's output so far, left by the engine thread after a step."""
+
+    tokens: list[int]
+    log_probs: list[float]
+    version: int
 
 
 @dataclass(eq=False)
@@ -106,6 +117,9 @@ class _Pending:
     t0: float
     num_retractions: int = 0
     in_core: bool = False
+    stream: bool = False
+    progress: Progress | None = None
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 class _LockedSink:
@@ -122,13 +136,18 @@ class _LockedSink:
             self.trace.emit(kind, **fields)
 
 
+def _set_all(events: list[asyncio.Event]) -> None:
+    for event in events:
+        event.set()
+
+
 def version_int(label: str, previous: int) -> int:
     text = str(label)
     return int(text) if text.isdigit() else previous + 1
 
 
-class EngineHost:
-    def __init__(self, core: EngineCore, *, tokenizer: Any = None, model_path: str = "tiny",
+class ServedEngine:
+    def __init__(self, core: ServedCore, *, tokenizer: Any = None, model_path: str = "tiny",
                  weight_version: str = "default", seed: int = 0, clock: Callable[[], float] = time.monotonic) -> None:
         self.core = core
         self.tokenizer = tokenizer
@@ -145,6 +164,8 @@ class EngineHost:
         self._ids = itertools.count()
         self._seed_counter = itertools.count()
         self._pending: dict[int, _Pending] = {}
+        self._rids: dict[str, int] = {}
+        self._held = 0  # requests waiting at admission (paused, or a weight load pending)
         self._writers = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._gate: asyncio.Condition | None = None
@@ -167,6 +188,11 @@ class EngineHost:
         self._thread.stop()
 
     @property
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        """The serving event loop (``None`` before ``start``)."""
+        return self._loop
+
+    @property
     def alive(self) -> bool:
         return self._thread.alive
 
@@ -186,18 +212,93 @@ class EngineHost:
         """The sampling seed of a request that names none: stable for a given arrival order."""
         return (self.seed * 1_000_003 + next(self._seed_counter) * 7_919) % (2**63)
 
+    def decode(self, tokens: list[int], *, skip_special_tokens: bool = True) -> str:
+        if self.tokenizer is None:
+            return ""
+        try:
+            return self.tokenizer.decode(tokens, skip_special_tokens=skip_special_tokens)
+        except TypeError:  # a tokenizer whose decode takes no such option
+            return self.tokenizer.decode(tokens)
+
+    def check_rid(self, rid: str) -> None:
+        if rid in self._rids:
+            raise ServeError(f"Duplicate request ID: rid={rid!r} is still running. Fix: give each live request "
+                             "its own rid.")
+
     # --- generate ---------------------------------------------------------------------------
     async def generate(self, params: GenerateParams) -> dict[str, Any]:
+        """One request to the end; its ``/generate`` output."""
+        if params.options.max_new_tokens == 0:
+            return self._empty_output(params)
+        pending = await self._submit(params, stream=False)
         try:
-            check_request(params.input_ids, params.max_new_tokens, params.temperature, max_seq_len=self.max_seq_len)
-        except ConfigError as exc:
-            raise ServeError(str(exc)) from None
+            return await asyncio.shield(pending.future)
+        except asyncio.CancelledError:  # the client went away: SGLang aborts the request
+            self._thread.post(lambda: self._abort_index(pending.sample.index, reason="client disconnected"))
+            raise
+
+    async def stream(self, params: GenerateParams) -> AsyncIterator[dict[str, Any]]:
+        """One request's outputs as it runs: cumulative (text and ids so far), each with
+        ``finish_reason`` null, then the final output."""
+        if params.options.max_new_tokens == 0:
+            yield self._empty_output(params)
+            return
+        pending = await self._submit(params, stream=True)
+        sent, interval, stops = 0, params.options.stream_interval, params.options.stop
+        try:
+            while not pending.future.done():
+                waiter = asyncio.ensure_future(pending.wake.wait())
+                await asyncio.wait([waiter, pending.future], return_when=asyncio.FIRST_COMPLETED)
+                waiter.cancel()
+                pending.wake.clear()
+                progress = pending.progress
+                if pending.future.done() or progress is None or len(progress.tokens) - sent < interval:
+                    continue
+                text = self.decode(progress.tokens, skip_special_tokens=params.options.skip_special_tokens)
+                text = text.rstrip("\ufffd")  # an incomplete UTF-8 character waits for its next bytes
+                if stops and stop_prefix_pending(text, stops):
+                    continue
+                sent = len(progress.tokens)
+                yield generate_output(rid=params.rid, prompt_tokens=len(params.input_ids), tokens=progress.tokens,
+                                      log_probs=progress.log_probs, runs=None, finish=None,
+                                      weight_version=self._label(progress.version),
+                                      num_retractions=pending.num_retractions, text=text,
+                                      return_logprob=params.return_logprob, label=self._label, index=params.index)
+            yield pending.future.result()
+        except (asyncio.CancelledError, GeneratorExit):
+            if not pending.future.done():  # the client went away mid-stream
+                self._thread.post(lambda: self._abort_index(pending.sample.index, reason="client disconnected"))
+            raise
+
+    def _empty_output(self, params: GenerateParams) -> dict[str, Any]:
+        """``max_new_tokens=0`` (SGLang's warm-up request): nothing to generate."""
+        return generate_output(rid=params.rid, prompt_tokens=len(params.input_ids), tokens=[], log_probs=[],
+                               runs=[], finish=finish_reason(Status.TRUNCATED, length=0),
+                               weight_version=self.weight_version, num_retractions=0, text="",
+                               return_logprob=params.return_logprob, label=self._label, e2e_latency=0.0,
+                               index=params.index)
+
+    def validate(self, params: GenerateParams) -> None:
+        """Refuse (``ServeError``) a request that cannot run: a prompt that leaves no room
+        for ``max_new_tokens`` in the context, a temperature below 0, a live rid."""
+        if params.options.max_new_tokens > 0:
+            try:
+                check_request(params.input_ids, params.options.max_new_tokens, params.options.temperature,
+                              max_seq_len=self.max_seq_len)
+            except ConfigError as exc:
+                raise ServeError(str(exc)) from None
+        self.check_rid(params.rid)
+
+    async def _submit(self, params: GenerateParams, *, stream: bool) -> _Pending:
+        self.validate(params)
         await self._wait_admission()
         self._raise_if_dead()
+        self.check_rid(params.rid)
         index = next(self._ids)
         sample = Sample(prompt_tokens=list(params.input_ids), index=index, group_index=index)
-        pending = _Pending(self._loop.create_future(), sample, params, self._clock())
+        pending = _Pending(self._loop.create_future(), sample, params, self._clock(), stream=stream)
         self._pending[index] = pending
+        self._rids[params.rid] = index
         self._idle.clear()
 
         def add() -> None:
@@ -206,33 +307,33 @@ class EngineHost:
             # the server does not know the framework's groups: each request is a one-sample group
             self.sink.emit(ev.TAKEN, group_index=index, indices=[index], recycled=False)
             self.sink.emit(ev.SUBMITTED, index=index, group_index=index, version=self.core.version, rid=params.rid)
+            opts = params.options
             try:
-                self.core.add_request(index, params.input_ids, params.max_new_tokens, params.temperature,
-                                      params.seed)
+                self.core.add_request(index, params.input_ids, opts.max_new_tokens, opts.temperature, params.seed,
+                                      options=opts)
             except Exception as exc:  # checked above; never let a request kill the engine thread
-                self._pending.pop(index, None)
+                self._drop(index)
                 self._loop.call_soon_threadsafe(set_exception, pending.future, ServeError(str(exc)))
-                self._finish([])
                 return
             pending.in_core = True
 
         self._thread.post(add)
-        try:
-            return await asyncio.shield(pending.future)
-        except asyncio.CancelledError:  # the client went away: SGLang aborts the request
-            self._thread.post(lambda: self._cancel(index, reason="client disconnected"))
-            raise
+        return pending
 
     async def _wait_admission(self) -> None:
-        async with self._gate:
-            await self._gate.wait_for(lambda: self.pause_mode is None and self._writers == 0)
+        self._held += 1
+        try:
+            async with self._gate:
+                await self._gate.wait_for(lambda: self.pause_mode is None and self._writers == 0)
+        finally:
+            self._held -= 1
 
     async def _notify_gate(self) -> None:
         async with self._gate:
             self._gate.notify_all()
 
     def find_rid(self, rid: str) -> int | None:
-        return next((i for i, p in list(self._pending.items()) if p.params.rid == rid), None)
+        return self._rids.get(rid)
 
     # --- control ------------------------------------------------------------------------------
     async def pause(self, mode: str) -> None:
@@ -315,15 +416,35 @@ class EngineHost:
 
     async def abort(self, *, rid: str | None = None, abort_all: bool = False) -> int:
         """``/abort_request``: returns how many requests it ended. ``abort_all`` is
-        ``engine_thread.abort_all``, as every harness engine's ``abort_requests``."""
+        ``engine_thread.abort_all``, as every harness engine's ``abort_requests``; a
+        ``rid`` must match a live request exactly, else nothing happens."""
         if abort_all:
             return await self.call(self._abort_all)
-        if rid is None:
-            return 0
-        index = self.find_rid(rid)
+        index = self._rids.get(rid) if rid else None
         if index is None:
             return 0
-        return await self.call(lambda: self._cancel(index, reason="abort_request(rid)"))
+        return await self.call(lambda: self._abort_index(index, reason="abort_request(rid)"))
+
+    async def scheduler_state(self) -> dict[str, Any]:
+        """What the engine holds now (read between steps): running and waiting rids, the
+        retracted ones among the waiting, KV tokens used and total, whether paused."""
+        def read() -> dict[str, Any]:
+            running, waiting, retracted = [], [], 0
+            for req, where in self.core.live():
+                pending = self._pending.get(req.req_id)
+                rid = pending.params.rid if pending is not None else str(req.req_id)
+                (running if where == "running" else waiting).append(rid)
+                retracted += where == "waiting" and bool(req.output_tokens)
+            used, total = self.core.kv_tokens()
+            counters = self.core.counters
+            return {"running_rids": running, "waiting_rids": waiting, "retracted": retracted, "kv_used": used,
+                    "kv_total": total, "paused": self.core.paused,
+                    "gen_throughput": counters.tokens_generated / counters.busy_s if counters.busy_s else 0.0}
+
+        state = await self.call(read)
+        state.update(pause_mode=self.pause_mode, held_at_admission=self._held,
+                     max_running_requests=self.core.max_running)
+        return state
 
     async def step(self, n: int | None) -> None:
         """Test hook: ``n`` = run at most n more decode steps and return when they ran (or
@@ -345,7 +466,8 @@ class EngineHost:
         self._raise_if_dead()
         if self.pause_mode is not None or self._pending or self._writers:
             return True  # busy or paused: SGLang answers from its last receive time
-        out = await self.generate(GenerateParams(input_ids=[0], max_new_tokens=1, temperature=0.0, seed=0,
+        opts = SamplingOptions(max_new_tokens=1, temperature=0.0)
+        out = await self.generate(GenerateParams(input_ids=[0], options=opts, seed=0,
                                                  rid=f"HEALTH_CHECK_{next(self._ids)}"))
         return out["meta_info"]["finish_reason"]["type"] in ("length", "stop")
 
@@ -403,8 +525,7 @@ class EngineHost:
                 self.sink.emit(ev.ENGINE_RESUME)
 
     def _abort_all(self) -> int:
-        return abort_all(self.core, self.sink.emit,
-                         lambda aborted: self._finish(aborted, message="Aborted by abort_request(abort_all=True)"))
+        return abort_all(self.core, self.sink.emit, lambda aborted: self._finish(aborted))
 
     def _abort_at_shutdown(self) -> int:
         """Every request ends now, as ABORTED with its partial output; the trace names them
@@ -419,68 +540,59 @@ class EngineHost:
         self._finish(aborted, message="Aborted: the server is shutting down")
         return len(aborted)
 
-    def _cancel(self, index: int, *, reason: str) -> int:
+    def _abort_index(self, index: int, *, reason: str) -> int:
+        """End one request with what it generated so far (SGLang's abort by rid)."""
         pending = self._pending.get(index)
-        if pending is None or not self.core.cancel(index):
+        if pending is None:
             return 0
-        self.sink.emit(ev.FAULT, what="abort_request", index=index, reason=reason)
-        empty = FinishedRequest(req_id=index, output_tokens=[], log_probs=[],
-                                token_versions=type(pending.sample.token_versions)(),
-                                weight_version=self.core.version, status=Status.ABORTED)
-        self._finish([empty], message=f"Aborted ({reason}); the partial output is not returned by this server")
+        found = self.core.abort_one(index)
+        if found is None:
+            if pending.in_core:  # it finished in the step that just ran: its answer is on its way
+                return 0
+            done, where = FinishedRequest(req_id=index, output_tokens=[], log_probs=[], token_versions=VersionRuns(),
+                                          weight_version=self.core.version, status=Status.ABORTED), "waiting"
+        else:
+            done, where = found
+            self.sink.emit(ev.FAULT, what="abort_request", index=index, reason=reason)
+        self._finish([done], message=WAITING_ABORT if where == "waiting" else "Aborted")
         return 1
+
+    def _drop(self, index: int) -> _Pending | None:
+        pending = self._pending.pop(index, None)
+        if pending is not None and self._rids.get(pending.params.rid) == index:
+            del self._rids[pending.params.rid]
+        if not self._pending:
+            self._loop.call_soon_threadsafe(self._idle.set)
+        return pending
 
     def _finish(self, finished: list[FinishedRequest], *, message: str = "Aborted") -> None:
         for done in finished:
-            pending = self._pending.pop(done.req_id, None)
+            pending = self._drop(done.req_id)
             if pending is None:
                 continue
-            sample = merge_result(pending.sample, tokens=done.output_tokens, log_probs=done.log_probs,
-                                  token_runs=done.token_versions.runs, weight_version=done.weight_version,
-                                  status=done.status)
-            emit_finished(self.sink, sample)
+            if pending.in_core:
+                merge_result(pending.sample, tokens=done.output_tokens, log_probs=done.log_probs,
+                             token_runs=done.token_versions.runs, weight_version=done.weight_version,
+                             status=done.status)
+                emit_finished(self.sink, pending.sample)
             out = self._response(pending, done, message)
             self._loop.call_soon_threadsafe(set_result, pending.future, out)
-        if not self._pending:
-            self._loop.call_soon_threadsafe(self._idle.set)
 
     def _label(self, version: int) -> str:
         return self._labels.get(version, str(version))
 
     def _response(self, pending: _Pending, done: FinishedRequest, message: str) -> dict[str, Any]:
-        tokens = list(done.output_tokens)
-        runs = [list(r) for r in done.token_versions.runs]
-        spans, start = [], 0
-        for version, _kv, count in runs:
-            label = self._label(version)
-            if spans and spans[-1]["version"] == label:
-                spans[-1]["end"] += count
-            else:
-                spans.append({"version": label, "start": start, "end": start + count})
-            start += count
-        if done.status is Status.COMPLETED:
-            finish = {"type": "stop", "matched": tokens[-1] if tokens else None}
-        elif done.status is Status.TRUNCATED:
-            finish = {"type": "length", "length": len(tokens)}
-        else:
-            finish = {"type": "abort", "message": message, "status_code": None, "err_type": None}
-        meta: dict[str, Any] = {
-            "id": pending.params.rid,
-            "finish_reason": finish,
-            "prompt_tokens": len(pending.params.input_ids),
-            "completion_tokens": len(tokens),
-            "cached_tokens": 0,
-            "weight_version": self._label(done.weight_version),
-            "weight_versions": spans,
-            "num_retractions": pending.num_retractions,
-            "e2e_latency": self._clock() - pending.t0,
-            # harness extension (SGLang has no field for it): [version, kv_version, count] runs
-            "token_versions": runs,
-        }
-        if pending.params.return_logprob:
-            meta["output_token_logprobs"] = [[float(lp), int(t), None] for lp, t in zip(done.log_probs, tokens)]
-        text = self.tokenizer.decode(tokens) if self.tokenizer is not None else ""
-        return {"text": text, "output_ids": tokens, "meta_info": meta}
+        params, tokens = pending.params, list(done.output_tokens)
+        matched = self.core.matched.pop(done.req_id, None)
+        finish = finish_reason(done.status, matched=matched, length=params.options.max_new_tokens, message=message)
+        return generate_output(rid=params.rid, prompt_tokens=len(params.input_ids), tokens=tokens,
+                               log_probs=list(done.log_probs), runs=[list(r) for r in done.token_versions.runs],
+                               finish=finish, weight_version=self._label(done.weight_version),
+                               num_retractions=pending.num_retractions,
+                               text=output_text(self.decode, tokens, params.options, matched),
+                               return_logprob=params.return_logprob, label=self._label,
+                               e2e_latency=self._clock() - pending.t0, index=params.index,
+                               top_logprobs=self.core.top_logprobs.pop(done.req_id, None))
 
     def _can_step(self) -> bool:
         core = self.core
@@ -496,8 +608,21 @@ class EngineHost:
         finished = self.core.step()
         if self._budget is not None:
             self._budget -= 1
+        self._report_progress()
         self._finish(finished)
         self._check_budget()
+
+    def _report_progress(self) -> None:
+        """Leave each streaming request's output so far for its route to read."""
+        woken = []
+        for req, where in self.core.live():
+            pending = self._pending.get(req.req_id)
+            if pending is None or not pending.stream or where != "running":
+                continue
+            pending.progress = Progress(list(req.output_tokens), list(req.log_probs), self.core.version)
+            woken.append(pending.wake)
+        if woken:  # one wake-up of the loop per step, however many streams
+            self._loop.call_soon_threadsafe(_set_all, woken)
 
     def _on_thread_error(self, exc: BaseException) -> None:  # surfaced to every waiter and every later call
         self._loop.call_soon_threadsafe(self._fail_all, exc)
@@ -506,4 +631,4 @@ class EngineHost:
         for p in self._pending.values():
             set_exception(p.future, EngineDeadError(f"the engine thread died: {exc!r}"))
         self._pending.clear()
-
+        self._rids.clear()

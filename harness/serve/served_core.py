@@ -1,0 +1,118 @@
+"""``ServedCore``: the harness's ``EngineCore`` with SGLang's per-request sampling
+options, stop conditions and single-request abort.
+
+What it adds to ``harness.backends.torch_engine.EngineCore`` (continuous batching, the
+pause modes and per-token weight versions are the base class's, unchanged):
+
+* each request carries ``SamplingOptions`` (``sampling.py``); a decode step samples
+  every running request with its own options (``sampling.choose_tokens``);
+* stop conditions, checked after every token in SGLang's order (``schedule_batch.py``
+  ``Req.check_finished``): a stop string in the decoded output, a stop token (the EOS
+  and ``stop_token_ids``, none when ``ignore_eos``), then the length. A request that
+  stops records what matched in ``matched[req_id]`` (a token id or the string); the
+  matched token stays in the output, as in SGLang;
+* ``abort_one(req_id)``: ends one request now, running or waiting (a retracted request
+  waits), with the tokens it generated so far; SGLang's abort by ``rid``;
+* ``live()`` and ``kv_tokens()`` for the scheduler state the server reports;
+* per-token top log-probs (``top_logprobs_num``), kept on the request until
+  ``top_logprobs.pop(req_id)`` after it finished.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator
+
+import torch
+
+from miles_async_core import events as ev
+from miles_async_core.types import Status
+
+from harness.backends.torch_engine import EngineCore, FinishedRequest, Request
+
+from .sampling import SamplingOptions, choose_tokens
+
+
+class ServedCore(EngineCore):
+    def __init__(self, model: Any, *, decode_text: Callable[[list[int]], str] | None = None, **kwargs: Any) -> None:
+        super().__init__(model, **kwargs)
+        self.decode_text = decode_text
+        self.matched: dict[Any, Any] = {}
+        self.top_logprobs: dict[Any, list] = {}
+
+    def add_request(self, req_id: Any, prompt_tokens: list[int], max_new_tokens: int, temperature: float = 1.0,
+                    seed: int = 0, options: SamplingOptions | None = None) -> None:
+        super().add_request(req_id, prompt_tokens, max_new_tokens, temperature, seed)
+        req = self._waiting[-1]
+        req.options = options or SamplingOptions(
+            max_new_tokens=max_new_tokens, temperature=temperature,
+            stop_ids=frozenset([self.eos_token_id]) if self.eos_token_id is not None else frozenset())
+        req.top_logprobs = []  # per token: [(logprob, token id)] of the most likely, when asked
+
+    def live(self) -> Iterator[tuple[Request, str]]:
+        """Every request in the engine, with ``"running"`` or ``"waiting"``."""
+        for req in self._running:
+            yield req, "running"
+        for req in self._waiting:
+            yield req, "waiting"
+
+    def kv_tokens(self) -> tuple[int, int]:
+        """(tokens held in the KV cache now, tokens it can hold)."""
+        return sum(r.kv_len for r in self._running), self.max_running * self.model.max_seq_len
+
+    def abort_one(self, req_id: Any) -> tuple[FinishedRequest, str] | None:
+        """End one request now with its partial output; ``(result, "running" | "waiting")``,
+        or ``None`` when no such request is in the engine."""
+        for req, where in list(self.live()):
+            if req.req_id == req_id:
+                self.cancel(req_id)
+                return self._finish(req, Status.ABORTED), where
+        return None
+
+    def _finish(self, req: Request, status: Status) -> FinishedRequest:
+        if req.options.top_logprobs_num > 0:
+            self.top_logprobs[req.req_id] = req.top_logprobs
+        return super()._finish(req, status)
+
+    def _stop_reason(self, req: Request, tok: int) -> tuple[Status, Any] | None:
+        opts: SamplingOptions = req.options
+        if opts.stop and self.decode_text is not None:
+            text = self.decode_text(req.output_tokens)
+            for s in opts.stop:
+                if s in text:
+                    return Status.COMPLETED, s
+        if tok in opts.stop_ids:
+            return Status.COMPLETED, tok
+        if len(req.output_tokens) >= req.max_new_tokens:
+            return Status.TRUNCATED, None
+        return None
+
+    def _decode(self) -> list[FinishedRequest]:
+        reqs = self._running
+        device = self.model.device
+        positions = torch.tensor([r.kv_len for r in reqs], dtype=torch.long, device=device)
+        last = [(r.output_tokens or r.prompt_tokens)[-1] for r in reqs]
+        logits = self.model.decode(positions, torch.tensor(last, dtype=torch.long, device=device))
+        tokens, logps, all_logp = choose_tokens(logits, reqs, [r.generator for r in reqs],
+                                                eos_token_id=self.eos_token_id)
+        for i, req in enumerate(reqs):
+            if req.options.top_logprobs_num > 0:
+                top = torch.topk(all_logp[i], min(req.options.top_logprobs_num, all_logp.shape[-1]))
+                req.top_logprobs.append(list(zip(top.values.tolist(), top.indices.tolist())))
+        self.counters.decode_steps += 1
+        self.counters.tokens_generated += len(reqs)
+        if self._on_event is not None:
+            self._on_event(ev.DECODE_STEP, indices=[r.req_id for r in reqs], version=self.version,
+                           dur_s=self._clock() - self._step_t0)
+        done: list[tuple[int, Status]] = []
+        for i, (req, tok, lp) in enumerate(zip(reqs, tokens, logps)):
+            req.output_tokens.append(tok)
+            req.log_probs.append(lp)
+            req.token_versions.append(self.version, req.kv_version)
+            req.kv_len += 1
+            stop = self._stop_reason(req, tok)
+            if stop is not None:
+                done.append((i, stop[0]))
+                self.matched[req.req_id] = stop[1]
+        finished = [self._finish(reqs[i], status) for i, status in done]
+        self._remove_running([i for i, _ in done])
+        return finished
