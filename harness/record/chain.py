@@ -34,6 +34,12 @@ EXTENSION_POINTS: dict[str, tuple[str, str | None]] = {
 }
 
 
+# the recorder's own wrappers (harness.record.RECORDER_FLAGS): never an inner
+RECORDER_PATHS = {"harness.record." + n for n in ("generate", "RecordingDataBuffer", "RecordingDataSource",
+                                                  "RecordingRolloutFn", "dynamic_filter", "log_rollout_data",
+                                                  "convert_samples_to_train_data", "post_write")}
+
+
 def _config_file() -> dict[str, Any]:
     path = os.environ.get(CONFIG_ENV)
     if not path:
@@ -69,7 +75,7 @@ def load_inner(name: str) -> Any:
     path = inner_path(name) or EXTENSION_POINTS[name][1]
     if path is None:
         return None
-    if path.startswith("harness.record"):
+    if path in RECORDER_PATHS:
         flag = EXTENSION_POINTS[name][0]
         raise ConfigError(f"{INNER_ENV}{name.upper()}={path}: the recorder would call itself. Allowed: the function "
                           f"or class {flag} named before the recorder was added. Fix: set that path")
