@@ -33,7 +33,7 @@ from miles_async_core.errors import ConfigError
 
 from harness.trace import Event
 
-from .wrappers import GENERATE_CALL
+from .wrappers import GENERATE_BEGIN, GENERATE_CALL
 from .writer import PROCESS
 
 MERGED_NAME = "merged.jsonl"
@@ -234,17 +234,21 @@ def _loads_complete(rows: list[tuple[float, int, str, dict[str, Any]]], servers:
 def _framework_events(pf: ProcessFile) -> list[tuple[float, int, str, dict[str, Any]]]:
     out = []
     pending_drain: list[dict[str, Any]] = []
+    begins: dict[tuple[int, float], dict[str, Any]] = {}  # a call's submission, by (index, start)
     for n, d in enumerate(pf.lines):
         kind = d["kind"]
         fields = {k: v for k, v in d.items() if k not in ("kind", "mono", "wall")}
         t = d["mono"] + pf.offset
+        if kind == GENERATE_BEGIN:
+            begins[(d["index"], d["mono"])] = {"index": d["index"], "group_index": d["group_index"], "version": None}
+            out.append((t, n, ev.SUBMITTED, begins[(d["index"], d["mono"])]))
+            continue
         if kind == GENERATE_CALL:
             if d.get("evaluation"):
                 continue
-            sub = {"index": d["index"], "group_index": d["group_index"], "version": None}
-            if "_engine" in d:
+            sub = begins.get((d["index"], d["start_mono"]))
+            if sub is not None and "_engine" in d:
                 sub["engine"] = d["_engine"]
-            out.append((d["start_mono"] + pf.offset, n, ev.SUBMITTED, sub))
             if d.get("_joined"):
                 continue  # the server's events of this request stand for it
             out.append((t, n, ev.FINISHED, {"index": d["index"], "group_index": d["group_index"],

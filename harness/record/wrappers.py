@@ -22,7 +22,7 @@ default. Where upstream loads and calls each (pinned tree):
   delta.py:L69``), ``(args, version_dir, rollout_engines)`` after a disk-delta write.
 
 Event kinds are the harness's trace kinds (``miles_async_core.events``) in Miles' own
-sample and group indices, plus ``generate_call`` (one ``/generate`` round of a sample, as
+sample and group indices, plus ``generate_begin`` / ``generate_call`` (the start and end of one ``/generate`` round of a sample, as
 the generate function saw it) and ``weights_written``, which the merge turns into trace
 events (``harness.record.merge``).
 """
@@ -39,6 +39,7 @@ from miles_async_core import events as ev
 from . import chain
 from .writer import emit
 
+GENERATE_BEGIN = "generate_begin"
 GENERATE_CALL = "generate_call"
 WEIGHTS_WRITTEN = "weights_written"
 
@@ -97,6 +98,8 @@ async def generate(input: Any) -> Any:
     sample = input.sample
     before = {id(sample): (int(sample.response_length or 0), len(sample.weight_versions or []))}
     at = (time.monotonic(), time.time())
+    if not input.evaluation:
+        emit(GENERATE_BEGIN, index=sample.index, group_index=sample.group_index, _at=at)
     output = await _inner_generate()(input)
     samples = output.samples if isinstance(output.samples, list) else [output.samples]
     for s in samples:
