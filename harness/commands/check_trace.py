@@ -82,6 +82,8 @@ def main(args: argparse.Namespace) -> int:
     if args.max_shown < 1:
         raise ConfigError(f"--max-shown {args.max_shown}: must be >= 1. Fix: e.g. --max-shown 5")
     if args.merge is not None:
+        if args.trace is not None and args.trace.startswith("-"):  # a Miles flag after --, not a trace
+            args.miles_args, args.trace = [args.trace, *args.miles_args], None
         if args.trace is not None:
             raise ConfigError(f"check-trace {args.trace} --merge {args.merge}: give a trace or --merge DIR, not both. "
                               "Fix: drop one")
