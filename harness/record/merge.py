@@ -37,7 +37,7 @@ from .wrappers import GENERATE_BEGIN, GENERATE_CALL
 from .writer import PROCESS
 
 MERGED_NAME = "merged.jsonl"
-JOIN_SLACK_S = 0.05  # clock slack of the request-in-call window (processes on one host share the clock)
+JOIN_SLACK_S = 0.2  # clock slack of the request-in-call window (seconds)
 
 # the event kinds each checker reads; a checker whose kinds are absent is not applicable
 REQUIRES: dict[str, tuple[str, ...]] = {

@@ -337,9 +337,9 @@ def log_rollout_data(rollout_id: int, args: Any, samples: Any, rollout_extra_met
         closing, STATE.drain_open = STATE.drain_open, False
         STATE.rollout_id = rollout_id
         version = STATE.version
-    emit(ev.METRICS, rollout_id=rollout_id, metrics=dict(rollout_extra_metrics or {}))
-    if closing:
+    if closing:  # the drain's end, then its metrics report (as the checkers read a drain)
         emit(ev.DRAIN_END, rollout_id=rollout_id)
+    emit(ev.METRICS, rollout_id=rollout_id, metrics=dict(rollout_extra_metrics or {}))
     emit(ev.TRAINED, rollout_id=rollout_id, group_indices=groups, trainer_version=version,
          samples=len(_flat(samples)))
     inner = chain.load_inner("log")
