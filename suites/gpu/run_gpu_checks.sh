@@ -145,3 +145,17 @@ if [[ $run_rc -ne 0 || $gap_rc -ne 0 ]]; then
   exit 1
 fi
 log "all checks passed"
+
+# The recorder against real SGLang (docs/record.md): with MILES_CMD set to a Miles command
+# line that runs train_async.py, add the recorder's flags, record, merge and check.
+if [ -n "${MILES_CMD:-}" ]; then
+  RECORD_DIR="${RECORD_DIR:-$(mktemp -d)}"
+  MILES_HARNESS_RECORD_DIR="$RECORD_DIR" $MILES_CMD \
+    --custom-generate-function-path harness.record.generate \
+    --data-source-path harness.record.RecordingDataSource \
+    --dynamic-sampling-filter-path harness.record.dynamic_filter \
+    --custom-rollout-log-function-path harness.record.log_rollout_data \
+    --custom-convert-samples-to-train-data-path harness.record.convert_samples_to_train_data \
+    ${MILES_RECORD_EXTRA_FLAGS:-}
+  miles-harness check-trace --merge "$RECORD_DIR" -- $MILES_CMD
+fi
