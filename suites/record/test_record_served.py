@@ -51,7 +51,7 @@ from harness.record.writer import ProcessRecord
 rec = ProcessRecord(sys.argv[1], "trainer")
 i = 0
 while True:
-    rec.emit("trained", rollout_id=i, group_indices=[], trainer_version=i, samples=0, pad="x" * 2000)
+    rec.emit("taken", group_index=i, indices=[2 * i, 2 * i + 1], recycled=False, call=i, pad="x" * 2000)
     i += 1
 """
 
