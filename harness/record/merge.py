@@ -11,7 +11,8 @@ Server files (role ``server-N``: the CPU server's own trace, ``harness.record.se
 bring the engine's events. Their request indices are the server's; each request is
 joined to the Miles sample whose ``generate_call`` it answered: same server-reported
 ``weight_version``, same number of tokens, same status, the request inside the call's
-time window (the earliest-ending call wins; ``ambiguous`` counts requests with more than
+time window; of several such calls, the one that ends soonest after the request ends
+(the answer reaches its caller at once; ``ambiguous`` counts requests with more than
 one candidate). Requests that answer no recorded call (health checks) are left out and
 counted. With several servers each server's events carry ``engine`` (its number), its
 loads become ``engine_loaded``, and the update counts as done (``engine_version``) when
@@ -37,7 +38,7 @@ from .wrappers import GENERATE_BEGIN, GENERATE_CALL
 from .writer import PROCESS
 
 MERGED_NAME = "merged.jsonl"
-JOIN_SLACK_S = 0.2  # clock slack of the request-in-call window (seconds)
+JOIN_SLACK_S = 0.05  # clock slack of the request-in-call window (processes on one host share the clock)
 
 # the event kinds each checker reads; a checker whose kinds are absent is not applicable
 REQUIRES: dict[str, tuple[str, ...]] = {
@@ -179,7 +180,9 @@ def _join(server: ProcessFile, calls: list[dict[str, Any]], stats: dict[str, int
                 stats["server_requests_unjoined"] += 1
                 continue
             stats["ambiguous"] += len(found) > 1
-            best = min(found, key=lambda c: c["t1"])
+            # the answer reaches the caller just after the server finishes it: the call that
+            # ends soonest after the request's end (one ending before it, within the slack, last)
+            best = min(found, key=lambda c: (c["t1"] < t, abs(c["t1"] - t)))
             best["matched"] = True
             best["server"] = server
             mapping[d["index"]] = best

@@ -62,7 +62,27 @@ class _RecordedRun(upstream_e2e._Run):
         data_source = load_function(args.data_source_path)(args)
         self.rollout_fn = load_rollout_function(RolloutFnConstructorInput(args=args, data_source=data_source),
                                                 args.rollout_function_path)
-        return super().driver()
+        return self._driver_module()
+
+    def _driver_module(self) -> Any:
+        """Upstream's ``train_async.py`` as the served run loads it, or the patched text a
+        seeded driver bug put in ``harness.upstream.host.DRIVER_SOURCES`` (compiled under
+        the file's own name), with its Ray names rebound to this run."""
+        import asyncio
+        import importlib.util
+
+        from harness.upstream import host, source
+        from harness.upstream.ray_names import rebind_ray_names
+
+        text = host.DRIVER_SOURCES.get("train_async.py")
+        if text is None:
+            return super().driver()
+        path = source.active() / "train_async.py"
+        spec = importlib.util.spec_from_file_location("miles_harness_recorded_train_async", path)
+        mod = importlib.util.module_from_spec(spec)
+        exec(compile(text, str(path), "exec", dont_inherit=True), mod.__dict__)
+        return rebind_ray_names(mod, generate=lambda *a, **k: asyncio.ensure_future(self.generate(*a, **k)),
+                                update_weights=self.update_weights, train=self.train)
 
     async def generate(self, rollout_id: int) -> dict[str, Any]:
         import asyncio
@@ -120,7 +140,8 @@ class RecordedResult:
 def run_recorded(cfg: upstream_e2e.E2EConfig, record_dir: str | Path, *, miles_src: str | None = None,
                  extra_flags: dict[str, Any] | None = None, inner: dict[str, str] | None = None) -> RecordedResult:
     """One recorded run; ``inner``: ``MILES_HARNESS_RECORD_INNER_<NAME>`` settings (the
-    user's originals) for the run's duration."""
+    user's originals) for the run's duration; ``extra_flags``: more Miles ``args`` fields
+    (e.g. ``async_data_buffer_capacity_factor``), set on the run and on the checkers' config."""
     import tempfile
     import shutil
 
@@ -157,6 +178,11 @@ def run_recorded(cfg: upstream_e2e.E2EConfig, record_dir: str | Path, *, miles_s
                 os.environ[k] = v
         shutil.rmtree(workdir, ignore_errors=True)
     config = async_config(cfg)
+    overrides = {k: v for k, v in (extra_flags or {}).items() if k in config.to_dict()}
+    if overrides:
+        from miles_async_core.config import AsyncConfig
+
+        config = AsyncConfig.from_dict({**config.to_dict(), **overrides})
     (record_dir / "merged.config.json").write_text(json.dumps({"config": config.to_dict(), "complete": True}))
     merged = merge_dir(record_dir)
     from harness.trace import write_jsonl
