@@ -260,9 +260,9 @@ def _framework_events(pf: ProcessFile) -> list[tuple[float, int, str, dict[str, 
             continue
         if kind in _FRAMEWORK_SKIP or kind not in ev.EVENT_FIELDS:
             continue
-        if kind == ev.DRAIN_START:
-            pending_drain.append(fields)
-        elif kind == ev.DRAIN_END:
+        if kind in (ev.DRAIN_START, ev.DRAIN_END, ev.METRICS) and fields.get("rollout_id") is None:
+            pending_drain.append(fields)  # the buffer does not know the rollout id: its batch's log does
+        elif kind == ev.TRAINED:
             for start in pending_drain:
                 start["rollout_id"] = fields["rollout_id"]
             pending_drain = []
@@ -304,6 +304,10 @@ def merge_dir(directory: str | Path, *, incomplete: bool = False) -> Merged:
             engine = fields["version"]
         if kind == ev.SUBMITTED and fields.get("version") is None:
             fields["version"] = engine  # the update in force at submission (no server file)
+        if kind == ev.TRAINED and servers:
+            # the trainer trains on the weights the engines last loaded (train_async updates after
+            # each step); the version the rollout passed along is kept as manager_version
+            fields["manager_version"], fields["trainer_version"] = fields["trainer_version"], engine
         events.append(Event(seq, t - t_first, kind, fields))
     procs = [{"file": pf.path.name, "role": pf.role, "pid": pf.header.get("pid"), "host": pf.header.get("host"),
               "events": len(pf.lines), "truncated": pf.truncated} for pf in files]

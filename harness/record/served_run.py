@@ -165,6 +165,9 @@ def run_recorded(cfg: upstream_e2e.E2EConfig, record_dir: str | Path, *, miles_s
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     workdir = Path(tempfile.mkdtemp(prefix="miles-harness-recorded-"))
+    from .wrappers import reset_state
+
+    reset_state()
     try:
         run = _RecordedRun(cfg, workdir)
         run.record_dir, run.extra_flags = record_dir, dict(extra_flags or {})

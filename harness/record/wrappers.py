@@ -22,9 +22,10 @@ default. Where upstream loads and calls each (pinned tree):
   delta.py:L69``), ``(args, version_dir, rollout_engines)`` after a disk-delta write.
 
 Event kinds are the harness's trace kinds (``miles_async_core.events``) in Miles' own
-sample and group indices, plus ``generate_begin`` / ``generate_call`` (the start and end of one ``/generate`` round of a sample, as
-the generate function saw it) and ``weights_written``, which the merge turns into trace
-events (``harness.record.merge``).
+sample and group indices, plus ``generate_begin`` / ``generate_call`` (the start and end
+of one ``/generate`` round of a sample, as the generate function saw it), which the merge
+turns into trace events (``harness.record.merge``), and ``train_data`` /
+``weights_written``, which it keeps out of the trace.
 """
 
 from __future__ import annotations
@@ -65,6 +66,14 @@ class _ProcessState:
 
 
 STATE = _ProcessState()
+
+
+def reset_state() -> None:
+    """Forget what earlier runs of this process left (several recorded runs in one
+    process, as the harness's own tests make; a Miles process makes one run)."""
+    global STATE, _GENERATE
+    STATE = _ProcessState()
+    _GENERATE = None
 
 
 def _status(sample: Any) -> str:
@@ -119,14 +128,17 @@ async def generate(input: Any) -> Any:
 class RecordingDataSource:
     """``--data-source-path harness.record.RecordingDataSource``: ``taken`` for every group
     ``get_samples`` hands out, ``recycled`` for every group ``add_samples`` takes back;
-    everything else is the inner data source's."""
+    everything else (``save``, ``load``, ``buffer``, ...) is the inner data source's."""
 
     def __init__(self, args: Any) -> None:
         self._inner = chain.load_inner("data_source")(args)
         self._calls = 0
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
+        inner = self.__dict__.get("_inner")
+        if inner is None:
+            raise AttributeError(name)
+        return getattr(inner, name)
 
     def get_samples(self, num_samples: int) -> Any:
         queued = {id(g) for g in getattr(self._inner, "buffer", ())}
@@ -233,13 +245,16 @@ class RecordingDataBuffer:
     The unused-samples handler the rollout function passes is wrapped: ``stale_rejected``
     when the inner buffer calls it from ``get``, ``handler``, and ``dropped`` under
     ``--async-unused-samples-handler drop`` (``retry`` re-adds through the data source,
-    recorded there). Queue sizes are read from the inner buffer's ``_buffer`` list when it
+    recorded there); ``get_metrics``: ``drain_end`` and the drain's ``metrics``. Queue sizes are read from the inner buffer's ``_buffer`` list when it
     has one (upstream's default does); a buffer without one records ``queue_size: null``."""
 
+    _impl: type | None = None
+
     def __new__(cls, input: Any) -> Any:
-        # built lazily so that importing harness.record does not import Miles
-        impl = type("RecordingDataBuffer", (_BufferImpl, _recording_buffer_base()), {})
-        return impl(input)
+        # the DataBuffer subclass is made on first use, so importing harness.record does not import Miles
+        if RecordingDataBuffer._impl is None:
+            RecordingDataBuffer._impl = type("RecordingDataBuffer", (_BufferImpl, _recording_buffer_base()), {})
+        return RecordingDataBuffer._impl(input)
 
 
 class _BufferImpl:
@@ -254,7 +269,10 @@ class _BufferImpl:
         self._inner = inner_cls(DataBufferConstructorInput(args=input.args, unused_handler_fn=self._handler))
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self.__dict__["_inner"], name)
+        inner = self.__dict__.get("_inner")
+        if inner is None:
+            raise AttributeError(name)
+        return getattr(inner, name)
 
     def _queue(self) -> int | None:
         buf = getattr(self._inner, "_buffer", None)
@@ -318,7 +336,16 @@ class _BufferImpl:
         return entry
 
     def get_metrics(self) -> dict[str, float]:
-        return self._inner.get_metrics()
+        """The drain's end: the rollout function reads the metrics once, after its last get
+        (``fully_async_rollout.py``, ``_drain``); recorded here, not at the log call, so that
+        groups put meanwhile fall in the next drain's window."""
+        metrics = self._inner.get_metrics()
+        with STATE.lock:
+            closing, STATE.drain_open = STATE.drain_open, False
+        if closing:
+            emit(ev.DRAIN_END, rollout_id=None)
+            emit(ev.METRICS, rollout_id=None, metrics=dict(metrics))
+        return metrics
 
 
 # --------------------------------------------------------------------------- after the rollout
@@ -327,19 +354,17 @@ def log_rollout_data(rollout_id: int, args: Any, samples: Any, rollout_extra_met
                      rollout_time: float) -> bool:
     """``--custom-rollout-log-function-path harness.record.log_rollout_data``: the batch
     the rollout returned for training (``trained``: its groups, with the version the
-    rollout ran under), the rollout's metrics and, fully async, the drain's end. Returns
+    rollout ran under) and, one-step, the rollout's metrics. Returns
     the inner log function's answer (False without one: upstream's logging runs)."""
     groups: list[int] = []
     for s in _flat(samples):
         if s.group_index not in groups:
             groups.append(s.group_index)
     with STATE.lock:
-        closing, STATE.drain_open = STATE.drain_open, False
         STATE.rollout_id = rollout_id
         version = STATE.version
-    if closing:  # the drain's end, then its metrics report (as the checkers read a drain)
-        emit(ev.DRAIN_END, rollout_id=rollout_id)
-    emit(ev.METRICS, rollout_id=rollout_id, metrics=dict(rollout_extra_metrics or {}))
+    if not getattr(args, "fully_async", False):  # fully async: the buffer's get_metrics recorded them
+        emit(ev.METRICS, rollout_id=rollout_id, metrics=dict(rollout_extra_metrics or {}))
     emit(ev.TRAINED, rollout_id=rollout_id, group_indices=groups, trainer_version=version,
          samples=len(_flat(samples)))
     inner = chain.load_inner("log")
