@@ -124,3 +124,32 @@ def test_the_recorder_refuses_itself_as_the_inner(recording, monkeypatch):
     monkeypatch.setenv("MILES_HARNESS_RECORD_INNER_BUFFER", "harness.record.RecordingDataBuffer")
     with pytest.raises(ConfigError, match="MILES_HARNESS_RECORD_INNER_BUFFER"):
         load_inner("buffer")
+
+
+HOOKED: list[tuple] = []
+
+
+def my_post_write(args, version_dir, rollout_engines):
+    """A user's post-write hook (publishing a disk-delta version)."""
+    HOOKED.append((version_dir, len(rollout_engines)))
+
+
+def test_a_users_post_write_hook_runs_under_the_recorder(recording, monkeypatch):
+    import harness.record as record
+
+    monkeypatch.setenv("MILES_HARNESS_RECORD_INNER_POST_WRITE", f"{__name__}.my_post_write")
+    HOOKED.clear()
+    record.post_write(argparse.Namespace(), "/ckpt/v3", ["engine-0", "engine-1"])
+    assert HOOKED == [("/ckpt/v3", 2)]
+    written = [e for e in _events(recording) if e["kind"] == "weights_written"]
+    assert [(e["version_dir"], e["engines"]) for e in written] == [("/ckpt/v3", 2)]
+
+
+def test_without_a_record_dir_the_wrappers_record_nothing_and_still_chain(recording, monkeypatch):
+    import harness.record as record
+
+    monkeypatch.delenv("MILES_HARNESS_RECORD_DIR")
+    monkeypatch.setenv("MILES_HARNESS_RECORD_INNER_POST_WRITE", f"{__name__}.my_post_write")
+    HOOKED.clear()
+    record.post_write(argparse.Namespace(), "/ckpt/v4", [])
+    assert HOOKED == [("/ckpt/v4", 0)] and list(recording.glob("*.jsonl")) == []
