@@ -2,7 +2,9 @@
 with the recorder installed only through Miles' flags (``harness.record.served_run``):
 framework and server events merge into one trace and every checker whose events are
 present passes, in one-step (retract, disk updates) and fully async (retract and
-in_place). A process killed mid-write still leaves a checkable record (``--incomplete``).
+in_place). Each seeded upstream bug that a real-time run can show
+(``harness.record.mutant_runs.REAL_TIME_CASES``) fails a checker. A process killed
+mid-write still leaves a checkable record (``--incomplete``).
 Slow: servers, a router and a torch model per run."""
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from dataclasses import asdict
 
 import pytest
 
+from harness.record.mutant_runs import REAL_TIME_CASES
 from harness.serve.upstream_e2e import STANDARD_RUNS, E2EConfig
 
 pytestmark = pytest.mark.slow
@@ -68,3 +71,14 @@ def test_a_killed_process_leaves_a_record_checkable_with_incomplete(tmp_path):
     proc.wait()
     (tmp_path / "merged.config.json").write_text('{"config": {}, "complete": true}')
     assert main(["check-trace", "--merge", str(tmp_path), "--incomplete"]) == 0
+
+
+@pytest.mark.parametrize("bug", sorted(REAL_TIME_CASES))
+def test_a_seeded_upstream_bug_is_caught_in_real_time(bug, miles_src):
+    import torch
+
+    from harness.record.mutant_runs import run_case
+
+    torch.set_num_threads(1)
+    row = run_case(bug, steps=4, miles_src=str(miles_src))
+    assert row["checkers_failed"], f"{bug}: every checker passed on the run with the bug ({row})"
