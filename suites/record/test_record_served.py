@@ -82,3 +82,48 @@ def test_a_seeded_upstream_bug_is_caught_in_real_time(bug, miles_src):
     torch.set_num_threads(1)
     row = run_case(bug, steps=4, miles_src=str(miles_src))
     assert row["checkers_failed"], f"{bug}: every checker passed on the run with the bug ({row})"
+
+
+KILLED_RUN = """
+import sys
+from dataclasses import asdict
+import torch
+torch.set_num_threads(1)
+from harness.record.served_run import run_recorded
+from harness.serve.upstream_e2e import STANDARD_RUNS, E2EConfig
+run_recorded(E2EConfig(**{**asdict(STANDARD_RUNS[1]), "steps": 50}), sys.argv[1], miles_src=sys.argv[2])
+"""
+
+
+def test_a_killed_training_run_leaves_a_record_checkable_with_incomplete(tmp_path, miles_src, capsys):
+    """The whole loop (rollout, trainer, servers in one process here) is killed with
+    SIGKILL after its second trained batch: the servers' traces are lost with it, the
+    recorder's file is checked as the prefix of a failed run."""
+    import json
+
+    from harness.cli import main
+    from harness.record.served_run import async_config
+
+    env = dict(os.environ, PYTHONPATH=os.getcwd())
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_RUN, str(tmp_path), str(miles_src)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            files = list(tmp_path.glob("rollout-*.jsonl"))
+            if files and files[0].read_text().count('"kind":"trained"') >= 2:
+                break
+            time.sleep(0.2)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "the run ended before it was killed"
+    config = async_config(E2EConfig(**{**asdict(STANDARD_RUNS[1]), "steps": 50}))
+    (tmp_path / "merged.config.json").write_text(json.dumps({"config": config.to_dict(), "complete": False}))
+    assert main(["check-trace", "--merge", str(tmp_path), "--incomplete"]) == 0
+    out = capsys.readouterr().out
+    verdicts = {line.split()[0]: line.split()[1] for line in out.splitlines() if line and not line.startswith(" ")
+                and len(line.split()) > 1}
+    assert verdicts.get("conservation_prefix") == "PASS" and verdicts.get("buffer_fifo") == "PASS"
+    print(out)
+    assert "NOT APPLICABLE: the trace has no decode_step" in out
