@@ -11,6 +11,8 @@
 #     with per-row GPU telemetry in OUTDIR/gap/telemetry.json;
 # (c) GPU telemetry (harness.measure.telemetry.TelemetrySampler, NVML) over both, tagged with
 #     the stage, in OUTDIR/telemetry.json.
+# (d) with MILES_CMD set: a real Miles run with the recorder (harness.record), merged and
+#     checked; see the stage below.
 # DEVICE=cpu is a dry run with tiny settings (a few seconds to a minute).
 # Exit status: 0 when every stage passed, 1 otherwise (the summary says which).
 set -euo pipefail
@@ -106,6 +108,31 @@ gap_rc=0
 timeout "$GAP_LIMIT_S" "${HARNESS[@]}" gap --model "$GAP_MODEL" --device "$DEVICE" --dtypes fp32,bf16,fp16 --out "$OUT/gap" --telemetry \
   "${GAP_ARGS[@]}" || gap_rc=$?
 
+# (d) the recorder against a real Miles run (docs/record.md), only when MILES_CMD holds a
+#     Miles command line running train_async.py against SGLang on this device: the
+#     recorder's flags are added, MILES_RECORD_EXTRA_FLAGS adds the mode's own (the
+#     buffer's with --fully-async, the rollout function's without), and the record in
+#     OUTDIR/record is merged and checked (`check-trace --merge`). Skipped, and said so, otherwise.
+record_rc=0
+if [[ -n "${MILES_CMD:-}" ]]; then
+  log "recorder: $MILES_CMD + harness.record flags -> $OUT/record"
+  # shellcheck disable=SC2086  # MILES_CMD and the extra flags are command lines, split on purpose
+  MILES_HARNESS_RECORD_DIR="$OUT/record" $MILES_CMD \
+    --custom-generate-function-path harness.record.generate \
+    --data-source-path harness.record.RecordingDataSource \
+    --dynamic-sampling-filter-path harness.record.dynamic_filter \
+    --custom-rollout-log-function-path harness.record.log_rollout_data \
+    --custom-convert-samples-to-train-data-path harness.record.convert_samples_to_train_data \
+    ${MILES_RECORD_EXTRA_FLAGS:-} || record_rc=$?
+  if [[ $record_rc -eq 0 ]]; then
+    # shellcheck disable=SC2086
+    "${HARNESS[@]}" check-trace --merge "$OUT/record" -- $MILES_CMD || record_rc=$?
+  fi
+  log "recorder: exit $record_rc"
+else
+  log "recorder: skipped (MILES_CMD is not set)"
+fi
+
 echo done > "$OUT/.phase"
 stop_telemetry
 rm -f "$OUT/.phase"
@@ -140,22 +167,9 @@ else:
     print("  (c) telemetry: MISSING")
 print(f"  outputs in {out}")
 EOF
-if [[ $run_rc -ne 0 || $gap_rc -ne 0 ]]; then
-  log "FAILED: run exit $run_rc, gap exit $gap_rc"
+if [[ $run_rc -ne 0 || $gap_rc -ne 0 || $record_rc -ne 0 ]]; then
+  log "FAILED: run exit $run_rc, gap exit $gap_rc, recorder exit $record_rc"
   exit 1
 fi
 log "all checks passed"
 
-# The recorder against real SGLang (docs/record.md): with MILES_CMD set to a Miles command
-# line that runs train_async.py, add the recorder's flags, record, merge and check.
-if [ -n "${MILES_CMD:-}" ]; then
-  RECORD_DIR="${RECORD_DIR:-$(mktemp -d)}"
-  MILES_HARNESS_RECORD_DIR="$RECORD_DIR" $MILES_CMD \
-    --custom-generate-function-path harness.record.generate \
-    --data-source-path harness.record.RecordingDataSource \
-    --dynamic-sampling-filter-path harness.record.dynamic_filter \
-    --custom-rollout-log-function-path harness.record.log_rollout_data \
-    --custom-convert-samples-to-train-data-path harness.record.convert_samples_to_train_data \
-    ${MILES_RECORD_EXTRA_FLAGS:-}
-  miles-harness check-trace --merge "$RECORD_DIR" -- $MILES_CMD
-fi
