@@ -39,7 +39,7 @@ from harness.results.schema import git_info, machine_info, utc_now
 pytestmark = pytest.mark.bench
 
 ROOT = Path(__file__).resolve().parents[2]
-ROUNDS = 2
+ROUNDS = 3
 STEPS = 4
 
 
