@@ -103,3 +103,13 @@ def test_check_trace_merge_cli_exit_codes(tmp_path, capsys):
     assert "NOT APPLICABLE: the trace has no decode_step" in out and (good / "merged.jsonl").exists()
     assert main(["check-trace", "--merge", str(bad), *flags]) == 1
     assert "conservation_prefix" in capsys.readouterr().out
+
+
+def test_every_checker_declares_the_event_kinds_it_reads():
+    """A checker the merge does not know would run on a record that lacks its inputs and
+    pass without having read anything: each must name its kinds in ``REQUIRES``."""
+    from harness.checking.invariants import ALL_CHECKS
+    from harness.record.merge import REQUIRES
+
+    assert sorted(set(ALL_CHECKS) - set(REQUIRES)) == []
+    assert all(set(kinds) <= set(ev.EVENT_FIELDS) for kinds in REQUIRES.values())
