@@ -113,3 +113,57 @@ def test_every_checker_declares_the_event_kinds_it_reads():
 
     assert sorted(set(ALL_CHECKS) - set(REQUIRES)) == []
     assert all(set(kinds) <= set(ev.EVENT_FIELDS) for kinds in REQUIRES.values())
+
+
+def _lines(path: Path, role: str, rows: list[dict]) -> None:
+    head = {"kind": "process", "pid": 1, "role": role, "host": "h", "mono": 0.0, "wall": 1000.0}
+    path.write_text("".join(json.dumps(d) + "\n" for d in [head, *[dict(r, wall=r["mono"] + 1000.0) for r in rows]]))
+
+
+def _call(index, t0, t1):
+    return [{"kind": "generate_begin", "index": index, "group_index": 0, "mono": t0},
+            {"kind": "generate_call", "index": index, "group_index": 0, "start_mono": t0, "start_wall": t0 + 1000.0,
+             "added_tokens": 4, "response_length": 4, "status": "completed", "weight_versions": ["1"],
+             "added_versions": ["1"], "evaluation": False, "mono": t1}]
+
+
+def _request(index, t0, t1, *, version=1):
+    return [{"kind": "submitted", "index": index, "group_index": index, "version": version, "mono": t0},
+            {"kind": "admitted", "index": index, "version": version, "prefix_tokens": 2, "mono": t0},
+            {"kind": "decode_step", "indices": [index], "version": version, "dur_s": 0.01, "mono": t1},
+            {"kind": "finished", "index": index, "group_index": index, "status": "completed", "response_length": 4,
+             "token_versions": [[version, version, 4]], "weight_versions": [str(version)], "mono": t1}]
+
+
+def test_server_requests_join_the_calls_they_answered(tmp_path):
+    # two calls of the same shape overlap, and their requests went to different servers;
+    # each answer reaches its caller just after the server finishes it: request 7 on
+    # server 0 (ends 2.00) is sample 1's (call ends 2.01), request 4 on server 1 (ends
+    # 1.96) sample 0's (call ends 1.97), though sample 0's call is also in request 7's window
+    _lines(tmp_path / "rollout.jsonl", "rollout", [
+        {"kind": ev.TAKEN, "group_index": 0, "indices": [0, 1], "recycled": False, "call": 1, "mono": 0.5},
+        *_call(0, 1.0, 1.97), *_call(1, 1.1, 2.01)])
+    _lines(tmp_path / "server0.jsonl", "server-0", [
+        {"kind": ev.ENGINE_VERSION, "version": 1, "mono": 0.1}, *_request(7, 1.2, 2.0),
+        *_request(3, 3.0, 3.1)])  # a health check: answers no recorded call
+    _lines(tmp_path / "server1.jsonl", "server-1", [
+        {"kind": ev.ENGINE_VERSION, "version": 1, "mono": 0.1}, *_request(4, 1.05, 1.96)])
+    merged = merge_dir(tmp_path)
+    assert merged.join == {"joined": 2, "ambiguous": 1, "server_requests_unjoined": 1, "calls_unjoined": 0}
+    finished = [(e["index"], e["engine"]) for e in merged.events if e.kind == ev.FINISHED]
+    assert finished == [(0, 1), (1, 0)]
+    assert [(e["indices"], e["engine"]) for e in merged.events if e.kind == ev.DECODE_STEP] == [([0], 1), ([1], 0)]
+    submitted = [(e["index"], e["engine"]) for e in merged.events if e.kind == ev.SUBMITTED]
+    assert submitted == [(0, 1), (1, 0)]  # the recorder's submissions, with the engine each went to
+
+
+def test_several_servers_carry_engine_and_an_update_counts_when_all_loaded(tmp_path):
+    _lines(tmp_path / "rollout.jsonl", "rollout", [{"kind": ev.SET_WEIGHT_VERSION, "version": 1, "mono": 0.5}])
+    _lines(tmp_path / "s0.jsonl", "server-0", [{"kind": ev.ENGINE_PAUSE, "mode": "retract", "in_flight": 0,
+                                                "mono": 0.1},
+                                               {"kind": ev.ENGINE_VERSION, "version": 1, "mono": 0.2}])
+    _lines(tmp_path / "s1.jsonl", "server-1", [{"kind": ev.ENGINE_VERSION, "version": 1, "mono": 0.3}])
+    events = merge_dir(tmp_path).events
+    assert [(e.kind, e.get("engine")) for e in events] == [
+        (ev.ENGINE_PAUSE, 0), (ev.ENGINE_LOADED, 0), (ev.ENGINE_LOADED, 1), (ev.ENGINE_VERSION, None),
+        (ev.SET_WEIGHT_VERSION, None)]
