@@ -1,5 +1,7 @@
 """`miles-harness check-trace TRACE.jsonl [--incomplete] [-- MILES ARGS]`: run every trace
-invariant checker on a stored trace.
+invariant checker on a stored trace. `miles-harness check-trace --merge DIR [--incomplete]
+[-- MILES ARGS]`: the same on the merged files of a run recorded with `harness.record`
+(`docs/record.md`); its config is `DIR/merged.config.json` or the Miles flags after `--`.
 
 Loads the JSONL trace (``harness.trace.read_jsonl``, as ``miles-harness simulate
 --trace`` writes it) and the config it was recorded under: the ``TRACE.config.json``
@@ -27,7 +29,12 @@ from miles_async_core.errors import ConfigError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("trace", help="a JSONL trace, as `miles-harness simulate --trace PATH` writes")
+    p.add_argument("trace", nargs="?", default=None,
+                   help="a JSONL trace, as `miles-harness simulate --trace PATH` writes")
+    p.add_argument("--merge", metavar="DIR", default=None,
+                   help="merge the per-process files harness.record wrote in DIR (MILES_HARNESS_RECORD_DIR) into "
+                        "one trace (DIR/merged.jsonl) and check it; checkers whose event kinds are missing are "
+                        "listed as not applicable with the kinds they lack")
     p.add_argument("--incomplete", action="store_true",
                    help="the trace is the prefix of a failed or cancelled run: skip the checkers that need a "
                         "complete run (conservation is relaxed to conservation_prefix)")
@@ -74,6 +81,16 @@ def main(args: argparse.Namespace) -> int:
 
     if args.max_shown < 1:
         raise ConfigError(f"--max-shown {args.max_shown}: must be >= 1. Fix: e.g. --max-shown 5")
+    if args.merge is not None:
+        if args.trace is not None and args.trace.startswith("-"):  # a Miles flag after --, not a trace
+            args.miles_args, args.trace = [args.trace, *args.miles_args], None
+        if args.trace is not None:
+            raise ConfigError(f"check-trace {args.trace} --merge {args.merge}: give a trace or --merge DIR, not both. "
+                              "Fix: drop one")
+        return main_merge(args)
+    if args.trace is None:
+        raise ConfigError("check-trace: no trace. Allowed: a JSONL trace path, or --merge DIR. "
+                          "Fix: miles-harness check-trace TRACE.jsonl")
     trace = Path(args.trace)
     events = read_jsonl(trace)
     if not events:
@@ -107,4 +124,46 @@ def main(args: argparse.Namespace) -> int:
         print(f"FAILED: {len(violations)} violation(s) of {', '.join(sorted(by_name))}")
         return 1
     print(f"OK: {len(checks)} checkers passed")
+    return 0
+
+
+def main_merge(args: argparse.Namespace) -> int:
+    """``--merge DIR``: the record directory of a run made with harness.record's flags."""
+    from harness.checking.invariants import format_violations
+    from harness.record.merge import MERGED_NAME, merge_dir, verdict
+    from harness.trace import write_jsonl
+
+    directory = Path(args.merge)
+    merged = merge_dir(directory, incomplete=args.incomplete)
+    if not merged.events:
+        raise ConfigError(f"--merge {directory}: the process files hold no events. Fix: check that the recorder's "
+                          "flags were on the Miles command line")
+    config, complete, source = load_config(directory / MERGED_NAME, args.miles_args)
+    complete = complete and not args.incomplete
+    write_jsonl(merged.events, directory / MERGED_NAME)
+    print(f"merged: {len(merged.processes)} process files -> {directory / MERGED_NAME} ({len(merged.events)} events)")
+    for p in merged.processes:
+        print(f"  {p['file']}: role={p['role']} pid={p['pid']} host={p['host']} events={p['events']}"
+              + ("  TRUNCATED: last line cut short, dropped" if p["truncated"] else ""))
+    if merged.join.get("joined") or merged.join.get("server_requests_unjoined"):
+        print(f"  server requests joined to Miles samples: {merged.join}")
+    print(f"config: {source}; checked as a {'complete run' if complete else 'prefix of a failed run'}")
+    result = verdict(merged, config, complete=complete)
+    width = max([len(n) for n in [*result["ran"], *result["lacking"]]] or [10])
+    for name, count in result["ran"].items():
+        print(f"{name:<{width}}  {'PASS' if not count else f'FAIL ({count} violations)'}")
+    for name, kinds in result["lacking"].items():
+        print(f"{name:<{width}}  NOT APPLICABLE: the trace has no {', '.join(kinds)} events")
+    if result["not_for_config"]:
+        print(f"not applicable to this config{'' if complete else ' or to a prefix'}: "
+              f"{', '.join(result['not_for_config'])}")
+    found = {k: v for k, v in result["violations"].items() if v}
+    if found:
+        print()
+        for name, vs in found.items():
+            print(format_violations(vs, limit=args.max_shown))
+            print()
+        print(f"FAILED: {sum(len(v) for v in found.values())} violation(s) of {', '.join(sorted(found))}")
+        return 1
+    print(f"OK: {len(result['ran'])} checkers passed, {len(result['lacking'])} not applicable")
     return 0

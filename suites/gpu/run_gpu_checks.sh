@@ -14,7 +14,9 @@
 # (d) with DEVICE=cuda and sglang installed: the SGLang conformance suite
 #     (suites/sglang_conformance) against a real SGLang server launched here on
 #     $MILES_SGLANG_TEST_MODEL (default: SmolLM2-135M-Instruct exported from the packaged GGUF),
-#     output in OUTDIR/conformance.txt; skipped, and said so, otherwise.
+#     output in OUTDIR/conformance.txt; skipped, and said so, otherwise;
+# (e) with MILES_CMD set: a real Miles run with the recorder (harness.record), merged and
+#     checked; see the stage below.
 # DEVICE=cpu is a dry run with tiny settings (a few seconds to a minute).
 # Exit status: 0 when every stage passed, 1 otherwise (the summary says which).
 set -euo pipefail
@@ -141,6 +143,31 @@ else
   log "(d) skipped: needs DEVICE=cuda and sglang (pip install -e '.[gpu]')"
 fi
 
+# (e) the recorder against a real Miles run (docs/record.md), only when MILES_CMD holds a
+#     Miles command line running train_async.py against SGLang on this device: the
+#     recorder's flags are added, MILES_RECORD_EXTRA_FLAGS adds the mode's own (the
+#     buffer's with --fully-async, the rollout function's without), and the record in
+#     OUTDIR/record is merged and checked (`check-trace --merge`). Skipped, and said so, otherwise.
+record_rc=0
+if [[ -n "${MILES_CMD:-}" ]]; then
+  log "recorder: $MILES_CMD + harness.record flags -> $OUT/record"
+  # shellcheck disable=SC2086  # MILES_CMD and the extra flags are command lines, split on purpose
+  MILES_HARNESS_RECORD_DIR="$OUT/record" $MILES_CMD \
+    --custom-generate-function-path harness.record.generate \
+    --data-source-path harness.record.RecordingDataSource \
+    --dynamic-sampling-filter-path harness.record.dynamic_filter \
+    --custom-rollout-log-function-path harness.record.log_rollout_data \
+    --custom-convert-samples-to-train-data-path harness.record.convert_samples_to_train_data \
+    ${MILES_RECORD_EXTRA_FLAGS:-} || record_rc=$?
+  if [[ $record_rc -eq 0 ]]; then
+    # shellcheck disable=SC2086
+    "${HARNESS[@]}" check-trace --merge "$OUT/record" -- $MILES_CMD || record_rc=$?
+  fi
+  log "recorder: exit $record_rc"
+else
+  log "recorder: skipped (MILES_CMD is not set)"
+fi
+
 echo done > "$OUT/.phase"
 stop_telemetry
 rm -f "$OUT/.phase"
@@ -176,8 +203,9 @@ else:
 print(f"  outputs in {out}")
 EOF
 log "(d) sglang conformance: $conf_rc (0 = every case passed; see $OUT/conformance.txt)"
-if [[ $run_rc -ne 0 || $gap_rc -ne 0 || ( $conf_rc != skipped && $conf_rc != 0 ) ]]; then
-  log "FAILED: run exit $run_rc, gap exit $gap_rc, conformance $conf_rc"
+if [[ $run_rc -ne 0 || $gap_rc -ne 0 || $record_rc -ne 0 || ( $conf_rc != skipped && $conf_rc != 0 ) ]]; then
+  log "FAILED: run exit $run_rc, gap exit $gap_rc, conformance $conf_rc, recorder exit $record_rc"
   exit 1
 fi
 log "all checks passed"
+

@@ -1,0 +1,334 @@
+"""Merge a record directory into one trace, and check it.
+
+Each process file (``harness.record.writer``) is read whole; a last line cut short by a
+killed process is dropped and reported (``truncated``), anything else malformed is an
+error naming the file and line. Clocks: within a process the events keep their
+``time.monotonic()`` order; across processes each file's monotonic clock is mapped onto
+the wall clock by its own offset (the median of ``wall - mono`` over its lines), and the
+merged trace's ``t`` is seconds since the first event.
+
+Server files (role ``server-N``: the CPU server's own trace, ``harness.record.served_run``)
+bring the engine's events. Their request indices are the server's; each request is
+joined to the Miles sample whose ``generate_call`` it answered: same server-reported
+``weight_version``, same number of tokens, same status, the request inside the call's
+time window; of several such calls, the one that ends soonest after the request ends
+(the answer reaches its caller at once; ``ambiguous`` counts requests with more than
+one candidate). Requests that answer no recorded call (health checks) are left out and
+counted. With several servers each server's events carry ``engine`` (its number), its
+loads become ``engine_loaded``, and the update counts as done (``engine_version``) when
+the last server has loaded it. Without server files, ``generate_call`` events become
+``submitted`` / ``finished`` with the versions Miles recorded (no per-token versions:
+the checkers that need them are not applicable).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from miles_async_core import events as ev
+from miles_async_core.errors import ConfigError
+
+from harness.trace import Event
+
+from .wrappers import GENERATE_BEGIN, GENERATE_CALL
+from .writer import PROCESS
+
+MERGED_NAME = "merged.jsonl"
+JOIN_SLACK_S = 0.05  # clock slack of the request-in-call window (processes on one host share the clock)
+
+# the event kinds each checker reads; a checker whose kinds are absent is not applicable
+REQUIRES: dict[str, tuple[str, ...]] = {
+    "no_generation_while_paused": (ev.ENGINE_PAUSE, ev.ADMITTED),
+    "abort_semantics": (ev.ENGINE_PAUSE, ev.SUBMITTED, ev.FINISHED),
+    "kv_versions": (ev.DECODE_STEP, ev.FINISHED),
+    "token_versions": (ev.DECODE_STEP, ev.SUBMITTED, ev.FINISHED, ev.ENGINE_VERSION),
+    "version_steps": (ev.ENGINE_VERSION, ev.SET_WEIGHT_VERSION),
+    "update_outside_generate": (ev.ENGINE_VERSION, ev.GENERATE_START),
+    "engine_versions_monotonic": (ev.ENGINE_LOADED,),
+    "all_engines_updated_before_resume": (ev.ENGINE_LOADED, ev.ENGINE_RESUME),
+    "all_engines_paused_for_update": (ev.ENGINE_LOADED, ev.ENGINE_PAUSE),
+    "buffer_capacity": (ev.PUT_ACCEPTED, ev.GOT),
+    "buffer_fifo": (ev.PUT_ACCEPTED, ev.GOT),
+    "aborted_never_stored": (ev.PUT_ACCEPTED, ev.GOT),
+    "filter_rejects_not_handled": (ev.PUT_ACCEPTED, ev.GOT),
+    "stale_rejects_handled": (ev.PUT_ACCEPTED, ev.GOT),
+    "drain_shape": (ev.DRAIN_START, ev.GOT, ev.DRAIN_END),
+    "drain_metrics": (ev.DRAIN_END, ev.METRICS, ev.PUT_ACCEPTED),
+    "in_flight_cap": (ev.SUBMITTED, ev.GROUP_DONE),
+    "whole_group_submission": (ev.TAKEN, ev.SUBMITTED),
+    "one_step_submission_budget": (ev.GENERATE_START, ev.TAKEN, ev.GROUP_DONE),
+    "one_group_per_pull": (ev.TAKEN,),
+    "conservation": (ev.TAKEN, ev.TRAINED, ev.RUN_END),
+    "conservation_prefix": (ev.TAKEN, ev.TRAINED),
+    "recycled_first_in_first_out": (ev.TAKEN,),
+    "trained_batch_shape": (ev.TRAINED,),
+    "got_staleness": (ev.GOT, ev.FINISHED),
+    "trained_age_bound": (ev.TRAINED, ev.FINISHED),
+    "batch_single_version": (ev.TRAINED, ev.FINISHED),
+    "colocate_exclusive": (ev.PHASE_START,),
+    "colocate_no_decode_while_training": (ev.PHASE_START, ev.DECODE_STEP),
+}
+
+
+@dataclass
+class ProcessFile:
+    path: Path
+    header: dict[str, Any]
+    lines: list[dict[str, Any]]
+    truncated: bool = False
+    offset: float = 0.0  # wall - mono
+
+    @property
+    def role(self) -> str:
+        return str(self.header.get("role", "?"))
+
+
+@dataclass
+class Merged:
+    events: list[Event]
+    processes: list[dict[str, Any]]
+    truncated: list[str] = field(default_factory=list)
+    join: dict[str, int] = field(default_factory=dict)
+    bytes_total: int = 0
+
+
+def read_process_file(path: Path, *, incomplete: bool) -> ProcessFile | None:
+    """One process's file, or None when ``path`` is not one (no identity line)."""
+    raw = path.read_bytes()
+    text = raw.decode("utf-8", errors="replace")
+    rows = text.split("\n")
+    cut = rows[-1] != ""  # a file a live writer left whole ends with a newline
+    docs: list[dict[str, Any]] = []
+    truncated = False
+    for n, row in enumerate(rows, start=1):
+        if not row.strip():
+            continue
+        try:
+            doc = json.loads(row)
+        except json.JSONDecodeError:
+            last = n == len(rows) if cut else n == len(rows) - 1
+            if last:
+                truncated = True
+                continue
+            raise ConfigError(f"record {path}, line {n}: not JSON: {row[:80]!r}. Allowed: one JSON event per line as "
+                              "harness.record writes; only a last line cut short is tolerated. Fix: remove the "
+                              "line or pass the files as the run left them") from None
+        if not isinstance(doc, dict) or "kind" not in doc or not {"mono", "wall"} <= set(doc):
+            raise ConfigError(f"record {path}, line {n}: {row[:80]!r} lacks kind/mono/wall. Allowed: "
+                              "harness.record's event lines. Fix: remove the line")
+        docs.append(doc)
+    if not docs or docs[0]["kind"] != PROCESS:
+        return None
+    if truncated and not incomplete:
+        raise ConfigError(f"record {path}: the last line is cut short (the process was killed while writing it). "
+                          "Allowed with --incomplete, which drops that line and checks what holds on a prefix. "
+                          f"Fix: miles-harness check-trace --merge {path.parent} --incomplete")
+    pf = ProcessFile(path, docs[0], docs[1:], truncated)
+    pf.offset = statistics.median(d["wall"] - d["mono"] for d in docs)
+    return pf
+
+
+def read_dir(directory: Path, *, incomplete: bool) -> list[ProcessFile]:
+    if not directory.is_dir():
+        raise ConfigError(f"--merge {directory}: not a directory. Allowed: the directory MILES_HARNESS_RECORD_DIR "
+                          "named in the run. Fix: pass that directory")
+    out = []
+    for path in sorted(directory.glob("*.jsonl")):
+        if path.name == MERGED_NAME:
+            continue
+        pf = read_process_file(path, incomplete=incomplete)
+        if pf is not None:
+            out.append(pf)
+    if not out:
+        raise ConfigError(f"--merge {directory}: no process files (*.jsonl starting with a process line). Allowed: "
+                          "the files harness.record writes. Fix: check that MILES_HARNESS_RECORD_DIR pointed here "
+                          "and that the recorder flags were on the Miles command line")
+    return out
+
+
+_FRAMEWORK_SKIP = {PROCESS, GENERATE_CALL, "train_data", "weights_written"}
+
+
+def _calls(files: list[ProcessFile]) -> list[dict[str, Any]]:
+    out = []
+    for pf in files:
+        for d in pf.lines:
+            if d["kind"] == GENERATE_CALL and not d.get("evaluation"):
+                out.append(dict(d, t0=d["start_mono"] + pf.offset, t1=d["mono"] + pf.offset, matched=False))
+    return out
+
+
+def _join(server: ProcessFile, calls: list[dict[str, Any]], stats: dict[str, int]) -> dict[int, dict[str, Any]]:
+    """Server request index -> the ``generate_call`` it answered."""
+    submitted: dict[int, float] = {}
+    mapping: dict[int, dict[str, Any]] = {}
+    for d in server.lines:
+        t = d["mono"] + server.offset
+        if d["kind"] == ev.SUBMITTED:
+            submitted[d["index"]] = t
+        elif d["kind"] == ev.FINISHED and d["index"] in submitted:
+            t_sub = submitted[d["index"]]
+            found = [c for c in calls if not c["matched"] and c["added_tokens"] == d["response_length"]
+                     and c["status"] == str(d["status"]).lower()
+                     and c["added_versions"] == [str(v) for v in d["weight_versions"]]
+                     and c["t0"] <= t_sub + JOIN_SLACK_S and c["t1"] >= t - JOIN_SLACK_S]
+            if not found:
+                stats["server_requests_unjoined"] += 1
+                continue
+            stats["ambiguous"] += len(found) > 1
+            # the answer reaches the caller just after the server finishes it: the call that
+            # ends soonest after the request's end (one ending before it, within the slack, last)
+            best = min(found, key=lambda c: (c["t1"] < t, abs(c["t1"] - t)))
+            best["matched"] = True
+            best["server"] = server
+            mapping[d["index"]] = best
+            stats["joined"] += 1
+    return mapping
+
+
+def _server_events(server: ProcessFile, number: int, multi: bool, mapping: dict[int, dict[str, Any]]
+                   ) -> list[tuple[float, int, str, dict[str, Any]]]:
+    out = []
+    for n, d in enumerate(server.lines):
+        kind = d["kind"]
+        fields = {k: v for k, v in d.items() if k not in ("kind", "mono", "wall")}
+        if kind in (ev.TAKEN, ev.GROUP_DONE, ev.SUBMITTED):
+            # the server's own one-request groups, and its arrival order: Miles' groups and
+            # its submissions (the generate function's call) come from the recorder
+            continue
+        if "index" in fields:
+            call = mapping.get(fields["index"])
+            if call is None:
+                continue
+            fields["index"] = call["index"]
+            if "group_index" in fields:
+                fields["group_index"] = call["group_index"]
+            if kind == ev.FINISHED:  # what Miles' sample holds after this call
+                fields["weight_versions"] = list(call["weight_versions"])
+        if "indices" in fields:
+            fields["indices"] = [mapping[i]["index"] for i in fields["indices"] if i in mapping]
+            if not fields["indices"]:
+                continue
+        if multi:
+            fields["engine"] = number
+            if kind == ev.ENGINE_VERSION:
+                kind = ev.ENGINE_LOADED
+        out.append((d["mono"] + server.offset, n, kind, fields))
+    return out
+
+
+def _loads_complete(rows: list[tuple[float, int, str, dict[str, Any]]], servers: int) -> list:
+    """The update to version v is in force when the last server has loaded it."""
+    loaded: dict[int, set[int]] = {}
+    out = []
+    for t, n, kind, fields in sorted(rows, key=lambda r: r[0]):
+        if kind == ev.ENGINE_LOADED:
+            have = loaded.setdefault(fields["version"], set())
+            have.add(fields["engine"])
+            if len(have) == servers:
+                out.append((t, n, ev.ENGINE_VERSION, {"version": fields["version"]}))
+    return out
+
+
+def _framework_events(pf: ProcessFile) -> list[tuple[float, int, str, dict[str, Any]]]:
+    out = []
+    pending_drain: list[dict[str, Any]] = []
+    begins: dict[tuple[int, float], dict[str, Any]] = {}  # a call's submission, by (index, start)
+    for n, d in enumerate(pf.lines):
+        kind = d["kind"]
+        fields = {k: v for k, v in d.items() if k not in ("kind", "mono", "wall")}
+        t = d["mono"] + pf.offset
+        if kind == GENERATE_BEGIN:
+            begins[(d["index"], d["mono"])] = {"index": d["index"], "group_index": d["group_index"], "version": None}
+            out.append((t, n, ev.SUBMITTED, begins[(d["index"], d["mono"])]))
+            continue
+        if kind == GENERATE_CALL:
+            if d.get("evaluation"):
+                continue
+            sub = begins.get((d["index"], d["start_mono"]))
+            if sub is not None and "_engine" in d:
+                sub["engine"] = d["_engine"]
+            if d.get("_joined"):
+                continue  # the server's events of this request stand for it
+            out.append((t, n, ev.FINISHED, {"index": d["index"], "group_index": d["group_index"],
+                                            "status": d["status"], "response_length": d["response_length"],
+                                            "token_versions": [], "weight_versions": d["weight_versions"]}))
+            continue
+        if kind in _FRAMEWORK_SKIP or kind not in ev.EVENT_FIELDS:
+            continue
+        if kind in (ev.DRAIN_START, ev.DRAIN_END, ev.METRICS) and fields.get("rollout_id") is None:
+            pending_drain.append(fields)  # the buffer does not know the rollout id: its batch's log does
+        elif kind == ev.TRAINED:
+            for start in pending_drain:
+                start["rollout_id"] = fields["rollout_id"]
+            pending_drain = []
+        out.append((t, n, kind, fields))
+    return out
+
+
+def merge_dir(directory: str | Path, *, incomplete: bool = False) -> Merged:
+    directory = Path(directory)
+    files = read_dir(directory, incomplete=incomplete)
+    servers = [pf for pf in files if pf.role.startswith("server")]
+    framework = [pf for pf in files if not pf.role.startswith("server")]
+    stats = {"joined": 0, "ambiguous": 0, "server_requests_unjoined": 0, "calls_unjoined": 0}
+    calls = _calls(framework)
+    rows: list[tuple[float, int, int, str, dict[str, Any]]] = []
+    multi = len(servers) > 1
+    server_rows: list = []
+    for number, pf in enumerate(servers):
+        mapping = _join(pf, calls, stats)
+        server_rows += _server_events(pf, number, multi, mapping)
+    if multi:
+        server_rows += _loads_complete(server_rows, len(servers))
+    matched = {(c["index"], c["start_mono"]): servers.index(c["server"]) for c in calls if c["matched"]}
+    stats["calls_unjoined"] = sum(1 for c in calls if not c["matched"]) if servers else 0
+    for pf in framework:
+        for d in pf.lines:
+            if d["kind"] == GENERATE_CALL and (d["index"], d["start_mono"]) in matched:
+                d["_joined"] = True
+                if multi:  # the request's engine, as a submission to one of several engines carries
+                    d["_engine"] = matched[(d["index"], d["start_mono"])]
+    for order, pf in enumerate(framework):
+        rows += [(t, order, n, k, f) for t, n, k, f in _framework_events(pf)]
+    rows += [(t, len(framework) + 1, n, k, f) for t, n, k, f in server_rows]
+    rows.sort(key=lambda r: (r[0], r[1], r[2]))
+    t_first = rows[0][0] if rows else 0.0
+    events, engine = [], 0
+    for seq, (t, _, _, kind, fields) in enumerate(rows):
+        if kind == ev.ENGINE_VERSION:
+            engine = fields["version"]
+        if kind == ev.SUBMITTED and fields.get("version") is None:
+            fields["version"] = engine  # the update in force at submission (no server file)
+        if kind == ev.TRAINED and servers:
+            # the trainer trains on the weights the engines last loaded (train_async updates after
+            # each step); the version the rollout passed along is kept as manager_version
+            fields["manager_version"], fields["trainer_version"] = fields["trainer_version"], engine
+        events.append(Event(seq, t - t_first, kind, fields))
+    procs = [{"file": pf.path.name, "role": pf.role, "pid": pf.header.get("pid"), "host": pf.header.get("host"),
+              "events": len(pf.lines), "truncated": pf.truncated} for pf in files]
+    return Merged(events=events, processes=procs, truncated=[pf.path.name for pf in files if pf.truncated],
+                  join=stats, bytes_total=sum(pf.path.stat().st_size for pf in files))
+
+
+def verdict(merged: Merged, config: Any, *, complete: bool) -> dict[str, Any]:
+    """Every checker that applies to ``config``: run when the kinds it reads are in the
+    merged trace, else listed as not applicable with the kinds it lacks."""
+    from harness.checking.invariants import ALL_CHECKS, applicable
+
+    present = {e.kind for e in merged.events}
+    ran: dict[str, list[Any]] = {}
+    lacking: dict[str, list[str]] = {}
+    for check in applicable(config, complete=complete):
+        missing = [k for k in REQUIRES.get(check.name, ()) if k not in present]
+        if missing:
+            lacking[check.name] = missing
+        else:
+            ran[check.name] = check.fn(merged.events, config)
+    off = [name for name in ALL_CHECKS if name not in ran and name not in lacking]
+    return {"ran": {k: len(v) for k, v in ran.items()}, "violations": ran, "lacking": lacking,
+            "not_for_config": off, "passed": not any(ran.values())}

@@ -1,0 +1,195 @@
+"""Upstream Miles end to end on the CPU servers with the recorder installed by its flags.
+
+``run_recorded(E2EConfig(...), record_dir)`` is ``harness.serve.upstream_e2e``'s run
+(upstream's ``train_async.py`` loop, real HTTP through ``MilesRouter`` to the CPU
+servers, the torch trainer) with two changes, both what a Miles user would do:
+
+* the recorder's flags are set on ``args`` (``harness.record.recorder_flags``), and the
+  data source and rollout function are built from them as upstream's rollout manager
+  builds them (``load_function(args.data_source_path)(args)`` and
+  ``load_rollout_function(..., args.rollout_function_path)``,
+  ``ray/rollout/rollout_manager.py:L69-L79``);
+* after each rollout, the rollout manager's two calls that read flags:
+  ``log_rollout_data`` (``--custom-rollout-log-function-path``, ``rollout_manager.py:L156``)
+  and ``convert_samples_to_train_data`` (``--custom-convert-samples-to-train-data-path``,
+  ``L157``); training itself is the harness's ``TorchTrainer``, as in the served run.
+
+Each server's trace is written into the record directory as a process file of role
+``server-N`` when the servers stop (what ``miles-harness serve --trace`` writes, on the
+same host's clocks), then ``harness.record.merge`` merges everything into one trace.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.serve import upstream_e2e
+
+from . import recorder_flags
+from .writer import DIR_ENV, close_all, write_foreign_trace
+
+
+def async_config(cfg: upstream_e2e.E2EConfig) -> Any:
+    """The run's config as the checkers read it (the fields ``upstream_e2e`` sets)."""
+    from miles_async_core.config import AsyncConfig
+
+    return AsyncConfig(rollout_batch_size=cfg.rollout_batch_size, n_samples_per_prompt=cfg.n_samples_per_prompt,
+                       fully_async=cfg.fully_async, pause_generation_mode=cfg.pause_mode, num_rollout=cfg.steps,
+                       max_weight_staleness=cfg.max_weight_staleness, seed=cfg.seed,
+                       async_unused_samples_handler=cfg.unused_samples_handler,
+                       over_sampling_batch_size=cfg.over_sampling_batch_size,
+                       async_max_concurrent_samples=cfg.max_concurrent_samples)
+
+
+class _RecordedRun(upstream_e2e._Run):
+    record_dir: Path
+    extra_flags: dict[str, Any] = {}
+
+    def driver(self) -> Any:
+        from miles.rollout.base_types import RolloutFnConstructorInput
+        from miles.rollout.inference_rollout.compatibility import load_rollout_function
+        from miles.utils.misc import load_function
+
+        args = getattr(self.rollout_fn, "args", None) or self.rollout_fn.state.args
+        flags = recorder_flags(fully_async=bool(args.fully_async))
+        vars(args).update(flags, **self.extra_flags)
+        self.args = args
+        data_source = load_function(args.data_source_path)(args)
+        self.rollout_fn = load_rollout_function(RolloutFnConstructorInput(args=args, data_source=data_source),
+                                                args.rollout_function_path)
+        return self._driver_module()
+
+    def _driver_module(self) -> Any:
+        """Upstream's ``train_async.py`` as the served run loads it, or the patched text a
+        seeded driver bug put in ``harness.upstream.host.DRIVER_SOURCES`` (compiled under
+        the file's own name), with its Ray names rebound to this run."""
+        import asyncio
+        import importlib.util
+
+        from harness.upstream import host, source
+        from harness.upstream.ray_names import rebind_ray_names
+
+        text = host.DRIVER_SOURCES.get("train_async.py")
+        if text is None:
+            return super().driver()
+        path = source.active() / "train_async.py"
+        spec = importlib.util.spec_from_file_location("miles_harness_recorded_train_async", path)
+        mod = importlib.util.module_from_spec(spec)
+        exec(compile(text, str(path), "exec", dont_inherit=True), mod.__dict__)
+        return rebind_ray_names(mod, generate=lambda *a, **k: asyncio.ensure_future(self.generate(*a, **k)),
+                                update_weights=self.update_weights, train=self.train)
+
+    async def generate(self, rollout_id: int) -> dict[str, Any]:
+        import asyncio
+
+        from miles.ray.rollout.metrics import log_rollout_data
+        from miles.ray.rollout.train_data_conversion import convert_samples_to_train_data
+        from miles.rollout.base_types import RolloutFnTrainInput
+        from miles.rollout.inference_rollout.compatibility import call_rollout_function
+        from miles.utils.misc import load_function
+
+        t0 = time.time()
+        version = self.manager_version
+        out = await asyncio.to_thread(call_rollout_function, self.rollout_fn,
+                                      RolloutFnTrainInput(rollout_id=rollout_id, weight_version=version))
+        args = self.args
+        log_rollout_data(rollout_id, args, out.samples, out.metrics, time.time() - t0)
+        flat = [s for g in out.samples for s in (g if isinstance(g, list) else [g])]
+        convert_samples_to_train_data(args, flat, metadata={}, custom_reward_post_process_func=None,
+                                      custom_convert_samples_to_train_data_func=load_function(
+                                          args.custom_convert_samples_to_train_data_path))
+        groups = [[upstream_e2e._core_sample(s) for s in g] for g in out.samples]
+        for g in out.samples:
+            for s in g:
+                self.trained_rows.append(self._row(rollout_id, version, s))
+        return {"groups": groups, "metrics": dict(out.metrics or {})}
+
+    def _check(self) -> None:
+        offset = time.time() - time.monotonic()
+        for n, s in enumerate(self.served):
+            write_foreign_trace(self.record_dir, f"server-{n}", list(s.trace.events), mono_to_wall=offset)
+        super()._check()
+
+
+def skip_default_logging(rollout_id: int, args: Any, samples: Any, metrics: Any, rollout_time: float) -> bool:
+    """A user's ``--custom-rollout-log-function-path`` that turns upstream's logging off."""
+    return True
+
+
+def copy_to_train_data(args: Any, samples: Any) -> dict:
+    """A user's ``--custom-convert-samples-to-train-data-path``: tokens, response lengths,
+    rollout log-probs and rewards, copied."""
+    return {"tokens": [list(s.tokens) for s in samples], "response_lengths": [s.response_length for s in samples],
+            "rollout_log_probs": [list(s.rollout_log_probs or []) for s in samples],
+            "rewards": [s.reward for s in samples], "sample_indices": [s.index for s in samples]}
+
+
+@dataclass
+class RecordedResult:
+    e2e: Any
+    record_dir: Path
+    merged: Any = None
+    verdict: dict[str, Any] = field(default_factory=dict)
+
+
+def run_recorded(cfg: upstream_e2e.E2EConfig, record_dir: str | Path, *, miles_src: str | None = None,
+                 extra_flags: dict[str, Any] | None = None, inner: dict[str, str] | None = None) -> RecordedResult:
+    """One recorded run; ``inner``: ``MILES_HARNESS_RECORD_INNER_<NAME>`` settings (the
+    user's originals) for the run's duration; ``extra_flags``: more Miles ``args`` fields
+    (e.g. ``async_data_buffer_capacity_factor``), set on the run and on the checkers' config."""
+    import tempfile
+    import shutil
+
+    from harness.upstream import source
+
+    from .merge import MERGED_NAME, merge_dir, verdict
+
+    record_dir = Path(record_dir)
+    record_dir.mkdir(parents=True, exist_ok=True)
+    path, how = source.find_miles_src(miles_src)
+    if path is None:
+        raise source.UpstreamUnavailable(how)
+    source.activate(path)
+    # upstream's default rollout logging reads Miles' full argument set, which the served
+    # run's args do not carry: the run keeps a user log function of its own, one that skips it
+    # (and the same for the default conversion: the served run's conversion copies tokens,
+    # log-probs and rewards, as harness.serve.upstream_e2e does)
+    inner = {"log": "harness.record.served_run.skip_default_logging",
+             "convert": "harness.record.served_run.copy_to_train_data", **(inner or {})}
+    env = {DIR_ENV: str(record_dir), **{f"MILES_HARNESS_RECORD_INNER_{k.upper()}": v for k, v in (inner or {}).items()}}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    workdir = Path(tempfile.mkdtemp(prefix="miles-harness-recorded-"))
+    from .wrappers import reset_state
+
+    reset_state()
+    try:
+        run = _RecordedRun(cfg, workdir)
+        run.record_dir, run.extra_flags = record_dir, dict(extra_flags or {})
+        res = run.execute()
+    finally:
+        close_all()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        shutil.rmtree(workdir, ignore_errors=True)
+    config = async_config(cfg)
+    overrides = {k: v for k, v in (extra_flags or {}).items() if k in config.to_dict()}
+    if overrides:
+        from miles_async_core.config import AsyncConfig
+
+        config = AsyncConfig.from_dict({**config.to_dict(), **overrides})
+    (record_dir / "merged.config.json").write_text(json.dumps({"config": config.to_dict(), "complete": True}))
+    merged = merge_dir(record_dir)
+    from harness.trace import write_jsonl
+
+    write_jsonl(merged.events, record_dir / MERGED_NAME)
+    return RecordedResult(e2e=res, record_dir=record_dir, merged=merged,
+                          verdict=verdict(merged, config, complete=True))
