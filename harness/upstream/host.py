@@ -64,8 +64,10 @@ from harness.sim.scenario import Scenario
 from harness.sim.trainer import SimTrainer
 from harness.sim.vtime import run_virtual
 from harness.trace import Event, TraceRecorder
-from harness.upstream import source
+from harness.upstream import source, stand_ins
+from harness.upstream.harness_errors import HarnessError, HostSeamError
 from harness.upstream.ray_names import rebind_ray_names
+from harness.upstream.seams import driver_of
 from harness.upstream.stand_ins import StandInCalled
 
 WORKER_URL = "http://sim-engine"
@@ -157,7 +159,7 @@ DRIVER_SOURCES: dict[str, str] = {}
 
 def _host() -> "UpstreamHost":
     if _CURRENT is None:
-        raise StandInCalled("an upstream HTTP call was made outside a running host")
+        raise StandInCalled("an upstream HTTP call was made outside a running host", seam="http_post(single_turn)")
     return _CURRENT
 
 
@@ -168,7 +170,7 @@ async def http_post(url: str, payload: dict, *args: Any, **kwargs: Any) -> dict:
         return await host.serve_generate(payload)
     if url.endswith("/abort_request"):
         return await host.serve_abort(payload)
-    raise StandInCalled(f"POST {url}: the host serves only /generate and /abort_request")
+    raise StandInCalled(f"POST {url}: the host serves only /generate and /abort_request", seam="http_post(single_turn)")
 
 
 async def http_get(url: str, *args: Any, **kwargs: Any) -> dict:
@@ -177,7 +179,7 @@ async def http_get(url: str, *args: Any, **kwargs: Any) -> dict:
         return {"workers": [{"url": WORKER_URL}]}
     if url.endswith("/list_workers"):
         return {"urls": [WORKER_URL]}
-    raise StandInCalled(f"GET {url}: the host serves only the router's worker list")
+    raise StandInCalled(f"GET {url}: the host serves only the router's worker list", seam="http_post_get(one-step)")
 
 
 class _LifecycleSink:
@@ -209,6 +211,32 @@ class _LifecycleSink:
 
 
 _PATCHED = False
+_ANNOUNCED_BY = "sink"  # "sink": upstream's lifecycle sink; "wrapper": the host's generate_and_rm wrapper
+
+
+def _announced(generate_and_rm: Callable) -> Callable:
+    """Upstream's ``generate_and_rm``, called as is, with each sample announced to the
+    host's sink first: for a tree whose ``generate_and_rm`` does not call the lifecycle
+    sink itself (seam ``lifecycle_sink`` missing, ``harness.upstream.seams``). The pinned
+    tree announces after the semaphore and the ``state.aborted`` check
+    (``inference_rollout_common.py:L78-L93``); the host's semaphore never blocks
+    (``sglang_server_concurrency`` is huge) and a sample returned at the aborted check
+    makes no request, so where the announcement happens changes nothing the host sees."""
+    sink = _LifecycleSink()
+
+    @functools.wraps(generate_and_rm)
+    async def announced(state: Any, sample: Any, *args: Any, **kwargs: Any) -> Any:
+        evaluation = kwargs.get("evaluation", args[1] if len(args) > 1 else False)
+        if evaluation or isinstance(sample, list):
+            return await generate_and_rm(state, sample, *args, **kwargs)
+        sink.attempt_start(sample)
+        sink.gen_start(sample)
+        try:
+            return await generate_and_rm(state, sample, *args, **kwargs)
+        finally:
+            sink.attempt_end(sample)
+
+    return announced
 
 
 class _OrderedTasks(set):
@@ -323,21 +351,27 @@ def _observed_filter(call_dynamic_filter: Callable) -> Callable:
 
 
 def _install_seams() -> None:
-    """Point upstream's HTTP calls and lifecycle seam at the host (idempotent)."""
-    global _PATCHED
+    """Point upstream's HTTP calls and lifecycle seam at the host (idempotent). Which
+    seams the tree has was probed when it was activated (``source.report()``)."""
+    global _PATCHED, _ANNOUNCED_BY
     if _PATCHED:
         return
     import miles.rollout.generate_hub.single_turn as single_turn
+    import miles.rollout.inference_rollout.inference_rollout_common as common_mod
     import miles.rollout.inference_rollout.inference_rollout_train as train_mod
     from miles.utils.lifecycle import TrajectoryLifecycle
 
     single_turn.post = http_post
     train_mod.post = http_post
     # the one-step rollout's progress bar would print on every generate
-    train_mod.tqdm = functools.partial(train_mod.tqdm, disable=True)
+    if hasattr(train_mod, "tqdm"):
+        train_mod.tqdm = functools.partial(train_mod.tqdm, disable=True)
     train_mod.get = http_get
     train_mod.as_completed_async = _ordered_as_completed_async  # set order pinned (D9)
     TrajectoryLifecycle().sink = _LifecycleSink()
+    if not source.report().found("lifecycle_sink"):
+        common_mod.generate_and_rm = _announced(common_mod.generate_and_rm)
+        _ANNOUNCED_BY = "wrapper"
     import miles.rollout.fully_async_rollout as fully_mod
 
     for mod in (fully_mod, train_mod):  # the group task's end, recorded as `group_done`
@@ -377,7 +411,7 @@ def _staleness(group: Any, current: int | None) -> int | None:
     return None if oldest is None else current - oldest
 
 
-class HostAccountingError(RuntimeError):
+class HostAccountingError(HarnessError):
     """The host's own accounting contradicted itself: a group it declared lost (held by
     nothing upstream, ``UpstreamHost.unaccounted`` / ``worker_waits``) showed up again in
     upstream's hands (submitted, returned by a wait, put, in the buffer or the data
@@ -388,7 +422,7 @@ class HostAccountingError(RuntimeError):
 
     def __init__(self, problems: list[str], result: "HostResult") -> None:
         super().__init__("harness_error: host accounting: " + "; ".join(problems[:8])
-                         + (f" (and {len(problems) - 8} more)" if len(problems) > 8 else ""))
+                         + (f" (and {len(problems) - 8} more)" if len(problems) > 8 else ""), ["host accounting"])
         self.problems = problems
         self.result = result
 
@@ -449,7 +483,9 @@ class UpstreamHost:
     async def serve_generate(self, payload: dict) -> dict:
         usample = self.task_sample.get(asyncio.current_task())
         if usample is None:
-            raise StandInCalled("/generate called from a task the lifecycle seam did not announce")
+            seam = "lifecycle_sink" if _ANNOUNCED_BY == "sink" else "generate_and_rm"
+            raise StandInCalled(f"/generate called from a task the {seam} seam did not announce "
+                                f"(payload of {len(payload.get('input_ids') or [])} token ids)", seam=seam)
         prompt = [0] * self.scenario.engine.prompt_tokens
         m = self.mirrors.get(usample.index)
         # a new attempt: a fresh sample, or one reset for retry (no response, no weight
@@ -710,7 +746,10 @@ class UpstreamHost:
         self.taken_this_generate = []
         if fully:
             self._emit(ev.DRAIN_START, rollout_id=rollout_id, current_version=version)
-        out = await self.rollout_fn(RolloutFnTrainInput(rollout_id=rollout_id, weight_version=version))
+        # a tree without the trainer-passed weight version (seam weight_version_source)
+        # runs only drivers that do not read it (one-step, sync)
+        passed = {"weight_version": version} if source.report().found("weight_version_source") else {}
+        out = await self.rollout_fn(RolloutFnTrainInput(rollout_id=rollout_id, **passed))
         returned = {g[0][0].group_index if isinstance(g[0], list) else g[0].group_index for g in out.samples}
         for gi in sorted(returned):
             self.seen(gi, f"returned by rollout {rollout_id} for training")
@@ -771,7 +810,9 @@ class UpstreamHost:
     # --- a run ------------------------------------------------------------------------
     def run(self) -> HostResult:
         global _CURRENT
+        source.report().require(driver_of(self.scenario.config))  # SeamMissing, before anything runs
         _install_seams()
+        raised_before = len(stand_ins.RAISED)
         args = upstream_args(self.scenario, dynamic_filter_path=self.dynamic_filter_path,
                              generate_function_path=self.generate_function_path)
         holder: dict[str, Any] = {}
@@ -832,6 +873,9 @@ class UpstreamHost:
                             get_samples_calls=self.get_samples_calls,
                             extra={"abort_posts": list(self.abort_posts), "live_tasks": holder.get("live_tasks", []),
                                    "worker_error": worker_error})
+        raised = stand_ins.RAISED[raised_before:]
+        if raised:
+            raise HostSeamError(raised, result)
         if problems:
             raise HostAccountingError(problems, result)
         return result

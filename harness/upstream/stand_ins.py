@@ -21,8 +21,20 @@ import types
 from typing import Any
 
 
+# every StandInCalled made since the process started; the host reads the ones a run
+# made (``host.UpstreamHost.run``) and reports them as a harness error, not a finding
+RAISED: list["StandInCalled"] = []
+
+
 class StandInCalled(RuntimeError):
-    """Upstream code reached a stand-in: the run took a path the host does not support."""
+    """Upstream code reached a stand-in: the run took a path the host does not support.
+    ``seam`` names the seam or stand-in; each one made is recorded in ``RAISED``, since
+    upstream may catch it and log it as its own task error."""
+
+    def __init__(self, message: str, *, seam: str = "import stand-in") -> None:
+        super().__init__(message)
+        self.seam = seam
+        RAISED.append(self)
 
 
 def _raising(qualname: str, reason: str) -> Any:
