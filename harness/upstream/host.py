@@ -418,7 +418,7 @@ class HostAccountingError(HarnessError):
     source, got, handed to the handler, recycled, returned by a rollout). That proves the
     accounting missed a holder: a harness bug, never an upstream finding. ``run`` raises it
     after the run (``result`` is what the run left), so the fault sweep records the seed as
-    a ``harness_error`` (``harness.upstream.faults._row``) and the differential fails."""
+    a ``harness_error`` (``harness.upstream.fault_sweep._row``) and the differential fails."""
 
     def __init__(self, problems: list[str], result: "HostResult") -> None:
         super().__init__("harness_error: host accounting: " + "; ".join(problems[:8])
@@ -828,6 +828,10 @@ class UpstreamHost:
             ctx = RunContext(args=sc.config, engine=self.engine, trainer=trainer, rollout_manager=rm, sink=self.sink,
                              observer=AgeRecorder())
             holder["ctx"] = ctx
+            me = asyncio.current_task()
+            # a stand-in reached inside upstream's code: this run cannot be faithful, so
+            # it stops now (HostSeamError after it), whatever upstream does with the error
+            stand_ins.ON_RAISE = lambda exc: loop.call_soon(me.cancel) if not me.done() else None
             mod = self._driver_module(args, ctx)
             if self.hooks is not None:
                 self.hooks(self)
@@ -838,7 +842,7 @@ class UpstreamHost:
                 me = asyncio.current_task()
                 # what upstream leaves running when its driver returns or raises (before
                 # run_virtual cancels it; tasks already being cancelled are not counted):
-                # the fault sweep (harness.upstream.faults) tells orphans from the worker
+                # the fault sweep (harness.upstream.fault_sweep) tells orphans from the worker
                 holder["live_tasks"] = sorted(getattr(t.get_coro(), "__qualname__", repr(t.get_coro()))
                                               for t in asyncio.all_tasks()
                                               if t is not me and not t.done() and not t.cancelling())
@@ -853,6 +857,7 @@ class UpstreamHost:
             error = exc
         finally:
             _CURRENT = None
+            stand_ins.ON_RAISE = None
             self.task_sample.clear()
             self.task_root.clear()
             self.task_key.clear()

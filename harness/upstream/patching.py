@@ -170,7 +170,7 @@ def _check(case: Any, core_cache: dict, mutant: UpstreamMutant | None) -> tuple[
     from harness.sim.engine import SimEngine
     from harness.sim.faults import fault_engine_class
     from harness.upstream.diff import _core_run, _first_divergence, observables
-    from harness.upstream.faults import guarded_host_run
+    from harness.upstream.fault_sweep import guarded_host_run
 
     sc = case.scenario()
     if case.name not in core_cache:

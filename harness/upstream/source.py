@@ -83,6 +83,20 @@ def activate(path: Path) -> Path:
     return path
 
 
+def refused_reason(config: object) -> str | None:
+    """Why the active tree cannot run ``config``'s driver faithfully (the missing seams,
+    with their files), or ``None`` when it can: the suites skip such a case, saying so."""
+    from harness.upstream.seams import driver_of
+
+    driver = driver_of(config)
+    return str(report().refusal(driver)) if report().missing_for(driver) else None
+
+
+def refused_files() -> dict[str, str]:
+    """Files of the active tree behind a missing, needed seam: ``{file: seam}``."""
+    return {p.seam.file: p.seam.name for p in report().probes if p.needed}
+
+
 def report() -> TreeReport:
     """The seam table of the active tree."""
     if _report is None:
@@ -98,4 +112,4 @@ def active() -> Path:
 
 
 __all__ = ["DEFAULT_TREE", "ENV", "OPTION", "PINNED_MILES_COMMIT", "PINNED_TREE_NAME", "SeamMissing",
-           "UpstreamUnavailable", "activate", "active", "find_miles_src", "report"]
+           "UpstreamUnavailable", "activate", "active", "find_miles_src", "refused_files", "refused_reason", "report"]

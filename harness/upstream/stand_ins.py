@@ -24,6 +24,9 @@ from typing import Any
 # every StandInCalled made since the process started; the host reads the ones a run
 # made (``host.UpstreamHost.run``) and reports them as a harness error, not a finding
 RAISED: list["StandInCalled"] = []
+# set by a running host: called with each StandInCalled made, to stop the run at once
+# (upstream may catch the error and go on, e.g. retrying a group forever)
+ON_RAISE: Any = None
 
 
 class StandInCalled(RuntimeError):
@@ -35,6 +38,8 @@ class StandInCalled(RuntimeError):
         super().__init__(message)
         self.seam = seam
         RAISED.append(self)
+        if ON_RAISE is not None:
+            ON_RAISE(self)
 
 
 def _raising(qualname: str, reason: str) -> Any:

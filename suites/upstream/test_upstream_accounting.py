@@ -98,7 +98,7 @@ def _fault_free_row(monkeypatch):
     """The fault sweep's row for SEED_2668's scenario with no fault, as ``sweep`` makes it."""
     from harness.checking.strategies import RunCase
     from harness.sim.faults import FaultSchedule
-    from harness.upstream import faults as uf
+    from harness.upstream import fault_sweep as uf
 
     monkeypatch.setattr(uf, "case_from_seed", lambda seed: RunCase(scenario_from_dict(SEED_2668), FaultSchedule()))
     return uf._row(0)

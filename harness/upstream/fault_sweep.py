@@ -7,7 +7,7 @@ failures, injected aborts, abort storms, a trainer failure, a worker crash, a
 cancellation or dynamic-filter rejects). ``case_from_seed(seed)`` draws it from an
 integer seed (hypothesis' own generator, seeded), so ``seed`` alone replays a finding:
 
-    .venv/bin/python -m harness.upstream.faults replay 1234
+    .venv/bin/python -m harness.upstream.fault_sweep replay 1234
 
 Two changes make a drawn case one upstream runs (``for_upstream``): ``colocate`` is
 cleared under ``train_async`` (upstream's ``train_async.py:L23`` refuses colocation, D8)
@@ -36,13 +36,17 @@ mode, message)``:
 
 A run the harness itself got wrong is no finding: its row carries ``harness_error``
 instead (``_row``), e.g. the host's ``HostAccountingError`` (a group its accounting
-declared lost came back, ``harness.upstream.host``), and ``sweep`` exits non-zero.
+declared lost came back, ``harness.upstream.host``) or ``HostSeamError`` (a stand-in or
+seam of the harness raised inside upstream's code, which upstream may have logged as its
+own task error), and ``sweep`` exits 2. A case whose driver the tree lacks a seam for
+(``harness.upstream.seams``) is not run: its row carries ``refused`` with the seams.
+The CLI exits 1 when a finding kind is not in the findings file.
 
 ``sweep(seeds)`` runs many and ``summarize`` folds them into the findings file
 (``results/upstream/fault_findings.json`` + ``.md``): per kind (category, detail, mode)
 the count, the fault kinds it came under and the first seeds. The CLI:
 
-    .venv/bin/python -m harness.upstream.faults sweep --runs 10000 --jobs 2 --write
+    .venv/bin/python -m harness.upstream.fault_sweep sweep --runs 10000 --jobs 2 --write
 """
 
 from __future__ import annotations
@@ -249,7 +253,7 @@ def host_run_with_faults(case: RunCase, *, seed: int | None = None, vtime_limit_
     t0 = time.perf_counter()
     res, hang = guarded_host_run(sc, vtime_limit_s=vtime_limit_s, real_time_limit_s=real_time_limit_s, hooks=hooks,
                                  engine_factory=fault_engine_class(SimEngine, faults), set_order=set_order,
-                                 dynamic_filter_path="harness.upstream.faults.fault_filter"
+                                 dynamic_filter_path="harness.upstream.fault_sweep.fault_filter"
                                  if faults.dynamic_filter_reject_rate else None)
     return HostOutcome(seed=seed, case=case, events=res.events, history=res.history, error=res.error,
                        live_tasks=list(res.extra.get("live_tasks", [])), hang=hang,
@@ -363,8 +367,13 @@ def run_seed(seed: int) -> tuple[HostOutcome, list[Finding]]:
 
 
 def _row(seed: int) -> dict:
+    from harness.upstream.seams import SeamMissing
+
     try:
         out, found = run_seed(seed)
+    except SeamMissing as exc:  # the tree lacks a seam this case's driver needs: not run
+        c = case_from_seed(seed)
+        return {"seed": seed, "mode": mode(c), "fault": fault_kind(c.faults), "refused": exc.seams}
     except Exception as exc:  # the harness' own machinery failed: never folded into upstream findings
         return {"seed": seed, "harness_error": repr(exc)[:500]}
     c = out.case
@@ -402,7 +411,8 @@ def sweep(seeds: Iterable[int], *, jobs: int = 1, progress: bool = False) -> lis
 def tree_digest(tree: Path) -> str:
     h = hashlib.sha256()
     for rel in TREE_FILES:
-        h.update(rel.encode() + b"\0" + (tree / rel).read_bytes())
+        f = tree / rel
+        h.update(rel.encode() + b"\0" + (f.read_bytes() if f.is_file() else b"(missing)"))
     return h.hexdigest()[:16]
 
 
@@ -413,7 +423,7 @@ def summarize(rows: list[dict], *, tree: Path, seeds: str, seconds: float | None
     by_fault: dict[str, int] = {}
     by_mode: dict[str, int] = {}
     for r in rows:
-        if "harness_error" in r:
+        if "harness_error" in r or "refused" in r:
             continue
         by_fault[r["fault"]] = by_fault.get(r["fault"], 0) + 1
         by_mode[r["mode"]] = by_mode.get(r["mode"], 0) + 1
@@ -430,11 +440,12 @@ def summarize(rows: list[dict], *, tree: Path, seeds: str, seconds: float | None
     return {
         "upstream_tree": tree.name, "tree_digest": tree_digest(tree), "tree_files": list(TREE_FILES),
         "seeds": seeds, "runs": len(rows), "harness_errors": [r for r in rows if "harness_error" in r][:20],
+        "refused_runs": sum(1 for r in rows if "refused" in r),
         "runs_with_findings": with_findings, "runs_by_fault": dict(sorted(by_fault.items())),
         "runs_by_mode": dict(sorted(by_mode.items())),
         "complete_runs": sum(1 for r in rows if r.get("complete")),
         "real_seconds": None if seconds is None else round(seconds, 1),
-        "replay": "python -m harness.upstream.faults replay SEED",
+        "replay": "python -m harness.upstream.fault_sweep replay SEED",
         "kinds": dict(sorted(kinds.items())),
     }
 
@@ -446,12 +457,14 @@ def format_md(doc: dict) -> str:
         f"Upstream tree `{doc['upstream_tree']}` (digest `{doc['tree_digest']}` over the files listed in the JSON). "
         f"Seeds `{doc['seeds']}`: {doc['runs']} runs"
         + (f" in {doc['real_seconds']} s" if doc.get("real_seconds") else "")
-        + f", {doc['complete_runs']} complete, {doc['runs_with_findings']} with at least one finding.",
+        + f", {doc['complete_runs']} complete, {doc['runs_with_findings']} with at least one finding"
+        + (f", {doc['refused_runs']} not run (the tree lacks a seam their driver needs)" if doc.get("refused_runs")
+           else "") + ".",
         "",
         "Runs by fault kind: " + ", ".join(f"{k} {v}" for k, v in doc["runs_by_fault"].items()) + ".",
         "Runs by mode: " + ", ".join(f"{k} {v}" for k, v in doc["runs_by_mode"].items()) + ".",
         "",
-        "Replay one: `.venv/bin/python -m harness.upstream.faults replay SEED` (prints the case, the outcome, "
+        "Replay one: `.venv/bin/python -m harness.upstream.fault_sweep replay SEED` (prints the case, the outcome, "
         "every finding with its trace).",
         "",
         "| finding | mode | runs | under faults | first seeds | example |",
@@ -515,12 +528,17 @@ def _activate(path: str | None) -> Path:
 
     tree, how = source.find_miles_src(path)
     if tree is None:
-        raise SystemExit(how)
-    return source.activate(tree)
+        print(how, file=sys.stderr)
+        raise SystemExit(2)
+    try:
+        return source.activate(tree)
+    except (source.UpstreamUnavailable, source.SeamMissing) as exc:
+        print(f"cannot run upstream Miles at {tree} faithfully: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m harness.upstream.faults", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m harness.upstream.fault_sweep", description=__doc__.split("\n\n")[0])
     p.add_argument("--miles-src", default=None)
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("sweep", help="run seeds START..START+RUNS-1 and summarize the findings")
@@ -549,7 +567,7 @@ def main(argv: list[str] | None = None) -> int:
         FINDINGS_FILE.write_text(json.dumps(doc, indent=1) + "\n")
         FINDINGS_FILE.with_suffix(".md").write_text(format_md(doc))
         print(f"wrote {FINDINGS_FILE} and its .md")
-    return 1 if doc["harness_errors"] else 0
+    return 2 if doc["harness_errors"] else (1 if new and known else 0)
 
 
 if __name__ == "__main__":
