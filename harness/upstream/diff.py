@@ -325,7 +325,103 @@ def matrix() -> list[DiffCase]:
         _c("one-step-nested-over-sampling", config={"over_sampling_batch_size": 6}, generate_function="multi_sample"),
         _c("sync-nested", config={"driver": "train"}, generate_function="multi_sample"),
     ]
-    return cases
+    return cases + pairwise_cases()
+
+
+# Pairwise cases: for each driver, every flag that driver's upstream code reads (or the
+# core's weight updater, which both sides share, reads) with its values; the cases cover
+# every pair of values of two flags at least once (greedy, deterministic), leaving out
+# combinations the miles profile refuses (``miles_async_core.rules``). ``dynamic_filter``
+# and ``generate_function`` are the case's hooks, not config fields.
+PAIRWISE_FLAGS: dict[str, dict[str, list]] = {
+    "sync": {
+        "update_weights_interval": [1, 2],  # train.py does not read it: both sides must ignore it
+        "rollout_submission_granularity": [None, "sample"],
+        "over_sampling_batch_size": [None, 6],
+        "partial_rollout": [False, True],
+        "start_rollout_id": [0, 2],
+        "n_samples_per_prompt": [2, 1],
+        "train_backend": ["megatron", "fsdp"],
+        "pause_generation_mode": ["retract", "in_place"],
+        "dynamic_filter": [None, "with_reason"],
+    },
+    "one-step": {
+        "update_weights_interval": [1, 2, 3],
+        "rollout_submission_granularity": [None, "sample"],
+        "over_sampling_batch_size": [None, 6],
+        "partial_rollout": [False, True],
+        "start_rollout_id": [0, 1],
+        "n_samples_per_prompt": [2, 1],
+        "train_backend": ["megatron", "fsdp"],
+        "pause_generation_mode": ["retract", "in_place"],
+        "dynamic_filter": [None, "with_reason"],
+    },
+    "fully-async": {
+        "update_weights_interval": [1, 2],
+        "rollout_submission_granularity": ["group", "sample"],
+        "max_weight_staleness": [None, 0, 1],
+        "async_unused_samples_handler": ["drop", "retry"],
+        "async_max_concurrent_samples": [None, 4],
+        "async_data_buffer_capacity_factor": [2.0, 0.5],
+        "pause_generation_mode": ["retract", "in_place"],
+        "start_rollout_id": [0, 1],
+        "n_samples_per_prompt": [2, 1],
+        "train_backend": ["megatron", "fsdp"],
+        "dynamic_filter": [None, "with_reason"],
+    },
+}
+DRIVER_BASE = {"sync": {"driver": "train"}, "one-step": {}, "fully-async": {"fully_async": True}}
+HOOKS = ("dynamic_filter", "generate_function")
+
+
+def _valid(driver: str, row: dict) -> bool:
+    from miles_async_core.rules import PINNED_MILES_COMMIT, validate
+
+    cfg = AsyncConfig(**{"rollout_batch_size": 4, "n_samples_per_prompt": 2, "num_rollout": 5, "seed": 3,
+                         **DRIVER_BASE[driver], **{k: v for k, v in row.items() if k not in HOOKS}})
+    return not [v for v in validate(cfg, f"miles-{PINNED_MILES_COMMIT}") if v.severity == "error"]
+
+
+def pairwise_rows(driver: str) -> list[dict]:
+    """Flag settings for ``driver`` covering every pair of values of two flags of
+    ``PAIRWISE_FLAGS[driver]`` (the pairs no valid setting has are left out)."""
+    flags = PAIRWISE_FLAGS[driver]
+    names = list(flags)
+
+    def pair(a: str, x: Any, b: str, y: Any) -> tuple:
+        return ((a, x), (b, y)) if names.index(a) < names.index(b) else ((b, y), (a, x))
+
+    todo = [pair(a, x, b, y) for i, a in enumerate(names) for b in names[i + 1:] for x in flags[a] for y in flags[b]]
+    uncovered = set(todo)
+    rows: list[dict] = []
+    while uncovered:
+        (a, x), (b, y) = next(p for p in todo if p in uncovered)
+        row = {a: x, b: y}
+        for n in names:
+            if n not in row:
+                row[n] = max(flags[n], key=lambda v: (sum(pair(m, w, n, v) in uncovered for m, w in row.items()),
+                                                      -flags[n].index(v)))
+        row = {n: row[n] for n in names}
+        if not _valid(driver, row):  # this completion is refused: the pair with every other flag at its default
+            row = {**{n: vs[0] for n, vs in flags.items()}, a: x, b: y}
+            if not _valid(driver, row):
+                uncovered.discard(pair(a, x, b, y))  # the profile refuses the pair itself
+                continue
+        uncovered -= {pair(m, row[m], n, row[n]) for i, m in enumerate(names) for n in names[i + 1:]}
+        rows.append(row)
+    return rows
+
+
+def pairwise_cases() -> list[DiffCase]:
+    prefix = {"sync": "sync", "one-step": "one-step", "fully-async": "fa"}
+    out = []
+    for driver in PAIRWISE_FLAGS:
+        defaults = {n: vs[0] for n, vs in PAIRWISE_FLAGS[driver].items()}
+        rows = [r for r in pairwise_rows(driver) if r != defaults]  # the plain case is in the matrix already
+        for i, row in enumerate(rows):
+            config = {**DRIVER_BASE[driver], **{k: v for k, v in row.items() if k not in HOOKS}}
+            out.append(_c(f"{prefix[driver]}-pairwise-{i:02d}", config=config, dynamic_filter=row.get("dynamic_filter")))
+    return out
 
 
 def extension_cases() -> list[DiffCase]:
@@ -370,4 +466,5 @@ def case_named(name: str) -> DiffCase:
     raise KeyError(f"no case {name!r} in the matrix; cases: {', '.join(c.name for c in cases)}")
 
 
-__all__ = ["ASPECTS", "case_named", "DiffCase", "DiffReport", "extension_cases", "matrix", "observables", "run_case", "format_summary"]
+__all__ = ["ASPECTS", "PAIRWISE_FLAGS", "case_named", "DiffCase", "DiffReport", "extension_cases", "matrix",
+           "observables", "pairwise_cases", "pairwise_rows", "run_case", "format_summary"]
