@@ -46,8 +46,8 @@ ASPECTS = ("generate", "updates", "trained", "ages", "weight_versions", "get_sam
 
 @dataclass(frozen=True)
 class DiffCase:
-    """One scenario of the matrix. ``known`` names the divergence (D1-D11 of issue 11) the
-    case is expected to show, with the upstream code that decides it; ``None`` = identical."""
+    """One scenario of the matrix. ``known`` names the divergence (by its name in
+    ``docs/upstream.md``) the case is expected to show, with the upstream code that decides it; ``None`` = identical."""
 
     name: str
     config: dict[str, Any]
@@ -210,7 +210,7 @@ def _upstream_run(case: DiffCase, sc: Scenario, *, set_order: str = "index") -> 
 
 def run_case(case: DiffCase, *, set_order: str = "index") -> DiffReport:
     """Both runs of ``case`` (the upstream tree must be activated first). ``set_order``:
-    how the host iterates upstream's ``done`` sets (D9): ``index`` (the core's order) or
+    how the host iterates upstream's ``done`` sets (divergence ``done-set-order``): ``index`` (the core's order) or
     ``reverse``."""
     sc = case.scenario()
     core = _core_run(case, sc)
@@ -246,7 +246,7 @@ def matrix() -> list[DiffCase]:
         _c("one-step-filter-bool", config={}, dynamic_filter="bare_bool"),
         _c("one-step-filter-none", config={}, dynamic_filter="none_rejects"),
         _c("one-step-fsdp", config={"train_backend": "fsdp"}),
-        # D5: --partial-rollout hands the groups pending at the end of a rollout back to the
+        # partial-rollout-handback: --partial-rollout hands the groups pending at the end of a rollout back to the
         # data source; the next rollout resumes them (inference_rollout_train.py:L40-L53,
         # inference_rollout_common.py:L225)
         _c("one-step-partial-rollout", config={"partial_rollout": True, "over_sampling_batch_size": 6}),
@@ -285,12 +285,12 @@ def matrix() -> list[DiffCase]:
            faults=FaultSchedule(injected_abort_rate=0.2, seed=2)),
         _c("fa-group-trainer-fails", config={**FA, **G}, faults=FaultSchedule(trainer_fail_at_step=2)),
         _c("one-step-trainer-fails", config={}, faults=FaultSchedule(trainer_fail_at_step=2)),
-        # D7: the worker dies on a failed request after the last drain; upstream leaves its
+        # orphaned-group-tasks: the worker dies on a failed request after the last drain; upstream leaves its
         # sibling group tasks running (fully_async_rollout.py:L128-L136), so they are still
         # generating at the last weight update's pause
         _c("fa-group-request-fails", config={**FA, **G}, engine={"seed": 11},
            faults=FaultSchedule(request_failure_rate=0.03, seed=1)),
-        # D11: a group whose request fails ends in the loop step the waiter resumes in, one
+        # same-wakeup-failure: a group whose request fails ends in the loop step the waiter resumes in, one
         # after a finished group: upstream's asyncio.wait collects both (f.done() on resume),
         # so the fully-async worker dies before it puts (fully_async_rollout.py:L134-L136) and
         # one-step logs and skips the failed group (inference_rollout_train.py:L117-L121)
@@ -298,16 +298,16 @@ def matrix() -> list[DiffCase]:
            faults=FaultSchedule(request_failure_rate=0.025, seed=1)),
         _c("one-step-request-fails-with-finish", config={"over_sampling_batch_size": 8},
            faults=FaultSchedule(request_failure_rate=0.15, seed=1)),
-        # D6: an over-sampled group still pending at the end of a rollout fails during the
+        # failure-at-abort: an over-sampled group still pending at the end of a rollout fails during the
         # abort; upstream's as_completed_async loop (inference_rollout_train.py:L40) raises it
         _c("one-step-request-fails-at-abort", config={"over_sampling_batch_size": 6},
            faults=FaultSchedule(request_failure_rate=0.15, seed=1)),
-        # D8: train_async.py:L23-L24 refuses these before anything runs
+        # async-refusals: train_async.py:L23-L24 refuses these before anything runs
         _c("one-step-colocate", config={"colocate": True}),
         _c("fa-colocate", config={**FA, **G, "colocate": True}),
         _c("one-step-critic-no-correction", config={"use_critic": True}),
         _c("fa-critic-no-correction", config={**FA, **G, "use_critic": True}),
-        # D2: nested groups. A generate function (--custom-generate-function-path) returns a
+        # nested-groups: A generate function (--custom-generate-function-path) returns a
         # list of samples per prompt sample (harness.upstream.generate_fns.multi_sample: 1-3
         # turns), so a group is n trajectories: len(group) == n at the top level
         # (fully_async_rollout.py:L171, inference_rollout_train.py:L138), flattened one

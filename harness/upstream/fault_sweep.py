@@ -10,7 +10,7 @@ integer seed (hypothesis' own generator, seeded), so ``seed`` alone replays a fi
     .venv/bin/python -m harness.upstream.fault_sweep replay 1234
 
 Two changes make a drawn case one upstream runs (``for_upstream``): ``colocate`` is
-cleared under ``train_async`` (upstream's ``train_async.py:L23`` refuses colocation, D8)
+cleared under ``train_async`` (upstream's ``train_async.py:L23`` refuses colocation, ``async-refusals``)
 and ``async_max_retries`` (a core-only cap) is unset.
 
 ``host_run_with_faults`` runs the case on ``harness.upstream.host`` with the faults
@@ -487,11 +487,11 @@ def format_md(doc: dict) -> str:
 
 READING = (
     "`orphaned_task: launched_generate`: `train_async.py:L80` launches generate(N+1) before step N trains; when "
-    "the step raises or the driver is cancelled, that generate keeps running (a Ray call nobody cancels; D10, "
+    "the step raises or the driver is cancelled, that generate keeps running (a Ray call nobody cancels; next-generate-launched-early, "
     "which the core now reproduces).",
     "`orphaned_task: fully_async_worker` / `group_tasks` (fully_async): the worker (`fully_async_rollout.py`, "
     "`_worker_loop`) has no stop path, so after the driver fails or is cancelled it keeps generating; after the "
-    "worker dies (request failure, worker crash) its sibling group tasks keep running (D7).",
+    "worker dies (request failure, worker crash) its sibling group tasks keep running (orphaned-group-tasks).",
     "`orphaned_task: group_tasks` (sync, one_step): when `generate_rollout_async` (`inference_rollout_train.py`) "
     "is cancelled, its pending group tasks are not: only the end-of-rollout abort stops them. "
     "`scheduler_waiter`, `http_request`, `buffer_get`: the sample-backfill waiter, an `/abort_request` post, the "

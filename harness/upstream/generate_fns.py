@@ -1,4 +1,5 @@
-"""A multi-sample generate function for the differential (nested groups, D2 of issue 11),
+"""A multi-sample generate function for the differential (nested groups, the
+``nested-groups`` divergence of ``docs/upstream.md``),
 in the core's form and in upstream's (``--custom-generate-function-path``).
 
 Upstream's hook: ``GenerateState`` loads ``--custom-generate-function-path`` with

@@ -241,7 +241,7 @@ def _announced(generate_and_rm: Callable) -> Callable:
 
 class _OrderedTasks(set):
     """A ``done`` set that iterates in a pinned order. Upstream handles the finished groups
-    of one ``asyncio.wait`` return in set order, which follows memory addresses (D9); the
+    of one ``asyncio.wait`` return in set order, which follows memory addresses (``done-set-order``); the
     host pins it: by first sample index (``index``, what the core does) or the reverse."""
 
     order = "index"
@@ -283,7 +283,7 @@ def _ordered_scheduler(make: Callable, *, worker: bool = False) -> Callable:
 async def _ordered_as_completed_async(tasks: Any) -> Any:
     """Upstream's ``as_completed_async`` (``miles/utils/misc.py``: ``for coro in
     asyncio.as_completed(tasks): yield await coro``), with the tasks already done when it
-    starts taken in the host's pinned set order (D9): asyncio registers their callbacks in
+    starts taken in the host's pinned set order (``done-set-order``): asyncio registers their callbacks in
     set order. The loop steps are asyncio's (``rollout.as_completed_in_order``)."""
     from miles_async_core.rollout import as_completed_in_order
 
@@ -367,7 +367,7 @@ def _install_seams() -> None:
     if hasattr(train_mod, "tqdm"):
         train_mod.tqdm = functools.partial(train_mod.tqdm, disable=True)
     train_mod.get = http_get
-    train_mod.as_completed_async = _ordered_as_completed_async  # set order pinned (D9)
+    train_mod.as_completed_async = _ordered_as_completed_async  # set order pinned (done-set-order)
     TrajectoryLifecycle().sink = _LifecycleSink()
     if not source.report().found("lifecycle_sink"):
         common_mod.generate_and_rm = _announced(common_mod.generate_and_rm)
@@ -454,7 +454,7 @@ class UpstreamHost:
         self.hooks = hooks
         self.task_sample: dict[asyncio.Task, Any] = {}
         self.task_root: dict[asyncio.Task, Any] = {}  # generate_and_rm task -> its prompt sample
-        self.task_key: dict[asyncio.Task, int] = {}  # group task -> first sample index (set order, D9)
+        self.task_key: dict[asyncio.Task, int] = {}  # group task -> first sample index (done-set-order)
         self.task_group: dict[asyncio.Task, int] = {}  # group task -> group index
         # where upstream holds each live group, for the accounting after every rollout
         # (``unaccounted``): returned by the worker's wait and not yet put, inside a put
@@ -574,7 +574,7 @@ class UpstreamHost:
         return out | self.held | self.putting
 
     def unaccounted(self) -> set[int]:
-        """Spec §9 item 16 (conservation) after a rollout: a group taken and not yet
+        """Conservation after a rollout (every taken group is trained, dropped, rejected or recycled): a group taken and not yet
         trained, dropped, rejected or recycled that upstream no longer holds is lost. It is
         left out of ``run_end.pending_groups``, so the conservation checker reports it."""
         for gi in self.lost & self._queued():

@@ -1,4 +1,4 @@
-"""The upstream host's accounting of where upstream holds each taken group (spec §9 item 16):
+"""The upstream host's accounting of where upstream holds each taken group (conservation: every taken group is trained, dropped, rejected or recycled):
 a group is held by its group task from the task's creation, and a group task the fully-async
 worker forgets is a group lost.
 

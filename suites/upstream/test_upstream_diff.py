@@ -1,10 +1,10 @@
-"""Upstream Miles under the harness (issue 11): the differential matrix, the invariant
-checkers on upstream's own runs, set order (D9), the stand-ins and the tree setting.
+"""Upstream Miles under the harness: the differential matrix, the invariant
+checkers on upstream's own runs, set order (``done-set-order``), the stand-ins and the tree setting.
 
 Every test needs an upstream Miles tree (``--miles-src``, ``$MILES_SRC``, or the pinned
 tree beside the repository); without one the ``miles_src`` fixture skips it, saying why.
 Cases that show a known divergence (``DiffCase.known``, ``harness.upstream.diff``) are strict
-xfails: they fail loudly once the core and upstream agree. None is left (D1-D11 closed).
+xfails: they fail loudly once the core and upstream agree. None is left (every named divergence of ``docs/upstream.md`` is closed).
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ def test_each_harness_extension_parts_from_upstream_only_when_switched_on(miles_
 
 
 def test_set_order_changes_what_upstream_does(miles_src):
-    """D9: upstream puts the finished groups of one ``asyncio.wait`` return in set order.
+    """``done-set-order``: upstream puts the finished groups of one ``asyncio.wait`` return in set order.
     Four groups aborted at once and recycled: the order they come back in follows the order
     the set is walked, so the host must pin it (by index, as the core) to compare."""
     case = case_named("fa-group-abort-storm-retry")

@@ -1,4 +1,4 @@
-"""The property suites' fault schedules on upstream Miles' own code (issue 11, part 4).
+"""The property suites' fault schedules on upstream Miles' own code.
 
 Each schedule is the core property suite's draw (``run_cases(faults=True)``) from an
 integer seed, run on the upstream host with its faults injected; what upstream does wrong

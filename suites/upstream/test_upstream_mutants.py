@@ -1,4 +1,4 @@
-"""Seeded bugs in upstream Miles (issue 11, part 5), in the spirit of the mutant zoo
+"""Seeded bugs in upstream Miles, in the spirit of the mutant zoo
 (``suites/properties/test_mutant_zoo.py``): each ``fixtures/upstream_mutants.py`` entry is a
 small patch applied in memory to the upstream tree at test time
 (``harness.upstream.patching``); with it in effect, the differential matrix's cases run on
