@@ -55,6 +55,9 @@ class UpstreamMutant:
     doc: str
     patches: tuple[Patch, ...]
     expected: frozenset[str]  # invariant names and/or "differential"
+    # the drivers whose runs can show it (``harness.upstream.seams.DRIVERS``); on a tree that
+    # refuses all of them the mutant is not tried there, and the suite says why
+    observable_in: frozenset[str] = frozenset({"sync", "one-step", "fully-async"})
 
 
 def patched_text(mutant: UpstreamMutant, patch: Patch, tree: Path) -> str:
@@ -178,11 +181,16 @@ def _check(case: Any, core_cache: dict, mutant: UpstreamMutant | None) -> tuple[
         core_cache[case.name] = (observables(core.events, core.history, core.wall_s, core.error), core.wall_s)
     core_obs, core_wall = core_cache[case.name]
     engine = fault_engine_class(SimEngine, case.faults) if case.faults is not None else SimEngine
+    gen = None
+    if case.generate_function:  # nested groups: upstream loads the same generate function as the core runs
+        from harness.upstream.generate_fns import FORMS
+
+        gen = FORMS[case.generate_function][1]
     with applied(mutant) if mutant is not None else nullcontext():
         up, hang = guarded_host_run(
             sc, vtime_limit_s=max(60.0, 20 * core_wall), real_time_limit_s=REAL_TIME_LIMIT_S,
             engine_factory=engine, dynamic_filter_path=f"harness.upstream.filters.{case.dynamic_filter}"
-            if case.dynamic_filter else None)
+            if case.dynamic_filter else None, generate_function_path=gen)
     caught = ["hang"] if hang else []
     caught += sorted({v.invariant for v in check_all(up.events, sc.config,
                                                       complete=up.error is None and hang is None)})
