@@ -38,7 +38,7 @@ class _EvalDispatcher:
         pass
 
     async def dispatch(self, *a: Any, **k: Any) -> None:
-        raise StandInCalled("eval is not hosted (the harness sets no --eval-interval)")
+        raise StandInCalled("eval is not hosted (the harness sets no --eval-interval)", seam="train_async.py")
 
     drain = staticmethod(_noop)
 
