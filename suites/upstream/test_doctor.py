@@ -15,10 +15,15 @@ from harness.upstream import seams, source
 
 
 @pytest.fixture
-def tree(pytestconfig) -> Path:
+def tree(pytestconfig, request) -> Path:
+    """The tree pytest was given (read, not imported); a refused tree fails the tests that
+    derive trees from it, naming the seam, as the rest of the tier does."""
     path, how = source.find_miles_src(pytestconfig.getoption("--miles-src", default=None))
     if path is None or not (path / source.MARKER).is_file():
         pytest.skip(how)
+    report = seams.probe(path)
+    if report.verdict == "refused" and request.function.__name__ != "test_doctor_prints_every_seam_and_a_verdict":
+        pytest.fail(f"upstream Miles ({how}) refused: {report.refusal()}", pytrace=False)
     return path
 
 
