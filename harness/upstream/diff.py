@@ -2,7 +2,7 @@
 first place they part.
 
 ``run_case(case)`` runs ``case`` on the core (``harness.sim.simulate``) and on upstream's
-code (``harness.upstream.host``), both on ``SimEngine``/``SimTrainer`` in virtual time,
+code (``harness.upstream.runner``), both on ``SimEngine``/``SimTrainer`` in virtual time,
 and returns a ``DiffReport``. Compared, each as a time-ordered list:
 
 * ``generate``: the weight version each generate / drain read (``generate_start``);
@@ -195,7 +195,7 @@ def _core_run(case: DiffCase, sc: Scenario) -> Any:
 
 
 def _upstream_run(case: DiffCase, sc: Scenario, *, set_order: str = "index") -> Any:
-    from harness.upstream.host import host_simulate
+    from harness.upstream.runner import run_upstream
 
     engine = fault_engine_class(SimEngine, case.faults) if case.faults is not None else SimEngine
     path = f"harness.upstream.filters.{case.dynamic_filter}" if case.dynamic_filter else None
@@ -204,13 +204,13 @@ def _upstream_run(case: DiffCase, sc: Scenario, *, set_order: str = "index") -> 
         from harness.upstream.generate_fns import FORMS
 
         gen = FORMS[case.generate_function][1]  # upstream loads it: --custom-generate-function-path
-    return host_simulate(sc, engine_factory=engine, dynamic_filter_path=path, generate_function_path=gen,
+    return run_upstream(sc, engine_factory=engine, dynamic_filter_path=path, generate_function_path=gen,
                          set_order=set_order)
 
 
 def run_case(case: DiffCase, *, set_order: str = "index") -> DiffReport:
     """Both runs of ``case`` (the upstream tree must be activated first). ``set_order``:
-    how the host iterates upstream's ``done`` sets (divergence ``done-set-order``): ``index`` (the core's order) or
+    how the runner iterates upstream's ``done`` sets (divergence ``done-set-order``): ``index`` (the core's order) or
     ``reverse``."""
     sc = case.scenario()
     core = _core_run(case, sc)

@@ -13,7 +13,7 @@ Two changes make a drawn case one upstream runs (``for_upstream``): ``colocate``
 cleared under ``train_async`` (upstream's ``train_async.py:L23`` refuses colocation, ``async-refusals``)
 and ``async_max_retries`` (a core-only cap) is unset.
 
-``host_run_with_faults`` runs the case on ``harness.upstream.host`` with the faults
+``runner_run_with_faults`` runs the case on ``harness.upstream.runner`` with the faults
 injected as on the core (``harness.sim.faults``: the same engine subclass, engine and
 trainer settings; the dynamic filter goes through ``--dynamic-sampling-filter-path``;
 cancellation cancels the driver's task). A watchdog bounds each run: ``VTIME_LIMIT_S`` of
@@ -35,8 +35,8 @@ mode, message)``:
   metric (its prompt is gone from the run).
 
 A run the harness itself got wrong is no finding: its row carries ``harness_error``
-instead (``_row``), e.g. the host's ``HostAccountingError`` (a group its accounting
-declared lost came back, ``harness.upstream.host``) or ``HostSeamError`` (a stand-in or
+instead (``_row``), e.g. the runner's ``RunnerAccountingError`` (a group its accounting
+declared lost came back, ``harness.upstream.runner``) or ``RunnerSeamError`` (a stand-in or
 seam of the harness raised inside upstream's code, which upstream may have logged as its
 own task error), and ``sweep`` exits 2. A case whose driver the tree lacks a seam for
 (``harness.upstream.seams``) is not run: its row carries ``refused`` with the seams.
@@ -91,7 +91,7 @@ TASK_ROLES = {"FullyAsyncRolloutFn._worker_loop": "fully_async_worker", "Event.w
               "http_post": "http_request",
               "FullyAsyncRolloutFn._generate_group": "group_tasks", "generate_and_rm_group": "group_tasks",
               "generate_and_rm": "group_tasks", "RolloutManager._generate": "launched_generate",
-              "UpstreamHost.observe_buffer.<locals>.observed_get": "buffer_get"}
+              "UpstreamRunner.observe_buffer.<locals>.observed_get": "buffer_get"}
 # after a normal end these may still run: upstream's worker lives as long as the rollout manager
 AFTER_NORMAL_END = frozenset({"fully_async_worker", "scheduler_waiter", "group_tasks"})
 
@@ -177,7 +177,7 @@ def case_digest(seed: int) -> str:
 # --------------------------------------------------------------------------- running
 
 @dataclass
-class HostOutcome:
+class RunnerOutcome:
     seed: int | None
     case: RunCase
     events: list[Event]
@@ -220,18 +220,18 @@ def fault_filter(args: Any, group: Any) -> Any:
     and retry count."""
     from miles.rollout.filter_hub.base_types import DynamicFilterOutput
 
-    from harness.upstream.host import _host
+    from harness.upstream.runner import _current
 
-    host = _host()
-    f: FaultSchedule = host.fault_schedule
+    run = _current()
+    f: FaultSchedule = run.fault_schedule
     first = group[0][0] if isinstance(group[0], list) else group[0]
-    m = host.mirrors.get(first.index)
+    m = run.mirrors.get(first.index)
     reject = _uniform(f.seed + 5, first.group_index, m.retry_count if m else 0) < f.dynamic_filter_reject_rate
     return DynamicFilterOutput(keep=not reject, reason="fault" if reject else None)
 
 
-def host_run_with_faults(case: RunCase, *, seed: int | None = None, vtime_limit_s: float = VTIME_LIMIT_S,
-                         real_time_limit_s: float = REAL_TIME_LIMIT_S, set_order: str = "index") -> HostOutcome:
+def runner_run_with_faults(case: RunCase, *, seed: int | None = None, vtime_limit_s: float = VTIME_LIMIT_S,
+                         real_time_limit_s: float = REAL_TIME_LIMIT_S, set_order: str = "index") -> RunnerOutcome:
     """``case`` on upstream's code with its faults injected (the tree must be activated)."""
     faults = case.faults
     faults.check_applies(case.scenario.config)
@@ -239,38 +239,38 @@ def host_run_with_faults(case: RunCase, *, seed: int | None = None, vtime_limit_
         case.scenario,
         engine=dataclasses.replace(case.scenario.engine, request_failure_rate=faults.request_failure_rate),
         trainer=dataclasses.replace(case.scenario.trainer, fail_at_step=faults.trainer_fail_at_step))
-    def hooks(host: Any) -> None:
-        host.fault_schedule = faults
+    def hooks(run: Any) -> None:
+        run.fault_schedule = faults
         task, loop = asyncio.current_task(), asyncio.get_running_loop()
 
         def cancel() -> None:
-            host._emit(ev.FAULT, what="cancel")
+            run._emit(ev.FAULT, what="cancel")
             task.cancel()
 
         if faults.cancel_at_s is not None:
             loop.call_at(faults.cancel_at_s, cancel)
 
     t0 = time.perf_counter()
-    res, hang = guarded_host_run(sc, vtime_limit_s=vtime_limit_s, real_time_limit_s=real_time_limit_s, hooks=hooks,
+    res, hang = guarded_upstream_run(sc, vtime_limit_s=vtime_limit_s, real_time_limit_s=real_time_limit_s, hooks=hooks,
                                  engine_factory=fault_engine_class(SimEngine, faults), set_order=set_order,
                                  dynamic_filter_path="harness.upstream.fault_sweep.fault_filter"
                                  if faults.dynamic_filter_reject_rate else None)
-    return HostOutcome(seed=seed, case=case, events=res.events, history=res.history, error=res.error,
+    return RunnerOutcome(seed=seed, case=case, events=res.events, history=res.history, error=res.error,
                        live_tasks=list(res.extra.get("live_tasks", [])), hang=hang,
                        wall_s=time.perf_counter() - t0)
 
 
-def guarded_host_run(scenario: Any, *, vtime_limit_s: float = VTIME_LIMIT_S,
-                     real_time_limit_s: float = REAL_TIME_LIMIT_S, hooks: Any = None, **host_kwargs: Any
+def guarded_upstream_run(scenario: Any, *, vtime_limit_s: float = VTIME_LIMIT_S,
+                     real_time_limit_s: float = REAL_TIME_LIMIT_S, hooks: Any = None, **runner_kwargs: Any
                      ) -> tuple[Any, str | None]:
-    """``UpstreamHost(scenario, **host_kwargs).run()`` under the watchdog: returns the
-    ``HostResult`` and ``None``, or a description of the hang (virtual-time deadlock,
+    """``UpstreamRunner(scenario, **runner_kwargs).run()`` under the watchdog: returns the
+    ``UpstreamRunResult`` and ``None``, or a description of the hang (virtual-time deadlock,
     virtual or real time limit)."""
-    from harness.upstream.host import UpstreamHost
+    from harness.upstream.runner import UpstreamRunner
 
     state: dict[str, Any] = {}
 
-    def guarded(host: Any) -> None:
+    def guarded(run: Any) -> None:
         task, loop = asyncio.current_task(), asyncio.get_running_loop()
 
         def watchdog() -> None:
@@ -279,10 +279,10 @@ def guarded_host_run(scenario: Any, *, vtime_limit_s: float = VTIME_LIMIT_S,
 
         loop.call_at(vtime_limit_s, watchdog)
         if hooks is not None:
-            hooks(host)
+            hooks(run)
 
     with _real_time_guard(real_time_limit_s):
-        res = UpstreamHost(scenario, hooks=guarded, **host_kwargs).run()
+        res = UpstreamRunner(scenario, hooks=guarded, **runner_kwargs).run()
     hang = state.get("hang")
     if isinstance(res.error, VirtualDeadlock):
         hang = f"virtual-time deadlock: {res.error}"
@@ -308,7 +308,7 @@ class Finding:
 CATEGORIES = ("invariant", "run_error", "hang", "orphaned_task", "silent_drop")
 
 
-def findings(out: HostOutcome) -> list[Finding]:
+def findings(out: RunnerOutcome) -> list[Finding]:
     m = mode(out.case)
     found: list[Finding] = []
     if out.hang is not None:
@@ -360,9 +360,9 @@ def _quiet_upstream_logs() -> Iterator[None]:
             log.setLevel(level)
 
 
-def run_seed(seed: int) -> tuple[HostOutcome, list[Finding]]:
+def run_seed(seed: int) -> tuple[RunnerOutcome, list[Finding]]:
     with _quiet_upstream_logs():
-        out = host_run_with_faults(case_from_seed(seed), seed=seed)
+        out = runner_run_with_faults(case_from_seed(seed), seed=seed)
     return out, findings(out)
 
 

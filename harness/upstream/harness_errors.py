@@ -17,7 +17,7 @@ class HarnessError(RuntimeError):
         self.seams = list(seams)
 
 
-class HostSeamError(HarnessError):
+class RunnerSeamError(HarnessError):
     """A stand-in or seam of the harness raised inside upstream's code during a run
     (``StandInCalled``): upstream may have caught and logged it as its own task error,
     but the failure is the harness'. Raised after the run with what the run left
@@ -32,4 +32,4 @@ class HostSeamError(HarnessError):
         self.result = result
 
 
-__all__ = ["HarnessError", "HostSeamError"]
+__all__ = ["HarnessError", "RunnerSeamError"]

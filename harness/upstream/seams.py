@@ -1,7 +1,7 @@
 """Every point where the harness touches upstream Miles beyond its public flags, how it is
 probed in a tree, and what the harness does without it.
 
-The harness runs upstream's own code (``harness.upstream.host``); to do so it rebinds
+The harness runs upstream's own code (``harness.upstream.runner``); to do so it rebinds
 some of upstream's module-level names, wraps some methods, installs the lifecycle sink
 and reads a few private attributes. A Miles checkout other than the pinned one may lack
 any of them. ``probe(tree)`` reads the tree's source files (``ast``, nothing imported,
@@ -15,9 +15,9 @@ upstream finding.
 Drivers: ``sync`` (``train.py``, ``InferenceRolloutFn``), ``one-step``
 (``train_async.py`` without ``--fully-async``) and ``fully-async``.
 
-A seam with a ``fallback`` is not needed when the fallback is found: the host then
+A seam with a ``fallback`` is not needed when the fallback is found: the runner then
 works through the fallback (the lifecycle sink announces each sample on the pinned tree;
-on a tree whose ``generate_and_rm`` does not announce, the host wraps
+on a tree whose ``generate_and_rm`` does not announce, the runner wraps
 ``generate_and_rm`` itself). An ``optional`` seam only costs a convenience.
 """
 
@@ -159,8 +159,8 @@ def _all(*checks: Callable[[_Tree], bool]) -> Callable[[_Tree], bool]:
 
 SEAMS: tuple[Seam, ...] = (
     Seam("lifecycle_sink", COMMON, "`generate_and_rm` calls `TrajectoryLifecycle().sink.gen_start(sample)`",
-         "tells the host which sample each /generate request is for (the payload carries only token ids)",
-         "the host announces each sample from its own wrapper of `generate_and_rm` (seam generate_and_rm)",
+         "tells the runner which sample each /generate request is for (the payload carries only token ids)",
+         "the runner announces each sample from its own wrapper of `generate_and_rm` (seam generate_and_rm)",
          ROLLING, lambda t: t.name(COMMON, "TrajectoryLifecycle") and t.reads(COMMON, "generate_and_rm", "gen_start"),
          fallback="generate_and_rm"),
     Seam("generate_and_rm", COMMON, "module-level `generate_and_rm`, called by `generate_and_rm_group`",
@@ -169,7 +169,7 @@ SEAMS: tuple[Seam, ...] = (
          ROLLING, lambda t: t.name(COMMON, "generate_and_rm") and t.name(COMMON, "generate_and_rm_group"),
          optional=True),
     Seam("trajectory_lifecycle", LIFECYCLE, "class `TrajectoryLifecycle` with a `sink`",
-         "the host's sink is installed there; the nested-group generate function announces its turns through it",
+         "the runner's sink is installed there; the nested-group generate function announces its turns through it",
          "no sink to install: refused", ROLLING,
          lambda t: t.name(LIFECYCLE, "TrajectoryLifecycle") and t.reads(LIFECYCLE, "TrajectoryLifecycle.__init__", "sink")),
     Seam("make_submission_scheduler(one-step)", TRAIN_MOD, "module-level `make_submission_scheduler`",
@@ -177,7 +177,7 @@ SEAMS: tuple[Seam, ...] = (
          "upstream would walk `done` sets in memory-address order: runs not reproducible, refused",
          INFERENCE, lambda t: t.name(TRAIN_MOD, "make_submission_scheduler")),
     Seam("make_submission_scheduler(fully-async)", FULLY_MOD, "module-level `make_submission_scheduler`",
-         "wrapped: pinned `done` order, and the host follows the worker's waits for its group accounting",
+         "wrapped: pinned `done` order, and the runner follows the worker's waits for its group accounting",
          "set order not pinned and groups not accounted: refused", FULLY,
          lambda t: t.name(FULLY_MOD, "make_submission_scheduler")),
     Seam("generate_and_rm_group(one-step)", TRAIN_MOD, "module-level `generate_and_rm_group`",
@@ -192,7 +192,7 @@ SEAMS: tuple[Seam, ...] = (
          "rebound: /generate is served by the simulated engine", "no engine to talk to: refused", ROLLING,
          lambda t: t.name(SINGLE_TURN, "post")),
     Seam("http_post_get(one-step)", TRAIN_MOD, "module-level `post` and `get`",
-         "rebound: /abort_request and the router's worker list are served by the host",
+         "rebound: /abort_request and the router's worker list are served by the runner",
          "the end-of-rollout abort would go to the network: refused", INFERENCE,
          lambda t: t.name(TRAIN_MOD, "post") and t.name(TRAIN_MOD, "get")),
     Seam("as_completed_async", TRAIN_MOD, "module-level `as_completed_async`",
@@ -200,7 +200,7 @@ SEAMS: tuple[Seam, ...] = (
          "that order would follow memory addresses: refused", INFERENCE,
          lambda t: t.name(TRAIN_MOD, "as_completed_async")),
     Seam("submit_generate_tasks", TRAIN_MOD, "module-level `submit_generate_tasks`",
-         "wrapped: each group task holds its group from creation (the host's group accounting)",
+         "wrapped: each group task holds its group from creation (the runner's group accounting)",
          "groups between creation and first step would be counted lost (false conservation findings): refused",
          INFERENCE, lambda t: t.name(TRAIN_MOD, "submit_generate_tasks")),
     Seam("call_dynamic_filter", TRAIN_MOD, "module-level `call_dynamic_filter`",
@@ -213,7 +213,7 @@ SEAMS: tuple[Seam, ...] = (
     Seam("weight_version_source", BASE_TYPES, "field `weight_version` of `RolloutFnTrainInput`",
          "the trainer passes the engine weight version to the drain (the staleness filter reads it)",
          "upstream polls the router's /model_info on a real-time cache instead: the drain's version would not "
-         "be the trainer's, and the host has no virtual-time router: fully-async refused", FULLY,
+         "be the trainer's, and the runner has no virtual-time router: fully-async refused", FULLY,
          lambda t: "weight_version" in t.mod(BASE_TYPES).fields.get("RolloutFnTrainInput", set())),
     Seam("data_buffer", BUFFER_MOD, "class `DefaultDataBuffer` (`put`, `get`, `self._buffer`, `self._capacity`) "
          "and `group_oldest_weight_version`",
@@ -229,7 +229,7 @@ SEAMS: tuple[Seam, ...] = (
          "stale and aborted groups would read as lost: fully-async refused", FULLY,
          lambda t: t.reads(FULLY_MOD, "FullyAsyncRolloutFn.__init__", "_handle_unused")),
     Seam("submit_one_group", FULLY_MOD, "method `FullyAsyncRolloutFn._submit_one_group`",
-         "wrapped: each group task holds its group from creation (the host's group accounting)",
+         "wrapped: each group task holds its group from creation (the runner's group accounting)",
          "a group between creation and first step would be counted lost: fully-async refused", FULLY,
          lambda t: t.method(FULLY_MOD, "FullyAsyncRolloutFn", "_submit_one_group")),
     Seam("worker_task", FULLY_MOD, "attribute `FullyAsyncRolloutFn._worker`",

@@ -8,9 +8,9 @@ project never copies upstream code: the tree is only put on ``sys.path`` at run 
 ``find_miles_src()`` returns ``(path or None, how it was found or why there is none)``;
 ``activate(path)`` probes the tree's seams (``harness.upstream.seams``: refused with
 ``SeamMissing``, naming the seam and the file, when no driver can run faithfully),
-applies the import stand-ins and imports the upstream modules the host runs, raising
+applies the import stand-ins and imports the upstream modules the runner runs, raising
 ``UpstreamUnavailable`` with the reason. ``report()`` is the active tree's seam table;
-the host refuses a driver it lacks a seam for (``TreeReport.require``).
+the runner refuses a driver it lacks a seam for (``TreeReport.require``).
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ _report: TreeReport | None = None
 
 def activate(path: Path) -> Path:
     """Probe ``path``'s seams, put it on ``sys.path`` (first), apply the stand-ins, import
-    the host's modules. A tree no driver can run on faithfully raises ``SeamMissing``."""
+    the runner's modules. A tree no driver can run on faithfully raises ``SeamMissing``."""
     global _active, _report
     path = Path(path).resolve()
     if not (path / MARKER).is_file():

@@ -67,7 +67,7 @@ def test_a_tree_without_the_scheduler_factory_is_refused_naming_seam_and_file(tr
 
 
 def test_a_seam_with_a_fallback_is_not_needed_while_the_fallback_is_there(tree, tmp_path):
-    """Without the lifecycle announcement in ``generate_and_rm`` the host wraps
+    """Without the lifecycle announcement in ``generate_and_rm`` the runner wraps
     ``generate_and_rm`` itself; without both, every driver is refused."""
     copy = _copy(tree, tmp_path / "miles-nosink")
     common = copy / seams.COMMON

@@ -57,7 +57,7 @@ def test_invariants_hold_on_upstream_runs(miles_src, case):
 
     _runs_here(case)
     up = _report(case).upstream_result
-    assert up.events, "the host recorded no events"
+    assert up.events, "the runner recorded no events"
     violations = check_all(up.events, case.scenario().config, complete=up.error is None)
     assert not violations, format_violations(violations)
 
@@ -116,7 +116,7 @@ def test_each_harness_extension_parts_from_upstream_only_when_switched_on(miles_
 def test_set_order_changes_what_upstream_does(miles_src):
     """``done-set-order``: upstream puts the finished groups of one ``asyncio.wait`` return in set order.
     Four groups aborted at once and recycled: the order they come back in follows the order
-    the set is walked, so the host must pin it (by index, as the core) to compare."""
+    the set is walked, so the runner must pin it (by index, as the core) to compare."""
     case = case_named("fa-group-abort-storm-retry")
     _runs_here(case)
     pinned, reversed_ = run_case(case), run_case(case, set_order="reverse")

@@ -1,7 +1,7 @@
 """The property suites' fault schedules on upstream Miles' own code.
 
 Each schedule is the core property suite's draw (``run_cases(faults=True)``) from an
-integer seed, run on the upstream host with its faults injected; what upstream does wrong
+integer seed, run on the upstream runner with its faults injected; what upstream does wrong
 (an invariant violation, an unexplained error, a hang, an orphaned task, a failed group
 silently discarded) is a finding with that seed (``harness.upstream.fault_sweep``).
 
@@ -147,14 +147,14 @@ def _fa_case(**faults):
 
 def test_a_hang_is_reported_not_waited_for(miles_src):
     """A virtual-time limit below the run's length: the watchdog ends it as a hang."""
-    out = uf.host_run_with_faults(_fa_case(), vtime_limit_s=3.0)
+    out = uf.runner_run_with_faults(_fa_case(), vtime_limit_s=3.0)
     assert out.hang and "virtual time limit" in out.hang
     assert [f.category for f in uf.findings(out)][0] == "hang"
 
 
 def test_an_orphaned_task_after_a_failure_is_reported(miles_src):
     """A trainer failure in fully-async: upstream's worker (a Ray actor's task) keeps running."""
-    out = uf.host_run_with_faults(_fa_case(trainer_fail_at_step=1))
+    out = uf.runner_run_with_faults(_fa_case(trainer_fail_at_step=1))
     assert type(out.error).__name__ == "TrainerStepError"
     kinds = {f.kind for f in uf.findings(out)}
     assert "orphaned_task:fully_async_worker@fully_async" in kinds
@@ -169,26 +169,26 @@ def test_an_unexplained_error_is_a_finding(miles_src, monkeypatch):
         raise ValueError("not a fault")
 
     monkeypatch.setattr(SimTrainer, "train", broken)
-    out = uf.host_run_with_faults(_fa_case())
+    out = uf.runner_run_with_faults(_fa_case())
     assert any(f.kind == "run_error:ValueError@fully_async" for f in uf.findings(out))
 
 
 def test_a_fault_free_run_has_no_findings_and_injected_aborts_reach_the_buffer(miles_src):
-    out = uf.host_run_with_faults(_fa_case())
+    out = uf.runner_run_with_faults(_fa_case())
     assert out.complete and uf.findings(out) == []
-    out = uf.host_run_with_faults(_fa_case(injected_abort_rate=0.3, seed=1))
+    out = uf.runner_run_with_faults(_fa_case(injected_abort_rate=0.3, seed=1))
     assert any(e.kind == ev.PUT_REJECTED and e["reason"] == "aborted" for e in out.events)
     assert out.complete and uf.findings(out) == []
 
 
 def test_a_seam_failing_inside_upstream_is_a_harness_error_not_a_finding(miles_src, monkeypatch):
-    """The lifecycle sink stops announcing samples: every /generate raises the host's
+    """The lifecycle sink stops announcing samples: every /generate raises the runner's
     ``StandInCalled`` inside upstream's group tasks, which upstream logs (or fails on) as
     its own error. The seed's row is a harness error naming the seam, with no findings."""
-    from harness.upstream import host
+    from harness.upstream import runner
 
-    monkeypatch.setattr(host._LifecycleSink, "gen_start", lambda self, sample: None)
+    monkeypatch.setattr(runner._LifecycleSink, "gen_start", lambda self, sample: None)
     row = uf._row(_seed_that_runs_here(17))
     assert "harness_error" in row and "findings" not in row, row
-    assert "HostSeamError" in row["harness_error"]
+    assert "RunnerSeamError" in row["harness_error"]
     assert "lifecycle_sink" in row["harness_error"] or "generate_and_rm" in row["harness_error"]

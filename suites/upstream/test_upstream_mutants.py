@@ -4,7 +4,7 @@ small patch applied in memory to the upstream tree at test time
 (``harness.upstream.patching``); with it in effect, the differential matrix's cases run on
 upstream's code in order until one is caught by an invariant checker on the upstream
 run or by the differential against the core (on cases that agree unmutated), and on that
-case by at least one checker of the host's own (an invariant or the hang watchdog), not only
+case by at least one checker of the runner's own (an invariant or the hang watchdog), not only
 the differential. Prints the table: mutant, what caught it, runs needed (cases run on the
 mutant).
 
@@ -99,7 +99,7 @@ def test_applying_a_mutant_changes_the_live_code_and_leaving_restores_it(miles_s
     from miles.rollout.fully_async_data_buffer import DefaultDataBuffer
     from miles.rollout.fully_async_rollout import DefaultDataBuffer as imported_elsewhere
 
-    from harness.upstream import host
+    from harness.upstream import runner
 
     get = DefaultDataBuffer.get
     before = get.__code__
@@ -110,8 +110,8 @@ def test_applying_a_mutant_changes_the_live_code_and_leaving_restores_it(miles_s
     assert get.__code__ is before
     drv = next(m for m in UPSTREAM_MUTANTS if m.area == "driver")
     with patching.applied(drv):
-        assert "train_async.py" in host.DRIVER_SOURCES
-    assert host.DRIVER_SOURCES == {}
+        assert "train_async.py" in runner.DRIVER_SOURCES
+    assert runner.DRIVER_SOURCES == {}
 
 
 def test_every_upstream_mutant_is_caught(miles_src, capsys):
@@ -136,7 +136,7 @@ def test_every_upstream_mutant_is_caught(miles_src, capsys):
         if c.case is None or not kinds & (set(m.expected) | {"hang"}):
             survivors.append(f"{m.name} (caught by {c.caught_by or 'nothing'}, expected {sorted(m.expected)})")
         elif kinds <= {"differential"} and len(cases) == len(matrix()):
-            # the host's own checks must see it on upstream's run too; on a tree that
+            # the runner's own checks must see it on upstream's run too; on a tree that
             # refuses a driver the cases a checker catches it on may be among those not run
             survivors.append(f"{m.name} (caught only by the differential: {c.caught_by})")
         rows.append((m.name, m.area, ", ".join(c.caught_by) or "NOT CAUGHT", c.case or "-",
