@@ -46,6 +46,8 @@ from typing import Callable
 from miles_async_core.config import AsyncConfig
 from miles_async_core.errors import ConfigError
 
+PINNED_MILES_COMMIT = "31f1ca9"
+
 SEVERITIES = ("error", "note")
 
 

@@ -20,6 +20,9 @@ package gets:
 * ``--miles-src=PATH`` (or ``$MILES_SRC``): the upstream Miles tree the upstream tier
   (``suites/upstream``) runs; the fixture ``miles_src`` activates it or skips with the
   reason (``harness.upstream.source``; default: the pinned tree beside the repository).
+  A tree its seams refuse (``harness.upstream.seams``: no driver can run faithfully)
+  fails every test that needs it, naming the seam and the file: a user's tree is never
+  silently skipped.
 * ``--py311-guard`` (opt-in; this project's root ``conftest.py`` turns it on for its own
   suites): on CPython 3.11, plain (caret-free) tracebacks in ``asyncio`` log records
   (``harness.checking.py311_guard``). Off by default, so a pytest run that merely has this
@@ -150,5 +153,7 @@ def miles_src(pytestconfig: pytest.Config) -> Any:
         pytest.skip(how)
     try:
         return source.activate(path)
+    except source.SeamMissing as exc:
+        pytest.fail(f"upstream Miles ({how}) refused: {exc}", pytrace=False)
     except source.UpstreamUnavailable as exc:
         pytest.skip(f"upstream Miles ({how}) unavailable: {exc}")

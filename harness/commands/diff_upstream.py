@@ -5,8 +5,14 @@ code, and the first place they part.
 
 With no ``--scenario`` every case of the matrix (``harness.upstream.diff.matrix``) runs.
 Each case prints ``identical`` or its first divergence with the items around it on both
-sides (``docs/upstream.md`` explains how to read it). Exit 0 when every case is identical
-or shows exactly its known divergence, 1 otherwise, 2 without a usable Miles tree.
+sides (``docs/upstream.md`` explains how to read it). The tree's seams are probed before
+any case runs (``harness.upstream.seams``); a case whose driver the tree lacks a seam for
+is not run, and says which seam; a stand-in or seam of the harness that fails inside
+upstream's code is a harness error naming the seam, never a divergence.
+
+Exit 0 when every case is identical or shows exactly its known divergence; 1 when
+upstream differs (an unexpected result); 2 when the harness could not run faithfully (no
+usable Miles tree, a missing seam, a harness error), which wins over 1.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from miles_async_core.errors import ConfigError
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--miles-src", help="upstream Miles checkout (default: $MILES_SRC, else the pinned tree "
-                                       "../shared/third_party/miles-31f1ca9)")
+                                       "beside the repository, ../shared/third_party/miles-<pinned commit>)")
     p.add_argument("--scenario", action="append", default=[], metavar="NAME",
                    help="a matrix case to run (repeatable); default: all")
     p.add_argument("--list", action="store_true", help="list the matrix cases and exit")
@@ -33,7 +39,7 @@ def main(args: argparse.Namespace) -> int:
         raise ConfigError(how)
     try:
         source.activate(path)
-    except source.UpstreamUnavailable as exc:
+    except (source.UpstreamUnavailable, source.SeamMissing) as exc:
         raise ConfigError(str(exc)) from None
     from harness.upstream.diff import case_named, matrix, run_case
 
@@ -46,16 +52,40 @@ def main(args: argparse.Namespace) -> int:
     except KeyError as exc:
         raise ConfigError(exc.args[0]) from None
     print(f"upstream Miles: {how}")
-    bad = 0
+    return _run_cases(cases, run_case)
+
+
+def _run_cases(cases: list, run_case) -> int:
+    from harness.upstream.harness_errors import HarnessError
+    from harness.upstream.seams import SeamMissing
+
+    bad, refused, broken = 0, [], []
+    told: set[tuple[str, ...]] = set()  # each refusal's whole text once
     t0 = time.perf_counter()
     for case in cases:
-        report = run_case(case)
+        try:
+            report = run_case(case)
+        except SeamMissing as exc:
+            refused.append(case.name)
+            key = tuple(exc.seams)
+            print(f"{case.name}: NOT RUN: missing seam {', '.join(key)}" + ("" if key in told else f"\n  {exc}"))
+            told.add(key)
+            continue
+        except HarnessError as exc:
+            broken.append(case.name)
+            print(f"{case.name}: HARNESS ERROR (not an upstream finding): {exc}")
+            continue
         print(report.format())
-        expected = report.identical == (case.known is None)
-        if not expected:
+        if report.identical != (case.known is None):
             bad += 1
-            print(f"  ^ UNEXPECTED: {'identical, but listed as ' + case.known.split(':')[0] if report.identical else 'a divergence no known id explains'}")
-    identical = sum(1 for c in cases if c.known is None)
-    print(f"\n{len(cases)} cases in {time.perf_counter() - t0:.1f} s: {len(cases) - bad} as expected "
-          f"({identical} identical expected), {bad} unexpected")
+            print(f"  ^ UNEXPECTED: {'identical, but listed as ' + case.known.split(':')[0] if report.identical else 'a divergence no known name explains'}")
+    ran = len(cases) - len(refused) - len(broken)
+    identical = sum(1 for c in cases if c.known is None and c.name not in refused + broken)
+    print(f"\n{len(cases)} cases in {time.perf_counter() - t0:.1f} s: {ran - bad} as expected "
+          f"({identical} identical expected), {bad} unexpected, {len(refused)} not run (missing seam), "
+          f"{len(broken)} harness errors")
+    if refused or broken:
+        print(f"exit 2: the harness could not run {len(refused) + len(broken)} case(s) faithfully on this tree "
+              "(see `miles-harness doctor --miles-src PATH`)")
+        return 2
     return 1 if bad else 0

@@ -127,7 +127,7 @@ STEPS: list[Step] = [
     Step("memory_smollm2", CLI + ["run", "--model", "smollm2", "--modes", "one-step,fully-async", "--steps", "4",
                                   "--repeats", "1", "--no-plots", "--out", "results/gap/smollm2-run-memory"],
          ["results/gap/smollm2-run-memory"]),
-    Step("upstream_faults", [PY, "-m", "harness.upstream.faults", "sweep", "--runs", "10000", "--jobs", "2",
+    Step("upstream_faults", [PY, "-m", "harness.upstream.fault_sweep", "sweep", "--runs", "10000", "--jobs", "2",
                              "--write"], ["results/upstream/fault_findings.json", "results/upstream/fault_findings.md"]),
     Step("serve_upstream_e2e", [PY, "-m", "harness.serve.upstream_e2e", "--out", "results/serve/upstream_e2e.json"],
          ["results/serve/upstream_e2e.json"]),

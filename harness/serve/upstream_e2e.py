@@ -24,7 +24,7 @@ thread, workers registered with ``POST /add_worker?url=...`` as ``SGLangEngine``
 
 What is not upstream's (and why): Ray (placement groups, the rollout-manager and
 training actors, the object store) is replaced by in-process objects as in
-``harness.upstream.host``; ``SGLangEngine.init`` (which launches SGLang) is skipped and
+``harness.upstream.runner``; ``SGLangEngine.init`` (which launches SGLang) is skipped and
 the client's ``server_host`` / ``server_port`` / ``node_rank`` set to a served engine;
 the disk path writes the new weights straight into the directory the engine reloads
 (upstream's ``pull_weights`` copies a published delta there first, an endpoint of
@@ -282,7 +282,7 @@ class E2EResult:
 def _args(cfg: E2EConfig, hf_dir: Path, prompts: Path, router_port: int) -> argparse.Namespace:
     from miles_async_core.config import AsyncConfig
     from harness.sim.scenario import Scenario
-    from harness.upstream.host import upstream_args
+    from harness.upstream.runner import upstream_args
 
     config = AsyncConfig(rollout_batch_size=cfg.rollout_batch_size, n_samples_per_prompt=cfg.n_samples_per_prompt,
                          fully_async=cfg.fully_async, pause_generation_mode=cfg.pause_mode, num_rollout=cfg.steps,

@@ -2,7 +2,7 @@
 first place they part.
 
 ``run_case(case)`` runs ``case`` on the core (``harness.sim.simulate``) and on upstream's
-code (``harness.upstream.host``), both on ``SimEngine``/``SimTrainer`` in virtual time,
+code (``harness.upstream.runner``), both on ``SimEngine``/``SimTrainer`` in virtual time,
 and returns a ``DiffReport``. Compared, each as a time-ordered list:
 
 * ``generate``: the weight version each generate / drain read (``generate_start``);
@@ -46,8 +46,8 @@ ASPECTS = ("generate", "updates", "trained", "ages", "weight_versions", "get_sam
 
 @dataclass(frozen=True)
 class DiffCase:
-    """One scenario of the matrix. ``known`` names the divergence (D1-D11 of issue 11) the
-    case is expected to show, with the upstream code that decides it; ``None`` = identical."""
+    """One scenario of the matrix. ``known`` names the divergence (by its name in
+    ``docs/upstream.md``) the case is expected to show, with the upstream code that decides it; ``None`` = identical."""
 
     name: str
     config: dict[str, Any]
@@ -195,7 +195,7 @@ def _core_run(case: DiffCase, sc: Scenario) -> Any:
 
 
 def _upstream_run(case: DiffCase, sc: Scenario, *, set_order: str = "index") -> Any:
-    from harness.upstream.host import host_simulate
+    from harness.upstream.runner import run_upstream
 
     engine = fault_engine_class(SimEngine, case.faults) if case.faults is not None else SimEngine
     path = f"harness.upstream.filters.{case.dynamic_filter}" if case.dynamic_filter else None
@@ -204,13 +204,13 @@ def _upstream_run(case: DiffCase, sc: Scenario, *, set_order: str = "index") -> 
         from harness.upstream.generate_fns import FORMS
 
         gen = FORMS[case.generate_function][1]  # upstream loads it: --custom-generate-function-path
-    return host_simulate(sc, engine_factory=engine, dynamic_filter_path=path, generate_function_path=gen,
+    return run_upstream(sc, engine_factory=engine, dynamic_filter_path=path, generate_function_path=gen,
                          set_order=set_order)
 
 
 def run_case(case: DiffCase, *, set_order: str = "index") -> DiffReport:
     """Both runs of ``case`` (the upstream tree must be activated first). ``set_order``:
-    how the host iterates upstream's ``done`` sets (D9): ``index`` (the core's order) or
+    how the runner iterates upstream's ``done`` sets (divergence ``done-set-order``): ``index`` (the core's order) or
     ``reverse``."""
     sc = case.scenario()
     core = _core_run(case, sc)
@@ -246,7 +246,7 @@ def matrix() -> list[DiffCase]:
         _c("one-step-filter-bool", config={}, dynamic_filter="bare_bool"),
         _c("one-step-filter-none", config={}, dynamic_filter="none_rejects"),
         _c("one-step-fsdp", config={"train_backend": "fsdp"}),
-        # D5: --partial-rollout hands the groups pending at the end of a rollout back to the
+        # partial-rollout-handback: --partial-rollout hands the groups pending at the end of a rollout back to the
         # data source; the next rollout resumes them (inference_rollout_train.py:L40-L53,
         # inference_rollout_common.py:L225)
         _c("one-step-partial-rollout", config={"partial_rollout": True, "over_sampling_batch_size": 6}),
@@ -285,12 +285,12 @@ def matrix() -> list[DiffCase]:
            faults=FaultSchedule(injected_abort_rate=0.2, seed=2)),
         _c("fa-group-trainer-fails", config={**FA, **G}, faults=FaultSchedule(trainer_fail_at_step=2)),
         _c("one-step-trainer-fails", config={}, faults=FaultSchedule(trainer_fail_at_step=2)),
-        # D7: the worker dies on a failed request after the last drain; upstream leaves its
+        # orphaned-group-tasks: the worker dies on a failed request after the last drain; upstream leaves its
         # sibling group tasks running (fully_async_rollout.py:L128-L136), so they are still
         # generating at the last weight update's pause
         _c("fa-group-request-fails", config={**FA, **G}, engine={"seed": 11},
            faults=FaultSchedule(request_failure_rate=0.03, seed=1)),
-        # D11: a group whose request fails ends in the loop step the waiter resumes in, one
+        # same-wakeup-failure: a group whose request fails ends in the loop step the waiter resumes in, one
         # after a finished group: upstream's asyncio.wait collects both (f.done() on resume),
         # so the fully-async worker dies before it puts (fully_async_rollout.py:L134-L136) and
         # one-step logs and skips the failed group (inference_rollout_train.py:L117-L121)
@@ -298,16 +298,16 @@ def matrix() -> list[DiffCase]:
            faults=FaultSchedule(request_failure_rate=0.025, seed=1)),
         _c("one-step-request-fails-with-finish", config={"over_sampling_batch_size": 8},
            faults=FaultSchedule(request_failure_rate=0.15, seed=1)),
-        # D6: an over-sampled group still pending at the end of a rollout fails during the
+        # failure-at-abort: an over-sampled group still pending at the end of a rollout fails during the
         # abort; upstream's as_completed_async loop (inference_rollout_train.py:L40) raises it
         _c("one-step-request-fails-at-abort", config={"over_sampling_batch_size": 6},
            faults=FaultSchedule(request_failure_rate=0.15, seed=1)),
-        # D8: train_async.py:L23-L24 refuses these before anything runs
+        # async-refusals: train_async.py:L23-L24 refuses these before anything runs
         _c("one-step-colocate", config={"colocate": True}),
         _c("fa-colocate", config={**FA, **G, "colocate": True}),
         _c("one-step-critic-no-correction", config={"use_critic": True}),
         _c("fa-critic-no-correction", config={**FA, **G, "use_critic": True}),
-        # D2: nested groups. A generate function (--custom-generate-function-path) returns a
+        # nested-groups: A generate function (--custom-generate-function-path) returns a
         # list of samples per prompt sample (harness.upstream.generate_fns.multi_sample: 1-3
         # turns), so a group is n trajectories: len(group) == n at the top level
         # (fully_async_rollout.py:L171, inference_rollout_train.py:L138), flattened one
@@ -325,7 +325,103 @@ def matrix() -> list[DiffCase]:
         _c("one-step-nested-over-sampling", config={"over_sampling_batch_size": 6}, generate_function="multi_sample"),
         _c("sync-nested", config={"driver": "train"}, generate_function="multi_sample"),
     ]
-    return cases
+    return cases + pairwise_cases()
+
+
+# Pairwise cases: for each driver, every flag that driver's upstream code reads (or the
+# core's weight updater, which both sides share, reads) with its values; the cases cover
+# every pair of values of two flags at least once (greedy, deterministic), leaving out
+# combinations the miles profile refuses (``miles_async_core.rules``). ``dynamic_filter``
+# and ``generate_function`` are the case's hooks, not config fields.
+PAIRWISE_FLAGS: dict[str, dict[str, list]] = {
+    "sync": {
+        "update_weights_interval": [1, 2],  # train.py does not read it: both sides must ignore it
+        "rollout_submission_granularity": [None, "sample"],
+        "over_sampling_batch_size": [None, 6],
+        "partial_rollout": [False, True],
+        "start_rollout_id": [0, 2],
+        "n_samples_per_prompt": [2, 1],
+        "train_backend": ["megatron", "fsdp"],
+        "pause_generation_mode": ["retract", "in_place"],
+        "dynamic_filter": [None, "with_reason"],
+    },
+    "one-step": {
+        "update_weights_interval": [1, 2, 3],
+        "rollout_submission_granularity": [None, "sample"],
+        "over_sampling_batch_size": [None, 6],
+        "partial_rollout": [False, True],
+        "start_rollout_id": [0, 1],
+        "n_samples_per_prompt": [2, 1],
+        "train_backend": ["megatron", "fsdp"],
+        "pause_generation_mode": ["retract", "in_place"],
+        "dynamic_filter": [None, "with_reason"],
+    },
+    "fully-async": {
+        "update_weights_interval": [1, 2],
+        "rollout_submission_granularity": ["group", "sample"],
+        "max_weight_staleness": [None, 0, 1],
+        "async_unused_samples_handler": ["drop", "retry"],
+        "async_max_concurrent_samples": [None, 4],
+        "async_data_buffer_capacity_factor": [2.0, 0.5],
+        "pause_generation_mode": ["retract", "in_place"],
+        "start_rollout_id": [0, 1],
+        "n_samples_per_prompt": [2, 1],
+        "train_backend": ["megatron", "fsdp"],
+        "dynamic_filter": [None, "with_reason"],
+    },
+}
+DRIVER_BASE = {"sync": {"driver": "train"}, "one-step": {}, "fully-async": {"fully_async": True}}
+HOOKS = ("dynamic_filter", "generate_function")
+
+
+def _valid(driver: str, row: dict) -> bool:
+    from miles_async_core.rules import PINNED_MILES_COMMIT, validate
+
+    cfg = AsyncConfig(**{"rollout_batch_size": 4, "n_samples_per_prompt": 2, "num_rollout": 5, "seed": 3,
+                         **DRIVER_BASE[driver], **{k: v for k, v in row.items() if k not in HOOKS}})
+    return not [v for v in validate(cfg, f"miles-{PINNED_MILES_COMMIT}") if v.severity == "error"]
+
+
+def pairwise_rows(driver: str) -> list[dict]:
+    """Flag settings for ``driver`` covering every pair of values of two flags of
+    ``PAIRWISE_FLAGS[driver]`` (the pairs no valid setting has are left out)."""
+    flags = PAIRWISE_FLAGS[driver]
+    names = list(flags)
+
+    def pair(a: str, x: Any, b: str, y: Any) -> tuple:
+        return ((a, x), (b, y)) if names.index(a) < names.index(b) else ((b, y), (a, x))
+
+    todo = [pair(a, x, b, y) for i, a in enumerate(names) for b in names[i + 1:] for x in flags[a] for y in flags[b]]
+    uncovered = set(todo)
+    rows: list[dict] = []
+    while uncovered:
+        (a, x), (b, y) = next(p for p in todo if p in uncovered)
+        row = {a: x, b: y}
+        for n in names:
+            if n not in row:
+                row[n] = max(flags[n], key=lambda v: (sum(pair(m, w, n, v) in uncovered for m, w in row.items()),
+                                                      -flags[n].index(v)))
+        row = {n: row[n] for n in names}
+        if not _valid(driver, row):  # this completion is refused: the pair with every other flag at its default
+            row = {**{n: vs[0] for n, vs in flags.items()}, a: x, b: y}
+            if not _valid(driver, row):
+                uncovered.discard(pair(a, x, b, y))  # the profile refuses the pair itself
+                continue
+        uncovered -= {pair(m, row[m], n, row[n]) for i, m in enumerate(names) for n in names[i + 1:]}
+        rows.append(row)
+    return rows
+
+
+def pairwise_cases() -> list[DiffCase]:
+    prefix = {"sync": "sync", "one-step": "one-step", "fully-async": "fa"}
+    out = []
+    for driver in PAIRWISE_FLAGS:
+        defaults = {n: vs[0] for n, vs in PAIRWISE_FLAGS[driver].items()}
+        rows = [r for r in pairwise_rows(driver) if r != defaults]  # the plain case is in the matrix already
+        for i, row in enumerate(rows):
+            config = {**DRIVER_BASE[driver], **{k: v for k, v in row.items() if k not in HOOKS}}
+            out.append(_c(f"{prefix[driver]}-pairwise-{i:02d}", config=config, dynamic_filter=row.get("dynamic_filter")))
+    return out
 
 
 def extension_cases() -> list[DiffCase]:
@@ -370,4 +466,5 @@ def case_named(name: str) -> DiffCase:
     raise KeyError(f"no case {name!r} in the matrix; cases: {', '.join(c.name for c in cases)}")
 
 
-__all__ = ["ASPECTS", "case_named", "DiffCase", "DiffReport", "extension_cases", "matrix", "observables", "run_case", "format_summary"]
+__all__ = ["ASPECTS", "PAIRWISE_FLAGS", "case_named", "DiffCase", "DiffReport", "extension_cases", "matrix",
+           "observables", "pairwise_cases", "pairwise_rows", "run_case", "format_summary"]

@@ -41,7 +41,7 @@ def bare_bool(args: Any, group: Any) -> bool:
 
 def none_rejects(args: Any, group: Any) -> bool | None:
     """``None`` for a reject, ``True`` otherwise: upstream wraps ``None`` as ``keep=None``
-    and drops the group, with no drop metric (D3, closed: the core does the same)."""
+    and drops the group, with no drop metric (divergence `filter-none-drops`, closed: the core does the same)."""
     return None if _reject(group) else True
 
 

@@ -1,4 +1,5 @@
-"""A multi-sample generate function for the differential (nested groups, D2 of issue 11),
+"""A multi-sample generate function for the differential (nested groups, the
+``nested-groups`` divergence of ``docs/upstream.md``),
 in the core's form and in upstream's (``--custom-generate-function-path``).
 
 Upstream's hook: ``GenerateState`` loads ``--custom-generate-function-path`` with
@@ -6,7 +7,7 @@ Upstream's hook: ``GenerateState`` loads ``--custom-generate-function-path`` wit
 ``inference_rollout/compatibility.py:L68-L84``); ``generate_and_rm`` calls it per prompt
 sample and takes its ``GenerateFnOutput.samples``, a ``Sample`` or a ``list[Sample]``
 (``base_types.py:L82-L86``; upstream's own test ``test_multi_sample.py`` returns a list).
-The host passes ``multi_sample_upstream``'s dotted path, so upstream loads and calls it
+The runner passes ``multi_sample_upstream``'s dotted path, so upstream loads and calls it
 through that hook, unmodified.
 
 Both forms make the same trajectory of a prompt sample with index ``i``: ``turns(i)`` =

@@ -10,10 +10,10 @@ snippet, compiles the result under the file's own name and
   namespace under the same module name, then moves the new code into the live objects:
   every function and method defined in that module gets the patched ``__code__`` (and
   defaults), every changed module-level constant its new value. References held
-  elsewhere (``from ... import``, the host's wrappers, bound methods) therefore run the
+  elsewhere (``from ... import``, the runner's wrappers, bound methods) therefore run the
   patched code; leaving the context puts every original back.
-* for ``train.py`` / ``train_async.py``: hands the patched text to the host
-  (``harness.upstream.host.DRIVER_SOURCES``), which compiles its driver from it per run.
+* for ``train.py`` / ``train_async.py``: hands the patched text to the runner
+  (``harness.upstream.runner.DRIVER_SOURCES``), which compiles its driver from it per run.
 
 A snippet that is not in the file, or is there more than once (upstream changed), raises
 ``PatchDoesNotApply`` naming the mutant, the file and the snippet; a patch that changes no
@@ -55,6 +55,9 @@ class UpstreamMutant:
     doc: str
     patches: tuple[Patch, ...]
     expected: frozenset[str]  # invariant names and/or "differential"
+    # the drivers whose runs can show it (``harness.upstream.seams.DRIVERS``); on a tree that
+    # refuses all of them the mutant is not tried there, and the suite says why
+    observable_in: frozenset[str] = frozenset({"sync", "one-step", "fully-async"})
 
 
 def patched_text(mutant: UpstreamMutant, patch: Patch, tree: Path) -> str:
@@ -117,7 +120,7 @@ def _transplant(mod: types.ModuleType, ns: dict, undo: list, consts: list, where
 @contextmanager
 def applied(mutant: UpstreamMutant, tree: Path | None = None) -> Iterator[None]:
     """``mutant`` in effect on the active (imported) upstream tree; undone on exit."""
-    from harness.upstream import host
+    from harness.upstream import runner
 
     tree = source.active() if tree is None else tree
     undo: list = []
@@ -140,11 +143,11 @@ def applied(mutant: UpstreamMutant, tree: Path | None = None) -> Iterator[None]:
             exec(code, ns)
             if not _transplant(mod, ns, undo, consts, where):
                 raise PatchDoesNotApply(f"{where}: the patch changes no code")
-        host.DRIVER_SOURCES.update(drivers)
+        runner.DRIVER_SOURCES.update(drivers)
         yield
     finally:
         for path in drivers:
-            host.DRIVER_SOURCES.pop(path, None)
+            runner.DRIVER_SOURCES.pop(path, None)
         for fn, code, defaults, kwdefaults in reversed(undo):
             fn.__code__, fn.__defaults__, fn.__kwdefaults__ = code, defaults, kwdefaults
         for mod, name, value in reversed(consts):
@@ -170,7 +173,7 @@ def _check(case: Any, core_cache: dict, mutant: UpstreamMutant | None) -> tuple[
     from harness.sim.engine import SimEngine
     from harness.sim.faults import fault_engine_class
     from harness.upstream.diff import _core_run, _first_divergence, observables
-    from harness.upstream.faults import guarded_host_run
+    from harness.upstream.fault_sweep import guarded_upstream_run
 
     sc = case.scenario()
     if case.name not in core_cache:
@@ -178,11 +181,16 @@ def _check(case: Any, core_cache: dict, mutant: UpstreamMutant | None) -> tuple[
         core_cache[case.name] = (observables(core.events, core.history, core.wall_s, core.error), core.wall_s)
     core_obs, core_wall = core_cache[case.name]
     engine = fault_engine_class(SimEngine, case.faults) if case.faults is not None else SimEngine
+    gen = None
+    if case.generate_function:  # nested groups: upstream loads the same generate function as the core runs
+        from harness.upstream.generate_fns import FORMS
+
+        gen = FORMS[case.generate_function][1]
     with applied(mutant) if mutant is not None else nullcontext():
-        up, hang = guarded_host_run(
+        up, hang = guarded_upstream_run(
             sc, vtime_limit_s=max(60.0, 20 * core_wall), real_time_limit_s=REAL_TIME_LIMIT_S,
             engine_factory=engine, dynamic_filter_path=f"harness.upstream.filters.{case.dynamic_filter}"
-            if case.dynamic_filter else None)
+            if case.dynamic_filter else None, generate_function_path=gen)
     caught = ["hang"] if hang else []
     caught += sorted({v.invariant for v in check_all(up.events, sc.config,
                                                       complete=up.error is None and hang is None)})

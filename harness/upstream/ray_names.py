@@ -5,8 +5,8 @@ to in-process objects, so the driver loop runs as upstream wrote it in one proce
 placement groups, the rollout manager actor, the training actors, the object store,
 tracking, logging and control-server hooks. ``generate(rollout_id)`` is what
 ``rollout_manager.generate.remote(rollout_id)`` returns: it must start the work at once
-and return an awaitable, as a Ray call does. Used by the virtual-time host
-(``harness.upstream.host``) and by the served end-to-end run (``harness.serve.upstream_e2e``).
+and return an awaitable, as a Ray call does. Used by the virtual-time runner
+(``harness.upstream.runner``) and by the served end-to-end run (``harness.serve.upstream_e2e``).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ class _EvalDispatcher:
         pass
 
     async def dispatch(self, *a: Any, **k: Any) -> None:
-        raise StandInCalled("eval is not hosted (the harness sets no --eval-interval)")
+        raise StandInCalled("eval is not hosted (the harness sets no --eval-interval)", seam="train_async.py")
 
     drain = staticmethod(_noop)
 

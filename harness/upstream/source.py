@@ -2,12 +2,15 @@
 
 One setting names it: ``pytest --miles-src=PATH`` or the ``MILES_SRC`` environment
 variable (the option wins). With neither, the pinned tree that CI has beside the
-repository, ``../shared/third_party/miles-31f1ca9``, is used when it is there. The
+repository, ``../shared/third_party/miles-<PINNED_MILES_COMMIT>``, is used when it is there. The
 project never copies upstream code: the tree is only put on ``sys.path`` at run time.
 
 ``find_miles_src()`` returns ``(path or None, how it was found or why there is none)``;
-``activate(path)`` checks the tree, applies the import stand-ins and imports the
-upstream modules the host runs, raising ``UpstreamUnavailable`` with the reason.
+``activate(path)`` probes the tree's seams (``harness.upstream.seams``: refused with
+``SeamMissing``, naming the seam and the file, when no driver can run faithfully),
+applies the import stand-ins and imports the upstream modules the runner runs, raising
+``UpstreamUnavailable`` with the reason. ``report()`` is the active tree's seam table;
+the runner refuses a driver it lacks a seam for (``TreeReport.require``).
 """
 
 from __future__ import annotations
@@ -16,10 +19,14 @@ import os
 import sys
 from pathlib import Path
 
+from miles_async_core.rules import PINNED_MILES_COMMIT
+from harness.upstream.seams import SeamMissing, TreeReport, probe
+
 ENV = "MILES_SRC"
 OPTION = "--miles-src"
 REPO_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_TREE = REPO_ROOT.parent / "shared" / "third_party" / "miles-31f1ca9"
+PINNED_TREE_NAME = f"miles-{PINNED_MILES_COMMIT}"
+DEFAULT_TREE = REPO_ROOT.parent / "shared" / "third_party" / PINNED_TREE_NAME
 MARKER = Path("miles") / "rollout" / "fully_async_rollout.py"
 
 
@@ -39,14 +46,19 @@ def find_miles_src(explicit: str | None = None) -> tuple[Path | None, str]:
 
 
 _active: Path | None = None
+_report: TreeReport | None = None
 
 
 def activate(path: Path) -> Path:
-    """Put ``path`` on ``sys.path`` (first), apply the stand-ins, import the host's modules."""
-    global _active
+    """Probe ``path``'s seams, put it on ``sys.path`` (first), apply the stand-ins, import
+    the runner's modules. A tree no driver can run on faithfully raises ``SeamMissing``."""
+    global _active, _report
     path = Path(path).resolve()
     if not (path / MARKER).is_file():
         raise UpstreamUnavailable(f"{path} is not a Miles checkout: {MARKER} is missing")
+    tree_report = probe(path)
+    if tree_report.verdict == "refused":
+        raise tree_report.refusal()
     if _active is not None:
         if _active != path:
             raise UpstreamUnavailable(f"upstream Miles is already imported from {_active} in this process; "
@@ -67,8 +79,29 @@ def activate(path: Path) -> Path:
         sys.path.remove(str(path))
         raise UpstreamUnavailable(f"upstream Miles at {path} does not import here: {exc!r}. Fix: "
                                   "pip install -e '.[upstream]' (or `make test`, which installs it)") from exc
-    _active = path
+    _active, _report = path, tree_report
     return path
+
+
+def refused_reason(config: object) -> str | None:
+    """Why the active tree cannot run ``config``'s driver faithfully (the missing seams,
+    with their files), or ``None`` when it can: the suites skip such a case, saying so."""
+    from harness.upstream.seams import driver_of
+
+    driver = driver_of(config)
+    return str(report().refusal(driver)) if report().missing_for(driver) else None
+
+
+def refused_files() -> dict[str, str]:
+    """Files of the active tree behind a missing, needed seam: ``{file: seam}``."""
+    return {p.seam.file: p.seam.name for p in report().probes if p.needed}
+
+
+def report() -> TreeReport:
+    """The seam table of the active tree."""
+    if _report is None:
+        active()
+    return _report  # type: ignore[return-value]
 
 
 def active() -> Path:
@@ -76,3 +109,7 @@ def active() -> Path:
     if _active is None:
         raise UpstreamUnavailable("no upstream Miles tree is active: call harness.upstream.source.activate(path)")
     return _active
+
+
+__all__ = ["DEFAULT_TREE", "ENV", "OPTION", "PINNED_MILES_COMMIT", "PINNED_TREE_NAME", "SeamMissing",
+           "UpstreamUnavailable", "activate", "active", "find_miles_src", "refused_files", "refused_reason", "report"]

@@ -21,13 +21,30 @@ import types
 from typing import Any
 
 
+# every StandInCalled made since the process started; the runner reads the ones a run
+# made (``host.UpstreamRunner.run``) and reports them as a harness error, not a finding
+RAISED: list["StandInCalled"] = []
+# set by a running host: called with each StandInCalled made, to stop the run at once
+# (upstream may catch the error and go on, e.g. retrying a group forever)
+ON_RAISE: Any = None
+
+
 class StandInCalled(RuntimeError):
-    """Upstream code reached a stand-in: the run took a path the host does not support."""
+    """Upstream code reached a stand-in: the run took a path the runner does not support.
+    ``seam`` names the seam or stand-in; each one made is recorded in ``RAISED``, since
+    upstream may catch it and log it as its own task error."""
+
+    def __init__(self, message: str, *, seam: str = "import stand-in") -> None:
+        super().__init__(message)
+        self.seam = seam
+        RAISED.append(self)
+        if ON_RAISE is not None:
+            ON_RAISE(self)
 
 
 def _raising(qualname: str, reason: str) -> Any:
     def call(*args: Any, **kwargs: Any) -> Any:
-        raise StandInCalled(f"{qualname} is an import stand-in ({reason}); the harness host does not support the "
+        raise StandInCalled(f"{qualname} is an import stand-in ({reason}); the harness runner does not support the "
                             "code path that called it")
 
     call.__qualname__ = call.__name__ = qualname.rpartition(".")[2]
@@ -69,7 +86,7 @@ def _cls(qualname: str) -> type:
 # module -> (reason, {attribute: factory(qualified name, reason)})
 STAND_INS: dict[str, tuple[str, dict[str, Any]]] = {
     # `miles/utils/dumper_utils.py` imports SGLang's debug dumper at module level; it is used
-    # only when --dumper-* flags enable the inference dump phase, which the host never sets.
+    # only when --dumper-* flags enable the inference dump phase, which the runner never sets.
     # The real module lives in the `sglang` package, which pins its own CUDA torch and is
     # several GB: not installable next to this harness' CPU torch.
     "sglang.srt.debug_utils.dumper": (
@@ -77,10 +94,10 @@ STAND_INS: dict[str, tuple[str, dict[str, Any]]] = {
         "used only with --dumper-* flags",
         {"DumperConfig": _dumper_config, "_get_rank": _raising, "dumper": lambda q, r: _cls(q)}),
     # `miles/utils/chat_template_utils/template.py` and `deepseek.py` import the OpenAI protocol
-    # `Tool` model for tool-calling chat templates; the host's prompts are plain strings.
+    # `Tool` model for tool-calling chat templates; the runner's prompts are plain strings.
     "sglang.srt.entrypoints.openai.protocol": (
         "SGLang's OpenAI protocol models (sglang is not installed on CPU); used only for tool-calling "
-        "chat templates, which the host's plain-string prompts never apply",
+        "chat templates, which the runner's plain-string prompts never apply",
         {"Tool": lambda q, r: _cls(q)}),
     # `encoding_dsv4` exists only on Miles' SGLang fork (branch sglang-miles), which is not
     # public at the pinned commit; `deepseek.py` imports it for DeepSeek-V4 chat templates.
@@ -89,23 +106,23 @@ STAND_INS: dict[str, tuple[str, dict[str, Any]]] = {
         "chat template",
         {"encode_messages": _raising}),
     # `train.py` imports SGLang's memory-type tags for --offload-rollout; `miles/ray/rollout/*`
-    # (imported through the drivers' `miles.ray.placement_group`) imports them too. The host
+    # (imported through the drivers' `miles.ray.placement_group`) imports them too. The runner
     # replaces the Ray rollout manager, so the tags are only names here.
     "sglang.srt.constants": (
         "SGLang memory-type tags (sglang is not installed on CPU); only passed to the Ray rollout manager, "
-        "which the host replaces",
+        "which the runner replaces",
         {"GPU_MEMORY_TYPE_CUDA_GRAPH": lambda q, r: "cuda_graph", "GPU_MEMORY_TYPE_KV_CACHE": lambda q, r: "kv_cache",
          "GPU_MEMORY_TYPE_WEIGHTS": lambda q, r: "weights"}),
     # `miles/utils/arguments.py` (imported by both drivers) builds SGLang's server arguments;
-    # the host builds its own args namespace and never calls upstream's parser.
+    # the runner builds its own args namespace and never calls upstream's parser.
     "sglang.srt.server_args": (
         "SGLang's ServerArgs (sglang is not installed on CPU); used by upstream's argument parser, which the "
-        "host does not call",
+        "runner does not call",
         {"ServerArgs": lambda q, r: _cls(q)}),
     # Request tracing hooks imported by the router/engine launch code under `miles/ray`.
     "sglang.srt.tracing.trace": (
         "SGLang request tracing (sglang is not installed on CPU); used only by the real engine/router "
-        "launch code, which the host replaces",
+        "launch code, which the runner replaces",
         {name: _raising for name in ("process_tracing_init", "trace_get_remote_propagate_context",
                                      "trace_req_finish", "trace_req_start", "trace_set_thread_info",
                                      "trace_slice_end", "trace_slice_start")}),

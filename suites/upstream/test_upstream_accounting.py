@@ -1,11 +1,11 @@
-"""The upstream host's accounting of where upstream holds each taken group (spec §9 item 16):
+"""The upstream runner's accounting of where upstream holds each taken group (conservation: every taken group is trained, dropped, rejected or recycled):
 a group is held by its group task from the task's creation, and a group task the fully-async
 worker forgets is a group lost.
 
 The scenario is the fault sweep's seed 2668 without its fault (a worker crash that never
 fires): the drain of rollout 4 returns after the worker created group 6's task
 (``fully_async_rollout.py:L133``, ``_submit_one_group`` L112-L116) and before that task first
-ran. The host used to learn of a group task only at its first step, so it declared group 6
+ran. The runner used to learn of a group task only at its first step, so it declared group 6
 lost there and conservation reported it at the run's end, though it was in the buffer
 (a false finding, seeds 2668 and 3647 of the sweep).
 """
@@ -17,7 +17,16 @@ import pytest
 from miles_async_core import events as ev
 from harness.checking.invariants import check_all
 from harness.sim.scenario import scenario_from_dict
-from harness.upstream import patching
+from harness.upstream import patching, source
+
+
+@pytest.fixture(autouse=True)
+def _fully_async_runs_here(miles_src):
+    """Every case here is fully-async: skipped, naming the seams, on a tree that lacks them."""
+    reason = source.refused_reason(scenario_from_dict(SEED_2668).config)
+    if reason:
+        pytest.skip(reason)
+
 
 SEED_2668 = {
     "name": "fault-sweep-seed-2668",
@@ -45,10 +54,10 @@ FORGETS_A_GROUP_TASK = patching.UpstreamMutant(
 
 
 def _run(miles_src):
-    from harness.upstream.host import host_simulate
+    from harness.upstream.runner import run_upstream
 
     sc = scenario_from_dict(SEED_2668)
-    res = host_simulate(sc)
+    res = run_upstream(sc)
     assert res.error is None, res.error
     return sc, res
 
@@ -82,51 +91,51 @@ def test_a_group_task_the_worker_forgets_is_reported_lost(miles_src):
 # --- the accounting checks itself: a group declared lost never comes back ------------------------
 
 def _misses_the_buffer(monkeypatch):
-    """Break the host's accounting (in this test only): a group queued in upstream's buffer
+    """Break the runner's accounting (in this test only): a group queued in upstream's buffer
     is not counted as held, so the accounting after a drain declares it lost."""
-    from harness.upstream.host import UpstreamHost
+    from harness.upstream.runner import UpstreamRunner
 
-    holders = UpstreamHost.holders
+    holders = UpstreamRunner.holders
 
     def blind(self):
         return holders(self) - {e.prompt_group[0].group_index for e in self.buffer._buffer}
 
-    monkeypatch.setattr(UpstreamHost, "holders", blind)
+    monkeypatch.setattr(UpstreamRunner, "holders", blind)
 
 
 def _fault_free_row(monkeypatch):
     """The fault sweep's row for SEED_2668's scenario with no fault, as ``sweep`` makes it."""
     from harness.checking.strategies import RunCase
     from harness.sim.faults import FaultSchedule
-    from harness.upstream import faults as uf
+    from harness.upstream import fault_sweep as uf
 
     monkeypatch.setattr(uf, "case_from_seed", lambda seed: RunCase(scenario_from_dict(SEED_2668), FaultSchedule()))
     return uf._row(0)
 
 
 def test_a_lost_group_seen_again_is_a_harness_error_not_an_upstream_finding(miles_src, monkeypatch):
-    """A group the host declared lost that a later drain gets from the buffer proves the
-    host's accounting wrong, not upstream: the run raises ``HostAccountingError`` naming
+    """A group the runner declared lost that a later drain gets from the buffer proves the
+    runner's accounting wrong, not upstream: the run raises ``RunnerAccountingError`` naming
     the group, where it was declared lost and where it showed up, and the fault sweep
     records the seed as a ``harness_error`` with no upstream finding (before the
     self-check, this run reported a conservation loss of upstream's)."""
-    from harness.upstream.host import HostAccountingError
+    from harness.upstream.runner import RunnerAccountingError
 
     _misses_the_buffer(monkeypatch)
-    with pytest.raises(HostAccountingError, match=r"^harness_error: host accounting: group \d+ declared lost "
+    with pytest.raises(RunnerAccountingError, match=r"^harness_error: runner accounting: group \d+ declared lost "
                                                   r"\(t=[\d.]+: held by nothing after a rollout\) and then at "
                                                   r"t=[\d.]+: (got from the buffer|queued in the data source "
                                                   r"or the buffer)") as info:
         _run(miles_src)
     assert info.value.result.error is None and info.value.result.history  # upstream's run itself went fine
     row = _fault_free_row(monkeypatch)
-    assert "HostAccountingError('harness_error: host accounting" in row["harness_error"]
+    assert "RunnerAccountingError('harness_error: runner accounting" in row["harness_error"]
     assert "findings" not in row
 
 
 def test_a_group_upstream_really_loses_stays_an_upstream_finding(miles_src, monkeypatch):
     """The self-check does not fire on a real loss: the forgotten group task still runs
-    after the host declares its group lost, and nothing hands the group back."""
+    after the runner declares its group lost, and nothing hands the group back."""
     with patching.applied(FORGETS_A_GROUP_TASK):
         row = _fault_free_row(monkeypatch)
     assert "harness_error" not in row

@@ -1,9 +1,9 @@
-"""The property suites' fault schedules on upstream Miles' own code (issue 11, part 4).
+"""The property suites' fault schedules on upstream Miles' own code.
 
 Each schedule is the core property suite's draw (``run_cases(faults=True)``) from an
-integer seed, run on the upstream host with its faults injected; what upstream does wrong
+integer seed, run on the upstream runner with its faults injected; what upstream does wrong
 (an invariant violation, an unexplained error, a hang, an orphaned task, a failed group
-silently discarded) is a finding with that seed (``harness.upstream.faults``).
+silently discarded) is a finding with that seed (``harness.upstream.fault_sweep``).
 
 Findings are upstream's behaviour, not test failures: the sweep test records them,
 checks that the harness' own machinery worked (every case ran, every fault kind was
@@ -13,7 +13,7 @@ the test (replay its seed; if it is upstream's, regenerate the file with the com
 below). Seeds: ``ci`` runs 0..199, ``nightly`` 0..9,999, ``dev`` 0..49;
 ``MILES_HARNESS_UPSTREAM_FAULT_RUNS=N`` overrides. The committed file comes from
 
-    .venv/bin/python -m harness.upstream.faults sweep --runs 10000 --jobs 2 --write
+    .venv/bin/python -m harness.upstream.fault_sweep sweep --runs 10000 --jobs 2 --write
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ import pytest
 
 from miles_async_core import events as ev
 from harness.sim.faults import FaultSchedule
-from harness.upstream import faults as uf
+from harness.upstream import fault_sweep as uf
+from harness.upstream import source
 
 RUNS = {"ci": 200, "nightly": 10_000}
 
@@ -40,26 +41,37 @@ def sweep_rows(miles_src):
     return uf.sweep(range(budget()))
 
 
-def _known_for_this_tree(miles_src) -> dict:
+def _accepted() -> dict:
+    """The finding kinds the project has accepted for upstream (the committed file)."""
     known = uf.load_known()
     if not known:
-        pytest.fail(f"{uf.FINDINGS_FILE} is missing: run `python -m harness.upstream.faults sweep --runs 10000 "
+        pytest.fail(f"{uf.FINDINGS_FILE} is missing: run `python -m harness.upstream.fault_sweep sweep --runs 10000 "
                     "--jobs 2 --write`")
+    return known
+
+
+def _known_for_this_tree(miles_src) -> dict:
+    known = _accepted()
     if known["tree_digest"] != uf.tree_digest(miles_src):
         pytest.skip(f"the findings file describes {known['upstream_tree']} (digest {known['tree_digest']}); the "
-                    f"active tree {miles_src} differs: its findings are printed, not compared")
+                    f"active tree {miles_src} differs, so its listed seeds are not this tree's to replay (its "
+                    "finding kinds are judged by test_every_finding_kind_is_a_listed_one)")
     return known
 
 
 def test_the_sweep_runs_every_fault_kind_on_upstream(sweep_rows):
-    rows = sweep_rows
-    broken = [r for r in rows if "harness_error" in r]
+    broken = [r for r in sweep_rows if "harness_error" in r]
     assert not broken, f"the harness failed on {len(broken)} seeds (not an upstream finding): {broken[:3]}"
-    assert len(rows) == budget()
-    drawn = {r["fault"] for r in rows}
+    assert len(sweep_rows) == budget()
     if budget() >= 200:
-        assert drawn == {"none", *uf.FAULT_KINDS_DRAWN}, drawn
-        assert {r["mode"] for r in rows} == {"sync", "one_step", "fully_async"}
+        assert {r["fault"] for r in sweep_rows} == {"none", *uf.FAULT_KINDS_DRAWN}
+        assert {r["mode"] for r in sweep_rows} == {"sync", "one_step", "fully_async"}
+    # a case whose driver this tree lacks a seam for is not run (never a finding): only
+    # the modes the seam table refuses may be, and then all their cases are
+    refused = [r for r in sweep_rows if "refused" in r]
+    rows = [r for r in sweep_rows if "refused" not in r]
+    assert not {r["mode"] for r in refused} & {r["mode"] for r in rows}
+    drawn = {r["fault"] for r in rows}
     # each drawn fault kind visibly took effect in some run
     effect = {
         "request_failure": lambda r: r["error"] == "EngineRequestError" or r["silent_drops"],
@@ -76,18 +88,22 @@ def test_the_sweep_runs_every_fault_kind_on_upstream(sweep_rows):
     assert all(r["complete"] and r["error"] is None for r in clean), "a fault-free upstream run did not complete"
     found = sum(len(r["findings"]) for r in rows)
     print(f"\nupstream fault sweep: {len(rows)} schedules, {sum(1 for r in rows if r['complete'])} complete, "
-          f"{sum(1 for r in rows if r['findings'])} with findings ({found} findings)")
+          f"{sum(1 for r in rows if r['findings'])} with findings ({found} findings), {len(refused)} not run "
+          f"(missing seams: {sorted({s for r in refused for s in r['refused']})})")
 
 
 def test_every_finding_kind_is_a_listed_one(sweep_rows, miles_src):
-    seen: dict[str, int] = {}
+    """Judged on any tree: a finding kind the project has not accepted for upstream (the
+    kinds of the committed findings file) fails, with its seeds."""
+    seen: dict[str, list[int]] = {}
     for r in sweep_rows:
         for f in r.get("findings", []):
-            seen.setdefault(f["kind"], r["seed"])
-    known = _known_for_this_tree(miles_src)
-    new = {k: s for k, s in seen.items() if k not in known["kinds"]}
-    assert not new, ("finding kinds not in results/upstream/fault_findings.json (replay: python -m "
-                     f"harness.upstream.faults replay SEED): {new}")
+            seen.setdefault(f["kind"], []).append(r["seed"])
+    known = _accepted()
+    new = {k: s[:5] for k, s in seen.items() if k not in known["kinds"]}
+    assert not new, (f"finding kinds on {miles_src} not accepted in results/upstream/fault_findings.json (kind: "
+                     f"first seeds; replay: python -m harness.upstream.fault_sweep --miles-src {miles_src} replay "
+                     f"SEED): {new}")
 
 
 def test_listed_findings_replay_from_their_seeds(miles_src):
@@ -103,10 +119,16 @@ def test_listed_findings_replay_from_their_seeds(miles_src):
         assert kind in {f.kind for f in found}, f"seed {seed} no longer shows {kind}: {[f.kind for f in found]}"
 
 
+def _seed_that_runs_here(start: int) -> int:
+    return next(s for s in range(start, start + 100) if source.refused_reason(uf.case_from_seed(s).scenario.config)
+                is None)
+
+
 def test_a_seed_replays_the_same_case_and_outcome(miles_src):
     a, b = uf.case_from_seed(17), uf.case_from_seed(17)
     assert a == b and uf.case_from_seed(18) != a
-    (o1, f1), (o2, f2) = uf.run_seed(17), uf.run_seed(17)
+    seed = _seed_that_runs_here(17)
+    (o1, f1), (o2, f2) = uf.run_seed(seed), uf.run_seed(seed)
     assert [e.kind for e in o1.events] == [e.kind for e in o2.events] and f1 == f2
 
 
@@ -117,19 +139,22 @@ def _fa_case(**faults):
     from harness.upstream.diff import case_named
 
     sc = case_named("fa-group-abort-storm-retry").scenario()
+    reason = source.refused_reason(sc.config)
+    if reason:
+        pytest.skip(reason)
     return RunCase(sc, FaultSchedule(**faults))
 
 
 def test_a_hang_is_reported_not_waited_for(miles_src):
     """A virtual-time limit below the run's length: the watchdog ends it as a hang."""
-    out = uf.host_run_with_faults(_fa_case(), vtime_limit_s=3.0)
+    out = uf.runner_run_with_faults(_fa_case(), vtime_limit_s=3.0)
     assert out.hang and "virtual time limit" in out.hang
     assert [f.category for f in uf.findings(out)][0] == "hang"
 
 
 def test_an_orphaned_task_after_a_failure_is_reported(miles_src):
     """A trainer failure in fully-async: upstream's worker (a Ray actor's task) keeps running."""
-    out = uf.host_run_with_faults(_fa_case(trainer_fail_at_step=1))
+    out = uf.runner_run_with_faults(_fa_case(trainer_fail_at_step=1))
     assert type(out.error).__name__ == "TrainerStepError"
     kinds = {f.kind for f in uf.findings(out)}
     assert "orphaned_task:fully_async_worker@fully_async" in kinds
@@ -144,13 +169,26 @@ def test_an_unexplained_error_is_a_finding(miles_src, monkeypatch):
         raise ValueError("not a fault")
 
     monkeypatch.setattr(SimTrainer, "train", broken)
-    out = uf.host_run_with_faults(_fa_case())
+    out = uf.runner_run_with_faults(_fa_case())
     assert any(f.kind == "run_error:ValueError@fully_async" for f in uf.findings(out))
 
 
 def test_a_fault_free_run_has_no_findings_and_injected_aborts_reach_the_buffer(miles_src):
-    out = uf.host_run_with_faults(_fa_case())
+    out = uf.runner_run_with_faults(_fa_case())
     assert out.complete and uf.findings(out) == []
-    out = uf.host_run_with_faults(_fa_case(injected_abort_rate=0.3, seed=1))
+    out = uf.runner_run_with_faults(_fa_case(injected_abort_rate=0.3, seed=1))
     assert any(e.kind == ev.PUT_REJECTED and e["reason"] == "aborted" for e in out.events)
     assert out.complete and uf.findings(out) == []
+
+
+def test_a_seam_failing_inside_upstream_is_a_harness_error_not_a_finding(miles_src, monkeypatch):
+    """The lifecycle sink stops announcing samples: every /generate raises the runner's
+    ``StandInCalled`` inside upstream's group tasks, which upstream logs (or fails on) as
+    its own error. The seed's row is a harness error naming the seam, with no findings."""
+    from harness.upstream import runner
+
+    monkeypatch.setattr(runner._LifecycleSink, "gen_start", lambda self, sample: None)
+    row = uf._row(_seed_that_runs_here(17))
+    assert "harness_error" in row and "findings" not in row, row
+    assert "RunnerSeamError" in row["harness_error"]
+    assert "lifecycle_sink" in row["harness_error"] or "generate_and_rm" in row["harness_error"]

@@ -49,9 +49,9 @@ def test_partial_rollout_abort_fails_on_nested_groups_upstream_and_in_the_core(m
     assert isinstance(up, AttributeError) and str(up) == "'list' object has no attribute 'response'", up
     frame = _last_frame(up)
     assert frame.filename.endswith("miles/rollout/inference_rollout/inference_rollout_train.py")
-    assert (frame.name, frame.lineno, frame.line) == (
-        "abort", 46, 'if sample.response and "start_rollout_id" not in sample.metadata:')
-    # L45-L46 run only for a group pending at the abort, so the error shows there was one
+    # the line, not its number: older trees have it a line earlier (one import fewer)
+    assert (frame.name, frame.line) == ("abort", 'if sample.response and "start_rollout_id" not in sample.metadata:')
+    # L45-L46 (pinned tree) run only for a group pending at the abort, so the error shows there was one
     assert r.upstream_result.history == []  # before the first training step
     assert isinstance(core, AttributeError) and str(core) == "'list' object has no attribute 'response_tokens'", core
     frame = _last_frame(core)

@@ -8,7 +8,7 @@ over the non-None staleness of every group popped (``got`` and ``stale_rejected`
 as upstream's code computes them and `buffer.py` decides), absent when none; ``queue_size`` = the queue the trace
 holds at the drain's end; ``handler_dropped`` / ``handler_retried`` / ``handler_retry_cap``
 = ``dropped(handler_drop:*)`` / ``recycled`` / ``dropped(retry_cap:*)``, checked when the
-drain reports them (upstream Miles, run by ``harness.upstream.host``, has no such counters).
+drain reports them (upstream Miles, run by ``harness.upstream.runner``, has no such counters).
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def check_drain_metrics(events: list[Event], config: AsyncConfig) -> list[Violat
             m = e["metrics"]
             if not any(key.startswith(P + "handler_") for key in m):
                 # The handler counters are this core's extension; upstream Miles reports
-                # none (a trace of upstream's code, harness.upstream.host), so none is checked.
+                # none (a trace of upstream's code, harness.upstream.runner), so none is checked.
                 expect = {key: want for key, want in expect.items() if not key.startswith(P + "handler_")}
             bad = {key: (m.get(key), want) for key, want in expect.items() if not _close(m.get(key), want)}
             if bad:

@@ -1,4 +1,4 @@
-"""A Miles host on virtual time: upstream's own drivers and rollout code, unmodified, on
+"""A Miles runner on virtual time: upstream's own drivers and rollout code, unmodified, on
 the harness' ``SimEngine`` and ``SimTrainer``.
 
 What runs as upstream wrote it (imported from the tree ``harness.upstream.source``
@@ -21,7 +21,7 @@ What is stood in, and where (every stand-in is the harness' own code):
   core ``Sample``. The actor's ``update_weights`` is the core's weight updater
   (pause -> load -> bump version -> continue -> ``set_weight_version``), its ``train``
   the core's ``train_step`` on ``SimTrainer``. Eval, saving, logging, tracking,
-  control server and the object store are no-ops (the host sets no eval or save interval).
+  control server and the object store are no-ops (the runner sets no eval or save interval).
 * HTTP: ``post`` in ``single_turn`` (``/generate``) and in ``inference_rollout_train``
   (``/abort_request``) and ``get`` (``/workers``) are served by ``SimEngine``. A
   ``/generate`` call returns what SGLang returns: ``text``, and in ``meta_info``
@@ -30,7 +30,7 @@ What is stood in, and where (every stand-in is the harness' own code):
   ``update_sample_from_response`` applies them. ``abort_request`` with ``abort_all``
   aborts whatever the engine is running (nothing when it is idle, as SGLang).
 * Which sample a ``/generate`` call is for: the payload carries only token ids, so the
-  host installs a ``TrajectoryLifecycle`` sink (upstream's dashboard seam), whose
+  runner installs a ``TrajectoryLifecycle`` sink (upstream's dashboard seam), whose
   ``gen_start(sample)`` runs in the sample's task just before the call.
 
 Events are recorded from outside upstream's code: the engine (as for the core), the
@@ -64,8 +64,10 @@ from harness.sim.scenario import Scenario
 from harness.sim.trainer import SimTrainer
 from harness.sim.vtime import run_virtual
 from harness.trace import Event, TraceRecorder
-from harness.upstream import source
+from harness.upstream import source, stand_ins
+from harness.upstream.harness_errors import HarnessError, RunnerSeamError
 from harness.upstream.ray_names import rebind_ray_names
+from harness.upstream.seams import driver_of
 from harness.upstream.stand_ins import StandInCalled
 
 WORKER_URL = "http://sim-engine"
@@ -100,22 +102,22 @@ def _local_assets() -> tuple[Path, Path]:
 
 def upstream_args(scenario: Scenario, *, dynamic_filter_path: str | None = None,
                   generate_function_path: str | None = None, partial_rollout: bool | None = None) -> argparse.Namespace:
-    """The ``args`` upstream reads on the host's code paths: the scenario's Miles flags,
-    Miles' defaults for the rest (``miles/utils/arguments.py``), and the host's wiring."""
+    """The ``args`` upstream reads on the runner's code paths: the scenario's Miles flags,
+    Miles' defaults for the rest (``miles/utils/arguments.py``), and the runner's wiring."""
     cfg = scenario.config
     tok, prompts = _local_assets()
     d = {k: v for k, v in cfg.to_dict().items() if k not in ("driver", "seed", *HARNESS_EXTENSIONS)}
     d.update(
         over_sampling_batch_size=cfg.resolved_over_sampling_batch_size,
         partial_rollout=cfg.partial_rollout if partial_rollout is None else partial_rollout,
-        # the host's wiring
+        # the runner's wiring
         hf_checkpoint=str(tok), chat_template_path=None, prompt_data=str(prompts), input_key="text",
         label_key="label", metadata_key="metadata", tool_key=None, multimodal_keys=None,
         apply_chat_template=False, apply_chat_template_kwargs=None, rollout_max_prompt_len=None,
         rollout_seed=cfg.seed, rollout_shuffle=False, rollout_global_dataset=True, dump_details=None,
-        buffer_filter_path=None, custom_rm_path="harness.upstream.host.sim_reward_rm", harness_seed=cfg.seed,
+        buffer_filter_path=None, custom_rm_path="harness.upstream.runner.sim_reward_rm", harness_seed=cfg.seed,
         rm_type=None, group_rm=False, reward_key=None,
-        custom_async_data_buffer_path="harness.upstream.host.observed_default_buffer",
+        custom_async_data_buffer_path="harness.upstream.runner.observed_default_buffer",
         dynamic_sampling_filter_path=dynamic_filter_path, rollout_sample_filter_path=None,
         rollout_all_samples_process_path=None, custom_generate_function_path=generate_function_path,
         custom_agent_function_path=None, recompute_logprobs_via_prefill=False,
@@ -147,28 +149,28 @@ async def sim_reward_rm(args: Any, sample: Any, **_: Any) -> Any:
     return 1.0 if _uniform(args.harness_seed + 7, sample.index) < 0.5 else 0.0
 
 
-# --------------------------------------------------------------------------- the host
+# --------------------------------------------------------------------------- the runner
 
-_CURRENT: "UpstreamHost | None" = None
+_CURRENT: "UpstreamRunner | None" = None
 # ``train.py`` / ``train_async.py`` source to run instead of the file's (set only while an
 # upstream mutant is applied, ``harness.upstream.patching``); the driver is read per run
 DRIVER_SOURCES: dict[str, str] = {}
 
 
-def _host() -> "UpstreamHost":
+def _current() -> "UpstreamRunner":
     if _CURRENT is None:
-        raise StandInCalled("an upstream HTTP call was made outside a running host")
+        raise StandInCalled("an upstream HTTP call was made outside a running upstream run", seam="http_post(single_turn)")
     return _CURRENT
 
 
 async def http_post(url: str, payload: dict, *args: Any, **kwargs: Any) -> dict:
-    """Stand-in for ``miles.utils.http_utils.post`` on the host's URLs."""
-    host = _host()
+    """Stand-in for ``miles.utils.http_utils.post`` on the runner's URLs."""
+    current = _current()
     if url.endswith("/generate"):
-        return await host.serve_generate(payload)
+        return await current.serve_generate(payload)
     if url.endswith("/abort_request"):
-        return await host.serve_abort(payload)
-    raise StandInCalled(f"POST {url}: the host serves only /generate and /abort_request")
+        return await current.serve_abort(payload)
+    raise StandInCalled(f"POST {url}: the runner serves only /generate and /abort_request", seam="http_post(single_turn)")
 
 
 async def http_get(url: str, *args: Any, **kwargs: Any) -> dict:
@@ -177,7 +179,7 @@ async def http_get(url: str, *args: Any, **kwargs: Any) -> dict:
         return {"workers": [{"url": WORKER_URL}]}
     if url.endswith("/list_workers"):
         return {"urls": [WORKER_URL]}
-    raise StandInCalled(f"GET {url}: the host serves only the router's worker list")
+    raise StandInCalled(f"GET {url}: the runner serves only the router's worker list", seam="http_post_get(one-step)")
 
 
 class _LifecycleSink:
@@ -188,47 +190,73 @@ class _LifecycleSink:
     ``trajectory_sample`` (nested groups, ``harness.upstream.generate_fns``)."""
 
     def attempt_start(self, sample: Any) -> None:
-        host = _CURRENT
-        if host is not None:
-            host.task_root[asyncio.current_task()] = sample
+        current = _CURRENT
+        if current is not None:
+            current.task_root[asyncio.current_task()] = sample
 
     def gen_start(self, sample: Any) -> None:
-        host = _host()
+        current = _current()
         task = asyncio.current_task()
-        root = host.task_root.get(task)
+        root = current.task_root.get(task)
         if root is not None and sample is not root:
-            host._emit(ev.TRAJECTORY_SAMPLE, index=sample.index, group_index=sample.group_index,
+            current._emit(ev.TRAJECTORY_SAMPLE, index=sample.index, group_index=sample.group_index,
                        trajectory=root.index)
-        host.task_sample[task] = sample
+        current.task_sample[task] = sample
 
     def attempt_end(self, sample: Any) -> None:
-        host = _CURRENT
-        if host is not None:
-            host.task_sample.pop(asyncio.current_task(), None)
-            host.task_root.pop(asyncio.current_task(), None)
+        current = _CURRENT
+        if current is not None:
+            current.task_sample.pop(asyncio.current_task(), None)
+            current.task_root.pop(asyncio.current_task(), None)
 
 
 _PATCHED = False
+_ANNOUNCED_BY = "sink"  # "sink": upstream's lifecycle sink; "wrapper": the runner's generate_and_rm wrapper
+
+
+def _announced(generate_and_rm: Callable) -> Callable:
+    """Upstream's ``generate_and_rm``, called as is, with each sample announced to the
+    runner's sink first: for a tree whose ``generate_and_rm`` does not call the lifecycle
+    sink itself (seam ``lifecycle_sink`` missing, ``harness.upstream.seams``). The pinned
+    tree announces after the semaphore and the ``state.aborted`` check
+    (``inference_rollout_common.py:L78-L93``); the runner's semaphore never blocks
+    (``sglang_server_concurrency`` is huge) and a sample returned at the aborted check
+    makes no request, so where the announcement happens changes nothing the runner sees."""
+    sink = _LifecycleSink()
+
+    @functools.wraps(generate_and_rm)
+    async def announced(state: Any, sample: Any, *args: Any, **kwargs: Any) -> Any:
+        evaluation = kwargs.get("evaluation", args[1] if len(args) > 1 else False)
+        if evaluation or isinstance(sample, list):
+            return await generate_and_rm(state, sample, *args, **kwargs)
+        sink.attempt_start(sample)
+        sink.gen_start(sample)
+        try:
+            return await generate_and_rm(state, sample, *args, **kwargs)
+        finally:
+            sink.attempt_end(sample)
+
+    return announced
 
 
 class _OrderedTasks(set):
     """A ``done`` set that iterates in a pinned order. Upstream handles the finished groups
-    of one ``asyncio.wait`` return in set order, which follows memory addresses (D9); the
-    host pins it: by first sample index (``index``, what the core does) or the reverse."""
+    of one ``asyncio.wait`` return in set order, which follows memory addresses (``done-set-order``); the
+    runner pins it: by first sample index (``index``, what the core does) or the reverse."""
 
     order = "index"
 
     def __iter__(self):
-        host = _CURRENT
-        keys = host.task_key if host is not None else {}
+        current = _CURRENT
+        keys = current.task_key if current is not None else {}
         return iter(sorted(set.__iter__(self), key=lambda t: keys.get(t, -1), reverse=self.order == "reverse"))
 
 
 def _ordered_scheduler(make: Callable, *, worker: bool = False) -> Callable:
     """Upstream's ``make_submission_scheduler``; the scheduler's ``wait_for_progress``
     result is returned as ``_OrderedTasks`` (same members, pinned iteration order).
-    ``worker``: the fully-async worker's scheduler, whose waits the host's accounting
-    follows (``UpstreamHost.worker_waits`` / ``worker_woke``)."""
+    ``worker``: the fully-async worker's scheduler, whose waits the runner's accounting
+    follows (``UpstreamRunner.worker_waits`` / ``worker_woke``)."""
 
     @functools.wraps(make)
     def wrapped(*args: Any, **kwargs: Any) -> Any:
@@ -239,11 +267,11 @@ def _ordered_scheduler(make: Callable, *, worker: bool = False) -> Callable:
             if worker and _CURRENT is not None:
                 _CURRENT.worker_waits(pendings)
             done, pending = await wait(pendings)
-            host = _CURRENT
+            current = _CURRENT
             out = _OrderedTasks(done)
-            out.order = host.set_order if host is not None else "index"
-            if worker and host is not None:
-                host.worker_woke(done)
+            out.order = current.set_order if current is not None else "index"
+            if worker and current is not None:
+                current.worker_woke(done)
             return out, pending
 
         scheduler.wait_for_progress = ordered
@@ -255,13 +283,13 @@ def _ordered_scheduler(make: Callable, *, worker: bool = False) -> Callable:
 async def _ordered_as_completed_async(tasks: Any) -> Any:
     """Upstream's ``as_completed_async`` (``miles/utils/misc.py``: ``for coro in
     asyncio.as_completed(tasks): yield await coro``), with the tasks already done when it
-    starts taken in the host's pinned set order (D9): asyncio registers their callbacks in
+    starts taken in the runner's pinned set order (``done-set-order``): asyncio registers their callbacks in
     set order. The loop steps are asyncio's (``rollout.as_completed_in_order``)."""
     from miles_async_core.rollout import as_completed_in_order
 
-    host = _CURRENT
-    keys = host.task_key if host is not None else {}
-    sign = -1 if host is not None and host.set_order == "reverse" else 1
+    current = _CURRENT
+    keys = current.task_key if current is not None else {}
+    sign = -1 if current is not None and current.set_order == "reverse" else 1
     for next_done in as_completed_in_order(tasks, key=lambda t: sign * keys.get(t, -1)):
         task = await next_done
         yield task.result()
@@ -292,7 +320,7 @@ def _observed_group(generate_and_rm_group: Callable) -> Callable:
 def _observed_submit(submit_generate_tasks: Callable) -> Callable:
     """The one-step rollout's ``submit_generate_tasks`` (``inference_rollout_train.py:L66-L83``),
     called as is; each group task it creates is recorded as holding its group from creation
-    (``UpstreamHost.track_group_task``)."""
+    (``UpstreamRunner.track_group_task``)."""
 
     @functools.wraps(submit_generate_tasks)
     def observed(state: Any, samples: list, *args: Any, **kwargs: Any) -> list:
@@ -312,32 +340,38 @@ def _observed_filter(call_dynamic_filter: Callable) -> Callable:
     @functools.wraps(call_dynamic_filter)
     def observed(fn: Any, args: Any, group: list, *rest: Any, **kwargs: Any) -> Any:
         out = call_dynamic_filter(fn, args, group, *rest, **kwargs)
-        host = _CURRENT
-        if host is not None and not out.keep:
+        current = _CURRENT
+        if current is not None and not out.keep:
             gi = next(_iter_upstream(group)).group_index
-            host.live.pop(gi, None)
-            host._emit(ev.DROPPED, group_index=gi, reason=f"dynamic_filter:{out.reason}")
+            current.live.pop(gi, None)
+            current._emit(ev.DROPPED, group_index=gi, reason=f"dynamic_filter:{out.reason}")
         return out
 
     return observed
 
 
 def _install_seams() -> None:
-    """Point upstream's HTTP calls and lifecycle seam at the host (idempotent)."""
-    global _PATCHED
+    """Point upstream's HTTP calls and lifecycle seam at the runner (idempotent). Which
+    seams the tree has was probed when it was activated (``source.report()``)."""
+    global _PATCHED, _ANNOUNCED_BY
     if _PATCHED:
         return
     import miles.rollout.generate_hub.single_turn as single_turn
+    import miles.rollout.inference_rollout.inference_rollout_common as common_mod
     import miles.rollout.inference_rollout.inference_rollout_train as train_mod
     from miles.utils.lifecycle import TrajectoryLifecycle
 
     single_turn.post = http_post
     train_mod.post = http_post
     # the one-step rollout's progress bar would print on every generate
-    train_mod.tqdm = functools.partial(train_mod.tqdm, disable=True)
+    if hasattr(train_mod, "tqdm"):
+        train_mod.tqdm = functools.partial(train_mod.tqdm, disable=True)
     train_mod.get = http_get
-    train_mod.as_completed_async = _ordered_as_completed_async  # set order pinned (D9)
+    train_mod.as_completed_async = _ordered_as_completed_async  # set order pinned (done-set-order)
     TrajectoryLifecycle().sink = _LifecycleSink()
+    if not source.report().found("lifecycle_sink"):
+        common_mod.generate_and_rm = _announced(common_mod.generate_and_rm)
+        _ANNOUNCED_BY = "wrapper"
     import miles.rollout.fully_async_rollout as fully_mod
 
     for mod in (fully_mod, train_mod):  # the group task's end, recorded as `group_done`
@@ -353,7 +387,7 @@ def observed_default_buffer(ci: Any) -> Any:
     with its instance methods wrapped to record events (its behaviour is unchanged)."""
     from miles.rollout.fully_async_data_buffer import DefaultDataBuffer
 
-    return _host().observe_buffer(DefaultDataBuffer(ci))
+    return _current().observe_buffer(DefaultDataBuffer(ci))
 
 
 def _status_name(s: Any) -> str:
@@ -377,25 +411,25 @@ def _staleness(group: Any, current: int | None) -> int | None:
     return None if oldest is None else current - oldest
 
 
-class HostAccountingError(RuntimeError):
-    """The host's own accounting contradicted itself: a group it declared lost (held by
-    nothing upstream, ``UpstreamHost.unaccounted`` / ``worker_waits``) showed up again in
+class RunnerAccountingError(HarnessError):
+    """The runner's own accounting contradicted itself: a group it declared lost (held by
+    nothing upstream, ``UpstreamRunner.unaccounted`` / ``worker_waits``) showed up again in
     upstream's hands (submitted, returned by a wait, put, in the buffer or the data
     source, got, handed to the handler, recycled, returned by a rollout). That proves the
     accounting missed a holder: a harness bug, never an upstream finding. ``run`` raises it
     after the run (``result`` is what the run left), so the fault sweep records the seed as
-    a ``harness_error`` (``harness.upstream.faults._row``) and the differential fails."""
+    a ``harness_error`` (``harness.upstream.fault_sweep._row``) and the differential fails."""
 
-    def __init__(self, problems: list[str], result: "HostResult") -> None:
-        super().__init__("harness_error: host accounting: " + "; ".join(problems[:8])
-                         + (f" (and {len(problems) - 8} more)" if len(problems) > 8 else ""))
+    def __init__(self, problems: list[str], result: "UpstreamRunResult") -> None:
+        super().__init__("harness_error: runner accounting: " + "; ".join(problems[:8])
+                         + (f" (and {len(problems) - 8} more)" if len(problems) > 8 else ""), ["runner accounting"])
         self.problems = problems
         self.result = result
 
 
 @dataclass
-class HostResult:
-    """What a host run leaves: the same shape the differential reads from a core run."""
+class UpstreamRunResult:
+    """What an upstream run leaves: the same shape the differential reads from a core run."""
 
     scenario: Scenario
     history: list[dict]
@@ -406,11 +440,11 @@ class HostResult:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-class UpstreamHost:
+class UpstreamRunner:
     def __init__(self, scenario: Scenario, *, engine_factory: Callable | None = None,
                  trainer_factory: Callable | None = None, dynamic_filter_path: str | None = None,
                  generate_function_path: str | None = None, trace: bool = True,
-                 hooks: Callable[["UpstreamHost"], None] | None = None, set_order: str = "index") -> None:
+                 hooks: Callable[["UpstreamRunner"], None] | None = None, set_order: str = "index") -> None:
         self.scenario = scenario
         self.engine_factory = engine_factory or SimEngine
         self.trainer_factory = trainer_factory or SimTrainer
@@ -420,7 +454,7 @@ class UpstreamHost:
         self.hooks = hooks
         self.task_sample: dict[asyncio.Task, Any] = {}
         self.task_root: dict[asyncio.Task, Any] = {}  # generate_and_rm task -> its prompt sample
-        self.task_key: dict[asyncio.Task, int] = {}  # group task -> first sample index (set order, D9)
+        self.task_key: dict[asyncio.Task, int] = {}  # group task -> first sample index (done-set-order)
         self.task_group: dict[asyncio.Task, int] = {}  # group task -> group index
         # where upstream holds each live group, for the accounting after every rollout
         # (``unaccounted``): returned by the worker's wait and not yet put, inside a put
@@ -429,7 +463,7 @@ class UpstreamHost:
         self.returned_tasks: set[asyncio.Task] = set()  # returned by a wait of the worker
         self.lost: set[int] = set()  # live, but held by nothing: never listed as pending
         self.lost_why: dict[int, str] = {}  # group -> when and why it was declared lost
-        self.accounting_problems: list[str] = []  # a lost group seen again (HostAccountingError)
+        self.accounting_problems: list[str] = []  # a lost group seen again (RunnerAccountingError)
         self._last_taken: list = []  # the groups of the latest get_samples call
         self.set_order = set_order
         self.mirrors: dict[int, CoreSample] = {}
@@ -449,7 +483,9 @@ class UpstreamHost:
     async def serve_generate(self, payload: dict) -> dict:
         usample = self.task_sample.get(asyncio.current_task())
         if usample is None:
-            raise StandInCalled("/generate called from a task the lifecycle seam did not announce")
+            seam = "lifecycle_sink" if _ANNOUNCED_BY == "sink" else "generate_and_rm"
+            raise StandInCalled(f"/generate called from a task the {seam} seam did not announce "
+                                f"(payload of {len(payload.get('input_ids') or [])} token ids)", seam=seam)
         prompt = [0] * self.scenario.engine.prompt_tokens
         m = self.mirrors.get(usample.index)
         # a new attempt: a fresh sample, or one reset for retry (no response, no weight
@@ -538,7 +574,7 @@ class UpstreamHost:
         return out | self.held | self.putting
 
     def unaccounted(self) -> set[int]:
-        """Spec §9 item 16 (conservation) after a rollout: a group taken and not yet
+        """Conservation after a rollout (every taken group is trained, dropped, rejected or recycled): a group taken and not yet
         trained, dropped, rejected or recycled that upstream no longer holds is lost. It is
         left out of ``run_end.pending_groups``, so the conservation checker reports it."""
         for gi in self.lost & self._queued():
@@ -555,9 +591,9 @@ class UpstreamHost:
         self.lost |= groups
 
     def seen(self, gi: int, where: str) -> None:
-        """``gi`` is in upstream's hands (``where``). If the host declared it lost, the
+        """``gi`` is in upstream's hands (``where``). If the runner declared it lost, the
         declaration was wrong (a group held by nothing cannot come back): recorded, and
-        raised as ``HostAccountingError`` after the run. Not raised here: the caller is
+        raised as ``RunnerAccountingError`` after the run. Not raised here: the caller is
         upstream's code, which may catch it (a failed group task is logged and skipped).
         A group task's first step is no sighting: a task the worker forgot still runs."""
         if gi in self.lost:
@@ -710,7 +746,10 @@ class UpstreamHost:
         self.taken_this_generate = []
         if fully:
             self._emit(ev.DRAIN_START, rollout_id=rollout_id, current_version=version)
-        out = await self.rollout_fn(RolloutFnTrainInput(rollout_id=rollout_id, weight_version=version))
+        # a tree without the trainer-passed weight version (seam weight_version_source)
+        # runs only drivers that do not read it (one-step, sync)
+        passed = {"weight_version": version} if source.report().found("weight_version_source") else {}
+        out = await self.rollout_fn(RolloutFnTrainInput(rollout_id=rollout_id, **passed))
         returned = {g[0][0].group_index if isinstance(g[0], list) else g[0].group_index for g in out.samples}
         for gi in sorted(returned):
             self.seen(gi, f"returned by rollout {rollout_id} for training")
@@ -769,9 +808,11 @@ class UpstreamHost:
                                 update_weights=functools.partial(update_weights, ctx), train=_train)
 
     # --- a run ------------------------------------------------------------------------
-    def run(self) -> HostResult:
+    def run(self) -> UpstreamRunResult:
         global _CURRENT
+        source.report().require(driver_of(self.scenario.config))  # SeamMissing, before anything runs
         _install_seams()
+        raised_before = len(stand_ins.RAISED)
         args = upstream_args(self.scenario, dynamic_filter_path=self.dynamic_filter_path,
                              generate_function_path=self.generate_function_path)
         holder: dict[str, Any] = {}
@@ -787,6 +828,10 @@ class UpstreamHost:
             ctx = RunContext(args=sc.config, engine=self.engine, trainer=trainer, rollout_manager=rm, sink=self.sink,
                              observer=AgeRecorder())
             holder["ctx"] = ctx
+            me = asyncio.current_task()
+            # a stand-in reached inside upstream's code: this run cannot be faithful, so
+            # it stops now (RunnerSeamError after it), whatever upstream does with the error
+            stand_ins.ON_RAISE = lambda exc: loop.call_soon(me.cancel) if not me.done() else None
             mod = self._driver_module(args, ctx)
             if self.hooks is not None:
                 self.hooks(self)
@@ -797,7 +842,7 @@ class UpstreamHost:
                 me = asyncio.current_task()
                 # what upstream leaves running when its driver returns or raises (before
                 # run_virtual cancels it; tasks already being cancelled are not counted):
-                # the fault sweep (harness.upstream.faults) tells orphans from the worker
+                # the fault sweep (harness.upstream.fault_sweep) tells orphans from the worker
                 holder["live_tasks"] = sorted(getattr(t.get_coro(), "__qualname__", repr(t.get_coro()))
                                               for t in asyncio.all_tasks()
                                               if t is not me and not t.done() and not t.cancelling())
@@ -812,6 +857,7 @@ class UpstreamHost:
             error = exc
         finally:
             _CURRENT = None
+            stand_ins.ON_RAISE = None
             self.task_sample.clear()
             self.task_root.clear()
             self.task_key.clear()
@@ -827,16 +873,19 @@ class UpstreamHost:
         worker = getattr(self.rollout_fn, "_worker", None)
         worker_error = (worker.exception() if isinstance(worker, asyncio.Future) and worker.done()
                         and not worker.cancelled() else None)
-        result = HostResult(scenario=sc, history=ctx.history if ctx else [], wall_s=holder.get("t_end", 0.0),
+        result = UpstreamRunResult(scenario=sc, history=ctx.history if ctx else [], wall_s=holder.get("t_end", 0.0),
                             events=self.sink.events if isinstance(self.sink, TraceRecorder) else [], error=error,
                             get_samples_calls=self.get_samples_calls,
                             extra={"abort_posts": list(self.abort_posts), "live_tasks": holder.get("live_tasks", []),
                                    "worker_error": worker_error})
+        raised = stand_ins.RAISED[raised_before:]
+        if raised:
+            raise RunnerSeamError(raised, result)
         if problems:
-            raise HostAccountingError(problems, result)
+            raise RunnerAccountingError(problems, result)
         return result
 
 
-def host_simulate(scenario: Scenario, **kwargs: Any) -> HostResult:
+def run_upstream(scenario: Scenario, **kwargs: Any) -> UpstreamRunResult:
     """Run ``scenario`` on upstream's code (the tree must be activated first)."""
-    return UpstreamHost(scenario, **kwargs).run()
+    return UpstreamRunner(scenario, **kwargs).run()

@@ -7,13 +7,13 @@ failures, injected aborts, abort storms, a trainer failure, a worker crash, a
 cancellation or dynamic-filter rejects). ``case_from_seed(seed)`` draws it from an
 integer seed (hypothesis' own generator, seeded), so ``seed`` alone replays a finding:
 
-    .venv/bin/python -m harness.upstream.faults replay 1234
+    .venv/bin/python -m harness.upstream.fault_sweep replay 1234
 
 Two changes make a drawn case one upstream runs (``for_upstream``): ``colocate`` is
-cleared under ``train_async`` (upstream's ``train_async.py:L23`` refuses colocation, D8)
+cleared under ``train_async`` (upstream's ``train_async.py:L23`` refuses colocation, ``async-refusals``)
 and ``async_max_retries`` (a core-only cap) is unset.
 
-``host_run_with_faults`` runs the case on ``harness.upstream.host`` with the faults
+``runner_run_with_faults`` runs the case on ``harness.upstream.runner`` with the faults
 injected as on the core (``harness.sim.faults``: the same engine subclass, engine and
 trainer settings; the dynamic filter goes through ``--dynamic-sampling-filter-path``;
 cancellation cancels the driver's task). A watchdog bounds each run: ``VTIME_LIMIT_S`` of
@@ -35,14 +35,18 @@ mode, message)``:
   metric (its prompt is gone from the run).
 
 A run the harness itself got wrong is no finding: its row carries ``harness_error``
-instead (``_row``), e.g. the host's ``HostAccountingError`` (a group its accounting
-declared lost came back, ``harness.upstream.host``), and ``sweep`` exits non-zero.
+instead (``_row``), e.g. the runner's ``RunnerAccountingError`` (a group its accounting
+declared lost came back, ``harness.upstream.runner``) or ``RunnerSeamError`` (a stand-in or
+seam of the harness raised inside upstream's code, which upstream may have logged as its
+own task error), and ``sweep`` exits 2. A case whose driver the tree lacks a seam for
+(``harness.upstream.seams``) is not run: its row carries ``refused`` with the seams.
+The CLI exits 1 when a finding kind is not in the findings file.
 
 ``sweep(seeds)`` runs many and ``summarize`` folds them into the findings file
 (``results/upstream/fault_findings.json`` + ``.md``): per kind (category, detail, mode)
 the count, the fault kinds it came under and the first seeds. The CLI:
 
-    .venv/bin/python -m harness.upstream.faults sweep --runs 10000 --jobs 2 --write
+    .venv/bin/python -m harness.upstream.fault_sweep sweep --runs 10000 --jobs 2 --write
 """
 
 from __future__ import annotations
@@ -87,7 +91,7 @@ TASK_ROLES = {"FullyAsyncRolloutFn._worker_loop": "fully_async_worker", "Event.w
               "http_post": "http_request",
               "FullyAsyncRolloutFn._generate_group": "group_tasks", "generate_and_rm_group": "group_tasks",
               "generate_and_rm": "group_tasks", "RolloutManager._generate": "launched_generate",
-              "UpstreamHost.observe_buffer.<locals>.observed_get": "buffer_get"}
+              "UpstreamRunner.observe_buffer.<locals>.observed_get": "buffer_get"}
 # after a normal end these may still run: upstream's worker lives as long as the rollout manager
 AFTER_NORMAL_END = frozenset({"fully_async_worker", "scheduler_waiter", "group_tasks"})
 
@@ -173,7 +177,7 @@ def case_digest(seed: int) -> str:
 # --------------------------------------------------------------------------- running
 
 @dataclass
-class HostOutcome:
+class RunnerOutcome:
     seed: int | None
     case: RunCase
     events: list[Event]
@@ -216,18 +220,18 @@ def fault_filter(args: Any, group: Any) -> Any:
     and retry count."""
     from miles.rollout.filter_hub.base_types import DynamicFilterOutput
 
-    from harness.upstream.host import _host
+    from harness.upstream.runner import _current
 
-    host = _host()
-    f: FaultSchedule = host.fault_schedule
+    run = _current()
+    f: FaultSchedule = run.fault_schedule
     first = group[0][0] if isinstance(group[0], list) else group[0]
-    m = host.mirrors.get(first.index)
+    m = run.mirrors.get(first.index)
     reject = _uniform(f.seed + 5, first.group_index, m.retry_count if m else 0) < f.dynamic_filter_reject_rate
     return DynamicFilterOutput(keep=not reject, reason="fault" if reject else None)
 
 
-def host_run_with_faults(case: RunCase, *, seed: int | None = None, vtime_limit_s: float = VTIME_LIMIT_S,
-                         real_time_limit_s: float = REAL_TIME_LIMIT_S, set_order: str = "index") -> HostOutcome:
+def runner_run_with_faults(case: RunCase, *, seed: int | None = None, vtime_limit_s: float = VTIME_LIMIT_S,
+                         real_time_limit_s: float = REAL_TIME_LIMIT_S, set_order: str = "index") -> RunnerOutcome:
     """``case`` on upstream's code with its faults injected (the tree must be activated)."""
     faults = case.faults
     faults.check_applies(case.scenario.config)
@@ -235,38 +239,38 @@ def host_run_with_faults(case: RunCase, *, seed: int | None = None, vtime_limit_
         case.scenario,
         engine=dataclasses.replace(case.scenario.engine, request_failure_rate=faults.request_failure_rate),
         trainer=dataclasses.replace(case.scenario.trainer, fail_at_step=faults.trainer_fail_at_step))
-    def hooks(host: Any) -> None:
-        host.fault_schedule = faults
+    def hooks(run: Any) -> None:
+        run.fault_schedule = faults
         task, loop = asyncio.current_task(), asyncio.get_running_loop()
 
         def cancel() -> None:
-            host._emit(ev.FAULT, what="cancel")
+            run._emit(ev.FAULT, what="cancel")
             task.cancel()
 
         if faults.cancel_at_s is not None:
             loop.call_at(faults.cancel_at_s, cancel)
 
     t0 = time.perf_counter()
-    res, hang = guarded_host_run(sc, vtime_limit_s=vtime_limit_s, real_time_limit_s=real_time_limit_s, hooks=hooks,
+    res, hang = guarded_upstream_run(sc, vtime_limit_s=vtime_limit_s, real_time_limit_s=real_time_limit_s, hooks=hooks,
                                  engine_factory=fault_engine_class(SimEngine, faults), set_order=set_order,
-                                 dynamic_filter_path="harness.upstream.faults.fault_filter"
+                                 dynamic_filter_path="harness.upstream.fault_sweep.fault_filter"
                                  if faults.dynamic_filter_reject_rate else None)
-    return HostOutcome(seed=seed, case=case, events=res.events, history=res.history, error=res.error,
+    return RunnerOutcome(seed=seed, case=case, events=res.events, history=res.history, error=res.error,
                        live_tasks=list(res.extra.get("live_tasks", [])), hang=hang,
                        wall_s=time.perf_counter() - t0)
 
 
-def guarded_host_run(scenario: Any, *, vtime_limit_s: float = VTIME_LIMIT_S,
-                     real_time_limit_s: float = REAL_TIME_LIMIT_S, hooks: Any = None, **host_kwargs: Any
+def guarded_upstream_run(scenario: Any, *, vtime_limit_s: float = VTIME_LIMIT_S,
+                     real_time_limit_s: float = REAL_TIME_LIMIT_S, hooks: Any = None, **runner_kwargs: Any
                      ) -> tuple[Any, str | None]:
-    """``UpstreamHost(scenario, **host_kwargs).run()`` under the watchdog: returns the
-    ``HostResult`` and ``None``, or a description of the hang (virtual-time deadlock,
+    """``UpstreamRunner(scenario, **runner_kwargs).run()`` under the watchdog: returns the
+    ``UpstreamRunResult`` and ``None``, or a description of the hang (virtual-time deadlock,
     virtual or real time limit)."""
-    from harness.upstream.host import UpstreamHost
+    from harness.upstream.runner import UpstreamRunner
 
     state: dict[str, Any] = {}
 
-    def guarded(host: Any) -> None:
+    def guarded(run: Any) -> None:
         task, loop = asyncio.current_task(), asyncio.get_running_loop()
 
         def watchdog() -> None:
@@ -275,10 +279,10 @@ def guarded_host_run(scenario: Any, *, vtime_limit_s: float = VTIME_LIMIT_S,
 
         loop.call_at(vtime_limit_s, watchdog)
         if hooks is not None:
-            hooks(host)
+            hooks(run)
 
     with _real_time_guard(real_time_limit_s):
-        res = UpstreamHost(scenario, hooks=guarded, **host_kwargs).run()
+        res = UpstreamRunner(scenario, hooks=guarded, **runner_kwargs).run()
     hang = state.get("hang")
     if isinstance(res.error, VirtualDeadlock):
         hang = f"virtual-time deadlock: {res.error}"
@@ -304,7 +308,7 @@ class Finding:
 CATEGORIES = ("invariant", "run_error", "hang", "orphaned_task", "silent_drop")
 
 
-def findings(out: HostOutcome) -> list[Finding]:
+def findings(out: RunnerOutcome) -> list[Finding]:
     m = mode(out.case)
     found: list[Finding] = []
     if out.hang is not None:
@@ -356,15 +360,20 @@ def _quiet_upstream_logs() -> Iterator[None]:
             log.setLevel(level)
 
 
-def run_seed(seed: int) -> tuple[HostOutcome, list[Finding]]:
+def run_seed(seed: int) -> tuple[RunnerOutcome, list[Finding]]:
     with _quiet_upstream_logs():
-        out = host_run_with_faults(case_from_seed(seed), seed=seed)
+        out = runner_run_with_faults(case_from_seed(seed), seed=seed)
     return out, findings(out)
 
 
 def _row(seed: int) -> dict:
+    from harness.upstream.seams import SeamMissing
+
     try:
         out, found = run_seed(seed)
+    except SeamMissing as exc:  # the tree lacks a seam this case's driver needs: not run
+        c = case_from_seed(seed)
+        return {"seed": seed, "mode": mode(c), "fault": fault_kind(c.faults), "refused": exc.seams}
     except Exception as exc:  # the harness' own machinery failed: never folded into upstream findings
         return {"seed": seed, "harness_error": repr(exc)[:500]}
     c = out.case
@@ -402,7 +411,8 @@ def sweep(seeds: Iterable[int], *, jobs: int = 1, progress: bool = False) -> lis
 def tree_digest(tree: Path) -> str:
     h = hashlib.sha256()
     for rel in TREE_FILES:
-        h.update(rel.encode() + b"\0" + (tree / rel).read_bytes())
+        f = tree / rel
+        h.update(rel.encode() + b"\0" + (f.read_bytes() if f.is_file() else b"(missing)"))
     return h.hexdigest()[:16]
 
 
@@ -413,7 +423,7 @@ def summarize(rows: list[dict], *, tree: Path, seeds: str, seconds: float | None
     by_fault: dict[str, int] = {}
     by_mode: dict[str, int] = {}
     for r in rows:
-        if "harness_error" in r:
+        if "harness_error" in r or "refused" in r:
             continue
         by_fault[r["fault"]] = by_fault.get(r["fault"], 0) + 1
         by_mode[r["mode"]] = by_mode.get(r["mode"], 0) + 1
@@ -430,11 +440,12 @@ def summarize(rows: list[dict], *, tree: Path, seeds: str, seconds: float | None
     return {
         "upstream_tree": tree.name, "tree_digest": tree_digest(tree), "tree_files": list(TREE_FILES),
         "seeds": seeds, "runs": len(rows), "harness_errors": [r for r in rows if "harness_error" in r][:20],
+        "refused_runs": sum(1 for r in rows if "refused" in r),
         "runs_with_findings": with_findings, "runs_by_fault": dict(sorted(by_fault.items())),
         "runs_by_mode": dict(sorted(by_mode.items())),
         "complete_runs": sum(1 for r in rows if r.get("complete")),
         "real_seconds": None if seconds is None else round(seconds, 1),
-        "replay": "python -m harness.upstream.faults replay SEED",
+        "replay": "python -m harness.upstream.fault_sweep replay SEED",
         "kinds": dict(sorted(kinds.items())),
     }
 
@@ -446,12 +457,14 @@ def format_md(doc: dict) -> str:
         f"Upstream tree `{doc['upstream_tree']}` (digest `{doc['tree_digest']}` over the files listed in the JSON). "
         f"Seeds `{doc['seeds']}`: {doc['runs']} runs"
         + (f" in {doc['real_seconds']} s" if doc.get("real_seconds") else "")
-        + f", {doc['complete_runs']} complete, {doc['runs_with_findings']} with at least one finding.",
+        + f", {doc['complete_runs']} complete, {doc['runs_with_findings']} with at least one finding"
+        + (f", {doc['refused_runs']} not run (the tree lacks a seam their driver needs)" if doc.get("refused_runs")
+           else "") + ".",
         "",
         "Runs by fault kind: " + ", ".join(f"{k} {v}" for k, v in doc["runs_by_fault"].items()) + ".",
         "Runs by mode: " + ", ".join(f"{k} {v}" for k, v in doc["runs_by_mode"].items()) + ".",
         "",
-        "Replay one: `.venv/bin/python -m harness.upstream.faults replay SEED` (prints the case, the outcome, "
+        "Replay one: `.venv/bin/python -m harness.upstream.fault_sweep replay SEED` (prints the case, the outcome, "
         "every finding with its trace).",
         "",
         "| finding | mode | runs | under faults | first seeds | example |",
@@ -474,11 +487,11 @@ def format_md(doc: dict) -> str:
 
 READING = (
     "`orphaned_task: launched_generate`: `train_async.py:L80` launches generate(N+1) before step N trains; when "
-    "the step raises or the driver is cancelled, that generate keeps running (a Ray call nobody cancels; D10, "
+    "the step raises or the driver is cancelled, that generate keeps running (a Ray call nobody cancels; next-generate-launched-early, "
     "which the core now reproduces).",
     "`orphaned_task: fully_async_worker` / `group_tasks` (fully_async): the worker (`fully_async_rollout.py`, "
     "`_worker_loop`) has no stop path, so after the driver fails or is cancelled it keeps generating; after the "
-    "worker dies (request failure, worker crash) its sibling group tasks keep running (D7).",
+    "worker dies (request failure, worker crash) its sibling group tasks keep running (orphaned-group-tasks).",
     "`orphaned_task: group_tasks` (sync, one_step): when `generate_rollout_async` (`inference_rollout_train.py`) "
     "is cancelled, its pending group tasks are not: only the end-of-rollout abort stops them. "
     "`scheduler_waiter`, `http_request`, `buffer_get`: the sample-backfill waiter, an `/abort_request` post, the "
@@ -515,12 +528,17 @@ def _activate(path: str | None) -> Path:
 
     tree, how = source.find_miles_src(path)
     if tree is None:
-        raise SystemExit(how)
-    return source.activate(tree)
+        print(how, file=sys.stderr)
+        raise SystemExit(2)
+    try:
+        return source.activate(tree)
+    except (source.UpstreamUnavailable, source.SeamMissing) as exc:
+        print(f"cannot run upstream Miles at {tree} faithfully: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m harness.upstream.faults", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m harness.upstream.fault_sweep", description=__doc__.split("\n\n")[0])
     p.add_argument("--miles-src", default=None)
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("sweep", help="run seeds START..START+RUNS-1 and summarize the findings")
@@ -549,7 +567,7 @@ def main(argv: list[str] | None = None) -> int:
         FINDINGS_FILE.write_text(json.dumps(doc, indent=1) + "\n")
         FINDINGS_FILE.with_suffix(".md").write_text(format_md(doc))
         print(f"wrote {FINDINGS_FILE} and its .md")
-    return 1 if doc["harness_errors"] else 0
+    return 2 if doc["harness_errors"] else (1 if new and known else 0)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,47 @@
+"""`miles-harness doctor`: can the harness run this Miles checkout faithfully?
+
+    miles-harness doctor [--miles-src PATH]
+
+Probes every seam where the harness touches upstream beyond its public flags
+(``harness.upstream.seams``: the lifecycle sink, the submission scheduler factory, the
+weight-version source, each function it wraps or rebinds, each private attribute it
+reads) by reading the tree's source, and prints the table: seam, found or missing,
+where it looked, what the harness does without it; then the verdict per driver. Nothing
+of the tree is imported, so a tree that does not import is still described.
+
+Exit 0: the harness runs the tree (``runs``, or ``runs partly``: the drivers it cannot
+run are named with the seams they lack, and the differential and the suites skip or
+refuse them); 3: refused, no driver can run faithfully; 2: no Miles tree at the path.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from miles_async_core.errors import ConfigError
+
+REFUSED = 3
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--miles-src", help="upstream Miles checkout (default: $MILES_SRC, else the pinned tree "
+                                       "beside the repository, ../shared/third_party/miles-<pinned commit>)")
+
+
+def main(args: argparse.Namespace) -> int:
+    from harness.upstream import seams, source
+
+    path, how = source.find_miles_src(args.miles_src)
+    if path is None:
+        raise ConfigError(how)
+    if not (path / source.MARKER).is_file():
+        raise ConfigError(f"--miles-src {path}: not a Miles checkout ({source.MARKER} is missing). "
+                          "Fix: point --miles-src at the root of a Miles checkout (the folder holding miles/ "
+                          "and train_async.py).")
+    report = seams.probe(path)
+    print(f"({how})")
+    print(report.format())
+    if report.verdict == "refused":
+        print(f"\nrefused: {report.refusal()}")
+        return REFUSED
+    return 0

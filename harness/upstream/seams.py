@@ -1,0 +1,343 @@
+"""Every point where the harness touches upstream Miles beyond its public flags, how it is
+probed in a tree, and what the harness does without it.
+
+The harness runs upstream's own code (``harness.upstream.runner``); to do so it rebinds
+some of upstream's module-level names, wraps some methods, installs the lifecycle sink
+and reads a few private attributes. A Miles checkout other than the pinned one may lack
+any of them. ``probe(tree)`` reads the tree's source files (``ast``, nothing imported,
+so a tree that does not import is still described) and returns a ``TreeReport``: for
+every seam, found or missing and where it looked, and per driver whether the harness
+can run it faithfully. ``miles-harness doctor --miles-src PATH`` prints it; the
+differential, the fault sweep and the pytest tier refuse what the report refuses,
+naming the seam and the file, instead of reporting the harness' blind spot as an
+upstream finding.
+
+Drivers: ``sync`` (``train.py``, ``InferenceRolloutFn``), ``one-step``
+(``train_async.py`` without ``--fully-async``) and ``fully-async``.
+
+A seam with a ``fallback`` is not needed when the fallback is found: the runner then
+works through the fallback (the lifecycle sink announces each sample on the pinned tree;
+on a tree whose ``generate_and_rm`` does not announce, the runner wraps
+``generate_and_rm`` itself). An ``optional`` seam only costs a convenience.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Callable
+
+from harness.upstream.harness_errors import HarnessError
+
+DRIVERS = ("sync", "one-step", "fully-async")
+ROLLING = frozenset(DRIVERS)
+INFERENCE = frozenset({"sync", "one-step"})
+FULLY = frozenset({"fully-async"})
+
+COMMON = "miles/rollout/inference_rollout/inference_rollout_common.py"
+TRAIN_MOD = "miles/rollout/inference_rollout/inference_rollout_train.py"
+FULLY_MOD = "miles/rollout/fully_async_rollout.py"
+BUFFER_MOD = "miles/rollout/fully_async_data_buffer.py"
+SINGLE_TURN = "miles/rollout/generate_hub/single_turn.py"
+BASE_TYPES = "miles/rollout/base_types.py"
+DATA_SOURCE = "miles/rollout/data_source.py"
+LIFECYCLE = "miles/utils/lifecycle.py"
+FILTERS = "miles/rollout/filter_hub/base_types.py"
+
+
+class SeamMissing(HarnessError):
+    """The tree lacks a seam the harness needs for what was asked: running it would
+    report the harness' blind spot as upstream's behaviour. ``seams`` are the missing
+    seams' names; the message names each with its file and the consequence."""
+
+
+# --------------------------------------------------------------------------- source facts
+
+@dataclass
+class _Module:
+    """What a file binds: module-level names, classes with their methods, the attribute
+    names each function reads or assigns, the annotated fields of each class."""
+
+    exists: bool
+    names: set[str] = field(default_factory=set)
+    imported: dict[str, tuple[str, str]] = field(default_factory=dict)  # name -> (module, name there)
+    methods: dict[str, set[str]] = field(default_factory=dict)
+    fields: dict[str, set[str]] = field(default_factory=dict)
+    attrs: dict[str, set[str]] = field(default_factory=dict)  # "func" or "Class.method" -> attribute names
+
+
+def _attrs_of(fn: ast.AST) -> set[str]:
+    return {n.attr for n in ast.walk(fn) if isinstance(n, ast.Attribute)}
+
+
+@lru_cache(maxsize=64)
+def _parse(path: Path) -> _Module:
+    if not path.is_file():
+        return _Module(exists=False)
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    except SyntaxError:
+        return _Module(exists=False)
+    m = _Module(exists=True)
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            m.names.add(node.name)
+            m.attrs[node.name] = _attrs_of(node)
+        elif isinstance(node, ast.ClassDef):
+            m.names.add(node.name)
+            m.methods[node.name] = set()
+            m.fields[node.name] = set()
+            for item in node.body:
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    m.methods[node.name].add(item.name)
+                    m.attrs[f"{node.name}.{item.name}"] = _attrs_of(item)
+                elif isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+                    m.fields[node.name].add(item.target.id)
+        elif isinstance(node, ast.Import):
+            m.names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            for a in node.names:
+                m.names.add(a.asname or a.name)
+                if node.module and node.level == 0:
+                    m.imported[a.asname or a.name] = (node.module, a.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            m.names.update(t.id for t in targets if isinstance(t, ast.Name))
+    return m
+
+
+class _Tree:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def mod(self, rel: str) -> _Module:
+        return _parse((self.root / rel).resolve())
+
+    def name(self, rel: str, name: str, depth: int = 4) -> bool:
+        """``rel`` binds ``name`` at module level; a name imported from another module
+        of the tree must be defined there too (followed ``depth`` imports deep)."""
+        m = self.mod(rel)
+        if name not in m.names:
+            return False
+        origin = m.imported.get(name)
+        if origin is None or not origin[0].startswith("miles.") or depth == 0:
+            return True
+        module, there = origin
+        base = self.root / Path(*module.split("."))
+        target = base.with_suffix(".py") if base.with_suffix(".py").is_file() else base / "__init__.py"
+        if not target.is_file():
+            return (base.is_dir() and (base / f"{there}.py").is_file())  # a submodule imported by name
+        return self.name(str(target.relative_to(self.root)), there, depth - 1)
+
+    def method(self, rel: str, cls: str, name: str) -> bool:
+        return name in self.mod(rel).methods.get(cls, set())
+
+    def reads(self, rel: str, where: str, attr: str) -> bool:
+        return attr in self.mod(rel).attrs.get(where, set())
+
+
+# --------------------------------------------------------------------------- the registry
+
+@dataclass(frozen=True)
+class Seam:
+    name: str
+    file: str  # relative to the tree
+    looks_for: str  # what the probe looks for in that file
+    role: str  # what the harness does with it
+    without: str  # what the harness does when the tree lacks it
+    drivers: frozenset
+    probe: Callable[[_Tree], bool]
+    optional: bool = False
+    fallback: str | None = None  # a seam that replaces this one when found
+
+
+def _all(*checks: Callable[[_Tree], bool]) -> Callable[[_Tree], bool]:
+    return lambda t: all(c(t) for c in checks)
+
+
+SEAMS: tuple[Seam, ...] = (
+    Seam("lifecycle_sink", COMMON, "`generate_and_rm` calls `TrajectoryLifecycle().sink.gen_start(sample)`",
+         "tells the runner which sample each /generate request is for (the payload carries only token ids)",
+         "the runner announces each sample from its own wrapper of `generate_and_rm` (seam generate_and_rm)",
+         ROLLING, lambda t: t.name(COMMON, "TrajectoryLifecycle") and t.reads(COMMON, "generate_and_rm", "gen_start"),
+         fallback="generate_and_rm"),
+    Seam("generate_and_rm", COMMON, "module-level `generate_and_rm`, called by `generate_and_rm_group`",
+         "rebound to announce each sample when the lifecycle sink does not",
+         "not needed while the lifecycle sink is found; without both, no /generate can be attributed: refused",
+         ROLLING, lambda t: t.name(COMMON, "generate_and_rm") and t.name(COMMON, "generate_and_rm_group"),
+         optional=True),
+    Seam("trajectory_lifecycle", LIFECYCLE, "class `TrajectoryLifecycle` with a `sink`",
+         "the runner's sink is installed there; the nested-group generate function announces its turns through it",
+         "no sink to install: refused", ROLLING,
+         lambda t: t.name(LIFECYCLE, "TrajectoryLifecycle") and t.reads(LIFECYCLE, "TrajectoryLifecycle.__init__", "sink")),
+    Seam("make_submission_scheduler(one-step)", TRAIN_MOD, "module-level `make_submission_scheduler`",
+         "wrapped: the `done` set of each `wait_for_progress` is walked in a pinned order (by first sample index)",
+         "upstream would walk `done` sets in memory-address order: runs not reproducible, refused",
+         INFERENCE, lambda t: t.name(TRAIN_MOD, "make_submission_scheduler")),
+    Seam("make_submission_scheduler(fully-async)", FULLY_MOD, "module-level `make_submission_scheduler`",
+         "wrapped: pinned `done` order, and the runner follows the worker's waits for its group accounting",
+         "set order not pinned and groups not accounted: refused", FULLY,
+         lambda t: t.name(FULLY_MOD, "make_submission_scheduler")),
+    Seam("generate_and_rm_group(one-step)", TRAIN_MOD, "module-level `generate_and_rm_group`",
+         "wrapped: the end of each group task is recorded (`group_done`), its task keyed for set order",
+         "group ends unrecorded, set order unkeyed: refused", INFERENCE,
+         lambda t: t.name(TRAIN_MOD, "generate_and_rm_group")),
+    Seam("generate_and_rm_group(fully-async)", FULLY_MOD, "module-level `generate_and_rm_group`",
+         "wrapped: the end of each group task is recorded (`group_done`), its task keyed for set order",
+         "group ends unrecorded, set order unkeyed: refused", FULLY,
+         lambda t: t.name(FULLY_MOD, "generate_and_rm_group")),
+    Seam("http_post(single_turn)", SINGLE_TURN, "module-level `post` (from `miles.utils.http_utils`)",
+         "rebound: /generate is served by the simulated engine", "no engine to talk to: refused", ROLLING,
+         lambda t: t.name(SINGLE_TURN, "post")),
+    Seam("http_post_get(one-step)", TRAIN_MOD, "module-level `post` and `get`",
+         "rebound: /abort_request and the router's worker list are served by the runner",
+         "the end-of-rollout abort would go to the network: refused", INFERENCE,
+         lambda t: t.name(TRAIN_MOD, "post") and t.name(TRAIN_MOD, "get")),
+    Seam("as_completed_async", TRAIN_MOD, "module-level `as_completed_async`",
+         "rebound: the groups already done at the end-of-rollout abort are taken in the pinned set order",
+         "that order would follow memory addresses: refused", INFERENCE,
+         lambda t: t.name(TRAIN_MOD, "as_completed_async")),
+    Seam("submit_generate_tasks", TRAIN_MOD, "module-level `submit_generate_tasks`",
+         "wrapped: each group task holds its group from creation (the runner's group accounting)",
+         "groups between creation and first step would be counted lost (false conservation findings): refused",
+         INFERENCE, lambda t: t.name(TRAIN_MOD, "submit_generate_tasks")),
+    Seam("call_dynamic_filter", TRAIN_MOD, "module-level `call_dynamic_filter`",
+         "wrapped: a group the dynamic filter rejects is recorded as dropped when upstream drops it",
+         "filter rejects would read as lost groups: refused", INFERENCE,
+         lambda t: t.name(TRAIN_MOD, "call_dynamic_filter")),
+    Seam("tqdm", TRAIN_MOD, "module-level `tqdm`", "rebound with `disable=True` (the progress bar)",
+         "the one-step progress bar prints on every rollout", INFERENCE, lambda t: t.name(TRAIN_MOD, "tqdm"),
+         optional=True),
+    Seam("weight_version_source", BASE_TYPES, "field `weight_version` of `RolloutFnTrainInput`",
+         "the trainer passes the engine weight version to the drain (the staleness filter reads it)",
+         "upstream polls the router's /model_info on a real-time cache instead: the drain's version would not "
+         "be the trainer's, and the runner has no virtual-time router: fully-async refused", FULLY,
+         lambda t: "weight_version" in t.mod(BASE_TYPES).fields.get("RolloutFnTrainInput", set())),
+    Seam("data_buffer", BUFFER_MOD, "class `DefaultDataBuffer` (`put`, `get`, `self._buffer`, `self._capacity`) "
+         "and `group_oldest_weight_version`",
+         "built through `--custom-async-data-buffer-path`; `put`/`get` wrapped to record events; its queue read "
+         "for the group accounting", "no buffer to observe: fully-async refused", FULLY,
+         _all(lambda t: t.method(BUFFER_MOD, "DefaultDataBuffer", "put"),
+              lambda t: t.method(BUFFER_MOD, "DefaultDataBuffer", "get"),
+              lambda t: t.reads(BUFFER_MOD, "DefaultDataBuffer.__init__", "_buffer"),
+              lambda t: t.reads(BUFFER_MOD, "DefaultDataBuffer.__init__", "_capacity"),
+              lambda t: t.name(BUFFER_MOD, "group_oldest_weight_version"))),
+    Seam("unused_samples_handler", FULLY_MOD, "attribute `FullyAsyncRolloutFn._handle_unused` (set in `__init__`)",
+         "wrapped: the groups the buffer rejects (stale or aborted) are recorded with the handler's choice",
+         "stale and aborted groups would read as lost: fully-async refused", FULLY,
+         lambda t: t.reads(FULLY_MOD, "FullyAsyncRolloutFn.__init__", "_handle_unused")),
+    Seam("submit_one_group", FULLY_MOD, "method `FullyAsyncRolloutFn._submit_one_group`",
+         "wrapped: each group task holds its group from creation (the runner's group accounting)",
+         "a group between creation and first step would be counted lost: fully-async refused", FULLY,
+         lambda t: t.method(FULLY_MOD, "FullyAsyncRolloutFn", "_submit_one_group")),
+    Seam("worker_task", FULLY_MOD, "attribute `FullyAsyncRolloutFn._worker`",
+         "read after the run: a worker that died after the last drain has its exception reported with the result",
+         "that exception is left to the garbage collector's log", FULLY,
+         lambda t: t.reads(FULLY_MOD, "FullyAsyncRolloutFn.__init__", "_worker"), optional=True),
+    Seam("data_source", DATA_SOURCE, "class `RolloutDataSourceWithBuffer` (`get_samples`, `add_samples`, `buffer`)",
+         "instance methods wrapped: taken and recycled groups are recorded; its queue read for the accounting",
+         "no prompt source: refused", ROLLING,
+         _all(lambda t: t.name(DATA_SOURCE, "RolloutDataSourceWithBuffer"),
+              lambda t: t.method(DATA_SOURCE, "RolloutDataSourceWithBuffer", "add_samples"))),
+    Seam("train_async.py", "train_async.py", "module-level `train` and the Ray names it calls",
+         "executed as a module; `create_rollout_manager`, `create_training_models`, ... rebound to in-process "
+         "objects", "no one-step or fully-async driver: refused", frozenset({"one-step", "fully-async"}),
+         lambda t: t.name("train_async.py", "train") and t.name("train_async.py", "create_rollout_manager")),
+    Seam("train.py", "train.py", "module-level `train` and the Ray names it calls",
+         "executed as a module; its Ray names rebound to in-process objects", "no sync driver: refused",
+         frozenset({"sync"}), lambda t: t.name("train.py", "train") and t.name("train.py", "create_rollout_manager")),
+)
+
+BY_NAME = {s.name: s for s in SEAMS}
+
+
+# --------------------------------------------------------------------------- probing
+
+@dataclass(frozen=True)
+class Probe:
+    seam: Seam
+    found: bool
+    needed: bool  # missing and nothing replaces it: the drivers it serves are refused
+
+
+@dataclass
+class TreeReport:
+    tree: Path
+    probes: list[Probe]
+
+    def found(self, name: str) -> bool:
+        return next(p.found for p in self.probes if p.seam.name == name)
+
+    def missing_for(self, driver: str) -> list[Seam]:
+        """The seams without which ``driver`` cannot run faithfully on this tree."""
+        return [p.seam for p in self.probes if p.needed and driver in p.seam.drivers]
+
+    @property
+    def runnable(self) -> tuple[str, ...]:
+        return tuple(d for d in DRIVERS if not self.missing_for(d))
+
+    @property
+    def verdict(self) -> str:
+        if not self.runnable:
+            return "refused"
+        return "runs" if len(self.runnable) == len(DRIVERS) else "runs partly"
+
+    def format(self) -> str:
+        """The table: seam, found / missing (MISSING: needed), where it looked, and what
+        the harness does without it; then the verdict per driver."""
+        w = max(len(p.seam.name) for p in self.probes)
+        lines = [f"upstream Miles tree: {self.tree}", "",
+                 f"{'seam':<{w}}  {'state':<7}  where it looked / without it"]
+        for p in self.probes:
+            s = p.seam
+            state = "found" if p.found else ("MISSING" if p.needed else "missing")
+            lines.append(f"{s.name:<{w}}  {state:<7}  {s.file}: {s.looks_for}")
+            if not p.found:
+                lines.append(f"{'':<{w}}  {'':<7}  without it: {s.without}")
+        lines += ["", f"verdict: {self.verdict}"]
+        for d in DRIVERS:
+            miss = self.missing_for(d)
+            lines.append(f"  {d:<12} " + ("runs" if not miss else
+                                          "REFUSED: missing " + ", ".join(f"{s.name} ({s.file})" for s in miss)))
+        return "\n".join(lines)
+
+    def refusal(self, driver: str | None = None) -> SeamMissing:
+        """``SeamMissing`` naming what ``driver`` lacks (``None``: every needed seam)."""
+        miss = self.missing_for(driver) if driver else [p.seam for p in self.probes if p.needed]
+        text = "; ".join(f"seam {s.name} missing in {self.tree / s.file} (looked for {s.looks_for}, following imports to where they are defined): {s.without}"
+                         for s in miss)
+        return SeamMissing(f"the harness cannot run {driver or 'any driver'} on upstream Miles at {self.tree} faithfully: {text}. "
+                           f"Run `miles-harness doctor --miles-src {self.tree}` for the whole table.",
+                           [s.name for s in miss])
+
+    def require(self, driver: str) -> None:
+        """Raise ``SeamMissing`` naming the seams ``driver`` lacks on this tree."""
+        if self.missing_for(driver):
+            raise self.refusal(driver)
+
+
+def probe(tree: Path) -> TreeReport:
+    """The seam table of ``tree`` (read from its source files; nothing is imported)."""
+    t = _Tree(Path(tree).resolve())
+    found = {s.name: bool(s.probe(t)) for s in SEAMS}
+    probes = []
+    for s in SEAMS:
+        replaced = s.fallback is not None and found[s.fallback]
+        probes.append(Probe(seam=s, found=found[s.name], needed=not found[s.name] and not s.optional and not replaced))
+    # an optional seam that stands in for a missing one is needed after all
+    for i, p in enumerate(probes):
+        if p.seam.optional and not p.found and any(q.seam.fallback == p.seam.name and not q.found for q in probes):
+            probes[i] = Probe(seam=p.seam, found=False, needed=True)
+    return TreeReport(tree=t.root, probes=probes)
+
+
+def driver_of(config: object) -> str:
+    """The driver a scenario config runs: ``sync``, ``one-step`` or ``fully-async``."""
+    if getattr(config, "driver", None) == "train":
+        return "sync"
+    return "fully-async" if getattr(config, "fully_async", False) else "one-step"
+
+
+__all__ = ["BY_NAME", "DRIVERS", "Probe", "SEAMS", "Seam", "SeamMissing", "TreeReport", "driver_of", "probe"]
