@@ -51,6 +51,7 @@ def _known_for_this_tree(miles_src) -> dict:
     return known
 
 
+@pytest.mark.slow
 def test_the_sweep_runs_every_fault_kind_on_upstream(sweep_rows):
     rows = sweep_rows
     broken = [r for r in rows if "harness_error" in r]
@@ -79,6 +80,7 @@ def test_the_sweep_runs_every_fault_kind_on_upstream(sweep_rows):
           f"{sum(1 for r in rows if r['findings'])} with findings ({found} findings)")
 
 
+@pytest.mark.slow
 def test_every_finding_kind_is_a_listed_one(sweep_rows, miles_src):
     seen: dict[str, int] = {}
     for r in sweep_rows:
