@@ -28,7 +28,7 @@ PYTEST := HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(BIN)/python -m pytest 
 # one worker per core (pytest-xdist); the slow tier runs in one process: its Ray cluster and
 # its real models are shared across tests for the session, and its timings want the cores
 test: $(STAMP)
-	$(PYTEST) -m "not slow and not bench" -n auto --maxprocesses 8 --dist worksteal
+	$(PYTEST) -m "not slow and not bench" -n auto --maxprocesses 8 --dist loadgroup
 
 test-slow: $(STAMP)
 	$(PYTEST) -m "slow or bench"

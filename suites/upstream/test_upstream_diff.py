@@ -9,6 +9,7 @@ xfails: they fail loudly once the core and upstream agree. None is left (D1-D11 
 
 from __future__ import annotations
 
+import functools
 import sys
 import types
 
@@ -25,9 +26,15 @@ def _param(case):
     return pytest.param(case, id=case.name, marks=marks)
 
 
+@functools.cache
+def _report(name: str):
+    """A case's two runs, made once for the two tests below that read them."""
+    return run_case(case_named(name))
+
+
 @pytest.mark.parametrize("case", [_param(c) for c in CASES])
 def test_core_matches_upstream(miles_src, case):
-    report = run_case(case)
+    report = _report(case.name)
     assert report.identical, report.format()
 
 
@@ -35,7 +42,7 @@ def test_core_matches_upstream(miles_src, case):
 def test_invariants_hold_on_upstream_runs(miles_src, case):
     from harness.checking.invariants import check_all, format_violations
 
-    up = run_case(case).upstream_result
+    up = _report(case.name).upstream_result
     assert up.events, "the host recorded no events"
     violations = check_all(up.events, case.scenario().config, complete=up.error is None)
     assert not violations, format_violations(violations)
