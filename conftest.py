@@ -35,10 +35,11 @@ SLOW_BECAUSE = ("model", "process", "ray", "http", "valgrind", "worktree", "gpu"
 
 @pytest.hookimpl(tryfirst=True)  # before pytest's own -m selection and xdist's grouping read the markers
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    xdist = config.pluginmanager.hasplugin("xdist")
     for item in items:
         if item.get_closest_marker("slow") is None and any(item.get_closest_marker(m) for m in SLOW_BECAUSE):
             item.add_marker(pytest.mark.slow)
-        if "miles_src" in getattr(item, "fixturenames", ()):
+        if xdist and "miles_src" in getattr(item, "fixturenames", ()):
             # under ``-n N --dist loadgroup`` the tests on upstream Miles share one worker: importing
             # the tree takes seconds, and that worker's runs of it are shared across tests
             item.add_marker(pytest.mark.xdist_group("upstream"))
