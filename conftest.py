@@ -3,7 +3,14 @@ runs with ``--import-mode=importlib``), loads the harness pytest plugin from the
 the package's ``pytest11`` entry point is not installed (a fresh checkout), and opts this
 project's own suites into what the plugin leaves off by default: the CPython 3.11 guard
 (``harness.checking.py311_guard``) and the ``dev`` hypothesis profile when
-``$HYPOTHESIS_PROFILE`` is unset."""
+``$HYPOTHESIS_PROFILE`` is unset.
+
+It also sorts the tests into two tiers. The fast tier (``make test``: ``-m "not slow and
+not bench"``) is every test of the core, the simulator, the checkers and the upstream
+differential on the simulated backends; the slow tier (``make test-slow``: ``-m "slow or
+bench"``) is the rest. A test that starts something heavy carries a marker naming it
+(``SLOW_BECAUSE``), and each of those implies ``slow``, so one expression selects the tier
+and every test is in exactly one of the two."""
 
 from __future__ import annotations
 
@@ -20,6 +27,22 @@ if ROOT not in sys.path:
 
 if not any(ep.value == "harness.checking.pytest_plugin" for ep in entry_points(group="pytest11")):
     pytest_plugins = ["harness.checking.pytest_plugin"]
+
+
+# markers that say why a test is slow; each implies ``slow`` (see pytest_collection_modifyitems)
+SLOW_BECAUSE = ("model", "process", "ray", "http", "valgrind", "worktree", "gpu")
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest's own -m selection and xdist's grouping read the markers
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    xdist = config.pluginmanager.hasplugin("xdist")
+    for item in items:
+        if item.get_closest_marker("slow") is None and any(item.get_closest_marker(m) for m in SLOW_BECAUSE):
+            item.add_marker(pytest.mark.slow)
+        if xdist and "miles_src" in getattr(item, "fixturenames", ()):
+            # under ``-n N --dist loadgroup`` the tests on upstream Miles share one worker: importing
+            # the tree takes seconds, and that worker's runs of it are shared across tests
+            item.add_marker(pytest.mark.xdist_group("upstream"))
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -38,7 +38,7 @@ except ModuleNotFoundError:  # pytest run from elsewhere than the repository roo
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from fixtures.held_engine import HoldsAfterSteps
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.model, pytest.mark.ray]
 
 CFG = TinyLMConfig(vocab_size=32, d_model=16, n_layers=1, n_heads=2, d_ff=32, max_seq_len=32, seed=3)
 B, N = 2, 2  # groups per rollout, samples per prompt

@@ -72,6 +72,7 @@ def test_the_pause_mode_error_names_the_flag_the_value_the_allowed_values_and_th
         check_pause_mode(mode)
 
 
+@pytest.mark.model
 def test_every_engine_refuses_an_unknown_pause_mode_with_that_same_message():
     expected = message(lambda: check_pause_mode("drain"))
     core = EngineCore(TinyLM(CFG), max_running=1)
@@ -95,6 +96,7 @@ BAD_REQUESTS = [
 ]
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("sample, sampling, expected", BAD_REQUESTS)
 def test_every_engine_refuses_a_bad_request_in_the_caller_with_the_same_message(sample, sampling, expected):
     prefix, budget = request_for(sample, sampling)
@@ -128,6 +130,7 @@ def test_every_engine_refuses_a_bad_request_in_the_caller_with_the_same_message(
         assert message(lambda: core.add_request(0, prefix, budget, sampling.temperature)) == sized
 
 
+@pytest.mark.model
 def test_the_model_length_is_checked_where_the_engine_knows_it():
     text = message(lambda: check_request([1] * 30, 4, 1.0, max_seq_len=32))
     assert "max_seq_len=32" in text and "Fix:" in text
@@ -164,6 +167,7 @@ def test_merge_result_appends_and_merges_a_continuing_run_into_new_lists():
                                          "token_versions": [[0, 0, 3], [1, 0, 2]], "weight_versions": ["0", "1"]})]
 
 
+@pytest.mark.model
 def test_the_same_result_through_every_engine_gives_the_same_sample_and_finished_event():
     tokens, log_probs, runs = [7, 8, 9], [-1.0, -2.0, -3.0], [[0, 0, 1], [1, 1, 2]]
 

@@ -58,6 +58,7 @@ def test_clock_alignment_is_exact_on_a_shared_clock_and_a_midpoint_otherwise() -
     assert not shared and offset == pytest.approx(7.5)
 
 
+@pytest.mark.ray
 @pytest.mark.parametrize("mode", ["sync", "one-step", "fully-async"])
 def test_two_engines_run_every_mode_and_every_checker_passes(ray_cluster, mode: str) -> None:
     result, violations = run_ray(mode)
@@ -130,6 +131,7 @@ def _lost_and_where_they_went(result) -> tuple[dict, set[int]]:
     return fault, dropped
 
 
+@pytest.mark.ray
 def test_a_dead_engine_fails_the_run_at_the_next_pause_and_keeps_finished_steps(ray_cluster, monkeypatch) -> None:
     result, violations = _dead_engine_run(monkeypatch, "fail")
     assert result.error is not None and result.error.startswith("EngineDeadError")
@@ -144,6 +146,7 @@ def test_a_dead_engine_fails_the_run_at_the_next_pause_and_keeps_finished_steps(
     assert len(engine_pool().acquire(2)[0]) == 2  # the pool replaces the dead actor for later runs
 
 
+@pytest.mark.ray
 def test_a_dead_engine_with_continue_finishes_on_the_live_engine(ray_cluster, monkeypatch) -> None:
     result, violations = _dead_engine_run(monkeypatch, "continue")
     assert result.error is None, result.error

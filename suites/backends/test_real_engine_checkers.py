@@ -38,6 +38,7 @@ def _by_index(events: list[Event], kind: str) -> dict[int, list[Event]]:
     return out
 
 
+@pytest.mark.model
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("mode,layout", RUNS, ids=[f"{layout}-{mode}" for mode, layout in RUNS])
 def test_a_real_run_passes_every_applicable_checker(mode: str, layout: str) -> None:
@@ -80,6 +81,7 @@ def test_a_real_run_passes_every_applicable_checker(mode: str, layout: str) -> N
         assert overlap["both_busy_s"] > 0.0
 
 
+@pytest.mark.model
 @pytest.mark.timeout(120)
 def test_a_split_runs_child_clock_is_checked_and_aligned() -> None:
     """The child's events carry child-side stamps: its first message proved the clock is
@@ -112,6 +114,7 @@ def test_a_split_runs_child_clock_is_checked_and_aligned() -> None:
         assert t0 <= pause.t <= version.t <= resume.t <= end.t
 
 
+@pytest.mark.model
 @pytest.mark.timeout(120)
 def test_an_engine_that_decodes_while_paused_fails_on_a_colocated_run_and_shows_in_both_busy() -> None:
     with patched(DecodesWhilePausedCore):

@@ -19,7 +19,7 @@ CFG = TinyLMConfig(vocab_size=32, max_seq_len=64, seed=3)
 PROMPTS = [[5, 6, 7], [8, 9], [10, 11, 12, 13, 14, 15], [16], [17, 18, 19, 20]]
 
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")  # fixture in the root conftest.py
+pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.model]  # fixture in the root conftest.py
 
 
 def perturbed(model: TinyLM, *, seed: int, scale: float = 0.05) -> dict[str, torch.Tensor]:

@@ -20,7 +20,7 @@ CFG = TinyLMConfig(vocab_size=TINY_TOKENIZER.vocab_size, max_seq_len=32, seed=0)
 TASK = CopyTask(n_symbols=3, length=2)
 
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")  # fixture in the root conftest.py
+pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.model]  # fixture in the root conftest.py
 
 
 def rollout(core: EngineCore, rng: random.Random, step: int, *, b: int = 8, n: int = 4, random_rewards=False):

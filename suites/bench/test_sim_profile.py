@@ -3,22 +3,22 @@
 n = 8), steps 4 to 12.
 
 CPU seconds on a shared host move with nothing changed; this count does not depend on
-the host's load (0.2% between checkouts here, from garbage-collector callbacks), so it is
-what tells whether a change of the simulator's Python made it cheaper, and
-where its work goes. The test checks the committed ``results/bench/sim_profile.json``
-against a fresh count: a change that moves the simulator's bytecodes per sample by more
-than 1% needs the file made again (``python -m harness.results.regenerate --only
-sim_profile``), as a change of the event order needs the golden traces made again.
+the host's load, so it is what tells whether a change of the simulator's Python made it
+cheaper, and where its work goes. The bench reports the count, its top functions and how
+far it moved from the committed ``results/bench/sim_profile.json``; it does not hold the
+simulator to that figure (an honest edit changes it). What it checks is that the
+measurement works: the two runs' difference is a positive count of plausible size, spent
+in the simulator's and the core's own functions.
 
 With ``MILES_HARNESS_WRITE_RESULTS=1`` the profile (plus the git commit, a dirty flag and
-the machine) is written to that file instead.
+the machine) is written to that file (``python -m harness.results.regenerate --only
+sim_profile``).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -32,7 +32,9 @@ from miles_async_core.config import AsyncConfig
 
 B, N, SHORT, LONG = 64, 8, 4, 12
 RESULT_PATH = Path(__file__).resolve().parents[2] / "results/bench/sim_profile.json"
-TOLERANCE = 0.01
+# one simulated sample is a few thousand bytecodes: a figure off by a factor of 30 either way
+# means the difference of the two runs measured something else (set-up, or nothing)
+PLAUSIBLE = (50.0, 50_000.0)
 
 
 def _run(steps: int) -> None:
@@ -42,28 +44,34 @@ def _run(steps: int) -> None:
     assert result.error is None and len(result.history) == steps
 
 
+def _against_committed(profile: dict) -> str:
+    """How the fresh count compares with the committed file's (a report, not a check)."""
+    if not RESULT_PATH.exists():
+        return f"no committed {RESULT_PATH.name} to compare with"
+    committed = json.loads(RESULT_PATH.read_text())
+    change = profile["bytecodes_per_sample"] / committed["bytecodes_per_sample"] - 1
+    return (f"{change:+.1%} against the committed {committed['bytecodes_per_sample']:.1f} (Python "
+            f"{committed['python']}, commit {str(committed.get('git_commit'))[:7]})")
+
+
 @pytest.mark.bench
-def test_bytecodes_per_simulated_sample_match_the_committed_profile():
+def test_the_bytecode_profile_of_a_simulated_sample_is_measured():
     profile = bytecode_profile(_run, SHORT, LONG, B * N)
-    print(f"\n{profile['bytecodes_per_sample']:.1f} bytecodes and {profile['python_calls_per_sample']:.2f} Python "
-          f"calls per simulated sample (steps {SHORT} to {LONG}, B = {B}, n = {N}, Python {profile['python']})")
+    per_sample = profile["bytecodes_per_sample"]
+    print(f"\n{per_sample:.1f} bytecodes and {profile['python_calls_per_sample']:.2f} Python calls per "
+          f"simulated sample (steps {SHORT} to {LONG}, B = {B}, n = {N}, Python {profile['python']}); "
+          f"{_against_committed(profile)}")
     for f in profile["functions"][:12]:
         print(f"{f['bytecodes_per_sample']:>9.1f} {f['calls_per_sample']:>7.3f}  {f['function']}")
-    assert profile["bytecodes_per_sample"] > 0 and profile["functions"]
+    assert PLAUSIBLE[0] < per_sample < PLAUSIBLE[1], per_sample
+    assert profile["python_calls_per_sample"] > 0
+    top = profile["functions"]
+    assert top and sum(f["bytecodes_per_sample"] for f in top) <= per_sample + 0.01 * len(top)
+    own = [f for f in top if f["function"].startswith(("harness/", "miles_async_core/"))]
+    assert own, f"none of the top functions is the simulator's or the core's: {[f['function'] for f in top]}"
     if os.environ.get("MILES_HARNESS_WRITE_RESULTS") == "1":
         git = git_info()
         profile.update(bench="sim_profile", created_utc=utc_now(), git_commit=git["commit"] if git else None,
                        git_dirty=git["dirty"] if git else None, machine=machine_info())
         RESULT_PATH.parent.mkdir(parents=True, exist_ok=True)
         RESULT_PATH.write_text(json.dumps(profile, indent=1, sort_keys=True) + "\n")
-        return
-    committed = json.loads(RESULT_PATH.read_text())
-    if committed["python"].rsplit(".", 1)[0] != sys.version.split()[0].rsplit(".", 1)[0]:
-        pytest.skip(f"the committed profile is of Python {committed['python']}, this is {sys.version.split()[0]}: "
-                    "another minor version compiles other bytecode")
-    change = profile["bytecodes_per_sample"] / committed["bytecodes_per_sample"] - 1
-    assert abs(change) <= TOLERANCE, (
-        f"the simulator executes {profile['bytecodes_per_sample']:.1f} bytecodes per sample, "
-        f"{change:+.1%} against the committed {committed['bytecodes_per_sample']:.1f} "
-        f"({RESULT_PATH.name}, commit {committed.get('git_commit')}); fix: if the change is meant, make the file "
-        "again: python -m harness.results.regenerate --only sim_profile")

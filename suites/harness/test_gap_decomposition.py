@@ -29,7 +29,7 @@ CFG = TinyLMConfig(vocab_size=TASK.tokenizer.vocab_size, max_seq_len=32, seed=7)
 FLOAT_NOISE = 1e-5  # fp32 engine decode vs full forward, same weights
 
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")  # fixture in the root conftest.py
+pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.model]  # fixture in the root conftest.py
 
 
 def build() -> TinyLM:

@@ -47,6 +47,7 @@ def test_require_or_skip_skips_or_fails_by_the_variable(monkeypatch):
         require_or_skip(WIDGET)
 
 
+@pytest.mark.process
 def test_a_generated_test_using_the_helper_skips_or_fails_the_run(tmp_path):
     (tmp_path / "test_widget.py").write_text(
         "from harness.checking.requirements import require_or_skip\n\n"
@@ -74,6 +75,7 @@ def _gpu_suite_missing() -> str:
     return missing
 
 
+@pytest.mark.process
 @pytest.mark.timeout(600)
 def test_the_gpu_suite_fails_on_a_runner_that_requires_it_and_skips_elsewhere():
     missing = _gpu_suite_missing()

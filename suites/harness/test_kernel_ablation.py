@@ -20,7 +20,7 @@ from miles_async_core.types import Sample
 CFG = AblationConfig(dtypes=("fp32", "bf16"), num_seqs=6, max_new_tokens=12, tiny_d_model=64, tiny_layers=2, seed=3)
 
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")  # fixture in the root conftest.py
+pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.model]  # fixture in the root conftest.py
 
 
 @pytest.fixture(scope="module")

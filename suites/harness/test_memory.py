@@ -37,6 +37,7 @@ print(json.dumps(peaks.stop()))
 """
 
 
+@pytest.mark.process
 def test_each_phase_gets_its_own_peak_after_a_reset():
     # a fresh single-threaded interpreter: in a long test process, threads' cached RSS counters and
     # the allocator's retained memory make the figures depend on what ran before

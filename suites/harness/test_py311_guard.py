@@ -70,6 +70,7 @@ def _repro(mode: str, tmp_path: Path) -> str:
     return out.stdout
 
 
+@pytest.mark.process
 @pytest.mark.skipif(sys.version_info[:3] > (3, 11, 7) or sys.version_info[:2] != (3, 11),
                     reason="the bug is only confirmed on CPython 3.11.0-3.11.7 (CI's 3.11.7); 3.12 keeps "
                            "the recursion counter per call")
@@ -79,6 +80,7 @@ def test_the_cpython_bug_reproduces_without_the_guard(tmp_path):
     assert "Task exception was never retrieved" in out
 
 
+@pytest.mark.process
 @pytest.mark.skipif(sys.version_info[:2] != (3, 11), reason="the guard is installed on CPython 3.11 only")
 def test_the_guard_lets_the_parse_finish_and_still_logs_the_whole_traceback(tmp_path):
     out = _repro("guard", tmp_path)

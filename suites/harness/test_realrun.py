@@ -17,6 +17,8 @@ from harness.cli import main as cli
 from harness.main_job.job import RunSpec, run_mode, summarize_mode
 from miles_async_core.config import AsyncConfig
 
+pytestmark = pytest.mark.model  # real runs of the main job: torch engines, trainers, processes
+
 BASE = AsyncConfig(rollout_batch_size=4, n_samples_per_prompt=4)
 SPEC = RunSpec(steps=4, tiny_d_model=32, tiny_layers=1, max_running=16)
 

@@ -59,6 +59,7 @@ def _assert_png(path: Path) -> None:
     assert len(data) > 5 * 1024, (path, len(data))
 
 
+@pytest.mark.slow
 def test_report_draws_every_plot_from_a_document_with_all_extras(tmp_path, capsys):
     full = _full().write(tmp_path / "full.json")
     later = _full(1)

@@ -7,6 +7,7 @@ import pytest
 from harness.results.sim_ab import compare
 
 
+@pytest.mark.worktree
 def test_a_commit_against_itself_does_the_same_work_and_reports_every_run():
     report = compare("HEAD", pairs=2, steps=2)
     assert report["same_work"] is True

@@ -93,6 +93,7 @@ def test_kept_pairs_come_in_number_order_and_need_both_files(tmp_path):
     assert [d.name for d in kept_pairs(tmp_path)] == ["run2", "run10"]
 
 
+@pytest.mark.slow
 def test_the_committed_range_is_what_the_model_gives_on_its_kept_pairs(tmp_path):
     """The committed range file's first pair, validated again from its kept results files:
     the same held-out errors (a model change that moves them needs the file made again,

@@ -81,11 +81,13 @@ def step(step_id: str) -> tuple[int, dict]:
 
 
 # --- linters ------------------------------------------------------------------------------------
+@pytest.mark.process
 def test_the_workflow_validates_against_githubs_workflow_schema():
     result = check_jsonschema(WORKFLOW)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.process
 def test_the_schema_check_rejects_a_job_without_runs_on(tmp_path):
     bad = tmp_path / "broken.yml"
     bad.write_text(BROKEN_SCHEMA)
@@ -93,11 +95,13 @@ def test_the_schema_check_rejects_a_job_without_runs_on(tmp_path):
     assert result.returncode != 0 and "runs-on" in result.stdout + result.stderr
 
 
+@pytest.mark.process
 def test_the_workflow_passes_zizmors_offline_audit(tmp_path):
     result = zizmor(WORKFLOW, tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.process
 def test_zizmor_flags_template_injection(tmp_path):
     bad = tmp_path / "injectable.yml"
     bad.write_text(INJECTABLE)

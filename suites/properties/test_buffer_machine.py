@@ -27,6 +27,7 @@ from miles_async_core.types import DataBufferInput, Sample, Status, iter_samples
 NO_EXPLAIN = [Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink]
 
 
+@pytest.mark.slow
 def test_buffer_keeps_every_guarantee_under_random_interleavings(data_buffer_factory):
     run_state_machine_as_test(machine_for(data_buffer_factory),
                               settings=settings(deadline=None, report_multiple_bugs=False, phases=NO_EXPLAIN,
@@ -35,6 +36,7 @@ def test_buffer_keeps_every_guarantee_under_random_interleavings(data_buffer_fac
 
 # ---- the machine reaches what it is meant to check ------------------------------------------
 
+@pytest.mark.slow
 def test_machine_reaches_blocked_puts_stale_rejects_cancellations_and_every_put_kind():
     seen: collections.Counter = collections.Counter()
 
@@ -115,6 +117,7 @@ class MetricsNeverReset(DefaultDataBuffer):
         return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("factory, invariant", [
     (PutNeverBlocks, "capacity"),
     (GetsNewestFirst, "fifo"),
@@ -131,10 +134,12 @@ def test_check_buffer_names_the_invariant_a_wrong_buffer_breaks(factory, invaria
     assert f"!! {invariant}:" in failure.timeline
 
 
+@pytest.mark.slow
 def test_default_buffer_conforms_through_check_buffer():
     assert check_buffer(DefaultDataBuffer, max_examples=100, seed=1) is None
 
 
+@pytest.mark.slow
 def test_print_blob_replays_the_identical_failure_of_a_wrong_buffer():
     first = check_buffer(GetsNewestFirst, max_examples=200, seed=0)
     assert first is not None and first.reproduce_blob is not None
@@ -147,6 +152,7 @@ def test_print_blob_replays_the_identical_failure_of_a_wrong_buffer():
     assert replayed.steps_text == first.steps_text
 
 
+@pytest.mark.slow
 def test_same_seed_gives_the_same_shrunk_sequence_twice():
     a = check_buffer(PutNeverBlocks, max_examples=100, seed=3)
     b = check_buffer(PutNeverBlocks, max_examples=100, seed=3)

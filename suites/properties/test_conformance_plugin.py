@@ -68,6 +68,7 @@ def run_suite(tmp_path: Path, module: str, source: str | None, spec: str) -> sub
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.process
 def test_a_correct_buffer_subclass_passes_the_suite(tmp_path):
     out = run_suite(tmp_path, "good_buffer", CORRECT, "good_buffer:make")
     assert out.returncode == 0, out.stdout + out.stderr
@@ -75,6 +76,7 @@ def test_a_correct_buffer_subclass_passes_the_suite(tmp_path):
     assert len((tmp_path / "constructed.log").read_text()) >= 200  # one buffer per example, ci profile
 
 
+@pytest.mark.process
 def test_a_wrong_buffer_fails_with_a_report_naming_the_invariant(tmp_path):
     out = run_suite(tmp_path, "lifo_buffer", NEWEST_FIRST, "lifo_buffer:make")
     report = out.stdout + out.stderr
@@ -86,6 +88,7 @@ def test_a_wrong_buffer_fails_with_a_report_naming_the_invariant(tmp_path):
     assert "@reproduce_failure(" in report  # print_blob under the ci profile
 
 
+@pytest.mark.process
 def test_a_bad_data_buffer_value_is_a_usage_error_naming_option_value_and_form(tmp_path):
     out = run_suite(tmp_path, "unused", None, "no_such_module_xyz:make")
     assert out.returncode == 4, out.stdout + out.stderr  # pytest's usage-error exit code
@@ -127,6 +130,7 @@ def test_default_fixture_is_the_default_buffer(data_buffer_factory, pytestconfig
     assert data_buffer_factory is DefaultDataBuffer
 
 
+@pytest.mark.process
 def test_the_plugin_registers_the_buffer_input_strategy_for_any_test(tmp_path):
     # A user's test module that never imports harness.checking.buffer_machine still gets the
     # registered strategy (one prompt group, one group_index), not hypothesis' guess

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
@@ -33,18 +34,21 @@ def assert_no_violations(case: RunCase) -> None:
     assert not found, f"{case.describe()}\n\n{format_violations(found)}"
 
 
+@pytest.mark.slow
 @property_settings(200)
 @given(run_cases())
 def test_fault_free_runs_satisfy_every_invariant(case: RunCase) -> None:
     assert_no_violations(case)
 
 
+@pytest.mark.slow
 @property_settings(100)
 @given(run_cases(fully_async=True))
 def test_fully_async_runs_satisfy_every_invariant(case: RunCase) -> None:
     assert_no_violations(case)
 
 
+@pytest.mark.slow
 @property_settings(200)
 @given(run_cases(faults=True))
 def test_runs_with_faults_end_cleanly_and_their_traces_hold_on_the_prefix(case: RunCase) -> None:

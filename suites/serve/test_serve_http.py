@@ -27,6 +27,8 @@ from harness.serve.order import check_update_order
 from harness.serve.server import tiny_model_config
 from harness.serve.weights import encode_named_tensors, save_weights_dir
 
+pytestmark = [pytest.mark.http, pytest.mark.model]
+
 ROOT = Path(__file__).resolve().parents[2]
 PROMPT = [1, 5, 9, 4, 7]
 OLD_SEED, NEW_SEED = 0, 1  # the server's tiny model is seeded with OLD_SEED

@@ -23,6 +23,8 @@ import pytest
 
 from harness.serve.upstream_e2e import STANDARD_RUNS, E2EConfig, age_summary, write_tiny_assets
 
+pytestmark = [pytest.mark.http, pytest.mark.model]
+
 RUNS = {c.name: c for c in STANDARD_RUNS}
 ENGINE_CHECKS = {"no_generation_while_paused", "abort_semantics", "kv_versions", "token_versions", "version_steps",
                  "update_outside_generate", "conservation_prefix"}

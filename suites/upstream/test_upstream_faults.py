@@ -59,6 +59,7 @@ def _known_for_this_tree(miles_src) -> dict:
     return known
 
 
+@pytest.mark.slow
 def test_the_sweep_runs_every_fault_kind_on_upstream(sweep_rows):
     broken = [r for r in sweep_rows if "harness_error" in r]
     assert not broken, f"the harness failed on {len(broken)} seeds (not an upstream finding): {broken[:3]}"
@@ -92,6 +93,7 @@ def test_the_sweep_runs_every_fault_kind_on_upstream(sweep_rows):
           f"(missing seams: {sorted({s for r in refused for s in r['refused']})})")
 
 
+@pytest.mark.slow
 def test_every_finding_kind_is_a_listed_one(sweep_rows, miles_src):
     """Judged on any tree: a finding kind the project has not accepted for upstream (the
     kinds of the committed findings file) fails, with its seeds."""
