@@ -108,8 +108,8 @@ async def generate(input: Any) -> Any:
     round added: tokens, status, the ``weight_version`` entries the engine reported) and
     ``tokens_digest`` of the sample's ``tokens`` after it: upstream's single-turn generate
     leaves there the ``input_ids`` it sent then the output ids it got
-    (``generate_endpoint_utils.py:L83-L94``), which a server that
-    records its trace digests the same way."""
+    (``generate_endpoint_utils.py:L83-L94``), which a server that records its trace
+    digests the same way."""
     sample = input.sample
     before = {id(sample): (int(sample.response_length or 0), len(sample.weight_versions or []))}
     at = (time.monotonic(), time.time())
