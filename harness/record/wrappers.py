@@ -39,7 +39,7 @@ from miles_async_core import events as ev
 
 from harness.trace import tokens_digest
 
-from . import chain
+from .chain import EXTENSION_POINTS, inner_path, load_inner
 from .writer import emit
 
 GENERATE_BEGIN = "generate_begin"
@@ -97,7 +97,7 @@ def _inner_generate() -> Any:
     if _GENERATE is None:
         from miles.rollout.inference_rollout.compatibility import load_generate_function
 
-        path = chain.inner_path("generate") or chain.EXTENSION_POINTS["generate"][1]
+        path = inner_path("generate") or EXTENSION_POINTS["generate"][1]
         _GENERATE = load_generate_function(path)
     return _GENERATE
 
@@ -137,7 +137,7 @@ class RecordingDataSource:
     everything else (``save``, ``load``, ``buffer``, ...) is the inner data source's."""
 
     def __init__(self, args: Any) -> None:
-        self._inner = chain.load_inner("data_source")(args)
+        self._inner = load_inner("data_source")(args)
         self._calls = 0
 
     def __getattr__(self, name: str) -> Any:
@@ -173,7 +173,7 @@ def dynamic_filter(args: Any, samples: Any, **kwargs: Any) -> Any:
     reject is the group's drop. Fully async: the buffer's ``put`` records the reject."""
     from miles.rollout.filter_hub.base_types import DynamicFilterOutput, call_dynamic_filter
 
-    out = call_dynamic_filter(chain.load_inner("filter"), args, samples, **kwargs)
+    out = call_dynamic_filter(load_inner("filter"), args, samples, **kwargs)
     out = out if isinstance(out, DynamicFilterOutput) else DynamicFilterOutput(keep=bool(out))
     gi = _flat(samples)[0].group_index
     if not getattr(args, "fully_async", False):
@@ -199,7 +199,7 @@ class RecordingRolloutFn:
     def __init__(self, input: Any) -> None:
         from miles.rollout.inference_rollout.compatibility import load_rollout_function
 
-        path = chain.inner_path("rollout") or chain.EXTENSION_POINTS["rollout"][1]
+        path = inner_path("rollout") or EXTENSION_POINTS["rollout"][1]
         self.inner = load_rollout_function(input, path)
 
     def __getattr__(self, name: str) -> Any:
@@ -271,7 +271,7 @@ class _BufferImpl:
         self._handle = input.unused_handler_fn
         self._aborting = False
         self._get_version: Any = None
-        inner_cls = chain.load_inner("buffer")
+        inner_cls = load_inner("buffer")
         self._inner = inner_cls(DataBufferConstructorInput(args=input.args, unused_handler_fn=self._handler))
 
     def __getattr__(self, name: str) -> Any:
@@ -373,7 +373,7 @@ def log_rollout_data(rollout_id: int, args: Any, samples: Any, rollout_extra_met
         emit(ev.METRICS, rollout_id=rollout_id, metrics=dict(rollout_extra_metrics or {}))
     emit(ev.TRAINED, rollout_id=rollout_id, group_indices=groups, trainer_version=version,
          samples=len(_flat(samples)))
-    inner = chain.load_inner("log")
+    inner = load_inner("log")
     return bool(inner(rollout_id, args, samples, rollout_extra_metrics, rollout_time)) if inner else False
 
 
@@ -382,7 +382,7 @@ def convert_samples_to_train_data(args: Any, samples: Any) -> dict:
     the inner converter, or upstream's conversion (``train_data_conversion.py:L50``, its
     default branch; without the rollout's metadata, which upstream does not pass to a
     custom converter); records ``train_data`` (samples and tokens handed to training)."""
-    inner = chain.load_inner("convert")
+    inner = load_inner("convert")
     if inner is not None:
         data = inner(args, samples)
     else:
@@ -403,6 +403,6 @@ def post_write(args: Any, version_dir: str, rollout_engines: Any) -> None:
     """``--custom-update-weight-post-write-path harness.record.post_write``: the trainer
     rank wrote a disk-delta version (``weights_written``), then the inner hook publishes it."""
     emit(WEIGHTS_WRITTEN, version_dir=str(version_dir), engines=len(rollout_engines or []))
-    inner = chain.load_inner("post_write")
+    inner = load_inner("post_write")
     if inner is not None:
         inner(args, version_dir, rollout_engines)
