@@ -8,10 +8,13 @@ counted, which pays for the process's imports and first calls), the order inside
 alternating (with first, then without first) so that a drift of the host's load falls on
 both sides:
 
-* **step time ratio** (with / without, the run's wall time over its steps) per pair; the
-  median and the range of the per-pair ratios (target: median at most 1.02). A real-time
-  run's step time varies by tens of percent from run to run on a shared host, so the
-  range says how far the median can be trusted;
+* **step time ratio** (with / without) per pair, the step time being the steady one:
+  from the first training step's end to the last's, per step (the servers' start, the
+  first rollout and the teardown, the same on both sides, are outside it); the median,
+  quartiles and range of the per-pair ratios (target: median at most 1.02), and the
+  median ratio of whole-run wall times next to it. A real-time run's step time varies by
+  tens of percent from run to run on a shared host, so the spread says how far the
+  median can be trusted;
 * **the recorder's CPU time**: the emitting thread's CPU time inside every event's write
   (JSON encoding and the one ``os.write``), per step, over the recorded step time, and one
   event's cost measured alone (times the events per step). The wall time inside the
@@ -47,7 +50,7 @@ pytestmark = pytest.mark.bench
 
 ROOT = Path(__file__).resolve().parents[2]
 ROUNDS = int(os.environ.get("MILES_HARNESS_RECORD_COST_PAIRS", "12"))  # pairs with and without
-STEPS = 4
+STEPS = 5
 
 
 def _isolated_emit_cost(writer, emit, n: int = 2000) -> float:
@@ -69,6 +72,7 @@ def test_recorder_share_of_step_time_and_bytes_per_sample(miles_src, monkeypatch
 
     from harness.record import writer
     from harness.record.served_run import run_recorded
+    from harness.serve import upstream_e2e
     from harness.serve.upstream_e2e import STANDARD_RUNS, E2EConfig, run_upstream_e2e
 
     torch.set_num_threads(1)
@@ -83,8 +87,24 @@ def test_recorder_share_of_step_time_and_bytes_per_sample(miles_src, monkeypatch
         spent[1] += time.thread_time() - c0
 
     monkeypatch.setattr(writer.ProcessRecord, "emit", timed_emit)
+    ends: list[float] = []  # when each training step of the current run ended
+    real_train = upstream_e2e._Run.train
+
+    async def timed_train(self, rollout_id, ref):
+        await real_train(self, rollout_id, ref)
+        ends.append(time.monotonic())
+
+    monkeypatch.setattr(upstream_e2e._Run, "train", timed_train)
+
+    def step_s() -> float:
+        """The steady step time: from the first step's end to the last's, per step (the
+        servers' start, the first rollout and the teardown are outside it)."""
+        out = (ends[-1] - ends[0]) / (len(ends) - 1)
+        ends.clear()
+        return out
     # the first run in a process pays for imports and first calls: one run before the pairs, not counted
     assert run_upstream_e2e(cfg, miles_src=str(miles_src)).steps_trained == STEPS
+    ends.clear()
     rows = []
     for r in range(ROUNDS):
         row: dict = {"round": r, "recorded_first": r % 2 == 0}
@@ -92,14 +112,14 @@ def test_recorder_share_of_step_time_and_bytes_per_sample(miles_src, monkeypatch
             if side == "without":
                 plain = run_upstream_e2e(cfg, miles_src=str(miles_src))
                 assert plain.steps_trained == STEPS, plain.error
-                row["step_s_without"] = plain.wall_s / STEPS
+                row.update(step_s_without=step_s(), run_s_without=plain.wall_s)
                 continue
             spent[0] = spent[1] = 0.0
             directory = Path(tempfile.mkdtemp(prefix="record-cost-"))
             rec = run_recorded(cfg, directory, miles_src=str(miles_src))
             assert rec.e2e.steps_trained == STEPS, rec.e2e.error
             framework = sorted(directory.glob("rollout-*.jsonl"))
-            row.update(step_s_with=rec.e2e.wall_s / STEPS, recorder_wall_s_per_step=spent[0] / STEPS,
+            row.update(step_s_with=step_s(), run_s_with=rec.e2e.wall_s, recorder_wall_s_per_step=spent[0] / STEPS,
                        recorder_cpu_s_per_step=spent[1] / STEPS,
                        framework_events=sum(1 for p in framework for _ in p.open()) - len(framework),
                        samples_trained=sum(e.fields.get("samples", 0) for e in rec.merged.events
@@ -107,6 +127,7 @@ def test_recorder_share_of_step_time_and_bytes_per_sample(miles_src, monkeypatch
                        framework_bytes=sum(p.stat().st_size for p in framework), all_bytes=rec.merged.bytes_total)
             shutil.rmtree(directory, ignore_errors=True)
         row["ratio"] = row["step_s_with"] / row["step_s_without"]
+        row["run_ratio"] = row["run_s_with"] / row["run_s_without"]
         rows.append(row)
     med = {k: statistics.median(r[k] for r in rows) for k in rows[0] if k not in ("round", "recorded_first")}
     ratios = [r["ratio"] for r in rows]
@@ -123,6 +144,7 @@ def test_recorder_share_of_step_time_and_bytes_per_sample(miles_src, monkeypatch
         "step_time_ratio_median": statistics.median(ratios),
         "step_time_ratio_min": min(ratios), "step_time_ratio_max": max(ratios),
         "step_time_ratio_quartiles": statistics.quantiles(ratios, n=4),
+        "run_time_ratio_median": statistics.median(r["run_ratio"] for r in rows),
         "recorder_cpu_share_of_step": cpu_share,
         "recorder_wall_share_of_step": statistics.median(r["recorder_wall_s_per_step"] / r["step_s_with"]
                                                          for r in rows),
@@ -137,7 +159,7 @@ def test_recorder_share_of_step_time_and_bytes_per_sample(miles_src, monkeypatch
     print(f"  median {doc['step_time_ratio_median']:.3f}, quartiles "
           f"{' / '.join(f'{q:.3f}' for q in doc['step_time_ratio_quartiles'])}, range {min(ratios):.3f} .. "
           f"{max(ratios):.3f} (step time without {doc['median_step_s_without']:.3f} s, with "
-          f"{doc['median_step_s_with']:.3f} s)")
+          f"{doc['median_step_s_with']:.3f} s); whole runs: median ratio {doc['run_time_ratio_median']:.3f}")
     print(f"  recorder's CPU time: {med['recorder_cpu_s_per_step'] * 1e3:.2f} ms/step = {100 * cpu_share:.3f} % of a "
           f"step; wall time inside the writes (GIL waits included) {100 * doc['recorder_wall_share_of_step']:.2f} %")
     print(f"  one event written alone: {per_event * 1e6:.1f} us; x {doc['framework_events_per_step']:.0f} events/step "
