@@ -9,6 +9,7 @@ fails loudly on an unknown kind or a missing field, so checkers can rely on the 
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +17,13 @@ from typing import Any, Callable, Iterable
 
 from miles_async_core.errors import ConfigError
 from miles_async_core.events import EVENT_FIELDS
+
+
+def tokens_digest(tokens: Iterable[int]) -> str:
+    """A short digest of a request's token ids (prompt then output), the same on every
+    side that saw them: a server's ``finished`` event and a Miles sample's ``tokens``
+    after its ``/generate`` call carry it, so the merge joins the two exactly."""
+    return hashlib.blake2b(",".join(str(int(t)) for t in tokens).encode(), digest_size=8).hexdigest()
 
 
 @dataclass(slots=True)

@@ -107,12 +107,13 @@ def merge_result(sample: Sample, *, tokens: Iterable[int], log_probs: Iterable[f
     return sample
 
 
-def emit_finished(sink: Any, sample: Sample) -> None:
-    """The FINISHED event of one generate call (nothing when the sink records nothing)."""
+def emit_finished(sink: Any, sample: Sample, **extra: Any) -> None:
+    """The FINISHED event of one generate call (nothing when the sink records nothing);
+    ``extra`` adds fields (the served engine's ``tokens_digest``)."""
     if sink.enabled:
         sink.emit(ev.FINISHED, index=sample.index, group_index=sample.group_index, status=sample.status.value,
                   response_length=sample.response_length, token_versions=sample.token_versions.to_json(),
-                  weight_versions=list(sample.weight_versions))
+                  weight_versions=list(sample.weight_versions), **extra)
 
 
 def sample_fields(fields: dict[str, Any], requests: Any) -> dict[str, Any] | None:

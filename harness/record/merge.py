@@ -9,11 +9,14 @@ merged trace's ``t`` is seconds since the first event.
 
 Server files (role ``server-N``: the CPU server's own trace, ``harness.record.served_run``)
 bring the engine's events. Their request indices are the server's; each request is
-joined to the Miles sample whose ``generate_call`` it answered: same server-reported
-``weight_version``, same number of tokens, same status, the request inside the call's
-time window; of several such calls, the one that ends soonest after the request ends
-(the answer reaches its caller at once; ``ambiguous`` counts requests with more than
-one candidate). Requests that answer no recorded call (health checks) are left out and
+joined to the Miles sample whose ``generate_call`` it answered: exactly when both carry
+``tokens_digest`` (the request's prompt and output ids; the sample's tokens after the
+call) and they are equal (``exact`` counts these). Otherwise, and among samples with
+equal tokens: same server-reported ``weight_version``, same number of tokens, same
+status, the request inside the call's time window; of several such calls, the one that
+ends soonest after the request ends (the answer reaches its caller at once;
+``ambiguous`` counts requests left with more than one candidate). Requests that answer
+no recorded call (health checks, calls cancelled at the run's end) are left out and
 counted. With several servers each server's events carry ``engine`` (its number), its
 loads become ``engine_loaded``, and the update counts as done (``engine_version``) when
 the last server has loaded it. Without server files, ``generate_call`` events become
@@ -162,32 +165,77 @@ def _calls(files: list[ProcessFile]) -> list[dict[str, Any]]:
     return out
 
 
-def _join(server: ProcessFile, calls: list[dict[str, Any]], stats: dict[str, int]) -> dict[int, dict[str, Any]]:
-    """Server request index -> the ``generate_call`` it answered."""
+def _requests(server: ProcessFile, number: int) -> list[dict[str, Any]]:
+    """The requests ``server`` finished: its index, submission and end on the merged clock."""
     submitted: dict[int, float] = {}
-    mapping: dict[int, dict[str, Any]] = {}
+    out = []
     for d in server.lines:
         t = d["mono"] + server.offset
         if d["kind"] == ev.SUBMITTED:
             submitted[d["index"]] = t
         elif d["kind"] == ev.FINISHED and d["index"] in submitted:
-            t_sub = submitted[d["index"]]
-            found = [c for c in calls if not c["matched"] and c["added_tokens"] == d["response_length"]
-                     and c["status"] == str(d["status"]).lower()
-                     and c["added_versions"] == [str(v) for v in d["weight_versions"]]
-                     and c["t0"] <= t_sub + JOIN_SLACK_S and c["t1"] >= t - JOIN_SLACK_S]
-            if not found:
-                stats["server_requests_unjoined"] += 1
-                continue
+            out.append({"server": number, "index": d["index"], "t_sub": submitted[d["index"]], "t": t, "done": d})
+    return out
+
+
+def _fits(call: dict[str, Any], req: dict[str, Any]) -> bool:
+    """Same tokens added, status and reported version; the request inside the call's window."""
+    d = req["done"]
+    return (call["added_tokens"] == d["response_length"] and call["status"] == str(d["status"]).lower()
+            and call["added_versions"] == [str(v) for v in d["weight_versions"]]
+            and call["t0"] <= req["t_sub"] + JOIN_SLACK_S and call["t1"] >= req["t"] - JOIN_SLACK_S)
+
+
+def _nearest(found: list[dict[str, Any]], t: float) -> dict[str, Any]:
+    # the answer reaches the caller just after the server finishes it: the call that
+    # ends soonest after the request's end (one ending before it, within the slack, last)
+    return min(found, key=lambda c: (c["t1"] < t, abs(c["t1"] - t)))
+
+
+def _join(servers: list[ProcessFile], calls: list[dict[str, Any]], stats: dict[str, int]
+          ) -> list[dict[int, dict[str, Any]]]:
+    """Per server, request index -> the ``generate_call`` it answered. Exact first: the
+    request's ``tokens_digest`` (prompt and output ids) equals the call's (the sample's
+    tokens after it); several calls with the same digest (samples of one prompt with the
+    same output) are told apart by ``_fits`` and timing. Then, for requests or calls
+    without a digest (a server that records none, a generate function that is not
+    single-turn), ``_fits`` and ``_nearest``, taking requests in the order they ended on
+    every server together (a request must not take the call of another server's request
+    that ended before it)."""
+    requests = sorted((r for n, pf in enumerate(servers) for r in _requests(pf, n)), key=lambda r: r["t"])
+    by_digest: dict[str, list[dict[str, Any]]] = {}
+    for c in calls:
+        if c.get("tokens_digest"):
+            by_digest.setdefault(c["tokens_digest"], []).append(c)
+    mappings: list[dict[int, dict[str, Any]]] = [{} for _ in servers]
+
+    def take(call: dict[str, Any], req: dict[str, Any]) -> None:
+        call["matched"], call["server"] = True, servers[req["server"]]
+        mappings[req["server"]][req["index"]] = call
+        stats["joined"] += 1
+
+    rest = []
+    for req in requests:
+        digest = req["done"].get("tokens_digest")
+        found = [c for c in by_digest.get(digest, ()) if not c["matched"]] if digest else []
+        if not found:
+            rest.append(req)
+            continue
+        if len(found) > 1:
+            found = [c for c in found if _fits(c, req)] or found
             stats["ambiguous"] += len(found) > 1
-            # the answer reaches the caller just after the server finishes it: the call that
-            # ends soonest after the request's end (one ending before it, within the slack, last)
-            best = min(found, key=lambda c: (c["t1"] < t, abs(c["t1"] - t)))
-            best["matched"] = True
-            best["server"] = server
-            mapping[d["index"]] = best
-            stats["joined"] += 1
-    return mapping
+        take(_nearest(found, req["t"]), req)
+        stats["exact"] += 1
+    for req in rest:
+        digest = req["done"].get("tokens_digest")
+        found = [c for c in calls if not c["matched"] and _fits(c, req)
+                 and not (digest and c.get("tokens_digest"))]  # two digests that differ: not this call
+        if not found:
+            stats["server_requests_unjoined"] += 1
+            continue
+        stats["ambiguous"] += len(found) > 1
+        take(_nearest(found, req["t"]), req)
+    return mappings
 
 
 def _server_events(server: ProcessFile, number: int, multi: bool, mapping: dict[int, dict[str, Any]]
@@ -275,13 +323,12 @@ def merge_dir(directory: str | Path, *, incomplete: bool = False) -> Merged:
     files = read_dir(directory, incomplete=incomplete)
     servers = [pf for pf in files if pf.role.startswith("server")]
     framework = [pf for pf in files if not pf.role.startswith("server")]
-    stats = {"joined": 0, "ambiguous": 0, "server_requests_unjoined": 0, "calls_unjoined": 0}
+    stats = {"joined": 0, "exact": 0, "ambiguous": 0, "server_requests_unjoined": 0, "calls_unjoined": 0}
     calls = _calls(framework)
     rows: list[tuple[float, int, int, str, dict[str, Any]]] = []
     multi = len(servers) > 1
     server_rows: list = []
-    for number, pf in enumerate(servers):
-        mapping = _join(pf, calls, stats)
+    for number, (pf, mapping) in enumerate(zip(servers, _join(servers, calls, stats))):
         server_rows += _server_events(pf, number, multi, mapping)
     if multi:
         server_rows += _loads_complete(server_rows, len(servers))

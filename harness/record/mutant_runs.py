@@ -27,14 +27,22 @@ ONE_STEP, FA_RETRACT, FA_IN_PLACE = STANDARD_RUNS
 # one group over the budget makes a second call at once (with 6 > B it never has room)
 ONE_STEP_NO_OVERSAMPLING = E2EConfig(**{**asdict(ONE_STEP), "name": "one-step-retract-disk-no-oversampling",
                                         "over_sampling_batch_size": None})
+# 4 groups in flight instead of 2: groups reach the buffer while a drain is away (training,
+# updating), so it holds stale groups and fills to its capacity
+FA_WIDE = E2EConfig(**{**asdict(FA_RETRACT), "name": "fully-async-retract-tensor-16-in-flight",
+                       "max_concurrent_samples": 16})
+# and every request runs to max_new_tokens: groups submitted together finish in the same
+# decode step, so the buffer holds several at a get (an order bug has a choice to get wrong)
+FA_LOCKSTEP = E2EConfig(**{**asdict(FA_WIDE), "name": "fully-async-retract-tensor-16-in-flight-no-eos",
+                           "stop_at_eos": False})
 SMALL_BUFFER = {"async_data_buffer_capacity_factor": 0.25}  # C = 1 group: put waits at capacity
 STRICT = {"max_weight_staleness": 0}  # every group that spans an update is stale: the handler runs
 
 # bug -> (base run, extra Miles args fields)
 REAL_TIME_CASES: dict[str, tuple[E2EConfig, dict[str, Any]]] = {
-    "buffer_capacity_off_by_one": (FA_RETRACT, SMALL_BUFFER),
-    "buffer_lifo": (FA_RETRACT, {}),
-    "staleness_bound_off_by_one": (FA_RETRACT, {}),
+    "buffer_capacity_off_by_one": (FA_WIDE, SMALL_BUFFER),
+    "buffer_lifo": (FA_LOCKSTEP, {}),
+    "staleness_bound_off_by_one": (FA_WIDE, {}),
     "consumed_staleness_not_reset": (FA_RETRACT, {}),
     "unused_handler_swapped": (FA_RETRACT, STRICT),
     "drain_one_group_too_many": (FA_RETRACT, {}),

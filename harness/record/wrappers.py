@@ -37,6 +37,8 @@ from typing import Any
 
 from miles_async_core import events as ev
 
+from harness.trace import tokens_digest
+
 from .chain import EXTENSION_POINTS, inner_path, load_inner
 from .writer import emit
 
@@ -103,7 +105,11 @@ def _inner_generate() -> Any:
 async def generate(input: Any) -> Any:
     """``--custom-generate-function-path harness.record.generate``: one ``generate_call``
     event per sample the inner generate function returns (its index and group, what the
-    round added: tokens, status, the ``weight_version`` entries the engine reported)."""
+    round added: tokens, status, the ``weight_version`` entries the engine reported) and
+    ``tokens_digest`` of the sample's ``tokens`` after it: upstream's single-turn generate
+    leaves there the ``input_ids`` it sent then the output ids it got
+    (``generate_endpoint_utils.py:L83-L94``), which a server that records its trace
+    digests the same way."""
     sample = input.sample
     before = {id(sample): (int(sample.response_length or 0), len(sample.weight_versions or []))}
     at = (time.monotonic(), time.time())
@@ -119,7 +125,7 @@ async def generate(input: Any) -> Any:
              added_tokens=int(s.response_length or 0) - length0, response_length=int(s.response_length or 0),
              status=_status(s), weight_versions=[str(v) for v in (s.weight_versions or [])],
              added_versions=[str(v) for v in (s.weight_versions or [])[versions0:]],
-             evaluation=bool(input.evaluation))
+             evaluation=bool(input.evaluation), tokens_digest=tokens_digest(s.tokens) if s.tokens else None)
     return output
 
 

@@ -3,10 +3,11 @@
 The first line of a file is the process's identity (``kind: "process"``: pid, role, host
 name, argv); every line after it is one event ``{"kind", "mono", "wall", **fields}``:
 ``mono`` is ``time.monotonic()`` (orders the events of this process), ``wall`` is
-``time.time()`` (aligns processes in the merge). Each line is written and flushed on its
-own (the file is line-buffered and opened for append), so a process that is killed
-loses at most the line it was writing; the merge reads a truncated last line as the end
-of that process's record.
+``time.time()`` (aligns processes in the merge). Each line is handed to the kernel on its
+own, encoded whole and written with one ``os.write`` on a descriptor opened with
+``O_APPEND`` (one system call per event, no buffer in this process), so a process that is
+killed loses at most the line it was writing; the merge reads a truncated last line as
+the end of that process's record.
 
 A recorder that fails to write switches itself off and says so once on stderr: it never
 stops the run it watches.
@@ -37,22 +38,26 @@ class ProcessRecord:
         self.pid = os.getpid()
         self.path = self.directory / f"{role}-{socket.gethostname()}-{self.pid}.jsonl"
         self.lock = threading.Lock()
-        self.file: Any = None
+        self.fd: int | None = None
         self.broken = False
         self.lines = 0
         self.bytes = 0
 
-    def _open(self) -> None:
+    def _open(self, flags: int = os.O_APPEND) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
-        self.file = open(self.path, "a", buffering=1, encoding="utf-8")  # line-buffered
-        self._write({"kind": PROCESS, "pid": self.pid, "role": self.role, "host": socket.gethostname(),
-                     "argv": list(sys.argv[:8]), "mono": time.monotonic(), "wall": time.time()})
+        self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | flags, 0o644)
 
     def _write(self, doc: dict[str, Any]) -> None:
-        line = json.dumps(doc, separators=(",", ":"), default=str) + "\n"
-        self.file.write(line)
+        data = (json.dumps(doc, separators=(",", ":"), default=str) + "\n").encode("utf-8")
+        done = os.write(self.fd, data)
+        while done < len(data):  # a regular file takes it whole; a short write only on a full disk
+            done += os.write(self.fd, data[done:])
         self.lines += 1
-        self.bytes += len(line)
+        self.bytes += len(data)
+
+    def _identity(self, mono: float, wall: float, argv: list[str]) -> None:
+        self._write({"kind": PROCESS, "pid": self.pid, "role": self.role, "host": socket.gethostname(),
+                     "argv": argv, "mono": mono, "wall": wall})
 
     def emit(self, kind: str, /, **fields: Any) -> None:
         if self.broken:
@@ -62,8 +67,9 @@ class ProcessRecord:
         doc = {"kind": kind, "mono": mono, "wall": wall, **fields}
         try:
             with self.lock:
-                if self.file is None:
+                if self.fd is None:
                     self._open()
+                    self._identity(time.monotonic(), time.time(), list(sys.argv[:8]))
                 self._write(doc)
         except (OSError, TypeError, ValueError) as exc:
             self.broken = True
@@ -71,9 +77,9 @@ class ProcessRecord:
 
     def close(self) -> None:
         with self.lock:
-            if self.file is not None:
-                self.file.close()
-                self.file = None
+            if self.fd is not None:
+                os.close(self.fd)
+                self.fd = None
 
 
 _RECORDS: dict[tuple[str, int], ProcessRecord] = {}
@@ -116,12 +122,12 @@ def write_foreign_trace(directory: str | os.PathLike, role: str, events: list[An
     of ``directory``; ``mono_to_wall`` is ``time.time() - time.monotonic()`` measured in
     the process that kept that clock."""
     rec = ProcessRecord(directory, role)
-    rec.directory.mkdir(parents=True, exist_ok=True)
-    with open(rec.path, "w", encoding="utf-8") as f:
-        rec.file = f
-        rec._write({"kind": PROCESS, "pid": rec.pid, "role": role, "host": socket.gethostname(), "argv": [],
-                    "mono": time.monotonic(), "wall": time.monotonic() + mono_to_wall})
+    rec._open(os.O_TRUNC)
+    try:
+        mono = time.monotonic()
+        rec._identity(mono, mono + mono_to_wall, [])
         for e in events:
             rec._write({"kind": e.kind, "mono": e.t, "wall": e.t + mono_to_wall, **e.fields})
-        rec.file = None
+    finally:
+        rec.close()
     return rec.path

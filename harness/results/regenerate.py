@@ -131,6 +131,11 @@ STEPS: list[Step] = [
                              "--write"], ["results/upstream/fault_findings.json", "results/upstream/fault_findings.md"]),
     Step("serve_upstream_e2e", [PY, "-m", "harness.serve.upstream_e2e", "--out", "results/serve/upstream_e2e.json"],
          ["results/serve/upstream_e2e.json"]),
+    # upstream's loop on the CPU servers with the recorder: clean runs and each seeded bug in real time
+    Step("record_mutant_runs", [PY, "-m", "harness.record.mutant_runs", "--steps", "4", "--out",
+                                "results/record/mutant_runs.json"], ["results/record/mutant_runs.json"]),
+    # the recorder's cost: upstream's loop on the CPU servers with and without it, in pairs
+    Step("record_cost", BENCH + ["suites/bench/test_record_cost.py"], ["results/bench/record_cost.json"], WRITE),
 ]
 
 

@@ -11,7 +11,8 @@ and await those commands. Every engine fact goes into ``self.trace`` (a strict
   ``submitted`` when a ``/generate`` reaches the engine (after any pause it waited for),
   ``admitted`` / ``retracted`` / ``paused_req`` / ``aborted`` from the core, ``finished``
   when it returns (through ``engine_io.merge_result`` / ``emit_finished``, as every
-  harness engine does);
+  harness engine does), with ``tokens_digest`` of its prompt and output ids (a recorded
+  Miles sample carries the same digest, so ``harness.record.merge`` joins the two exactly);
 * ``engine_pause`` (before the core pauses, so aborted requests finish after it),
   ``engine_resume``, ``engine_version`` when the numeric weight version changes;
 * ``/abort_request`` with ``abort_all`` (what Miles posts after every one-step rollout)
@@ -79,7 +80,7 @@ from miles_async_core.types import Sample, Status, VersionRuns
 from harness.backends.engine_io import check_request, emit_finished, merge_result
 from harness.backends.engine_thread import EngineThread, abort_all, set_exception, set_result
 from harness.backends.torch_engine import FinishedRequest
-from harness.trace import TraceRecorder
+from harness.trace import TraceRecorder, tokens_digest
 
 from .responses import finish_reason, generate_output, output_text, stop_prefix_pending
 from .sampling import SamplingOptions
@@ -574,7 +575,8 @@ class ServedEngine:
                 merge_result(pending.sample, tokens=done.output_tokens, log_probs=done.log_probs,
                              token_runs=done.token_versions.runs, weight_version=done.weight_version,
                              status=done.status)
-                emit_finished(self.sink, pending.sample)
+                tokens = pending.sample.prompt_tokens + pending.sample.response_tokens
+                emit_finished(self.sink, pending.sample, tokens_digest=tokens_digest(tokens))
             out = self._response(pending, done, message)
             self._loop.call_soon_threadsafe(set_result, pending.future, out)
 

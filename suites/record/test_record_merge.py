@@ -120,19 +120,20 @@ def _lines(path: Path, role: str, rows: list[dict]) -> None:
     path.write_text("".join(json.dumps(d) + "\n" for d in [head, *[dict(r, wall=r["mono"] + 1000.0) for r in rows]]))
 
 
-def _call(index, t0, t1):
+def _call(index, t0, t1, digest=None):
     return [{"kind": "generate_begin", "index": index, "group_index": 0, "mono": t0},
             {"kind": "generate_call", "index": index, "group_index": 0, "start_mono": t0, "start_wall": t0 + 1000.0,
              "added_tokens": 4, "response_length": 4, "status": "completed", "weight_versions": ["1"],
-             "added_versions": ["1"], "evaluation": False, "mono": t1}]
+             "added_versions": ["1"], "evaluation": False, "tokens_digest": digest, "mono": t1}]
 
 
-def _request(index, t0, t1, *, version=1):
+def _request(index, t0, t1, *, version=1, digest=None):
+    done = {"kind": "finished", "index": index, "group_index": index, "status": "completed", "response_length": 4,
+            "token_versions": [[version, version, 4]], "weight_versions": [str(version)], "mono": t1}
     return [{"kind": "submitted", "index": index, "group_index": index, "version": version, "mono": t0},
             {"kind": "admitted", "index": index, "version": version, "prefix_tokens": 2, "mono": t0},
             {"kind": "decode_step", "indices": [index], "version": version, "dur_s": 0.01, "mono": t1},
-            {"kind": "finished", "index": index, "group_index": index, "status": "completed", "response_length": 4,
-             "token_versions": [[version, version, 4]], "weight_versions": [str(version)], "mono": t1}]
+            {**done, **({"tokens_digest": digest} if digest else {})}]
 
 
 def test_server_requests_join_the_calls_they_answered(tmp_path):
@@ -149,12 +150,46 @@ def test_server_requests_join_the_calls_they_answered(tmp_path):
     _lines(tmp_path / "server1.jsonl", "server-1", [
         {"kind": ev.ENGINE_VERSION, "version": 1, "mono": 0.1}, *_request(4, 1.05, 1.96)])
     merged = merge_dir(tmp_path)
-    assert merged.join == {"joined": 2, "ambiguous": 1, "server_requests_unjoined": 1, "calls_unjoined": 0}
+    assert merged.join == {"joined": 2, "exact": 0, "ambiguous": 0, "server_requests_unjoined": 1,
+                           "calls_unjoined": 0}
     finished = [(e["index"], e["engine"]) for e in merged.events if e.kind == ev.FINISHED]
     assert finished == [(0, 1), (1, 0)]
     assert [(e["indices"], e["engine"]) for e in merged.events if e.kind == ev.DECODE_STEP] == [([0], 1), ([1], 0)]
     submitted = [(e["index"], e["engine"]) for e in merged.events if e.kind == ev.SUBMITTED]
     assert submitted == [(0, 1), (1, 0)]  # the recorder's submissions, with the engine each went to
+
+
+def test_requests_are_joined_in_the_order_they_ended_on_every_server(tmp_path):
+    # request 2 on server 1 ended first (1.995) and its answer reached sample 1 (call ends
+    # 2.001); request 5 on server 0 ended at 2.00 and answered sample 0 (call ends 2.02).
+    # Taken server by server, request 5 would take sample 1's call (the one ending soonest
+    # after it) and leave request 2, submitted before sample 0's call began, with none
+    _lines(tmp_path / "rollout.jsonl", "rollout", [*_call(1, 0.98, 2.001), *_call(0, 1.15, 2.02)])
+    _lines(tmp_path / "server0.jsonl", "server-0", [*_request(5, 1.2, 2.0)])
+    _lines(tmp_path / "server1.jsonl", "server-1", [*_request(2, 1.0, 1.995)])
+    merged = merge_dir(tmp_path)
+    assert merged.join["joined"] == 2 and merged.join["calls_unjoined"] == 0
+    assert [(e["index"], e["engine"]) for e in merged.events if e.kind == ev.FINISHED] == [(1, 1), (0, 0)]
+
+
+def test_a_request_joins_the_call_with_its_tokens_digest_before_any_timing(tmp_path):
+    # same shape, overlapping; by timing request 7 (ends 2.00) would take sample 0's call
+    # (ends 2.005), but its tokens are sample 1's; samples 2 and 3 got the same tokens
+    # (one digest): timing tells them apart
+    _lines(tmp_path / "rollout.jsonl", "rollout", [
+        *_call(0, 1.0, 2.005, "d-zero"), *_call(1, 1.0, 2.02, "d-one"),
+        *_call(2, 3.0, 3.52, "d-same"), *_call(3, 3.0, 3.41, "d-same")])
+    _lines(tmp_path / "server0.jsonl", "server-0", [
+        *_request(7, 1.1, 2.0, digest="d-one"), *_request(8, 1.1, 2.01, digest="d-zero"),
+        *_request(9, 3.1, 3.4, digest="d-same"), *_request(10, 3.1, 3.5, digest="d-same")])
+    merged = merge_dir(tmp_path)
+    assert merged.join == {"joined": 4, "exact": 4, "ambiguous": 1, "server_requests_unjoined": 0,
+                           "calls_unjoined": 0}
+    assert [e["index"] for e in merged.events if e.kind == ev.FINISHED] == [1, 0, 3, 2]
+    # a request whose digest names no call is not joined by timing to a call that has another
+    _lines(tmp_path / "server0.jsonl", "server-0", [*_request(7, 1.1, 2.0, digest="d-other")])
+    _lines(tmp_path / "rollout.jsonl", "rollout", [*_call(1, 1.0, 2.02, "d-one")])
+    assert merge_dir(tmp_path).join["server_requests_unjoined"] == 1
 
 
 def test_several_servers_carry_engine_and_an_update_counts_when_all_loaded(tmp_path):

@@ -46,6 +46,8 @@ def test_recorded_run_merges_into_one_trace_with_no_violation(base, tmp_path, mi
     # framework events (data source, buffer or rollout, trained batches) and server events in one trace
     assert {"taken", "trained", "decode_step", "engine_loaded", "admitted"} <= kinds
     assert res.merged.join["joined"] > 0 and res.merged.join["calls_unjoined"] == 0
+    # every request found its call by the tokens both sides saw, none by timing alone
+    assert res.merged.join["exact"] == res.merged.join["joined"]
 
 
 WRITER = """
