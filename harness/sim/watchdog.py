@@ -19,8 +19,9 @@ The limits come from the scenario (its ``[watchdog]`` table, ``WatchdogLimits``)
 limit left unset is derived from the scenario's own scale (``resolve``): the bound on
 quiet virtual time is 20 times the longest quiet stretch a healthy run can have (a
 training step, plus a generation of the longest response with the engine full, plus a
-weight sync), at least 300 s; the event budget is 2,000 events per sample the run
-trains, at least 200,000.
+weight sync), at least 300 s; the event budget is 500 events per sample the run
+trains (a healthy run records about 15: the differential's matrix at most 15.3), at
+least 50,000.
 
 ``WatchdogTripped.report`` is readable text: why it tripped, the last events of the
 trace, and the stack of every pending task.
@@ -91,7 +92,7 @@ def resolve(limits: WatchdogLimits, scenario: Any) -> WatchdogLimits:
     samples = (cfg.num_rollout + 1) * cfg.rollout_batch_size * cfg.n_samples_per_prompt
     return WatchdogLimits(
         hang_after_s=limits.hang_after_s or max(300.0, 20.0 * quiet_stretch_s(scenario)),
-        max_events=limits.max_events or max(200_000, 2_000 * samples),
+        max_events=limits.max_events or max(50_000, 500 * samples),
         max_rss_growth_mb=limits.max_rss_growth_mb,
         max_tasks=limits.max_tasks or max(10_000, 50 * cfg.rollout_batch_size * cfg.n_samples_per_prompt))
 

@@ -63,6 +63,7 @@ from harness.sim.engine import SimEngine, _uniform
 from harness.sim.scenario import Scenario
 from harness.sim.trainer import SimTrainer
 from harness.sim.vtime import run_virtual
+from harness.sim.watchdog import for_scenario, install
 from harness.trace import Event, TraceRecorder
 from harness.upstream import source
 from harness.upstream.ray_names import rebind_ray_names
@@ -781,6 +782,7 @@ class UpstreamHost:
             loop = asyncio.get_running_loop()
             self.sink = TraceRecorder(loop.time) if self.trace else NullSink()
             self.engine = self.engine_factory(sc.engine, sink=self.sink)
+            install(for_scenario(sc, sink=self.sink, engine=self.engine))  # a hang or runaway: WatchdogTripped
             trainer = self.trainer_factory(sc.trainer)
             self._make_rollout_fn(args)
             rm = RolloutManager(self.call_rollout, sink=self.sink)
