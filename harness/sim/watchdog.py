@@ -5,7 +5,7 @@ On virtual time a hang is not a quiet process: a loop that waits with a timeout 
 retries (upstream's fully-async drain waits 30 s at a time for a group, warning each
 time, ``miles/rollout/fully_async_rollout.py:L140-L159``) jumps the clock from timer to
 timer at full CPU speed, forever. The watchdog, checked by the loop
-(``harness.sim.vtime.VirtualTimeLoop``) at every iteration, stops the run and raises
+(``harness.sim.vtime.VirtualTimeLoop``) every ``WATCHDOG_STRIDE`` iterations, stops the run and raises
 ``WatchdogTripped`` when
 
 * ``hang``: virtual time went on for ``hang_after_s`` with no progress (no trace event;
@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 MAX_QUIET_ITERATIONS = 2_000_000  # loop iterations at one virtual instant with no progress
+WATCHDOG_STRIDE = 64  # the loop calls check() every this many iterations
 CHECK_EVERY = 4096  # iterations between checks of the budgets (events, memory, tasks)
 LAST_EVENTS = 20
 STACK_FRAMES = 12
@@ -108,8 +109,8 @@ def rss_mb() -> float:
 
 
 class Watchdog:
-    """Installed on a ``VirtualTimeLoop`` (``run_virtual(..., watchdog=)``), which calls
-    ``check(now)`` once per iteration. ``progress()`` counts what the run has done (trace
+    """Installed on a ``VirtualTimeLoop`` (``install``, from inside the run), which calls
+    ``check(now)`` every ``WATCHDOG_STRIDE`` iterations. ``progress()`` counts what the run has done (trace
     events); ``events()`` returns the trace so far, for the budget and the report."""
 
     def __init__(self, limits: WatchdogLimits, *, progress: Callable[[], int],
@@ -129,7 +130,7 @@ class Watchdog:
         self._rss_start = rss_mb()
 
     def check(self, now: float) -> None:
-        self._iterations += 1
+        self._iterations += WATCHDOG_STRIDE
         if now != self._now:
             self._now = now
             p = self.progress()
