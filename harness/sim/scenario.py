@@ -9,7 +9,8 @@ A scenario file is TOML or JSON with these tables (every key optional)::
     [engine]   # SimEngineConfig fields; [engine.response_length] a LengthDist
     [trainer]  # SimTrainerConfig fields
     [faults]   # a FaultSchedule (harness.sim.faults) injected into every run of the scenario
-    [watchdog] # WatchdogLimits (harness.sim.watchdog): hang_after_s, max_events, max_rss_growth_mb, max_tasks;
+    [watchdog] # WatchdogLimits (harness.sim.watchdog): hang_after_s, max_events, max_events_per_step,
+               # max_rss_growth_mb, max_tasks;
                # each left out is derived from the scenario's own time scale and size
 
 Any unknown key, wrong type or bad value gives a ``ConfigError`` naming the file and the

@@ -11,7 +11,8 @@ timer at full CPU speed, forever. The watchdog, checked by the loop
 * ``hang``: virtual time went on for ``hang_after_s`` with no progress (no trace event;
   a run without a trace counts engine requests and decode steps), or the loop ran
   ``MAX_QUIET_ITERATIONS`` iterations at one virtual instant with no progress;
-* ``runaway``: the trace passed ``max_events`` events, the process's resident memory
+* ``runaway``: the trace passed ``max_events`` events, or ``max_events_per_step`` events
+  with no training step (a retry loop that never feeds the trainer), the process's resident memory
   grew by more than ``max_rss_growth_mb`` since the run started, or more than
   ``max_tasks`` asyncio tasks were alive at once (an endless retry loop).
 
@@ -21,7 +22,8 @@ quiet virtual time is 20 times the longest quiet stretch a healthy run can have 
 training step, plus a generation of the longest response with the engine full, plus a
 weight sync), at least 300 s; the event budget is 500 events per sample the run
 trains (a healthy run records about 15: the differential's matrix at most 15.3), at
-least 50,000.
+least 50,000; between two training steps, 1,000 events per sample of a batch (the
+matrix's healthy runs at most 33.8), at least 10,000.
 
 ``WatchdogTripped.report`` is readable text: why it tripped, the last events of the
 trace, and the stack of every pending task.
@@ -62,11 +64,12 @@ class WatchdogLimits:
 
     hang_after_s: float | None = None
     max_events: int | None = None
+    max_events_per_step: int | None = None
     max_rss_growth_mb: float = 2048.0
     max_tasks: int | None = None
 
     def __post_init__(self) -> None:
-        for name in ("hang_after_s", "max_events", "max_rss_growth_mb", "max_tasks"):
+        for name in ("hang_after_s", "max_events", "max_events_per_step", "max_rss_growth_mb", "max_tasks"):
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ValueError(f"watchdog.{name} = {value!r}: must be > 0; fix: give a positive number, or leave "
@@ -94,6 +97,8 @@ def resolve(limits: WatchdogLimits, scenario: Any) -> WatchdogLimits:
     return WatchdogLimits(
         hang_after_s=limits.hang_after_s or max(300.0, 20.0 * quiet_stretch_s(scenario)),
         max_events=limits.max_events or max(50_000, 500 * samples),
+        max_events_per_step=limits.max_events_per_step or max(10_000, 1_000 * cfg.rollout_batch_size
+                                                             * cfg.n_samples_per_prompt),
         max_rss_growth_mb=limits.max_rss_growth_mb,
         max_tasks=limits.max_tasks or max(10_000, 50 * cfg.rollout_batch_size * cfg.n_samples_per_prompt))
 
@@ -115,7 +120,7 @@ class Watchdog:
 
     def __init__(self, limits: WatchdogLimits, *, progress: Callable[[], int],
                  events: Callable[[], list] | None = None) -> None:
-        if limits.hang_after_s is None or limits.max_events is None or limits.max_tasks is None:
+        if None in (limits.hang_after_s, limits.max_events, limits.max_events_per_step, limits.max_tasks):
             raise ValueError("Watchdog needs resolved limits: pass resolve(limits, scenario)")
         self.limits = limits
         self.progress = progress
@@ -128,6 +133,8 @@ class Watchdog:
         self._last_progress_t = 0.0
         self._last_progress_iteration = 0
         self._rss_start = rss_mb()
+        self._scanned = 0  # trace events looked at for a training step
+        self._last_trained = 0  # the trace's length at the last training step
 
     def check(self, now: float) -> None:
         self._iterations += WATCHDOG_STRIDE
@@ -154,9 +161,8 @@ class Watchdog:
         elif self._iterations - self._last_progress_iteration > MAX_QUIET_ITERATIONS:
             self._trip("hang", f"the loop ran {self._iterations - self._last_progress_iteration} iterations at "
                                f"t={now:.3f}s with no trace event and no clock movement")
-        if self.events is not None and p > self.limits.max_events:
-            self._trip("runaway", f"{p} trace events by t={now:.3f}s (over watchdog.max_events = "
-                                  f"{self.limits.max_events})")
+        if self.events is not None:
+            self._check_event_budgets(now)
         grown = rss_mb() - self._rss_start
         if grown > self.limits.max_rss_growth_mb:
             self._trip("runaway", f"resident memory grew by {grown:.0f} MB by t={now:.3f}s (over "
@@ -167,12 +173,26 @@ class Watchdog:
                 self._trip("runaway", f"{tasks} tasks alive at t={now:.3f}s (over watchdog.max_tasks = "
                                       f"{self.limits.max_tasks})")
 
+    def _check_event_budgets(self, now: float) -> None:
+        events = self.events()
+        for i in range(self._scanned, len(events)):
+            if events[i].kind == "trained":
+                self._last_trained = i + 1
+        self._scanned = len(events)
+        if len(events) > self.limits.max_events:
+            self._trip("runaway", f"{len(events)} trace events by t={now:.3f}s (over watchdog.max_events = "
+                                  f"{self.limits.max_events})")
+        if len(events) - self._last_trained > self.limits.max_events_per_step:
+            self._trip("runaway", f"{len(events) - self._last_trained} trace events by t={now:.3f}s since the last "
+                                  f"training step (over watchdog.max_events_per_step = "
+                                  f"{self.limits.max_events_per_step}): work that never reaches the trainer")
+
     def _trip(self, kind: str, reason: str) -> None:
         report = self.report(kind, reason)
         # re-armed from here: the cancellation that follows gets the same bounds
         self._last_progress_t, self._last_progress_iteration = self._now, self._iterations
         self.limits = WatchdogLimits(hang_after_s=self.limits.hang_after_s, max_events=1 << 62,
-                                     max_rss_growth_mb=float("inf"), max_tasks=1 << 62)
+                                     max_events_per_step=1 << 62, max_rss_growth_mb=float("inf"), max_tasks=1 << 62)
         raise WatchdogTripped(kind, reason, report)
 
     def report(self, kind: str, reason: str) -> str:

@@ -24,7 +24,8 @@ STALL = ROOT / "fixtures/scenarios/seeded_hang_engine_stall.toml"
 
 
 def _limits(**kw) -> WatchdogLimits:
-    return WatchdogLimits(**{"hang_after_s": 100.0, "max_events": 10_000, "max_tasks": 1_000, **kw})
+    return WatchdogLimits(**{"hang_after_s": 100.0, "max_events": 10_000, "max_events_per_step": 1 << 40,
+                             "max_tasks": 1_000, **kw})
 
 
 def test_a_retry_loop_on_a_timer_with_no_event_is_a_hang_with_the_waiting_stack():
@@ -67,6 +68,31 @@ def test_a_loop_that_emits_forever_is_a_runaway_by_its_event_budget():
     with pytest.raises(WatchdogTripped) as info:
         run_virtual(main())
     assert info.value.kind == "runaway" and "max_events = 5000" in info.value.reason
+
+
+def _retry_loop(train_every: int | None, limits: WatchdogLimits) -> None:
+    async def main():
+        loop = asyncio.get_running_loop()
+        sink = TraceRecorder(loop.time)
+        install(Watchdog(limits, progress=lambda: len(sink.events), events=lambda: sink.events))
+        for attempt in range(20_000):
+            sink.emit("recycled", group_index=0)
+            if train_every and attempt % train_every == train_every - 1:
+                sink.emit("trained", rollout_id=attempt)
+            await asyncio.sleep(0.5)
+
+    run_virtual(main())
+
+
+def test_work_that_never_reaches_the_trainer_is_a_runaway_by_the_per_step_budget():
+    with pytest.raises(WatchdogTripped) as info:
+        _retry_loop(None, _limits(max_events=1 << 40, max_events_per_step=2_000))
+    assert info.value.kind == "runaway" and "since the last training step" in info.value.reason
+    assert "max_events_per_step = 2000" in info.value.reason
+
+
+def test_the_same_work_with_training_steps_between_passes_the_per_step_budget():
+    _retry_loop(1_000, _limits(max_events=1 << 40, max_events_per_step=2_000))
 
 
 def test_spawning_tasks_without_end_is_a_runaway_by_the_task_budget():
@@ -139,9 +165,10 @@ def test_without_the_stall_the_same_scenario_runs_to_its_end():
 
 
 def test_the_scenario_states_its_bounds_and_the_defaults_follow_its_scale():
-    sc = scenario_from_dict({"watchdog": {"hang_after_s": 50, "max_events": 1234}}, "s.toml")
+    sc = scenario_from_dict({"watchdog": {"hang_after_s": 50, "max_events": 1234, "max_events_per_step": 99}},
+                            "s.toml")
     r = resolve(sc.watchdog, sc)
-    assert (r.hang_after_s, r.max_events) == (50.0, 1234)
+    assert (r.hang_after_s, r.max_events, r.max_events_per_step) == (50.0, 1234, 99)
     slow = dataclasses.replace(DEFAULT_SCENARIO, trainer=dataclasses.replace(DEFAULT_SCENARIO.trainer,
                                                                              step_base_s=600.0))
     assert resolve(WatchdogLimits(), slow).hang_after_s > resolve(WatchdogLimits(), DEFAULT_SCENARIO).hang_after_s
