@@ -26,24 +26,43 @@ find_python() {  # $1 = 3.12: a pyenv build, else python3.12 on PATH (one that r
   done
 }
 
-for minor in 3.12 3.13; do
-  var="PY${minor/./}"
+setup() {  # $1 = 3.12: make (or reuse) .venv-py312; prints its python
+  local minor=$1 var="PY${1/./}" py venv=".venv-py${1/./}"
   py="${!var:-$(find_python "$minor")}"
   if [ -z "$py" ]; then
     echo "other_pythons: no CPython $minor found; fix: install it (pyenv install $minor) or set $var=PATH" >&2
-    exit 1
+    return 1
   fi
-  venv=".venv-py${minor/./}"
   if [ ! -f "$venv/.installed" ] || [ "$(cat "$venv/.installed")" != "$PACKAGES" ]; then
-    "$py" -m venv "$venv"
-    "$venv/bin/python" -m pip install -q $PACKAGES
+    "$py" -m venv "$venv" >&2
+    "$venv/bin/python" -m pip install -q $PACKAGES >&2
     # the project itself, without its dependencies (torch): its pytest plugin's entry point
-    "$venv/bin/python" -m pip install -q --no-deps -e .
+    "$venv/bin/python" -m pip install -q --no-deps -e . >&2
     echo "$PACKAGES" > "$venv/.installed"
   fi
+}
+
+run_tier() {  # $1 = 3.12
+  local venv=".venv-py${1/./}" start=$SECONDS rc=0
   echo "== CPython $("$venv/bin/python" -c 'import platform; print(platform.python_version())'): fast tier, torch-free part"
-  start=$SECONDS
   "$venv/bin/python" -m pytest -q -p no:cacheprovider -m "not slow and not bench" --durations=5 \
-    suites/core suites/properties suites/harness "${ignore[@]}"
-  echo "== CPython $minor: $((SECONDS - start)) s"
+    suites/core suites/properties suites/harness "${ignore[@]}" || rc=$?
+  echo "== CPython $1: exit $rc after $((SECONDS - start)) s"
+  return $rc
+}
+
+# set up one after the other (pip), then the two minors side by side: one core each
+for minor in 3.12 3.13; do setup "$minor"; done
+logs=$(mktemp -d)
+pids=()
+for minor in 3.12 3.13; do
+  run_tier "$minor" > "$logs/$minor.log" 2>&1 &
+  pids+=($!)
 done
+status=0
+for i in 0 1; do
+  wait "${pids[$i]}" || status=1
+done
+cat "$logs/3.12.log" "$logs/3.13.log"
+rm -rf "$logs"
+exit $status
