@@ -8,7 +8,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export HYPOTHESIS_PROFILE=ci PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-PACKAGES="pytest>=8 hypothesis>=6.100 pytest-timeout>=2.2 numpy>=1.26 pyyaml>=6 nvidia-ml-py>=12.535 matplotlib>=3.8"
+PACKAGES="pytest>=8 hypothesis>=6.100 pytest-timeout>=2.2 numpy>=1.26 pyyaml>=6 nvidia-ml-py>=12.535 matplotlib>=3.8
+  check-jsonschema>=0.29 zizmor>=1.0"
 NEEDS_TORCH=(
   suites/properties/test_mutant_zoo.py suites/harness/test_gap_decomposition.py
   suites/harness/test_gap_metrics.py suites/harness/test_kernel_ablation.py
