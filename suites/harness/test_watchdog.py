@@ -189,3 +189,14 @@ def test_a_healthy_run_with_a_tight_bound_still_passes():
     sc = load_scenario(ROOT / "fixtures/scenarios/golden_fully_async.toml")
     tight = dataclasses.replace(sc, watchdog=WatchdogLimits(hang_after_s=quiet_stretch_s(sc)))
     assert simulate(tight).error is None
+
+
+def test_the_simulate_command_exits_1_and_prints_the_hang_report(tmp_path, capsys):
+    from harness.cli import main as cli
+
+    code = cli(["simulate", "--scenario", str(STALL), "--trace", str(tmp_path / "trace.jsonl")])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "run failed" in out and "WatchdogTripped('hang:" in out
+    assert "watchdog: hang:" in out and "pending tasks:" in out and "in _worker_loop" in out
+    assert (tmp_path / "trace.jsonl").read_text().count("\n") > 0  # the trace up to the hang is kept
