@@ -25,6 +25,7 @@ from typing import Any, Awaitable, Callable, Iterator
 
 from miles_async_core import events as ev
 from miles_async_core.buffer import call_dynamic_filter
+from miles_async_core.collect import collect
 from miles_async_core.contracts import NullSink, RolloutEngine
 from miles_async_core.errors import EngineDeadError
 from miles_async_core.generate import GenerateFunction, generate_and_rm
@@ -121,7 +122,7 @@ async def await_group(
     except BaseException:
         for f in futs:
             f.cancel()
-        await asyncio.gather(*futs, return_exceptions=True)
+        await collect(futs)
         if sink is not None and sink.enabled:
             sink.emit(ev.GROUP_DONE, group_index=group[0].group_index, ok=False)
         raise
@@ -149,7 +150,7 @@ async def discard_tasks(tasks: Any) -> None:
         if not task.done():
             task.cancel()
     if tasks:
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await collect(tasks)
 
 
 def retrieve_outcome(task: asyncio.Future) -> None:
@@ -177,7 +178,7 @@ def as_completed_in_order(tasks: Any, *, key: Callable) -> Iterator[Awaitable]:
     """``asyncio.as_completed(tasks)`` (CPython 3.11: the same queue, callbacks and loop
     steps), each awaitable returning the finished task itself. The tasks already done when
     it starts come out by ``key``: asyncio registers their callbacks in set order, which
-    follows memory addresses (D9 of issue 11); the rest come out as they finish."""
+    follows memory addresses, so the host and the core pin it; the rest come out as they finish."""
     todo = set(tasks)
     done: asyncio.Queue = asyncio.Queue()
 

@@ -20,6 +20,7 @@ from miles_async_core.errors import ConfigError
 from miles_async_core.rules import PROFILES, validate
 from harness.sim.scenario import DEFAULT_SCENARIO, load_scenario
 from harness.sim.simulate import format_summary, simulate, summarize
+from harness.sim.watchdog import WatchdogTripped
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -70,4 +71,6 @@ def main(args: argparse.Namespace) -> int:
         print(format_summary(summary))
         if args.trace:
             print(f"trace: {Path(args.trace)} ({len(result.events)} events; its config: {config_path(args.trace)})")
+    if isinstance(result.error, WatchdogTripped):  # a hang or runaway: what ran last and where each task waits
+        print(result.error.report)
     return 1 if result.error else 0

@@ -14,6 +14,10 @@ A ``FaultSchedule`` is a frozen, seeded description of what goes wrong in a run:
   every request after the first N (fully-async only: the one-step loop would resubmit
   forever, as upstream would, without virtual time advancing).
 * ``cancel_at_s``: the run's main task is cancelled at that virtual time.
+* ``engine_stall_after_requests``: the engine accepts every request after the first N
+  and never answers it (a wedged server): nothing fails, the run waits forever, which
+  the watchdog (``harness.sim.watchdog``) reports as a hang. Not drawn by the property
+  suites; a scenario file states it (its ``[faults]`` table) to seed a hang.
 * ``dynamic_filter_reject_rate``: a dynamic sampling filter (fully-async buffer) rejects
   that share of groups with reason ``fault``.
 
@@ -61,6 +65,9 @@ class FaultSchedule:
     worker_crash_after_requests: int | None = None
     cancel_at_s: float | None = None
     dynamic_filter_reject_rate: float = 0.0
+    # not in the repr: a drawn case's description (its digest, kept in the fault findings
+    # file) is the same as before the field existed; the property suites never draw it
+    engine_stall_after_requests: int | None = field(default=None, repr=False)
     seed: int = 0
 
     @property
@@ -105,7 +112,8 @@ class RunOutcome:
 
 def fault_engine_class(base: type, faults: FaultSchedule) -> type:
     """A subclass of ``base`` (``SimEngine`` or a variant) that injects ``faults``."""
-    if not (faults.injected_abort_rate or faults.abort_storm_times_s or faults.worker_crash_after_requests is not None):
+    if not (faults.injected_abort_rate or faults.abort_storm_times_s or faults.worker_crash_after_requests is not None
+            or faults.engine_stall_after_requests is not None):
         return base
 
     class FaultEngine(base):  # type: ignore[misc, valid-type]
@@ -125,6 +133,11 @@ def fault_engine_class(base: type, faults: FaultSchedule) -> type:
                     self.sink.emit(ev.FAULT, what="worker_crash", group_index=sample.group_index)
                 raise WorkerCrash(f"injected engine worker crash at request {self._fault_requests} "
                                   f"(index={sample.index})")
+            stall = faults.engine_stall_after_requests
+            if stall is not None and self._fault_requests > stall:
+                if self.sink.enabled:
+                    self.sink.emit(ev.FAULT, what="engine_stall", index=sample.index)
+                return asyncio.get_running_loop().create_future()  # never answered
             return super().generate(sample, sampling)
 
         def _finish(self, req, *, aborted):

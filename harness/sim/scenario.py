@@ -8,6 +8,10 @@ A scenario file is TOML or JSON with these tables (every key optional)::
     [config]   # AsyncConfig fields, applied after miles_args (e.g. num_rollout = 20)
     [engine]   # SimEngineConfig fields; [engine.response_length] a LengthDist
     [trainer]  # SimTrainerConfig fields
+    [faults]   # a FaultSchedule (harness.sim.faults) injected into every run of the scenario
+    [watchdog] # WatchdogLimits (harness.sim.watchdog): hang_after_s, max_events, max_events_per_step,
+               # max_rss_growth_mb, max_tasks;
+               # each left out is derived from the scenario's own time scale and size
 
 Any unknown key, wrong type or bad value gives a ``ConfigError`` naming the file and the
 field (``engine.decode_base_s``), the value, and what is allowed.
@@ -26,6 +30,7 @@ from miles_async_core.config import AsyncConfig, parse_miles_args
 from miles_async_core.errors import ConfigError
 from harness.sim.engine import LengthDist, SimEngineConfig
 from harness.sim.trainer import SimTrainerConfig
+from harness.sim.watchdog import WatchdogLimits
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -35,10 +40,13 @@ class Scenario:
     engine: SimEngineConfig = field(default_factory=SimEngineConfig)
     trainer: SimTrainerConfig = field(default_factory=SimTrainerConfig)
     max_new_tokens: int = 512
+    watchdog: WatchdogLimits = field(default_factory=WatchdogLimits)
+    faults: Any = None  # a harness.sim.faults.FaultSchedule, applied by simulate()
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "config": self.config.to_dict(), "engine": dataclasses.asdict(self.engine),
-                "trainer": dataclasses.asdict(self.trainer), "max_new_tokens": self.max_new_tokens}
+                "trainer": dataclasses.asdict(self.trainer), "max_new_tokens": self.max_new_tokens,
+                "watchdog": dataclasses.asdict(self.watchdog)}
 
 
 DEFAULT_SCENARIO = Scenario(
@@ -75,7 +83,7 @@ def _build(cls: type, data: Any, where: str, source: str) -> Any:
 def scenario_from_dict(data: dict[str, Any], source: str = "<scenario>") -> Scenario:
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: a scenario is a table of keys, got {type(data).__name__}")
-    allowed = {"name", "miles_args", "max_new_tokens", "config", "engine", "trainer"}
+    allowed = {"name", "miles_args", "max_new_tokens", "config", "engine", "trainer", "watchdog", "faults"}
     unknown = sorted(set(data) - allowed)
     if unknown:
         raise ConfigError(f"{source}: unknown field {unknown[0]!r}; allowed: {', '.join(sorted(allowed))}")
@@ -101,11 +109,26 @@ def scenario_from_dict(data: dict[str, Any], source: str = "<scenario>") -> Scen
                                                 source)
     engine = _build(SimEngineConfig, engine_data, "engine", source) if engine_data else SimEngineConfig()
     trainer = _build(SimTrainerConfig, data.get("trainer", {}), "trainer", source)
+    watchdog = _build(WatchdogLimits, data.get("watchdog", {}), "watchdog", source)
+    faults = None
+    if "faults" in data:
+        from harness.sim.faults import FaultSchedule  # it imports this module
+
+        faults = _build(FaultSchedule, data["faults"], "faults", source)
+        try:
+            faults.check_applies(config)
+        except ConfigError as exc:
+            raise ConfigError(f"{source}: {exc}") from None
+        for name in ("cancel_at_s", "dynamic_filter_reject_rate"):
+            if getattr(faults, name):
+                raise ConfigError(f"{source}: field faults.{name} = {getattr(faults, name)!r}: a scenario file "
+                                  "injects only engine and trainer faults; fix: leave it out (the property suites "
+                                  "draw it, through harness.sim.faults.run_with_faults)")
     max_new = data.get("max_new_tokens", 512)
     if not isinstance(max_new, int) or isinstance(max_new, bool) or max_new < 1:
         raise ConfigError(f"{source}: field max_new_tokens = {max_new!r}: expected an integer >= 1")
     return Scenario(name=str(data.get("name", Path(source).stem)), config=config, engine=engine, trainer=trainer,
-                    max_new_tokens=max_new)
+                    max_new_tokens=max_new, watchdog=watchdog, faults=faults)
 
 
 def load_scenario(path: str | Path) -> Scenario:

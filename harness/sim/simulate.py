@@ -4,13 +4,16 @@
 fresh ``VirtualTimeLoop``, records a trace (unless ``trace=False``), and returns a
 ``SimResult``. Same scenario, same seed -> the identical trace, event for event.
 
-A run that fails (a dead worker, a trainer exception, a deadlock) still returns a
+Every run has a progress watchdog (``harness.sim.watchdog``, bounds from the scenario):
+a hang or a runaway ends the run with ``WatchdogTripped`` as its ``error``.
+A run that fails (a dead worker, a trainer exception, a deadlock, the watchdog) still returns a
 result: ``error`` holds the exception and the trace holds everything up to it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -27,6 +30,7 @@ from harness.sim.engine import _BLOCK_BITS, _BLOCK_MASK, _MAX_BLOCKS, SimEngine,
 from harness.sim.trainer import SimTrainer
 from harness.trace import Event, TraceRecorder
 from harness.sim.vtime import run_virtual
+from harness.sim.watchdog import for_scenario, install
 
 
 @dataclass
@@ -68,7 +72,17 @@ def sim_reward(seed: int) -> Callable[[Sample], float]:
 def simulate(scenario: Scenario, *, trace: bool = True, buffer_factory: Callable | None = None,
              engine_factory: Callable | None = None, trainer_factory: Callable | None = None,
              hooks: Callable[[RunContext], None] | None = None) -> SimResult:
-    """``engine_factory(cfg, sink)`` / ``trainer_factory(cfg)`` let suites swap in variants."""
+    """``engine_factory(cfg, sink)`` / ``trainer_factory(cfg)`` let suites swap in variants.
+    A scenario's own faults (its ``[faults]`` table) are injected as ``run_with_faults`` does."""
+    if scenario.faults is not None:
+        from harness.sim.faults import fault_engine_class  # it imports this module
+
+        f = scenario.faults
+        engine_factory = fault_engine_class(engine_factory or SimEngine, f)
+        scenario = dataclasses.replace(
+            scenario, faults=None,
+            engine=dataclasses.replace(scenario.engine, request_failure_rate=f.request_failure_rate),
+            trainer=dataclasses.replace(scenario.trainer, fail_at_step=f.trainer_fail_at_step))
     cfg = scenario.config
     prompt = [0] * scenario.engine.prompt_tokens
     holder: dict[str, Any] = {}
@@ -80,6 +94,7 @@ def simulate(scenario: Scenario, *, trace: bool = True, buffer_factory: Callable
         engine = (engine_factory or SimEngine)(scenario.engine, sink=sink)
         trainer = (trainer_factory or SimTrainer)(scenario.trainer)
         holder["engine"] = engine
+        install(for_scenario(scenario, sink=sink, engine=engine))
         ctx = make_context(cfg, engine, trainer, lambda k: (f"prompt-{k}", prompt, k),
                            sampling=SamplingParams(max_new_tokens=scenario.max_new_tokens),
                            reward_fn=sim_reward(cfg.seed), sink=sink, observer=AgeRecorder(), buffer_factory=buffer_factory)

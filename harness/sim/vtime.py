@@ -36,6 +36,8 @@ import selectors
 from asyncio import base_events, events, format_helpers
 from typing import Any, Awaitable, TypeVar
 
+from harness.sim.watchdog import WATCHDOG_STRIDE, WatchdogTripped
+
 T = TypeVar("T")
 
 
@@ -104,6 +106,8 @@ _MAXIMUM_SELECT_TIMEOUT = base_events.MAXIMUM_SELECT_TIMEOUT
 
 
 class VirtualTimeLoop(asyncio.SelectorEventLoop):
+    watchdog: Any = None  # harness.sim.watchdog.Watchdog (its install()), checked every WATCHDOG_STRIDE iterations
+
     def __init__(self) -> None:
         sel = _VirtualSelector()
         super().__init__(sel)
@@ -164,7 +168,13 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         the iteration that stops it as well, so the two run the same iterations."""
         ready, sel = self._ready, self._vsel
         popleft = ready.popleft
+        countdown = 1
         while not self._debug:
+            countdown -= 1
+            if not countdown:  # the watchdog every WATCHDOG_STRIDE iterations: a call each costs ~8%
+                countdown = WATCHDOG_STRIDE
+                if self.watchdog is not None:
+                    self.watchdog.check(sel.now)
             scheduled = self._scheduled
             sched_count = len(scheduled)
             if (sched_count > _MIN_SCHEDULED_TIMER_HANDLES and
@@ -228,6 +238,8 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
             handle = None  # Needed to break cycles when an exception occurs.
             if self._stopping:
                 return
+        if self.watchdog is not None:
+            self.watchdog.check(sel.now)
         super()._run_once()  # debug mode: one stock iteration
 
 
@@ -263,7 +275,7 @@ def run_virtual(main: Awaitable[T]) -> T:
                 t.cancel()
             if pending:
                 loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-        except VirtualDeadlock:
+        except (VirtualDeadlock, WatchdogTripped):  # a task that will not end: closing reports it
             pass
         loop.close()
 

@@ -25,8 +25,10 @@ mode, message)``:
 * ``invariant``: a trace invariant checker (``check_all``, relaxed to the prefix
   checkers when the run ended early) failed;
 * ``run_error``: the run raised what no injected fault explains;
-* ``hang``: a virtual-time deadlock (``VirtualDeadlock``), or the run was still going at
-  the virtual or real time limit;
+* ``hang``: a virtual-time deadlock (``VirtualDeadlock``), the progress watchdog's
+  ``hang`` (``harness.sim.watchdog``: virtual time went on with no trace event), or the run
+  was still going at the virtual or real time limit;
+* ``runaway``: the progress watchdog's ``runaway`` (an event, memory or task budget passed);
 * ``orphaned_task``: the driver raised or was cancelled and upstream's rollout tasks
   (group tasks, the fully-async worker, a launched generate) are still running; after a
   normal end only the fully-async worker and its groups may be (upstream's design: the
@@ -73,6 +75,7 @@ from harness.checking.strategies import FAULT_KINDS, RunCase, run_cases
 from harness.sim.engine import SimEngine, _uniform
 from harness.sim.faults import EXPECTED_ERRORS, FaultSchedule, fault_engine_class
 from harness.sim.vtime import VirtualDeadlock
+from harness.sim.watchdog import WatchdogTripped
 from harness.trace import Event
 
 VTIME_LIMIT_S = 50_000.0  # the longest drawn run takes a few thousand virtual seconds
@@ -284,7 +287,9 @@ def guarded_upstream_run(scenario: Any, *, vtime_limit_s: float = VTIME_LIMIT_S,
     with _real_time_guard(real_time_limit_s):
         res = UpstreamRunner(scenario, hooks=guarded, **runner_kwargs).run()
     hang = state.get("hang")
-    if isinstance(res.error, VirtualDeadlock):
+    if isinstance(res.error, WatchdogTripped):  # upstream's run stopped progressing: a finding, with its report
+        hang = f"watchdog {res.error}\n{res.error.report}"
+    elif isinstance(res.error, VirtualDeadlock):
         hang = f"virtual-time deadlock: {res.error}"
     elif isinstance(res.error, RealTimeLimit):
         hang = str(res.error)
@@ -295,7 +300,7 @@ def guarded_upstream_run(scenario: Any, *, vtime_limit_s: float = VTIME_LIMIT_S,
 
 @dataclass(frozen=True)
 class Finding:
-    category: str  # invariant | run_error | hang | orphaned_task | silent_drop
+    category: str  # invariant | run_error | hang | runaway | orphaned_task | silent_drop
     detail: str
     mode: str  # sync | one_step | fully_async
     message: str = field(default="", compare=False)
@@ -305,13 +310,15 @@ class Finding:
         return f"{self.category}:{self.detail}@{self.mode}"
 
 
-CATEGORIES = ("invariant", "run_error", "hang", "orphaned_task", "silent_drop")
+CATEGORIES = ("invariant", "run_error", "hang", "runaway", "orphaned_task", "silent_drop")
 
 
 def findings(out: RunnerOutcome) -> list[Finding]:
     m = mode(out.case)
     found: list[Finding] = []
-    if out.hang is not None:
+    if out.hang is not None and out.hang.startswith("watchdog runaway"):
+        found.append(Finding("runaway", "watchdog", m, out.hang))
+    elif out.hang is not None:
         found.append(Finding("hang", out.hang.split(":")[0].split(" (")[0], m, out.hang))
     seen: set[str] = set()
     for v in check_all(out.events, out.case.scenario.config, complete=out.complete):
@@ -478,7 +485,7 @@ def format_md(doc: dict) -> str:
     if not doc["kinds"]:
         lines.append("| (none) | | | | | |")
     lines += ["", "Reading the kinds (upstream code at the pinned tree):", ""] + [f"* {line}" for line in READING]
-    if not any(k["category"] in ("invariant", "run_error", "hang") for k in doc["kinds"].values()):
+    if not any(k["category"] in ("invariant", "run_error", "hang", "runaway") for k in doc["kinds"].values()):
         lines.append("* No invariant violation, unexplained error or hang was found: on every schedule upstream's "
                      "buffer, drains, versions, pauses and accounting satisfy every applicable checker (relaxed to "
                      "the prefix when a fault ends the run).")

@@ -63,6 +63,7 @@ from harness.sim.engine import SimEngine, _uniform
 from harness.sim.scenario import Scenario
 from harness.sim.trainer import SimTrainer
 from harness.sim.vtime import run_virtual
+from harness.sim.watchdog import for_scenario, install
 from harness.trace import Event, TraceRecorder
 from harness.upstream import source, stand_ins
 from harness.upstream.harness_errors import HarnessError, RunnerSeamError
@@ -822,6 +823,7 @@ class UpstreamRunner:
             loop = asyncio.get_running_loop()
             self.sink = TraceRecorder(loop.time) if self.trace else NullSink()
             self.engine = self.engine_factory(sc.engine, sink=self.sink)
+            install(for_scenario(sc, sink=self.sink, engine=self.engine))  # a hang or runaway: WatchdogTripped
             trainer = self.trainer_factory(sc.trainer)
             self._make_rollout_fn(args)
             rm = RolloutManager(self.call_rollout, sink=self.sink)

@@ -80,6 +80,17 @@ def test_the_cpython_bug_reproduces_without_the_guard(tmp_path):
     assert "Task exception was never retrieved" in out
 
 
+@pytest.mark.skipif(sys.version_info[:2] == (3, 11), reason="on 3.11 the guard is installed (the test above)")
+def test_from_3_12_on_the_parse_finishes_without_the_guard_and_none_is_installed(tmp_path):
+    """3.12 and 3.13 keep the AST constructor's recursion counter per call: the same
+    reproduction parses, so ``install()`` leaves the log records as they are."""
+    out = _repro("plain", tmp_path)
+    assert "PARSED" in out and "SYSTEMERROR" not in out
+    assert "Task exception was never retrieved" in out
+    assert py311_guard.install("a-logger-of-this-test") is False
+    assert not logging.getLogger("a-logger-of-this-test").filters
+
+
 @pytest.mark.process
 @pytest.mark.skipif(sys.version_info[:2] != (3, 11), reason="the guard is installed on CPython 3.11 only")
 def test_the_guard_lets_the_parse_finish_and_still_logs_the_whole_traceback(tmp_path):
