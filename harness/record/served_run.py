@@ -66,15 +66,15 @@ class _RecordedRun(upstream_e2e._Run):
 
     def _driver_module(self) -> Any:
         """Upstream's ``train_async.py`` as the served run loads it, or the patched text a
-        seeded driver bug put in ``harness.upstream.host.DRIVER_SOURCES`` (compiled under
+        seeded driver bug put in ``harness.upstream.runner.DRIVER_SOURCES`` (compiled under
         the file's own name), with its Ray names rebound to this run."""
         import asyncio
         import importlib.util
 
-        from harness.upstream import host, source
+        from harness.upstream import runner, source
         from harness.upstream.ray_names import rebind_ray_names
 
-        text = host.DRIVER_SOURCES.get("train_async.py")
+        text = runner.DRIVER_SOURCES.get("train_async.py")
         if text is None:
             return super().driver()
         path = source.active() / "train_async.py"

@@ -1,5 +1,5 @@
 """Seeded bugs that never end an upstream run (``fixtures/upstream_hang_mutants.py``): the
-host's progress watchdog stops each with its kind (``hang`` / ``runaway``) and the
+runner's progress watchdog stops each with its kind (``hang`` / ``runaway``) and the
 pending tasks' stacks, in seconds; the fault sweep counts each as an upstream finding with
 its seed, never as a harness error. Unmutated, the same cases end normally."""
 
@@ -38,10 +38,10 @@ def _case(hm, watchdog: WatchdogLimits = WatchdogLimits()) -> RunCase:
 
 
 def _run(case: RunCase, mutant=None):
-    from harness.upstream.faults import _quiet_upstream_logs, findings, host_run_with_faults
+    from harness.upstream.fault_sweep import _quiet_upstream_logs, findings, runner_run_with_faults
 
     with patching.applied(mutant) if mutant is not None else _nothing(), _quiet_upstream_logs():
-        out = host_run_with_faults(case)
+        out = runner_run_with_faults(case)
     return out, findings(out)
 
 
@@ -86,7 +86,7 @@ def test_under_the_derived_bounds_it_ends_in_under_30_seconds(miles_src, hm, cap
 def _candidate_seeds(hm, count: int = 8) -> list[int]:
     """Sweep seeds whose drawn case can show the bug: fully-async with the retry handler and
     a staleness bound, under the mutant's fault kind (a worker crash, or none)."""
-    from harness.upstream.faults import case_from_seed, fault_kind
+    from harness.upstream.fault_sweep import case_from_seed, fault_kind
 
     want = "worker_crash" if hm.faults else "none"
     seeds = []
@@ -106,7 +106,7 @@ def _candidate_seeds(hm, count: int = 8) -> list[int]:
 def test_the_fault_sweep_counts_it_as_a_finding_with_its_seed(miles_src, hm):
     """Seeds are swept (as ``sweep`` does) until one shows the bug; every row is an upstream
     outcome, none a harness error, and the findings file lists the seed under its kind."""
-    from harness.upstream.faults import summarize, sweep
+    from harness.upstream.fault_sweep import summarize, sweep
 
     rows: list[dict] = []
     with patching.applied(hm.mutant):
