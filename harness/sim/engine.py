@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import heapq
 import math
-import statistics
 from collections import deque
 from dataclasses import dataclass, field
 from statistics import NormalDist
@@ -41,9 +40,6 @@ from miles_async_core.types import ABORTED, COMPLETED, PENDING, TRUNCATED, Sampl
 
 _MASK64 = (1 << 64) - 1
 _NORMAL = NormalDist()
-# _NORMAL.inv_cdf(u) is _normal_dist_inv_cdf(u, 0.0, 1.0) after argument checks that every
-# u from _uniform passes (0 < u < 1); SimEngine._length_block calls the function itself.
-_normal_dist_inv_cdf = getattr(statistics, "_normal_dist_inv_cdf", None)
 
 
 class EngineRequestError(RuntimeError):
@@ -354,14 +350,7 @@ class SimEngine:
         """``[response_length.draw(_uniform(seed, k, 0)) for k in block b]``: the drawn
         length of every first attempt in the block, kept for the requests to come."""
         dist = self.cfg.response_length
-        us = _block((self.cfg.seed, b, 0))
-        if dist.kind == "lognormal" and type(dist) is LengthDist and _normal_dist_inv_cdf is not None:
-            # LengthDist.draw, inlined: NormalDist().inv_cdf(u) is _normal_dist_inv_cdf(u, 0.0, 1.0),
-            # round() of a float is already an int, and max(1, n) is n if n > 1 else 1
-            median, sigma, exp, inv = dist.median, dist.sigma, math.exp, _normal_dist_inv_cdf
-            lengths = [n if (n := round(median * exp(sigma * inv(u, 0.0, 1.0)))) > 1 else 1 for u in us]
-        else:
-            lengths = [dist.draw(u) for u in us]
+        lengths = [dist.draw(u) for u in _block((self.cfg.seed, b, 0))]
         if len(self._lengths) >= _MAX_BLOCKS:
             del self._lengths[next(iter(self._lengths))]  # the oldest block
         self._lengths[b] = lengths

@@ -269,8 +269,9 @@ def test_response_lengths_are_keyed_by_sample_not_by_schedule():
 
 @pytest.mark.parametrize("median,sigma,seed", [(64.0, 0.8, 0), (50, 1.0, 3), (0.7, 2.0, 11)])
 def test_first_attempt_lengths_drawn_a_block_at_a_time_are_length_dist_draw(median, sigma, seed):
-    """``_length_block`` inlines ``LengthDist.draw`` for the lognormal: the same length for
-    every index of the block, the clamp to 1 included (a median of 0.7 rounds many to 0)."""
+    """``_length_block`` draws a block of first-attempt lengths ahead: the same length as
+    ``LengthDist.draw`` for every index of the block, the clamp to 1 included (a median of
+    0.7 rounds many to 0)."""
     dist = LengthDist(kind="lognormal", median=median, sigma=sigma)
     eng = SimEngine(SimEngineConfig(response_length=dist, seed=seed))
     for b in (0, 1, 7):
