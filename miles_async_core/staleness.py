@@ -9,27 +9,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from miles_async_core.types import RECORDED_NUMBERS, recorded_number, samples_of
+from miles_async_core.types import samples_of
 
 
 def group_oldest_weight_version(group: Any) -> int | None:
-    oldest = None
-    last = None  # the last single recorded version read: the samples of a group mostly share theirs
-    for s in samples_of(group):
-        wv = s.weight_versions
-        if len(wv) == 1 and type(v := wv[0]) is str:  # Sample.oldest_weight_version's common case, inlined
-            if v == last:
-                continue  # counted already
-            last = v
-            v = RECORDED_NUMBERS[v] if v in RECORDED_NUMBERS else recorded_number(v)
-        else:
-            v = s.oldest_weight_version
-        if v is not None and (oldest is None or v < oldest):
-            oldest = v
-    return oldest
+    """The oldest ``Sample.oldest_weight_version`` of the group's samples (None: none numeric)."""
+    versions = [v for s in samples_of(group) if (v := s.oldest_weight_version) is not None]
+    return min(versions) if versions else None
 
 
 def group_staleness(group: Any, current_version: int | None) -> int | None:
+    """Miles' staleness of a group: ``current_version`` minus its oldest recorded version."""
     if current_version is None:
         return None
     oldest = group_oldest_weight_version(group)
