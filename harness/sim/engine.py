@@ -35,7 +35,7 @@ from miles_async_core import events as ev
 from harness.backends.engine_io import emit_finished
 from miles_async_core.contracts import NullSink, check_pause_mode
 from miles_async_core.errors import ConfigError
-from miles_async_core.types import ABORTED, COMPLETED, PENDING, TRUNCATED, Sample, SamplingParams
+from miles_async_core.types import Sample, SamplingParams, Status
 
 _MASK64 = (1 << 64) - 1
 _NORMAL = NormalDist()
@@ -179,7 +179,7 @@ class SimEngine:
         if type(self).generate is not SimEngine.generate:
             return None
         for s in samples:
-            if s.status is not PENDING:
+            if s.status is not Status.PENDING:
                 return None
         return self._submit(samples, sampling)
 
@@ -474,7 +474,7 @@ class SimEngine:
             running_pop(req.index, None)
             # record_outcome(s, version_str, status), inlined (version_str is a str: str() of it is itself)
             s.weight_versions.append(version_str)
-            s.status = ABORTED if aborted else TRUNCATED if req.truncated else COMPLETED
+            s.status = Status.ABORTED if aborted else Status.TRUNCATED if req.truncated else Status.COMPLETED
             if sink is not None:
                 if aborted:
                     sink.emit(ev.ABORTED, index=s.index, version=v, generated_tokens=s.response_length)
