@@ -28,11 +28,11 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 from statistics import NormalDist
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable
 
 
 from miles_async_core import events as ev
-from harness.backends.engine_io import emit_finished
+from harness.backends.engine_io import emit_finished, record_outcome
 from miles_async_core.contracts import NullSink, check_pause_mode
 from miles_async_core.errors import ConfigError
 from miles_async_core.types import Sample, SamplingParams, Status
@@ -151,15 +151,7 @@ class SimEngine:
         # steps run, tokens decoded, prompt tokens prefilled, requests served, steps that admitted
         # requests (each ran a prefill batch before its decode)
         self.stats = {"tokens": 0, "steps": 0, "prefill_tokens": 0, "requests": 0, "admitting_steps": 0}
-        self._wake_key: tuple | None = None  # (now, segment) of the last boundary computed by generate
-        # _account's token and log-prob runs of the current version, by (kv_version, count):
-        # extending from a kept list spares allocating (and freeing) a temporary one per call
-        self._fills: dict[tuple[int, int], tuple[list[int], list[float]]] = {}
-        self._fills_version: int | None = None
-        self._wake_next = 0
         self._slow = 1.0  # contention (set_slowdown): every step's cost times this
-        self._running_loop: asyncio.AbstractEventLoop | None = None  # see _loop
-        self._version_str = (0, "0")  # weight_version and str(weight_version), for _finish
         # The running batch was retracted: while the engine is paused, ``running`` (in batch
         # order, without the requests cancelled since) is the head of the waiting queue,
         # though its requests stay in it and in the finish heap (``_apply_pause``)
@@ -185,47 +177,32 @@ class SimEngine:
 
     def _submit(self, samples: Iterable[Sample], sampling: SamplingParams) -> list[_Req]:
         """A request per sample, queued in order, then the engine woken once."""
-        loop = self._running_loop
-        if loop is None or not loop.is_running():  # _loop(), inlined
-            loop = self._loop()
+        loop = asyncio.get_running_loop()
         cfg = self.cfg
         max_new = sampling.max_new_tokens
-        failing = cfg.request_failure_rate > 0
-        waiting = self.waiting
-        emit = self.sink.emit if self.sink.enabled else None
         reqs = []
         for sample in samples:
             req = _Req(loop=loop)
             index, retry = sample.index, sample.retry_count
             drawn = cfg.response_length.draw(_uniform(cfg.seed, index, retry))
-            target = drawn if drawn < max_new else max_new
             base = len(sample.response_tokens)  # tokens already generated (non-zero only for resumed samples)
             req.sample = sample
-            req.target = base if base > target else target
+            req.target = max(base, min(drawn, max_new))
             req.truncated = drawn >= max_new
-            req.fail = failing and _uniform(cfg.seed + 1, index, retry) < cfg.request_failure_rate
+            req.fail = cfg.request_failure_rate > 0 and _uniform(cfg.seed + 1, index, retry) < cfg.request_failure_rate
             req.base = base
             req.state = _WAITING  # join_step, kv_floor and finish_step are set when it is admitted
             req.engine = self
             req.index = index
             req.prompt_len = len(sample.prompt_tokens) or cfg.prompt_tokens  # the prompt, as submitted
-            if emit is not None:
-                emit(ev.SUBMITTED, index=index, group_index=sample.group_index, version=self.weight_version)
-            waiting.append(req)
+            if self.sink.enabled:
+                self.sink.emit(ev.SUBMITTED, index=index, group_index=sample.group_index, version=self.weight_version)
+            self.waiting.append(req)
             reqs.append(req)
         self.stats["requests"] += len(reqs)
         if reqs and not self.paused:
             if self.running:
-                # _wake_at_next_boundary(), computed once per instant and segment: the
-                # samples of a group arrive together
-                key = (loop.time(), self._seg)
-                if key != self._wake_key:
-                    t0, extra, c, s0 = key[1]
-                    self._wake_key = key
-                    self._wake_next = s0 + max(0, math.floor((key[0] - t0 - extra) / c)) + 1
-                nxt = self._wake_next
-                if self._timer is None or nxt < self._timer_step:
-                    self._set_timer(nxt)
+                self._wake_at_next_boundary()
             elif not self._kick_scheduled:
                 self._kick_scheduled = True
                 loop.call_soon(self._kick)
@@ -281,16 +258,8 @@ class SimEngine:
             self._set_timer(step)
 
     # --- internals ----------------------------------------------------------------------
-    def _loop(self) -> asyncio.AbstractEventLoop:
-        """``asyncio.get_running_loop()``, remembered while that loop runs: on CPython 3.11
-        each call of it is a ``getpid`` system call, and the engine asks once per request."""
-        loop = self._running_loop
-        if loop is None or not loop.is_running():
-            loop = self._running_loop = asyncio.get_running_loop()
-        return loop
-
     def _now(self) -> float:
-        return self._loop().time()
+        return asyncio.get_running_loop().time()
 
     def _step_cost(self) -> float:
         return self.cfg.decode_base_s + self.cfg.decode_per_seq_s * len(self.running)
@@ -305,8 +274,7 @@ class SimEngine:
                 return
             self._timer.cancel()
         self._timer_step = step
-        t0, extra, c, s0 = self._seg  # _boundary_time(step)
-        self._timer = self._loop().call_at(t0 + extra + (step - s0) * c, self._on_timer, step)
+        self._timer = asyncio.get_running_loop().call_at(self._boundary_time(step), self._on_timer, step)
 
     def _schedule(self) -> None:
         if self.paused or not self.running:
@@ -347,18 +315,15 @@ class SimEngine:
         self._step = step
         heap = self._heap
         if heap and heap[0] <= step:
-            pop, finishing, due = heapq.heappop, self._finishing, []
+            finishing, due = self._finishing, []
             while heap and heap[0] <= step:
-                finish_step = pop(heap)
+                finish_step = heapq.heappop(heap)
                 for req in finishing.pop(finish_step):
                     if req.state == _RUNNING and req.finish_step == finish_step:  # still to finish now
                         due.append(req)
-            if type(self)._finish is SimEngine._finish:
-                self._finish_all(due, False)  # the step's finishes in one call
-            else:  # a subclass's _finish, request by request
-                for req in due:
-                    if req.state == _RUNNING:  # not ended by an earlier one's _finish
-                        self._finish(req, aborted=False)
+            for req in due:
+                if req.state == _RUNNING:  # not ended by an earlier one's _finish (a subclass's)
+                    self._finish(req, aborted=False)
         if self._pause is not None:
             mode, fut = self._pause
             self._pause = None
@@ -429,61 +394,33 @@ class SimEngine:
     def _account(self, req: _Req) -> None:
         """Record the tokens made since ``req`` joined the batch, under the current version.
         A request that is not in the batch (waiting, or retracted) made none."""
-        self._account_all((req,))
-
-    def _account_all(self, reqs: Iterable[_Req]) -> None:
-        """``_account`` of each request of ``reqs`` in turn (a pause accounts the whole batch)."""
         step, v = self._step, self.weight_version
-        fills = self._fills
-        if self._fills_version != v or len(fills) > 4096:
-            fills.clear()
-            self._fills_version = v
-        for req in reqs:
-            n = step - req.join_step if req.state == _RUNNING else 0
-            if n > 0:
-                kv, s = req.kv_floor, req.sample
-                runs = s.token_versions.runs  # VersionRuns.append(v, kv, n), inlined
-                if runs and (last := runs[-1])[0] == v and last[1] == kv:
-                    last[2] += n
-                else:
-                    runs.append([v, kv, n])
-                fill = fills.get((kv, n))
-                if fill is None:  # ([v] * n, [log-prob] * n); extend copies them, nothing else holds them
-                    fill = fills[(kv, n)] = ([v] * n, [-1.0 - 0.1 * (v - kv)] * n)
-                s.response_tokens.extend(fill[0])
-                s.rollout_log_probs.extend(fill[1])
-                req.base += n
-            req.join_step = step
+        n = step - req.join_step if req.state == _RUNNING else 0
+        if n > 0:
+            s, kv = req.sample, req.kv_floor
+            s.token_versions.append(v, kv, n)
+            s.response_tokens.extend([v] * n)
+            s.rollout_log_probs.extend([-1.0 - 0.1 * (v - kv)] * n)
+            req.base += n
+        req.join_step = step
 
     def _finish(self, req: _Req, *, aborted: bool) -> None:
-        self._finish_all((req,), aborted)
-
-    def _finish_all(self, reqs: Sequence[_Req], aborted: bool) -> None:
-        """``_finish`` of each request of ``reqs`` in turn, with what they share read once
-        (``_on_timer`` finishes a step's requests in one call)."""
-        self._account_all(reqs)  # the tokens each made since it joined the batch
-        v = self.weight_version
-        version, version_str = self._version_str  # one string per version, shared by its samples
-        if version != v or type(version) is not type(v):
-            version, version_str = self._version_str = (v, str(v))
-        running_pop = self.running.pop
-        sink = self.sink if self.sink.enabled else None
-        for req in reqs:
-            s = req.sample
-            req.state = _DONE
-            running_pop(req.index, None)
-            # record_outcome(s, version_str, status), inlined (version_str is a str: str() of it is itself)
-            s.weight_versions.append(version_str)
-            s.status = Status.ABORTED if aborted else Status.TRUNCATED if req.truncated else Status.COMPLETED
-            if sink is not None:
-                if aborted:
-                    sink.emit(ev.ABORTED, index=s.index, version=v, generated_tokens=s.response_length)
-                emit_finished(sink, s)
-            if not req.done():
-                if req.fail and not aborted:
-                    req.set_exception(EngineRequestError(f"injected failure of request index={s.index}"))
-                else:
-                    req.set_result(s)
+        self._account(req)  # the tokens it made since it joined the batch
+        s = req.sample
+        req.state = _DONE
+        self.running.pop(req.index, None)
+        record_outcome(s, self.weight_version,
+                       Status.ABORTED if aborted else Status.TRUNCATED if req.truncated else Status.COMPLETED)
+        if self.sink.enabled:
+            if aborted:
+                self.sink.emit(ev.ABORTED, index=s.index, version=self.weight_version,
+                               generated_tokens=s.response_length)
+            emit_finished(self.sink, s)
+        if not req.done():
+            if req.fail and not aborted:
+                req.set_exception(EngineRequestError(f"injected failure of request index={s.index}"))
+            else:
+                req.set_result(s)
 
     def _apply_pause(self, mode: str) -> None:
         self.paused = True
@@ -502,7 +439,8 @@ class SimEngine:
             # (``_retracted`` set). Its requests stay in ``running``, in the finish heap and in
             # batch order, as their admission again will put them: no step runs while paused,
             # so each joins again at the step count it left and reaches the same finish step.
-            self._account_all(self.running.values())
+            for req in self.running.values():
+                self._account(req)
             self._retract_step = self._step
             sink = self.sink
             if sink.enabled:
@@ -511,7 +449,8 @@ class SimEngine:
                               generated_tokens=req.base)
             self._retracted = True
         else:  # in_place: keep KV and batch; freeze
-            self._account_all(self.running.values())
+            for req in self.running.values():
+                self._account(req)
             for req in self.running.values():
                 if self.sink.enabled:
                     self.sink.emit(ev.PAUSED_REQ, index=req.sample.index, version=self.weight_version, mode=mode)
