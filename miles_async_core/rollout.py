@@ -47,13 +47,6 @@ async def generate_and_rm_group(
     generate_function: GenerateFunction | None = None,
 ) -> list:
     if generate_function is None:
-        # the engine's optional generate_group (contracts.py), looked up on its class: a
-        # wrapper that forwards attributes must not hand out the wrapped engine's
-        generate_group = getattr(type(engine), "generate_group", None)
-        futs = generate_group(engine, group, sampling) if generate_group is not None else None
-        if futs is not None:
-            return await await_group(futs, group, reward_fn=reward_fn, sample_done_callback=sample_done_callback,
-                                     sink=sink)
         futs = [_generate(engine, s, sampling) for s in group]
         return await await_group(futs, group, reward_fn=reward_fn, sample_done_callback=sample_done_callback,
                                  sink=sink)

@@ -28,7 +28,7 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 from statistics import NormalDist
-from typing import Any, Iterable
+from typing import Any
 
 
 from miles_async_core import events as ev
@@ -160,53 +160,34 @@ class SimEngine:
 
     # --- contract -----------------------------------------------------------------------
     def generate(self, sample: Sample, sampling: SamplingParams) -> asyncio.Future:
-        return self._submit((sample,), sampling)[0]
-
-    def generate_group(self, samples: list[Sample], sampling: SamplingParams) -> list[_Req] | None:
-        """``[self.generate(s, sampling) for s in samples]`` in one call, for a group whose
-        samples all wait for generation (``PENDING``): the same requests, events, timer and
-        kick, with the per-call work done once (the contract's optional method). ``None``
-        (the caller calls ``generate`` per sample) for any other group, and when a
-        subclass overrides ``generate``."""
-        if type(self).generate is not SimEngine.generate:
-            return None
-        for s in samples:
-            if s.status is not Status.PENDING:
-                return None
-        return self._submit(samples, sampling)
-
-    def _submit(self, samples: Iterable[Sample], sampling: SamplingParams) -> list[_Req]:
-        """A request per sample, queued in order, then the engine woken once."""
+        """A request for ``sample``, queued, then the engine woken."""
         loop = asyncio.get_running_loop()
         cfg = self.cfg
         max_new = sampling.max_new_tokens
-        reqs = []
-        for sample in samples:
-            req = _Req(loop=loop)
-            index, retry = sample.index, sample.retry_count
-            drawn = cfg.response_length.draw(_uniform(cfg.seed, index, retry))
-            base = len(sample.response_tokens)  # tokens already generated (non-zero only for resumed samples)
-            req.sample = sample
-            req.target = max(base, min(drawn, max_new))
-            req.truncated = drawn >= max_new
-            req.fail = cfg.request_failure_rate > 0 and _uniform(cfg.seed + 1, index, retry) < cfg.request_failure_rate
-            req.base = base
-            req.state = _WAITING  # join_step, kv_floor and finish_step are set when it is admitted
-            req.engine = self
-            req.index = index
-            req.prompt_len = len(sample.prompt_tokens) or cfg.prompt_tokens  # the prompt, as submitted
-            if self.sink.enabled:
-                self.sink.emit(ev.SUBMITTED, index=index, group_index=sample.group_index, version=self.weight_version)
-            self.waiting.append(req)
-            reqs.append(req)
-        self.stats["requests"] += len(reqs)
-        if reqs and not self.paused:
+        req = _Req(loop=loop)
+        index, retry = sample.index, sample.retry_count
+        drawn = cfg.response_length.draw(_uniform(cfg.seed, index, retry))
+        base = len(sample.response_tokens)  # tokens already generated (non-zero only for resumed samples)
+        req.sample = sample
+        req.target = max(base, min(drawn, max_new))
+        req.truncated = drawn >= max_new
+        req.fail = cfg.request_failure_rate > 0 and _uniform(cfg.seed + 1, index, retry) < cfg.request_failure_rate
+        req.base = base
+        req.state = _WAITING  # join_step, kv_floor and finish_step are set when it is admitted
+        req.engine = self
+        req.index = index
+        req.prompt_len = len(sample.prompt_tokens) or cfg.prompt_tokens  # the prompt, as submitted
+        if self.sink.enabled:
+            self.sink.emit(ev.SUBMITTED, index=index, group_index=sample.group_index, version=self.weight_version)
+        self.waiting.append(req)
+        self.stats["requests"] += 1
+        if not self.paused:
             if self.running:
                 self._wake_at_next_boundary()
             elif not self._kick_scheduled:
                 self._kick_scheduled = True
                 loop.call_soon(self._kick)
-        return reqs
+        return req
 
     async def pause_generation(self, mode: str) -> None:
         check_pause_mode(mode)
