@@ -152,11 +152,6 @@ class SimEngine:
         # requests (each ran a prefill batch before its decode)
         self.stats = {"tokens": 0, "steps": 0, "prefill_tokens": 0, "requests": 0, "admitting_steps": 0}
         self._slow = 1.0  # contention (set_slowdown): every step's cost times this
-        # The running batch was retracted: while the engine is paused, ``running`` (in batch
-        # order, without the requests cancelled since) is the head of the waiting queue,
-        # though its requests stay in it and in the finish heap (``_apply_pause``)
-        self._retracted = False
-        self._retract_step = 0  # the engine step it was retracted at (the resume is checked against it)
 
     # --- contract -----------------------------------------------------------------------
     def generate(self, sample: Sample, sampling: SamplingParams) -> asyncio.Future:
@@ -321,23 +316,6 @@ class SimEngine:
         step, version = self._step, self.weight_version
         sink = self.sink if self.sink.enabled else None
         push = heapq.heappush
-        readmitted = 0
-        if self._retracted:  # the head of the waiting queue, kept in place by _apply_pause
-            self._retracted = False
-            # The retract accounted each request's tokens up to the step it left (join_step is
-            # that step): at the same step, each joins again where it left and keeps its place
-            # in the finish heap; one step later, each would finish a step late
-            if step != self._retract_step:
-                raise RuntimeError(f"SimEngine: the retracted batch resumes at step {step}, not {self._retract_step}: "
-                                   "an engine step ran while the engine was paused (a bug of the engine or of a "
-                                   "subclass); its requests would finish later than their place in the finish heap")
-            readmitted = len(running)
-            for req in running.values():
-                prefix = req.prompt_len + req.base
-                prefill += prefix
-                req.kv_floor = version
-                if sink is not None:
-                    sink.emit(ev.ADMITTED, index=req.index, version=version, prefix_tokens=prefix)
         while waiting and len(running) < max_running:
             req = waiting.popleft()
             if req.state != _WAITING:
@@ -359,7 +337,7 @@ class SimEngine:
         self.stats["prefill_tokens"] += prefill
         slow = self._slow
         extra = prefill * self.cfg.prefill_per_token_s
-        if readmitted or len(running) > before:  # one prefill batch
+        if len(running) > before:  # one prefill batch
             extra += self.cfg.prefill_base_s
             self.stats["admitting_steps"] += 1
         self._seg = (now, extra * slow, self._step_cost() * slow, self._step)
@@ -407,28 +385,26 @@ class SimEngine:
         self.paused = True
         if self.sink.enabled:
             self.sink.emit(ev.ENGINE_PAUSE, mode=mode, in_flight=len(self.running) + len(self.waiting))
-        if mode == "abort":  # a retracted batch (running) is the head of the waiting queue
+        if mode == "abort":
             for req in list(self.running.values()) + [r for r in self.waiting if r.state == _WAITING]:
                 self._finish(req, aborted=True)
             self.waiting.clear()
             self._heap.clear()
             self._finishing.clear()
-        elif self._retracted:  # paused again after a retract: the batch is out already
-            pass
         elif mode == "retract":
-            # The batch leaves with its tokens so far and waits at the head of the queue
-            # (``_retracted`` set). Its requests stay in ``running``, in the finish heap and in
-            # batch order, as their admission again will put them: no step runs while paused,
-            # so each joins again at the step count it left and reaches the same finish step.
-            for req in self.running.values():
+            # The batch leaves with its tokens so far and waits at the head of the queue, in
+            # batch order: admitted again, each prefills its prompt and those tokens
+            retracted = list(self.running.values())
+            for req in retracted:
                 self._account(req)
-            self._retract_step = self._step
-            sink = self.sink
-            if sink.enabled:
-                for req in self.running.values():
-                    sink.emit(ev.RETRACTED, index=req.sample.index, version=self.weight_version,
-                              generated_tokens=req.base)
-            self._retracted = True
+                req.state = _WAITING
+                if self.sink.enabled:
+                    self.sink.emit(ev.RETRACTED, index=req.sample.index, version=self.weight_version,
+                                   generated_tokens=req.base)
+            self.running.clear()
+            self._heap.clear()
+            self._finishing.clear()
+            self.waiting.extendleft(reversed(retracted))
         else:  # in_place: keep KV and batch; freeze
             for req in self.running.values():
                 self._account(req)
