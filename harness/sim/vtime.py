@@ -8,13 +8,7 @@ No real time passes, so a simulated hour costs what its callbacks cost.
 Speed: while callbacks are ready (``select(0)``) the loop does not poll the real
 selector: nothing in a simulation does I/O, and a wake-up written by another thread
 (``call_soon_threadsafe``) has already queued its callback; the self-pipe is drained
-at the next clock jump. Outside debug mode, ``call_soon``, ``call_at`` and ``_run_once``
-are asyncio's own (CPython 3.11) with the per-callback Python overhead taken out: handles
-are built without their ``__init__`` chain, the iteration runs each ready handle's
-callback in its context directly instead of through ``Handle._run``, and one
-``_run_once`` call runs iterations until ``stop()`` (``run_forever``'s own loop). The
-order in which callbacks run, the timer heap and the clock arithmetic are unchanged, so
-a run's trace is identical event for event. The cyclic garbage collector runs with a larger first-generation
+at the next clock jump. The cyclic garbage collector runs with a larger first-generation
 threshold while the loop runs (``_young_gc_threshold``): a simulation allocates
 millions of short-lived, acyclic objects, and the default threshold made the
 collector cost about a sixth of the CPU time while finding almost nothing to free.
@@ -29,11 +23,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import gc
-import heapq
 import selectors
-from asyncio import base_events, events, format_helpers
 from typing import Any, Awaitable, TypeVar
 
 T = TypeVar("T")
@@ -94,15 +85,6 @@ class _VirtualSelector(selectors.BaseSelector):
         return []
 
 
-_Handle, _TimerHandle = events.Handle, events.TimerHandle
-_new_handle = _Handle.__new__
-_copy_context = contextvars.copy_context
-_heappop, _heappush = heapq.heappop, heapq.heappush
-_MIN_SCHEDULED_TIMER_HANDLES = base_events._MIN_SCHEDULED_TIMER_HANDLES
-_MIN_CANCELLED_TIMER_HANDLES_FRACTION = base_events._MIN_CANCELLED_TIMER_HANDLES_FRACTION
-_MAXIMUM_SELECT_TIMEOUT = base_events.MAXIMUM_SELECT_TIMEOUT
-
-
 class VirtualTimeLoop(asyncio.SelectorEventLoop):
     def __init__(self) -> None:
         sel = _VirtualSelector()
@@ -116,119 +98,6 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
     def _write_to_self(self) -> None:
         self._vsel.wakeup_pending = True  # before the write: a poll after it sees the byte
         super()._write_to_self()
-
-    def set_debug(self, enabled: bool) -> None:
-        super().set_debug(enabled)
-        # ``get_debug`` as a builtin bound to the current flag: every future and task
-        # asyncio creates asks the loop ``get_debug()`` (C code calling a Python method).
-        self.get_debug = (True if self._debug else False).__bool__
-
-    # --- asyncio's scheduling, without per-callback Python overhead (same semantics) ---
-    def call_soon(self, callback: Any, /, *args: Any, context: contextvars.Context | None = None) -> events.Handle:
-        # ``callback`` positional-only: C futures and tasks pass ``context=`` under a name
-        # that is not the interned string, which CPython matches against each parameter
-        # that could take a keyword, by value, in order
-        if self._debug or self._closed:  # the stock checks (and their errors)
-            return super().call_soon(callback, *args, context=context)
-        handle = _new_handle(_Handle)  # what Handle.__init__ sets outside debug mode
-        handle._context = _copy_context() if context is None else context
-        handle._loop = self
-        handle._callback = callback
-        handle._args = args
-        handle._cancelled = False
-        handle._repr = None
-        handle._source_traceback = None
-        self._ready.append(handle)
-        return handle
-
-    def call_at(self, when: float, callback: Any, *args: Any,
-                context: contextvars.Context | None = None) -> events.TimerHandle:
-        if when is None or self._debug or self._closed:
-            return super().call_at(when, callback, *args, context=context)
-        timer = _new_handle(_TimerHandle)  # what TimerHandle.__init__ sets outside debug mode
-        timer._context = _copy_context() if context is None else context
-        timer._loop = self
-        timer._callback = callback
-        timer._args = args
-        timer._cancelled = False
-        timer._repr = None
-        timer._source_traceback = None
-        timer._when = when
-        _heappush(self._scheduled, timer)
-        timer._scheduled = True
-        return timer
-
-    def _run_once(self) -> None:
-        """Iterations of ``BaseEventLoop._run_once`` of CPython 3.11, step for step, outside
-        debug mode, until ``stop()``: ``run_forever``'s loop, which calls this, ends after
-        the iteration that stops it as well, so the two run the same iterations."""
-        ready, sel = self._ready, self._vsel
-        popleft = ready.popleft
-        while not self._debug:
-            scheduled = self._scheduled
-            sched_count = len(scheduled)
-            if (sched_count > _MIN_SCHEDULED_TIMER_HANDLES and
-                    self._timer_cancelled_count / sched_count > _MIN_CANCELLED_TIMER_HANDLES_FRACTION):
-                new_scheduled = []
-                for handle in scheduled:
-                    if handle._cancelled:
-                        handle._scheduled = False
-                    else:
-                        new_scheduled.append(handle)
-                heapq.heapify(new_scheduled)
-                self._scheduled = scheduled = new_scheduled
-                self._timer_cancelled_count = 0
-            else:
-                while scheduled and scheduled[0]._cancelled:
-                    self._timer_cancelled_count -= 1
-                    handle = _heappop(scheduled)
-                    handle._scheduled = False
-
-            if not ready and not self._stopping:
-                # With callbacks ready (timeout 0) the virtual selector returns no events.
-                timeout = None
-                if scheduled:
-                    timeout = min(max(0, scheduled[0]._when - sel.now), _MAXIMUM_SELECT_TIMEOUT)
-                event_list = self._selector.select(timeout)
-                if event_list:
-                    self._process_events(event_list)
-                event_list = None
-
-            end_time = sel.now + self._clock_resolution
-            while scheduled:
-                handle = scheduled[0]
-                if handle._when >= end_time:
-                    break
-                handle = _heappop(scheduled)
-                handle._scheduled = False
-                ready.append(handle)
-
-            for _ in range(len(ready)):
-                handle = popleft()
-                if handle._cancelled:
-                    continue
-                cls = type(handle)
-                if cls is not _Handle and cls is not _TimerHandle:
-                    handle._run()
-                    continue
-                args = handle._args
-                try:  # Handle._run
-                    if len(args) == 1:  # most callbacks (a future's, a task's wake-up): no argument tuple to build
-                        handle._context.run(handle._callback, args[0])
-                    else:
-                        handle._context.run(handle._callback, *args)
-                except (SystemExit, KeyboardInterrupt):
-                    raise
-                except BaseException as exc:
-                    cb = format_helpers._format_callback_source(handle._callback, handle._args)
-                    context = {"message": f"Exception in callback {cb}", "exception": exc, "handle": handle}
-                    if handle._source_traceback:
-                        context["source_traceback"] = handle._source_traceback
-                    self.call_exception_handler(context)
-            handle = None  # Needed to break cycles when an exception occurs.
-            if self._stopping:
-                return
-        super()._run_once()  # debug mode: one stock iteration
 
 
 GC_GEN0_THRESHOLD = 50_000
