@@ -8,10 +8,7 @@ No real time passes, so a simulated hour costs what its callbacks cost.
 Speed: while callbacks are ready (``select(0)``) the loop does not poll the real
 selector: nothing in a simulation does I/O, and a wake-up written by another thread
 (``call_soon_threadsafe``) has already queued its callback; the self-pipe is drained
-at the next clock jump. The cyclic garbage collector runs with a larger first-generation
-threshold while the loop runs (``_young_gc_threshold``): a simulation allocates
-millions of short-lived, acyclic objects, and the default threshold made the
-collector cost about a sixth of the CPU time while finding almost nothing to free.
+at the next clock jump.
 
 If every task is blocked and no timer is pending, nothing can ever happen again: the
 loop raises ``VirtualDeadlock`` instead of hanging, naming the blocked tasks.
@@ -22,8 +19,6 @@ loop raises ``VirtualDeadlock`` instead of hanging, naming the blocked tasks.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import gc
 import selectors
 from typing import Any, Awaitable, TypeVar
 
@@ -100,29 +95,10 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         super()._write_to_self()
 
 
-GC_GEN0_THRESHOLD = 50_000
-
-
-@contextlib.contextmanager
-def _young_gc_threshold(gen0: int = GC_GEN0_THRESHOLD) -> Any:
-    """Collect generation 0 every ``gen0`` net allocations (default 700), then restore.
-    Cyclic garbage is still collected, only in larger batches."""
-    old = gc.get_threshold()
-    if old[0] == 0 or old[0] >= gen0:  # disabled by the threshold, or already larger
-        yield
-        return
-    gc.set_threshold(gen0, *old[1:])
-    try:
-        yield
-    finally:
-        gc.set_threshold(*old)
-
-
 def run_virtual(main: Awaitable[T]) -> T:
     loop = VirtualTimeLoop()
     try:
-        with _young_gc_threshold():
-            return loop.run_until_complete(main)
+        return loop.run_until_complete(main)
     finally:
         try:
             # Creation order, not set order (which follows memory addresses): the order
