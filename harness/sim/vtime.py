@@ -5,11 +5,6 @@ blocked: where a real loop would sleep in ``select(timeout)`` until the next tim
 jumps the clock straight to that timer (trio's ``MockClock`` with autojump, as a loop).
 No real time passes, so a simulated hour costs what its callbacks cost.
 
-Speed: while callbacks are ready (``select(0)``) the loop does not poll the real
-selector: nothing in a simulation does I/O, and a wake-up written by another thread
-(``call_soon_threadsafe``) has already queued its callback; the self-pipe is drained
-at the next clock jump.
-
 If every task is blocked and no timer is pending, nothing can ever happen again: the
 loop raises ``VirtualDeadlock`` instead of hanging, naming the blocked tasks.
 
@@ -34,20 +29,12 @@ class _VirtualSelector(selectors.BaseSelector):
         self._real = selectors.DefaultSelector()
         self.now = 0.0
         self.loop: asyncio.AbstractEventLoop | None = None
-        self._registered = 0
-        # Something may have written to the loop's self-pipe since the last real poll
-        # (``VirtualTimeLoop._write_to_self``: ``call_soon_threadsafe``).
-        self.wakeup_pending = True
 
     def register(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
-        key = self._real.register(fileobj, events, data)
-        self._registered += 1
-        return key
+        return self._real.register(fileobj, events, data)
 
     def unregister(self, fileobj: Any) -> selectors.SelectorKey:
-        key = self._real.unregister(fileobj)
-        self._registered -= 1
-        return key
+        return self._real.unregister(fileobj)
 
     def modify(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
         return self._real.modify(fileobj, events, data)
@@ -59,18 +46,11 @@ class _VirtualSelector(selectors.BaseSelector):
         self._real.close()
 
     def select(self, timeout: float | None = None) -> list:
-        if timeout == 0:
-            return []
-        loop = self.loop
-        # Before a clock jump, poll the real selector for what may be there: a thread's
-        # wake-up, a signal (its handlers write to the self-pipe from C), other files.
-        # Registered alone, the self-pipe has nothing to read unless a wake-up was written.
-        if (self.wakeup_pending or timeout is None or self._registered != 1
-                or loop is None or getattr(loop, "_signal_handlers", None)):
-            self.wakeup_pending = False
-            ready = self._real.select(0)
-            if ready:
-                return ready
+        # What is there now (a thread's wake-up, a signal, other files) comes first; the
+        # clock jumps only when nothing is
+        ready = self._real.select(0)
+        if ready or timeout == 0:
+            return ready
         if timeout is None:
             tasks = [t for t in asyncio.all_tasks(self.loop) if not t.done()] if self.loop else []
             names = ", ".join(sorted(t.get_coro().__qualname__ for t in tasks)[:12])
@@ -89,10 +69,6 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
 
     def time(self) -> float:
         return self._vsel.now
-
-    def _write_to_self(self) -> None:
-        self._vsel.wakeup_pending = True  # before the write: a poll after it sees the byte
-        super()._write_to_self()
 
 
 def run_virtual(main: Awaitable[T]) -> T:
