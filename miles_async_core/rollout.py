@@ -163,7 +163,7 @@ def as_completed_in_order(tasks: Any, *, key: Callable) -> Iterator[Awaitable]:
     """``asyncio.as_completed(tasks)`` (CPython 3.11: the same queue, callbacks and loop
     steps), each awaitable returning the finished task itself. The tasks already done when
     it starts come out by ``key``: asyncio registers their callbacks in set order, which
-    follows memory addresses (D9 of issue 11); the rest come out as they finish."""
+    follows memory addresses, so a run would not repeat; the rest come out as they finish."""
     todo = set(tasks)
     done: asyncio.Queue = asyncio.Queue()
 
