@@ -505,7 +505,7 @@ def config_of(configs: dict[str, dict[str, Any]], mode: str) -> Any:
 def mode_rows(result: Any) -> dict[str, Any]:
     """A simulated run's busy totals in the shape of a results file's ``extra.repeats``
     row (the simulated engine records no decode steps: its generating phase stands in)."""
-    from harness.sim.simulate import summarize
+    from harness.sim.run_scenario import summarize
 
     s = summarize(result)
     return {"steps": s["steps"], "wall_s": s["window_s"], "rollout_busy_s": s["rollout_generating_s"],
@@ -670,7 +670,7 @@ def fit_engine_sharing(costs: CostModel, path: str | Path) -> CostModel:
 
     Only sync steps are read, so the run's overlapped modes stay held out."""
     from harness.advise.predict import Layout, simulate_layout  # predict imports this module
-    from harness.sim.simulate import summarize
+    from harness.sim.run_scenario import summarize
 
     try:
         doc = json.loads(Path(path).read_text())

@@ -41,7 +41,7 @@ from miles_async_core.types import DataBufferConstructorInput, iter_samples
 from harness.sim.scenario import Scenario
 from harness.sim.engine import EngineRequestError, SimEngine, _uniform
 from harness.sim.trainer import TrainerStepError
-from harness.sim.simulate import SimResult, simulate
+from harness.sim.run_scenario import SimResult, simulate
 from harness.trace import Event
 
 

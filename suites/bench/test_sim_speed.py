@@ -27,7 +27,7 @@ import pytest
 from harness.results.schema import git_info, machine_info, utc_now
 from harness.sim.scenario import Scenario
 from harness.sim.trainer import SimTrainerConfig
-from harness.sim.simulate import simulate
+from harness.sim.run_scenario import simulate
 from miles_async_core.config import AsyncConfig
 
 STEPS, B, N = 1000, 64, 8
