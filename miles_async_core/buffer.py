@@ -34,7 +34,7 @@ from typing import Any, Callable
 from miles_async_core import events as ev
 from miles_async_core.contracts import NullSink
 from miles_async_core.staleness import group_staleness
-from miles_async_core.types import DataBufferConstructorInput, DataBufferInput, Status, samples_of
+from miles_async_core.types import ABORTED, DataBufferConstructorInput, DataBufferInput, samples_of
 
 logger = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ class DefaultDataBuffer(DataBuffer):
 
     async def put(self, input: DataBufferInput) -> None:
         gi = input.prompt_group[0].group_index if input.prompt_group else -1
-        if Status.ABORTED in [s.status for s in samples_of(input.group)]:
+        if ABORTED in [s.status for s in samples_of(input.group)]:
             self._aborted += 1
             if self.sink.enabled:
                 self.sink.emit(ev.PUT_REJECTED, group_index=gi, reason="aborted")

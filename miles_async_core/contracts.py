@@ -79,7 +79,8 @@ class EventSink(Protocol):
 class NullSink:
     """Records nothing; the drivers check ``sink.enabled`` before building payloads."""
 
-    enabled = False
+    def __init__(self) -> None:
+        self.enabled = False  # not a class attribute: CPython 3.11 specialises reading this one
 
     def emit(self, kind: str, /, **fields: Any) -> None:  # pragma: no cover - trivial
         return None

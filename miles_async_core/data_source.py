@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from miles_async_core import events as ev
 from miles_async_core.contracts import NullSink
-from miles_async_core.types import Sample, Status, VersionRuns
+from miles_async_core.types import PENDING, Sample, VersionRuns
 
 # prompt_fn(k) -> (prompt text, prompt token ids, label) for the k-th fresh prompt.
 PromptFn = Callable[[int], tuple[str, list[int], Any]]
@@ -40,8 +40,11 @@ class RolloutDataSource:
         self.sample_group_index += 1
         first = self.sample_index
         self.sample_index += self.n
-        # The prompt token list is shared by the copies: nothing mutates a prompt.
-        return [Sample(prompt=text, prompt_tokens=tokens, index=first + i, group_index=gi, label=label)
+        # The prompt token list is shared by the copies: nothing mutates a prompt. The fields
+        # go by position (prompt, prompt_tokens, response_tokens, rollout_log_probs,
+        # token_versions, weight_versions, status, index, group_index, label; the rest keep
+        # their defaults): Python binds keywords in about twice the time, for every sample.
+        return [Sample(text, tokens, [], [], VersionRuns(), [], PENDING, first + i, gi, label)
                 for i in range(self.n)]
 
     def get_samples(self, num_samples: int) -> list[list[Sample]]:

@@ -149,7 +149,8 @@ class FullyAsyncRolloutFn:
 
     async def _next_group(self, weight_version: int | None) -> DataBufferInput:
         worker = self._worker
-        get_task = asyncio.ensure_future(self.buffer.get(current_version=weight_version))
+        # asyncio.ensure_future(coroutine): the worker's (running) loop's create_task
+        get_task = worker.get_loop().create_task(self.buffer.get(current_version=weight_version))
         try:
             while True:
                 if worker.done():

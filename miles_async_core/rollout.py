@@ -29,7 +29,7 @@ from miles_async_core.contracts import NullSink, RolloutEngine
 from miles_async_core.errors import EngineDeadError
 from miles_async_core.generate import GenerateFunction, generate_and_rm
 from miles_async_core.scheduler import Progress, make_submission_scheduler
-from miles_async_core.types import Sample, SamplingParams, Status, first_sample
+from miles_async_core.types import ABORTED, PENDING, Sample, SamplingParams, Status, first_sample
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +47,13 @@ async def generate_and_rm_group(
     generate_function: GenerateFunction | None = None,
 ) -> list:
     if generate_function is None:
-        futs = [_generate(engine, s, sampling) for s in group]
+        futs = []
+        for s in group:
+            if s.status is PENDING:  # a fresh sample is a plain request (_generate, without its checks)
+                f = engine.generate(s, sampling)
+                futs.append(f if isinstance(f, asyncio.Future) else asyncio.ensure_future(f))
+            else:
+                futs.append(_generate(engine, s, sampling))
         return await await_group(futs, group, reward_fn=reward_fn, sample_done_callback=sample_done_callback,
                                  sink=sink)
     # the group is what the calls returned, in order (inference_rollout_common.py:L161-L168)
@@ -116,7 +122,7 @@ async def await_group(
         for s in group:
             # a sample kept from a resumed partial group keeps its reward (upstream rewards
             # only `sample.reward is None`, inference_rollout_common.py:L130)
-            if s.status != Status.ABORTED and s.reward is None:
+            if s.status != ABORTED and s.reward is None:
                 s.reward = reward_fn(s)
     if sink is not None and sink.enabled:
         sink.emit(ev.GROUP_DONE, group_index=group[0].group_index, ok=True)
@@ -148,15 +154,16 @@ def retrieve_outcome(task: asyncio.Future) -> None:
 
 async def _group_task(engine: RolloutEngine, group: list[Sample], sampling: SamplingParams, *, progress: Progress,
                       reward_fn: RewardFn | None, sample_done_callback: Callable | None, sink: Any,
-                      generate_function: GenerateFunction | None) -> list:
+                      generate_function: GenerateFunction | None, loop: asyncio.AbstractEventLoop) -> list:
     """A submitted group's body: reports its end to ``progress`` from its last loop step,
-    so a waiter resuming later in that step counts it done, as ``asyncio.wait`` does."""
+    so a waiter resuming later in that step counts it done, as ``asyncio.wait`` does.
+    ``loop`` is the loop it runs on (``current_task(loop)`` does not look it up again)."""
     try:
         return await generate_and_rm_group(engine, group, sampling, reward_fn=reward_fn, sink=sink,
                                            sample_done_callback=sample_done_callback,
                                            generate_function=generate_function)
     finally:
-        progress.ended(asyncio.current_task())
+        progress.ended(asyncio.current_task(loop))
 
 
 def as_completed_in_order(tasks: Any, *, key: Callable) -> Iterator[Awaitable]:
@@ -183,9 +190,12 @@ def submit_group(engine: RolloutEngine, group: list[Sample], sampling: SamplingP
     """Submit one prompt group as a task: counted by the scheduler, tracked by ``progress``,
     added to ``active``; the task carries its ``prompt_group`` for whoever collects it."""
     scheduler.on_submit([group])
-    task = asyncio.ensure_future(_group_task(
+    # asyncio.ensure_future(coroutine) is the running loop's create_task, without its checks
+    loop = asyncio.get_running_loop()
+    task = loop.create_task(_group_task(
         engine, group, sampling, progress=progress, reward_fn=reward_fn,
-        sample_done_callback=scheduler.sample_done_callback, sink=sink, generate_function=generate_function))
+        sample_done_callback=scheduler.sample_done_callback, sink=sink, generate_function=generate_function,
+        loop=loop))
     task.prompt_group = group  # type: ignore[attr-defined]
     progress.track(task)
     active.add(task)

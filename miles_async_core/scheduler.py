@@ -62,7 +62,7 @@ class SampleBackfillSubmission:
         return False
 
     def on_submit(self, groups: list[list[Any]]) -> None:
-        self.samples_in_flight += sum(len(g) for g in groups)
+        self.samples_in_flight += sum(map(len, groups))
 
     def sample_done_callback(self, _fut: Any = None) -> None:
         self.samples_in_flight -= 1
@@ -115,10 +115,10 @@ class Progress:
             # this callback, the same as a finished group's task completion, so both land
             # in one wake-up (submission_scheduler.py:L57-L63)
             self._relay = True
-            asyncio.get_running_loop().call_soon(self._relay_hop, waiter)
+            waiter.get_loop().call_soon(self._relay_hop, waiter)  # the running loop, without its lookup
 
     def _relay_hop(self, waiter: asyncio.Future) -> None:
-        asyncio.get_running_loop().call_soon(self._relay_wake, waiter)
+        waiter.get_loop().call_soon(self._relay_wake, waiter)
 
     def _relay_wake(self, waiter: asyncio.Future) -> None:
         self._relay = False

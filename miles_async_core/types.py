@@ -30,6 +30,10 @@ class Status(str, enum.Enum):
     ABORTED = "aborted"
 
 
+# for per-sample code: CPython 3.11 reads ``Status.X`` through the enum metaclass' __getattr__
+PENDING, COMPLETED, TRUNCATED, ABORTED = Status.PENDING, Status.COMPLETED, Status.TRUNCATED, Status.ABORTED
+
+
 class VersionRuns:
     """Per-token (version, kv_version) pairs stored as runs ``[version, kv_version, count]``."""
 
@@ -65,15 +69,33 @@ class VersionRuns:
 
     @property
     def oldest(self) -> int | None:
-        return min((r[0] for r in self.runs), default=None)
+        runs = self.runs
+        if not runs:
+            return None
+        lo = runs[0][0]
+        for r in runs:  # a loop, not min(genexpr): a few runs per sample, many samples
+            if r[0] < lo:
+                lo = r[0]
+        return lo
 
     @property
     def newest(self) -> int | None:
-        return max((r[0] for r in self.runs), default=None)
+        runs = self.runs
+        if not runs:
+            return None
+        hi = runs[0][0]
+        for r in runs:
+            if r[0] > hi:
+                hi = r[0]
+        return hi
 
     def old_kv_token_count(self) -> int:
         """Tokens sampled by newer weights on top of KV computed by older ones (in_place)."""
-        return sum(r[2] for r in self.runs if r[1] < r[0])
+        runs = self.runs
+        if len(runs) == 1:
+            r = runs[0]
+            return r[2] if r[1] < r[0] else 0
+        return sum(r[2] for r in runs if r[1] < r[0])
 
     def to_json(self) -> list[list[int]]:
         return [list(r) for r in self.runs]
@@ -146,8 +168,16 @@ def iter_samples(group: Any) -> Iterator[Sample]:
 
 
 def samples_of(group: Any) -> list[Sample]:
-    """``list(iter_samples(group))``."""
-    return list(iter_samples(group))
+    """``list(iter_samples(group))``, without a generator step per sample for the common
+    flat group (this runs several times per sample in long simulations). A ``Sample`` is no
+    list by its exact type; a negative ``isinstance`` looks up ``__class__`` first."""
+    items = list(group)
+    for item in items:
+        if type(item) is not Sample and isinstance(item, list):
+            break
+    else:
+        return items  # flat
+    return [s for item in items for s in (item if isinstance(item, list) else (item,))]
 
 
 def first_sample(group: Any) -> Sample:

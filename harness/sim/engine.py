@@ -35,7 +35,7 @@ from miles_async_core import events as ev
 from harness.backends.engine_io import emit_finished, record_outcome
 from miles_async_core.contracts import NullSink, check_pause_mode
 from miles_async_core.errors import ConfigError
-from miles_async_core.types import Sample, SamplingParams, Status
+from miles_async_core.types import ABORTED, COMPLETED, TRUNCATED, Sample, SamplingParams
 
 _MASK64 = (1 << 64) - 1
 _NORMAL = NormalDist()
@@ -369,7 +369,7 @@ class SimEngine:
         req.state = _DONE
         self.running.pop(req.index, None)
         record_outcome(s, self.weight_version,
-                       Status.ABORTED if aborted else Status.TRUNCATED if req.truncated else Status.COMPLETED)
+                       ABORTED if aborted else TRUNCATED if req.truncated else COMPLETED)
         if self.sink.enabled:
             if aborted:
                 self.sink.emit(ev.ABORTED, index=s.index, version=self.weight_version,
