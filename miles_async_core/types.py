@@ -34,6 +34,11 @@ class Status(str, enum.Enum):
 PENDING, COMPLETED, TRUNCATED, ABORTED = Status.PENDING, Status.COMPLETED, Status.TRUNCATED, Status.ABORTED
 
 
+def recorded_number(v: str) -> int | None:
+    """A recorded version string as Miles reads it: its number, or None if not all digits."""
+    return int(v) if v.isdigit() else None
+
+
 class VersionRuns:
     """Per-token (version, kv_version) pairs stored as runs ``[version, kv_version, count]``."""
 
@@ -127,7 +132,13 @@ class Sample:
     @property
     def oldest_weight_version(self) -> int | None:
         """Miles' definition (`types.py:L270-L274`): min over numeric ``weight_versions``."""
-        numeric = [int(v) for v in self.weight_versions if str(v).isdigit()]
+        wv = self.weight_versions
+        if len(wv) == 1:  # the common single-turn case, kept cheap for long simulations
+            v = wv[0]
+            if type(v) is str:  # what engines record (str(v) is v)
+                return recorded_number(v)
+            return int(v) if str(v).isdigit() else None
+        numeric = [int(v) for v in wv if str(v).isdigit()]
         return min(numeric) if numeric else None
 
     @property

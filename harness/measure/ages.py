@@ -11,25 +11,26 @@
   steps behind the weights of that oldest token version.
 
 ``group_token_version`` is the one definition of a group's oldest token version; every
-true-age figure of the harness goes through it. Miles' age is the core's
-``group_staleness``, the same function the buffer's staleness check calls.
+true-age figure of the harness goes through it. ``on_train_batch`` computes it, Miles'
+``group_oldest_weight_version`` and the token count in one pass over each group's samples
+(it runs on every step of long simulations); ``suites/harness/test_ages.py`` holds that pass
+to the two definitions.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from miles_async_core.staleness import group_staleness
-from miles_async_core.types import samples_of
+from miles_async_core.types import recorded_number, samples_of
 
 
 def group_token_version(group: Any) -> int | None:
     """The oldest weight version of any token of any sample of ``group`` (None: no tokens)."""
     oldest = None
     for s in samples_of(group):
-        v = s.token_versions.oldest
-        if v is not None and (oldest is None or v < oldest):
-            oldest = v
+        for r in s.token_versions.runs:  # VersionRuns.oldest of each sample, inlined
+            if oldest is None or r[0] < oldest:
+                oldest = r[0]
     return oldest
 
 
@@ -46,14 +47,28 @@ class AgeRecorder:
         version, steps, version_steps = ctx.weight_version, ctx.trainer_steps, self.version_steps
         miles, token, lag, tokens = [], [], [], 0
         for g in data:
-            age = group_staleness(g, version)  # Miles' age: the staleness the buffer checks
-            if age is not None:
-                miles.append(age)
-            oldest = group_token_version(g)
+            # One pass over the group's samples (this runs on every step of long simulations):
+            # ``group_oldest_weight_version(g)``, ``group_token_version(g)`` and the tokens.
+            recorded = oldest = last = None
+            for s in samples_of(g):
+                wv = s.weight_versions
+                if len(wv) == 1 and type(v := wv[0]) is str:  # group_oldest_weight_version's common case
+                    if v != last:
+                        last = v
+                        v = recorded_number(v)
+                        if v is not None and (recorded is None or v < recorded):
+                            recorded = v
+                elif (v := s.oldest_weight_version) is not None and (recorded is None or v < recorded):
+                    recorded = v
+                for r in s.token_versions.runs:
+                    if oldest is None or r[0] < oldest:
+                        oldest = r[0]
+                tokens += len(s.response_tokens)
+            if recorded is not None:
+                miles.append(version - recorded)
             if oldest is not None:
                 token.append(version - oldest)
                 lag.append(steps - version_steps.get(oldest, 0))
-            tokens += sum(len(s.response_tokens) for s in samples_of(g))
         return {"age_versions": miles, "token_age_versions": token, "lag_steps": lag, "tokens": tokens}
 
 __all__ = ["AgeRecorder", "group_token_version"]

@@ -19,22 +19,43 @@ from typing import Any, Protocol
 
 from miles_async_core import events as ev
 from miles_async_core.contracts import NullSink, RolloutEngine, Trainer
-from miles_async_core.types import iter_samples, samples_of
+from miles_async_core.types import iter_samples, recorded_number, samples_of
 
 
 def weight_version_metrics(groups: list) -> dict[str, float]:
     """`rollout/weight_version/*` as `miles/ray/rollout/metrics.py:L107-L111` computes them,
     plus this harness' true per-token figures under `rollout/token_version/*`."""
     m: dict[str, float] = {}
-    samples = [s for g in groups for s in samples_of(g)]
-    count = len(samples)
-    oldest = [v for s in samples if (v := s.oldest_weight_version) is not None]
-    mixed = sum(1 for s in samples if len(set(s.weight_versions)) > 1)
-    token_runs = [s.token_versions for s in samples if s.token_versions.runs]
-    token_oldest = min((r.oldest for r in token_runs), default=None)
-    token_mixed = sum(1 for r in token_runs if r.oldest != r.newest)
-    old_kv = sum(s.token_versions.old_kv_token_count() for s in samples)
-    tokens = sum(len(s.response_tokens) for s in samples)
+    oldest, mixed, token_oldest, token_mixed, old_kv, tokens, count = [], 0, None, 0, 0, 0, 0
+    last, last_v = None, None  # the last single recorded version read, as a number: samples share few
+    for g in groups:  # one pass: this runs on every step of long simulations
+        for s in samples_of(g):
+            count += 1
+            wv = s.weight_versions
+            if len(wv) == 1 and type(v := wv[0]) is str:  # Sample.oldest_weight_version's common case, inlined
+                if v != last:
+                    last, last_v = v, recorded_number(v)
+                v = last_v
+            else:
+                v = s.oldest_weight_version
+                if len(wv) > 1 and len(set(wv)) > 1:
+                    mixed += 1
+            if v is not None:
+                oldest.append(v)
+            lo = hi = None  # VersionRuns.oldest, .newest and .old_kv_token_count(), in one pass
+            for version, kv_version, count_ in s.token_versions.runs:
+                if lo is None:
+                    lo = hi = version
+                elif version < lo:
+                    lo = version
+                elif version > hi:
+                    hi = version
+                if kv_version < version:
+                    old_kv += count_
+            if lo is not None:
+                token_oldest = lo if token_oldest is None or lo < token_oldest else token_oldest
+                token_mixed += lo != hi
+            tokens += len(s.response_tokens)
     if oldest and count:
         oldest.sort()
         m["rollout/weight_version/mean"] = sum(oldest) / len(oldest)

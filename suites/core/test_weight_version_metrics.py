@@ -1,7 +1,7 @@
-"""``weight_version_metrics`` against the definitions written out with ``statistics``:
-``Sample.oldest_weight_version`` (Miles' figures, as `miles/ray/rollout/metrics.py:L107-L111`
-computes them) and ``VersionRuns.oldest``, ``.newest`` and ``.old_kv_token_count()`` (the
-harness' per-token figures), on nested and flat groups with non-numeric records."""
+"""``weight_version_metrics`` reads a batch in one pass; these tests hold it to the
+definitions it inlines: ``Sample.oldest_weight_version`` (Miles' figures, as
+`miles/ray/rollout/metrics.py:L107-L111` computes them) and ``VersionRuns.oldest``,
+``.newest`` and ``.old_kv_token_count()`` (the harness' per-token figures)."""
 
 from __future__ import annotations
 
@@ -49,5 +49,5 @@ def _by_definition(groups: list) -> dict[str, float]:
 
 
 @given(st.lists(_groups, max_size=5))
-def test_the_metrics_are_what_the_definitions_give(groups):
+def test_the_one_pass_gives_what_the_definitions_give(groups):
     assert weight_version_metrics(groups) == _by_definition(groups)
