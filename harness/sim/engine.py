@@ -23,16 +23,18 @@ tokens and log-probs are synthetic: token id = the sampling version, log-prob
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import heapq
 import math
 from collections import deque
 from dataclasses import dataclass, field
 from statistics import NormalDist
-from typing import Any
+from typing import Any, Iterable, Sequence
 
+import numpy as np
 
 from miles_async_core import events as ev
-from harness.backends.engine_io import emit_finished, record_outcome
+from harness.backends.engine_io import emit_finished
 from miles_async_core.contracts import NullSink, check_pause_mode
 from miles_async_core.errors import ConfigError
 from miles_async_core.types import ABORTED, COMPLETED, TRUNCATED, Sample, SamplingParams
@@ -45,14 +47,71 @@ class EngineRequestError(RuntimeError):
     """An injected failure of one generate request."""
 
 
-def _uniform(*keys: int) -> float:
-    """A deterministic uniform in (0, 1) from integer keys (splitmix64)."""
+def _splitmix_uniform(keys: tuple) -> float:
+    """The definition of ``_uniform`` (splitmix64 over the keys)."""
     x = 0x9E3779B97F4A7C15
     for k in keys:
         x = (x ^ (k & _MASK64)) * 0xBF58476D1CE4E5B9 & _MASK64
         x = (x ^ (x >> 27)) * 0x94D049BB133111EB & _MASK64
         x ^= x >> 31
     return ((x >> 11) + 0.5) / float(1 << 53)
+
+
+# Simulations ask for _uniform(seed, index[, retry]) for every sample index in turn, and
+# Python's 64-bit arithmetic costs about a microsecond per key. So values come in blocks
+# of 1024 consecutive second keys, computed with numpy's uint64 arithmetic (the same
+# wrap-around modulo 2**64 as the masked Python ints, and the same exact conversion to
+# float), and the most recent blocks are kept.
+_BLOCK_BITS = 10
+_BLOCK_MASK = (1 << _BLOCK_BITS) - 1
+_MAX_BLOCKS = 64
+_BLOCKS: dict[tuple, list[float]] = {}
+_C1, _C2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+_S11, _S27, _S31 = np.uint64(11), np.uint64(27), np.uint64(31)
+
+
+def _block(key: tuple) -> list[float]:
+    """``[_uniform(k0, k, *tail) for k in block b]`` for ``key = (k0, b, *tail)``."""
+    k0, b, tail = key[0], key[1], key[2:]
+    x0 = 0x9E3779B97F4A7C15
+    x0 = (x0 ^ (k0 & _MASK64)) * 0xBF58476D1CE4E5B9 & _MASK64
+    x0 = (x0 ^ (x0 >> 27)) * 0x94D049BB133111EB & _MASK64
+    x0 ^= x0 >> 31
+    x = np.arange(b << _BLOCK_BITS, (b + 1) << _BLOCK_BITS, dtype=np.uint64) ^ np.uint64(x0)
+    for k in (None, *tail):
+        if k is not None:
+            x = x ^ np.uint64(k & _MASK64)
+        x = x * _C1
+        x = (x ^ (x >> _S27)) * _C2
+        x ^= x >> _S31
+    values = (((x >> _S11).astype(np.float64) + 0.5) / float(1 << 53)).tolist()
+    if len(_BLOCKS) >= _MAX_BLOCKS:
+        del _BLOCKS[next(iter(_BLOCKS))]  # the oldest block
+    _BLOCKS[key] = values
+    return values
+
+
+def _uniform(*keys: int) -> float:
+    """A deterministic uniform in (0, 1) from integer keys (splitmix64)."""
+    if len(keys) == 2:
+        k0, k1 = keys
+        if type(k0) is int and type(k1) is int and 0 <= k1 < 1 << 62:
+            key = (k0, k1 >> _BLOCK_BITS)
+            values = _BLOCKS.get(key)
+            return (values or _block(key))[k1 & _BLOCK_MASK]
+    elif len(keys) == 3:
+        return _uniform3(*keys)
+    return _splitmix_uniform(keys)
+
+
+def _uniform3(k0: int, k1: int, k2: int) -> float:
+    """``_uniform(k0, k1, k2)`` (one call per generate request). A third key other than 0
+    (a retry count) is rare and scattered: computed alone, not as a block."""
+    if k2 == 0 and type(k0) is int and type(k1) is int and type(k2) is int and 0 <= k1 < 1 << 62:
+        key = (k0, k1 >> _BLOCK_BITS, k2)
+        values = _BLOCKS.get(key)
+        return (values or _block(key))[k1 & _BLOCK_MASK]
+    return _splitmix_uniform((k0, k1, k2))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -102,6 +161,12 @@ class SimEngineConfig:
 _WAITING, _RUNNING, _DONE = 0, 1, 2
 
 
+# asyncio.Future's own methods, called as functions: a method call on a _Req is not
+# specialised by CPython 3.11 (the C future's instance dict pointer, never set, defeats it)
+_future_set_result, _future_set_exception = asyncio.Future.set_result, asyncio.Future.set_exception
+_future_done = asyncio.Future.done
+
+
 class _Req(asyncio.Future):
     """One generate request: the engine's record of it and the future ``generate``
     returns, in one object (``fut`` is itself). One object, not a request and a future
@@ -111,21 +176,78 @@ class _Req(asyncio.Future):
     Cancelling it removes the request from the engine (``_on_cancel``), queued just
     before the future's own done callbacks: where a done callback registered at
     submission would run, without a callback per request that completes normally.
-    ``_submit`` sets every field but the three the admission sets (``join_step``,
-    ``kv_floor``, ``finish_step``: read only while the request runs)."""
+
+    Its done callbacks are kept here (``_cbs``), not in the C future: when an engine
+    step finishes several requests, their callbacks run in one loop callback
+    (``_run_callbacks``), in the order and at the place in the ready queue where the
+    future's own scheduling would have put one handle each. However the future ends
+    (``set_result``, ``set_exception``, ``cancel``), its callbacks are scheduled as
+    asyncio's futures schedule them. ``_submit`` sets every field but the three the admission sets
+    (``join_step``, ``kv_floor``, ``finish_step``: read only while the request runs)."""
 
     __slots__ = ("sample", "target", "truncated", "base", "join_step", "kv_floor", "finish_step", "state",
-                 "fail", "engine", "index", "prompt_len")
+                 "fail", "engine", "index", "prompt_len", "_cbs")
 
     @property
     def fut(self) -> "_Req":
         return self
 
+    def add_done_callback(self, fn: Any, *, context: Any = None) -> None:
+        if _future_done(self):
+            self.get_loop().call_soon(fn, self, context=context)
+            return
+        if context is None:
+            context = contextvars.copy_context()
+        cbs = self._cbs
+        if cbs is None:
+            self._cbs = [(fn, context)]
+        else:
+            cbs.append((fn, context))
+
+    def remove_done_callback(self, fn: Any) -> int:
+        cbs = self._cbs
+        if not cbs:
+            return 0
+        kept = [entry for entry in cbs if not entry[0] == fn]
+        self._cbs = kept
+        return len(cbs) - len(kept)
+
+    def _schedule_callbacks(self) -> None:
+        cbs, self._cbs = self._cbs, None
+        if cbs:
+            loop = self.get_loop()
+            for fn, context in cbs:
+                loop.call_soon(fn, self, context=context)
+
+    def set_result(self, result: Any) -> None:
+        _future_set_result(self, result)
+        self._schedule_callbacks()
+
+    def set_exception(self, exception: Any) -> None:
+        _future_set_exception(self, exception)
+        self._schedule_callbacks()
+
     def cancel(self, msg: Any = None) -> bool:
         if self.done():
             return False
         self.get_loop().call_soon(self.engine._on_cancel, self)
-        return super().cancel(msg)
+        super().cancel(msg)
+        self._schedule_callbacks()
+        return True
+
+
+def _run_callbacks(batch: list[tuple[_Req, list]]) -> None:
+    """The done callbacks of requests an engine step finished, in order: each as
+    ``Handle._run`` runs one (an exception goes to the loop's exception handler)."""
+    for req, cbs in batch:
+        for fn, context in cbs:
+            try:
+                context.run(fn, req)
+            except (SystemExit, KeyboardInterrupt):
+                raise
+            except BaseException as exc:
+                req.get_loop().call_exception_handler(
+                    {"message": f"Exception in callback {fn!r}({req!r})", "exception": exc, "future": req})
 
 
 class SimEngine:
@@ -151,38 +273,82 @@ class SimEngine:
         # steps run, tokens decoded, prompt tokens prefilled, requests served, steps that admitted
         # requests (each ran a prefill batch before its decode)
         self.stats = {"tokens": 0, "steps": 0, "prefill_tokens": 0, "requests": 0, "admitting_steps": 0}
+        self._wake_key: tuple | None = None  # (now, segment) of the last boundary computed by generate
+        # _account's token and log-prob runs of the current version, by (kv_version, count):
+        # extending from a kept list spares allocating (and freeing) a temporary one per call
+        self._fills: dict[tuple[int, int], tuple[list[int], list[float]]] = {}
+        self._fills_version: int | None = None
+        self._wake_next = 0
         self._slow = 1.0  # contention (set_slowdown): every step's cost times this
+        # Response lengths of first attempts (retry 0), drawn a block of consecutive
+        # indices at a time (``_length_block``): by block number, the most recent kept.
+        self._lengths: dict[int, list[int]] = {}
+        self._running_loop: asyncio.AbstractEventLoop | None = None  # see _loop
+        self._version_str = (0, "0")  # weight_version and str(weight_version), for _finish
+        # the done callbacks of the requests _on_timer is finishing (_run_callbacks), else None
+        self._batch: list | None = None
+        # The running batch was retracted: while the engine is paused, ``running`` (in batch
+        # order, without the requests cancelled since) is the head of the waiting queue,
+        # though its requests stay in it and in the finish heap (``_apply_pause``)
+        self._retracted = False
+        self._retract_step = 0  # the engine step it was retracted at (the resume is checked against it)
 
     # --- contract -----------------------------------------------------------------------
     def generate(self, sample: Sample, sampling: SamplingParams) -> asyncio.Future:
-        """A request for ``sample``, queued, then the engine woken."""
-        loop = asyncio.get_running_loop()
+        return self._submit((sample,), sampling)[0]
+
+    def _submit(self, samples: Iterable[Sample], sampling: SamplingParams) -> list[_Req]:
+        """A request per sample, queued in order, then the engine woken once."""
+        loop = self._running_loop
+        if loop is None or not loop.is_running():  # _loop(), inlined
+            loop = self._loop()
         cfg = self.cfg
         max_new = sampling.max_new_tokens
-        req = _Req(loop=loop)
-        index, retry = sample.index, sample.retry_count
-        drawn = cfg.response_length.draw(_uniform(cfg.seed, index, retry))
-        base = len(sample.response_tokens)  # tokens already generated (non-zero only for resumed samples)
-        req.sample = sample
-        req.target = max(base, min(drawn, max_new))
-        req.truncated = drawn >= max_new
-        req.fail = cfg.request_failure_rate > 0 and _uniform(cfg.seed + 1, index, retry) < cfg.request_failure_rate
-        req.base = base
-        req.state = _WAITING  # join_step, kv_floor and finish_step are set when it is admitted
-        req.engine = self
-        req.index = index
-        req.prompt_len = len(sample.prompt_tokens) or cfg.prompt_tokens  # the prompt, as submitted
-        if self.sink.enabled:
-            self.sink.emit(ev.SUBMITTED, index=index, group_index=sample.group_index, version=self.weight_version)
-        self.waiting.append(req)
-        self.stats["requests"] += 1
-        if not self.paused:
+        failing = cfg.request_failure_rate > 0
+        lengths_of, waiting = self._lengths, self.waiting
+        emit = self.sink.emit if self.sink.enabled else None
+        reqs = []
+        for sample in samples:
+            req = _Req(loop=loop)
+            index, retry = sample.index, sample.retry_count
+            if retry == 0 and type(index) is int and type(retry) is int and 0 <= index < 1 << 62:
+                b = index >> _BLOCK_BITS
+                drawn = (lengths_of.get(b) or self._length_block(b))[index & _BLOCK_MASK]
+            else:  # a retry: scattered, drawn alone
+                drawn = cfg.response_length.draw(_uniform3(cfg.seed, index, retry))
+            target = drawn if drawn < max_new else max_new
+            base = len(sample.response_tokens)  # tokens already generated (non-zero only for resumed samples)
+            req.sample = sample
+            req.target = base if base > target else target
+            req.truncated = drawn >= max_new
+            req.fail = failing and _uniform3(cfg.seed + 1, index, retry) < cfg.request_failure_rate
+            req.base = base
+            req.state = _WAITING  # join_step, kv_floor and finish_step are set when it is admitted
+            req._cbs = None
+            req.engine = self
+            req.index = index
+            req.prompt_len = len(sample.prompt_tokens) or cfg.prompt_tokens  # the prompt, as submitted
+            if emit is not None:
+                emit(ev.SUBMITTED, index=index, group_index=sample.group_index, version=self.weight_version)
+            waiting.append(req)
+            reqs.append(req)
+        self.stats["requests"] += len(reqs)
+        if reqs and not self.paused:
             if self.running:
-                self._wake_at_next_boundary()
+                # _wake_at_next_boundary(), computed once per instant and segment: the
+                # samples of a group arrive together
+                key = (loop.time(), self._seg)
+                if key != self._wake_key:
+                    t0, extra, c, s0 = key[1]
+                    self._wake_key = key
+                    self._wake_next = s0 + max(0, math.floor((key[0] - t0 - extra) / c)) + 1
+                nxt = self._wake_next
+                if self._timer is None or nxt < self._timer_step:
+                    self._set_timer(nxt)
             elif not self._kick_scheduled:
                 self._kick_scheduled = True
                 loop.call_soon(self._kick)
-        return req
+        return reqs
 
     async def pause_generation(self, mode: str) -> None:
         check_pause_mode(mode)
@@ -234,8 +400,26 @@ class SimEngine:
             self._set_timer(step)
 
     # --- internals ----------------------------------------------------------------------
+    def _length_block(self, b: int) -> list[int]:
+        """``[response_length.draw(_uniform(seed, k, 0)) for k in block b]``: the drawn
+        length of every first attempt in the block, kept for the requests to come."""
+        dist = self.cfg.response_length
+        lengths = [dist.draw(u) for u in _block((self.cfg.seed, b, 0))]
+        if len(self._lengths) >= _MAX_BLOCKS:
+            del self._lengths[next(iter(self._lengths))]  # the oldest block
+        self._lengths[b] = lengths
+        return lengths
+
+    def _loop(self) -> asyncio.AbstractEventLoop:
+        """``asyncio.get_running_loop()``, remembered while that loop runs: on CPython 3.11
+        each call of it is a ``getpid`` system call, and the engine asks once per request."""
+        loop = self._running_loop
+        if loop is None or not loop.is_running():
+            loop = self._running_loop = asyncio.get_running_loop()
+        return loop
+
     def _now(self) -> float:
-        return asyncio.get_running_loop().time()
+        return self._loop().time()
 
     def _step_cost(self) -> float:
         return self.cfg.decode_base_s + self.cfg.decode_per_seq_s * len(self.running)
@@ -250,7 +434,8 @@ class SimEngine:
                 return
             self._timer.cancel()
         self._timer_step = step
-        self._timer = asyncio.get_running_loop().call_at(self._boundary_time(step), self._on_timer, step)
+        t0, extra, c, s0 = self._seg  # _boundary_time(step)
+        self._timer = self._loop().call_at(t0 + extra + (step - s0) * c, self._on_timer, step)
 
     def _schedule(self) -> None:
         if self.paused or not self.running:
@@ -291,15 +476,22 @@ class SimEngine:
         self._step = step
         heap = self._heap
         if heap and heap[0] <= step:
-            finishing, due = self._finishing, []
+            pop, finishing, due = heapq.heappop, self._finishing, []
             while heap and heap[0] <= step:
-                finish_step = heapq.heappop(heap)
+                finish_step = pop(heap)
                 for req in finishing.pop(finish_step):
                     if req.state == _RUNNING and req.finish_step == finish_step:  # still to finish now
                         due.append(req)
-            for req in due:
-                if req.state == _RUNNING:  # not ended by an earlier one's _finish (a subclass's)
-                    self._finish(req, aborted=False)
+            self._batch = []
+            try:
+                if type(self)._finish is SimEngine._finish:
+                    self._finish_all(due, False)  # the step's finishes in one call
+                else:  # a subclass's _finish, request by request
+                    for req in due:
+                        if req.state == _RUNNING:  # not ended by an earlier one's _finish
+                            self._finish(req, aborted=False)
+            finally:
+                self._batch = None
         if self._pause is not None:
             mode, fut = self._pause
             self._pause = None
@@ -316,6 +508,23 @@ class SimEngine:
         step, version = self._step, self.weight_version
         sink = self.sink if self.sink.enabled else None
         push = heapq.heappush
+        readmitted = 0
+        if self._retracted:  # the head of the waiting queue, kept in place by _apply_pause
+            self._retracted = False
+            # The retract accounted each request's tokens up to the step it left (join_step is
+            # that step): at the same step, each joins again where it left and keeps its place
+            # in the finish heap; one step later, each would finish a step late
+            if step != self._retract_step:
+                raise RuntimeError(f"SimEngine: the retracted batch resumes at step {step}, not {self._retract_step}: "
+                                   "an engine step ran while the engine was paused (a bug of the engine or of a "
+                                   "subclass); its requests would finish later than their place in the finish heap")
+            readmitted = len(running)
+            for req in running.values():
+                prefix = req.prompt_len + req.base
+                prefill += prefix
+                req.kv_floor = version
+                if sink is not None:
+                    sink.emit(ev.ADMITTED, index=req.index, version=version, prefix_tokens=prefix)
         while waiting and len(running) < max_running:
             req = waiting.popleft()
             if req.state != _WAITING:
@@ -337,7 +546,7 @@ class SimEngine:
         self.stats["prefill_tokens"] += prefill
         slow = self._slow
         extra = prefill * self.cfg.prefill_per_token_s
-        if len(running) > before:  # one prefill batch
+        if readmitted or len(running) > before:  # one prefill batch
             extra += self.cfg.prefill_base_s
             self.stats["admitting_steps"] += 1
         self._seg = (now, extra * slow, self._step_cost() * slow, self._step)
@@ -353,61 +562,96 @@ class SimEngine:
     def _account(self, req: _Req) -> None:
         """Record the tokens made since ``req`` joined the batch, under the current version.
         A request that is not in the batch (waiting, or retracted) made none."""
+        self._account_all((req,))
+
+    def _account_all(self, reqs: Iterable[_Req]) -> None:
+        """``_account`` of each request of ``reqs`` in turn (a pause accounts the whole batch)."""
         step, v = self._step, self.weight_version
-        n = step - req.join_step if req.state == _RUNNING else 0
-        if n > 0:
-            s, kv = req.sample, req.kv_floor
-            s.token_versions.append(v, kv, n)
-            s.response_tokens.extend([v] * n)
-            s.rollout_log_probs.extend([-1.0 - 0.1 * (v - kv)] * n)
-            req.base += n
-        req.join_step = step
+        fills = self._fills
+        if self._fills_version != v or len(fills) > 4096:
+            fills.clear()
+            self._fills_version = v
+        for req in reqs:
+            n = step - req.join_step if req.state == _RUNNING else 0
+            if n > 0:
+                kv, s = req.kv_floor, req.sample
+                runs = s.token_versions.runs  # VersionRuns.append(v, kv, n), inlined
+                if runs and (last := runs[-1])[0] == v and last[1] == kv:
+                    last[2] += n
+                else:
+                    runs.append([v, kv, n])
+                fill = fills.get((kv, n))
+                if fill is None:  # ([v] * n, [log-prob] * n); extend copies them, nothing else holds them
+                    fill = fills[(kv, n)] = ([v] * n, [-1.0 - 0.1 * (v - kv)] * n)
+                s.response_tokens.extend(fill[0])
+                s.rollout_log_probs.extend(fill[1])
+                req.base += n
+            req.join_step = step
 
     def _finish(self, req: _Req, *, aborted: bool) -> None:
-        self._account(req)  # the tokens it made since it joined the batch
-        s = req.sample
-        req.state = _DONE
-        self.running.pop(req.index, None)
-        record_outcome(s, self.weight_version,
-                       ABORTED if aborted else TRUNCATED if req.truncated else COMPLETED)
-        if self.sink.enabled:
-            if aborted:
-                self.sink.emit(ev.ABORTED, index=s.index, version=self.weight_version,
-                               generated_tokens=s.response_length)
-            emit_finished(self.sink, s)
-        if not req.done():
-            if req.fail and not aborted:
-                req.set_exception(EngineRequestError(f"injected failure of request index={s.index}"))
-            else:
-                req.set_result(s)
+        self._finish_all((req,), aborted)
+
+    def _finish_all(self, reqs: Sequence[_Req], aborted: bool) -> None:
+        """``_finish`` of each request of ``reqs`` in turn, with what they share read once
+        (``_on_timer`` finishes a step's requests in one call)."""
+        self._account_all(reqs)  # the tokens each made since it joined the batch
+        v = self.weight_version
+        version, version_str = self._version_str  # one string per version, shared by its samples
+        if version != v or type(version) is not type(v):
+            version, version_str = self._version_str = (v, str(v))
+        running_pop, batch = self.running.pop, self._batch
+        sink = self.sink if self.sink.enabled else None
+        for req in reqs:
+            s = req.sample
+            req.state = _DONE
+            running_pop(req.index, None)
+            # record_outcome(s, version_str, status), inlined (version_str is a str: str() of it is itself)
+            s.weight_versions.append(version_str)
+            s.status = ABORTED if aborted else TRUNCATED if req.truncated else COMPLETED
+            if sink is not None:
+                if aborted:
+                    sink.emit(ev.ABORTED, index=s.index, version=v, generated_tokens=s.response_length)
+                emit_finished(sink, s)
+            if not _future_done(req):
+                if req.fail and not aborted:
+                    _future_set_exception(req, EngineRequestError(f"injected failure of request index={s.index}"))
+                else:
+                    _future_set_result(req, s)
+                if batch is None:
+                    req._schedule_callbacks()
+                elif req._cbs:  # _on_timer's finishes: one loop callback runs the callbacks of them all
+                    if not batch:
+                        req.get_loop().call_soon(_run_callbacks, batch)
+                    batch.append((req, req._cbs))
+                    req._cbs = None
 
     def _apply_pause(self, mode: str) -> None:
         self.paused = True
         if self.sink.enabled:
             self.sink.emit(ev.ENGINE_PAUSE, mode=mode, in_flight=len(self.running) + len(self.waiting))
-        if mode == "abort":
+        if mode == "abort":  # a retracted batch (running) is the head of the waiting queue
             for req in list(self.running.values()) + [r for r in self.waiting if r.state == _WAITING]:
                 self._finish(req, aborted=True)
             self.waiting.clear()
             self._heap.clear()
             self._finishing.clear()
+        elif self._retracted:  # paused again after a retract: the batch is out already
+            pass
         elif mode == "retract":
-            # The batch leaves with its tokens so far and waits at the head of the queue, in
-            # batch order: admitted again, each prefills its prompt and those tokens
-            retracted = list(self.running.values())
-            for req in retracted:
-                self._account(req)
-                req.state = _WAITING
-                if self.sink.enabled:
-                    self.sink.emit(ev.RETRACTED, index=req.sample.index, version=self.weight_version,
-                                   generated_tokens=req.base)
-            self.running.clear()
-            self._heap.clear()
-            self._finishing.clear()
-            self.waiting.extendleft(reversed(retracted))
+            # The batch leaves with its tokens so far and waits at the head of the queue
+            # (``_retracted`` set). Its requests stay in ``running``, in the finish heap and in
+            # batch order, as their admission again will put them: no step runs while paused,
+            # so each joins again at the step count it left and reaches the same finish step.
+            self._account_all(self.running.values())
+            self._retract_step = self._step
+            sink = self.sink
+            if sink.enabled:
+                for req in self.running.values():
+                    sink.emit(ev.RETRACTED, index=req.sample.index, version=self.weight_version,
+                              generated_tokens=req.base)
+            self._retracted = True
         else:  # in_place: keep KV and batch; freeze
-            for req in self.running.values():
-                self._account(req)
+            self._account_all(self.running.values())
             for req in self.running.values():
                 if self.sink.enabled:
                     self.sink.emit(ev.PAUSED_REQ, index=req.sample.index, version=self.weight_version, mode=mode)

@@ -23,7 +23,7 @@ from miles_async_core.types import Sample, SamplingParams
 from harness.measure.ages import AgeRecorder
 from harness.measure.overlap import measurement_window, overlap_metrics
 from harness.sim.scenario import Scenario
-from harness.sim.engine import SimEngine, _uniform
+from harness.sim.engine import _BLOCK_BITS, _BLOCK_MASK, _MAX_BLOCKS, SimEngine, _block, _uniform
 from harness.sim.trainer import SimTrainer
 from harness.trace import Event, TraceRecorder
 from harness.sim.vtime import run_virtual
@@ -48,9 +48,19 @@ def sim_reward(seed: int) -> Callable[[Sample], float]:
     """A deterministic 0/1 reward keyed by (seed, sample index):
     ``1.0 if _uniform(seed + 7, index) < 0.5 else 0.0``."""
     key0 = seed + 7
+    blocks: dict[int, list[float]] = {}  # the rewards of a block of consecutive indices, as _uniform draws them
 
     def reward(s: Sample) -> float:
-        return 1.0 if _uniform(key0, s.index) < 0.5 else 0.0
+        index = s.index
+        if type(index) is int and 0 <= index < 1 << 62:
+            rewards = blocks.get(index >> _BLOCK_BITS)
+            if rewards is None:
+                if len(blocks) >= _MAX_BLOCKS:
+                    del blocks[next(iter(blocks))]  # the oldest block
+                rewards = blocks[index >> _BLOCK_BITS] = [1.0 if u < 0.5 else 0.0
+                                                          for u in _block((key0, index >> _BLOCK_BITS))]
+            return rewards[index & _BLOCK_MASK]
+        return 1.0 if _uniform(key0, index) < 0.5 else 0.0
 
     return reward
 
