@@ -167,6 +167,7 @@ _future_set_result, _future_set_exception = asyncio.Future.set_result, asyncio.F
 _future_done = asyncio.Future.done
 
 
+# kept for speed, with _uniform's blocks, _finish_all and the retract flag (x1.43 as a group in the A/B)
 class _Req(asyncio.Future):
     """One generate request: the engine's record of it and the future ``generate``
     returns, in one object (``fut`` is itself). One object, not a request and a future
