@@ -180,6 +180,16 @@ def test_a_retracted_request_cancelled_while_paused_is_not_admitted_again():
     assert stats == {"tokens": 34, "steps": 14, "prefill_tokens": 130, "requests": 4, "admitting_steps": 2}
 
 
+def test_a_step_counted_while_a_retracted_batch_waits_fails_the_resume_loudly():
+    """The batch keeps its place in the finish heap because no step runs while paused; an
+    engine (or subclass) that counts one anyway is stopped, not left finishing requests late."""
+    async def step_while_paused(eng, futs):
+        eng._step += 1
+
+    with pytest.raises(RuntimeError, match="an engine step ran while the engine was paused"):
+        _retracted_batch_run(step_while_paused)
+
+
 def test_a_batch_retracted_and_cancelled_whole_leaves_no_mark_on_the_next_retract():
     """Every retracted request cancelled while paused, and nothing queued: the resume has
     nothing to admit, and a later retract still takes the batch running then."""
