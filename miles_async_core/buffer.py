@@ -1,8 +1,8 @@
 """The fully-async data buffer: Miles' ``DataBuffer`` contract and ``DefaultDataBuffer``.
 
-Mirrors `miles/rollout/fully_async_data_buffer.py` (radixark/miles @31f1ca9).
+Mirrors `miles/rollout/fully_async_data_buffer.py` (radixark/miles at ``rules.PINNED_MILES_COMMIT``).
 
-Guarantees of ``DefaultDataBuffer`` (spec §9 items 15-24):
+Guarantees of ``DefaultDataBuffer``:
 
 * ``len(buffer) <= capacity = int(factor * B)`` at all times; ``put`` of an accepted
   group blocks exactly while the buffer is full.
@@ -14,12 +14,12 @@ Guarantees of ``DefaultDataBuffer`` (spec §9 items 15-24):
   ``max_weight_staleness``; each such group goes to the handler exactly once.
 * ``get_metrics`` reports the window since the previous call, then resets it.
 
-Decisions on the spec's open points:
+Decisions where upstream leaves a choice open:
 
-* §10.1: ``avg_staleness`` / ``max_staleness`` cover every group *popped* by ``get``,
+* Staleness metrics: ``avg_staleness`` / ``max_staleness`` cover every group *popped* by ``get``,
   including groups then rejected as stale, as upstream code does (its test
   ``test_stale_group_recycled`` pins this), not only the groups training consumed.
-* §10.5: a retry cap (``async_max_retries``) is enforced by the unused handler of the
+* Retry cap and persistence: a retry cap (``async_max_retries``) is enforced by the unused handler of the
   rollout function, not here; the buffer is not persisted across checkpoints (upstream
   loses buffered and in-flight prompts on resume; this in-memory core does too).
 """

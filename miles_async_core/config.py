@@ -9,12 +9,12 @@ Contract:
   (``--update-weights-interval 0``, ``--fully-async`` with ``abort`` ...) are not
   checked here: they are rules in ``miles_async_core.rules``, so ``miles-harness check``
   can report every violation at once and profiles can disagree about them.
-* Defaults are Miles' (``miles/utils/arguments.py`` at 31f1ca9, spec section 3) with three
+* Defaults are Miles' (``miles/utils/arguments.py`` at ``rules.PINNED_MILES_COMMIT``) with three
   documented exceptions: ``rollout_batch_size`` is required by Miles and defaults to 8
   here; ``seed`` defaults to 0 here (Miles: 1234); ``driver`` stands for the script
   (``train.py`` or ``train_async.py``) and is not a flag.
 * Harness-only fields (not Miles flags): ``async_max_retries`` (upstream has no retry
-  cap, spec 4.7; ``None`` keeps that behaviour), ``allow_async_colocate`` (the seed
+  cap; ``None`` keeps that behaviour), ``allow_async_colocate`` (the seed
   manual's colocated fully-async mode, which upstream's ``train_async.py:L23`` refuses;
   ``False`` keeps that refusal), ``cancel_orphaned_tasks`` (cancel the group tasks a dead
   fully-async worker leaves behind, which upstream leaves running; ``False`` leaves them
@@ -75,7 +75,7 @@ class AsyncConfig:
     use_critic: bool = False
     seed: int = 0
     # ---- harness extensions: not Miles flags, off (None) by default = upstream behaviour ----
-    # How often one prompt may be recycled by the retry handler (upstream: unbounded, spec 4.7).
+    # How often one prompt may be recycled by the retry handler (upstream: unbounded).
     async_max_retries: int | None = None
     # Run --colocate under train_async.py (the seed manual's colocated fully-async mode).
     # Upstream refuses it (train_async.py:L23); off = the drivers refuse it too.

@@ -29,10 +29,6 @@ Engine contract (the semantics every backend must honour):
   and does nothing on an idle engine. One-step rollouts call it after every rollout, as
   upstream's ``abort()``; without it they pause and resume, and only when groups are
   still pending.
-* optional ``generate_group(samples, sampling)``, a method of the engine's class: the
-  list ``[generate(s, sampling) for s in samples]`` in one call, or ``None`` when it
-  declines (the caller then calls ``generate`` per sample). The core asks for it for each
-  group it submits; a simulator saves the per-call work of a group's requests.
 """
 
 from __future__ import annotations

@@ -39,65 +39,6 @@ NO_PROGRESS_WARN_SECS = 30.0
 HANDLER_PREFIX = "rollout/fully_async/handler_"
 
 
-class _Deadline:
-    """The timeout of successive ``_wait_first`` calls on one loop, as one timer.
-
-    ``asyncio.wait(timeout=...)`` schedules a timer per call and cancels it when a future
-    completes first; a drain waits once per group, so the loop's timer heap fills with
-    cancelled timers. Here a wait sets its deadline (``now + timeout``, what ``call_later``
-    computes), and the one timer, when it fires, releases the waiter whose deadline it
-    reached or moves on to the current deadline. A wait is released at the same instant
-    as by its own timer."""
-
-    __slots__ = ("loop", "handle", "when", "waiter")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop, self.handle, self.when, self.waiter = loop, None, 0.0, None
-
-    def arm(self, waiter: asyncio.Future, timeout: float) -> None:
-        loop = self.loop
-        self.waiter, self.when = waiter, loop.time() + timeout
-        if self.handle is not None and self.when < self.handle.when():  # a shorter timeout than the timer's
-            self.handle.cancel()
-            self.handle = None
-        if self.handle is None:
-            self.handle = loop.call_at(self.when, self._fire)
-
-    def _fire(self) -> None:
-        self.handle = None
-        waiter = self.waiter
-        if waiter is None:
-            return
-        if self.when > self.loop.time() + self.loop._clock_resolution:  # a later wait's deadline
-            self.handle = self.loop.call_at(self.when, self._fire)
-        elif not waiter.done():
-            waiter.set_result(None)
-
-
-async def _wait_first(a: asyncio.Future, b: asyncio.Future, timeout: float, deadline: _Deadline) -> None:
-    """``await asyncio.wait({a, b}, timeout=timeout, return_when=FIRST_COMPLETED)`` for two
-    futures that are not done, minus the work whose result ``_next_group`` ignores (the
-    argument checks, the done and pending sets): the same waiter and callbacks, created,
-    fired and removed in the same order (`asyncio/tasks.py` ``_wait``, 3.11), and the
-    timeout kept by ``deadline``. It runs once per group a drain collects."""
-    waiter = deadline.loop.create_future()
-    deadline.arm(waiter, timeout)
-
-    def on_completion(_f: asyncio.Future) -> None:
-        if not waiter.done():
-            waiter.set_result(None)
-
-    a.add_done_callback(on_completion)
-    b.add_done_callback(on_completion)
-    try:
-        await waiter
-    finally:
-        if deadline.waiter is waiter:
-            deadline.waiter = None
-        a.remove_done_callback(on_completion)
-        b.remove_done_callback(on_completion)
-
-
 class FullyAsyncRolloutFn:
     def __init__(self, args: Any, engine: RolloutEngine, data_source: Any, *, sampling: SamplingParams,
                  reward_fn: RewardFn | None = None, buffer_factory: Callable | None = None,
@@ -116,7 +57,6 @@ class FullyAsyncRolloutFn:
         self.group_budget = args.group_budget
         self.buffer: Any = None
         self._worker: asyncio.Task | None = None
-        self._deadline: _Deadline | None = None  # the no-progress timeout of _next_group's waits
         self._worker_error_raised = False  # a drain has raised the dead worker's exception
         self._producer_resumed = asyncio.Event()
         self._producer_resumed.set()
@@ -222,9 +162,8 @@ class FullyAsyncRolloutFn:
                     raise RuntimeError("fully-async rollout worker exited without an exception")
                 if get_task.done():
                     return get_task.result()
-                if self._deadline is None:  # on the worker's loop, made with the first wait
-                    self._deadline = _Deadline(worker.get_loop())
-                await _wait_first(get_task, worker, NO_PROGRESS_WARN_SECS, self._deadline)
+                await asyncio.wait([get_task, worker], timeout=NO_PROGRESS_WARN_SECS,
+                                   return_when=asyncio.FIRST_COMPLETED)
                 if not (get_task.done() or worker.done()):
                     logger.warning("No completed rollout groups for %.1fs", NO_PROGRESS_WARN_SECS)
         finally:

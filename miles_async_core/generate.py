@@ -1,7 +1,7 @@
 """Generate functions (``--custom-generate-function-path``): a call for one prompt sample
 may return several samples, so a group becomes ``n`` trajectories (a nested group).
 
-Mirrors radixark/miles @31f1ca9: ``GenerateFnInput`` / ``GenerateFnOutput``
+Mirrors radixark/miles at ``rules.PINNED_MILES_COMMIT``: ``GenerateFnInput`` / ``GenerateFnOutput``
 (``rollout/base_types.py:L71-L86``; the input carries the engine instead of a
 ``GenerateState``) and ``generate_and_rm`` (``inference_rollout_common.py:L58-L134``): a
 COMPLETED or TRUNCATED sample is kept as it is (L70-L75); a returned list is left

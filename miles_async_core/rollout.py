@@ -48,13 +48,6 @@ async def generate_and_rm_group(
     generate_function: GenerateFunction | None = None,
 ) -> list:
     if generate_function is None:
-        # the engine's optional generate_group (contracts.py), looked up on its class: a
-        # wrapper that forwards attributes must not hand out the wrapped engine's
-        generate_group = getattr(type(engine), "generate_group", None)
-        futs = generate_group(engine, group, sampling) if generate_group is not None else None
-        if futs is not None:
-            return await await_group(futs, group, reward_fn=reward_fn, sample_done_callback=sample_done_callback,
-                                     sink=sink)
         futs = []
         for s in group:
             if s.status is PENDING:  # a fresh sample is a plain request (_generate, without its checks)
@@ -178,7 +171,7 @@ def as_completed_in_order(tasks: Any, *, key: Callable) -> Iterator[Awaitable]:
     """``asyncio.as_completed(tasks)`` (CPython 3.11: the same queue, callbacks and loop
     steps), each awaitable returning the finished task itself. The tasks already done when
     it starts come out by ``key``: asyncio registers their callbacks in set order, which
-    follows memory addresses, so the host and the core pin it; the rest come out as they finish."""
+    follows memory addresses, so the upstream runner and the core pin it; the rest come out as they finish."""
     todo = set(tasks)
     done: asyncio.Queue = asyncio.Queue()
 

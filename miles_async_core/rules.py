@@ -7,12 +7,13 @@ bad config (only for an unknown profile name, ``ConfigError``). A rule of severi
 has no effect. Every message names the flags, the values given, what is allowed and the
 fix.
 
-Profiles (spec section 0 explains why two are needed):
+Profiles (two, because the seed manual and upstream's code disagree on colocation):
 
 * ``manual`` (default): the seed manual (``seed-async-training.md``). Colocation is
   allowed with ``--fully-async`` (Megatron only, not with ``in_place``) and with the
   synchronous ``train.py``, but not in one-step-ahead ``train_async.py``.
-* ``miles-31f1ca9``: what upstream radixark/miles enforces at commit 31f1ca9.
+* ``miles-<pin>`` (``MILES_PROFILE``): what upstream radixark/miles enforces at the pinned
+  commit ``PINNED_MILES_COMMIT``.
   ``train_async.py:L23`` rejects ``--colocate`` in both async modes and
   ``arguments.py:L50-L70`` rejects it again under ``--fully-async``; there is no
   ``in_place`` rule and no backend rule for colocation. Deliberate departures from
@@ -46,7 +47,9 @@ from typing import Callable
 from miles_async_core.config import AsyncConfig
 from miles_async_core.errors import ConfigError
 
+# The upstream Miles commit this core is modelled on and checked against (radixark/miles).
 PINNED_MILES_COMMIT = "31f1ca9"
+MILES_PROFILE = f"miles-{PINNED_MILES_COMMIT}"
 
 SEVERITIES = ("error", "note")
 
@@ -428,7 +431,7 @@ PROFILES: dict[str, tuple[Rule, ...]] = {
         capacity_at_least_one,
         *_CORRECTION,
     ),
-    "miles-31f1ca9": (
+    MILES_PROFILE: (
         miles_colocate_not_async,
         miles_fully_async_no_colocate,
         miles_fully_async_no_abort,
@@ -447,7 +450,7 @@ def get_profile(name: str) -> tuple[Rule, ...]:
     except KeyError:
         raise ConfigError(
             f"--profile {name!r} is unknown. Allowed: {', '.join(PROFILES)}. "
-            f"Fix: pass --profile {DEFAULT_PROFILE} (the seed manual) or --profile miles-31f1ca9."
+            f"Fix: pass --profile {DEFAULT_PROFILE} (the seed manual) or --profile {MILES_PROFILE}."
         ) from None
 
 

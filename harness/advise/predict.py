@@ -58,7 +58,7 @@ from harness.measure.overlap import ideal_speedup
 from harness.sim.contention import Contention
 from harness.sim.engine import _DONE, SimEngine, SimEngineConfig
 from harness.sim.scenario import Scenario
-from harness.sim.simulate import simulate, summarize
+from harness.sim.run_scenario import simulate, summarize
 from harness.sim.trainer import SimTrainer, SimTrainerConfig
 
 SYNC_BASELINE_STEPS = 10

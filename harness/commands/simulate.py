@@ -19,7 +19,7 @@ from miles_async_core.config import AsyncConfig, parse_miles_args
 from miles_async_core.errors import ConfigError
 from miles_async_core.rules import PROFILES, validate
 from harness.sim.scenario import DEFAULT_SCENARIO, load_scenario
-from harness.sim.simulate import format_summary, simulate, summarize
+from harness.sim.run_scenario import format_summary, simulate, summarize
 from harness.sim.watchdog import WatchdogTripped
 
 

@@ -54,7 +54,7 @@ from harness.measure.memory import PeakRss, read_peak_rss_bytes
 from harness.measure.self_cost import SelfCost
 from harness.measure.overlap import ideal_speedup, measurement_window, overlap_metrics
 from harness.results.mode_rows import SPREAD_KEYS, ModeRow
-from harness.sim.simulate import emit_run_end, histogram
+from harness.sim.run_scenario import emit_run_end, histogram
 from harness.trace import TraceRecorder
 from miles_async_core.contracts import NullSink
 

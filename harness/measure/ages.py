@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from miles_async_core.types import RECORDED_NUMBERS, recorded_number, samples_of
+from miles_async_core.types import recorded_number, samples_of
 
 
 def group_token_version(group: Any) -> int | None:
@@ -55,7 +55,7 @@ class AgeRecorder:
                 if len(wv) == 1 and type(v := wv[0]) is str:  # group_oldest_weight_version's common case
                     if v != last:
                         last = v
-                        v = RECORDED_NUMBERS[v] if v in RECORDED_NUMBERS else recorded_number(v)
+                        v = recorded_number(v)
                         if v is not None and (recorded is None or v < recorded):
                             recorded = v
                 elif (v := s.oldest_weight_version) is not None and (recorded is None or v < recorded):

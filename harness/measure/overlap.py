@@ -17,7 +17,7 @@ Phases: side ``rollout`` phase ``generating`` (the engine's batch is busy); side
   train time T; ``overlap_efficiency = speedup / ideal_speedup``.
 
 This module is the one definition of how phase events pair into busy intervals and what
-the ratios mean: ``miles-harness simulate`` (``harness.sim.simulate.summarize``), the
+the ratios mean: ``miles-harness simulate`` (``harness.sim.run_scenario.summarize``), the
 main job (``harness.main_job.job``, ``miles-harness run``) and its timeline plots and
 Chrome trace (``phase_spans``) all call it. Pairing: a phase's start opens it (a second
 start while open is ignored), its end closes it, a phase still open at the end of the

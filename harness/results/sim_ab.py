@@ -31,7 +31,10 @@ B, N = 64, 8
 CHILD = """
 import gc, sys, time
 from harness.sim.scenario import Scenario
-from harness.sim.simulate import simulate
+try:
+    from harness.sim.run_scenario import simulate
+except ImportError:  # a base commit from before the module took this name
+    from harness.sim.simulate import simulate
 from harness.sim.trainer import SimTrainerConfig
 from miles_async_core.config import AsyncConfig
 steps = int(sys.argv[1])

@@ -26,8 +26,6 @@ import asyncio
 import contextvars
 import heapq
 import math
-import statistics
-from asyncio import format_helpers
 from collections import deque
 from dataclasses import dataclass, field
 from statistics import NormalDist
@@ -39,13 +37,10 @@ from miles_async_core import events as ev
 from harness.backends.engine_io import emit_finished
 from miles_async_core.contracts import NullSink, check_pause_mode
 from miles_async_core.errors import ConfigError
-from miles_async_core.types import ABORTED, COMPLETED, PENDING, TRUNCATED, Sample, SamplingParams
+from miles_async_core.types import ABORTED, COMPLETED, TRUNCATED, Sample, SamplingParams
 
 _MASK64 = (1 << 64) - 1
 _NORMAL = NormalDist()
-# _NORMAL.inv_cdf(u) is _normal_dist_inv_cdf(u, 0.0, 1.0) after argument checks that every
-# u from _uniform passes (0 < u < 1); SimEngine._length_block calls the function itself.
-_normal_dist_inv_cdf = getattr(statistics, "_normal_dist_inv_cdf", None)
 
 
 class EngineRequestError(RuntimeError):
@@ -172,6 +167,7 @@ _future_set_result, _future_set_exception = asyncio.Future.set_result, asyncio.F
 _future_done = asyncio.Future.done
 
 
+# kept for speed, with _uniform's blocks, _finish_all and the retract flag (x1.43 as a group in the A/B)
 class _Req(asyncio.Future):
     """One generate request: the engine's record of it and the future ``generate``
     returns, in one object (``fut`` is itself). One object, not a request and a future
@@ -251,9 +247,8 @@ def _run_callbacks(batch: list[tuple[_Req, list]]) -> None:
             except (SystemExit, KeyboardInterrupt):
                 raise
             except BaseException as exc:
-                cb = format_helpers._format_callback_source(fn, (req,))
                 req.get_loop().call_exception_handler(
-                    {"message": f"Exception in callback {cb}", "exception": exc, "future": req})
+                    {"message": f"Exception in callback {fn!r}({req!r})", "exception": exc, "future": req})
 
 
 class SimEngine:
@@ -302,19 +297,6 @@ class SimEngine:
     # --- contract -----------------------------------------------------------------------
     def generate(self, sample: Sample, sampling: SamplingParams) -> asyncio.Future:
         return self._submit((sample,), sampling)[0]
-
-    def generate_group(self, samples: list[Sample], sampling: SamplingParams) -> list[_Req] | None:
-        """``[self.generate(s, sampling) for s in samples]`` in one call, for a group whose
-        samples all wait for generation (``PENDING``): the same requests, events, timer and
-        kick, with the per-call work done once (the contract's optional method). ``None``
-        (the caller calls ``generate`` per sample) for any other group, and when a
-        subclass overrides ``generate``."""
-        if type(self).generate is not SimEngine.generate:
-            return None
-        for s in samples:
-            if s.status is not PENDING:
-                return None
-        return self._submit(samples, sampling)
 
     def _submit(self, samples: Iterable[Sample], sampling: SamplingParams) -> list[_Req]:
         """A request per sample, queued in order, then the engine woken once."""
@@ -423,14 +405,7 @@ class SimEngine:
         """``[response_length.draw(_uniform(seed, k, 0)) for k in block b]``: the drawn
         length of every first attempt in the block, kept for the requests to come."""
         dist = self.cfg.response_length
-        us = _block((self.cfg.seed, b, 0))
-        if dist.kind == "lognormal" and type(dist) is LengthDist and _normal_dist_inv_cdf is not None:
-            # LengthDist.draw, inlined: NormalDist().inv_cdf(u) is _normal_dist_inv_cdf(u, 0.0, 1.0),
-            # round() of a float is already an int, and max(1, n) is n if n > 1 else 1
-            median, sigma, exp, inv = dist.median, dist.sigma, math.exp, _normal_dist_inv_cdf
-            lengths = [n if (n := round(median * exp(sigma * inv(u, 0.0, 1.0)))) > 1 else 1 for u in us]
-        else:
-            lengths = [dist.draw(u) for u in us]
+        lengths = [dist.draw(u) for u in _block((self.cfg.seed, b, 0))]
         if len(self._lengths) >= _MAX_BLOCKS:
             del self._lengths[next(iter(self._lengths))]  # the oldest block
         self._lengths[b] = lengths

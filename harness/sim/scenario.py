@@ -29,6 +29,7 @@ from typing import Any
 from miles_async_core.config import AsyncConfig, parse_miles_args
 from miles_async_core.errors import ConfigError
 from harness.sim.engine import LengthDist, SimEngineConfig
+from harness.sim.fault_schedule import FaultSchedule
 from harness.sim.trainer import SimTrainerConfig
 from harness.sim.watchdog import WatchdogLimits
 
@@ -112,7 +113,6 @@ def scenario_from_dict(data: dict[str, Any], source: str = "<scenario>") -> Scen
     watchdog = _build(WatchdogLimits, data.get("watchdog", {}), "watchdog", source)
     faults = None
     if "faults" in data:
-        from harness.sim.faults import FaultSchedule  # it imports this module
 
         faults = _build(FaultSchedule, data["faults"], "faults", source)
         try:

@@ -1,7 +1,7 @@
 """Core versus upstream, same scenario and seed: what each run observably did, and the
 first place they part.
 
-``run_case(case)`` runs ``case`` on the core (``harness.sim.simulate``) and on upstream's
+``run_case(case)`` runs ``case`` on the core (``harness.sim.run_scenario``) and on upstream's
 code (``harness.upstream.runner``), both on ``SimEngine``/``SimTrainer`` in virtual time,
 and returns a ``DiffReport``. Compared, each as a time-ordered list:
 
@@ -33,7 +33,7 @@ from miles_async_core.types import DataBufferConstructorInput
 from harness.sim.engine import SimEngine, SimEngineConfig
 from harness.sim.faults import FaultSchedule, fault_engine_class
 from harness.sim.scenario import Scenario
-from harness.sim.simulate import simulate
+from harness.sim.run_scenario import simulate
 from harness.sim.trainer import SimTrainerConfig
 from harness.trace import Event
 

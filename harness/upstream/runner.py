@@ -141,7 +141,7 @@ def upstream_args(scenario: Scenario, *, dynamic_filter_path: str | None = None,
 
 
 async def sim_reward_rm(args: Any, sample: Any, **_: Any) -> Any:
-    """``--custom-rm-path`` target: the reward ``harness.sim.simulate.sim_reward`` gives the core.
+    """``--custom-rm-path`` target: the reward ``harness.sim.run_scenario.sim_reward`` gives the core.
     Called with one sample (``async_rm``) or, for the samples a generate function returned
     as a list, with that list (``batched_async_rm``, ``rm_hub/__init__.py:L104-L106``,
     called at ``inference_rollout_common.py:L124``): then one reward per sample."""

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from miles_async_core import events as ev
 from miles_async_core.contracts import NullSink, RolloutEngine, Trainer
-from miles_async_core.types import RECORDED_NUMBERS, iter_samples, recorded_number, samples_of
+from miles_async_core.types import iter_samples, recorded_number, samples_of
 
 
 def weight_version_metrics(groups: list) -> dict[str, float]:
@@ -34,7 +34,7 @@ def weight_version_metrics(groups: list) -> dict[str, float]:
             wv = s.weight_versions
             if len(wv) == 1 and type(v := wv[0]) is str:  # Sample.oldest_weight_version's common case, inlined
                 if v != last:
-                    last, last_v = v, (RECORDED_NUMBERS[v] if v in RECORDED_NUMBERS else recorded_number(v))
+                    last, last_v = v, recorded_number(v)
                 v = last_v
             else:
                 v = s.oldest_weight_version

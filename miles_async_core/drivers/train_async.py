@@ -4,11 +4,11 @@ rollout function is ``FullyAsyncRolloutFn``.
 Loop, for each ``rollout_id``: await the generate launched earlier, launch the next one
 *before* training, train, and after iterations with ``(rollout_id + 1) % k == 0`` await
 the in-flight generate and only then update the weights. So a weight update never
-overlaps a generate call (spec §9 items 28-32): in one-step mode nothing is generating
+overlaps a generate call: in one-step mode nothing is generating
 during an update; in fully-async mode only the drain has finished and the worker's
 live requests are paused with ``--pause-generation-mode``.
 
-Before anything starts it asserts what ``train_async.py:L23-L24`` asserts (D8 of issue 11):
+Before anything starts it asserts what ``train_async.py:L23-L24`` asserts:
 no ``--colocate``, unless the harness extension ``allow_async_colocate`` is on (the seed
 manual's colocated fully-async mode), and with ``--use-critic`` one of the off-policy
 corrections (``AssertionError``, as upstream).
@@ -52,7 +52,7 @@ async def train_async(ctx: RunContext) -> list[dict]:
     ctx.pending_generate = next_task
     curr = None
     # A generate launched before a step that raises is left running, as upstream's Ray call
-    # (train_async.py:L80, D10 of issue 11); it stays on ctx.pending_generate for the caller.
+    # (train_async.py:L80); it stays on ctx.pending_generate for the caller.
     for rollout_id in range(start, num):
         if next_task is not None:
             curr = await _await_generate(ctx, next_task, rollout_id)

@@ -26,7 +26,7 @@ import pytest
 from harness.results.schema import git_info, machine_info, utc_now
 from harness.sim.bytecodes import bytecode_profile
 from harness.sim.scenario import Scenario
-from harness.sim.simulate import simulate
+from harness.sim.run_scenario import simulate
 from harness.sim.trainer import SimTrainerConfig
 from miles_async_core.config import AsyncConfig
 

@@ -12,7 +12,7 @@ import pytest
 from harness.sim.scenario import Scenario
 from harness.sim.engine import LengthDist, SimEngineConfig
 from harness.sim.trainer import SimTrainerConfig
-from harness.sim.simulate import simulate
+from harness.sim.run_scenario import simulate
 from miles_async_core import events as ev
 from miles_async_core.config import AsyncConfig
 

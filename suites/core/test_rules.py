@@ -7,11 +7,10 @@ import pytest
 
 from miles_async_core.config import AsyncConfig
 from miles_async_core.errors import ConfigError
-from miles_async_core.rules import PROFILES, validate
+from miles_async_core.rules import MILES_PROFILE, PROFILES, validate
 
 FA = {"fully_async": True}
 # the upstream profile, named after the pinned Miles commit
-UPSTREAM = next(name for name in PROFILES if name.startswith("miles-"))
 
 # (profile, rule id, config fields that break exactly that rule's condition)
 TRIGGERS: list[tuple[str, str, dict]] = [
@@ -26,11 +25,11 @@ TRIGGERS: list[tuple[str, str, dict]] = [
     ("manual", "n-samples-per-prompt-positive", {"n_samples_per_prompt": 0}),
     ("manual", "capacity-factor-positive", {"async_data_buffer_capacity_factor": 0.0}),
     ("manual", "capacity-at-least-one", {"async_data_buffer_capacity_factor": 0.1}),
-    (UPSTREAM, "miles-colocate-not-async", {"colocate": True}),
-    (UPSTREAM, "miles-fully-async-no-colocate", {**FA, "colocate": True, "driver": "train"}),
-    (UPSTREAM, "miles-fully-async-no-abort", {**FA, "pause_generation_mode": "abort"}),
-    (UPSTREAM, "capacity-factor-positive", {**FA, "async_data_buffer_capacity_factor": -1.0}),
-    (UPSTREAM, "capacity-at-least-one", {**FA, "async_data_buffer_capacity_factor": 0.1}),
+    (MILES_PROFILE, "miles-colocate-not-async", {"colocate": True}),
+    (MILES_PROFILE, "miles-fully-async-no-colocate", {**FA, "colocate": True, "driver": "train"}),
+    (MILES_PROFILE, "miles-fully-async-no-abort", {**FA, "pause_generation_mode": "abort"}),
+    (MILES_PROFILE, "capacity-factor-positive", {**FA, "async_data_buffer_capacity_factor": -1.0}),
+    (MILES_PROFILE, "capacity-at-least-one", {**FA, "async_data_buffer_capacity_factor": 0.1}),
 ]
 # Rules in both profiles: same id, same trigger.
 for _profile in PROFILES:
@@ -104,12 +103,12 @@ def test_only_the_over_sampling_rule_is_a_note():
 def test_manual_allows_colocated_fully_async_and_upstream_refuses_it():
     fields = {**FA, "colocate": True}
     assert _ids("manual", **fields) == set()
-    assert _ids(UPSTREAM, **fields) == {"miles-colocate-not-async", "miles-fully-async-no-colocate"}
+    assert _ids(MILES_PROFILE, **fields) == {"miles-colocate-not-async", "miles-fully-async-no-colocate"}
 
 
 def test_one_step_colocate_fails_both_profiles():
     assert _ids("manual", colocate=True) == {"manual-colocate-needs-fully-async"}
-    assert _ids(UPSTREAM, colocate=True) == {"miles-colocate-not-async"}
+    assert _ids(MILES_PROFILE, colocate=True) == {"miles-colocate-not-async"}
 
 
 def test_colocate_with_the_sync_driver_passes_both_profiles():
@@ -118,7 +117,7 @@ def test_colocate_with_the_sync_driver_passes_both_profiles():
 
 
 def test_upstream_has_no_in_place_or_backend_rule_for_colocation():
-    ids = _ids(UPSTREAM, **FA, colocate=True, pause_generation_mode="in_place", train_backend="fsdp")
+    ids = _ids(MILES_PROFILE, **FA, colocate=True, pause_generation_mode="in_place", train_backend="fsdp")
     assert ids == {"miles-colocate-not-async", "miles-fully-async-no-colocate"}
 
 
@@ -132,14 +131,14 @@ def test_abort_is_fine_in_one_step_mode():
 
 
 def test_upstream_checks_capacity_only_under_fully_async():
-    assert _ids(UPSTREAM, async_data_buffer_capacity_factor=0.0) == set()
+    assert _ids(MILES_PROFILE, async_data_buffer_capacity_factor=0.0) == set()
     assert _ids("manual", async_data_buffer_capacity_factor=0.0) == {"capacity-factor-positive"}
 
 
 def test_upstream_profile_does_not_check_batch_size_in_one_step_mode():
     # Upstream never validates B; with --fully-async B=0 is caught through the capacity.
-    assert _ids(UPSTREAM, rollout_batch_size=0) == set()
-    assert _ids(UPSTREAM, **FA, rollout_batch_size=0) == {"capacity-at-least-one"}
+    assert _ids(MILES_PROFILE, rollout_batch_size=0) == set()
+    assert _ids(MILES_PROFILE, **FA, rollout_batch_size=0) == {"capacity-at-least-one"}
 
 
 def test_negative_interval_is_reported_too():
@@ -148,7 +147,7 @@ def test_negative_interval_is_reported_too():
 
 def test_upstream_messages_are_quoted_verbatim():
     def message(rule_id: str, **fields) -> str:
-        return next(v.message for v in validate(AsyncConfig(**fields), UPSTREAM) if v.rule_id == rule_id)
+        return next(v.message for v in validate(AsyncConfig(**fields), MILES_PROFILE) if v.rule_id == rule_id)
 
     assert '"Colocation is not supported for async training."' in message(
         "miles-colocate-not-async", colocate=True
@@ -186,4 +185,4 @@ def test_unknown_profile_names_the_flag_value_and_choices():
         validate(AsyncConfig(), "miles-main")
     message = str(err.value)
     assert "--profile" in message and "'miles-main'" in message
-    assert "manual" in message and UPSTREAM in message
+    assert "manual" in message and MILES_PROFILE in message

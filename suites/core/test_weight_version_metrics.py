@@ -51,30 +51,3 @@ def _by_definition(groups: list) -> dict[str, float]:
 @given(st.lists(_groups, max_size=5))
 def test_the_one_pass_gives_what_the_definitions_give(groups):
     assert weight_version_metrics(groups) == _by_definition(groups)
-
-
-@given(st.lists(st.one_of(st.integers(0, 3000).map(str), st.text(max_size=4)), max_size=40))
-def test_the_kept_recorded_numbers_are_what_parsing_gives(strings):
-    from miles_async_core import types
-
-    def parse(v):
-        try:
-            return int(v) if v.isdigit() else None
-        except ValueError:  # a digit int() does not read ("²"): parsing raises, so must the kept one
-            return ValueError
-
-    for v in strings:
-        try:
-            kept = types.RECORDED_NUMBERS[v] if v in types.RECORDED_NUMBERS else types.recorded_number(v)
-        except ValueError:
-            kept = ValueError
-        assert kept == parse(v)
-
-
-def test_the_kept_recorded_numbers_stay_bounded():
-    from miles_async_core import types
-
-    for k in range(5000):
-        types.recorded_number(str(k))
-        assert len(types.RECORDED_NUMBERS) <= 4096
-    assert types.RECORDED_NUMBERS["4999"] == 4999

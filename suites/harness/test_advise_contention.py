@@ -16,7 +16,7 @@ from harness.advise.costs import CostModel, fit_costs, load_costs, mode_rows, ob
 from harness.advise.predict import Layout, RoutedEngines, calibrated_units, predict, simulate_layout
 from harness.sim.contention import Contention
 from harness.sim.engine import LengthDist, SimEngine, SimEngineConfig
-from harness.sim.simulate import simulate
+from harness.sim.run_scenario import simulate
 from harness.sim.trainer import SimTrainer
 from harness.sim.vtime import run_virtual
 from miles_async_core.config import AsyncConfig

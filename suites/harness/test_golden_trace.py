@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 from harness.sim.scenario import load_scenario
-from harness.sim.simulate import simulate
+from harness.sim.run_scenario import simulate
 from harness.trace import write_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]

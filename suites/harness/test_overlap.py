@@ -11,7 +11,7 @@ import pytest
 from harness.commands.run import _phases, format_table
 from harness.main_job.job import ModeResult, summarize_mode
 from harness.sim.scenario import DEFAULT_SCENARIO
-from harness.sim.simulate import OVERLAP_RATIOS, SimResult, format_summary, simulate, summarize
+from harness.sim.run_scenario import OVERLAP_RATIOS, SimResult, format_summary, simulate, summarize
 from harness.trace import Event
 from miles_async_core import events as ev
 from miles_async_core.config import AsyncConfig

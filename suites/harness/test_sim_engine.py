@@ -147,8 +147,7 @@ def _retracted_batch_run(then):
     return run_virtual(main())
 
 
-# (The expectations below were checked against the engine before a retracted batch stayed
-# in place: every event, with its time, and the stats were the same.)
+# the request events up to the retract, the same in every run below
 _RETRACT = [("admitted", 0), ("admitted", 1), ("admitted", 2), ("retracted", 0), ("retracted", 1), ("retracted", 2)]
 
 
@@ -268,16 +267,21 @@ def test_response_lengths_are_keyed_by_sample_not_by_schedule():
 
 
 @pytest.mark.parametrize("median,sigma,seed", [(64.0, 0.8, 0), (50, 1.0, 3), (0.7, 2.0, 11)])
-def test_first_attempt_lengths_drawn_a_block_at_a_time_are_length_dist_draw(median, sigma, seed):
-    """``_length_block`` inlines ``LengthDist.draw`` for the lognormal: the same length for
-    every index of the block, the clamp to 1 included (a median of 0.7 rounds many to 0)."""
+def test_a_first_attempt_is_as_long_as_length_dist_draws(median, sigma, seed):
+    """A fresh request's length is ``LengthDist.draw(_uniform(seed, index, 0))``, the clamp
+    to 1 included (a median of 0.7 rounds many to 0)."""
     dist = LengthDist(kind="lognormal", median=median, sigma=sigma)
-    eng = SimEngine(SimEngineConfig(response_length=dist, seed=seed))
-    for b in (0, 1, 7):
-        expected = [dist.draw(_uniform(seed, k, 0)) for k in range(b << 10, (b + 1) << 10)]
-        assert eng._length_block(b) == expected
+    indices = [*range(0, 40), 1023, 1024, 7 << 10]
+    expected = {i: dist.draw(_uniform(seed, i, 0)) for i in indices}
+
+    async def lengths():
+        eng = SimEngine(SimEngineConfig(response_length=dist, seed=seed))
+        futs = {i: eng.generate(sample(i), SamplingParams(max_new_tokens=10_000)) for i in indices}
+        return {i: (await f).response_length for i, f in futs.items()}
+
+    assert run_virtual(lengths()) == expected
     if median < 1:
-        assert min(eng._length_block(0)) == 1 and max(eng._length_block(0)) > 1  # the clamp was exercised
+        assert min(expected.values()) == 1 and max(expected.values()) > 1  # the clamp was exercised
 
 
 def test_bad_engine_config_names_the_field():

@@ -14,7 +14,7 @@ import pytest
 from miles_async_core.errors import ConfigError
 from harness.sim.faults import FaultSchedule
 from harness.sim.scenario import DEFAULT_SCENARIO, load_scenario, scenario_from_dict
-from harness.sim.simulate import simulate
+from harness.sim.run_scenario import simulate
 from harness.sim.vtime import run_virtual
 from harness.sim.watchdog import Watchdog, WatchdogLimits, WatchdogTripped, install, resolve
 from harness.trace import TraceRecorder

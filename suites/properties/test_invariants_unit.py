@@ -21,7 +21,7 @@ from harness.checking.invariants import ALL_CHECKS, Violation, check_all
 from harness.sim.scenario import Scenario
 from harness.sim.engine import LengthDist, SimEngine, SimEngineConfig
 from harness.sim.trainer import SimTrainerConfig
-from harness.sim.simulate import simulate
+from harness.sim.run_scenario import simulate
 from harness.trace import Event, read_jsonl
 
 ENGINE = SimEngineConfig(response_length=LengthDist(kind="uniform", low=1, high=40))

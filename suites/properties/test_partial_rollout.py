@@ -23,7 +23,7 @@ from harness.checking.invariants import check_all, format_violations
 from harness.checking.strategies import RunCase, property_settings, run_case, run_cases, violations
 from harness.sim.engine import SimEngineConfig
 from harness.sim.scenario import Scenario
-from harness.sim.simulate import simulate
+from harness.sim.run_scenario import simulate
 from harness.sim.trainer import SimTrainer, SimTrainerConfig
 
 

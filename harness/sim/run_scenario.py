@@ -27,6 +27,7 @@ from harness.measure.ages import AgeRecorder
 from harness.measure.overlap import measurement_window, overlap_metrics
 from harness.sim.scenario import Scenario
 from harness.sim.engine import _BLOCK_BITS, _BLOCK_MASK, _MAX_BLOCKS, SimEngine, _block, _uniform
+from harness.sim.fault_schedule import fault_engine_class
 from harness.sim.trainer import SimTrainer
 from harness.trace import Event, TraceRecorder
 from harness.sim.vtime import run_virtual
@@ -75,7 +76,6 @@ def simulate(scenario: Scenario, *, trace: bool = True, buffer_factory: Callable
     """``engine_factory(cfg, sink)`` / ``trainer_factory(cfg)`` let suites swap in variants.
     A scenario's own faults (its ``[faults]`` table) are injected as ``run_with_faults`` does."""
     if scenario.faults is not None:
-        from harness.sim.faults import fault_engine_class  # it imports this module
 
         f = scenario.faults
         engine_factory = fault_engine_class(engine_factory or SimEngine, f)
