@@ -198,7 +198,7 @@ class EngineCore:
         positions = torch.tensor([r.kv_len for r in reqs], dtype=torch.long, device=device)
         last = [(r.output_tokens or r.prompt_tokens)[-1] for r in reqs]
         logits = self.model.decode(positions, torch.tensor(last, dtype=torch.long, device=device))
-        tokens, logps = sample_tokens(logits, [r.temperature for r in reqs], [r.generator for r in reqs])
+        tokens, logps = self._choose(logits, reqs)
         self.counters.decode_steps += 1
         self.counters.tokens_generated += len(reqs)
         if self._on_event is not None:  # the tokens exist now: one event per step, stamped by the hook
@@ -210,13 +210,24 @@ class EngineCore:
             req.log_probs.append(lp)
             req.token_versions.append(self.version, req.kv_version)
             req.kv_len += 1
-            if self.eos_token_id is not None and tok == self.eos_token_id:
-                done.append((i, Status.COMPLETED))
-            elif len(req.output_tokens) >= req.max_new_tokens:
-                done.append((i, Status.TRUNCATED))
+            status = self._stop_status(req, tok)
+            if status is not None:
+                done.append((i, status))
         finished = [self._finish(reqs[i], status) for i, status in done]
         self._remove_running([i for i, _ in done])
         return finished
+
+    def _choose(self, logits: torch.Tensor, reqs: list[Request]) -> tuple[list[int], list[float]]:
+        """Each running request's next token and its log-prob (a server adds its sampling fields)."""
+        return sample_tokens(logits, [r.temperature for r in reqs], [r.generator for r in reqs])
+
+    def _stop_status(self, req: Request, tok: int) -> Status | None:
+        """How ``req`` ends after ``tok``, or ``None`` while it goes on: EOS, then the length cap."""
+        if self.eos_token_id is not None and tok == self.eos_token_id:
+            return Status.COMPLETED
+        if len(req.output_tokens) >= req.max_new_tokens:
+            return Status.TRUNCATED
+        return None
 
     def _remove_running(self, indices: list[int]) -> None:
         """Drop running entries, moving the last slot into each hole (keeps slots 0..B-1)."""

@@ -24,7 +24,6 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from miles_async_core import events as ev
 from miles_async_core.types import Status
 
 from harness.backends.torch_engine import EngineCore, FinishedRequest, Request
@@ -73,46 +72,29 @@ class ServedCore(EngineCore):
             self.top_logprobs[req.req_id] = req.top_logprobs
         return super()._finish(req, status)
 
-    def _stop_reason(self, req: Request, tok: int) -> tuple[Status, Any] | None:
-        opts: SamplingOptions = req.options
-        if opts.stop and self.decode_text is not None:
-            text = self.decode_text(req.output_tokens)
-            for s in opts.stop:
-                if s in text:
-                    return Status.COMPLETED, s
-        if tok in opts.stop_ids:
-            return Status.COMPLETED, tok
-        if len(req.output_tokens) >= req.max_new_tokens:
-            return Status.TRUNCATED, None
-        return None
-
-    def _decode(self) -> list[FinishedRequest]:
-        reqs = self._running
-        device = self.model.device
-        positions = torch.tensor([r.kv_len for r in reqs], dtype=torch.long, device=device)
-        last = [(r.output_tokens or r.prompt_tokens)[-1] for r in reqs]
-        logits = self.model.decode(positions, torch.tensor(last, dtype=torch.long, device=device))
+    def _choose(self, logits: torch.Tensor, reqs: list[Request]) -> tuple[list[int], list[float]]:
         tokens, logps, all_logp = choose_tokens(logits, reqs, [r.generator for r in reqs],
                                                 eos_token_id=self.eos_token_id)
         for i, req in enumerate(reqs):
             if req.options.top_logprobs_num > 0:
                 top = torch.topk(all_logp[i], min(req.options.top_logprobs_num, all_logp.shape[-1]))
                 req.top_logprobs.append(list(zip(top.values.tolist(), top.indices.tolist())))
-        self.counters.decode_steps += 1
-        self.counters.tokens_generated += len(reqs)
-        if self._on_event is not None:
-            self._on_event(ev.DECODE_STEP, indices=[r.req_id for r in reqs], version=self.version,
-                           dur_s=self._clock() - self._step_t0)
-        done: list[tuple[int, Status]] = []
-        for i, (req, tok, lp) in enumerate(zip(reqs, tokens, logps)):
-            req.output_tokens.append(tok)
-            req.log_probs.append(lp)
-            req.token_versions.append(self.version, req.kv_version)
-            req.kv_len += 1
-            stop = self._stop_reason(req, tok)
-            if stop is not None:
-                done.append((i, stop[0]))
-                self.matched[req.req_id] = stop[1]
-        finished = [self._finish(reqs[i], status) for i, status in done]
-        self._remove_running([i for i, _ in done])
-        return finished
+        return tokens, logps
+
+    def _stop_status(self, req: Request, tok: int) -> Status | None:
+        """A stop string (matched on the text so far), a stop token id, then the length cap;
+        what matched is kept in ``matched`` for the answer's ``finish_reason.matched``."""
+        opts: SamplingOptions = req.options
+        if opts.stop and self.decode_text is not None:
+            text = self.decode_text(req.output_tokens)
+            for s in opts.stop:
+                if s in text:
+                    self.matched[req.req_id] = s
+                    return Status.COMPLETED
+        if tok in opts.stop_ids:
+            self.matched[req.req_id] = tok
+            return Status.COMPLETED
+        if len(req.output_tokens) >= req.max_new_tokens:
+            self.matched[req.req_id] = None
+            return Status.TRUNCATED
+        return None
