@@ -12,7 +12,10 @@ GPU runner they are expected.
 
 from __future__ import annotations
 
+import importlib.machinery
+import importlib.util
 import os
+import sys
 from collections.abc import Mapping
 from typing import NoReturn
 
@@ -44,3 +47,13 @@ def cuda_missing_reason() -> str | None:
     if not torch.cuda.is_available():
         return "torch sees no CUDA device"
     return None
+
+
+def module_installed(name: str) -> bool:
+    """Whether the real package ``name`` can be imported here. The upstream tier registers
+    import stand-ins for packages that are not installed (``harness.upstream.stand_ins``); such
+    a module in ``sys.modules`` has no spec, so the search goes to ``sys.path`` instead."""
+    mod = sys.modules.get(name)
+    if mod is not None and getattr(mod, "__miles_harness_stand_in__", False):
+        return importlib.machinery.PathFinder.find_spec(name) is not None
+    return importlib.util.find_spec(name) is not None

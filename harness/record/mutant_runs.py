@@ -40,7 +40,7 @@ STRICT = {"max_weight_staleness": 0}  # every group that spans an update is stal
 
 # bug -> (base run, extra Miles args fields)
 REAL_TIME_CASES: dict[str, tuple[E2EConfig, dict[str, Any]]] = {
-    "buffer_capacity_off_by_one": (FA_WIDE, SMALL_BUFFER),
+    "buffer_capacity_off_by_one": (FA_LOCKSTEP, SMALL_BUFFER),
     "buffer_lifo": (FA_LOCKSTEP, {}),
     "staleness_bound_off_by_one": (FA_WIDE, {}),
     "consumed_staleness_not_reset": (FA_RETRACT, {}),

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.checking.requirements import cuda_missing_reason, require_or_skip
+from harness.checking.requirements import cuda_missing_reason, module_installed, require_or_skip
 
 SKIP_REASON = "needs sglang and a CUDA GPU: install .[gpu] on a GPU runner"
 HERE = Path(__file__).resolve().parent
@@ -31,7 +31,7 @@ HERE = Path(__file__).resolve().parent
 @functools.cache
 def gpu_unavailable_reason() -> str | None:
     """Why the GPU tests cannot run here, or None when they can."""
-    if importlib.util.find_spec("sglang") is None:
+    if not module_installed("sglang"):
         return f"{SKIP_REASON} (sglang is not installed)"
     missing = cuda_missing_reason()
     if missing is not None:

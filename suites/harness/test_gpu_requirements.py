@@ -63,11 +63,9 @@ def test_a_generated_test_using_the_helper_skips_or_fails_the_run(tmp_path):
 
 
 def _gpu_suite_missing() -> str:
-    import importlib.util
+    from harness.checking.requirements import cuda_missing_reason, module_installed
 
-    from harness.checking.requirements import cuda_missing_reason
-
-    if importlib.util.find_spec("sglang") is None:
+    if not module_installed("sglang"):
         return "sglang is not installed"
     missing = cuda_missing_reason()
     if missing is None:
@@ -87,3 +85,21 @@ def test_the_gpu_suite_fails_on_a_runner_that_requires_it_and_skips_elsewhere():
     assert strict.returncode == 1, strict.stdout + strict.stderr
     assert "skipped" not in strict.stdout
     assert f"{REQUIRE_GPU_ENV} is set" in strict.stdout and missing in strict.stdout
+
+
+def test_a_registered_import_stand_in_is_not_taken_for_the_installed_package(monkeypatch):
+    """The upstream tier registers stand-ins for packages that are not installed; such a
+    module has no spec, where ``importlib.util.find_spec`` raises instead of answering."""
+    import importlib.util
+    import types
+
+    from harness.checking.requirements import module_installed
+
+    name = "miles_harness_not_installed_pkg"
+    stand_in = types.ModuleType(name)
+    stand_in.__miles_harness_stand_in__ = True
+    monkeypatch.setitem(sys.modules, name, stand_in)
+    with pytest.raises(ValueError):
+        importlib.util.find_spec(name)
+    assert module_installed(name) is False
+    assert module_installed("json") is True
