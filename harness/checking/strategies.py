@@ -12,7 +12,6 @@ Every run is small (B <= 8, n <= 4, 3-8 rollouts) so an example costs millisecon
 
 from __future__ import annotations
 
-import asyncio
 import os
 from dataclasses import dataclass
 

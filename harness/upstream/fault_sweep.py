@@ -58,7 +58,6 @@ import asyncio
 import dataclasses
 import hashlib
 import json
-import os
 import random
 import signal
 import sys

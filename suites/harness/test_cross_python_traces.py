@@ -19,8 +19,6 @@ import json
 import os
 from pathlib import Path
 
-import pytest
-
 from miles_async_core.config import AsyncConfig
 from harness.sim.engine import SimEngineConfig
 from harness.sim.faults import FaultSchedule, run_with_faults

@@ -5,7 +5,6 @@ its seed, never as a harness error. Unmutated, the same cases end normally."""
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 import time
 from pathlib import Path
