@@ -183,7 +183,7 @@ class _Req(asyncio.Future):
     (``_run_callbacks``), in the order and at the place in the ready queue where the
     future's own scheduling would have put one handle each. However the future ends
     (``set_result``, ``set_exception``, ``cancel``), its callbacks are scheduled as
-    asyncio's futures schedule them. ``_submit`` sets every field but the three the admission sets
+    asyncio's futures schedule them. ``generate`` sets every field but the three the admission sets
     (``join_step``, ``kv_floor``, ``finish_step``: read only while the request runs)."""
 
     __slots__ = ("sample", "target", "truncated", "base", "join_step", "kv_floor", "finish_step", "state",
@@ -296,45 +296,36 @@ class SimEngine:
 
     # --- contract -----------------------------------------------------------------------
     def generate(self, sample: Sample, sampling: SamplingParams) -> asyncio.Future:
-        return self._submit((sample,), sampling)[0]
-
-    def _submit(self, samples: Iterable[Sample], sampling: SamplingParams) -> list[_Req]:
-        """A request per sample, queued in order, then the engine woken once."""
+        """Queue a request for ``sample`` and wake the engine; the request is the future."""
         loop = self._running_loop
         if loop is None or not loop.is_running():  # _loop(), inlined
             loop = self._loop()
         cfg = self.cfg
         max_new = sampling.max_new_tokens
-        failing = cfg.request_failure_rate > 0
-        lengths_of, waiting = self._lengths, self.waiting
-        emit = self.sink.emit if self.sink.enabled else None
-        reqs = []
-        for sample in samples:
-            req = _Req(loop=loop)
-            index, retry = sample.index, sample.retry_count
-            if retry == 0 and type(index) is int and type(retry) is int and 0 <= index < 1 << 62:
-                b = index >> _BLOCK_BITS
-                drawn = (lengths_of.get(b) or self._length_block(b))[index & _BLOCK_MASK]
-            else:  # a retry: scattered, drawn alone
-                drawn = cfg.response_length.draw(_uniform3(cfg.seed, index, retry))
-            target = drawn if drawn < max_new else max_new
-            base = len(sample.response_tokens)  # tokens already generated (non-zero only for resumed samples)
-            req.sample = sample
-            req.target = base if base > target else target
-            req.truncated = drawn >= max_new
-            req.fail = failing and _uniform3(cfg.seed + 1, index, retry) < cfg.request_failure_rate
-            req.base = base
-            req.state = _WAITING  # join_step, kv_floor and finish_step are set when it is admitted
-            req._cbs = None
-            req.engine = self
-            req.index = index
-            req.prompt_len = len(sample.prompt_tokens) or cfg.prompt_tokens  # the prompt, as submitted
-            if emit is not None:
-                emit(ev.SUBMITTED, index=index, group_index=sample.group_index, version=self.weight_version)
-            waiting.append(req)
-            reqs.append(req)
-        self.stats["requests"] += len(reqs)
-        if reqs and not self.paused:
+        req = _Req(loop=loop)
+        index, retry = sample.index, sample.retry_count
+        if retry == 0 and type(index) is int and type(retry) is int and 0 <= index < 1 << 62:
+            b = index >> _BLOCK_BITS
+            drawn = (self._lengths.get(b) or self._length_block(b))[index & _BLOCK_MASK]
+        else:  # a retry: scattered, drawn alone
+            drawn = cfg.response_length.draw(_uniform3(cfg.seed, index, retry))
+        target = drawn if drawn < max_new else max_new
+        base = len(sample.response_tokens)  # tokens already generated (non-zero only for resumed samples)
+        req.sample = sample
+        req.target = base if base > target else target
+        req.truncated = drawn >= max_new
+        req.fail = cfg.request_failure_rate > 0 and _uniform3(cfg.seed + 1, index, retry) < cfg.request_failure_rate
+        req.base = base
+        req.state = _WAITING  # join_step, kv_floor and finish_step are set when it is admitted
+        req._cbs = None
+        req.engine = self
+        req.index = index
+        req.prompt_len = len(sample.prompt_tokens) or cfg.prompt_tokens  # the prompt, as submitted
+        if self.sink.enabled:
+            self.sink.emit(ev.SUBMITTED, index=index, group_index=sample.group_index, version=self.weight_version)
+        self.waiting.append(req)
+        self.stats["requests"] += 1
+        if not self.paused:
             if self.running:
                 # _wake_at_next_boundary(), computed once per instant and segment: the
                 # samples of a group arrive together
@@ -349,7 +340,7 @@ class SimEngine:
             elif not self._kick_scheduled:
                 self._kick_scheduled = True
                 loop.call_soon(self._kick)
-        return reqs
+        return req
 
     async def pause_generation(self, mode: str) -> None:
         check_pause_mode(mode)
