@@ -125,11 +125,18 @@ class LengthDist:
     high: int = 128
 
     def draw(self, u: float) -> int:
+        """The length at quantile ``u`` in (0, 1)."""
+        return self.draw_all((u,))[0]
+
+    def draw_all(self, us: Sequence[float]) -> list[int]:
+        """``[self.draw(u) for u in us]``: the engine draws a block of first attempts at once."""
         if self.kind == "fixed":
-            return max(1, int(self.median))
+            return [max(1, int(self.median))] * len(us)
         if self.kind == "uniform":
-            return self.low + int(u * (self.high - self.low + 1))
-        return max(1, int(round(self.median * math.exp(self.sigma * _NORMAL.inv_cdf(u)))))
+            low, span = self.low, self.high - self.low + 1
+            return [low + int(u * span) for u in us]
+        median, sigma, exp, inv_cdf = self.median, self.sigma, math.exp, _NORMAL.inv_cdf
+        return [max(1, int(round(median * exp(sigma * inv_cdf(u))))) for u in us]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -395,8 +402,7 @@ class SimEngine:
     def _length_block(self, b: int) -> list[int]:
         """``[response_length.draw(_uniform(seed, k, 0)) for k in block b]``: the drawn
         length of every first attempt in the block, kept for the requests to come."""
-        dist = self.cfg.response_length
-        lengths = [dist.draw(u) for u in _block((self.cfg.seed, b, 0))]
+        lengths = self.cfg.response_length.draw_all(_block((self.cfg.seed, b, 0)))
         if len(self._lengths) >= _MAX_BLOCKS:
             del self._lengths[next(iter(self._lengths))]  # the oldest block
         self._lengths[b] = lengths
