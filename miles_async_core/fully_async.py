@@ -39,6 +39,34 @@ NO_PROGRESS_WARN_SECS = 30.0
 HANDLER_PREFIX = "rollout/fully_async/handler_"
 
 
+class _NoProgressWarning:
+    """A drain's warning after each ``NO_PROGRESS_WARN_SECS`` without a group. Upstream waits
+    for each group with a timeout, warns when it times out and waits again
+    (fully_async_rollout.py:L144-L155): a warning every ``NO_PROGRESS_WARN_SECS`` since the
+    last group arrived or the drain started. One timer per drain warns at those same times:
+    set for a due time, it warns if no group came since, else it moves to the new due time."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.last = loop.time()  # when the drain started or its last group arrived
+        self._arm(self.last + NO_PROGRESS_WARN_SECS)
+
+    def _arm(self, due: float) -> None:
+        self.timer = self.loop.call_at(due, self._fire, due)
+
+    def _fire(self, due: float) -> None:
+        if self.last + NO_PROGRESS_WARN_SECS == due:  # no group since this timer was set
+            logger.warning("No completed rollout groups for %.1fs", NO_PROGRESS_WARN_SECS)
+            self.last = due
+        self._arm(self.last + NO_PROGRESS_WARN_SECS)
+
+    def progress(self) -> None:
+        self.last = self.loop.time()
+
+    def cancel(self) -> None:
+        self.timer.cancel()
+
+
 class FullyAsyncRolloutFn:
     def __init__(self, args: Any, engine: RolloutEngine, data_source: Any, *, sampling: SamplingParams,
                  reward_fn: RewardFn | None = None, buffer_factory: Callable | None = None,
@@ -61,8 +89,6 @@ class FullyAsyncRolloutFn:
         self._producer_resumed = asyncio.Event()
         self._producer_resumed.set()
         self._handler_counts = {"dropped": 0, "retried": 0, "retry_cap": 0}
-        self._last_progress = 0.0  # when the drain started or its last group arrived (loop time)
-        self._progress_timer: asyncio.TimerHandle | None = None  # the drain's no-progress warning
         self.in_flight_groups: dict[int, list] = {}  # submitted, not yet through put (for accounting)
 
     # --- unused-samples handler -----------------------------------------------------
@@ -164,44 +190,29 @@ class FullyAsyncRolloutFn:
                     raise RuntimeError("fully-async rollout worker exited without an exception")
                 if get_task.done():
                     return get_task.result()
-                # the no-progress warning is the drain's one timer (_warn_without_progress)
+                # the no-progress warning is the drain's one timer (_NoProgressWarning)
                 await asyncio.wait([get_task, worker], return_when=asyncio.FIRST_COMPLETED)
         finally:
             if not get_task.done():
                 get_task.cancel()
-
-    def _warn_without_progress(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Upstream's wait for a group times out after ``NO_PROGRESS_WARN_SECS``, warns, and
-        waits again (fully_async_rollout.py:L144-L155): a warning every
-        ``NO_PROGRESS_WARN_SECS`` since the last group arrived (or the drain started). One
-        timer per drain gives the same warnings at the same times as a timer per wait."""
-        deadline = self._last_progress + NO_PROGRESS_WARN_SECS
-        if loop.time() + loop._clock_resolution >= deadline:  # as a timer's own check
-            logger.warning("No completed rollout groups for %.1fs", NO_PROGRESS_WARN_SECS)
-            self._last_progress = deadline
-            deadline += NO_PROGRESS_WARN_SECS
-        self._progress_timer = loop.call_at(deadline, self._warn_without_progress, loop)
 
     async def _drain(self, rollout_id: int, weight_version: int | None) -> tuple[list, dict]:
         args = self.args
         if self.sink.enabled:
             self.sink.emit(ev.DRAIN_START, rollout_id=rollout_id, current_version=weight_version)
         data = []
-        loop = asyncio.get_running_loop()
-        self._last_progress = loop.time()
-        self._progress_timer = loop.call_at(self._last_progress + NO_PROGRESS_WARN_SECS,
-                                            self._warn_without_progress, loop)
+        warning = _NoProgressWarning(asyncio.get_running_loop())
         try:
             while len(data) < args.rollout_batch_size:
                 entry = await self._next_group(weight_version)
-                self._last_progress = loop.time()
+                warning.progress()
                 # top level, as upstream (fully_async_rollout.py:L171): a nested group has n
                 # trajectories of any number of turns each
                 assert len(entry.group) == args.n_samples_per_prompt, \
                     f"group has {len(entry.group)} trajectories, expected {args.n_samples_per_prompt}"
                 data.append(entry.group)
         finally:
-            self._progress_timer.cancel()
+            warning.cancel()
         data.sort(key=lambda g: first_sample(g).index)
         return data, self._finish_drain(rollout_id)
 
