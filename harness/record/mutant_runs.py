@@ -35,12 +35,17 @@ FA_WIDE = E2EConfig(**{**asdict(FA_RETRACT), "name": "fully-async-retract-tensor
 # decode step, so the buffer holds several at a get (an order bug has a choice to get wrong)
 FA_LOCKSTEP = E2EConfig(**{**asdict(FA_WIDE), "name": "fully-async-retract-tensor-16-in-flight-no-eos",
                            "stop_at_eos": False})
+# and each training step lasts 0.5 s more, longer than a group's generation: while the drain
+# is away, every group in flight finishes and is put, so the buffer meets its capacity at
+# each step, not only when two groups happen to finish in the same decode step
+FA_SLOW_TRAINER = E2EConfig(**{**asdict(FA_LOCKSTEP), "name": "fully-async-retract-tensor-16-in-flight-no-eos-"
+                                                               "slow-trainer", "train_extra_s": 0.5})
 SMALL_BUFFER = {"async_data_buffer_capacity_factor": 0.25}  # C = 1 group: put waits at capacity
 STRICT = {"max_weight_staleness": 0}  # every group that spans an update is stale: the handler runs
 
 # bug -> (base run, extra Miles args fields)
 REAL_TIME_CASES: dict[str, tuple[E2EConfig, dict[str, Any]]] = {
-    "buffer_capacity_off_by_one": (FA_LOCKSTEP, SMALL_BUFFER),
+    "buffer_capacity_off_by_one": (FA_SLOW_TRAINER, SMALL_BUFFER),
     "buffer_lifo": (FA_LOCKSTEP, {}),
     "staleness_bound_off_by_one": (FA_WIDE, {}),
     "consumed_staleness_not_reset": (FA_RETRACT, {}),

@@ -73,7 +73,9 @@ class E2EConfig:
     """One run: ``steps`` training steps (upstream's ``--num-rollout``) of
     ``rollout_batch_size`` groups of ``n_samples_per_prompt`` samples, at most
     ``max_new_tokens`` each (the servers stop at the tokenizer's EOS unless
-    ``stop_at_eos=False``), behind ``servers`` served engines."""
+    ``stop_at_eos=False``), behind ``servers`` served engines. ``train_extra_s`` is added
+    to every training step (the tiny model trains in milliseconds; a real trainer's step
+    outlasts several groups' generation, and a run can be made to match)."""
 
     name: str = "one-step"
     fully_async: bool = False
@@ -92,6 +94,7 @@ class E2EConfig:
     buckets: int = 2
     lr: float = 1e-2
     seed: int = 0
+    train_extra_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.transfer not in TRANSFERS:
@@ -104,6 +107,9 @@ class E2EConfig:
         if not 1 <= self.servers <= 4 or self.steps < 1 or self.buckets < 1:
             raise ConfigError(f"servers={self.servers} (1..4), steps={self.steps} (>= 1) and buckets="
                               f"{self.buckets} (>= 1) are out of range.")
+        if self.train_extra_s < 0:
+            raise ConfigError(f"train_extra_s={self.train_extra_s!r}: must be >= 0 (seconds added to each "
+                              "training step); fix: use 0 or a positive number.")
 
 
 # The three runs the results file holds (at least 5 steps each: one-step, and fully async with
@@ -412,6 +418,8 @@ class _Run:
 
     async def train(self, rollout_id: int, ref: Any) -> None:
         metrics = await self.trainer.train(rollout_id, ref["groups"])
+        if self.cfg.train_extra_s:
+            await asyncio.sleep(self.cfg.train_extra_s)
         self.result.train_metrics.append(metrics)
         self.result.steps_trained += 1
 
