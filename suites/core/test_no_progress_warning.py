@@ -64,13 +64,12 @@ def test_warnings_count_from_the_last_group_as_upstreams_wait_per_group_does():
     config = AsyncConfig(rollout_batch_size=2, n_samples_per_prompt=1, fully_async=True)
     fn = FullyAsyncRolloutFn(config, None, None, sampling=SamplingParams())
     groups = [[Sample(index=i, group_index=i)] for i in range(2)]
-    arrivals = iter([20.0, 85.0])
+    arrivals = iter(zip([20.0, 85.0], groups))  # (when the group is there, the group)
 
     class Buffer:
         async def get(self, current_version=None, **context):
-            loop = asyncio.get_running_loop()
-            await asyncio.sleep(next(arrivals) - loop.time())
-            group = groups[int(loop.time() > 50)]
+            at, group = next(arrivals)
+            await asyncio.sleep(at - asyncio.get_running_loop().time())
             return DataBufferInput(prompt_group=group, group=group)
 
         def get_metrics(self):
