@@ -23,7 +23,7 @@ run: $(STAMP)
 simulate: $(STAMP)
 	$(BIN)/miles-harness simulate
 
-PYTEST := HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(BIN)/python -m pytest suites/ -q
+PYTEST := HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-miles-harness-ci} $(BIN)/python -m pytest suites/ -q
 
 # one worker per core (pytest-xdist); the slow tier runs in one process: its Ray cluster and
 # its real models are shared across tests for the session, and its timings want the cores

@@ -144,7 +144,7 @@ def violations(outcome: RunOutcome, case: RunCase) -> list[Violation]:
 
 def property_settings(max_examples: int, **overrides: object) -> settings:
     """Settings for a whole-run property: the profile picked by ``HYPOTHESIS_PROFILE`` (the
-    root conftest registers ``dev``/``ci``/``nightly``) with ``max_examples`` scaled by its
+    plugin registers ``miles-harness-dev``/``-ci``/``-nightly``) with ``max_examples`` scaled by its
     budget relative to hypothesis' default 100; if that profile is not registered, a
     ``ci``-like one (derandomized, no deadline, ``print_blob``)."""
     name = os.environ.get("HYPOTHESIS_PROFILE")
