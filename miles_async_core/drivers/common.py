@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from miles_async_core import events as ev
 from miles_async_core.contracts import NullSink, RolloutEngine, Trainer
-from miles_async_core.types import iter_samples, recorded_number, samples_of
+from miles_async_core.types import iter_samples, samples_of
 
 
 def weight_version_metrics(groups: list) -> dict[str, float]:
@@ -27,19 +27,13 @@ def weight_version_metrics(groups: list) -> dict[str, float]:
     plus this harness' true per-token figures under `rollout/token_version/*`."""
     m: dict[str, float] = {}
     oldest, mixed, token_oldest, token_mixed, old_kv, tokens, count = [], 0, None, 0, 0, 0, 0
-    last, last_v = None, None  # the last single recorded version read, as a number: samples share few
     for g in groups:  # one pass: this runs on every step of long simulations
         for s in samples_of(g):
             count += 1
             wv = s.weight_versions
-            if len(wv) == 1 and type(v := wv[0]) is str:  # Sample.oldest_weight_version's common case, inlined
-                if v != last:
-                    last, last_v = v, recorded_number(v)
-                v = last_v
-            else:
-                v = s.oldest_weight_version
-                if len(wv) > 1 and len(set(wv)) > 1:
-                    mixed += 1
+            v = s.oldest_weight_version
+            if len(wv) > 1 and len(set(wv)) > 1:
+                mixed += 1
             if v is not None:
                 oldest.append(v)
             lo = hi = None  # VersionRuns.oldest, .newest and .old_kv_token_count(), in one pass
