@@ -1,0 +1,117 @@
+"""The simulator's speed path against its reference loop, side by side in one run.
+
+``$MILES_HARNESS_SIM_SPEED`` picks the loop (``harness.sim.vtime``): ``plain`` is asyncio's
+own loop on a virtual clock; ``fast`` adds two tricks (``harness.sim.vtime_fast``): the
+CPython 3.11 loop rewrite and the larger garbage-collector threshold. Each variant below
+runs the ``sim_speed`` scenario of ``sim_ab`` in a fresh process:
+
+* ``plain``: the reference loop;
+* ``plain+gc``: the reference loop with the garbage-collector threshold only;
+* ``loop``: the loop rewrite only;
+* ``fast``: both (the default).
+
+Rounds run every variant once, in an order rotated each round, so that load on a shared
+host falls on each alike; the report gives every run's samples per CPU-second, each
+variant's median and range, and each one's median over ``plain``'s (the gain of that
+trick). With ``--instructions`` (needs valgrind) it also counts machine instructions per
+simulated sample of each variant under cachegrind (``sim_instructions``: the difference
+between a short and a long run), which do not move with the host's load.
+
+    python -m harness.results.sim_paths_ab [--rounds 5] [--steps 300] [--instructions] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+from harness.results.schema import git_info, machine_info, utc_now
+from harness.results.sim_ab import CHILD, ROOT, B, N, write_report
+from harness.results.sim_instructions import VALGRIND, parse_cachegrind, per_sample
+
+# The tricks a variant leaves out, undone before the scenario runs (the child's first lines).
+_NO_GC = "import harness.sim.vtime_fast as _f; _f.GC_GEN0_THRESHOLD = 0\n"
+_GC_ON_PLAIN = ("import harness.sim.vtime as _v, harness.sim.vtime_fast as _f\n"
+                "_v.VirtualTimeLoop.run_context = lambda self: _f.young_gc_threshold()\n")
+VARIANTS: dict[str, tuple[str, str]] = {  # name: (MILES_HARNESS_SIM_SPEED, prelude)
+    "plain": ("plain", ""),
+    "plain+gc": ("plain", _GC_ON_PLAIN),
+    "loop": ("fast", _NO_GC),
+    "fast": ("fast", ""),
+}
+
+
+def _env(variant: str) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT), "MILES_HARNESS_SIM_SPEED": VARIANTS[variant][0]}
+
+
+def _rate(variant: str, steps: int) -> tuple[float, int, int]:
+    out = subprocess.run([sys.executable, "-c", VARIANTS[variant][1] + CHILD, str(steps)], cwd=ROOT,
+                         capture_output=True, text=True, env=_env(variant))
+    if out.returncode != 0:
+        raise SystemExit(f"the simulation ({variant}) failed:\n{out.stderr[-2000:]}")
+    rate, requests, tokens = out.stdout.split()
+    return float(rate), int(requests), int(tokens)
+
+
+def _instructions(variant: str, steps: int) -> dict[str, int]:
+    env = {**_env(variant), "PYTHONHASHSEED": "0", "OPENBLAS_NUM_THREADS": "1"}
+    out = subprocess.run(VALGRIND + [sys.executable, "-c", VARIANTS[variant][1] + CHILD, str(steps)], cwd=ROOT,
+                         capture_output=True, text=True, env=env)
+    if out.returncode != 0:
+        raise SystemExit(f"the simulation ({variant}) under cachegrind failed:\n{out.stderr[-2000:]}")
+    return parse_cachegrind(out.stderr)
+
+
+def compare(rounds: int, steps: int, instructions: bool, short: int = 8, long: int = 40) -> dict[str, object]:
+    if rounds < 1 or steps < 1:
+        raise SystemExit(f"--rounds {rounds} --steps {steps}: both must be >= 1; fix: e.g. --rounds 5 --steps 300")
+    names = list(VARIANTS)
+    rates: dict[str, list[float]] = {v: [] for v in names}
+    work: dict[str, set[tuple[int, int]]] = {v: set() for v in names}
+    for r in range(rounds):
+        for v in names[r % len(names):] + names[:r % len(names)]:
+            rate, requests, tokens = _rate(v, steps)
+            rates[v].append(rate)
+            work[v].add((requests, tokens))
+    med = {v: statistics.median(x) for v, x in rates.items()}
+    report: dict[str, object] = {
+        "bench": "sim_paths_ab", "steps": steps, "B": B, "n": N, "rounds": rounds, "created_utc": utc_now(),
+        "machine": machine_info(), "git": git_info(), "python": sys.version.split()[0],
+        "same_work": len(set().union(*work.values())) == 1,
+        "samples_per_cpu_s": {v: [round(x) for x in xs] for v, xs in rates.items()},
+        "median": {v: round(m) for v, m in med.items()},
+        "range": {v: [round(min(xs)), round(max(xs))] for v, xs in rates.items()},
+        "gain_over_plain": {v: round(med[v] / med["plain"], 3) for v in names if v != "plain"},
+    }
+    if instructions:
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            jobs = {(v, s): pool.submit(_instructions, v, s) for v in names for s in (short, long)}
+            counts = {key: job.result() for key, job in jobs.items()}
+        per = {v: per_sample(counts[(v, short)], counts[(v, long)], long - short) for v in names}
+        report["instructions_per_sample"] = {v: per[v]["instructions"] for v in names}
+        report["instruction_ratio_plain_over"] = {v: round(per["plain"]["instructions"] / per[v]["instructions"], 3)
+                                                  for v in names if v != "plain"}
+        report["cachegrind_steps"] = [short, long]
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--instructions", action="store_true", help="also count instructions per sample (valgrind)")
+    p.add_argument("--out", default="results/bench/sim_paths_ab.json")
+    args = p.parse_args(argv)
+    report = compare(args.rounds, args.steps, args.instructions)
+    shown = ("median", "range", "gain_over_plain") + (("instructions_per_sample",) if args.instructions else ())
+    write_report(report, args.out, shown)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
