@@ -472,10 +472,11 @@ class RayEngineGroup:
     def _check_alive(self, what: str) -> None:
         if self.dead and self.on_engine_death == "fail":
             i, why = next(iter(self.dead.items()))
+            # upstream: update_weight_from_distributed/mixin.py:L313-L314
             raise EngineDeadError(
                 f"rollout engine {i} of {self.n} died ({why}); {what} cannot reach it. Upstream Miles without "
                 "--use-fault-tolerance fails here too: its updater ray.get()s pause_generation on every engine "
-                "(update_weight_from_distributed/mixin.py:L313-L314). Finished steps are kept; the requests lost "
+                "(update_weight_from_distributed/mixin.py). Finished steps are kept; the requests lost "
                 "with the engine are in the trace's fault(what=engine_died) event. Fix: restart the run, or run "
                 "with on_engine_death='continue' to go on with the live engines")
         if not self.live():

@@ -102,7 +102,8 @@ class E2EConfig:
         if self.pause_mode not in ("abort", "retract", "in_place"):
             raise ConfigError(f"pause_mode={self.pause_mode!r}; allowed: abort, retract, in_place.")
         if self.fully_async and self.pause_mode == "abort":
-            raise ConfigError("fully_async with pause_mode='abort' is refused by upstream (arguments.py:L61). "
+            # upstream: arguments.py:L61
+            raise ConfigError("fully_async with pause_mode='abort' is refused by upstream (arguments.py). "
                               "Fix: pass retract or in_place.")
         if not 1 <= self.servers <= 4 or self.steps < 1 or self.buckets < 1:
             raise ConfigError(f"servers={self.servers} (1..4), steps={self.steps} (>= 1) and buckets="
