@@ -83,7 +83,7 @@ class Violation:
         }
 
 
-def _rule(rule_id: str, flags: tuple[str, ...], severity: str = "error"):
+def _rule(rule_id: str, flags: tuple[str, ...], severity: str = "error") -> Callable[[Callable[[AsyncConfig], str | None]], Rule]:
     def wrap(check: Callable[[AsyncConfig], str | None]) -> Rule:
         return Rule(id=rule_id, flags=flags, severity=severity, check=check)
 

@@ -160,7 +160,7 @@ def main_merge(args: argparse.Namespace) -> int:
     found = {k: v for k, v in result["violations"].items() if v}
     if found:
         print()
-        for name, vs in found.items():
+        for vs in found.values():
             print(format_violations(vs, limit=args.max_shown))
             print()
         print(f"FAILED: {sum(len(v) for v in found.values())} violation(s) of {', '.join(sorted(found))}")

@@ -49,7 +49,7 @@ import os
 import platform
 import subprocess
 import uuid
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 from pathlib import Path
 from typing import Any
 
@@ -152,7 +152,7 @@ def git_info(repo_dir: Path = _REPO_DIR) -> dict[str, Any] | None:
 
 
 def utc_now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 # --- statistics -------------------------------------------------------------------------
@@ -452,7 +452,7 @@ def from_pytest_benchmark(path_or_dict: str | os.PathLike[str] | dict[str, Any],
     }
     stamp = doc.get("datetime")
     try:
-        created = datetime.fromisoformat(str(stamp)).astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        created = datetime.fromisoformat(str(stamp)).astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
     except ValueError:
         raise chk.fail("datetime", f"is {stamp!r}; expected an ISO 8601 time") from None
     canonical = json.dumps(doc, sort_keys=True, default=str)

@@ -22,7 +22,7 @@ from miles_async_core.contracts import NullSink, RolloutEngine, Trainer
 from miles_async_core.types import iter_samples, samples_of
 
 
-def weight_version_metrics(groups: list) -> dict[str, float]:
+def weight_version_metrics(groups: list[Any]) -> dict[str, float]:
     """`rollout/weight_version/*` as `miles/ray/rollout/metrics.py:L107-L111` computes them,
     plus this harness' true per-token figures under `rollout/token_version/*`."""
     m: dict[str, float] = {}
@@ -36,9 +36,11 @@ def weight_version_metrics(groups: list) -> dict[str, float]:
                 mixed += 1
             if v is not None:
                 oldest.append(v)
-            lo = hi = None  # VersionRuns.oldest, .newest and .old_kv_token_count(), in one pass
+            # VersionRuns.oldest, .newest and .old_kv_token_count(), in one pass
+            lo: int | None = None
+            hi: int | None = None
             for version, kv_version, count_ in s.token_versions.runs:
-                if lo is None:
+                if lo is None or hi is None:
                     lo = hi = version
                 elif version < lo:
                     lo = version
@@ -78,17 +80,17 @@ class RolloutManager:
         if self.sink.enabled:
             self.sink.emit(ev.SET_WEIGHT_VERSION, version=version)
 
-    def launch(self, rollout_id: int) -> "asyncio.Future[tuple[list, dict]]":
+    def launch(self, rollout_id: int) -> "asyncio.Future[tuple[list[Any], dict[str, Any]]]":
         """Start a generate now (``generate.remote``): the version is read at launch."""
         version = self.weight_version  # read once, when the drain starts (rollout_manager.py:L252)
         if self.sink.enabled:
             self.sink.emit(ev.GENERATE_START, rollout_id=rollout_id, version=version)
         return asyncio.ensure_future(self._generate(rollout_id, version))
 
-    async def generate(self, rollout_id: int) -> tuple[list, dict]:
+    async def generate(self, rollout_id: int) -> tuple[list[Any], dict[str, Any]]:
         return await self.launch(rollout_id)
 
-    async def _generate(self, rollout_id: int, version: int | None) -> tuple[list, dict]:
+    async def _generate(self, rollout_id: int, version: int | None) -> tuple[list[Any], dict[str, Any]]:
         data, metrics = await self.rollout_fn(rollout_id, version)
         metrics = {**metrics, **weight_version_metrics(data)}
         if self.sink.enabled:
@@ -102,7 +104,7 @@ class StepObserver(Protocol):
 
     def on_weights_updated(self, ctx: "RunContext", version: int) -> None: ...
 
-    def on_train_batch(self, ctx: "RunContext", rollout_id: int, data: list) -> dict[str, Any]: ...
+    def on_train_batch(self, ctx: "RunContext", rollout_id: int, data: list[Any]) -> dict[str, Any]: ...
 
 
 @dataclass
@@ -114,7 +116,7 @@ class RunContext:
     sink: Any = field(default_factory=NullSink)
     observer: StepObserver | None = None
     weight_version: int = 0  # the updater's counter (mixin.py:L358): one per weight update
-    history: list[dict] = field(default_factory=list)  # one record per finished train step
+    history: list[dict[str, Any]] = field(default_factory=list)  # one record per finished train step
     worker_error: BaseException | None = None  # a fully-async worker that died after the last drain
     pending_generate: Any = None  # a generate launched and not yet awaited (left running if a step raises)
 
@@ -146,7 +148,7 @@ async def update_weights(ctx: RunContext) -> int:
     return ctx.weight_version
 
 
-async def train_step(ctx: RunContext, rollout_id: int, data: list, metrics: dict) -> dict:
+async def train_step(ctx: RunContext, rollout_id: int, data: list[Any], metrics: dict[str, Any]) -> dict[str, Any]:
     """Train on one batch; under ``--colocate`` generation stops for the whole window."""
     colocate_pause = ctx.args.colocate  # engine and trainer share the device: generation stops
     if colocate_pause:

@@ -45,11 +45,11 @@ def test_two_requests_share_steps_and_the_batch_shrinks_when_one_leaves():
         await long
         return t_short, loop.time(), short.result(), long.result()
 
-    t_short, t_long, s, l = run_virtual(main())
+    t_short, t_long, s, long_result = run_virtual(main())
     first = 40 * PREFILL + 4 * (BASE + 2 * PER_SEQ)
     assert t_short == pytest.approx(first)
     assert t_long == pytest.approx(first + 6 * (BASE + PER_SEQ))
-    assert s.status == Status.TRUNCATED and l.status == Status.COMPLETED
+    assert s.status == Status.TRUNCATED and long_result.status == Status.COMPLETED
 
 
 def test_admitting_steps_count_the_steps_that_ran_a_prefill_batch():
