@@ -236,8 +236,8 @@ class _EngineActorImpl:
             self._busy = busy
             self._emit(ev.PHASE_START if busy else ev.PHASE_END, side="rollout", phase="generating")
 
-    def _ready(self) -> list[tuple]:
-        out = []
+    def _ready(self) -> list[tuple[Any, ...]]:
+        out: list[tuple[Any, ...]] = []
         while self._heap and self._heap[0][0] == self._next_seq:
             out.extend(heapq.heappop(self._heap)[1])
             self._next_seq += 1

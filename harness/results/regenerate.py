@@ -23,6 +23,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from harness.results.schema import git_info, machine_info, utc_now
 
@@ -175,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         print("make results: the tree has uncommitted changes, so the files would not match a commit. "
               "Fix: commit or stash first, or pass --allow-dirty (recorded in results/MANIFEST.json).")
         return 2
-    manifest = {"schema_version": 1, "started_utc": utc_now(), "git": git, "machine": machine_info(), "steps": []}
+    manifest: dict[str, Any] = {"schema_version": 1, "started_utc": utc_now(), "git": git, "machine": machine_info(), "steps": []}
     rc = 0
     for step in steps:
         print(f"== {step.name}: {' '.join(step.argv)}", flush=True)

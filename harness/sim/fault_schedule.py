@@ -80,7 +80,7 @@ def fault_engine_class(base: type, faults: FaultSchedule) -> type:
             or faults.engine_stall_after_requests is not None):
         return base
 
-    class FaultEngine(base):  # type: ignore[misc, valid-type]
+    class FaultEngine(base):
         _fault_requests = 0
         _storms_armed = False
 

@@ -97,6 +97,7 @@ def run_with_faults(scenario: Scenario, faults: FaultSchedule = NO_FAULTS, *, en
         holder["ctx"] = ctx
         if faults.cancel_at_s is not None:
             task = asyncio.current_task()
+            assert task is not None  # the run's main coroutine runs as a task
             loop = asyncio.get_running_loop()
 
             def cancel() -> None:

@@ -169,7 +169,7 @@ def summarize(result: SimResult) -> dict[str, Any]:
         "dropped_share": len(dropped) / taken if taken else 0.0,
         "retried_share": retried / taken if taken else 0.0,
         "handler_calls": len(handler),
-        "drop_reasons": histogram([e["reason"] for e in dropped]),  # type: ignore[arg-type]
+        "drop_reasons": histogram([e["reason"] for e in dropped]),
         "queue_size_mean": sum(queue) / len(queue) if queue else None,
         "queue_size_max": max(queue) if queue else None,
         # phase time and ratios: harness.measure.overlap, the same definition `run` reports

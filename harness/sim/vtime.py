@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from harness.sim.watchdog import WATCHDOG_STRIDE, WatchdogTripped
 
 if TYPE_CHECKING:
-    from selectors import _FileObject
+    from _typeshed import FileDescriptorLike as _FileObject
 
     from harness.sim.watchdog import Watchdog
 
@@ -90,7 +90,7 @@ class _VirtualSelector(selectors.BaseSelector):
         (``None``), raise ``VirtualDeadlock`` naming the blocked tasks."""
         if timeout is None:
             tasks = [t for t in asyncio.all_tasks(self.loop) if not t.done()] if self.loop else []
-            names = ", ".join(sorted(t.get_coro().__qualname__ for t in tasks)[:12])
+            names = ", ".join(sorted(getattr(t.get_coro(), "__qualname__", t.get_name()) for t in tasks)[:12])
             raise VirtualDeadlock(f"virtual time t={self.now:.6f}s: every task is blocked and no timer is "
                                   f"pending ({len(tasks)} tasks: {names})")
         self.now += timeout
