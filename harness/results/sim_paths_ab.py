@@ -17,7 +17,7 @@ trick). With ``--instructions`` (needs valgrind) it also counts machine instruct
 simulated sample of each variant under cachegrind (``sim_instructions``: the difference
 between a short and a long run), which do not move with the host's load.
 
-    python -m harness.results.sim_paths_ab [--rounds 5] [--steps 300] [--instructions] [--out FILE]
+    python -m harness.results.sim_paths_ab [--rounds 5] [--steps 300] [--instructions [--short 2 --long 6]] [--out FILE]
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def _instructions(variant: str, steps: int) -> dict[str, int]:
     return parse_cachegrind(out.stderr)
 
 
-def compare(rounds: int, steps: int, instructions: bool, short: int = 8, long: int = 40) -> dict[str, object]:
+def compare(rounds: int, steps: int, instructions: bool, short: int = 2, long: int = 6) -> dict[str, object]:
     if rounds < 1 or steps < 1:
         raise SystemExit(f"--rounds {rounds} --steps {steps}: both must be >= 1; fix: e.g. --rounds 5 --steps 300")
     names = list(VARIANTS)
@@ -79,6 +79,7 @@ def compare(rounds: int, steps: int, instructions: bool, short: int = 8, long: i
             rates[v].append(rate)
             work[v].add((requests, tokens))
     med = {v: statistics.median(x) for v, x in rates.items()}
+    print({v: round(m) for v, m in med.items()}, flush=True)  # before the slower cachegrind counts
     report: dict[str, object] = {
         "bench": "sim_paths_ab", "steps": steps, "B": B, "n": N, "rounds": rounds, "created_utc": utc_now(),
         "machine": machine_info(), "git": git_info(), "python": sys.version.split()[0],
@@ -105,9 +106,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--instructions", action="store_true", help="also count instructions per sample (valgrind)")
+    p.add_argument("--short", type=int, default=2, help="steps of the short cachegrind run")
+    p.add_argument("--long", type=int, default=6, help="steps of the long cachegrind run")
     p.add_argument("--out", default="results/bench/sim_paths_ab.json")
     args = p.parse_args(argv)
-    report = compare(args.rounds, args.steps, args.instructions)
+    if args.instructions and not 0 < args.short < args.long:
+        raise SystemExit(f"--short {args.short} --long {args.long}: need 0 < short < long; fix: e.g. --short 2 --long 6")
+    report = compare(args.rounds, args.steps, args.instructions, args.short, args.long)
     shown = ("median", "range", "gain_over_plain") + (("instructions_per_sample",) if args.instructions else ())
     write_report(report, args.out, shown)
     return 0
