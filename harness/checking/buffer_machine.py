@@ -48,6 +48,7 @@ from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, p
                                  run_state_machine_as_test)
 
 from harness.sim.vtime import VirtualTimeLoop
+from miles_async_core.buffer import DataBuffer
 from miles_async_core.config import AsyncConfig
 from miles_async_core.types import (DataBufferConstructorInput, DataBufferInput, Sample, Status, first_sample,
                                     iter_samples)
@@ -59,7 +60,7 @@ MAX_LOOP_ITERATIONS = 10_000
 INVARIANTS = ("capacity", "put_blocks_iff_full", "get_blocks_iff_empty", "conservation", "fifo",
               "staleness_bound", "handler_once", "filter_not_handled", "metrics_window", "no_exception")
 
-BufferFactory = Callable[[DataBufferConstructorInput], Any]
+BufferFactory = Callable[[DataBufferConstructorInput], DataBuffer]
 
 
 # ---- failures ----------------------------------------------------------------------------

@@ -36,6 +36,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from pathlib import Path
 from typing import Any, Callable
 
 import pytest
@@ -125,7 +126,7 @@ def data_buffer_factory(pytestconfig: pytest.Config) -> Callable[..., Any]:
 
 
 @pytest.fixture(scope="session")
-def miles_src(pytestconfig: pytest.Config) -> Any:
+def miles_src(pytestconfig: pytest.Config) -> Path:
     """The upstream Miles tree, activated (on ``sys.path``, stand-ins applied); skips the
     test with the reason when there is none or it does not import here."""
     from harness.upstream import source

@@ -22,10 +22,13 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from miles_async_core.config import AsyncConfig, parse_miles_args
 from miles_async_core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from harness.checking.invariants.base import Violation
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -101,7 +104,7 @@ def main(args: argparse.Namespace) -> int:
     print(f"trace: {trace} ({len(events)} events)")
     print(f"config: {source}; checked as a {'complete run' if complete else 'prefix of a failed run'}")
     violations = check_all(events, config, complete=complete)
-    by_name: dict[str, list[Any]] = {}
+    by_name: dict[str, list[Violation]] = {}
     for v in violations:
         by_name.setdefault(v.invariant, []).append(v)
     checks = applicable(config, complete=complete)
