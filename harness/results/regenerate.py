@@ -62,6 +62,10 @@ STEPS: list[Step] = [
     Step("sim_speed_ab_tricks", [PY, "-m", "harness.results.sim_ab", "--base", SIM_ALL_TRICKS, "--pairs", "8",
                                  "--out", "results/bench/sim_speed_ab_tricks.json"],
          ["results/bench/sim_speed_ab_tricks.json"]),
+    # the speed path's tricks against the plain reference loop, in one run: samples per CPU-second
+    # and cachegrind instructions per sample of each variant
+    Step("sim_paths_ab", [PY, "-m", "harness.results.sim_paths_ab", "--rounds", "4", "--steps", "200",
+                          "--instructions"], ["results/bench/sim_paths_ab.json"]),
     Step("sim_profile", BENCH + ["suites/bench/test_sim_profile.py"], ["results/bench/sim_profile.json"], WRITE),
     # the same comparison in instructions and cache misses per sample (cachegrind): counts the host's load leaves alone
     Step("sim_instructions", [PY, "-m", "harness.results.sim_instructions", "--base", SIM_BASELINE],
