@@ -1,7 +1,8 @@
 """The simulator's speed path: ``FastVirtualTimeLoop``, chosen by
 ``$MILES_HARNESS_SIM_SPEED=fast`` (the default; ``harness.sim.vtime.loop_class``).
 
-It runs the same callbacks in the same order as the reference ``VirtualTimeLoop``, with
+It runs the same callbacks in the same order as the reference ``VirtualTimeLoop``
+(``harness.sim.vtime_plain``), with
 less work per callback, and depends on CPython 3.11's asyncio internals
 (``BaseEventLoop._run_once``, ``Handle``'s fields), which is why it is fenced here:
 
@@ -39,7 +40,7 @@ from asyncio import base_events, events
 from collections.abc import Iterator
 from typing import Any
 
-from harness.sim.vtime import VirtualTimeLoop, _VirtualSelector
+from harness.sim.vtime_plain import VirtualTimeLoop, _VirtualSelector
 from harness.sim.watchdog import WATCHDOG_STRIDE
 
 _Handle, _TimerHandle = events.Handle, events.TimerHandle
