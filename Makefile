@@ -40,7 +40,7 @@ test-all: test test-slow
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy --strict miles_async_core
+	$(BIN)/mypy --strict --cache-dir .mypy_cache/core-strict miles_async_core
 	$(BIN)/mypy harness
 
 # Regenerates every committed result file at a clean HEAD (writes results/MANIFEST.json).
