@@ -1,7 +1,7 @@
 """A main-job mode's row, typed, and the run results' table keyed by mode name.
 
 ``ModeRow`` is one row of ``miles-harness run``'s table: either one repeat of one mode
-(``harness.main_job.job.summarize_mode``) or a mode's repeats aggregated
+(``harness.main_job.rows.summarize_mode``) or a mode's repeats aggregated
 (``aggregate_repeats``: medians, with ``<key>_min`` / ``<key>_max`` for the noisy
 figures, ``repeats``, ``checks_passed`` and ``losses_repeat``). A run's results file
 stores, in ``extra``:
