@@ -128,11 +128,31 @@ class ModeRow:
         if "mode" not in data:
             raise ConfigError(f"{where}: key 'mode' is missing; a mode row names its mode. "
                               "Fix: regenerate the file with miles-harness run")
+        for f in dataclasses.fields(cls):
+            if f.name in data and not _fits(data[f.name], str(f.type)):
+                raise ConfigError(f"{where}.{f.name} is {data[f.name]!r}; expected {f.type}. "
+                                  "Fix: regenerate the file with miles-harness run")
         values = dict(data)
         for key in ("age_hist", "lag_hist"):  # JSON object keys are strings
             if key in values:
                 values[key] = {int(k): int(v) for k, v in values[key].items()}
         return cls(**values)
+
+
+_JSON_TYPES: dict[str, tuple[type, ...]] = {"float": (int, float), "int": (int, float), "str": (str,), "bool": (bool,),
+                                           "dict": (dict,), "list": (list,)}
+
+
+def _fits(value: object, annotation: str) -> bool:
+    """Whether a JSON value fits a ``ModeRow`` field's annotation (``"float | None"``,
+    ``"dict[int, int]"``...): None where the annotation allows it, a number (never a
+    boolean) for ``int`` and ``float`` (aggregated counts are medians), else the kind."""
+    kinds = [a.strip().split("[")[0] for a in annotation.split("|")]
+    if value is None:
+        return "None" in kinds
+    if isinstance(value, bool):
+        return "bool" in kinds
+    return any(isinstance(value, _JSON_TYPES[k]) for k in kinds if k in _JSON_TYPES)
 
 
 ALWAYS_WRITTEN = frozenset({"mode", "steps", "wall_s", "rollout_busy_s", "train_busy_s", "weight_sync_s",

@@ -265,3 +265,26 @@ def test_run_extras_read_a_list_table_and_refuse_another_kind_naming_the_file():
         RunExtras.from_doc({"kind": "gap", "extra": {}}, "gap.json")
     with pytest.raises(ConfigError, match=r"bad.json: extra.modes.sync.wall_s is 'fast'; expected a number"):
         RunExtras.from_doc({"kind": "run", "extra": {"modes": {"sync": {"wall_s": "fast"}}}}, "bad.json")
+
+
+def test_the_summary_reads_a_run_file_by_mode_and_the_gpu_scripts_outdir(tmp_path, capsys):
+    import shutil
+
+    from harness.results.summary import main as summary
+
+    run = next(p for p in _committed_run_files() if p.parent.name == "run-a")
+    assert summary([str(run)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith(f"{run}: kind run")
+    assert [line.split()[0] for line in lines[1:]] == ["fully-async", "one-step", "sync"]
+    assert "speedup" in lines[2] and "speedup" not in lines[3]
+    shutil.copy(run, tmp_path / "run.json")
+    assert summary(["--gpu-checks", str(tmp_path), "--run-rc", "0", "--gap-rc", "124"]) == 0
+    text = capsys.readouterr().out
+    assert "(a) miles-harness run: ok; run.json present" in text and "(b) miles-harness gap: timed out" in text
+    assert "      one-step     steps" in text and "(c) telemetry: MISSING" in text
+    doc = json.loads(run.read_text())
+    doc["extra"]["table"]["sync"]["wall_s"] = "slow"
+    (tmp_path / "run.json").write_text(json.dumps(doc))
+    assert summary(["--gpu-checks", str(tmp_path)]) == 2
+    assert "extra.table.sync" in capsys.readouterr().err
