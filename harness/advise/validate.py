@@ -43,7 +43,7 @@ from harness.advise import host_share
 from harness.advise.costs import (CostModel, fit_costs, fit_engine_sharing, mode_of, observations_from_results,
                                   replay_steps)
 from harness.advise.predict import Layout, predict, predict_sync
-from harness.results.run_extras import RunExtras
+from harness.results.run_extras import RunExtras, load_run
 from harness.sim.contention import Contention
 
 MODES = ("sync", "one-step", "fully-async")
@@ -114,7 +114,8 @@ def validate(calibration: str, others: list[str], engines_from: str | None = Non
     rows = []
     paths = [calibration] + ([engines_from] if engines_from and engines_from not in others else []) + others
     for path in dict.fromkeys(paths):
-        doc = json.loads(Path(path).read_text())
+        run = load_run(path)
+        doc = run.doc
         spec = doc["config"].get("spec", {})
         git = doc.get("git") or {}
         c = dataclasses.replace(costs, max_running=int(spec.get("max_running", costs.max_running)))
@@ -127,7 +128,7 @@ def validate(calibration: str, others: list[str], engines_from: str | None = Non
             base = predict_sync(c, cfg, layout, cfg.num_rollout)
             alone = dataclasses.replace(c, contention_engine=0.0, contention_trainer=0.0, contention_by_mode={})
             pred0 = predict(alone, cfg, layout, baseline=base)["step_s"] if mode != "sync" else pred["step_s"]
-            engines = RunExtras.from_doc(doc, str(path)).engine_rows(mode)
+            engines = run.extras.engine_rows(mode)
             cf = closed_form(c, cfg)
             cf_step = {"sync": cf["sync_step_s"], "one-step": cf["one_step_step_s"],
                        "fully-async": cf["fully_async_step_s"]}[mode]

@@ -4,7 +4,8 @@ records each step's batch for it and reports finished steps (``SteppedTrainer``)
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from harness.backends.torch_trainer import TorchTrainer
 from harness.main_job.layouts import fresh_trainer

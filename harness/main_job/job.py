@@ -34,13 +34,21 @@ engine), ``result`` (``ModeResult``), ``rows`` (the table's rows), ``gap_replay`
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from harness.backends.tasks import get_task
 from harness.main_job.gap_replay import GapRecorder, SteppedTrainer
-from harness.main_job.layouts import (build_model_factory, close_engine, engine_pids, fresh_trainer, make_engine,
-                                      prompt_fn, run_cpu_s)
+from harness.main_job.layouts import (
+    build_model_factory,
+    close_engine,
+    engine_pids,
+    fresh_trainer,
+    make_engine,
+    prompt_fn,
+    run_cpu_s,
+)
 from harness.main_job.result import CpuUse, ModeResult, StepMetrics
 from harness.main_job.spec import RunSpec, mode_config
 from harness.measure import cpu_use

@@ -13,7 +13,14 @@ from harness.main_job.result import ModeResult
 from harness.main_job.rows import aggregate_repeats
 from harness.main_job.spec import RunSpec
 from harness.results.mode_rows import ModeRow
-from harness.results.run_extras import EngineTable, GapStep, JSONDict, ModeTimeline, PhaseSpan, RunExtras
+from harness.results.run_extras import (
+    EngineTable,
+    GapStep,
+    JSONDict,
+    ModeTimeline,
+    PhaseSpan,
+    RunExtras,
+)
 from miles_async_core import events as ev
 from miles_async_core.config import AsyncConfig
 

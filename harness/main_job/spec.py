@@ -5,8 +5,9 @@ mode's Miles config (``mode_config``): ``sync`` = upstream ``train.py``, ``one-s
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import Field, dataclass, field, fields
-from typing import Any, Callable
+from typing import Any
 
 import torch
 

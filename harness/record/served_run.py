@@ -82,6 +82,8 @@ class _RecordedRun(upstream_e2e._Run):
             return super().driver()
         path = source.active() / "train_async.py"
         spec = importlib.util.spec_from_file_location("miles_harness_recorded_train_async", path)
+        if spec is None:
+            raise ImportError(f"{path}: not importable as a module")
         mod = importlib.util.module_from_spec(spec)
         exec(compile(text, str(path), "exec", dont_inherit=True), mod.__dict__)
         return rebind_ray_names(mod, generate=lambda *a, **k: asyncio.ensure_future(self.generate(*a, **k)),

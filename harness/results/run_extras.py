@@ -22,11 +22,12 @@ A results file written before a key existed loads with that key's empty value.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any, Union
 
-from miles_async_core.errors import ConfigError
 from harness.results.mode_rows import ModeRow, repeats_of, table_of
+from miles_async_core.errors import ConfigError
 
 # a JSON value as the results files store it
 JSONScalar = Union[str, int, float, bool, None]
@@ -263,3 +264,28 @@ def _engine_row(d: JSONDict) -> EngineRow:
 
 def _row_json(row: ModeRow) -> JSONDict:
     return row.to_dict()
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunFile:
+    """A ``miles-harness run`` results file, checked by the schema: the document, its
+    typed extras, and the run's settings (``config.spec``: the ``RunSpec`` fields) and
+    each mode's resolved Miles config (``config.modes``)."""
+
+    doc: JSONDict
+    extras: RunExtras
+    spec: dict[str, Any]  # RunSpec's fields as stored (older files lack the newer ones)
+    mode_configs: dict[str, dict[str, Any]]  # AsyncConfig.resolved_dict() of each mode
+
+
+def load_run(path: str | os.PathLike[str]) -> RunFile:
+    """Read a run's results file through ``harness.results.schema.load_results`` (a file
+    that fails the schema raises ``ConfigError`` naming the file and the field)."""
+    from harness.results.schema import load_results
+
+    doc = load_results(path).doc
+    extras = RunExtras.from_doc(doc, str(path))
+    config = _obj(doc.get("config", {}), f"results file {path}: config")
+    modes = _obj(config.get("modes", {}), f"results file {path}: config.modes")
+    return RunFile(doc=doc, extras=extras, spec=_obj(config.get("spec", {}), f"results file {path}: config.spec"),
+                   mode_configs={m: _obj(c, f"results file {path}: config.modes.{m}") for m, c in modes.items()})
