@@ -35,7 +35,7 @@ SPREAD_KEYS = ("speedup", "overlap_efficiency", "wall_s", "run_s", "reward_start
 TABLE_LAYOUT_VERSION = 2  # the results schema_version from which extra.table is keyed by mode
 
 
-@dataclass(kw_only=True)
+@dataclass(frozen=True, kw_only=True)
 class ModeRow:
     """One mode's figures (one repeat, or the repeats aggregated). Every field is the
     value of the results file's key of the same name; None: not measured in this row
