@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from harness.backends.torch_trainer import TorchTrainer
-from harness.main_job.layouts import fresh_trainer
+from harness.main_job.layouts import ModelBuilder, fresh_trainer
 from harness.main_job.result import StepMetrics
 from harness.main_job.spec import RunSpec
 from miles_async_core.config import AsyncConfig
@@ -33,7 +33,7 @@ class GapRecorder:
     trained model's bit for bit (``replay_exact`` in the summary; the largest
     difference in ``replay_max_abs_diff``)."""
 
-    def __init__(self, spec: RunSpec, build: Callable[[], Any], config: AsyncConfig) -> None:
+    def __init__(self, spec: RunSpec, build: ModelBuilder, config: AsyncConfig) -> None:
         self.spec, self.build, self.config = spec, build, config
         self.steps: list[tuple[int, list[Any], int]] = []  # (rollout_id, groups, optimizer steps before it)
         self.loaded: list[tuple[int, int]] = []  # (engine version, optimizer steps of its weights)

@@ -38,9 +38,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from harness.backends.tasks import get_task
+from harness.backends.tasks import Task, get_task
+from harness.backends.torch_trainer import TorchTrainer
 from harness.main_job.gap_replay import GapRecorder, SteppedTrainer
 from harness.main_job.layouts import (
+    ModelBuilder,
     build_model_factory,
     close_engine,
     engine_pids,
@@ -58,8 +60,9 @@ from harness.measure.self_cost import SelfCost
 from harness.sim.run_scenario import emit_run_end
 from harness.trace import Event, TraceRecorder
 from miles_async_core.config import AsyncConfig
-from miles_async_core.contracts import NullSink
+from miles_async_core.contracts import EventSink, NullSink
 from miles_async_core.drivers import make_context, run
+from miles_async_core.drivers.common import RunContext
 from miles_async_core.types import SamplingParams
 
 
@@ -103,9 +106,9 @@ class _Parts:
 
     spec: RunSpec
     config: AsyncConfig
-    task: Any  # harness.backends.tasks: a copy or arithmetic task
-    build: Callable[[], Any]
-    trainer: Any  # harness.backends.torch_trainer.TorchTrainer
+    task: Task
+    build: ModelBuilder
+    trainer: TorchTrainer
     recorder: GapRecorder | None
     on_step: Callable[[StepMetrics], object] | None
     cost: SelfCost
@@ -140,7 +143,7 @@ async def _timed_run(p: _Parts) -> TimedRun:
     recorded = TraceRecorder(loop.time) if p.measure else None
     sink = p.cost.sink(recorded) if p.measure else NullSink()
     engine: Any = None
-    ctx: Any = None
+    ctx: RunContext | None = None
     t0 = t1 = 0.0
     use: CpuUse | None = None
     cpu_s = peak = None
@@ -173,7 +176,7 @@ async def _timed_run(p: _Parts) -> TimedRun:
                     engine_stats=engine.stats() if hasattr(engine, "stats") else None)
 
 
-def _context(p: _Parts, engine: Any, sink: Any) -> Any:
+def _context(p: _Parts, engine: Any, sink: EventSink) -> RunContext:
     """The driver's ``RunContext``: the engine (seen by the gap recorder when it runs),
     the trainer (reporting each step), the task's prompts, sampling and reward, the trace
     sink and the age observer (both inside the recording's self-cost)."""

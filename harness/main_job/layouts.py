@@ -13,12 +13,17 @@ from typing import Any
 
 import torch
 
+from harness.backends.tasks import Task
+from harness.backends.torch_models import EngineModel
 from harness.backends.torch_trainer import TorchTrainer, TrainerConfig
 from harness.main_job.spec import RunSpec
 from miles_async_core.config import AsyncConfig
+from miles_async_core.contracts import EventSink
+
+ModelBuilder = Callable[[], EngineModel]  # picklable: the split layout's engine process calls it too
 
 
-def build_model_factory(spec: RunSpec, task: Any) -> Callable[[], Any]:
+def build_model_factory(spec: RunSpec, task: Task) -> ModelBuilder:
     """A picklable zero-argument builder (the engine process calls it too)."""
     if spec.model == "tiny":
         from harness.backends.torch_models import TinyLMConfig, build_tiny_lm
@@ -35,15 +40,15 @@ def build_model_factory(spec: RunSpec, task: Any) -> Callable[[], Any]:
     return functools.partial(load_hf_dir, spec.model, device=spec.device)
 
 
-def prompt_fn(task: Any, seed: int) -> Callable[[int], tuple[str, list[int], Any]]:
-    def prompt(k: int) -> tuple[str, list[int], Any]:
+def prompt_fn(task: Task, seed: int) -> Callable[[int], tuple[str, list[int], object]]:
+    def prompt(k: int) -> tuple[str, list[int], object]:
         s = task.sample_prompts(random.Random(seed * 1_000_003 + k), 1)[0]
         return s.prompt, s.prompt_tokens, s.label
 
     return prompt
 
 
-def fresh_trainer(spec: RunSpec, build: Callable[[], Any], config: AsyncConfig) -> TorchTrainer:
+def fresh_trainer(spec: RunSpec, build: ModelBuilder, config: AsyncConfig) -> TorchTrainer:
     """A fresh trainer on a fresh model: the same weights for every mode and for the gap replay."""
     torch.manual_seed(spec.seed)
     torch.set_num_threads(spec.threads)
@@ -53,7 +58,7 @@ def fresh_trainer(spec: RunSpec, build: Callable[[], Any], config: AsyncConfig) 
 
 
 
-def make_engine(spec: RunSpec, build: Callable[[], Any], trainer: TorchTrainer, task: Any, sink: Any) -> Any:
+def make_engine(spec: RunSpec, build: ModelBuilder, trainer: TorchTrainer, task: Task, sink: EventSink) -> Any:
     if spec.layout == "ray":
         from harness.backends.ray_engine import RayEngineGroup
 
