@@ -159,6 +159,11 @@ def script_line(paths: list[Path], rows: list[ModeRow], violated: list[str], rc:
     doc = {"results": next((f for f in files if f.endswith("results.json")), None),
            "timeline": next((f for f in files if f.endswith(".trace.json")), None),
            "plots": [f for f in files if f.endswith(".png")],
-           "modes": {r.mode: {k: getattr(r, k) for k in SCRIPT_FIELDS} for r in rows},
+           "modes": {r.mode: {k: _whole(getattr(r, k)) for k in SCRIPT_FIELDS} for r in rows},
            "violations": violated, "total_wall_s": round(total_s, 3), "exit_code": rc}
     return json.dumps(doc, sort_keys=True)
+
+
+def _whole(v: float | int | str | bool | None) -> float | int | str | bool | None:
+    """A median that is a whole number (a step count over equal repeats) as an int."""
+    return int(v) if isinstance(v, float) and v.is_integer() else v
