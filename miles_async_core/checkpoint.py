@@ -119,4 +119,4 @@ def emit_loaded(loaded: Loaded, sink: Any) -> None:
         return
     sink.emit(ev.CHECKPOINT_LOADED, rollout_id=loaded.rollout_id, part="model")
     if loaded.data_source is not None:
-        sink.emit(ev.CHECKPOINT_LOADED, rollout_id=loaded.rollout_id, part="data_source")
+        sink.emit(ev.CHECKPOINT_LOADED, rollout_id=loaded.rollout_id, part="data_source", state=loaded.data_source)

@@ -41,13 +41,14 @@ def check_all(events: list[Event], config: AsyncConfig, *, complete: bool = True
 
 def _check_lives(events: list[Event], config: AsyncConfig, *, complete: bool) -> list[Violation]:
     """A trace with lives: every single-life checker on each life's own events (a life that
-    crashed is a prefix: only the checkers that hold on one), then the resume checkers on
+    ended before --num-rollout is a prefix: only the checkers that hold on one; a planned
+    exit leaves its look-ahead in memory), then the resume checkers on
     the whole trace."""
     out: list[Violation] = []
     for life in resume.split_lives(events):
         end = next((e for e in life if e.kind == ev.LIFE_END), None)
         start = next((e for e in life if e.kind == ev.LIFE_START), None)
-        whole = complete and end is not None and end["how"] != "crash"
+        whole = complete and end is not None and end["how"] == "completed"
         own = config if start is None else dataclasses.replace(config, start_rollout_id=start["start_rollout_id"])
         for check in applicable(own, complete=whole):
             out.extend(check.fn(life, own))

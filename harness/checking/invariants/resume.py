@@ -247,7 +247,10 @@ def resume_report(events: list[Event], config: AsyncConfig | None = None) -> Res
     dropped = set().union(*(life.dropped for life in lives)) - set(trained)
     last = lives[-1]
     completed = last.end is not None and last.end["how"] == "completed"
-    pending = {s for s in last.taken_at if s not in trained and s not in dropped} if completed else set()
+    # still queued when the run ends: taken by the last life, or re-queued by its checkpoint and not handed out yet
+    queued = {(int(i), 0) for e in last.events if e.kind == ev.CHECKPOINT_LOADED and e["part"] == "data_source"
+              for i in (e.fields.get("state") or {}).get("pending", ())}
+    pending = {s for s in set(last.taken_at) | queued if s not in trained and s not in dropped} if completed else set()
     seen = set().union(*(life.taken_at for life in lives))
     final_cursor = 1 + max((s[0] for s in seen), default=-1)
     lost: list[LostGroup] = []
