@@ -18,16 +18,17 @@ run is bounded by the scenario's watchdog. ``FAST`` is the subset the fast tier 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any
 
-from miles_async_core.config import AsyncConfig
 from harness.checking.invariants import check_all
 from harness.checking.invariants.resume import resume_report
+from harness.sim.engine import LengthDist, SimEngineConfig
 from harness.sim.lives import LivesResult, StopPoint, run_lives
 from harness.sim.scenario import Scenario
 from harness.sim.trainer import SimTrainerConfig
-from harness.sim.engine import LengthDist, SimEngineConfig
+from miles_async_core.config import AsyncConfig
 
 NUM_ROLLOUT = 8
 SAVE_INTERVAL = 2
@@ -54,8 +55,8 @@ def core_host(case: ResumeCase) -> LivesResult:
 
 
 def _scenario(name: str, **config: Any) -> Scenario:
-    base: dict[str, Any] = dict(rollout_batch_size=4, n_samples_per_prompt=2, num_rollout=NUM_ROLLOUT,
-                                save_interval=SAVE_INTERVAL)
+    base: dict[str, Any] = {"rollout_batch_size": 4, "n_samples_per_prompt": 2, "num_rollout": NUM_ROLLOUT,
+                            "save_interval": SAVE_INTERVAL}
     # long responses vary (a heavy tail), so what is in flight at a stop is the long part
     engine = SimEngineConfig(response_length=LengthDist(kind="lognormal", median=40.0, sigma=0.8))
     return Scenario(name=name, config=AsyncConfig(**{**base, **config}), engine=engine,

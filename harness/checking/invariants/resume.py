@@ -32,10 +32,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from miles_async_core import events as ev
-from miles_async_core.config import AsyncConfig
 from harness.checking.invariants.base import Violation, invariant
 from harness.trace import Event
+from miles_async_core import events as ev
+from miles_async_core.config import AsyncConfig
 
 MECHANISMS = ("look_ahead", "in_flight", "buffered", "recycled_partial", "over_sampling_leftover",
               "recycled_retry", "generated_not_trained", "trained_after_checkpoint", "never_taken")
@@ -319,9 +319,7 @@ def _slice(events: list[Event], src: SourceKey) -> list[Event]:
         life = int(e.fields.get("life", 0))
         if e.kind == ev.TAKEN and (e.fields.get("source_index"), e.fields.get("epoch", 0)) == src:
             gis.add((life, e["group_index"]))
-        if e.kind in (ev.LIFE_START, ev.LIFE_END, ev.CHECKPOINT_SAVED, ev.CHECKPOINT_LOADED):
-            out.append(e)
-        elif (life, e.fields.get("group_index")) in gis or any((life, g) in gis for g in e.fields.get("group_indices")
+        if e.kind in (ev.LIFE_START, ev.LIFE_END, ev.CHECKPOINT_SAVED, ev.CHECKPOINT_LOADED) or (life, e.fields.get("group_index")) in gis or any((life, g) in gis for g in e.fields.get("group_indices")
                                                                or ()):
             out.append(e)
     return out
@@ -399,36 +397,42 @@ def check_resume_versions(events: list[Event], config: AsyncConfig) -> list[Viol
     out: list[Violation] = []
     served: dict[tuple[int, int], int] = {}  # (life, rollout_id of a model save) -> version served then
     for number, evs in enumerate(split_lives(events)):
-        current, loaded, first_seen, found = 0, None, False, set()
-
-        def report(problem: str, message: str, pos: int) -> None:
-            if problem not in found:
-                found.add(problem)
-                out.append(Violation(invariant=name, message=message, events=evs[max(0, pos - 8):pos + 1]))
-
-        for pos, e in enumerate(evs):
-            k = e.kind
-            if k == ev.LIFE_START:
-                loaded = e["loaded_version"]
-                floor = _served_at_save(served, number, evs)
-                if loaded is not None and floor is not None and loaded < floor:
-                    report("floor", f"life {number} loads version {loaded}, below the version {floor} served when "
-                                    "its checkpoint was saved", pos)
-            elif k == ev.ENGINE_VERSION:
-                v = e["version"]
-                if loaded is not None and not first_seen and v != loaded:
-                    report("first", f"life {number}'s engines first serve version {v}; the checkpoint's weights are "
-                                    f"version {loaded}", pos)
-                elif loaded is not None and v < loaded:
-                    report("below", f"life {number} serves version {v}, below its checkpoint's {loaded}", pos)
-                first_seen, current = True, v
-            elif k == ev.CHECKPOINT_SAVED and e["part"] == "model":
-                served[(number, e["rollout_id"])] = current
-            elif k == ev.TRAINED and loaded is not None and e["trainer_version"] < loaded:
-                report("age", f"life {number} trains rollout {e['rollout_id']} with trainer version "
-                              f"{e['trainer_version']}, below the checkpoint's {loaded}: sample ages are measured "
-                              "against the wrong version", pos)
+        out += _life_versions(name, number, evs, served)
     return out
+
+
+def _life_versions(name: str, number: int, evs: list[Event], served: dict[tuple[int, int], int]) -> list[Violation]:
+    """One life's version problems, each reported at its first event; records the version
+    served at each of its model saves in ``served``."""
+    found: dict[str, Violation] = {}
+    current, loaded, first_seen = 0, None, False
+
+    def report(problem: str, message: str, pos: int) -> None:
+        found.setdefault(problem, Violation(invariant=name, message=message, events=evs[max(0, pos - 8):pos + 1]))
+
+    for pos, e in enumerate(evs):
+        k = e.kind
+        if k == ev.LIFE_START:
+            loaded = e["loaded_version"]
+            floor = _served_at_save(served, number, evs)
+            if loaded is not None and floor is not None and loaded < floor:
+                report("floor", f"life {number} loads version {loaded}, below the version {floor} served when "
+                                "its checkpoint was saved", pos)
+        elif k == ev.ENGINE_VERSION:
+            v = e["version"]
+            if loaded is not None and not first_seen and v != loaded:
+                report("first", f"life {number}'s engines first serve version {v}; the checkpoint's weights are "
+                                f"version {loaded}", pos)
+            elif loaded is not None and v < loaded:
+                report("below", f"life {number} serves version {v}, below its checkpoint's {loaded}", pos)
+            first_seen, current = True, v
+        elif k == ev.CHECKPOINT_SAVED and e["part"] == "model":
+            served[(number, e["rollout_id"])] = current
+        elif k == ev.TRAINED and loaded is not None and e["trainer_version"] < loaded:
+            report("age", f"life {number} trains rollout {e['rollout_id']} with trainer version "
+                          f"{e['trainer_version']}, below the checkpoint's {loaded}: sample ages are measured "
+                          "against the wrong version", pos)
+    return list(found.values())
 
 
 def _served_at_save(served: dict[tuple[int, int], int], number: int, evs: list[Event]) -> int | None:
