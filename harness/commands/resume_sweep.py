@@ -10,7 +10,8 @@ under the watchdog. ``--host core`` runs the core's drivers in virtual time (wit
 ``--exactly-once``, the harness extension ``exactly_once_resume``). Prints one line per
 setting: resumes, groups lost and duplicated (total and per resume), the mechanism of each
 loss, the response-length bias of lost against trained groups, and the checkers that
-failed; ``--json`` writes that summary and every case's row. Exit 0 when every case ran
+failed; then one line per driver and stop point. ``--json`` writes both summaries and
+every case's row. Exit 0 when every case ran
 and every stop was reached (losses are findings, not errors), 1 otherwise.
 """
 
@@ -44,7 +45,15 @@ def host_of(name: str) -> Any:
 
 
 def main(args: argparse.Namespace) -> int:
-    from harness.sim.resume_sweep import FAST, cases, format_table, summarize, sweep
+    from harness.sim.resume_sweep import (
+        FAST,
+        cases,
+        format_by_stop,
+        format_table,
+        summarize,
+        summarize_by_stop,
+        sweep,
+    )
 
     host = host_of(args.host)
     only = args.setting if args.setting else (FAST if args.fast else None)
@@ -53,11 +62,13 @@ def main(args: argparse.Namespace) -> int:
         raise ConfigError(f"--setting {args.setting}: no such setting. Fix: pass a name the sweep lists "
                           "(harness.sim.resume_sweep.settings), e.g. one-step/retract")
     rows = sweep(todo, host)
-    summary = summarize(rows)
+    summary, by_stop = summarize(rows), summarize_by_stop(rows)
     print(format_table(summary))
+    print()
+    print(format_by_stop(by_stop))
     failed = [r for r in rows if r.error or not r.reached]
     if args.json:
-        doc = {"host": args.host, "exactly_once_resume": args.exactly_once, "summary": summary,
+        doc = {"host": args.host, "exactly_once_resume": args.exactly_once, "summary": summary, "by_stop": by_stop,
                "cases": [r.to_dict() for r in rows]}
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")

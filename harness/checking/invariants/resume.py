@@ -8,7 +8,7 @@ life, every step. A step a later life rolled back (trained after the checkpoint 
 does not count: its weights are gone.
 
 * ``resume_exactly_once``: every source group (``source_index``, ``epoch``) below the final
-  cursor is trained exactly once in the kept history: never twice, and never skipped
+  cursor (where the last life's data source stands at the end) is trained exactly once in the kept history: never twice, and never skipped
   unless the run dropped it by design (a ``dropped`` event: handler drop, retry cap, kept
   beyond B, aborted at a rollout's end), or it is still pending when the last life ends.
 * ``resume_rollout_once``: each rollout id is trained once in the kept history; a life
@@ -84,7 +84,7 @@ class ResumeReport:
     duplicated: dict[SourceKey, list[tuple[int, int]]]
     dropped: set[SourceKey]
     pending_at_end: set[SourceKey]
-    final_cursor: int  # 1 + the highest source index handed out (epoch 0 counts; see below)
+    final_cursor: int  # where the last life's data source stands: its loaded cursor, or past its newest take
     resumes: list[ResumeRow]
     lost_length_mean: float | None
     trained_length_mean: float | None
@@ -252,7 +252,7 @@ def resume_report(events: list[Event], config: AsyncConfig | None = None) -> Res
               for i in (e.fields.get("state") or {}).get("pending", ())}
     pending = {s for s in set(last.taken_at) | queued if s not in trained and s not in dropped} if completed else set()
     seen = set().union(*(life.taken_at for life in lives))
-    final_cursor = 1 + max((s[0] for s in seen), default=-1)
+    final_cursor = _final_cursor(last)
     lost: list[LostGroup] = []
     for idx in range(final_cursor):
         src = (idx, 0)
@@ -269,6 +269,14 @@ def resume_report(events: list[Event], config: AsyncConfig | None = None) -> Res
                         final_cursor=final_cursor, resumes=_rows(lives, lost, dup),
                         lost_length_mean=sum(lost_lengths) / len(lost_lengths) if lost_lengths else None,
                         trained_length_mean=sum(trained_lengths) / len(trained_lengths) if trained_lengths else None)
+
+
+def _final_cursor(last: _Life) -> int:
+    """The last life's cursor: the ``sample_offset`` it loaded (0 without a data source part),
+    or past the newest source it handed out, whichever is further."""
+    loaded = next((e for e in last.events if e.kind == ev.CHECKPOINT_LOADED and e["part"] == "data_source"), None)
+    start = int((loaded.fields.get("state") or {}).get("sample_offset", 0)) if loaded is not None else 0
+    return max(start, 1 + max((s[0] for s in last.taken_at), default=-1))
 
 
 def _next_loaded(lives: list[_Life], number: int) -> int | None:
