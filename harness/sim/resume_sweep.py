@@ -9,7 +9,8 @@ host (upstream Miles' own drivers) only has to return the same kind of result.
 ``settings(exactly_once)`` lists the settings: each driver (``train.py``, one-step and
 fully-async ``train_async.py``), each pause mode (async), each unused-samples handler
 (fully async, with a staleness bound so the handler is called), with and without
-over-sampling and ``--partial-rollout`` (sync and one-step). ``stop_points(config)`` lists
+over-sampling and ``--partial-rollout`` (sync and one-step), and with
+``--update-weights-interval 2`` (async). ``stop_points(config)`` lists
 the stops of a setting: a crash right after each save that is not the last, and the seeded
 points between saves (``harness.sim.lives.STOP_LABELS``). ``sweep`` runs them; every
 run is bounded by the scenario's watchdog. ``FAST`` is the subset the fast tier runs.
@@ -82,6 +83,11 @@ def settings(exactly_once: bool = False) -> list[tuple[str, Scenario]]:
             name = f"fully-async/{mode}/{handler}"
             out.append((name, _scenario(name, fully_async=True, pause_generation_mode=mode, max_weight_staleness=1,
                                         async_unused_samples_handler=handler, **ext)))
+    # --update-weights-interval 2: the look-ahead generate is awaited only every other step
+    out.append(("one-step/retract+k2", _scenario("one-step/retract+k2", update_weights_interval=2, **ext)))
+    out.append(("fully-async/retract/retry+k2", _scenario("fully-async/retract/retry+k2", fully_async=True,
+                                                          max_weight_staleness=2, update_weights_interval=2,
+                                                          async_unused_samples_handler="retry", **ext)))
     return out
 
 
