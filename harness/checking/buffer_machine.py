@@ -299,7 +299,7 @@ class BufferMachine(RuleBasedStateMachine):
         factory = type(self).factory
         assert factory is not None, "BufferMachine needs a factory: use machine_for(factory)"
 
-        async def construct() -> Any:
+        async def construct() -> DataBuffer:
             return factory(DataBufferConstructorInput(self.args, self.unused_handler_fn))
 
         self.buffer = self.loop.run_until_complete(construct())
@@ -442,7 +442,7 @@ class BufferMachine(RuleBasedStateMachine):
 
     # -- the handler the buffer receives ----------------------------------------------------------
 
-    def unused_handler_fn(self, prompt_group: Any, cause: str | None = None) -> None:
+    def unused_handler_fn(self, prompt_group: list[Sample], cause: str | None = None) -> None:
         """Accepts Miles' ``handler(prompt_group)`` and this core's ``cause=`` form."""
         if self.tearing_down:
             return
