@@ -30,87 +30,20 @@ from dataclasses import dataclass, field
 from statistics import NormalDist
 from typing import Any, Iterable, Sequence
 
-import numpy as np
+
 
 from miles_async_core import events as ev
 from harness.backends.engine_io import emit_finished
+from harness.sim.draws import BLOCK_BITS, BLOCK_MASK, MAX_BLOCKS, uniform3, uniform_block
 from miles_async_core.contracts import NullSink, check_pause_mode
 from miles_async_core.errors import ConfigError
 from miles_async_core.types import ABORTED, COMPLETED, TRUNCATED, Sample, SamplingParams
 
-_MASK64 = (1 << 64) - 1
 _NORMAL = NormalDist()
 
 
 class EngineRequestError(RuntimeError):
     """An injected failure of one generate request."""
-
-
-def _splitmix_uniform(keys: tuple) -> float:
-    """The definition of ``_uniform`` (splitmix64 over the keys)."""
-    x = 0x9E3779B97F4A7C15
-    for k in keys:
-        x = (x ^ (k & _MASK64)) * 0xBF58476D1CE4E5B9 & _MASK64
-        x = (x ^ (x >> 27)) * 0x94D049BB133111EB & _MASK64
-        x ^= x >> 31
-    return ((x >> 11) + 0.5) / float(1 << 53)
-
-
-# Simulations ask for _uniform(seed, index[, retry]) for every sample index in turn, and
-# Python's 64-bit arithmetic costs about a microsecond per key. So values come in blocks
-# of 1024 consecutive second keys, computed with numpy's uint64 arithmetic (the same
-# wrap-around modulo 2**64 as the masked Python ints, and the same exact conversion to
-# float), and the most recent blocks are kept.
-_BLOCK_BITS = 10
-_BLOCK_MASK = (1 << _BLOCK_BITS) - 1
-_MAX_BLOCKS = 64
-_BLOCKS: dict[tuple, list[float]] = {}
-_C1, _C2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
-_S11, _S27, _S31 = np.uint64(11), np.uint64(27), np.uint64(31)
-
-
-def _block(key: tuple) -> list[float]:
-    """``[_uniform(k0, k, *tail) for k in block b]`` for ``key = (k0, b, *tail)``."""
-    k0, b, tail = key[0], key[1], key[2:]
-    x0 = 0x9E3779B97F4A7C15
-    x0 = (x0 ^ (k0 & _MASK64)) * 0xBF58476D1CE4E5B9 & _MASK64
-    x0 = (x0 ^ (x0 >> 27)) * 0x94D049BB133111EB & _MASK64
-    x0 ^= x0 >> 31
-    x = np.arange(b << _BLOCK_BITS, (b + 1) << _BLOCK_BITS, dtype=np.uint64) ^ np.uint64(x0)
-    for k in (None, *tail):
-        if k is not None:
-            x = x ^ np.uint64(k & _MASK64)
-        x = x * _C1
-        x = (x ^ (x >> _S27)) * _C2
-        x ^= x >> _S31
-    values = (((x >> _S11).astype(np.float64) + 0.5) / float(1 << 53)).tolist()
-    if len(_BLOCKS) >= _MAX_BLOCKS:
-        del _BLOCKS[next(iter(_BLOCKS))]  # the oldest block
-    _BLOCKS[key] = values
-    return values
-
-
-def _uniform(*keys: int) -> float:
-    """A deterministic uniform in (0, 1) from integer keys (splitmix64)."""
-    if len(keys) == 2:
-        k0, k1 = keys
-        if type(k0) is int and type(k1) is int and 0 <= k1 < 1 << 62:
-            key = (k0, k1 >> _BLOCK_BITS)
-            values = _BLOCKS.get(key)
-            return (values or _block(key))[k1 & _BLOCK_MASK]
-    elif len(keys) == 3:
-        return _uniform3(*keys)
-    return _splitmix_uniform(keys)
-
-
-def _uniform3(k0: int, k1: int, k2: int) -> float:
-    """``_uniform(k0, k1, k2)`` (one call per generate request). A third key other than 0
-    (a retry count) is rare and scattered: computed alone, not as a block."""
-    if k2 == 0 and type(k0) is int and type(k1) is int and type(k2) is int and 0 <= k1 < 1 << 62:
-        key = (k0, k1 >> _BLOCK_BITS, k2)
-        values = _BLOCKS.get(key)
-        return (values or _block(key))[k1 & _BLOCK_MASK]
-    return _splitmix_uniform((k0, k1, k2))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -253,16 +186,16 @@ class SimEngine:
         fut.add_done_callback(req.on_fut_done)
         index, retry = sample.index, sample.retry_count
         if retry == 0 and type(index) is int and type(retry) is int and 0 <= index < 1 << 62:
-            b = index >> _BLOCK_BITS
-            drawn = (self._lengths.get(b) or self._length_block(b))[index & _BLOCK_MASK]
+            b = index >> BLOCK_BITS
+            drawn = (self._lengths.get(b) or self._length_block(b))[index & BLOCK_MASK]
         else:  # a retry: scattered, drawn alone
-            drawn = cfg.response_length.draw(_uniform3(cfg.seed, index, retry))
+            drawn = cfg.response_length.draw(uniform3(cfg.seed, index, retry))
         target = drawn if drawn < max_new else max_new
         base = len(sample.response_tokens)  # tokens already generated (non-zero only for resumed samples)
         req.sample = sample
         req.target = base if base > target else target
         req.truncated = drawn >= max_new
-        req.fail = cfg.request_failure_rate > 0 and _uniform3(cfg.seed + 1, index, retry) < cfg.request_failure_rate
+        req.fail = cfg.request_failure_rate > 0 and uniform3(cfg.seed + 1, index, retry) < cfg.request_failure_rate
         req.base = base
         req.state = _WAITING  # join_step, kv_floor and finish_step are set when it is admitted
         req.engine = self
@@ -340,10 +273,10 @@ class SimEngine:
 
     # --- internals ----------------------------------------------------------------------
     def _length_block(self, b: int) -> list[int]:
-        """``[response_length.draw(_uniform(seed, k, 0)) for k in block b]``: the drawn
+        """``[response_length.draw(uniform(seed, k, 0)) for k in block b]``: the drawn
         length of every first attempt in the block, kept for the requests to come."""
-        lengths = self.cfg.response_length.draw_all(_block((self.cfg.seed, b, 0)))
-        if len(self._lengths) >= _MAX_BLOCKS:
+        lengths = self.cfg.response_length.draw_all(uniform_block((self.cfg.seed, b, 0)))
+        if len(self._lengths) >= MAX_BLOCKS:
             del self._lengths[next(iter(self._lengths))]  # the oldest block
         self._lengths[b] = lengths
         return lengths
