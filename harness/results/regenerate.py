@@ -136,6 +136,9 @@ STEPS: list[Step] = [
          ["results/gap/smollm2-run-memory"]),
     Step("upstream_faults", [PY, "-m", "harness.upstream.fault_sweep", "sweep", "--runs", "10000", "--jobs", "2",
                              "--write"], ["results/upstream/fault_findings.json", "results/upstream/fault_findings.md"]),
+    # upstream's drivers stopped and resumed from their checkpoints: groups lost and repeated per resume
+    Step("upstream_resume_sweep", [PY, "-m", "harness.upstream.resume_sweep", "--out", "results/upstream/resume_sweep"],
+         ["results/upstream/resume_sweep.json", "results/upstream/resume_sweep.md"]),
     Step("serve_upstream_e2e", [PY, "-m", "harness.serve.upstream_e2e", "--out", "results/serve/upstream_e2e.json"],
          ["results/serve/upstream_e2e.json"]),
     # upstream's loop on the CPU servers with the recorder: clean runs and each seeded bug in real time

@@ -172,6 +172,10 @@ def account(res: LivesResult) -> dict[str, Any]:
     resumes = []
     all_lost: list[tuple[int, int]] = []
     for life in range(1, lives):
+        if life not in loaded_data:  # the life raised before it loaded the data source
+            resumes.append({"resume": life, "after_life_ended": ended.get(life - 1, "?"), "failed": ended.get(life),
+                            "lost": None, "duplicated": None, "lost_by_mechanism": {}, "lost_groups": []})
+            continue
         rollout, found = loaded_data.get(life, (-1, False))
         save = saves.get((life - 1, rollout)) if found else None
         lost_by: Counter[str] = Counter()
@@ -197,7 +201,7 @@ def account(res: LivesResult) -> dict[str, Any]:
     lm, tm = mean(lost_len), mean(trained_len)
     return {"lives": lives, "ended": res.ended, "error": None if res.error is None else repr(res.error)[:300],
             "resume_failed": res.error is not None, "resumes": resumes,
-            "lost": sum(r["lost"] for r in resumes), "duplicated": sum(r["duplicated"] for r in resumes),
+            "lost": sum(r["lost"] or 0 for r in resumes), "duplicated": sum(r["duplicated"] or 0 for r in resumes),
             "trained_sources": len(kept), "trained_twice": sum(1 for w in kept.values() if len(w) > 1),
             "mean_len_lost": lm, "mean_len_trained": tm,
             "length_bias": None if lm is None or not tm else round(lm / tm, 3)}
@@ -224,6 +228,15 @@ def sweep(*, fast: bool = False, seed: int = 0, save_interval: int = 2, num_roll
     return rows
 
 
+LEGEND = """Each row: one run of upstream's own driver in virtual time (`harness.upstream.lives`), B=4 groups
+of 2 per rollout, 8 rollouts, `--save-interval 2` (saves after rollouts 1, 3, 5, 7), stopped where
+`stop` says and resumed through upstream's `--load` path. `lost` / `duplicated`: source groups (prompt
+line, epoch) per resume, separated by ` / ` when a run resumes several times; `lost by mechanism`: where
+upstream held each lost group at the save the resume loaded; length bias: mean response length of the
+lost groups' samples over that of all trained samples. `n/a`: the resume itself failed (upstream raised).
+"""
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     head = ("| setting | stop | lives ended | lost | duplicated | lost by mechanism | length bias (lost/trained) |\n"
             "|---|---|---|---|---|---|---|\n")
@@ -235,10 +248,13 @@ def table(rows: list[dict[str, Any]]) -> str:
         mech = Counter[str]()
         for x in r["resumes"]:
             mech.update(x["lost_by_mechanism"])
-        per = " / ".join(f"{x['lost']}" for x in r["resumes"])
-        dper = " / ".join(f"{x['duplicated']}" for x in r["resumes"])
+        per = " / ".join("n/a" if x["lost"] is None else f"{x['lost']}" for x in r["resumes"])
+        dper = " / ".join("n/a" if x["duplicated"] is None else f"{x['duplicated']}" for x in r["resumes"])
         bias = "-" if r["length_bias"] is None else f"{r['length_bias']:.2f} ({r['mean_len_lost']:.1f}/{r['mean_len_trained']:.1f})"
-        ended = ", ".join(r["ended"]) + (" (resume failed)" if r["resume_failed"] else "")
+        ended = ", ".join(e.split(":")[0] + (f" ({e.split(':')[1]})" if e.startswith("crash") else "")
+                          for e in r["ended"])
+        if r["resume_failed"]:
+            ended += f"; resume failed: {r['error'][:90]}"
         out.append(f"| {r['setting']} | {r['stop']} | {ended} | {per} | {dper} | "
                    f"{', '.join(f'{k} {v}' for k, v in sorted(mech.items())) or '-'} | {bias} |")
     return head + "\n".join(out) + "\n"
@@ -271,7 +287,8 @@ def main(argv: list[str] | None = None) -> int:
         doc = {"command": cmd, "git": git_info(), "machine": machine_info(), "miles_tree": path.name,
                "rows": rows}
         out.with_suffix(".json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
-        out.with_suffix(".md").write_text(f"# Resume sweep on upstream Miles ({path.name})\n\n`{cmd}`\n\n" + md)
+        out.with_suffix(".md").write_text(f"# Resume sweep on upstream Miles ({path.name})\n\n`{cmd}`\n\n" + LEGEND
+                                          + "\n" + md)
     return 0
 
 

@@ -1,0 +1,108 @@
+"""Lives on upstream Miles' own drivers (``harness.upstream.lives``) and the resume sweep's
+accounting (``harness.upstream.resume_sweep``), on the tree ``--miles-src`` names.
+
+What is asserted is what holds whatever upstream does, or what upstream's code says it
+must do (spec section 11), not a count frozen from a run: a life starts where the trainer's
+checkpoint says; the sync driver saves after training with nothing of the next rollout
+started (``train.py:L95-L127``), so a resume there loses and repeats nothing; every group
+the accounting calls lost was taken before the save that the resume loaded and was held
+where that save says; a data-source state that was never written makes the next life
+start from the first prompt again (``data_source.py:L146-L150``), which the accounting
+sees as groups trained twice; a half-written state file fails the resume.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from miles_async_core import events as ev
+from harness.upstream.lives import CHECKPOINT_LOADED, CHECKPOINT_SAVED, LIFE_END, LIFE_START, Stop, run_lives
+from harness.upstream.resume_sweep import SETTINGS, account, sweep, table
+
+SAVE_INTERVAL, NUM_ROLLOUT = 2, 6
+
+
+def _setting(name):
+    return next(s for s in SETTINGS if s.name == name)
+
+
+def _run(name, stops, miles_src):
+    return run_lives(_setting(name).scenario(NUM_ROLLOUT, 0), stops, save_interval=SAVE_INTERVAL)
+
+
+def test_a_resumed_life_starts_where_the_trainer_checkpoint_says(miles_src):
+    res = _run("one-step", [Stop(after=1)], miles_src)
+    assert res.ended == ["crash:save@1", "completed"] and res.error is None
+    assert all("life" in e.fields for e in res.events)
+    assert [e["life"] for e in res.events if e.kind == LIFE_START] == [0, 1]
+    life1 = [e for e in res.events if e["life"] == 1]
+    model = next(e for e in life1 if e.kind == CHECKPOINT_LOADED and e["what"] == "model")
+    saved = next(e for e in res.events if e.kind == CHECKPOINT_SAVED and e["what"] == "model" and e["life"] == 0)
+    assert model["found"] and model["rollout_id"] == 1 and model["trainer_steps"] == saved["trainer_steps"]
+    data = next(e for e in life1 if e.kind == CHECKPOINT_LOADED and e["what"] == "data_source")
+    assert data["rollout_id"] == model["rollout_id"] and data["found"]
+    # Megatron's start_rollout_id = loaded + 1, and training goes on from the saved step
+    assert min(e["rollout_id"] for e in life1 if e.kind == ev.GENERATE_START) == 2
+    first = next(e for e in life1 if e.kind == ev.TRAINED)
+    assert first["rollout_id"] == 2 and first["trainer_steps"] == saved["trainer_steps"]
+    # the restored cursor: the first group the resumed life takes is the saved cursor's
+    taken = next(e for e in life1 if e.kind == ev.TAKEN)
+    assert taken["source_index"] == data["cursor"]["sample_offset"]
+    # nothing the crashed life would have recorded after the crash is in the trace
+    end0 = next(e for e in res.events if e.kind == LIFE_END and e["life"] == 0)
+    assert end0["reason"] == "crash" and not any(e.kind == ev.RUN_END and e["life"] == 0 for e in res.events)
+
+
+def test_sync_resume_neither_loses_nor_repeats(miles_src):
+    res = _run("sync", [Stop(after=1, at="mid_generation")], miles_src)
+    acc = account(res)
+    assert acc["resumes"][0]["data_state_found"]
+    assert (acc["lost"], acc["duplicated"]) == (0, 0)
+    # every rollout's batch is a distinct prompt, each trained once where the model kept it
+    assert acc["trained_sources"] == NUM_ROLLOUT * res.scenario.config.rollout_batch_size
+    assert acc["trained_twice"] == 0
+
+
+def test_every_lost_group_was_held_at_the_loaded_save(miles_src):
+    res = _run("one-step+over-sampling+partial", [Stop(after=1)], miles_src)
+    acc = account(res)
+    [resume] = acc["resumes"]
+    save = next(e for e in res.events if e.kind == CHECKPOINT_SAVED and e["what"] == "data_source"
+                and e["life"] == 0 and e["rollout_id"] == resume["loaded_data_rollout"])
+    held = {gi for gis in save["held"].values() for gi in gis}
+    source = {e["group_index"]: (e["source_index"], e["epoch"]) for e in res.events
+              if e.kind == ev.TAKEN and e["life"] == 0}
+    assert resume["lost"] > 0 and "not_held" not in resume["lost_by_mechanism"]
+    assert set(map(tuple, resume["lost_groups"])) <= {source[gi] for gi in held}
+    assert sum(resume["lost_by_mechanism"].values()) == resume["lost"]
+
+
+def test_a_missing_data_state_restarts_the_prompts_and_trains_groups_twice(miles_src):
+    res = _run("sync", [Stop(after=1, at="between_saves")], miles_src)
+    acc = account(res)
+    [resume] = acc["resumes"]
+    assert resume["loaded_model_rollout"] == 1 and not resume["data_state_found"]
+    assert resume["duplicated"] > 0 and acc["trained_twice"] == resume["duplicated"]
+
+
+def test_a_half_written_state_file_fails_the_resume(miles_src):
+    res = _run("one-step", [Stop(after=1, at="mid_data_save")], miles_src)
+    acc = account(res)
+    assert res.ended[0] == "crash:mid_data_save@1" and res.ended[1].startswith("error:")
+    assert acc["resume_failed"] and acc["resumes"][0]["lost"] is None
+
+
+def test_the_fast_sweep_covers_every_setting(miles_src):
+    rows = sweep(fast=True, num_rollout=4, settings=(_setting("one-step"), _setting("fully-async retract drop")))
+    assert {r["setting"] for r in rows} == {"one-step", "fully-async retract drop"}
+    assert all("refused" in r or len(r["ended"]) == 2 for r in rows)
+    md = table(rows)
+    assert md.count("\n") == len(rows) + 2
+
+
+@pytest.mark.parametrize("bad", [{"after": -1}, {"after": 1, "at": "sometime"}, {"after": 1, "nth": 0}])
+def test_a_bad_stop_is_refused_naming_the_field(bad):
+    from miles_async_core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"Stop\.(after|at|nth)"):
+        Stop(**bad)
