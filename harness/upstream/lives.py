@@ -140,6 +140,7 @@ class _Life:
         self.runner: UpstreamRunner | None = None
         self.main: asyncio.Task | None = None
         self.between_seen = 0
+        self.loaded_version: int | None = None
         self.open: set[int] = set()
         self.drained: set[int] = set()
 
@@ -168,6 +169,9 @@ class _Life:
                 return
             if kind == ev.TAKEN:
                 fields.update(self._source_of(fields["group_index"]))
+            elif kind == ev.TRAINED:  # the trainer's optimizer and learning-rate steps, across lives
+                fields.setdefault("optimizer_step", fields["trainer_steps"])
+                fields.setdefault("lr_step", fields["trainer_steps"])
             emit(kind, **fields)
             self._follow(kind, fields)
             if kind == ev.TRAINED:
@@ -257,14 +261,13 @@ class _Life:
         runner = self.runner
         assert runner is not None
         ctx = runner.ctx
-        state = {"rollout_id": rollout_id, "trainer_steps": ctx.trainer_steps, "lr_step": ctx.trainer_steps,
-                 "weight_version": ctx.weight_version}
+        state = {"rollout_id": rollout_id, "optimizer_step": ctx.trainer_steps, "lr_step": ctx.trainer_steps,
+                 "version": ctx.weight_version}
         it = self.ckpt / f"iter_{rollout_id:07d}"
         it.mkdir(parents=True, exist_ok=True)
         (it / "trainer.json").write_text(json.dumps(state))
         (self.ckpt / TRACKER).write_text(str(rollout_id))
-        self._emit(CHECKPOINT_SAVED, rollout_id=rollout_id, what="model", **{k: v for k, v in state.items()
-                                                                          if k != "rollout_id"})
+        self._emit(CHECKPOINT_SAVED, part="model", **state)
         stop = self.stop
         if stop is not None and not stop.planned and stop.after == rollout_id and stop.at == "between_saves":
             self._crash(stop.label)
@@ -287,8 +290,7 @@ class _Life:
             self._crash(stop.label)
             raise asyncio.CancelledError(stop.label)
         self.saved_data.add(rollout_id)
-        self._emit(CHECKPOINT_SAVED, rollout_id=rollout_id, what="data_source", cursor=_cursor(ds), held=held,
-                   trained_upto=self.trained_upto)
+        self._emit(CHECKPOINT_SAVED, rollout_id=rollout_id, part="data_source", state=_cursor(ds), held=held)
         if crash_here and stop is not None and stop.at == "save":
             self._crash(stop.label)
             raise asyncio.CancelledError(stop.label)
@@ -322,8 +324,8 @@ class _Life:
         path = Path(runner.args.load or "") / f"rollout/global_dataset_state_dict_{rollout_id}.pt"
         found = runner.args.load is not None and path.exists()
         runner.data_source.load(rollout_id)
-        self._emit(CHECKPOINT_LOADED, rollout_id=rollout_id, what="data_source", found=found,
-                   cursor=_cursor(runner.data_source))
+        if found:  # a missing state is logged by upstream and loads nothing (data_source.py:L148-L150)
+            self._emit(CHECKPOINT_LOADED, rollout_id=rollout_id, part="data_source", state=_cursor(runner.data_source))
 
     def load_trainer(self, args: Any) -> int:
         """Where the life starts, from the trainer's checkpoint (Megatron's rule)."""
@@ -332,17 +334,16 @@ class _Life:
         tracker = self.ckpt / TRACKER
         if not tracker.exists():
             args.load = None  # arguments.py:L3049-L3060: --load falls back to --ref-load (unset)
-            self._emit(CHECKPOINT_LOADED, rollout_id=-1, what="model", found=False)
             return 0
         loaded = int(tracker.read_text())
         state = json.loads((self.ckpt / f"iter_{loaded:07d}" / "trainer.json").read_text())
         ctx = runner.ctx
         ctx.__class__ = _ResumedContext
-        ctx.steps_base = state["trainer_steps"]  # type: ignore[attr-defined]
-        runner.ctx.trainer.steps = state["trainer_steps"]  # the weights the first update pushes
-        self._emit(CHECKPOINT_LOADED, rollout_id=loaded, what="model", found=True,
-                   trainer_steps=state["trainer_steps"], lr_step=state["lr_step"],
-                   weight_version=state["weight_version"])
+        ctx.steps_base = state["optimizer_step"]  # type: ignore[attr-defined]
+        runner.ctx.trainer.steps = state["optimizer_step"]  # the weights the first update pushes
+        self.loaded_version = state["version"]
+        self._emit(CHECKPOINT_LOADED, rollout_id=loaded, part="model", optimizer_step=state["optimizer_step"],
+                   lr_step=state["lr_step"], version=state["version"])
         return loaded + 1
 
 
@@ -391,7 +392,9 @@ def run_lives(scenario: Scenario, stops: list[Stop], *, save_interval: int | Non
                 how = "completed"
             ended.append(how)
             last = stop is None or how.startswith("error") or how == "completed"
-            offset = _join(joined, res.events, number, how, offset, last=last)
+            start = getattr(getattr(life.runner, "args", None), "start_rollout_id", None)
+            offset = _join(joined, res.events, number, how, offset, last=last,
+                           start={"start_rollout_id": start, "loaded_version": life.loaded_version})
             if last:
                 break
     finally:
@@ -401,13 +404,15 @@ def run_lives(scenario: Scenario, stops: list[Stop], *, save_interval: int | Non
                        save_interval=save_interval, error=error)
 
 
-def _join(out: list[Event], events: list[Event], life: int, how: str, offset: float, *, last: bool) -> float:
+def _join(out: list[Event], events: list[Event], life: int, how: str, offset: float, *, last: bool,
+          start: dict[str, Any]) -> float:
     """Append one life's events with its number, its times moved past the previous life's
-    end; a life that does not end the run ends with ``life_end`` instead of ``run_end``."""
+    end; a life that does not end the run ends with ``life_end`` instead of ``run_end``
+    (``how``: crash, planned or completed; a life that raised is a crash ``at`` its error)."""
     def add(t: float, kind: str, fields: dict[str, Any]) -> None:
         out.append(Event(len(out), t, kind, {**fields, "life": life}))
 
-    add(offset, LIFE_START, {})
+    add(offset, LIFE_START, start)
     t_end = offset
     pending: list[int] = []
     for e in events:
@@ -418,5 +423,7 @@ def _join(out: list[Event], events: list[Event], life: int, how: str, offset: fl
                 continue
         add(t_end, e.kind, dict(e.fields))
     kind, _, where = how.partition(":")
-    add(t_end, LIFE_END, {"reason": kind, "where": where, "pending_groups": pending})
+    if kind == "error":
+        kind, where = "crash", f"error: {where.strip()}"
+    add(t_end, LIFE_END, {"how": kind, "at": where, "pending_groups": pending})
     return t_end

@@ -129,7 +129,7 @@ def account(res: LivesResult) -> dict[str, Any]:
     samples: dict[tuple[int, int], list[int]] = {}
     taken_at: dict[tuple[int, int], float] = {}
     loaded_model: dict[int, int] = {}  # life -> rollout of the model it loaded (-1: none)
-    loaded_data: dict[int, tuple[int, bool]] = {}
+    loaded_data: dict[int, int] = {}
     saves: dict[tuple[int, int], Any] = {}  # (life, rollout) -> the data-source save event
     dropped: set[tuple[int, int]] = set()
     ended: dict[int, str] = {}
@@ -140,23 +140,20 @@ def account(res: LivesResult) -> dict[str, Any]:
             samples[(life, e["group_index"])] = list(e["indices"])
             taken_at.setdefault((life, e["group_index"]), e.t)
         elif e.kind == CHECKPOINT_LOADED:
-            if e["what"] == "model":
-                loaded_model[life] = e["rollout_id"] if e["found"] else -1
-            else:
-                loaded_data[life] = (e["rollout_id"], e["found"])
-        elif e.kind == CHECKPOINT_SAVED and e["what"] == "data_source":
+            (loaded_model if e["part"] == "model" else loaded_data)[life] = e["rollout_id"]
+        elif e.kind == CHECKPOINT_SAVED and e["part"] == "data_source":
             saves[(life, e["rollout_id"])] = e
         elif e.kind == ev.DROPPED or (e.kind == ev.PUT_REJECTED and str(e["reason"]).startswith("dynamic_filter")):
             dropped.add((life, e["group_index"]))
         elif e.kind == LIFE_END:
-            ended[life] = f"{e['reason']}" + (f":{e['where']}" if e["where"] else "")
+            ended[life] = f"{e['how']}" + (f":{e['at']}" if e["at"] else "")
     kept: dict[tuple[int, int], list[tuple[int, int]]] = {}  # source -> [(life, rollout)] trained and kept
     trained_groups: list[tuple[int, int]] = []
     for e in res.events:
         if e.kind != ev.TRAINED:
             continue
         life = e["life"]
-        upto = loaded_model.get(life + 1) if life + 1 < lives else None
+        upto = loaded_model.get(life + 1, -1) if life + 1 < lives else None
         if upto is not None and e["rollout_id"] > upto:
             continue
         for gi in e["group_indices"]:
@@ -172,11 +169,12 @@ def account(res: LivesResult) -> dict[str, Any]:
     resumes = []
     all_lost: list[tuple[int, int]] = []
     for life in range(1, lives):
-        if life not in loaded_data:  # the life raised before it loaded the data source
+        if ended.get(life, "").startswith("crash:error"):  # the resumed life raised: no resume to count
             resumes.append({"resume": life, "after_life_ended": ended.get(life - 1, "?"), "failed": ended.get(life),
                             "lost": None, "duplicated": None, "lost_by_mechanism": {}, "lost_groups": []})
             continue
-        rollout, found = loaded_data.get(life, (-1, False))
+        found = life in loaded_data
+        rollout = loaded_data.get(life, loaded_model.get(life, -1))
         save = saves.get((life - 1, rollout)) if found else None
         lost_by: Counter[str] = Counter()
         lost_groups: list[tuple[int, int]] = []
@@ -192,7 +190,7 @@ def account(res: LivesResult) -> dict[str, Any]:
                   if any(lf < life for lf, _ in where) and any(lf >= life for lf, _ in where))
         all_lost += lost_groups
         resumes.append({"resume": life, "after_life_ended": ended.get(life - 1, "?"),
-                        "loaded_model_rollout": loaded_model.get(life), "loaded_data_rollout": rollout,
+                        "loaded_model_rollout": loaded_model.get(life), "loaded_data_rollout": rollout if found else None,
                         "data_state_found": found, "lost": len(lost_groups), "duplicated": dup,
                         "lost_by_mechanism": dict(sorted(lost_by.items())),
                         "lost_groups": sorted(key[g] for g in lost_groups)})

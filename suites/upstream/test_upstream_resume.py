@@ -36,21 +36,23 @@ def test_a_resumed_life_starts_where_the_trainer_checkpoint_says(miles_src):
     assert all("life" in e.fields for e in res.events)
     assert [e["life"] for e in res.events if e.kind == LIFE_START] == [0, 1]
     life1 = [e for e in res.events if e["life"] == 1]
-    model = next(e for e in life1 if e.kind == CHECKPOINT_LOADED and e["what"] == "model")
-    saved = next(e for e in res.events if e.kind == CHECKPOINT_SAVED and e["what"] == "model" and e["life"] == 0)
-    assert model["found"] and model["rollout_id"] == 1 and model["trainer_steps"] == saved["trainer_steps"]
-    data = next(e for e in life1 if e.kind == CHECKPOINT_LOADED and e["what"] == "data_source")
-    assert data["rollout_id"] == model["rollout_id"] and data["found"]
+    model = next(e for e in life1 if e.kind == CHECKPOINT_LOADED and e["part"] == "model")
+    saved = next(e for e in res.events if e.kind == CHECKPOINT_SAVED and e["part"] == "model" and e["life"] == 0)
+    assert model["rollout_id"] == 1 and model["optimizer_step"] == saved["optimizer_step"]
+    data = next(e for e in life1 if e.kind == CHECKPOINT_LOADED and e["part"] == "data_source")
+    assert data["rollout_id"] == model["rollout_id"]
+    start = next(e for e in life1 if e.kind == LIFE_START)
+    assert start["start_rollout_id"] == 2 and start["loaded_version"] == saved["version"]
     # Megatron's start_rollout_id = loaded + 1, and training goes on from the saved step
     assert min(e["rollout_id"] for e in life1 if e.kind == ev.GENERATE_START) == 2
     first = next(e for e in life1 if e.kind == ev.TRAINED)
-    assert first["rollout_id"] == 2 and first["trainer_steps"] == saved["trainer_steps"]
+    assert first["rollout_id"] == 2 and first["optimizer_step"] == saved["optimizer_step"]
     # the restored cursor: the first group the resumed life takes is the saved cursor's
     taken = next(e for e in life1 if e.kind == ev.TAKEN)
-    assert taken["source_index"] == data["cursor"]["sample_offset"]
+    assert taken["source_index"] == data["state"]["sample_offset"]
     # nothing the crashed life would have recorded after the crash is in the trace
     end0 = next(e for e in res.events if e.kind == LIFE_END and e["life"] == 0)
-    assert end0["reason"] == "crash" and not any(e.kind == ev.RUN_END and e["life"] == 0 for e in res.events)
+    assert end0["how"] == "crash" and not any(e.kind == ev.RUN_END and e["life"] == 0 for e in res.events)
 
 
 def test_sync_resume_neither_loses_nor_repeats(miles_src):
@@ -67,7 +69,7 @@ def test_every_lost_group_was_held_at_the_loaded_save(miles_src):
     res = _run("one-step+over-sampling+partial", [Stop(after=1)], miles_src)
     acc = account(res)
     [resume] = acc["resumes"]
-    save = next(e for e in res.events if e.kind == CHECKPOINT_SAVED and e["what"] == "data_source"
+    save = next(e for e in res.events if e.kind == CHECKPOINT_SAVED and e["part"] == "data_source"
                 and e["life"] == 0 and e["rollout_id"] == resume["loaded_data_rollout"])
     held = {gi for gis in save["held"].values() for gi in gis}
     source = {e["group_index"]: (e["source_index"], e["epoch"]) for e in res.events
@@ -89,6 +91,7 @@ def test_a_half_written_state_file_fails_the_resume(miles_src):
     res = _run("one-step", [Stop(after=1, at="mid_data_save")], miles_src)
     acc = account(res)
     assert res.ended[0] == "crash:mid_data_save@1" and res.ended[1].startswith("error:")
+    assert next(e for e in res.events if e.kind == LIFE_END and e["life"] == 1)["at"].startswith("error")
     assert acc["resume_failed"] and acc["resumes"][0]["lost"] is None
 
 
