@@ -74,6 +74,9 @@ REQUIRES: dict[str, tuple[str, ...]] = {
     "batch_single_version": (ev.TRAINED, ev.FINISHED),
     "colocate_exclusive": (ev.PHASE_START,),
     "colocate_no_decode_while_training": (ev.PHASE_START, ev.DECODE_STEP),
+    "resume_exactly_once": (ev.LIFE_START, ev.TAKEN, ev.TRAINED),
+    "resume_rollout_once": (ev.LIFE_START, ev.TRAINED),
+    "resume_versions": (ev.LIFE_START, ev.ENGINE_VERSION),
 }
 
 
@@ -370,7 +373,7 @@ def verdict(merged: Merged, config: Any, *, complete: bool) -> dict[str, Any]:
     present = {e.kind for e in merged.events}
     ran: dict[str, list[Any]] = {}
     lacking: dict[str, list[str]] = {}
-    for check in applicable(config, complete=complete):
+    for check in applicable(config, complete=complete, events=merged.events):
         missing = [k for k in REQUIRES.get(check.name, ()) if k not in present]
         if missing:
             lacking[check.name] = missing

@@ -6,7 +6,9 @@ that hold on the prefix of a run that failed or was cancelled (conservation is t
 relaxed to ``conservation_prefix``: nothing ends twice, nothing trained untaken).
 ``ALL_CHECKS`` maps invariant name -> ``Check`` (function, applicability, whether it needs a complete run).
 ``check_report`` runs them and returns the JSON-able verdict ``miles-harness run``
-stores per mode and ``miles-harness check-trace`` prints.
+stores per mode and ``miles-harness check-trace`` prints. A checker may also ask about the
+trace itself (``Check.applies_to_trace``): the resume checkers (``resume``) apply only to
+a trace with lives; ``applicable(config)`` without ``events`` leaves them out.
 """
 
 from __future__ import annotations
@@ -21,13 +23,13 @@ from harness.trace import Event
 ALL_CHECKS: dict[str, Check] = {c.name: c for c in REGISTRY}
 
 
-def applicable(config: AsyncConfig, *, complete: bool = True) -> list[Check]:
-    return [c for c in REGISTRY if c.applies(config) and (complete or not c.needs_complete_run)]
+def applicable(config: AsyncConfig, *, complete: bool = True, events: list[Event] | None = None) -> list[Check]:
+    return [c for c in REGISTRY if c.applies_to(config, events) and (complete or not c.needs_complete_run)]
 
 
 def check_all(events: list[Event], config: AsyncConfig, *, complete: bool = True) -> list[Violation]:
     out: list[Violation] = []
-    for check in applicable(config, complete=complete):
+    for check in applicable(config, complete=complete, events=events):
         out.extend(check.fn(events, config))
     return out
 
@@ -39,7 +41,7 @@ def check_report(events: list[Event], config: AsyncConfig, *, complete: bool = T
     "violations": [{"invariant", "message"}] (the first ``max_stored``),
     "violations_total"}``. ``_violations`` keeps the ``Violation`` objects for printing
     (not JSON; drop it before writing)."""
-    checks = applicable(config, complete=complete)
+    checks = applicable(config, complete=complete, events=events)
     violations = check_all(events, config, complete=complete)
     counts = {c.name: 0 for c in checks}
     for v in violations:
