@@ -63,8 +63,8 @@ from harness.trace import Event
 from harness.upstream.runner import UpstreamRunner, UpstreamRunResult
 
 TRACKER = "latest_checkpointed_iteration.txt"  # Megatron's tracker file
-LIFE_START, LIFE_END = "life_start", "life_end"
-CHECKPOINT_SAVED, CHECKPOINT_LOADED = "checkpoint_saved", "checkpoint_loaded"
+LIFE_START, LIFE_END = ev.LIFE_START, ev.LIFE_END
+CHECKPOINT_SAVED, CHECKPOINT_LOADED = ev.CHECKPOINT_SAVED, ev.CHECKPOINT_LOADED
 # where a crash can come between two save boundaries: the first ``nth`` event of the kind
 # after the checkpoint of rollout ``after`` was saved
 BETWEEN = {"mid_generation": ev.GROUP_DONE, "mid_drain": ev.GOT, "during_pause": ev.ENGINE_PAUSE,
