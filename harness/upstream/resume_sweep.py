@@ -171,7 +171,7 @@ def table(rows: list[dict[str, Any]]) -> str:
             mech.update(x["mechanisms"])
         per = " / ".join("n/a" if x["lost"] is None else f"{x['lost']}" for x in r["resumes"])
         dper = " / ".join("n/a" if x["duplicated"] is None else f"{x['duplicated']}" for x in r["resumes"])
-        bias = "-" if r.get("length_bias") is None else \
+        bias = "-" if r.get("length_bias") is None or r["resume_failed"] else \
             f"{r['length_bias']:.2f} ({r['lost_length_mean']:.1f}/{r['trained_length_mean']:.1f})"
         failing = ", ".join(f"{k} {v}" for k, v in r["checks"].items() if v) or "-"
         ended = ", ".join(e.split(":")[0] + (f" ({e.split(':')[1]})" if e.startswith("crash") else "")
