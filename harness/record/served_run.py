@@ -138,10 +138,14 @@ class RecordedResult:
 
 
 def run_recorded(cfg: upstream_e2e.E2EConfig, record_dir: str | Path, *, miles_src: str | None = None,
-                 extra_flags: dict[str, Any] | None = None, inner: dict[str, str] | None = None) -> RecordedResult:
+                 extra_flags: dict[str, Any] | None = None, inner: dict[str, str] | None = None,
+                 run_class: type | None = None, incomplete: bool = False) -> RecordedResult:
     """One recorded run; ``inner``: ``MILES_HARNESS_RECORD_INNER_<NAME>`` settings (the
     user's originals) for the run's duration; ``extra_flags``: more Miles ``args`` fields
-    (e.g. ``async_data_buffer_capacity_factor``), set on the run and on the checkers' config."""
+    (e.g. ``async_data_buffer_capacity_factor``), set on the run and on the checkers' config.
+    ``run_class``: a subclass of the recorded run (``harness.record.resume_run``: one life
+    with checkpoints); ``incomplete``: merge process files whose last line was cut short
+    (an earlier life killed mid-line in the same directory)."""
     import tempfile
     import shutil
 
@@ -169,7 +173,7 @@ def run_recorded(cfg: upstream_e2e.E2EConfig, record_dir: str | Path, *, miles_s
 
     reset_state()
     try:
-        run = _RecordedRun(cfg, workdir)
+        run = (run_class or _RecordedRun)(cfg, workdir)
         run.record_dir, run.extra_flags = record_dir, dict(extra_flags or {})
         res = run.execute()
     finally:
@@ -187,7 +191,7 @@ def run_recorded(cfg: upstream_e2e.E2EConfig, record_dir: str | Path, *, miles_s
 
         config = AsyncConfig.from_dict({**config.to_dict(), **overrides})
     (record_dir / "merged.config.json").write_text(json.dumps({"config": config.to_dict(), "complete": True}))
-    merged = merge_dir(record_dir)
+    merged = merge_dir(record_dir, incomplete=incomplete)
     from harness.trace import write_jsonl
 
     write_jsonl(merged.events, record_dir / MERGED_NAME)
