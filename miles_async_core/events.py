@@ -28,7 +28,8 @@ fields and events, so a single-life trace is unchanged.
   ``data_source`` part carries ``state`` (the saved cursor: ``sample_offset``,
   ``epoch_id``, ``sample_group_index``, ``sample_index``, and under the exactly-once
   extension the re-queued ``pending`` source indices).
-* ``checkpoint_loaded``: ``rollout_id``, ``part``; a part that is missing is not loaded
+* ``checkpoint_loaded``: ``rollout_id``, ``part`` (a ``data_source`` part also carries the
+  ``state`` loaded); a part that is missing is not loaded
   and has no event (``RolloutDataSource.load`` logs and loads nothing, ``data_source.py:L150``).
 * In a run with lives ``taken`` also carries ``source_index`` (the dataset index of the
   group's prompt, the data source's ``sample_offset`` when it was first handed out) and

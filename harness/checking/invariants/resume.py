@@ -171,6 +171,7 @@ class _Life:
         end = len(self.events) if upto is None else upto + 1
         state, taker = "never_taken", None
         generating: int | None = None
+        draining: int | None = None
         tokens = 0
         for e in self.events[:end]:
             k = e.kind
@@ -178,6 +179,8 @@ class _Life:
                 generating = e["rollout_id"]
             elif k == ev.GENERATE_END:
                 generating = None
+            elif k == ev.DRAIN_START:
+                draining = e["rollout_id"]
             gi = e.fields.get("group_index")
             if k == ev.TRAINED and gis & set(e["group_indices"]):
                 state = "trained_after_checkpoint" if checkpoint is not None and e["rollout_id"] > checkpoint \
@@ -194,8 +197,9 @@ class _Life:
                     state = "look_ahead"
             elif k == ev.PUT_ACCEPTED:
                 state = "buffered"
-            elif k == ev.GOT:
-                state = "generated_not_trained"
+            elif k == ev.GOT:  # drained for a rollout after the checkpoint: the look-ahead drain
+                state = "look_ahead" if checkpoint is not None and draining is not None and draining > checkpoint \
+                    else "generated_not_trained"
             elif k == ev.GROUP_DONE and state in ("in_flight",) and not self._fully_async():
                 state = "generated_not_trained"
             elif k == ev.RECYCLED:
@@ -243,7 +247,10 @@ def resume_report(events: list[Event], config: AsyncConfig | None = None) -> Res
     dropped = set().union(*(life.dropped for life in lives)) - set(trained)
     last = lives[-1]
     completed = last.end is not None and last.end["how"] == "completed"
-    pending = {s for s in last.taken_at if s not in trained and s not in dropped} if completed else set()
+    # still queued when the run ends: taken by the last life, or re-queued by its checkpoint and not handed out yet
+    queued = {(int(i), 0) for e in last.events if e.kind == ev.CHECKPOINT_LOADED and e["part"] == "data_source"
+              for i in (e.fields.get("state") or {}).get("pending", ())}
+    pending = {s for s in set(last.taken_at) | queued if s not in trained and s not in dropped} if completed else set()
     seen = set().union(*(life.taken_at for life in lives))
     final_cursor = 1 + max((s[0] for s in seen), default=-1)
     lost: list[LostGroup] = []
@@ -385,37 +392,42 @@ def _continuation(name: str, life: _Life, saved: dict[tuple[int, int], Event]) -
 
 @invariant("resume_versions", applies_to_trace=lambda events: has_lives(events))
 def check_resume_versions(events: list[Event], config: AsyncConfig) -> list[Violation]:
+    """At most one violation per life and problem: the first event that shows it."""
     name = "resume_versions"
     if not has_lives(events):
         return []
     out: list[Violation] = []
     served: dict[tuple[int, int], int] = {}  # (life, rollout_id of a model save) -> version served then
-    lives = split_lives(events)
-    for number, evs in enumerate(lives):
-        current, loaded, first_seen = 0, None, False
+    for number, evs in enumerate(split_lives(events)):
+        current, loaded, first_seen, found = 0, None, False, set()
+
+        def report(problem: str, message: str, pos: int) -> None:
+            if problem not in found:
+                found.add(problem)
+                out.append(Violation(invariant=name, message=message, events=evs[max(0, pos - 8):pos + 1]))
+
         for pos, e in enumerate(evs):
             k = e.kind
             if k == ev.LIFE_START:
                 loaded = e["loaded_version"]
                 floor = _served_at_save(served, number, evs)
                 if loaded is not None and floor is not None and loaded < floor:
-                    out.append(Violation(invariant=name, message=f"life {number} loads version {loaded}, below the "
-                                         f"version {floor} served when its checkpoint was saved", events=[e]))
+                    report("floor", f"life {number} loads version {loaded}, below the version {floor} served when "
+                                    "its checkpoint was saved", pos)
             elif k == ev.ENGINE_VERSION:
                 v = e["version"]
                 if loaded is not None and not first_seen and v != loaded:
-                    out.append(Violation(invariant=name, message=f"life {number}'s engines first serve version {v}; "
-                                         f"the checkpoint's weights are version {loaded}", events=evs[max(0, pos - 8):pos + 1]))
+                    report("first", f"life {number}'s engines first serve version {v}; the checkpoint's weights are "
+                                    f"version {loaded}", pos)
                 elif loaded is not None and v < loaded:
-                    out.append(Violation(invariant=name, message=f"life {number} serves version {v}, below its "
-                                         f"checkpoint's {loaded}", events=evs[max(0, pos - 8):pos + 1]))
+                    report("below", f"life {number} serves version {v}, below its checkpoint's {loaded}", pos)
                 first_seen, current = True, v
             elif k == ev.CHECKPOINT_SAVED and e["part"] == "model":
                 served[(number, e["rollout_id"])] = current
             elif k == ev.TRAINED and loaded is not None and e["trainer_version"] < loaded:
-                out.append(Violation(invariant=name, message=f"life {number} trains rollout {e['rollout_id']} with "
-                                     f"trainer version {e['trainer_version']}, below the checkpoint's {loaded}: ages "
-                                     "are measured against the wrong version", events=evs[max(0, pos - 8):pos + 1]))
+                report("age", f"life {number} trains rollout {e['rollout_id']} with trainer version "
+                              f"{e['trainer_version']}, below the checkpoint's {loaded}: sample ages are measured "
+                              "against the wrong version", pos)
     return out
 
 
