@@ -87,12 +87,15 @@ class Stop:
     at: str = "save"
     nth: int = 1
     planned: bool = False
+    # a stop point of the resume sweep (``harness.sim.lives.StopPoint``, ``at="watched"``):
+    # the life ends where that module's ``StopWatcher`` says, on this life's trace
+    point: Any = None
 
     def __post_init__(self) -> None:
         if self.after < 0:
             raise ConfigError(f"Stop.after = {self.after}: must be a rollout id >= 0; fix: name the rollout whose "
                               "checkpoint the next life loads")
-        if not self.planned and self.at not in AT_SAVE and self.at not in BETWEEN:
+        if not self.planned and self.at not in AT_SAVE and self.at not in BETWEEN and self.point is None:
             raise ConfigError(f"Stop.at = {self.at!r}; allowed: {', '.join((*AT_SAVE, *BETWEEN))}. Fix: use one")
         if self.nth < 1:
             raise ConfigError(f"Stop.nth = {self.nth}: must be >= 1")
@@ -101,6 +104,8 @@ class Stop:
     def label(self) -> str:
         if self.planned:
             return f"planned@{self.after}"
+        if self.point is not None:
+            return str(self.point.label)
         return f"{self.at}@{self.after}" + (f"#{self.nth}" if self.at in BETWEEN and self.nth != 1 else "")
 
 
@@ -141,6 +146,7 @@ class _Life:
         self.main: asyncio.Task | None = None
         self.between_seen = 0
         self.loaded_version: int | None = None
+        self.watcher: Any = None
         self.open: set[int] = set()
         self.drained: set[int] = set()
 
@@ -161,6 +167,11 @@ class _Life:
         self.runner.sink.emit(kind, **fields)
 
     def _observe(self, runner: UpstreamRunner) -> None:
+        stop = self.stop
+        if stop is not None and stop.point is not None:
+            from harness.sim.lives import StopWatcher
+
+            self.watcher = StopWatcher(stop.point, runner.scenario.config)
         sink = runner.sink
         emit = sink.emit
 
@@ -174,6 +185,9 @@ class _Life:
                 fields.setdefault("lr_step", fields["trainer_steps"])
             emit(kind, **fields)
             self._follow(kind, fields)
+            if self.watcher is not None and self.watcher.see(kind, fields):
+                self._crash(self.watcher.stop.at)
+                return
             if kind == ev.TRAINED:
                 self.trained_upto = max(self.trained_upto, fields["rollout_id"])
                 self._on_trained(fields["rollout_id"])
@@ -258,6 +272,8 @@ class _Life:
         g.update(create_rollout_manager=create_rollout_manager, create_training_models=create_training_models)
 
     async def save_model(self, rollout_id: int, force_sync: bool = False) -> None:
+        if self.dead:  # a save the driver started after the crash: the process is gone
+            raise asyncio.CancelledError("the life crashed")
         runner = self.runner
         assert runner is not None
         ctx = runner.ctx
@@ -275,6 +291,8 @@ class _Life:
 
     async def save_data_source(self, rollout_id: int) -> None:
         """``RolloutManager.save`` (``rollout_manager.py:L275-L278``) on upstream's data source."""
+        if self.dead:
+            raise asyncio.CancelledError("the life crashed")
         runner = self.runner
         assert runner is not None
         args, ds = runner.args, runner.data_source
@@ -427,3 +445,54 @@ def _join(out: list[Event], events: list[Event], life: int, how: str, offset: fl
         kind, where = "crash", f"error: {where.strip()}"
     add(t_end, LIFE_END, {"how": kind, "at": where, "pending_groups": pending})
     return t_end
+
+
+def run_points(scenario: Scenario, points: Any, **kwargs: Any) -> Any:
+    """The resume sweep's host for upstream (``harness.sim.resume_sweep``): ``scenario`` as
+    lives on upstream's drivers, each crash ``StopPoint`` watched on the life's trace by the
+    sweep's ``StopWatcher`` (the core host's rule), a planned one as upstream's sentinel
+    save and ``--debug-exit-after-rollout``; ``--save-interval`` from the scenario's config.
+    Returns the sweep's ``LivesResult``."""
+    from harness.sim.lives import LivesResult as SweepResult
+
+    stops = [Stop(after=p.rollout_id, planned=True) if p.how == "planned" else Stop(after=p.rollout_id, at="watched",
+                                                                                     point=p) for p in points]
+    res = run_lives(scenario, stops, save_interval=scenario.config.save_interval, **kwargs)
+    reached = [i < len(res.ended) and (res.ended[i].startswith("crash:") or res.ended[i] == "planned")
+               for i in range(len(stops))]
+    return SweepResult(scenario=scenario, stops=tuple(points), events=res.events, reached=reached, error=res.error)
+
+
+def upstream_host(miles_src: str | None = None) -> Any:
+    """The sweep's host on the Miles tree ``miles_src`` (else ``$MILES_SRC``, else the pinned
+    tree beside the repository): activates it and returns ``host(case) -> LivesResult``;
+    ``host.miles_tree`` names the tree. ``UpstreamUnavailable`` (the reason) without one."""
+    from harness.upstream import source
+
+    path, how = source.find_miles_src(miles_src)
+    if path is None:
+        raise source.UpstreamUnavailable(how)
+    source.activate(path)
+
+    from miles_async_core import rules
+
+    def refuses(case: Any) -> str | None:
+        """Why upstream does not run this case: a setting it refuses at start-up (its
+        argument checks), or a driver the tree lacks a seam for."""
+        cfg = case.scenario.config
+        return source.refused_reason(cfg) or next(
+            (msg for r in (rules.miles_fully_async_no_abort, rules.miles_colocate_not_async,
+                           rules.miles_fully_async_no_colocate) if (msg := r.check(cfg))), None)
+
+    def host(case: Any) -> Any:
+        reason = refuses(case)
+        if reason:
+            from harness.sim.lives import LivesResult as SweepResult
+
+            return SweepResult(scenario=case.scenario, stops=tuple(case.stops), events=[],
+                               reached=[False] * len(case.stops), error=source.UpstreamUnavailable(reason))
+        return run_points(case.scenario, case.stops)
+
+    host.miles_tree = path.name  # type: ignore[attr-defined]
+    host.refuses = refuses  # type: ignore[attr-defined]
+    return host

@@ -17,7 +17,7 @@ import pytest
 
 from miles_async_core import events as ev
 from harness.upstream.lives import CHECKPOINT_LOADED, CHECKPOINT_SAVED, LIFE_END, LIFE_START, Stop, run_lives
-from harness.upstream.resume_sweep import SETTINGS, account, sweep, table
+from harness.upstream.resume_sweep import SETTINGS, account
 
 SAVE_INTERVAL, NUM_ROLLOUT = 2, 6
 
@@ -95,12 +95,41 @@ def test_a_half_written_state_file_fails_the_resume(miles_src):
     assert acc["resume_failed"] and acc["resumes"][0]["lost"] is None
 
 
-def test_the_fast_sweep_covers_every_setting(miles_src):
-    rows = sweep(fast=True, num_rollout=4, settings=(_setting("one-step"), _setting("fully-async retract drop")))
-    assert {r["setting"] for r in rows} == {"one-step", "fully-async retract drop"}
-    assert all("refused" in r or len(r["ended"]) == 2 for r in rows)
-    md = table(rows)
-    assert md.count("\n") == len(rows) + 2
+def test_upstream_and_the_core_lose_and_repeat_the_same_groups_on_one_setting(miles_src):
+    """The sweep's upstream host against its core host on one setting, case by case: the
+    core mirrors upstream's resume semantics by default, so upstream's losses and
+    duplicates are the core's (the differential across lives)."""
+    from harness.sim.resume_sweep import cases, core_host, run_case
+    from harness.upstream.lives import upstream_host
+
+    host = upstream_host(str(miles_src))
+    todo = [c for c in cases(only=["one-step/retract"]) if c.stops[0].at in ("save_boundary", "mid_train",
+                                                                             "between_model_and_data_source")]
+    for case in todo:
+        up, core = run_case(case, host), run_case(case, core_host)
+        assert up.reached and up.error is None, (case.name, up.error)
+        assert (up.lost, up.duplicated, up.mechanisms) == (core.lost, core.duplicated, core.mechanisms), case.name
+
+
+def test_the_cli_runs_the_upstream_host_and_refuses_what_upstream_refuses(miles_src, capsys):
+    import argparse
+
+    from harness.commands import resume_sweep as cli
+
+    ns = argparse.Namespace(host="upstream", miles_src=str(miles_src), exactly_once=False, fast=False,
+                            setting=["sync", "fully-async/abort/drop"], json=None)
+    assert cli.main(ns) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].startswith("setting") and "\nsync " in out
+    assert "fully-async/abort/drop: not run" in out and "arguments.py:L61" in out
+
+
+def test_exactly_once_is_refused_on_upstream_naming_the_flag():
+    from miles_async_core.errors import ConfigError
+    from harness.commands.resume_sweep import host_of
+
+    with pytest.raises(ConfigError, match="--exactly-once"):
+        host_of("upstream", None, exactly_once=True)
 
 
 @pytest.mark.parametrize("bad", [{"after": -1}, {"after": 1, "at": "sometime"}, {"after": 1, "nth": 0}])
