@@ -142,7 +142,7 @@ def _life_argv(ns: argparse.Namespace) -> list[str]:
     return argv
 
 
-def _saw(record_dir: Path, kill_after: int) -> bool:
+def saw_kill_point(record_dir: Path, kill_after: int) -> bool:
     """The rollout process has saved the data source of rollout ``kill_after`` and then
     handed a later rollout to training: the kill comes between two save boundaries."""
     for path in record_dir.glob("rollout-*.jsonl"):
@@ -173,7 +173,7 @@ def kill_and_resume(ns: argparse.Namespace, *, timeout_s: float = 480.0) -> dict
     life0 = subprocess.Popen(_life_argv(ns), env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     killed = False
     while life0.poll() is None and time.monotonic() - t0 < timeout_s:
-        if _saw(record_dir, ns.kill_after):
+        if saw_kill_point(record_dir, ns.kill_after):
             os.kill(life0.pid, signal.SIGKILL)
             killed = True
             break
