@@ -207,7 +207,7 @@ class RecordingDataSource:
         model checkpoint the trainer loaded (Megatron: ``start_rollout_id = loaded + 1``,
         ``actor.py:L212``), recorded as the model part (``inferred``: the trainer's own
         load is in another process); the data source's part only when its state file
-        exists (upstream logs a missing one and loads nothing, ``data_source.py:L148-L150``)."""
+        exists (upstream logs a missing one and loads nothing, ``data_source.py:L146-L149``)."""
         args = self._args
         load_dir = getattr(args, "load", None)
         found = bool(load_dir) and rollout_id is not None and os.path.exists(

@@ -342,7 +342,7 @@ class _Life:
         path = Path(runner.args.load or "") / f"rollout/global_dataset_state_dict_{rollout_id}.pt"
         found = runner.args.load is not None and path.exists()
         runner.data_source.load(rollout_id)
-        if found:  # a missing state is logged by upstream and loads nothing (data_source.py:L148-L150)
+        if found:  # a missing state is logged by upstream and loads nothing (data_source.py:L146-L149)
             self._emit(CHECKPOINT_LOADED, rollout_id=rollout_id, part="data_source", state=_cursor(runner.data_source))
 
     def load_trainer(self, args: Any) -> int:

@@ -7,7 +7,7 @@ checkpoint says; the sync driver saves after training with nothing of the next r
 started (``train.py:L95-L127``), so a resume there loses and repeats nothing; every group
 the accounting calls lost was taken before the save that the resume loaded and was held
 where that save says; a data-source state that was never written makes the next life
-start from the first prompt again (``data_source.py:L146-L150``), which the accounting
+start from the first prompt again (``data_source.py:L146-L149``), which the accounting
 sees as groups trained twice; a half-written state file fails the resume.
 """
 
