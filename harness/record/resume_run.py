@@ -182,11 +182,11 @@ def kill_and_resume(ns: argparse.Namespace, *, timeout_s: float = 480.0) -> dict
         life0.kill()
     life0.wait()
     left = max(30.0, timeout_s - (time.monotonic() - t0))
-    life1 = subprocess.run(_life_argv(ns), env=env, capture_output=True, text=True, timeout=left)
+    life1 = subprocess.run(_life_argv(ns), check=False, env=env, capture_output=True, text=True, timeout=left)
     cmd = [sys.executable, "-m", "harness.cli", "check-trace", "--merge", str(record_dir)]
     if any(_cut(p) for p in record_dir.glob("*.jsonl")):  # life 0 killed mid-line: its last line is dropped
         cmd.append("--incomplete")
-    check = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    check = subprocess.run(cmd, check=False, env=env, capture_output=True, text=True, timeout=300)
     return {"killed": killed, "life0_returncode": life0.returncode, "life1_returncode": life1.returncode,
             "life1": life1.stdout.strip().splitlines()[-1:] if life1.stdout else [], "life1_stderr": life1.stderr[-2000:],
             "check_returncode": check.returncode, "check_output": check.stdout, "check_stderr": check.stderr[-2000:],

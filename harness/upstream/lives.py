@@ -48,19 +48,18 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from miles_async_core import events as ev
-from miles_async_core.drivers.common import RunContext
-from miles_async_core.errors import ConfigError
 from harness.sim.scenario import Scenario
 from harness.trace import Event
 from harness.upstream.runner import UpstreamRunner, UpstreamRunResult
+from miles_async_core import events as ev
+from miles_async_core.drivers.common import RunContext
+from miles_async_core.errors import ConfigError
 
 TRACKER = "latest_checkpointed_iteration.txt"  # Megatron's tracker file
 LIFE_START, LIFE_END = ev.LIFE_START, ev.LIFE_END

@@ -34,9 +34,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from miles_async_core import events as ev
 from harness.sim.scenario import Scenario, scenario_from_dict
-from harness.upstream.lives import CHECKPOINT_LOADED, LIFE_END, LivesResult, Stop, run_lives
+from harness.upstream.lives import (
+    CHECKPOINT_LOADED,
+    LIFE_END,
+    LivesResult,
+    Stop,
+    run_lives,
+)
 
 BASE_ENGINE = {"max_running": 8, "decode_base_s": 0.05, "decode_per_seq_s": 0.0002, "prefill_per_token_s": 2e-05,
                "prompt_tokens": 32, "response_length": {"kind": "lognormal", "median": 12.0, "sigma": 0.6, "low": 2,
@@ -103,8 +108,12 @@ def account(res: LivesResult) -> dict[str, Any]:
     the rule the core's sweep uses too), per resume with whether the data source's state
     was found, and each resume checker's violation count. A resume whose life raised
     (upstream failed to resume) is counted as failed, its losses not (``None``)."""
-    from harness.checking.invariants.resume import (check_resume_exactly_once, check_resume_rollout_once,
-                                                    check_resume_versions, resume_report)
+    from harness.checking.invariants.resume import (
+        check_resume_exactly_once,
+        check_resume_rollout_once,
+        check_resume_versions,
+        resume_report,
+    )
 
     cfg = res.scenario.config
     report = resume_report(res.events, cfg)

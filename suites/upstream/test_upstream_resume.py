@@ -15,9 +15,16 @@ from __future__ import annotations
 
 import pytest
 
-from miles_async_core import events as ev
-from harness.upstream.lives import CHECKPOINT_LOADED, CHECKPOINT_SAVED, LIFE_END, LIFE_START, Stop, run_lives
+from harness.upstream.lives import (
+    CHECKPOINT_LOADED,
+    CHECKPOINT_SAVED,
+    LIFE_END,
+    LIFE_START,
+    Stop,
+    run_lives,
+)
 from harness.upstream.resume_sweep import SETTINGS, account
+from miles_async_core import events as ev
 
 SAVE_INTERVAL, NUM_ROLLOUT = 2, 6
 
@@ -125,8 +132,8 @@ def test_the_cli_runs_the_upstream_host_and_refuses_what_upstream_refuses(miles_
 
 
 def test_exactly_once_is_refused_on_upstream_naming_the_flag():
-    from miles_async_core.errors import ConfigError
     from harness.commands.resume_sweep import host_of
+    from miles_async_core.errors import ConfigError
 
     with pytest.raises(ConfigError, match="--exactly-once"):
         host_of("upstream", None, exactly_once=True)
