@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from miles_async_core import events as ev
-from miles_async_core.config import AsyncConfig
 from harness.record.merge import merge_dir, split_lives, verdict
 from harness.record.writer import ProcessRecord
+from miles_async_core import events as ev
+from miles_async_core.config import AsyncConfig
 
 CONFIG = AsyncConfig(rollout_batch_size=1, n_samples_per_prompt=1, num_rollout=2)
 
