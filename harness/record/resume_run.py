@@ -198,10 +198,61 @@ def _cut(path: Path) -> bool:
     return bool(data) and not data.endswith(b"\n")
 
 
+def verdict_lines(check_output: str) -> dict[str, str]:
+    """``check-trace --merge``'s verdict per checker (``PASS``, ``FAIL (n violations)``,
+    ``NOT APPLICABLE: ...``), read from its output."""
+    out = {}
+    for line in check_output.splitlines():
+        name, _, rest = line.partition(" ")
+        rest = rest.strip()
+        if name and not name.startswith(("[", "t=")) and rest.startswith(("PASS", "FAIL", "NOT APPLICABLE")):
+            out[name] = rest
+    return out
+
+
+def _kill_and_resume_main(ns: argparse.Namespace, argv: list[str] | None) -> int:
+    import shutil
+    import tempfile
+
+    from harness.checking.invariants.resume import resume_report
+    from harness.record.merge import MERGED_NAME
+    from harness.trace import read_jsonl
+
+    tmp = Path(tempfile.mkdtemp(prefix="miles-harness-kill-resume-"))
+    ns.record_dir = Path(ns.record_dir) if ns.record_dir else tmp / "record"
+    ns.ckpt = Path(ns.ckpt) if ns.ckpt else tmp / "ckpt"
+    try:
+        out = kill_and_resume(ns)
+        print(out["check_output"])
+        merged = ns.record_dir / MERGED_NAME
+        events = read_jsonl(merged) if merged.exists() else []
+        report = resume_report(events)
+        summary = {**{k: v for k, v in out.items() if k not in ("check_output", "check_stderr", "life1_stderr")},
+                   "lives": sum(1 for e in events if e.kind == "life_start"),
+                   "life_starts": [{k: e.fields.get(k) for k in ("life", "start_rollout_id", "loaded_version")}
+                                   for e in events if e.kind == "life_start"],
+                   "verdicts": verdict_lines(out["check_output"]),
+                   "resume": report.to_dict() if report is not None else None}
+        print(json.dumps(summary, indent=1, default=str))
+        if ns.out:
+            from harness.results.schema import git_info, machine_info
+
+            cmd = "python -m harness.record.resume_run " + " ".join(argv if argv is not None else sys.argv[1:])
+            Path(ns.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(ns.out).write_text(json.dumps({"command": cmd, "git": git_info(), "machine": machine_info(),
+                                                "run": summary}, indent=1, default=str) + "\n")
+        return 0 if out["killed"] and out["life1_returncode"] == 0 and out["check_returncode"] in (0, 1) else 1
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m harness.record.resume_run", description=__doc__.split("\n")[0])
-    p.add_argument("--record-dir", required=True, help="MILES_HARNESS_RECORD_DIR: the same for every life")
-    p.add_argument("--ckpt", required=True, help="--save and --load: the same for every life")
+    p.add_argument("--record-dir", default=None,
+                   help="MILES_HARNESS_RECORD_DIR: the same for every life (--kill-and-resume: a temporary one by default)")
+    p.add_argument("--ckpt", default=None,
+                   help="--save and --load: the same for every life (--kill-and-resume: a temporary one by default)")
+    p.add_argument("--out", default=None, help="--kill-and-resume: write the run's summary as JSON here")
     p.add_argument("--miles-src", default=None)
     p.add_argument("--steps", type=int, default=6, help="--num-rollout")
     p.add_argument("--save-interval", type=int, default=2)
@@ -215,10 +266,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kill-after", type=int, default=1, help="the checkpoint (rollout id) life 0 is killed after")
     ns = p.parse_args(argv)
     if ns.kill_and_resume:
-        out = kill_and_resume(ns)
-        print(out["check_output"])
-        print(json.dumps({k: v for k, v in out.items() if k not in ("check_output",)}, indent=1))
-        return 0 if out["killed"] and out["life1_returncode"] == 0 and out["check_returncode"] in (0, 1) else 1
+        return _kill_and_resume_main(ns, argv)
+    if ns.record_dir is None or ns.ckpt is None:
+        p.error("one life needs --record-dir and --ckpt (the same for every life)")
     import torch
 
     torch.set_num_threads(1)
