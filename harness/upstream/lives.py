@@ -140,7 +140,6 @@ class _Life:
         self.dead = False
         self.ended = "completed"
         self.saved_data: set[int] = set()  # rollouts whose data source this life saved
-        self.trained_upto = -1
         self.runner: UpstreamRunner | None = None
         self.main: asyncio.Task | None = None
         self.between_seen = 0
@@ -188,12 +187,10 @@ class _Life:
                 self._crash(self.watcher.stop.at)
                 return
             if kind == ev.TRAINED:
-                self.trained_upto = max(self.trained_upto, fields["rollout_id"])
                 self._on_trained(fields["rollout_id"])
             self._maybe_crash_between(kind, fields)
 
         sink.emit = observed
-        self.emit_raw = emit
 
     def _follow(self, kind: str, fields: dict[str, Any]) -> None:
         """The groups this life has taken and not yet trained or dropped (``open``), and
