@@ -22,6 +22,13 @@ loads become ``engine_loaded``, and the update counts as done (``engine_version`
 the last server has loaded it. Without server files, ``generate_call`` events become
 ``submitted`` / ``finished`` with the versions Miles recorded (no per-token versions:
 the checkers that need them are not applicable).
+
+Lives: a run killed and started again with ``--load`` into the same directory has one
+rollout-role process per life (``split_lives``); each life is merged alone (its requests
+joined to its own calls), its events carry ``life`` between a ``life_start`` and a
+``life_end``, and ``verdict`` runs each single-run checker on each life and the resume
+checkers across them. A directory with one rollout process merges as before, with no
+life fields.
 """
 
 from __future__ import annotations
