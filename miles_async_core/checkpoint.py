@@ -24,6 +24,7 @@ resumed engines serve the checkpoint's version.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,10 +57,11 @@ def should_save(args: Any, rollout_id: int, sentinel: bool = False) -> bool:
     (``miles/utils/misc.py:L130-L151``), or the ``--save-trigger-sentinel`` file exists."""
     if sentinel:
         return True
-    interval = args.save_interval
+    interval: int | None = args.save_interval
     if interval is None:
         return False
-    return rollout_id == args.num_rollout - 1 or (rollout_id + 1) % interval == 0
+    last: int = args.num_rollout - 1
+    return rollout_id == last or (rollout_id + 1) % interval == 0
 
 
 def saved_version(weight_version: int, trained_since_update: bool) -> int:
@@ -68,10 +70,11 @@ def saved_version(weight_version: int, trained_since_update: bool) -> int:
     return weight_version + 1 if trained_since_update else weight_version
 
 
-def save(ckpt: CheckpointDir, rollout_id: int, *, model: dict[str, Any], data_source: Any, sink: Any,
-         exactly_once: bool) -> None:
-    """Write the model part, then the data source part (the order of ``train.py:L86-L91``);
-    each ``checkpoint_saved`` event follows its part's write, so a life that dies at the
+async def save(ckpt: CheckpointDir, rollout_id: int, *, model: dict[str, Any], data_source: Any, sink: Any,
+               exactly_once: bool) -> None:
+    """Write the model part, then the data source part (the order of ``train.py:L86-L91``:
+    two calls, ``save_model`` and ``rollout_manager.save``, with a loop step between them);
+    each ``checkpoint_saved`` event follows its part's write, so a life that dies after the
     model's event leaves the data source's part unwritten."""
     if ckpt.crashed:
         return
@@ -79,6 +82,7 @@ def save(ckpt: CheckpointDir, rollout_id: int, *, model: dict[str, Any], data_so
     if sink.enabled:
         sink.emit(ev.CHECKPOINT_SAVED, rollout_id=rollout_id, part="model", version=model["version"],
                   optimizer_step=model["optimizer_step"], lr_step=model["lr_step"])
+    await asyncio.sleep(0)  # the rollout manager's save is a separate call
     if ckpt.crashed:  # the process died after the model's save: a half-written checkpoint
         return
     state = data_source.save(rollout_id)

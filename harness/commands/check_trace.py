@@ -104,7 +104,7 @@ def main(args: argparse.Namespace) -> int:
     by_name: dict[str, list[Any]] = {}
     for v in violations:
         by_name.setdefault(v.invariant, []).append(v)
-    checks = applicable(config, complete=complete)
+    checks = applicable(config, complete=complete, events=events)
     width = max(len(c.name) for c in checks)
     for check in checks:
         found = by_name.get(check.name, [])

@@ -12,7 +12,8 @@ upstream Miles' own drivers from the tree ``--miles-src`` (or ``$MILES_SRC``) na
 upstream's own save and load code on a checkpoint folder (``harness.upstream.lives``). Prints one line per
 setting: resumes, groups lost and duplicated (total and per resume), the mechanism of each
 loss, the response-length bias of lost against trained groups, and the checkers that
-failed; ``--json`` writes that summary and every case's row. Exit 0 when every case ran
+failed; then one line per driver and stop point. ``--json`` writes both summaries and
+every case's row. Exit 0 when every case ran
 and every stop was reached (losses are findings, not errors), 1 otherwise.
 """
 
@@ -59,7 +60,15 @@ def host_of(name: str, miles_src: str | None = None, exactly_once: bool = False)
 
 
 def main(args: argparse.Namespace) -> int:
-    from harness.sim.resume_sweep import FAST, cases, format_table, summarize, sweep
+    from harness.sim.resume_sweep import (
+        FAST,
+        cases,
+        format_by_stop,
+        format_table,
+        summarize,
+        summarize_by_stop,
+        sweep,
+    )
 
     host = host_of(args.host, args.miles_src, args.exactly_once)
     only = args.setting if args.setting else (FAST if args.fast else None)
@@ -71,13 +80,15 @@ def main(args: argparse.Namespace) -> int:
     refused = {c.setting: why for c in todo if refuses is not None and (why := refuses(c))}
     todo = [c for c in todo if c.setting not in refused]
     rows = sweep(todo, host)
-    summary = summarize(rows)
+    summary, by_stop = summarize(rows), summarize_by_stop(rows)
     print(format_table(summary))
+    print()
+    print(format_by_stop(by_stop))
     for setting, why in refused.items():
         print(f"{setting}: not run, {why}")
     failed = [r for r in rows if r.error or not r.reached]
     if args.json:
-        doc = {"host": args.host, "exactly_once_resume": args.exactly_once, "summary": summary,
+        doc = {"host": args.host, "exactly_once_resume": args.exactly_once, "summary": summary, "by_stop": by_stop,
                **({"miles_tree": getattr(host, "miles_tree", None), "refused": refused}
                   if args.host == "upstream" else {}),
                "cases": [r.to_dict() for r in rows]}

@@ -25,17 +25,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
-from miles_async_core import events as ev
-from miles_async_core.checkpoint import CheckpointDir
-from miles_async_core.config import AsyncConfig
-from miles_async_core.data_source import RolloutDataSourceWithBuffer
-from miles_async_core.drivers import make_context, run
-from miles_async_core.drivers.common import RunContext, start_life
-from miles_async_core.errors import ConfigError
-from miles_async_core.types import SamplingParams
 from harness.measure.ages import AgeRecorder
 from harness.sim.engine import SimEngine
 from harness.sim.run_scenario import emit_run_end, sim_reward
@@ -44,6 +37,14 @@ from harness.sim.trainer import SimTrainer
 from harness.sim.vtime import run_virtual
 from harness.sim.watchdog import WatchdogTripped, for_scenario, install
 from harness.trace import Event, TraceRecorder
+from miles_async_core import events as ev
+from miles_async_core.checkpoint import CheckpointDir
+from miles_async_core.config import AsyncConfig
+from miles_async_core.data_source import RolloutDataSourceWithBuffer
+from miles_async_core.drivers import make_context, run
+from miles_async_core.drivers.common import RunContext, start_life
+from miles_async_core.errors import ConfigError
+from miles_async_core.types import SamplingParams
 
 # Where a crash can happen, relative to rollout ``rollout_id`` (StopWatcher says which event).
 STOP_LABELS = ("save_boundary", "between_model_and_data_source", "mid_generation", "mid_drain", "during_pause",
@@ -110,8 +111,10 @@ class StopWatcher:
 
 
 class LifeSink:
-    """One life's sink: stamps ``life`` on every event into the shared recorder and, at the
-    stop event, ends the life (``life_end``), marks the checkpoint folder crashed, stops the
+    """One life's sink: stamps ``life`` on every event into the shared recorder and, once
+    the stop event is recorded, ends the life at the next loop step (what the current step
+    does synchronously still happens, as a process dies between instructions, not inside
+    an engine's pause): records ``life_end``, marks the checkpoint folder crashed, stops the
     loop, and records nothing more."""
 
     enabled = True
@@ -124,18 +127,25 @@ class LifeSink:
         self.watcher = watcher
         self.ckpt = ckpt
         self.dead = False
+        self.dying = False
         self.loop: asyncio.AbstractEventLoop | None = None
 
     def emit(self, kind: str, /, **fields: Any) -> None:
         if self.dead:
             return
         self.recorder.emit(kind, **{"life": self.life, **fields})
-        if self.watcher is not None and self.watcher.see(kind, fields):
-            self.recorder.emit(ev.LIFE_END, life=self.life, how="crash", at=self.watcher.stop.at)
-            # the dying process's later work is neither recorded nor written
-            self.dead = self.ckpt.crashed = True
-            if self.loop is not None:
-                self.loop.stop()
+        if not self.dying and self.watcher is not None and self.watcher.see(kind, fields):
+            self.dying = True
+            assert self.loop is not None, "LifeSink.loop is set when the life's loop starts"
+            self.loop.call_soon(self._crash)
+
+    def _crash(self) -> None:
+        assert self.watcher is not None
+        self.recorder.emit(ev.LIFE_END, life=self.life, how="crash", at=self.watcher.stop.at)
+        # the dying process's later work is neither recorded nor written
+        self.dead = self.ckpt.crashed = True
+        assert self.loop is not None
+        self.loop.stop()
 
 
 @dataclass
@@ -183,19 +193,23 @@ def _life(scenario: Scenario, life: int, stop: StopPoint | None, ckpt: Checkpoin
     crash = stop is not None and stop.how == "crash"
     sink = LifeSink(recorder, life, StopWatcher(stop, cfg) if crash and stop is not None else None, ckpt)
     prompt = [0] * scenario.engine.prompt_tokens
+    # holds the context past the loop's end, so the loop cancels a fully-async worker still
+    # running instead of the collector destroying it pending (as ``simulate`` holds it)
+    holder: dict[str, RunContext] = {}
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
         clock["loop"], sink.loop = loop, loop
         engine = SimEngine(scenario.engine, sink=sink)
         install(for_scenario(scenario, sink=sink, engine=engine))
-        prompt_fn = lambda k: (f"prompt-{k}", prompt, k)  # noqa: E731
+        prompt_fn = lambda k: (f"prompt-{k}", prompt, k)
         source = (data_source_factory or RolloutDataSourceWithBuffer)(cfg.n_samples_per_prompt, prompt_fn, sink=sink)
         source.track_sources, source.exactly_once = True, cfg.exactly_once_resume
         ctx = make_context(cfg, engine, SimTrainer(scenario.trainer), prompt_fn,
                            sampling=SamplingParams(max_new_tokens=scenario.max_new_tokens),
                            reward_fn=sim_reward(cfg.seed), sink=sink, observer=AgeRecorder(), data_source=source)
         ctx.checkpoint = ckpt
+        holder["ctx"] = ctx
         if hooks is not None:
             hooks(ctx)
         start_life(ctx, life)
@@ -211,7 +225,7 @@ def _life(scenario: Scenario, life: int, stop: StopPoint | None, ckpt: Checkpoin
 
     try:
         run_virtual(main())
-    except (Exception, asyncio.CancelledError) as exc:
+    except (Exception, asyncio.CancelledError) as exc:  # noqa: BLE001 - a crash stops the loop; anything else is the result's error
         if not sink.dead or isinstance(exc, WatchdogTripped):
             return sink, exc
     return sink, None

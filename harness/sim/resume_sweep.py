@@ -9,7 +9,8 @@ host (upstream Miles' own drivers) only has to return the same kind of result.
 ``settings(exactly_once)`` lists the settings: each driver (``train.py``, one-step and
 fully-async ``train_async.py``), each pause mode (async), each unused-samples handler
 (fully async, with a staleness bound so the handler is called), with and without
-over-sampling and ``--partial-rollout`` (sync and one-step). ``stop_points(config)`` lists
+over-sampling and ``--partial-rollout`` (sync and one-step), and with
+``--update-weights-interval 2`` (async). ``stop_points(config)`` lists
 the stops of a setting: a crash right after each save that is not the last, and the seeded
 points between saves (``harness.sim.lives.STOP_LABELS``). ``sweep`` runs them; every
 run is bounded by the scenario's watchdog. ``FAST`` is the subset the fast tier runs.
@@ -18,16 +19,17 @@ run is bounded by the scenario's watchdog. ``FAST`` is the subset the fast tier 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any
 
-from miles_async_core.config import AsyncConfig
 from harness.checking.invariants import check_all
 from harness.checking.invariants.resume import resume_report
+from harness.sim.engine import LengthDist, SimEngineConfig
 from harness.sim.lives import LivesResult, StopPoint, run_lives
 from harness.sim.scenario import Scenario
 from harness.sim.trainer import SimTrainerConfig
-from harness.sim.engine import LengthDist, SimEngineConfig
+from miles_async_core.config import AsyncConfig
 
 NUM_ROLLOUT = 8
 SAVE_INTERVAL = 2
@@ -54,8 +56,8 @@ def core_host(case: ResumeCase) -> LivesResult:
 
 
 def _scenario(name: str, **config: Any) -> Scenario:
-    base: dict[str, Any] = dict(rollout_batch_size=4, n_samples_per_prompt=2, num_rollout=NUM_ROLLOUT,
-                                save_interval=SAVE_INTERVAL)
+    base: dict[str, Any] = {"rollout_batch_size": 4, "n_samples_per_prompt": 2, "num_rollout": NUM_ROLLOUT,
+                            "save_interval": SAVE_INTERVAL}
     # long responses vary (a heavy tail), so what is in flight at a stop is the long part
     engine = SimEngineConfig(response_length=LengthDist(kind="lognormal", median=40.0, sigma=0.8))
     return Scenario(name=name, config=AsyncConfig(**{**base, **config}), engine=engine,
@@ -81,18 +83,28 @@ def settings(exactly_once: bool = False) -> list[tuple[str, Scenario]]:
             name = f"fully-async/{mode}/{handler}"
             out.append((name, _scenario(name, fully_async=True, pause_generation_mode=mode, max_weight_staleness=1,
                                         async_unused_samples_handler=handler, **ext)))
+    # --update-weights-interval 2: the look-ahead generate is awaited only every other step
+    out.append(("one-step/retract+k2", _scenario("one-step/retract+k2", update_weights_interval=2, **ext)))
+    out.append(("fully-async/retract/retry+k2", _scenario("fully-async/retract/retry+k2", fully_async=True,
+                                                          max_weight_staleness=2, update_weights_interval=2,
+                                                          async_unused_samples_handler="retry", **ext)))
     return out
 
 
 def stop_points(config: AsyncConfig) -> list[StopPoint]:
-    """A crash right after each save but the last, and the seeded points between saves."""
+    """A crash right after each save but the last, and the seeded points between the saves
+    of rollouts 3 and 5 (with ``SAVE_INTERVAL`` 2): rollout 4's training step, the pause and
+    the weight load after it, rollout 5's generation (its drain, fully async) while rollout 4
+    trains, the gap between rollout 5's model and data source saves, and a planned exit
+    after a sentinel save at rollout 4."""
     saves = [r for r in range(config.num_rollout) if (r + 1) % SAVE_INTERVAL == 0][:-1]
     out = [StopPoint("save_boundary", r) for r in saves]
-    between = [StopPoint(at, 2) for at in ("mid_generation", "mid_train", "during_pause", "mid_update")]
+    out += [StopPoint(at, 4) for at in ("mid_train", "during_pause", "mid_update")]
+    out.append(StopPoint("mid_generation", 5))
     if config.fully_async:
-        between.append(StopPoint("mid_drain", 2))
-    between += [StopPoint("between_model_and_data_source", 3), StopPoint("planned_exit", 4, "planned")]
-    return out + between
+        out.append(StopPoint("mid_drain", 5))
+    out += [StopPoint("between_model_and_data_source", 5), StopPoint("planned_exit", 4, "planned")]
+    return out
 
 
 def cases(exactly_once: bool = False, *, only: Iterable[str] | None = None) -> list[ResumeCase]:
@@ -171,6 +183,36 @@ def summarize(rows: list[SweepRow]) -> list[dict[str, Any]]:
                     "not_reached": [r.case.name for r in rs if not r.reached],
                     "errors": [r.case.name for r in rs if r.error]})
     return out
+
+
+def driver_of(setting: str) -> str:
+    """``sync``, ``one-step`` or ``fully-async``: a setting's name up to its first ``/`` or ``+``."""
+    return setting.split("/")[0].split("+")[0]
+
+
+def summarize_by_stop(rows: list[SweepRow]) -> list[dict[str, Any]]:
+    """One line per driver and stop point, over that driver's settings: what each kind of stop costs."""
+    by: dict[tuple[str, str], list[SweepRow]] = {}
+    for r in rows:
+        by.setdefault((driver_of(r.case.setting), r.case.stops[0].at), []).append(r)
+    out = []
+    for (driver, at), rs in by.items():
+        mech: dict[str, int] = {}
+        for r in rs:
+            for k, v in r.mechanisms.items():
+                mech[k] = mech.get(k, 0) + v
+        out.append({"driver": driver, "stop": at, "resumes": len(rs), "lost": sum(r.lost for r in rs),
+                    "duplicated": sum(r.duplicated for r in rs), "lost_per_resume": sum(r.lost for r in rs) / len(rs),
+                    "dup_per_resume": sum(r.duplicated for r in rs) / len(rs), "mechanisms": dict(sorted(mech.items()))})
+    return out
+
+
+def format_by_stop(summary: list[dict[str, Any]]) -> str:
+    header = ("driver", "stop", "resumes", "lost/resume", "dup/resume", "mechanisms")
+    lines = [(s["driver"], s["stop"], str(s["resumes"]), f"{s['lost_per_resume']:.2f}", f"{s['dup_per_resume']:.2f}",
+              " ".join(f"{k}:{v}" for k, v in s["mechanisms"].items()) or "-") for s in summary]
+    widths = [max(len(r[i]) for r in [header, *lines]) for i in range(len(header))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in [header, *lines])
 
 
 def format_table(summary: list[dict[str, Any]]) -> str:

@@ -235,7 +235,7 @@ async def maybe_save(ctx: RunContext, rollout_id: int) -> None:
     model = {"rollout_id": rollout_id, "optimizer_step": ctx.optimizer_step, "lr_step": ctx.lr_step,
              "version": ck.saved_version(ctx.weight_version, ctx.trainer_steps > ctx.steps_at_update),
              "trainer": state() if state is not None else None}
-    ck.save(ctx.checkpoint, rollout_id, model=model, data_source=ctx.data_source, sink=ctx.sink,
+    await ck.save(ctx.checkpoint, rollout_id, model=model, data_source=ctx.data_source, sink=ctx.sink,
             exactly_once=bool(getattr(ctx.args, "exactly_once_resume", False)))
 
 

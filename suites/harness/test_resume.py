@@ -85,3 +85,31 @@ def test_cli_resume_sweep_writes_its_table(tmp_path: Path, capsys) -> None:
     assert "sync" in capsys.readouterr().out
     doc = json.loads(out.read_text())
     assert doc["summary"][0]["lost"] == 0 and doc["summary"][0]["duplicated"] == 0
+
+
+def test_check_trace_runs_the_resume_checkers_on_a_stored_trace_with_lives(tmp_path: Path, capsys) -> None:
+    from harness.trace import config_path, write_jsonl
+
+    case = next(c for c in cases(False, only=["one-step/retract"]) if c.stops[0].at == "save_boundary")
+    trace = tmp_path / "lives.jsonl"
+    write_jsonl(run_lives(case.scenario, case.stops).events, trace)
+    config_path(trace).write_text(json.dumps({"config": case.scenario.config.to_dict(), "complete": True}))
+    assert main(["check-trace", str(trace)]) == 1
+    out = capsys.readouterr().out
+    assert "resume_exactly_once                FAIL" in out and "resume_rollout_once                PASS" in out
+    assert "look_ahead when the checkpoint's cursor was saved" in out
+
+
+def test_exactly_once_holds_across_three_stops_in_one_run() -> None:
+    """A run stopped three times (a crash mid-step before its second save, a crash between a
+    model's and a data source's save, a planned exit) and resumed each time."""
+    stops = [StopPoint("mid_train", 2), StopPoint("between_model_and_data_source", 5),
+             StopPoint("planned_exit", 6, "planned")]
+    for name, scenario in settings(True):
+        if name not in FAST:
+            continue
+        result = run_lives(scenario, stops)
+        report = resume_report(result.events, scenario.config)
+        assert result.error is None and all(result.reached) and report is not None
+        assert len(report.resumes) == 3 and not report.lost and not report.duplicated, (name, report.to_dict())
+        assert not check_report(result.events, scenario.config)["violations"], name

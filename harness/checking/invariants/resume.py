@@ -8,7 +8,7 @@ life, every step. A step a later life rolled back (trained after the checkpoint 
 does not count: its weights are gone.
 
 * ``resume_exactly_once``: every source group (``source_index``, ``epoch``) below the final
-  cursor is trained exactly once in the kept history: never twice, and never skipped
+  cursor (where the last life's data source stands at the end) is trained exactly once in the kept history: never twice, and never skipped
   unless the run dropped it by design (a ``dropped`` event: handler drop, retry cap, kept
   beyond B, aborted at a rollout's end), or it is still pending when the last life ends.
 * ``resume_rollout_once``: each rollout id is trained once in the kept history; a life
@@ -32,10 +32,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from miles_async_core import events as ev
-from miles_async_core.config import AsyncConfig
 from harness.checking.invariants.base import Violation, invariant
 from harness.trace import Event
+from miles_async_core import events as ev
+from miles_async_core.config import AsyncConfig
 
 MECHANISMS = ("look_ahead", "in_flight", "buffered", "recycled_partial", "over_sampling_leftover",
               "recycled_retry", "generated_not_trained", "trained_after_checkpoint", "never_taken")
@@ -84,7 +84,7 @@ class ResumeReport:
     duplicated: dict[SourceKey, list[tuple[int, int]]]
     dropped: set[SourceKey]
     pending_at_end: set[SourceKey]
-    final_cursor: int  # 1 + the highest source index handed out (epoch 0 counts; see below)
+    final_cursor: int  # where the last life's data source stands: its loaded cursor, or past its newest take
     resumes: list[ResumeRow]
     lost_length_mean: float | None
     trained_length_mean: float | None
@@ -252,7 +252,7 @@ def resume_report(events: list[Event], config: AsyncConfig | None = None) -> Res
               for i in (e.fields.get("state") or {}).get("pending", ())}
     pending = {s for s in set(last.taken_at) | queued if s not in trained and s not in dropped} if completed else set()
     seen = set().union(*(life.taken_at for life in lives))
-    final_cursor = 1 + max((s[0] for s in seen), default=-1)
+    final_cursor = _final_cursor(last)
     lost: list[LostGroup] = []
     for idx in range(final_cursor):
         src = (idx, 0)
@@ -269,6 +269,14 @@ def resume_report(events: list[Event], config: AsyncConfig | None = None) -> Res
                         final_cursor=final_cursor, resumes=_rows(lives, lost, dup),
                         lost_length_mean=sum(lost_lengths) / len(lost_lengths) if lost_lengths else None,
                         trained_length_mean=sum(trained_lengths) / len(trained_lengths) if trained_lengths else None)
+
+
+def _final_cursor(last: _Life) -> int:
+    """The last life's cursor: the ``sample_offset`` it loaded (0 without a data source part),
+    or past the newest source it handed out, whichever is further."""
+    loaded = next((e for e in last.events if e.kind == ev.CHECKPOINT_LOADED and e["part"] == "data_source"), None)
+    start = int((loaded.fields.get("state") or {}).get("sample_offset", 0)) if loaded is not None else 0
+    return max(start, 1 + max((s[0] for s in last.taken_at), default=-1))
 
 
 def _next_loaded(lives: list[_Life], number: int) -> int | None:
@@ -319,9 +327,7 @@ def _slice(events: list[Event], src: SourceKey) -> list[Event]:
         life = int(e.fields.get("life", 0))
         if e.kind == ev.TAKEN and (e.fields.get("source_index"), e.fields.get("epoch", 0)) == src:
             gis.add((life, e["group_index"]))
-        if e.kind in (ev.LIFE_START, ev.LIFE_END, ev.CHECKPOINT_SAVED, ev.CHECKPOINT_LOADED):
-            out.append(e)
-        elif (life, e.fields.get("group_index")) in gis or any((life, g) in gis for g in e.fields.get("group_indices")
+        if e.kind in (ev.LIFE_START, ev.LIFE_END, ev.CHECKPOINT_SAVED, ev.CHECKPOINT_LOADED) or (life, e.fields.get("group_index")) in gis or any((life, g) in gis for g in e.fields.get("group_indices")
                                                                or ()):
             out.append(e)
     return out
@@ -399,36 +405,42 @@ def check_resume_versions(events: list[Event], config: AsyncConfig) -> list[Viol
     out: list[Violation] = []
     served: dict[tuple[int, int], int] = {}  # (life, rollout_id of a model save) -> version served then
     for number, evs in enumerate(split_lives(events)):
-        current, loaded, first_seen, found = 0, None, False, set()
-
-        def report(problem: str, message: str, pos: int) -> None:
-            if problem not in found:
-                found.add(problem)
-                out.append(Violation(invariant=name, message=message, events=evs[max(0, pos - 8):pos + 1]))
-
-        for pos, e in enumerate(evs):
-            k = e.kind
-            if k == ev.LIFE_START:
-                loaded = e["loaded_version"]
-                floor = _served_at_save(served, number, evs)
-                if loaded is not None and floor is not None and loaded < floor:
-                    report("floor", f"life {number} loads version {loaded}, below the version {floor} served when "
-                                    "its checkpoint was saved", pos)
-            elif k == ev.ENGINE_VERSION:
-                v = e["version"]
-                if loaded is not None and not first_seen and v != loaded:
-                    report("first", f"life {number}'s engines first serve version {v}; the checkpoint's weights are "
-                                    f"version {loaded}", pos)
-                elif loaded is not None and v < loaded:
-                    report("below", f"life {number} serves version {v}, below its checkpoint's {loaded}", pos)
-                first_seen, current = True, v
-            elif k == ev.CHECKPOINT_SAVED and e["part"] == "model":
-                served[(number, e["rollout_id"])] = current
-            elif k == ev.TRAINED and loaded is not None and e["trainer_version"] < loaded:
-                report("age", f"life {number} trains rollout {e['rollout_id']} with trainer version "
-                              f"{e['trainer_version']}, below the checkpoint's {loaded}: sample ages are measured "
-                              "against the wrong version", pos)
+        out += _life_versions(name, number, evs, served)
     return out
+
+
+def _life_versions(name: str, number: int, evs: list[Event], served: dict[tuple[int, int], int]) -> list[Violation]:
+    """One life's version problems, each reported at its first event; records the version
+    served at each of its model saves in ``served``."""
+    found: dict[str, Violation] = {}
+    current, loaded, first_seen = 0, None, False
+
+    def report(problem: str, message: str, pos: int) -> None:
+        found.setdefault(problem, Violation(invariant=name, message=message, events=evs[max(0, pos - 8):pos + 1]))
+
+    for pos, e in enumerate(evs):
+        k = e.kind
+        if k == ev.LIFE_START:
+            loaded = e["loaded_version"]
+            floor = _served_at_save(served, number, evs)
+            if loaded is not None and floor is not None and loaded < floor:
+                report("floor", f"life {number} loads version {loaded}, below the version {floor} served when "
+                                "its checkpoint was saved", pos)
+        elif k == ev.ENGINE_VERSION:
+            v = e["version"]
+            if loaded is not None and not first_seen and v != loaded:
+                report("first", f"life {number}'s engines first serve version {v}; the checkpoint's weights are "
+                                f"version {loaded}", pos)
+            elif loaded is not None and v < loaded:
+                report("below", f"life {number} serves version {v}, below its checkpoint's {loaded}", pos)
+            first_seen, current = True, v
+        elif k == ev.CHECKPOINT_SAVED and e["part"] == "model":
+            served[(number, e["rollout_id"])] = current
+        elif k == ev.TRAINED and loaded is not None and e["trainer_version"] < loaded:
+            report("age", f"life {number} trains rollout {e['rollout_id']} with trainer version "
+                          f"{e['trainer_version']}, below the checkpoint's {loaded}: sample ages are measured "
+                          "against the wrong version", pos)
+    return list(found.values())
 
 
 def _served_at_save(served: dict[tuple[int, int], int], number: int, evs: list[Event]) -> int | None:
