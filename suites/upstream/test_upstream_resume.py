@@ -112,6 +112,7 @@ def test_upstream_and_the_core_lose_and_repeat_the_same_groups_on_one_setting(mi
     host = upstream_host(str(miles_src))
     todo = [c for c in cases(only=["one-step/retract"]) if c.stops[0].at in ("save_boundary", "mid_train",
                                                                              "between_model_and_data_source")]
+    assert len(todo) >= 3, [c.name for c in cases(only=["one-step/retract"])]  # the setting and its stops exist
     for case in todo:
         up, core = run_case(case, host), run_case(case, core_host)
         assert up.reached and up.error is None, (case.name, up.error)
