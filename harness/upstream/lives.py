@@ -184,7 +184,7 @@ class _Life:
             emit(kind, **fields)
             self._follow(kind, fields)
             if self.watcher is not None and self.watcher.see(kind, fields):
-                self._crash(self.watcher.stop.at)
+                self._crash_at_next_step(self.watcher.stop.at)
                 return
             if kind == ev.TRAINED:
                 self._on_trained(fields["rollout_id"])
@@ -236,10 +236,22 @@ class _Life:
             return
         self.between_seen += 1
         if self.between_seen == stop.nth:
-            self._crash(stop.label)
+            self._crash_at_next_step(stop.label)
 
     def _crash(self, where: str) -> None:
-        self.dead, self.ended = True, f"crash:{where}"
+        """The process dies here: nothing later is recorded or written."""
+        self.ended = f"crash:{where}"
+        self._die()
+
+    def _crash_at_next_step(self, where: str) -> None:
+        """The process dies at the event loop's next step: what the current step does
+        synchronously still happens (and is recorded), nothing after it (the sweep's rule
+        for a stop at an event, ``harness.sim.lives``)."""
+        self.ended, self.watcher = f"crash:{where}", None
+        asyncio.get_running_loop().call_soon(self._die)
+
+    def _die(self) -> None:
+        self.dead = True
         if self.main is not None and not self.main.done():
             self.main.cancel()
 
