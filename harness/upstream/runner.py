@@ -835,6 +835,7 @@ class UpstreamRunner:
             # it stops now (RunnerSeamError after it), whatever upstream does with the error
             stand_ins.ON_RAISE = lambda exc: loop.call_soon(me.cancel) if not me.done() else None
             mod = self._driver_module(args, ctx)
+            self.args, self.ctx, self.driver_mod = args, ctx, mod  # for hooks (harness.upstream.lives)
             if self.hooks is not None:
                 self.hooks(self)
             try:
