@@ -155,8 +155,13 @@ def main_merge(args: argparse.Namespace) -> int:
     print(f"config: {source}; checked as a {'complete run' if complete else 'prefix of a failed run'}")
     result = verdict(merged, config, complete=complete)
     width = max([len(n) for n in [*result["ran"], *result["lacking"]]] or [10])
+    if result.get("lives"):
+        print(f"lives: {result['lives']} joined (each life's checks on its own events; the resume checkers across)")
     for name, count in result["ran"].items():
-        print(f"{name:<{width}}  {'PASS' if not count else f'FAIL ({count} violations)'}")
+        skipped = result.get("not_run_on_lives", {}).get(name)
+        print(f"{name:<{width}}  {'PASS' if not count else f'FAIL ({count} violations)'}"
+              + (f"  (not run on lives {skipped['lives']}: they lack {', '.join(skipped['lacking'])})"
+                 if skipped else ""))
     for name, kinds in result["lacking"].items():
         print(f"{name:<{width}}  NOT APPLICABLE: the trace has no {', '.join(kinds)} events")
     if result["not_for_config"]:

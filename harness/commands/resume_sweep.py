@@ -1,13 +1,15 @@
 """`miles-harness resume-sweep`: stop and resume every setting, count what a resume loses.
 
-    miles-harness resume-sweep [--host core] [--exactly-once] [--fast] [--setting NAME ...]
-                               [--json PATH]
+    miles-harness resume-sweep [--host core|upstream] [--miles-src PATH] [--exactly-once] [--fast]
+                               [--setting NAME ...] [--json PATH]
 
 Runs ``harness.sim.resume_sweep``: each setting (driver, pause mode, unused-samples
 handler, over-sampling, ``--partial-rollout``) crashed right after each save and at the
 seeded points between saves, then resumed from its checkpoint, one case per stop, each
 under the watchdog. ``--host core`` runs the core's drivers in virtual time (with
-``--exactly-once``, the harness extension ``exactly_once_resume``). Prints one line per
+``--exactly-once``, the harness extension ``exactly_once_resume``); ``--host upstream`` runs
+upstream Miles' own drivers from the tree ``--miles-src`` (or ``$MILES_SRC``) names, with
+upstream's own save and load code on a checkpoint folder (``harness.upstream.lives``). Prints one line per
 setting: resumes, groups lost and duplicated (total and per resume), the mechanism of each
 loss, the response-length bias of lost against trained groups, and the checkers that
 failed; then one line per driver and stop point. ``--json`` writes both summaries and
@@ -24,11 +26,12 @@ from typing import Any
 
 from miles_async_core.errors import ConfigError
 
-HOSTS = ("core",)
+HOSTS = ("core", "upstream")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="core", help=f"who runs each case: {', '.join(HOSTS)}")
+    p.add_argument("--miles-src", default=None, help="--host upstream: the Miles tree (default: $MILES_SRC)")
     p.add_argument("--exactly-once", action="store_true",
                    help="switch on the harness extension exactly_once_resume (core host)")
     p.add_argument("--fast", action="store_true", help="only the fast subset of settings (one per driver)")
@@ -36,12 +39,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", default=None, help="write the summary and every case's row to this file")
 
 
-def host_of(name: str) -> Any:
+def host_of(name: str, miles_src: str | None = None, exactly_once: bool = False) -> Any:
     from harness.sim.resume_sweep import core_host
 
     if name == "core":
         return core_host
-    raise ConfigError(f"--host {name!r} is not one of {', '.join(HOSTS)}. Fix: pass --host core")
+    if name == "upstream":
+        if exactly_once:
+            raise ConfigError("--exactly-once with --host upstream: exactly_once_resume is a harness extension of the "
+                              "core; upstream Miles has none. Fix: drop --exactly-once or pass --host core")
+        from harness.upstream.lives import upstream_host
+        from harness.upstream.source import UpstreamUnavailable
+
+        try:
+            return upstream_host(miles_src)
+        except UpstreamUnavailable as exc:
+            raise ConfigError(f"--host upstream --miles-src {miles_src}: {exc}. Fix: pass --miles-src PATH (a Miles "
+                              "checkout) or set MILES_SRC") from None
+    raise ConfigError(f"--host {name!r} is not one of {', '.join(HOSTS)}. Fix: pass --host core or --host upstream")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -55,20 +70,27 @@ def main(args: argparse.Namespace) -> int:
         sweep,
     )
 
-    host = host_of(args.host)
+    host = host_of(args.host, args.miles_src, args.exactly_once)
     only = args.setting if args.setting else (FAST if args.fast else None)
     todo = cases(args.exactly_once, only=only)
     if not todo:
         raise ConfigError(f"--setting {args.setting}: no such setting. Fix: pass a name the sweep lists "
                           "(harness.sim.resume_sweep.settings), e.g. one-step/retract")
+    refuses = getattr(host, "refuses", None)  # the upstream host: settings upstream refuses to start
+    refused = {c.setting: why for c in todo if refuses is not None and (why := refuses(c))}
+    todo = [c for c in todo if c.setting not in refused]
     rows = sweep(todo, host)
     summary, by_stop = summarize(rows), summarize_by_stop(rows)
     print(format_table(summary))
     print()
     print(format_by_stop(by_stop))
+    for setting, why in refused.items():
+        print(f"{setting}: not run, {why}")
     failed = [r for r in rows if r.error or not r.reached]
     if args.json:
         doc = {"host": args.host, "exactly_once_resume": args.exactly_once, "summary": summary, "by_stop": by_stop,
+               **({"miles_tree": getattr(host, "miles_tree", None), "refused": refused}
+                  if args.host == "upstream" else {}),
                "cases": [r.to_dict() for r in rows]}
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")

@@ -22,6 +22,13 @@ loads become ``engine_loaded``, and the update counts as done (``engine_version`
 the last server has loaded it. Without server files, ``generate_call`` events become
 ``submitted`` / ``finished`` with the versions Miles recorded (no per-token versions:
 the checkers that need them are not applicable).
+
+Lives: a run killed and started again with ``--load`` into the same directory has one
+rollout-role process per life (``split_lives``); each life is merged alone (its requests
+joined to its own calls), its events carry ``life`` between a ``life_start`` and a
+``life_end``, and ``verdict`` runs each single-run checker on each life and the resume
+checkers across them. A directory with one rollout process merges as before, with no
+life fields.
 """
 
 from __future__ import annotations
@@ -74,6 +81,9 @@ REQUIRES: dict[str, tuple[str, ...]] = {
     "batch_single_version": (ev.TRAINED, ev.FINISHED),
     "colocate_exclusive": (ev.PHASE_START,),
     "colocate_no_decode_while_training": (ev.PHASE_START, ev.DECODE_STEP),
+    "one_step_overlap": (ev.GENERATE_START, ev.TRAINED),
+    "no_idle_slot": (ev.TAKEN, ev.GROUP_DONE, ev.PUT_ACCEPTED),
+    "dead_worker_surfaces": (ev.GROUP_DONE, ev.DRAIN_START, ev.GOT),
     "resume_exactly_once": (ev.LIFE_START, ev.TAKEN, ev.TRAINED),
     "resume_rollout_once": (ev.LIFE_START, ev.TRAINED),
     "resume_versions": (ev.LIFE_START, ev.ENGINE_VERSION),
@@ -324,9 +334,80 @@ def _framework_events(pf: ProcessFile) -> list[tuple[float, int, str, dict[str, 
 def merge_dir(directory: str | Path, *, incomplete: bool = False) -> Merged:
     directory = Path(directory)
     files = read_dir(directory, incomplete=incomplete)
+    stats = {"joined": 0, "exact": 0, "ambiguous": 0, "server_requests_unjoined": 0, "calls_unjoined": 0}
+    lives = split_lives(files)
+    if len(lives) == 1:
+        rows = _merge_life(files, stats)
+    else:
+        rows = []
+        saved: dict[int, Any] = {}  # model checkpoint rollout -> the version its weights were served as
+        for number, life_files in enumerate(lives):
+            rows += _life_rows(number, _merge_life(life_files, stats), last=number == len(lives) - 1,
+                               files=life_files, saved=saved)
+    t_first = rows[0][0] if rows else 0.0
+    events = [Event(seq, t - t_first, kind, fields) for seq, (t, kind, fields) in enumerate(rows)]
+    life_of = {id(pf): n for n, life in enumerate(lives) for pf in life} if len(lives) > 1 else {}
+    procs = [{"file": pf.path.name, "role": pf.role, "pid": pf.header.get("pid"), "host": pf.header.get("host"),
+              "events": len(pf.lines), "truncated": pf.truncated,
+              **({"life": life_of[id(pf)]} if life_of else {})} for pf in files]
+    return Merged(events=events, processes=procs, truncated=[pf.path.name for pf in files if pf.truncated],
+                  join=stats, bytes_total=sum(pf.path.stat().st_size for pf in files))
+
+
+def _span(pf: ProcessFile) -> tuple[float, float]:
+    """A process's first and last moment on the wall clock (its identity line included)."""
+    monos = [pf.header["mono"], *(d["mono"] for d in pf.lines)]
+    return min(monos) + pf.offset, max(monos) + pf.offset
+
+
+def split_lives(files: list[ProcessFile]) -> list[list[ProcessFile]]:
+    """The lives of a run that was stopped and started again with ``--load`` into the same
+    record directory: each rollout-role process (the rollout manager's) is one life, in
+    the order they started. A life ends before the next starts, so every other process
+    (servers, training ranks) belongs to the life whose predecessors' rollout processes
+    had all ended when it started. One rollout process (or none): one life."""
+    rollout = sorted((pf for pf in files if pf.role == "rollout"), key=lambda pf: _span(pf)[0])
+    if len(rollout) <= 1:
+        return [files]
+    ends = [_span(pf)[1] for pf in rollout]
+    lives: list[list[ProcessFile]] = [[] for _ in rollout]
+    for pf in files:
+        first = _span(pf)[0]
+        number = len(rollout) - 1 if pf.role != "rollout" else rollout.index(pf)
+        if pf.role != "rollout":
+            number = sum(1 for end in ends if end < first)
+        lives[min(number, len(rollout) - 1)].append(pf)
+    return lives
+
+
+def _life_rows(number: int, rows: list[tuple[float, str, dict[str, Any]]], *, last: bool,
+               files: list[ProcessFile], saved: dict[int, Any]) -> list[tuple[float, str, dict[str, Any]]]:
+    """One life's events with ``life``, opened by ``life_start`` (``start_rollout_id``: the
+    loaded model checkpoint's rollout + 1, as Megatron resumes, else 0; ``loaded_version``:
+    the version an earlier life recorded for that checkpoint's weights when it saved them
+    (a ``checkpoint_saved`` of the model part; a Megatron trainer's save is not recorded:
+    ``None``)) and closed by ``life_end``: a life followed by another
+    ended with its process (``crash``: the record cannot tell a kill from a planned exit);
+    the last one ``completed`` unless its record was cut short mid-line (``crash``)."""
+    loaded = next((f["rollout_id"] for _, k, f in rows if k == ev.CHECKPOINT_LOADED and f["part"] == "model"), None)
+    t0 = rows[0][0] if rows else 0.0
+    t1 = rows[-1][0] if rows else 0.0
+    start = {"life": number, "start_rollout_id": 0 if loaded is None else loaded + 1,
+             "loaded_version": saved.get(loaded) if loaded is not None else None}
+    for _, k, f in rows:
+        if k == ev.CHECKPOINT_SAVED and f["part"] == "model" and f.get("version") is not None:
+            saved[f["rollout_id"]] = f["version"]
+    cut = any(pf.truncated for pf in files)
+    how = "completed" if last and not cut else "crash"
+    at = "" if how == "completed" else ("process killed mid-line" if cut else "the process's record ends")
+    return [(t0, ev.LIFE_START, start), *((t, k, {**f, "life": number}) for t, k, f in rows),
+            (t1, ev.LIFE_END, {"life": number, "how": how, "at": at})]
+
+
+def _merge_life(files: list[ProcessFile], stats: dict[str, int]) -> list[tuple[float, str, dict[str, Any]]]:
+    """One life's process files merged: (wall time, kind, fields), in order."""
     servers = [pf for pf in files if pf.role.startswith("server")]
     framework = [pf for pf in files if not pf.role.startswith("server")]
-    stats = {"joined": 0, "exact": 0, "ambiguous": 0, "server_requests_unjoined": 0, "calls_unjoined": 0}
     calls = _calls(framework)
     rows: list[tuple[float, int, int, str, dict[str, Any]]] = []
     multi = len(servers) > 1
@@ -336,7 +417,7 @@ def merge_dir(directory: str | Path, *, incomplete: bool = False) -> Merged:
     if multi:
         server_rows += _loads_complete(server_rows, len(servers))
     matched = {(c["index"], c["start_mono"]): servers.index(c["server"]) for c in calls if c["matched"]}
-    stats["calls_unjoined"] = sum(1 for c in calls if not c["matched"]) if servers else 0
+    stats["calls_unjoined"] += sum(1 for c in calls if not c["matched"]) if servers else 0
     for pf in framework:
         for d in pf.lines:
             if d["kind"] == GENERATE_CALL and (d["index"], d["start_mono"]) in matched:
@@ -347,9 +428,8 @@ def merge_dir(directory: str | Path, *, incomplete: bool = False) -> Merged:
         rows += [(t, order, n, k, f) for t, n, k, f in _framework_events(pf)]
     rows += [(t, len(framework) + 1, n, k, f) for t, n, k, f in server_rows]
     rows.sort(key=lambda r: (r[0], r[1], r[2]))
-    t_first = rows[0][0] if rows else 0.0
-    events, engine = [], 0
-    for seq, (t, _, _, kind, fields) in enumerate(rows):
+    out, engine = [], 0
+    for t, _, _, kind, fields in rows:
         if kind == ev.ENGINE_VERSION:
             engine = fields["version"]
         if kind == ev.SUBMITTED and fields.get("version") is None:
@@ -358,27 +438,60 @@ def merge_dir(directory: str | Path, *, incomplete: bool = False) -> Merged:
             # the trainer trains on the weights the engines last loaded (train_async updates after
             # each step); the version the rollout passed along is kept as manager_version
             fields["manager_version"], fields["trainer_version"] = fields["trainer_version"], engine
-        events.append(Event(seq, t - t_first, kind, fields))
-    procs = [{"file": pf.path.name, "role": pf.role, "pid": pf.header.get("pid"), "host": pf.header.get("host"),
-              "events": len(pf.lines), "truncated": pf.truncated} for pf in files]
-    return Merged(events=events, processes=procs, truncated=[pf.path.name for pf in files if pf.truncated],
-                  join=stats, bytes_total=sum(pf.path.stat().st_size for pf in files))
+        out.append((t, kind, fields))
+    return out
 
 
 def verdict(merged: Merged, config: Any, *, complete: bool) -> dict[str, Any]:
     """Every checker that applies to ``config``: run when the kinds it reads are in the
-    merged trace, else listed as not applicable with the kinds it lacks."""
+    merged trace, else listed as not applicable with the kinds it lacks. With lives, a
+    checker of one run (its group indices restart from the restored cursor in each life)
+    runs on each life alone, an earlier life as the prefix of a stopped run, and the
+    resume checkers (``Check.applies_to_trace``) run on the whole trace."""
     from harness.checking.invariants import ALL_CHECKS, applicable
+    from harness.checking.invariants import resume  # noqa: F401  (registers the resume checkers)
 
-    present = {e.kind for e in merged.events}
     ran: dict[str, list[Any]] = {}
     lacking: dict[str, list[str]] = {}
+    skipped: dict[str, dict[str, list[Any]]] = {}  # with lives: checker -> the lives it could not run on, why
+    lives = _by_life(merged.events) if any(e.kind == ev.LIFE_START for e in merged.events) else [merged.events]
     for check in applicable(config, complete=complete, events=merged.events):
-        missing = [k for k in REQUIRES.get(check.name, ()) if k not in present]
-        if missing:
-            lacking[check.name] = missing
-        else:
-            ran[check.name] = check.fn(merged.events, config)
+        parts = [(0, merged.events)] if len(lives) == 1 or check.applies_to_trace is not None else \
+            [(n, evs) for n, evs in enumerate(lives) if n == len(lives) - 1 or not check.needs_complete_run]
+        found: list[Any] = []
+        done = 0
+        for n, evs in parts:
+            present = {e.kind for e in evs}
+            missing = [k for k in REQUIRES.get(check.name, ()) if k not in present]
+            if missing:
+                lacking.setdefault(check.name, missing)
+                skip = skipped.setdefault(check.name, {"lives": [], "lacking": missing})
+                skip["lives"].append(n)
+                continue
+            found += check.fn(evs, _life_config(config, evs) if len(parts) > 1 or len(lives) > 1 else config)
+            done += 1
+        if done:
+            ran[check.name] = found
+            lacking.pop(check.name, None)
     off = [name for name in ALL_CHECKS if name not in ran and name not in lacking]
-    return {"ran": {k: len(v) for k, v in ran.items()}, "violations": ran, "lacking": lacking,
-            "not_for_config": off, "passed": not any(ran.values())}
+    out = {"ran": {k: len(v) for k, v in ran.items()}, "violations": ran, "lacking": lacking,
+           "not_for_config": off, "passed": not any(ran.values())}
+    if len(lives) > 1:
+        out["lives"] = len(lives)
+        out["not_run_on_lives"] = {k: v for k, v in skipped.items() if k in ran}
+    return out
+
+
+def _life_config(config: Any, events: list[Event]) -> Any:
+    """The config one life ran under: its ``start_rollout_id`` is where it started."""
+    start = next((e for e in events if e.kind == ev.LIFE_START), None)
+    if start is None or start.fields.get("start_rollout_id") is None or events is None:
+        return config
+    return type(config).from_dict({**config.to_dict(), "start_rollout_id": int(start["start_rollout_id"])})
+
+
+def _by_life(events: list[Event]) -> list[list[Event]]:
+    lives: dict[int, list[Event]] = {}
+    for e in events:
+        lives.setdefault(int(e.fields.get("life", 0)), []).append(e)
+    return [lives[k] for k in sorted(lives)]

@@ -144,12 +144,16 @@ class RecordedResult:
 
 def run_recorded(cfg: upstream_e2e.E2EConfig, record_dir: str | Path, *, miles_src: str | None = None,
                  extra_flags: dict[str, Any] | None = None, inner: dict[str, str] | None = None,
-                 install_recorder: bool = True) -> RecordedResult:
+                 install_recorder: bool = True, run_class: type | None = None,
+                 incomplete: bool = False) -> RecordedResult:
     """One recorded run; ``inner``: ``MILES_HARNESS_RECORD_INNER_<NAME>`` settings (the
     user's originals) for the run's duration; ``extra_flags``: more Miles ``args`` fields
     (e.g. ``async_data_buffer_capacity_factor``), set on the run and on the checkers' config.
     ``install_recorder=False``: the recorder's flags are not added, so only those in
-    ``extra_flags`` are set (``main``: the flags of its command line)."""
+    ``extra_flags`` are set (``main``: the flags of its command line). ``run_class``: a
+    subclass of the recorded run (``harness.record.resume_run``: one life with
+    checkpoints); ``incomplete``: merge process files whose last line was cut short (an
+    earlier life killed mid-line in the same directory)."""
     import tempfile
     import shutil
 
@@ -177,7 +181,7 @@ def run_recorded(cfg: upstream_e2e.E2EConfig, record_dir: str | Path, *, miles_s
 
     reset_state()
     try:
-        run = _RecordedRun(cfg, workdir)
+        run = (run_class or _RecordedRun)(cfg, workdir)
         run.record_dir, run.extra_flags = record_dir, dict(extra_flags or {})
         run.install_recorder = install_recorder
         res = run.execute()
@@ -196,7 +200,7 @@ def run_recorded(cfg: upstream_e2e.E2EConfig, record_dir: str | Path, *, miles_s
 
         config = AsyncConfig.from_dict({**config.to_dict(), **overrides})
     (record_dir / "merged.config.json").write_text(json.dumps({"config": config.to_dict(), "complete": True}))
-    merged = merge_dir(record_dir)
+    merged = merge_dir(record_dir, incomplete=incomplete)
     from harness.trace import write_jsonl
 
     write_jsonl(merged.events, record_dir / MERGED_NAME)

@@ -31,6 +31,7 @@ turns into trace events (``harness.record.merge``), and ``train_data`` /
 from __future__ import annotations
 
 import inspect
+import os
 import threading
 import time
 from typing import Any
@@ -138,7 +139,9 @@ class RecordingDataSource:
 
     def __init__(self, args: Any) -> None:
         self._inner = load_inner("data_source")(args)
+        self._args = args
         self._calls = 0
+        self._sources: dict[int, tuple[int, int]] = {}  # group_index -> (source_index, epoch)
 
     def __getattr__(self, name: str) -> Any:
         inner = self.__dict__.get("_inner")
@@ -148,11 +151,20 @@ class RecordingDataSource:
 
     def get_samples(self, num_samples: int) -> Any:
         queued = {id(g) for g in getattr(self._inner, "buffer", ())}
+        cursor = (getattr(self._inner, "sample_offset", None), getattr(self._inner, "epoch_id", None))
         groups = self._inner.get_samples(num_samples)
         self._calls += 1
+        fresh = 0
         for g in groups:
             gi = g[0].group_index
-            emit(ev.TAKEN, group_index=gi, indices=[s.index for s in g], recycled=id(g) in queued, call=self._calls)
+            source = {}
+            if id(g) not in queued:
+                source = self._source(gi, cursor, fresh)
+                fresh += 1
+            elif gi in self._sources:
+                source = dict(zip(("source_index", "epoch"), self._sources[gi]))
+            emit(ev.TAKEN, group_index=gi, indices=[s.index for s in g], recycled=id(g) in queued, call=self._calls,
+                 **source)
             with STATE.lock:
                 if STATE.taken is not None:
                     STATE.taken.append(gi)
@@ -162,6 +174,49 @@ class RecordingDataSource:
         out = self._inner.add_samples(samples)
         for g in samples or []:
             emit(ev.RECYCLED, group_index=g[0].group_index)
+        return out
+
+    def _source(self, gi: int, cursor: tuple[Any, Any], k: int) -> dict[str, int]:
+        """The ``k``-th group this call read from the dataset: its position in the epoch's
+        order and the epoch (``RolloutDataSource.get_samples`` reads on from ``sample_offset``
+        and wraps into the next epoch, ``data_source.py:L85-L97``); a source group keeps
+        this identity across a resume, its ``group_index`` does not."""
+        offset, epoch = cursor
+        dataset = getattr(self._inner, "dataset", None)
+        if offset is None or epoch is None or dataset is None:
+            return {}
+        n = len(dataset)
+        pos = offset + k
+        self._sources[gi] = (pos % n, epoch + pos // n)
+        return {"source_index": pos % n, "epoch": epoch + pos // n}
+
+    def _state(self) -> dict[str, Any]:
+        inner = self._inner
+        return {k: getattr(inner, k, None) for k in ("sample_offset", "epoch_id", "sample_group_index", "sample_index")}
+
+    def save(self, rollout_id: int) -> Any:
+        """``RolloutManager.save`` calls it (``rollout_manager.py:L275-L277``): recorded as the
+        data source's part of checkpoint ``rollout_id``, with the cursor it wrote."""
+        out = self._inner.save(rollout_id)
+        emit(ev.CHECKPOINT_SAVED, rollout_id=rollout_id, part="data_source", state=self._state())
+        return out
+
+    def load(self, rollout_id: int | None = None) -> Any:
+        """``RolloutManager.load`` (``rollout_manager.py:L280-L281``), called once at start-up
+        with ``start_rollout_id - 1`` (``placement_group.py:L182``): that rollout is the
+        model checkpoint the trainer loaded (Megatron: ``start_rollout_id = loaded + 1``,
+        ``actor.py:L212``), recorded as the model part (``inferred``: the trainer's own
+        load is in another process); the data source's part only when its state file
+        exists (upstream logs a missing one and loads nothing, ``data_source.py:L146-L149``)."""
+        args = self._args
+        load_dir = getattr(args, "load", None)
+        found = bool(load_dir) and rollout_id is not None and os.path.exists(
+            os.path.join(load_dir, f"rollout/global_dataset_state_dict_{rollout_id}.pt"))
+        out = self._inner.load(rollout_id)
+        if rollout_id is not None and rollout_id >= 0:
+            emit(ev.CHECKPOINT_LOADED, rollout_id=rollout_id, part="model", inferred=True)
+        if found:
+            emit(ev.CHECKPOINT_LOADED, rollout_id=rollout_id, part="data_source", state=self._state())
         return out
 
 

@@ -141,6 +141,21 @@ STEPS: list[Step] = [
          ["results/gap/smollm2-run-memory"]),
     Step("upstream_faults", [PY, "-m", "harness.upstream.fault_sweep", "sweep", "--runs", "10000", "--jobs", "2",
                              "--write"], ["results/upstream/fault_findings.json", "results/upstream/fault_findings.md"]),
+    # upstream's train_async.py on the CPU servers, SIGKILLed after a checkpoint and resumed with --load, checked
+    Step("record_kill_resume_one_step", [PY, "-m", "harness.record.resume_run", "--kill-and-resume", "--steps", "6",
+                                         "--save-interval", "2", "--train-extra-s", "0.3",
+                                         "--out", "results/record/kill_resume_one_step.json"],
+         ["results/record/kill_resume_one_step.json"]),
+    Step("record_kill_resume_fully_async", [PY, "-m", "harness.record.resume_run", "--kill-and-resume", "--fully-async",
+                                            "--steps", "6", "--save-interval", "2", "--train-extra-s", "0.3",
+                                            "--out", "results/record/kill_resume_fully_async.json"],
+         ["results/record/kill_resume_fully_async.json"]),
+    # the resume sweep on upstream's own drivers (the core's settings and stop points, upstream host)
+    Step("resume_sweep_upstream", CLI + ["resume-sweep", "--host", "upstream", "--json", "results/resume/upstream.json"],
+         ["results/resume/upstream.json", "results/resume/upstream.txt"], stdout="results/resume/upstream.txt"),
+    # upstream's drivers stopped and resumed, per stop: several resumes in one run, a half-written state file
+    Step("upstream_resume_sweep", [PY, "-m", "harness.upstream.resume_sweep", "--out", "results/upstream/resume_sweep"],
+         ["results/upstream/resume_sweep.json", "results/upstream/resume_sweep.md"]),
     Step("serve_upstream_e2e", [PY, "-m", "harness.serve.upstream_e2e", "--out", "results/serve/upstream_e2e.json"],
          ["results/serve/upstream_e2e.json"]),
     # upstream's loop on the CPU servers with the recorder: clean runs and each seeded bug in real time

@@ -363,7 +363,8 @@ class SimEngine:
             mode, fut = self._pause
             self._pause = None
             self._apply_pause(mode)
-            fut.set_result(None)
+            if not fut.done():  # its awaiter may be gone (a run cancelled mid-pause)
+                fut.set_result(None)
             return
         self._start_segment(self._now())
 

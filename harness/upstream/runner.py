@@ -138,7 +138,7 @@ def upstream_args(scenario: Scenario, *, dynamic_filter_path: str | None = None,
         check_weight_update_equal=False, offload_train=False, offload_rollout=False, num_critic_only_steps=0,
         dumper_enable=False, dumper_dir=None, dumper_inference=None,
     )
-    return argparse.Namespace(**d)
+    return stand_ins.ArgsStand(**d)  # an argument the harness did not set: StandInMissing
 
 
 async def sim_reward_rm(args: Any, sample: Any, **_: Any) -> Any:
@@ -836,6 +836,7 @@ class UpstreamRunner:
             # it stops now (RunnerSeamError after it), whatever upstream does with the error
             stand_ins.ON_RAISE = lambda exc: loop.call_soon(me.cancel) if not me.done() else None
             mod = self._driver_module(args, ctx)
+            self.args, self.ctx, self.driver_mod = args, ctx, mod  # for hooks (harness.upstream.lives)
             if self.hooks is not None:
                 self.hooks(self)
             try:

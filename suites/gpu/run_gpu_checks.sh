@@ -18,7 +18,9 @@
 # (e) with MILES_CMD set: a real Miles run with the recorder (harness.record), merged and
 #     checked; see the stage below. DEVICE=cpu without MILES_CMD runs upstream Miles on the
 #     CPU (`python -m harness.record.served_run`: its train_async.py loop behind CPU servers)
-#     when an upstream tree is found ($MILES_SRC or the pinned tree beside the repository).
+#     when an upstream tree is found ($MILES_SRC or the pinned tree beside the repository);
+# (f) with MILES_CMD set: the same run killed after a checkpoint and resumed with --load,
+#     the lives joined and checked; see the stage below.
 # DEVICE=cpu is a dry run with tiny settings (about a minute); suites/gpu/test_dry_run.py runs it.
 # The summary reads every results file through the schema (python -m harness.results.summary).
 # Exit status: 0 when every stage passed, 1 otherwise (the summary says which).
@@ -175,6 +177,66 @@ if [[ -n "${MILES_CMD:-}" ]]; then
   log "recorder: exit $record_rc"
 else
   log "recorder: skipped (MILES_CMD is not set)"
+fi
+
+# (f) kill and resume a real Miles run (docs/record.md, "Kill and resume"), only with MILES_CMD
+#     (DEVICE=cpu with stage (e)'s CPU command: harness.record.resume_run --kill-and-resume):
+#     life 0 runs MILES_CMD with the recorder and --save/--load $OUT/resume/ckpt
+#     --save-interval ${MILES_RESUME_SAVE_INTERVAL:-2}; once it has saved a checkpoint and
+#     trained a later rollout its driver process is SIGKILLed (Ray tears down the job's
+#     actors with it); life 1 is the same command (upstream's --load path), then
+#     check-trace --merge joins the lives and runs the resume checkers. A failure here is
+#     counted in the recorder's exit status.
+if [[ "${MILES_CMD:-}" == *harness.record.served_run* ]]; then
+  # the CPU dry run's Miles command (stage (e)): upstream's train_async.py on the CPU servers,
+  # killed after its first checkpoint and resumed by harness.record.resume_run
+  RES="$OUT/resume"; mkdir -p "$RES"; resume_rc=0
+  log "kill and resume: DEVICE=cpu, upstream Miles on the CPU servers -> $RES"
+  "$PY" -m harness.record.resume_run --kill-and-resume --steps 4 --save-interval 2 --train-extra-s 0.3 \
+    --record-dir "$RES/record" --ckpt "$RES/ckpt" --out "$RES/summary.json" > "$RES/check.txt" || resume_rc=$?
+  grep -E "^lives:|^resume_" "$RES/check.txt" || true
+  log "kill and resume: exit $resume_rc (see $RES/check.txt)"
+  [[ $resume_rc -eq 0 ]] || record_rc=$resume_rc
+elif [[ -n "${MILES_CMD:-}" ]]; then
+  RES="$OUT/resume"; mkdir -p "$RES/record" "$RES/ckpt"; resume_rc=0
+  RESUME_FLAGS="--save $RES/ckpt --load $RES/ckpt --save-interval ${MILES_RESUME_SAVE_INTERVAL:-2}
+    --custom-generate-function-path harness.record.generate --data-source-path harness.record.RecordingDataSource
+    --dynamic-sampling-filter-path harness.record.dynamic_filter
+    --custom-rollout-log-function-path harness.record.log_rollout_data
+    --custom-convert-samples-to-train-data-path harness.record.convert_samples_to_train_data
+    ${MILES_RECORD_EXTRA_FLAGS:-}"
+  log "kill and resume: life 0 -> $RES"
+  # shellcheck disable=SC2086  # command lines, split on purpose; exec: $! is the driver itself
+  ( export MILES_HARNESS_RECORD_DIR="$RES/record"; exec $MILES_CMD $RESUME_FLAGS ) & life0=$!
+  killed=0
+  for _ in $(seq 1 "${MILES_RESUME_WAIT_S:-1200}"); do
+    kill -0 "$life0" 2>/dev/null || break
+    if "$PY" -c "import sys, pathlib; from harness.record.resume_run import saw_kill_point as s; \
+sys.exit(0 if s(pathlib.Path(sys.argv[1]), int(sys.argv[2])) else 1)" "$RES/record" \
+        "$(( ${MILES_RESUME_SAVE_INTERVAL:-2} - 1 ))"; then
+      kill -9 "$life0" 2>/dev/null && killed=1; break
+    fi
+    sleep 1
+  done
+  wait "$life0" 2>/dev/null || true
+  if [[ $killed -eq 1 ]]; then
+    log "kill and resume: life 0 killed after its first checkpoint; life 1 resumes with --load"
+    # shellcheck disable=SC2086
+    MILES_HARNESS_RECORD_DIR="$RES/record" $MILES_CMD $RESUME_FLAGS || resume_rc=$?
+    if [[ $resume_rc -eq 0 ]]; then
+      # exit 1 is a violation found (a finding, in check.txt), 2 a record it cannot read
+      # shellcheck disable=SC2086
+      "${HARNESS[@]}" check-trace --merge "$RES/record" --incomplete -- $MILES_CMD > "$RES/check.txt" \
+        || { c=$?; [[ $c -eq 1 ]] || resume_rc=$c; }
+      cat "$RES/check.txt"
+    fi
+  else
+    log "kill and resume: life 0 ended before a checkpoint and a later trained rollout"; resume_rc=1
+  fi
+  log "kill and resume: exit $resume_rc (see $RES/check.txt)"
+  [[ $resume_rc -eq 0 ]] || record_rc=$resume_rc
+else
+  log "kill and resume: skipped (MILES_CMD is not set)"
 fi
 
 echo done > "$OUT/.phase"

@@ -36,3 +36,5 @@ def test_the_gpu_scripts_cpu_dry_run_runs_every_stage_and_exits_0(tmp_path, mile
     assert set(extras.table) == {"sync", "one-step"}
     assert all(f"      {mode:<12} steps   2" in log for mode in extras.table)
     assert (out / "record" / "merged.jsonl").stat().st_size > 0
+    # stage (f): upstream on the CPU servers killed after a checkpoint, resumed, the lives checked
+    assert "kill and resume: exit 0" in log and "lives: 2 joined" in log
