@@ -443,6 +443,12 @@ class UpstreamRunResult:
 
 
 class UpstreamRunner:
+    # set by run(), for hooks (harness.upstream.lives): upstream's parsed args, its run context
+    # and the driver module that runs
+    args: Any
+    ctx: Any
+    driver_mod: Any
+
     def __init__(self, scenario: Scenario, *, engine_factory: Callable | None = None,
                  trainer_factory: Callable | None = None, dynamic_filter_path: str | None = None,
                  generate_function_path: str | None = None, trace: bool = True,
