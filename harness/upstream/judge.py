@@ -58,13 +58,14 @@ class Judgement:
                 "violations": list(self.violations), "violations_total": self.violations_total}
 
 
-def judge(result: Any, config: Any = None, *, max_stored: int = 20) -> Judgement:
+def judge(result: Any, config: Any = None, *, complete: bool | None = None, max_stored: int = 20) -> Judgement:
     """Every applicable checker on ``result.events`` (an upstream run), with ``config``
-    (default: the run's scenario config); a run that ended with an error is judged as a prefix."""
+    (default: the run's scenario config); a run that ended with an error is judged as a
+    prefix (``complete`` overrides: the fault sweep also counts a hang as an early end)."""
     from harness.checking.invariants import check_report
 
     cfg = config if config is not None else result.scenario.config
-    complete = result.error is None
+    complete = result.error is None if complete is None else complete
     rep = check_report(result.events, cfg, complete=complete, max_stored=max_stored)
     return Judgement(complete=complete, checkers=dict(rep["checkers"]), violations=list(rep["violations"]),
                      violations_total=int(rep["violations_total"]), shown=list(rep["_violations"]))
