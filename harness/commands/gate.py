@@ -66,7 +66,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 # --------------------------------------------------------------------------- the trees
 
 def _git(cwd: Path, *args: str) -> str:
-    done = subprocess.run(["git", "-C", str(cwd), *args], capture_output=True, text=True)
+    done = subprocess.run(["git", "-C", str(cwd), *args], capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise ConfigError(f"git {' '.join(args)} in {cwd}: {done.stderr.strip() or done.stdout.strip()}")
     return done.stdout.strip()
@@ -75,7 +75,7 @@ def _git(cwd: Path, *args: str) -> str:
 def export_ref(checkout: Path, ref: str, dest: Path) -> str:
     """Write ``ref``'s version of ``checkout`` (a folder inside a git work tree) to ``dest``
     with ``git archive``; returns the commit."""
-    probe = subprocess.run(["git", "-C", str(checkout), "rev-parse", "--show-toplevel"], capture_output=True, text=True)
+    probe = subprocess.run(["git", "-C", str(checkout), "rev-parse", "--show-toplevel"], capture_output=True, text=True, check=False)
     if probe.returncode != 0:
         raise ConfigError(f"--base {ref}: not a directory, and --miles-src {checkout} is not in a git checkout, so "
                           "it cannot be a git ref either. Allowed: a Miles tree, or a ref of the checkout --miles-src "
@@ -83,7 +83,7 @@ def export_ref(checkout: Path, ref: str, dest: Path) -> str:
     top = Path(probe.stdout.strip())
     prefix = _git(checkout, "rev-parse", "--show-prefix")
     found = subprocess.run(["git", "-C", str(top), "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"],
-                           capture_output=True, text=True)
+                           capture_output=True, text=True, check=False)
     if found.returncode != 0:
         raise ConfigError(f"--base {ref}: no such directory and no such git ref in {top}. Allowed: a Miles tree or "
                           "a ref (branch, tag, commit) of that checkout. Fix: `git fetch` the base branch, or pass "
@@ -162,6 +162,30 @@ def run_trees(head: Path, base: Path, out: Path, scenarios: list[str], seeds: in
     return docs
 
 
+def _print_verdicts(verdicts: list, *, verbose: bool) -> None:
+    """One line per case that is not unchanged (every case with ``verbose``); a harness
+    error or a missing seam repeated over many cases once, with the cases it hit; HEAD's
+    log under a failing case (once per message), every log with ``verbose``."""
+    from harness.upstream.case_log import indent, tail
+
+    grouped: dict[tuple[str, str], list] = {}
+    for v in verdicts:
+        if v.verdict in ("harness_error", "not_run") and not verbose:
+            grouped.setdefault((v.verdict, v.message), []).append(v)
+            continue
+        if v.verdict != "unchanged" or verbose:
+            print(v.line())
+        if v.log.strip() and (verbose or v.verdict == "new_violation"):
+            print(indent(v.log if verbose else tail(v.log)))
+    for (kind, message), vs in grouped.items():
+        names = [v.name for v in vs]
+        shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
+        print(f"{'HARNESS ERROR' if kind == 'harness_error' else 'NOT RUN'} in {len(names)} case(s) ({shown}): "
+              f"{message}")
+        if kind == "harness_error" and vs[0].log.strip():
+            print(indent(tail(vs[0].log, 15)))
+
+
 def _cpu_s() -> float:
     me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
@@ -169,7 +193,6 @@ def _cpu_s() -> float:
 
 def main(args: argparse.Namespace) -> int:
     from harness.upstream import gate
-    from harness.upstream.case_log import indent, tail
     from harness.upstream.diff import case_named
 
     for name in args.scenario:
@@ -197,14 +220,7 @@ def main(args: argparse.Namespace) -> int:
         print("REFUSED: HEAD can run none of the cases asked (missing seams; see `miles-harness doctor`)")
         return REFUSED
     code = gate.exit_code(verdicts, strict=args.strict)
-    shown_logs: set[str] = set()
-    for v in verdicts:
-        if v.verdict != "unchanged" or args.verbose:
-            print(v.line())
-        failing = v.verdict in ("new_violation", "harness_error")
-        if v.log.strip() and (args.verbose or (failing and v.message not in shown_logs)):
-            shown_logs.add(v.message)  # a harness error repeated in many cases: its log once
-            print(indent(v.log if args.verbose else tail(v.log)))
+    _print_verdicts(verdicts, verbose=args.verbose)
     wall, cpu = time.perf_counter() - t0, _cpu_s() - cpu0
     head_name = str(args.miles_src or head)
     md = gate.summary_markdown(verdicts, head=head_name, base=args.base, code=code, wall_s=wall, cpu_s=cpu,

@@ -16,8 +16,9 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator, TextIO
+from typing import TextIO
 
 FORMAT = "%(levelname)s:%(name)s:%(message)s"
 
@@ -72,4 +73,4 @@ class CaseLogFile:
             f.write(text if text.endswith("\n") or not text else text + "\n")
 
 
-__all__ = ["CaseLogFile", "FORMAT", "captured", "indent", "tail"]
+__all__ = ["FORMAT", "CaseLogFile", "captured", "indent", "tail"]

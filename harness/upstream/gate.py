@@ -210,14 +210,14 @@ def summary_markdown(verdicts: list[CaseVerdict], *, head: str, base: str, code:
     c = Counter(v.verdict for v in verdicts)
     icon = {0: "passed", 1: "FAILED", 2: "harness error", 3: "refused"}[code]
     out = [f"## Miles async gate: {icon}", "",
-           f"{headline(verdicts, code, strict)}. HEAD `{head}` against BASE `{base}`: {len(verdicts)} cases in "
-           f"{wall_s:.0f} s wall, {cpu_s:.0f} s CPU. Each case runs on both trees and each run is judged by every "
-           "applicable invariant checker on its own trace.", "",
+           (f"{headline(verdicts, code, strict)}. HEAD `{head}` against BASE `{base}`: {len(verdicts)} cases in "
+            f"{wall_s:.0f} s wall, {cpu_s:.0f} s CPU. Each case runs on both trees and each run is judged by every "
+            "applicable invariant checker on its own trace."), "",
            "| verdict | cases |", "|---|---|"]
     out += [f"| {LABELS[k]} | {c[k]} |" for k in VERDICTS]
     for kind, title in (("new_violation", "New violations (HEAD breaks, BASE does not)"),
-                        ("harness_error", "Harness errors (the harness could not run these faithfully; not a "
-                                          "finding about the pull request)"),
+                        ("harness_error", ("Harness errors (the harness could not run these faithfully; not a "
+                                           "finding about the pull request)")),
                         ("fixed", "Violations fixed"),
                         ("changed", "Behaviour changed, nothing new violated"),
                         ("not_run", "Not run (HEAD lacks a seam: `miles-harness doctor`)")):
@@ -251,5 +251,18 @@ def summary_json(verdicts: list[CaseVerdict], *, head: str, base: str, code: int
             "cases": [{k: val for k, val in asdict(v).items() if k != "log"} for v in verdicts]}
 
 
-__all__ = ["CaseVerdict", "LABELS", "VERDICTS", "base_kinds", "broken", "classify", "classify_all", "counts_line", "exit_code",
-           "first_change", "headline", "summary_json", "summary_markdown"]
+__all__ = [
+    "LABELS",
+    "VERDICTS",
+    "CaseVerdict",
+    "base_kinds",
+    "broken",
+    "classify",
+    "classify_all",
+    "counts_line",
+    "exit_code",
+    "first_change",
+    "headline",
+    "summary_json",
+    "summary_markdown",
+]

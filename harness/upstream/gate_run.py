@@ -31,10 +31,23 @@ from typing import Any
 LOG_KEPT_LINES = 200  # the end of a case's log kept in the JSON; the log file has all of it
 
 
+TIME_DIGITS = 6  # virtual seconds kept to the microsecond: float noise below that is no change
+
+
+def _rounded(obj: Any) -> Any:
+    if isinstance(obj, float):
+        return round(obj, TIME_DIGITS)
+    if isinstance(obj, dict):
+        return {k: _rounded(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_rounded(v) for v in obj]
+    return obj
+
+
 def _jsonable(obj: Any) -> Any:
-    """Observables as JSON: tuples become lists, so both trees' records compare equal
-    exactly when the observables do."""
-    return json.loads(json.dumps(obj, default=repr))
+    """Observables as JSON (tuples become lists, floats kept to ``TIME_DIGITS``), so both
+    trees' records compare equal exactly when the observables do."""
+    return json.loads(json.dumps(_rounded(obj), default=repr))
 
 
 def _matrix_run(case: Any) -> tuple[Any, Any, list[dict], float]:
@@ -75,7 +88,7 @@ def case_record(name: str, run: Any, tree: Path) -> dict:
             rec.update(status="not_run", seams=list(exc.seams), message=str(exc))
         except HarnessError as exc:
             rec.update(status="harness_error", seams=list(exc.seams), message=str(exc))
-        except Exception as exc:  # the harness' own machinery failed: never an upstream finding
+        except Exception as exc:  # noqa: BLE001 - the harness' own machinery failed: never an upstream finding
             rec.update(status="harness_error", seams=[], message=f"harness_error: the runner raised {exc!r}")
         else:
             verdict = judge(result, config, complete=getattr(result, "complete", None))
