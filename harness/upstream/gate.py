@@ -9,10 +9,11 @@
 * ``not_run``: HEAD lacks a seam the case's driver needs (``miles-harness doctor``);
 * ``new_violation``: HEAD breaks an invariant (or shows a fault-sweep finding: a hang, an
   unexplained error, an orphaned task, a silent drop) that BASE does not break in the
-  same case. A bug both trees have is old, not new: an invariant is compared case by
-  case; a fault-sweep finding kind (category, detail and mode) that BASE shows under
-  any drawn schedule is old too, since a behaviour change moves a drawn schedule's
-  faults onto other groups and steps (``base_kinds``);
+  same case. A bug both trees have is old, not new: a matrix case's invariants are
+  compared case by case; in a drawn fault schedule (``fault-seed-N``) an invariant or a
+  fault-sweep finding kind that BASE breaks under any drawn schedule of the same driver
+  is old too, since a behaviour change moves a drawn schedule's faults and timing onto
+  other groups and steps (``base_kinds``);
 * ``fixed``: BASE breaks one that HEAD does not, and HEAD adds none;
 * ``unchanged``: both trees did observably the same (``diff.observables``, every aspect);
 * ``changed``: the runs differ, and HEAD breaks nothing BASE does not (the sentence says
@@ -103,20 +104,30 @@ def _holds(rec: dict) -> str:
     return f"every invariant holds ({n} checkers)" + ("" if j.get("complete", True) else ", checked as a prefix")
 
 
+def _drawn_kinds(rec: dict) -> dict[str, str]:
+    """What a drawn fault schedule's run breaks, each keyed with its driver: fault-sweep
+    findings by their kind (``category:detail@mode``), invariants as
+    ``invariant:NAME@mode``. Empty for a matrix case (no ``mode``)."""
+    out = {f["kind"]: f["sweep_kind"] for f in rec.get("findings", []) if f.get("sweep_kind")}
+    if rec.get("mode"):
+        for name in (rec.get("judgement") or {}).get("broken", []):
+            out[name] = f"invariant:{name}@{rec['mode']}"
+    return out
+
+
 def base_kinds(base: list[dict]) -> dict[str, str]:
-    """Every fault-sweep finding kind (``category:detail@mode``) BASE shows, with the first
-    case that shows it."""
+    """Every kind BASE breaks under a drawn fault schedule (``_drawn_kinds``), with the
+    first case that shows it."""
     out: dict[str, str] = {}
     for rec in base:
-        for f in rec.get("findings", []):
-            if f.get("sweep_kind"):
-                out.setdefault(f["sweep_kind"], rec["name"])
+        for kind in _drawn_kinds(rec).values():
+            out.setdefault(kind, rec["name"])
     return out
 
 
 def classify(head: dict, base: dict, known: dict[str, str] | None = None) -> CaseVerdict:
-    """The verdict on one case from its HEAD and BASE records (pure). ``known``: the
-    fault-sweep finding kinds BASE shows in any case (``base_kinds``)."""
+    """The verdict on one case from its HEAD and BASE records (pure). ``known``: what BASE
+    breaks under any drawn fault schedule, per driver (``base_kinds``)."""
     name = head.get("name", base.get("name", "?"))
     if head["status"] == "harness_error":
         return CaseVerdict(name, "harness_error", f"on HEAD: {head.get('message', '')}", log=head.get("log", ""))
@@ -126,7 +137,7 @@ def classify(head: dict, base: dict, known: dict[str, str] | None = None) -> Cas
         return CaseVerdict(name, "harness_error", f"on BASE (nothing to compare with): {base.get('message', '')}",
                            log=base.get("log", ""))
     h, b = broken(head), broken(base)
-    sweep = {f["kind"]: f.get("sweep_kind") for f in head.get("findings", [])}
+    sweep = _drawn_kinds(head)
     known = known or {}
     elsewhere = [k for k in h if k not in b and sweep.get(k) in known]
     new = [k for k in h if k not in b and k not in elsewhere]

@@ -66,6 +66,7 @@ def _fault_run(seed: int) -> tuple[Any, Any, list[dict], float]:
     other = [{"kind": f"{f.category}:{f.detail}", "sweep_kind": f.kind, "message": f.message[:500]}
              for f in fault_sweep.findings(out) if f.category != "invariant"]
     # ``out.wall_s`` is real time; the run's virtual end is its last event
+    out.mode = fault_sweep.mode(case)  # the driver: the gate compares a drawn case's bugs per driver
     return out, case.scenario.config, other, out.events[-1].t if out.events else 0.0
 
 
@@ -93,6 +94,8 @@ def case_record(name: str, run: Any, tree: Path) -> dict:
         else:
             verdict = judge(result, config, complete=getattr(result, "complete", None))
             obs = observables(result.events, result.history, end_s, result.error)
+            if getattr(result, "mode", None):
+                rec["mode"] = result.mode
             rec.update(status="ran", error=type(result.error).__name__ if result.error is not None else None,
                        judgement=verdict.to_json(), findings=other, observables=_jsonable(obs))
     rec["seconds"] = round(time.perf_counter() - t0, 4)

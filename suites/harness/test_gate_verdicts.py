@@ -91,6 +91,15 @@ def test_a_fault_sweep_finding_base_shows_under_another_schedule_is_old():
     first = gate.classify_all(head, base)[0]
     assert first.verdict == "changed" and first.elsewhere == ["silent_drop:failed_group_discarded"]
     assert "BASE shows it in fault-seed-2" in first.message
+    # an invariant a drawn schedule breaks on HEAD only, which BASE breaks under another schedule of the same
+    # driver, is old; under another driver, or in a matrix case (no driver recorded), it is new
+    cap = dict(ran("fault-seed-3", broken=("buffer_capacity",)), mode="fully_async")
+    base_cap = [dict(ran("fault-seed-3"), mode="fully_async"), dict(ran("fault-seed-4", broken=("buffer_capacity",)),
+                                                                    mode="fully_async")]
+    assert gate.classify_all([cap], base_cap)[0].elsewhere == ["buffer_capacity"]
+    assert gate.classify_all([dict(cap, mode="one_step")], base_cap)[0].verdict == "new_violation"
+    assert gate.classify_all([ran("fault-seed-3", broken=("buffer_capacity",))], base_cap)[0].verdict \
+        == "new_violation"
     # a finding kind BASE never shows is new
     hang = {"kind": "hang:watchdog hang", "sweep_kind": "hang:watchdog hang@sync", "message": "no progress"}
     assert gate.classify_all([ran("fault-seed-1", findings=(hang,))], [ran("fault-seed-1")])[0].verdict \
