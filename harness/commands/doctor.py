@@ -6,8 +6,12 @@ Probes every seam where the harness touches upstream beyond its public flags
 (``harness.upstream.seams``: the lifecycle sink, the submission scheduler factory, the
 weight-version source, each function it wraps or rebinds, each private attribute it
 reads) by reading the tree's source, and prints the table: seam, found or missing,
-where it looked, what the harness does without it; then the verdict per driver. Nothing
-of the tree is imported, so a tree that does not import is still described.
+where it looked, what the harness does without it; then every member the drivers use on
+each object the harness stands in for (``harness.upstream.stand_in_uses``: the rollout
+manager, the actor and critic groups, the eval dispatcher, the object store), found or
+MISSING with the lines that read it (a missing one is a missing seam); then the verdict
+per driver. Nothing of the tree is imported, so a tree that does not import is still
+described.
 
 Exit 0: the harness runs the tree (``runs``, or ``runs partly``: the drivers it cannot
 run are named with the seams they lack, and the differential and the suites skip or

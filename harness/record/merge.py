@@ -74,6 +74,9 @@ REQUIRES: dict[str, tuple[str, ...]] = {
     "batch_single_version": (ev.TRAINED, ev.FINISHED),
     "colocate_exclusive": (ev.PHASE_START,),
     "colocate_no_decode_while_training": (ev.PHASE_START, ev.DECODE_STEP),
+    "one_step_overlap": (ev.GENERATE_START, ev.TRAINED),
+    "no_idle_slot": (ev.TAKEN, ev.GROUP_DONE, ev.PUT_ACCEPTED),
+    "dead_worker_surfaces": (ev.GROUP_DONE, ev.DRAIN_START, ev.GOT),
 }
 
 

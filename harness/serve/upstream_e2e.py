@@ -61,6 +61,7 @@ from pathlib import Path
 from typing import Any
 
 from miles_async_core.errors import ConfigError
+from harness.upstream.stand_ins import StandInCalled
 
 ONE_STEP_FN = "miles.rollout.inference_rollout.inference_rollout_common.InferenceRolloutFn"
 FULLY_ASYNC_FN = "miles.rollout.fully_async_rollout.FullyAsyncRolloutFn"
@@ -489,6 +490,8 @@ class _Run:
                     RolloutFnConstructorInput(args=args, data_source=data_source), args.rollout_function_path)
                 try:
                     asyncio.run(self.driver().train(args))
+                except StandInCalled as exc:  # a stand-in upstream reached beyond what it has
+                    self.result.error = f"harness_error: {type(exc).__name__}: {exc}"
                 except Exception as exc:  # reported, and the servers are still checked
                     self.result.error = f"{type(exc).__name__}: {exc}"
                 finally:

@@ -7,14 +7,23 @@ tracking, logging and control-server hooks. ``generate(rollout_id)`` is what
 ``rollout_manager.generate.remote(rollout_id)`` returns: it must start the work at once
 and return an awaitable, as a Ray call does. Used by the virtual-time runner
 (``harness.upstream.runner``) and by the served end-to-end run (``harness.serve.upstream_e2e``).
+
+The objects put in upstream's hands are the stand-ins below (``STAND_INS``: the role
+each plays, named as the drivers name it). A stand-in has exactly the members listed on
+its class; anything else upstream reads on it raises ``StandInMissing`` naming the
+member and the upstream file:line that read it (a harness error, never upstream's
+error). ``harness.upstream.stand_in_uses`` reads the drivers for the members they use on
+each role and ``doctor`` compares them with ``members(role)``.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Awaitable, Callable
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Any
 
-from harness.upstream.stand_ins import StandInCalled
+from harness.upstream.stand_ins import StandInCalled, StandInMissing
 
 
 class _Remote:
@@ -33,7 +42,56 @@ def _noop_remote(*a: Any, **k: Any) -> Any:
     return asyncio.ensure_future(_noop())
 
 
-class _EvalDispatcher:
+class _StandIn:
+    """A member the class does not define is missing: ``StandInMissing`` names it, the
+    role and the caller's file:line (the frame that read it: upstream's code)."""
+
+    role = ""
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):  # Python's own protocol probes (copy, pickle, inspect)
+            raise AttributeError(name)
+        frame = sys._getframe(1)
+        raise StandInMissing(self.role, name, frame.f_code.co_filename, frame.f_lineno)
+
+
+class RolloutManagerStand(_StandIn):
+    """``create_rollout_manager``'s actor: ``generate`` is the host's rollout; the rest
+    are no-ops (the runs set no eval, save, offload or weight check)."""
+
+    role = "rollout_manager"
+    save = dispose = eval = check_weights = onload_weights = onload_kv = offload = _Remote(_noop_remote)
+
+    def __init__(self, generate: Callable[..., Any]) -> None:
+        self._generate = generate
+
+    @property
+    def generate(self) -> _Remote:
+        return _Remote(self._generate)
+
+
+class ActorModelStand(_StandIn):
+    """``create_training_models``' actor group: ``update_weights`` and ``train`` are the
+    host's; saving, offloading and memory clearing are no-ops."""
+
+    role = "actor_model"
+
+    def __init__(self, update_weights: Callable[[], Awaitable[None]],
+                 train: Callable[[int, Any], Awaitable[None]]) -> None:
+        self._update_weights, self._train = update_weights, train
+
+    async def update_weights(self, rollout_id: int | None = None) -> None:
+        await self._update_weights()
+
+    async def train(self, rollout_id: int, ref: Any, external_data: Any = None) -> None:
+        await self._train(rollout_id, ref)
+
+    save_model = offload = onload = clear_memory = staticmethod(_noop)
+
+
+class EvalDispatcherStand(_StandIn):
+    role = "eval_dispatcher"
+
     def __init__(self, *a: Any, **k: Any) -> None:
         pass
 
@@ -43,45 +101,61 @@ class _EvalDispatcher:
     drain = staticmethod(_noop)
 
 
-class _ObjectStore:
+class ObjectStoreStand(_StandIn):
+    role = "object_store"
+
     @staticmethod
     def init_instance(*a: Any, **k: Any) -> None:
         return None
 
 
+# role -> the stand-in class; ``critic_model`` is ``None`` (the runs set no --use-critic)
+STAND_INS: dict[str, type | None] = {"rollout_manager": RolloutManagerStand, "actor_model": ActorModelStand,
+                                     "critic_model": None, "eval_dispatcher": EvalDispatcherStand,
+                                     "object_store": ObjectStoreStand}
+# the driver module's names the harness rebinds (the real ones never run)
+REBOUND = ("create_placement_groups", "create_rollout_manager", "create_training_models", "object_store",
+           "init_tracking", "configure_logger", "maybe_start_periodic_pyspy_dump", "start_control_server",
+           "maybe_start_mini_ft_controller", "remove_rollout_data_refs", "EvalDispatcher")
+
+
+def members(role: str) -> frozenset[str]:
+    """The members the stand-in for ``role`` has (empty for ``critic_model``: ``None``)."""
+    cls = STAND_INS.get(role)
+    if cls is None:
+        return frozenset()
+    return frozenset(n for n in dir(cls) if not n.startswith("_") and n != "role")
+
+
 def rebind_ray_names(mod: Any, *, generate: Callable[[int], Any], update_weights: Callable[[], Awaitable[None]],
                      train: Callable[[int, Any], Awaitable[None]]) -> Any:
     """Rebind ``mod``'s Ray names in place and return it."""
-
-    class _RolloutManager:
-        save = dispose = eval = check_weights = onload_weights = onload_kv = offload = _Remote(_noop_remote)
-
-    _RolloutManager.generate = _Remote(generate)  # type: ignore[attr-defined]
-
-    class _Actor:
-        async def update_weights(self, rollout_id: int | None = None) -> None:
-            await update_weights()
-
-        async def train(self, rollout_id: int, ref: Any, external_data: Any = None) -> None:
-            await train(rollout_id, ref)
-
-        save_model = offload = onload = clear_memory = staticmethod(_noop)
+    actor = ActorModelStand(update_weights, train)
 
     async def create_training_models(*a: Any, **k: Any) -> tuple:
-        return _Actor(), None
+        return actor, None
 
     g = mod.__dict__
     g.update(
         create_placement_groups=lambda a: {"rollout": None, "actor": None},
-        create_rollout_manager=lambda a, pg: (_RolloutManager(), None),
+        create_rollout_manager=lambda a, pg: (RolloutManagerStand(generate), None),
         create_training_models=create_training_models,
-        object_store=_ObjectStore, init_tracking=lambda a: None, configure_logger=lambda *a, **k: None,
+        object_store=ObjectStoreStand(), init_tracking=lambda a: None, configure_logger=lambda *a, **k: None,
         maybe_start_periodic_pyspy_dump=lambda: None, start_control_server=lambda **k: None,
         maybe_start_mini_ft_controller=lambda a: None, remove_rollout_data_refs=lambda *a: None,
     )
     if "EvalDispatcher" in g:
-        g["EvalDispatcher"] = _EvalDispatcher
+        g["EvalDispatcher"] = EvalDispatcherStand
     return mod
 
 
-__all__ = ["rebind_ray_names"]
+__all__ = [
+    "REBOUND",
+    "STAND_INS",
+    "ActorModelStand",
+    "EvalDispatcherStand",
+    "ObjectStoreStand",
+    "RolloutManagerStand",
+    "members",
+    "rebind_ray_names",
+]

@@ -137,7 +137,7 @@ def upstream_args(scenario: Scenario, *, dynamic_filter_path: str | None = None,
         check_weight_update_equal=False, offload_train=False, offload_rollout=False, num_critic_only_steps=0,
         dumper_enable=False, dumper_dir=None, dumper_inference=None,
     )
-    return argparse.Namespace(**d)
+    return stand_ins.ArgsStand(**d)  # an argument the harness did not set: StandInMissing
 
 
 async def sim_reward_rm(args: Any, sample: Any, **_: Any) -> Any:

@@ -266,6 +266,7 @@ class Probe:
 class TreeReport:
     tree: Path
     probes: list[Probe]
+    uses: list = field(default_factory=list)  # stand_in_uses.Use: members the drivers read on stand-ins
 
     def found(self, name: str) -> bool:
         return next(p.found for p in self.probes if p.seam.name == name)
@@ -292,15 +293,18 @@ class TreeReport:
                  f"{'seam':<{w}}  {'state':<7}  where it looked / without it"]
         for p in self.probes:
             s = p.seam
+            if s.name.startswith(STAND_IN_PREFIX):
+                continue  # listed with the stand-ins below
             state = "found" if p.found else ("MISSING" if p.needed else "missing")
             lines.append(f"{s.name:<{w}}  {state:<7}  {s.file}: {s.looks_for}")
             if not p.found:
                 lines.append(f"{'':<{w}}  {'':<7}  without it: {s.without}")
+        lines += _format_stand_ins(self.uses)
         lines += ["", f"verdict: {self.verdict}"]
         for d in DRIVERS:
             miss = self.missing_for(d)
             lines.append(f"  {d:<12} " + ("runs" if not miss else
-                                          "REFUSED: missing " + ", ".join(f"{s.name} ({s.file})" for s in miss)))
+                                          "REFUSED: missing " + ", ".join(_named(s) for s in miss)))
         return "\n".join(lines)
 
     def refusal(self, driver: str | None = None) -> SeamMissing:
@@ -318,8 +322,64 @@ class TreeReport:
             raise self.refusal(driver)
 
 
+STAND_IN_PREFIX = "stand-in "
+
+
+def _named(s: Seam) -> str:
+    if s.name.startswith(STAND_IN_PREFIX):
+        return f"{s.name} (read at {s.looks_for.split(' read at ', 1)[1]})"
+    return f"{s.name} ({s.file})"
+
+
+def _stand_in_probes(uses: list) -> list[Probe]:
+    """A missing seam per member the drivers read on a stand-in that lacks it
+    (``harness.upstream.ray_names``): its drivers are refused, naming the member and the
+    first line that reads it. ``critic_model`` is ``None`` in every run (no --use-critic)."""
+    from harness.upstream.ray_names import members
+    from harness.upstream.stand_in_uses import DRIVER_FILES
+
+    by_member: dict[tuple[str, str], list] = {}
+    for u in uses:
+        if u.role != "critic_model" and u.member not in members(u.role):
+            by_member.setdefault((u.role, u.member), []).append(u)
+    out = []
+    for (role, member), us in sorted(by_member.items()):
+        drivers = frozenset().union(*(DRIVER_FILES[u.driver_file] for u in us))
+        places = ", ".join(u.where + (" (.remote)" if u.remote else "") for u in us[:4])
+        seam = Seam(f"{STAND_IN_PREFIX}{role}.{member}", us[0].file, f"`{role}.{member}` read at {places}",
+                    f"the harness' stand-in for `{role}` answers it", f"the stand-in for `{role}` has no `{member}`: "
+                    f"the run would stop at {us[0].where} with a harness error; refused", drivers,
+                    lambda t: False)
+        out.append(Probe(seam=seam, found=False, needed=True))
+    return out
+
+
+def _format_stand_ins(uses: list) -> list[str]:
+    """Each member the drivers read on each stand-in: found, MISSING, or ``None`` (critic)."""
+    from harness.upstream.ray_names import members
+
+    if not uses:
+        return []
+    lines = ["", ("stand-ins: members the drivers use on the objects the harness puts in their place "
+                  "(harness/upstream/ray_names.py)")]
+    by: dict[tuple[str, str], list] = {}
+    for u in uses:
+        by.setdefault((u.role, u.member), []).append(u)
+    w = max(len(f"{r}.{m}") for r, m in by)
+    for (role, member), us in sorted(by.items()):
+        state = ("None" if role == "critic_model" else "found" if member in members(role) else "MISSING")
+        places = ", ".join(u.where for u in us[:3]) + (f" (+{len(us) - 3})" if len(us) > 3 else "")
+        lines.append(f"{role + '.' + member:<{w}}  {state:<7}  {places}")
+    if any(u.role == "critic_model" for u in uses):
+        lines.append("(None: the harness passes `critic_model=None`, as Miles does without --use-critic, which "
+                     "its runs never set)")
+    return lines
+
+
 def probe(tree: Path) -> TreeReport:
     """The seam table of ``tree`` (read from its source files; nothing is imported)."""
+    from harness.upstream.stand_in_uses import uses as stand_in_uses
+
     t = _Tree(Path(tree).resolve())
     found = {s.name: bool(s.probe(t)) for s in SEAMS}
     probes = []
@@ -330,7 +390,8 @@ def probe(tree: Path) -> TreeReport:
     for i, p in enumerate(probes):
         if p.seam.optional and not p.found and any(q.seam.fallback == p.seam.name and not q.found for q in probes):
             probes[i] = Probe(seam=p.seam, found=False, needed=True)
-    return TreeReport(tree=t.root, probes=probes)
+    uses = stand_in_uses(t.root)
+    return TreeReport(tree=t.root, probes=probes + _stand_in_probes(uses), uses=uses)
 
 
 def driver_of(config: object) -> str:

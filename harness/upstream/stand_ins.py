@@ -15,6 +15,8 @@ dict when every real import worked); ``APPLIED`` keeps the same record for repor
 
 from __future__ import annotations
 
+import argparse
+import dis
 import importlib
 import sys
 import types
@@ -40,6 +42,51 @@ class StandInCalled(RuntimeError):
         RAISED.append(self)
         if ON_RAISE is not None:
             ON_RAISE(self)
+
+
+class StandInMissing(StandInCalled, AttributeError):
+    """Upstream read a member the harness' stand-in for ``role`` (``harness.upstream.ray_names``)
+    does not have: the run cannot be faithful. Names the member and the upstream file:line
+    that read it; an ``AttributeError`` too, so ``getattr(obj, name, default)`` in upstream
+    still sees it as absent (the run is stopped all the same: it is recorded in ``RAISED``)."""
+
+    def __init__(self, role: str, member: str, filename: str, lineno: int) -> None:
+        self.role, self.member, self.where = role, member, f"{_tree_relative(filename)}:L{lineno}"
+        super().__init__(f"the harness' stand-in for `{role}` has no member `{member}`, which upstream reads at "
+                         f"{self.where}: the harness cannot run this code path faithfully (a harness error, not an "
+                         f"upstream finding{_DOCTOR if role != 'args' else ''})",
+                         seam=f"stand-in {role}.{member}")
+        self.name = member
+
+
+class ArgsStand(argparse.Namespace):
+    """The ``args`` the harness builds in place of Miles' parsed arguments
+    (``harness.upstream.runner.upstream_args``). Upstream reading an argument the harness
+    did not set (``args.name``) is ``StandInMissing`` naming it and the line: Miles' parser
+    would have given it a value the harness does not know. Read through
+    ``getattr(args, name, default)`` / ``hasattr``, it stays a plain ``AttributeError``:
+    upstream's default applies, as it does for arguments Miles' parser may lack."""
+
+    def __getattr__(self, name: str) -> Any:
+        frame = sys._getframe(1)
+        if name.startswith("__") or dis.opname[frame.f_code.co_code[frame.f_lasti]] not in ("LOAD_ATTR", "LOAD_METHOD"):
+            raise AttributeError(name)
+        raise StandInMissing("args", name, frame.f_code.co_filename, frame.f_lineno)
+
+
+_DOCTOR = "; `miles-harness doctor` lists every member the drivers use on each stand-in"
+
+
+def _tree_relative(filename: str) -> str:
+    """``filename`` relative to the active upstream tree when it lies in it."""
+    from pathlib import Path
+
+    try:
+        from harness.upstream import source
+
+        return str(Path(filename).resolve().relative_to(source.active().resolve()))
+    except (RuntimeError, ValueError, OSError):  # no active tree (UpstreamUnavailable), or outside it
+        return filename
 
 
 def _raising(qualname: str, reason: str) -> Any:

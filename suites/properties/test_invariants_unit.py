@@ -37,6 +37,8 @@ ONE_STEP_ABORT = Scenario(config=AsyncConfig(rollout_batch_size=3, n_samples_per
 IN_PLACE = Scenario(config=AsyncConfig(rollout_batch_size=4, n_samples_per_prompt=2, fully_async=True, num_rollout=5,
                                        pause_generation_mode="in_place", async_max_concurrent_samples=4),
                     engine=ENGINE, trainer=SimTrainerConfig(step_base_s=0.3), max_new_tokens=32)
+GROUP_FULLY_ASYNC = Scenario(config=dataclasses.replace(FULLY_ASYNC.config, rollout_submission_granularity="group"),
+                             engine=ENGINE, trainer=SimTrainerConfig(step_base_s=2.0), max_new_tokens=32)
 COLOCATED = Scenario(config=AsyncConfig(rollout_batch_size=4, n_samples_per_prompt=2, fully_async=True, num_rollout=4,
                                         colocate=True, allow_async_colocate=True), engine=ENGINE, trainer=SimTrainerConfig(step_base_s=0.3),
                      max_new_tokens=32)
@@ -71,8 +73,10 @@ def names(violations: list[Violation]) -> set[str]:
     return {v.invariant for v in violations}
 
 
-@pytest.mark.parametrize("scenario", [FULLY_ASYNC, ONE_STEP_ABORT, IN_PLACE, COLOCATED, RAY_TWO_ENGINES],
-                         ids=["fully_async", "one_step_abort", "in_place", "colocated", "ray_two_engines"])
+@pytest.mark.parametrize("scenario", [FULLY_ASYNC, GROUP_FULLY_ASYNC, ONE_STEP_ABORT, IN_PLACE, COLOCATED,
+                                      RAY_TWO_ENGINES],
+                         ids=["fully_async", "group_fully_async", "one_step_abort", "in_place", "colocated",
+                              "ray_two_engines"])
 def test_real_traces_satisfy_every_applicable_invariant(scenario: Scenario) -> None:
     violations = check_all(trace(scenario), scenario.config)
     assert not violations, "\n\n".join(v.format() for v in violations)
@@ -252,6 +256,34 @@ def engine_not_paused_for_an_update(events: list[Event]) -> None:
     del events[_engine_event(events, ev.ENGINE_PAUSE, 1, nth=2)]
 
 
+def launch_next_after_training(events: list[Event]) -> None:
+    """The generate of rollout 1 starts only after rollout 0 trained (no one-step overlap)."""
+    launch = events.pop(first(events, ev.GENERATE_START, lambda e: e["rollout_id"] == 1))
+    i = first(events, ev.TRAINED, lambda e: e["rollout_id"] == 0)
+    events.insert(i + 1, Event(-1, events[i].t, ev.GENERATE_START, dict(launch.fields)))
+
+
+def leave_a_slot_idle(events: list[Event]) -> None:
+    """The worker skips one refill: the pull after a put that ended a scheduling step
+    (the next put is of a group that finished after it) is dropped."""
+    puts = [i for i, e in enumerate(events) if e.kind in (ev.PUT_ACCEPTED, ev.PUT_REJECTED)]
+    for p1, p2 in zip(puts, puts[1:]):
+        gi = events[p2]["group_index"]
+        if first(events, ev.GROUP_DONE, lambda e: e["group_index"] == gi) > p1 \
+                and any(e.kind == ev.TAKEN for e in events[p1:p2]):
+            del events[first(events, ev.TAKEN, start=p1)]
+            return
+    raise AssertionError("no scheduling step ends in this trace")
+
+
+def worker_dies_unnoticed(events: list[Event]) -> None:
+    """The worker dies (a failed group) while the second drain runs, and the drain goes on
+    getting groups at later instants."""
+    d = first(events, ev.DRAIN_START, lambda e: e["rollout_id"] == 1)
+    events.insert(d + 1, Event(-1, events[d].t, ev.GROUP_DONE, {"group_index": 999, "ok": False}))
+    events[:] = [e for i, e in enumerate(events) if i <= d + 1 or e.kind not in (ev.PUT_ACCEPTED, ev.PUT_REJECTED)]
+
+
 SURGERY = [
     ("conservation", FULLY_ASYNC, drop_trained_group),
     ("conservation_prefix", FULLY_ASYNC, duplicate_trained_group),
@@ -277,6 +309,9 @@ SURGERY = [
     ("recycled_first_in_first_out", FULLY_ASYNC, swap_two_recycled_takes),
     ("one_step_submission_budget", ONE_STEP_ABORT, pull_past_the_budget),
     ("colocate_exclusive", COLOCATED, overlap_colocated),
+    ("one_step_overlap", ONE_STEP_ABORT, launch_next_after_training),
+    ("no_idle_slot", GROUP_FULLY_ASYNC, leave_a_slot_idle),
+    ("dead_worker_surfaces", FULLY_ASYNC, worker_dies_unnoticed),
     ("colocate_no_decode_while_training", COLOCATED, decode_during_training),
     ("drain_metrics", FULLY_ASYNC, misreport_metric),
     ("engine_versions_monotonic", RAY_TWO_ENGINES, decode_with_an_older_version),

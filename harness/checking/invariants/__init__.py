@@ -14,7 +14,7 @@ from __future__ import annotations
 from miles_async_core.config import AsyncConfig
 # Each module registers its checkers on import; this order is the order they run and report in.
 from harness.checking.invariants import (buffer_checks, colocate, concurrency, conservation, multi_engine_checks,
-                                         metrics, pause, staleness_checks, versions)
+                                         metrics, pause, staleness_checks, throughput, versions)
 from harness.checking.invariants.base import REGISTRY, Check, Violation, format_event
 from harness.trace import Event
 
@@ -61,4 +61,4 @@ def format_violations(violations: list[Violation], *, limit: int = 5) -> str:
 
 __all__ = ["ALL_CHECKS", "Check", "Violation", "applicable", "check_all", "check_report", "format_event",
            "format_violations", "buffer_checks", "colocate", "concurrency", "conservation", "metrics",
-           "multi_engine_checks", "pause", "staleness_checks", "versions"]
+           "multi_engine_checks", "pause", "staleness_checks", "throughput", "versions"]

@@ -1,0 +1,170 @@
+"""The objects the harness puts in upstream's hands (``harness.upstream.ray_names``: the
+rollout manager, the actor group, the eval dispatcher, the object store; the ``args``
+namespace) say so when upstream reaches past them: ``doctor`` lists every member the
+drivers use on each stand-in (``harness.upstream.stand_in_uses``) and refuses the drivers
+that use one the stand-in lacks, naming it and the line; a run that reads one stops with
+a harness error naming the member and the upstream file:line, never upstream's error."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from harness import cli
+from harness.sim.engine import SimEngineConfig
+from harness.sim.scenario import Scenario
+from harness.sim.trainer import SimTrainerConfig
+from harness.upstream import ray_names, seams, source
+from harness.upstream.harness_errors import HarnessError, RunnerSeamError
+from harness.upstream.stand_in_uses import uses
+from miles_async_core.config import AsyncConfig
+
+
+@pytest.fixture
+def tree(pytestconfig) -> Path:
+    """The tree pytest was given, read and not imported."""
+    path, how = source.find_miles_src(pytestconfig.getoption("--miles-src", default=None))
+    if path is None or not (path / source.MARKER).is_file():
+        pytest.skip(how)
+    return path
+
+
+def _copy(tree: Path, dest: Path) -> Path:
+    shutil.copytree(tree / "miles", dest / "miles")
+    for name in ("train.py", "train_async.py"):
+        shutil.copy(tree / name, dest / name)
+    return dest
+
+
+def _line_of(path: Path, text: str) -> int:
+    return next(i for i, line in enumerate(path.read_text().splitlines(), 1) if text in line)
+
+
+def test_every_member_the_drivers_use_is_read_with_its_line(tree):
+    found = {(u.role, u.member, u.file, u.line) for u in uses(tree)}
+    line = _line_of(tree / "train_async.py", "rollout_manager.generate.remote(")
+    assert ("rollout_manager", "generate", "train_async.py", line) in found
+    line = _line_of(tree / "train.py", "rollout_manager.dispose.remote(")
+    assert ("rollout_manager", "dispose", "train.py", line) in found
+    # followed into a local helper: `save_training_model(actor_model, ...)` binds `model`
+    assert any(r == "actor_model" and m == "save_model" and f == "train_async.py" for r, m, f, _ in found)
+    roles = {r for r, *_ in found}
+    assert {"rollout_manager", "actor_model", "object_store"} <= roles
+
+
+def test_doctor_lists_each_member_found_on_a_tree_the_stand_ins_cover(tree, capsys):
+    report = seams.probe(tree)
+    missing = [p for p in report.probes if p.seam.name.startswith(seams.STAND_IN_PREFIX)]
+    cli.main(["doctor", "--miles-src", str(tree)])
+    out = capsys.readouterr().out
+    assert "stand-ins: members the drivers use" in out
+    for u in report.uses:
+        assert f"{u.role}.{u.member}" in out
+    if not missing:  # the pinned tree: every member found
+        assert "MISSING" not in out.split("stand-ins:")[1].split("verdict:")[0]
+
+
+def test_a_member_the_stand_in_lacks_is_a_missing_seam_naming_it_and_its_line(tree, tmp_path, capsys):
+    """A driver that calls a rollout-manager member the stand-in does not have (as
+    Miles PR #2289's ``train_async.py`` calls ``acquire_train_admission_hold``) is
+    refused for the drivers that run that file, naming the member and the line."""
+    copy = _copy(tree, tmp_path / "miles-hold")
+    f = copy / "train_async.py"
+    text = f.read_text()
+    anchor = "    rollout_data_next_future = rollout_manager.generate.remote(args.start_rollout_id)\n"
+    assert anchor in text
+    f.write_text(text.replace(anchor, "    await rollout_manager.acquire_train_admission_hold.remote()\n" + anchor, 1))
+    line = _line_of(f, "acquire_train_admission_hold")
+    report = seams.probe(copy)
+    name = "stand-in rollout_manager.acquire_train_admission_hold"
+    assert {s.name for s in report.missing_for("one-step")} == {name}
+    assert {s.name for s in report.missing_for("fully-async")} == {name}
+    assert not report.missing_for("sync") and report.verdict == "runs partly"
+    assert cli.main(["doctor", "--miles-src", str(copy)]) == 0
+    out = capsys.readouterr().out
+    assert f"rollout_manager.acquire_train_admission_hold  MISSING  train_async.py:L{line}" in out
+    assert f"REFUSED: missing {name} (read at train_async.py:L{line} (.remote))" in out
+    with pytest.raises(seams.SeamMissing, match=f"train_async.py:L{line}") as err:
+        report.require("one-step")
+    assert isinstance(err.value, HarnessError) and err.value.seams == [name]
+
+
+def test_a_member_removed_by_hand_is_named_by_doctor(tree, monkeypatch, capsys):
+    monkeypatch.delattr(ray_names.RolloutManagerStand, "dispose")
+    assert "dispose" not in ray_names.members("rollout_manager")
+    rc = cli.main(["doctor", "--miles-src", str(tree)])
+    out = capsys.readouterr().out
+    line = _line_of(tree / "train_async.py", "rollout_manager.dispose.remote(")
+    assert "rollout_manager.dispose" in out and "MISSING  train.py:L" in out
+    assert f"train_async.py:L{line}" in out
+    # every driver disposes of the rollout manager: all refused, exit 3
+    assert rc == 3 and "REFUSED: missing stand-in rollout_manager.dispose" in out
+
+
+def _scenario(**cfg) -> Scenario:
+    return Scenario(name="stand-in", config=AsyncConfig(rollout_batch_size=2, n_samples_per_prompt=2, num_rollout=2,
+                                                        seed=1, **cfg),
+                    engine=SimEngineConfig(seed=1), trainer=SimTrainerConfig(), max_new_tokens=16)
+
+
+@pytest.mark.parametrize("cfg", [{}, {"fully_async": True}, {"driver": "train"}], ids=["one-step", "fully-async", "sync"])
+def test_a_member_removed_by_hand_stops_the_run_with_a_harness_error_naming_it(miles_src, monkeypatch, cfg):
+    """The stand-in itself says so at run time (what the static reading cannot see, or a
+    tree the harness was told to run anyway): ``RunnerSeamError`` names the member and
+    upstream's file:line, and the run records no upstream error of its own."""
+    from harness.upstream.runner import run_upstream
+
+    ok = run_upstream(_scenario(**cfg))  # unmutated: the same run ends normally
+    assert ok.error is None and len(ok.history) == 2
+    monkeypatch.delattr(ray_names.RolloutManagerStand, "dispose")
+    driver = "train.py" if cfg.get("driver") == "train" else "train_async.py"
+    line = _line_of(miles_src / driver, "rollout_manager.dispose.remote(")
+    with pytest.raises(RunnerSeamError) as err:
+        run_upstream(_scenario(**cfg))
+    assert err.value.seams == ["stand-in rollout_manager.dispose"]
+    assert f"`dispose`, which upstream reads at {driver}:L{line}" in str(err.value)
+
+
+def test_an_argument_the_harness_did_not_set_is_a_harness_error_naming_it(miles_src, monkeypatch):
+    """``args`` is the harness' too: a plain read of an argument it did not set is a
+    harness error naming the argument and the line; ``getattr(args, name, default)``
+    keeps upstream's default."""
+    from harness.upstream import runner
+
+    make = runner.upstream_args
+
+    def without_seed(*a, **k):
+        args = make(*a, **k)
+        del args.rollout_seed
+        assert getattr(args, "rollout_seed", "default") == "default" and not hasattr(args, "rollout_seed")
+        return args
+
+    monkeypatch.setattr(runner, "upstream_args", without_seed)
+    with pytest.raises(RunnerSeamError) as err:
+        runner.run_upstream(_scenario())
+    assert err.value.seams == ["stand-in args.rollout_seed"]
+    assert "upstream reads at miles/" in str(err.value)
+
+
+PR_2289 = "miles-pr2289-d4a778fc7"  # Miles PR #2289 (trainer admission holds), beside the pinned tree
+
+
+def test_pr_2289_tree_is_refused_naming_the_admission_hold_members(capsys):
+    """On PR #2289's tree (``../shared/third_party``, README there) doctor names each
+    member of the admission-hold protocol the stand-ins lack, with the line."""
+    tree = source.DEFAULT_TREE.parent / PR_2289
+    if not (tree / source.MARKER).is_file():
+        pytest.skip(f"{PR_2289} is not beside the pinned tree ({source.DEFAULT_TREE.parent})")
+    report = seams.probe(tree)
+    missing = {s.name for s in report.missing_for("one-step")}
+    for member in ("acquire_train_admission_hold", "wait_weight_update_admission", "record_train_weight_update",
+                   "release_train_admission_hold"):
+        assert f"stand-in rollout_manager.{member}" in missing
+    assert report.missing_for("fully-async") == report.missing_for("one-step")
+    assert not report.missing_for("sync")
+    assert cli.main(["doctor", "--miles-src", str(tree)]) == 0
+    out = capsys.readouterr().out
+    line = _line_of(tree / "train_async.py", "rollout_manager.acquire_train_admission_hold.remote()")
+    assert f"rollout_manager.acquire_train_admission_hold  MISSING  train_async.py:L{line}" in out
