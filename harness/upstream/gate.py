@@ -5,8 +5,9 @@
 (``harness.upstream.gate_run.case_record``) and returns a ``CaseVerdict``:
 
 * ``harness_error``: the harness could not run the case faithfully on HEAD (or on BASE,
-  so there is nothing to compare with): never a finding about upstream;
-* ``not_run``: HEAD lacks a seam the case's driver needs (``miles-harness doctor``);
+  so there is nothing to compare with), or HEAD lacks a seam BASE has (e.g. a member
+  upstream now calls on a stand-in of the harness): never a finding about upstream;
+* ``not_run``: neither tree has a seam the case's driver needs (``miles-harness doctor``);
 * ``new_violation``: HEAD breaks an invariant (or shows a fault-sweep finding: a hang, an
   unexplained error, an orphaned task, a silent drop) that BASE does not break in the
   same case. A bug both trees have is old, not new: a matrix case's invariants are
@@ -131,8 +132,12 @@ def classify(head: dict, base: dict, known: dict[str, str] | None = None) -> Cas
     name = head.get("name", base.get("name", "?"))
     if head["status"] == "harness_error":
         return CaseVerdict(name, "harness_error", f"on HEAD: {head.get('message', '')}", log=head.get("log", ""))
+    if head["status"] == "not_run" and base["status"] == "ran":
+        return CaseVerdict(name, "harness_error", f"HEAD lacks seam {', '.join(head.get('seams', []))}, which BASE "
+                           "has: the harness cannot host the pull request's code in this case (the pull request "
+                           "goes unchecked here; `miles-harness doctor` names each member and the line reading it)")
     if head["status"] == "not_run":
-        return CaseVerdict(name, "not_run", f"HEAD lacks seam {', '.join(head.get('seams', []))}")
+        return CaseVerdict(name, "not_run", f"HEAD lacks seam {', '.join(head.get('seams', []))} (BASE does too)")
     if base["status"] == "harness_error":
         return CaseVerdict(name, "harness_error", f"on BASE (nothing to compare with): {base.get('message', '')}",
                            log=base.get("log", ""))

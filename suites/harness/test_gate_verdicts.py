@@ -77,7 +77,11 @@ def test_harness_errors_and_missing_seams_are_never_findings():
     assert gate.classify(harness_error(), ran()).verdict == "harness_error"
     base_broke = gate.classify(ran(broken=("conservation",)), harness_error())
     assert base_broke.verdict == "harness_error" and base_broke.message.startswith("on BASE")
-    assert gate.classify(not_run(), ran()).verdict == "not_run"
+    # a seam HEAD lost (a member upstream now calls on a stand-in): the pull request goes unchecked there
+    lost = gate.classify(not_run(), ran())
+    assert lost.verdict == "harness_error" and "HEAD lacks seam make_submission_scheduler(fully-async), which BASE" \
+        in lost.message
+    assert gate.classify(not_run(), not_run()).verdict == "not_run"
     # BASE cannot run the driver: HEAD is judged on its own trace alone
     assert gate.classify(ran(), not_run()).verdict == "changed"
     assert gate.classify(ran(broken=("conservation",)), not_run()).verdict == "new_violation"
