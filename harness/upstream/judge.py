@@ -9,10 +9,12 @@ complete run are left out, conservation is relaxed to ``conservation_prefix``), 
 a report prints: "every invariant holds (N checkers)" or which invariants it breaks.
 
 ``stand_in_failure(exc)``: the run ended on an ``AttributeError`` raised on an object the
-harness put in upstream's place (the in-process rollout manager, the actor, the engine,
-a module stand-in): upstream called a member the stand-in lacks. That is the harness'
-blind spot, never upstream's error; the message names the member, the stand-in and the
-upstream line that called it.
+harness put in upstream's place (the lifecycle sink, the engine, a module stand-in, the
+args): upstream called a member the stand-in lacks. That is the harness' blind spot,
+never upstream's error; the message names the member, the stand-in and the upstream line
+that called it. (The Ray stand-ins of ``harness.upstream.ray_names`` and the args raise
+``stand_ins.StandInMissing`` themselves, which stops the run with ``RunnerSeamError``;
+this catches a plain ``AttributeError`` on any other object of the harness.)
 """
 
 from __future__ import annotations
@@ -76,7 +78,7 @@ def _is_stand_in(obj: Any) -> bool:
     or module, itself) is defined in ``harness``, an import stand-in module, or the
     ``args`` namespace (the runner builds it, ``runner.upstream_args``; upstream's own
     parser never runs, so a flag upstream reads that the runner does not set is missing)."""
-    if getattr(obj, "__miles_harness_stand_in__", False) or type(obj) is argparse.Namespace:
+    if getattr(obj, "__miles_harness_stand_in__", False) or isinstance(obj, argparse.Namespace):
         return True
     kind = obj if isinstance(obj, type) else type(obj)
     module = getattr(kind, "__module__", "") or ""
@@ -106,7 +108,7 @@ def stand_in_failure(exc: BaseException | None, tree: Path | None = None) -> str
         seen.add(id(exc))
         if isinstance(exc, AttributeError) and getattr(exc, "obj", None) is not None and _is_stand_in(exc.obj):
             at = _upstream_line(exc, tree)
-            if type(exc.obj) is argparse.Namespace:
+            if isinstance(exc.obj, argparse.Namespace):
                 return (f"harness_error: upstream reads `args.{exc.name}` (at {at}), a flag the harness' args "
                         "namespace (harness.upstream.runner.upstream_args) does not set: the runner does not "
                         f"host this tree's code faithfully. Fix: give `{exc.name}` Miles' default there")

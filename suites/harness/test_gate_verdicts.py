@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import types
 
 from harness.upstream import gate
 from harness.upstream.case_log import captured, tail
@@ -162,17 +161,17 @@ class _StandIn:  # defined in this test module, not in harness: not a stand-in
     pass
 
 
-def test_an_attribute_missing_on_a_harness_stand_in_is_named_with_the_line():
-    from harness.upstream.ray_names import rebind_ray_names
+def test_an_attribute_missing_on_a_harness_object_is_named_with_the_line():
+    """The lifecycle sink is the harness' object in upstream's hands: a newer Miles calling
+    a hook it lacks is the harness' failure, named with the calling line."""
+    from harness.upstream.runner import _LifecycleSink
 
-    driver = types.SimpleNamespace()  # stands for upstream's driver module
-    rebind_ray_names(driver, generate=lambda i: None, update_weights=lambda: None, train=lambda i, r: None)
-    manager, _ = driver.create_rollout_manager(None, None)
+    sink = _LifecycleSink()
     try:
-        manager.acquire_train_admission_hold.remote()
+        sink.trajectory_end(object())
     except AttributeError as exc:
         message = stand_in_failure(exc)
-    assert message is not None and "`acquire_train_admission_hold`" in message and "_RolloutManager" in message
+    assert message is not None and "`trajectory_end`" in message and "_LifecycleSink" in message
     assert "test_gate_verdicts.py:L" in message  # the line that called it
 
 
