@@ -15,7 +15,8 @@
   fault-sweep finding kind that BASE breaks under any drawn schedule of the same driver
   is old too, since a behaviour change moves a drawn schedule's faults and timing onto
   other groups and steps (``base_kinds``);
-* ``fixed``: BASE breaks one that HEAD does not, and HEAD adds none;
+* ``fixed``: BASE breaks one that HEAD does not (in a drawn fault schedule: under no
+  schedule of that driver), and HEAD adds none;
 * ``unchanged``: both trees did observably the same (``diff.observables``, every aspect);
 * ``changed``: the runs differ, and HEAD breaks nothing BASE does not (the sentence says
   whether every invariant holds or which old ones remain).
@@ -126,9 +127,12 @@ def base_kinds(base: list[dict]) -> dict[str, str]:
     return out
 
 
-def classify(head: dict, base: dict, known: dict[str, str] | None = None) -> CaseVerdict:
-    """The verdict on one case from its HEAD and BASE records (pure). ``known``: what BASE
-    breaks under any drawn fault schedule, per driver (``base_kinds``)."""
+def classify(head: dict, base: dict, known: dict[str, str] | None = None,
+             head_known: dict[str, str] | None = None) -> CaseVerdict:
+    """The verdict on one case from its HEAD and BASE records (pure). ``known`` /
+    ``head_known``: what BASE / HEAD breaks under any drawn fault schedule, per driver
+    (``base_kinds``): a bug a drawn case shows on one tree only, which the other tree shows
+    under another schedule of that driver, is neither new nor fixed."""
     name = head.get("name", base.get("name", "?"))
     if head["status"] == "harness_error":
         return CaseVerdict(name, "harness_error", f"on HEAD: {head.get('message', '')}", log=head.get("log", ""))
@@ -146,7 +150,9 @@ def classify(head: dict, base: dict, known: dict[str, str] | None = None) -> Cas
     known = known or {}
     elsewhere = [k for k in h if k not in b and sweep.get(k) in known]
     new = [k for k in h if k not in b and k not in elsewhere]
-    fixed = [k for k in b if k not in h]
+    base_sweep, head_known = _drawn_kinds(base), head_known or {}
+    still = [k for k in b if k not in h and base_sweep.get(k) in head_known]
+    fixed = [k for k in b if k not in h and k not in still]
     old = [k for k in h if k in b]
     base_note = "" if base["status"] == "ran" else f" (BASE could not run it: lacks seam {', '.join(base.get('seams', []))})"
     change = first_change(head, base) if base["status"] == "ran" else "BASE did not run"
@@ -162,6 +168,9 @@ def classify(head: dict, base: dict, known: dict[str, str] | None = None) -> Cas
     if elsewhere:
         holds = (f"{holds}; shows "
                  + ", ".join(f"{k} (old: BASE shows it in {known[sweep[k]]})" for k in elsewhere))
+    if still:
+        holds = (f"{holds}; no longer shows "
+                 + ", ".join(f"{k} (not fixed: HEAD shows it in {head_known[base_sweep[k]]})" for k in still))
     if change is None:
         return CaseVerdict(name, "unchanged", holds, old=old, elsewhere=elsewhere)
     return CaseVerdict(name, "changed", f"{holds}{base_note}; first change {change}", old=old, first_change=change,
@@ -172,14 +181,14 @@ def classify_all(head: list[dict], base: list[dict]) -> list[CaseVerdict]:
     """Every case HEAD ran, against BASE's record of the same name (a case BASE has no
     record of, e.g. from a different case list, is a harness error)."""
     by_name = {r["name"]: r for r in base}
-    known = base_kinds(base)
+    known, head_known = base_kinds(base), base_kinds(head)
     out = []
     for rec in head:
         other = by_name.get(rec["name"])
         if other is None:
             out.append(CaseVerdict(rec["name"], "harness_error", "BASE has no record of this case"))
         else:
-            out.append(classify(rec, other, known))
+            out.append(classify(rec, other, known, head_known))
     return out
 
 

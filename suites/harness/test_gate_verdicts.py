@@ -103,6 +103,12 @@ def test_a_fault_sweep_finding_base_shows_under_another_schedule_is_old():
     assert gate.classify_all([dict(cap, mode="one_step")], base_cap)[0].verdict == "new_violation"
     assert gate.classify_all([ran("fault-seed-3", broken=("buffer_capacity",))], base_cap)[0].verdict \
         == "new_violation"
+    # the other way round: gone from one drawn schedule but shown under another on HEAD is not fixed
+    moved = gate.classify_all([dict(ran("fault-seed-3", trained=(0, 2)), mode="fully_async"),
+                               dict(ran("fault-seed-4", broken=("buffer_capacity",)), mode="fully_async")],
+                              [dict(ran("fault-seed-3", broken=("buffer_capacity",)), mode="fully_async"),
+                               dict(ran("fault-seed-4", broken=("buffer_capacity",)), mode="fully_async")])
+    assert moved[0].verdict == "changed" and "not fixed: HEAD shows it in fault-seed-4" in moved[0].message
     # a finding kind BASE never shows is new
     hang = {"kind": "hang:watchdog hang", "sweep_kind": "hang:watchdog hang@sync", "message": "no progress"}
     assert gate.classify_all([ran("fault-seed-1", findings=(hang,))], [ran("fault-seed-1")])[0].verdict \
