@@ -110,10 +110,9 @@ def resolve_trees(miles_src: str | None, base: str, stack: ExitStack) -> tuple[P
     head, how = source.find_miles_src(miles_src)
     if head is None:
         raise ConfigError(how)
-    for tree, flag in ((head, "--miles-src"),):
-        if not (tree / source.MARKER).is_file():
-            raise ConfigError(f"{flag} {tree}: not a Miles checkout ({source.MARKER} is missing). Fix: point it at the "
-                              "root of a Miles checkout (the folder holding miles/ and train_async.py)")
+    if not (head / source.MARKER).is_file():
+        raise ConfigError(f"--miles-src {head}: not a Miles checkout ({source.MARKER} is missing). Fix: point it at "
+                          "the root of a Miles checkout (the folder holding miles/ and train_async.py)")
     if Path(base).is_dir():
         base_tree = Path(base).resolve()
         if not (base_tree / source.MARKER).is_file():
