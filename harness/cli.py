@@ -30,6 +30,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "doctor": ("harness.commands.doctor", "probe a Miles checkout's seams: can the harness run it faithfully"),
     "advise": ("harness.commands.advise", "predict speedup, sample age and lr for a layout from calibrated costs"),
     "serve": ("harness.commands.serve", "an SGLang-compatible HTTP server on the CPU torch engine"),
+    "resume-sweep": ("harness.commands.resume_sweep", "stop and resume every setting at every save and between saves: "
+                     "groups lost and duplicated per resume"),
 }
 
 

@@ -18,7 +18,12 @@ Contract:
   manual's colocated fully-async mode, which upstream's ``train_async.py:L23`` refuses;
   ``False`` keeps that refusal), ``cancel_orphaned_tasks`` (cancel the group tasks a dead
   fully-async worker leaves behind, which upstream leaves running; ``False`` leaves them
-  running too) and ``driver``.
+  running too), ``exactly_once_resume`` (a resume settles every source group exactly
+  once, ``miles_async_core.checkpoint``; ``False`` saves and loads what upstream does)
+  and ``driver``.
+* ``save_interval`` and ``debug_exit_after_rollout`` are Miles' ``--save-interval`` and
+  ``--debug-exit-after-rollout``; they act only in a run given a checkpoint folder
+  (``RunContext.checkpoint``), as Miles saves only with ``--save``.
 * ``to_dict()`` / ``from_dict()`` round-trip exactly; ``from_dict`` rejects unknown keys.
   ``resolved_dict()`` adds the derived values (capacity, G, resolved over-sampling and
   submission granularity) for results files.
@@ -42,7 +47,7 @@ TRAIN_BACKENDS = ("megatron", "fsdp")
 DRIVERS = ("train", "train_async")
 DRIVER_SCRIPTS = {"train.py": "train", "train_async.py": "train_async"}
 # Fields that are harness extensions, not Miles flags; ``miles-harness check`` lists them apart.
-HARNESS_EXTENSIONS = ("async_max_retries", "allow_async_colocate", "cancel_orphaned_tasks")
+HARNESS_EXTENSIONS = ("async_max_retries", "allow_async_colocate", "cancel_orphaned_tasks", "exactly_once_resume")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -74,6 +79,9 @@ class AsyncConfig:
     keep_old_actor: bool = False
     use_critic: bool = False
     seed: int = 0
+    # --save-interval (None: no periodic save) and --debug-exit-after-rollout (None: run on)
+    save_interval: int | None = None
+    debug_exit_after_rollout: int | None = None
     # ---- harness extensions: not Miles flags, off (None) by default = upstream behaviour ----
     # How often one prompt may be recycled by the retry handler (upstream: unbounded).
     async_max_retries: int | None = None
@@ -83,6 +91,12 @@ class AsyncConfig:
     # When the fully-async worker dies, cancel its sibling group tasks (and collect them).
     # Upstream leaves them running (fully_async_rollout.py:L128-L136); off = the core too.
     cancel_orphaned_tasks: bool = False
+    # Resume exactly once: the data source's saved state is the consumption frontier (every
+    # group taken and not yet trained is re-queued: in flight, buffered, recycled, taken by
+    # the look-ahead generate), a checkpoint counts only once both parts are written, and
+    # the resumed engines serve the checkpoint's weight version. Upstream saves the cursor
+    # as it is at the save and loses the rest (miles_async_core.checkpoint); off = the core too.
+    exactly_once_resume: bool = False
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -185,9 +199,12 @@ _FIELD_KINDS: dict[str, tuple[str, tuple[str, ...]]] = {
     "keep_old_actor": ("bool", ()),
     "use_critic": ("bool", ()),
     "seed": ("int", ()),
+    "save_interval": ("opt_int", ()),
+    "debug_exit_after_rollout": ("opt_int", ()),
     "async_max_retries": ("opt_int", ()),
     "allow_async_colocate": ("bool", ()),
     "cancel_orphaned_tasks": ("bool", ()),
+    "exactly_once_resume": ("bool", ()),
 }
 
 

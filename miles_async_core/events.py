@@ -8,6 +8,35 @@ Identity: ``index`` is a sample, ``group_index`` a prompt group, ``rollout_id`` 
 training step (drain), ``version`` an engine weight version. With several engines (the
 ``ray`` layout) every engine event and every request event also carries ``engine``, the
 engine's index; events without it are the driver's (or a single engine's).
+
+Lives (a run that stops and resumes from a checkpoint, ``harness.sim.lives``): a run is
+a sequence of lives; in a run with lives every event carries ``life`` (an int, 0 first)
+and a trace without the field is one life (life 0). Only runs with lives add these
+fields and events, so a single-life trace is unchanged.
+
+* ``life_start``: ``life``, ``start_rollout_id`` (the first rollout this life trains:
+  the loaded checkpoint's rollout id + 1, as ``megatron_utils/actor.py:L212``),
+  ``loaded_version`` (the weight version the loaded checkpoint's weights carry, ``None``
+  without a checkpoint).
+* ``life_end``: ``life``, ``how`` (``crash``: the process is gone, only what was saved
+  survives; ``planned``: ``--debug-exit-after-rollout`` or a stop after a
+  ``--save-trigger-sentinel`` save; ``completed``: ``--num-rollout`` reached) and ``at``
+  (a label of the stop point, e.g. ``mid_generation``, ``between_model_and_data_source``).
+* ``checkpoint_saved``: ``rollout_id``, ``part`` (``model`` or ``data_source``, saved in
+  that order, ``train.py:L77-L91``); a ``model`` part carries ``version`` (the weight
+  version its weights are served as), ``optimizer_step`` and ``lr_step``; a
+  ``data_source`` part carries ``state`` (the saved cursor: ``sample_offset``,
+  ``epoch_id``, ``sample_group_index``, ``sample_index``, and under the exactly-once
+  extension the re-queued ``pending`` source indices).
+* ``checkpoint_loaded``: ``rollout_id``, ``part`` (a ``data_source`` part also carries the
+  ``state`` loaded); a part that is missing is not loaded
+  and has no event (``RolloutDataSource.load`` logs and loads nothing, ``data_source.py:L150``).
+* In a run with lives ``taken`` also carries ``source_index`` (the dataset index of the
+  group's prompt, the data source's ``sample_offset`` when it was first handed out) and
+  ``epoch``; a *source group* is ``(source_index, epoch)``, the identity that survives a
+  resume (a ``group_index`` is re-numbered from the restored cursor). ``trained`` also
+  carries ``optimizer_step`` (the trainer's step before this one, counted across lives)
+  and ``lr_step``.
 """
 
 from __future__ import annotations
@@ -54,6 +83,14 @@ FAULT = "fault"  # an injected or observed failure
 TELEMETRY = "telemetry"  # one GPU sample from harness.measure.telemetry (utilisation, memory, power, phase)
 RUN_END = "run_end"
 
+# --- lives: stop and resume (see the module docstring) ------------------------------------
+LIFE_START = "life_start"
+LIFE_END = "life_end"
+CHECKPOINT_SAVED = "checkpoint_saved"
+CHECKPOINT_LOADED = "checkpoint_loaded"
+LIFE_END_HOWS = ("crash", "planned", "completed")
+CHECKPOINT_PARTS = ("model", "data_source")
+
 EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     TAKEN: ("group_index", "indices", "recycled"),
     SUBMITTED: ("index", "group_index", "version"),
@@ -93,4 +130,8 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     FAULT: ("what",),
     TELEMETRY: ("t_s", "gpu", "phase"),
     RUN_END: ("pending_groups",),
+    LIFE_START: ("life", "start_rollout_id", "loaded_version"),
+    LIFE_END: ("life", "how", "at"),
+    CHECKPOINT_SAVED: ("rollout_id", "part"),
+    CHECKPOINT_LOADED: ("rollout_id", "part"),
 }

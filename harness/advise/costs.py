@@ -60,7 +60,8 @@ from miles_async_core.errors import ConfigError
 from harness.advise import host_share
 from harness.advise.cost_model import CostModel, load_costs, mode_of  # load_costs, mode_of: re-exported
 from harness.advise.predict import Layout, simulate_layout
-from harness.results.mode_rows import ModeRow, repeats_of
+from harness.results.mode_rows import ModeRow
+from harness.results.run_extras import load_run
 from harness.sim.run_scenario import summarize
 
 # Drop a coefficient whose relative standard error exceeds this (not identifiable).
@@ -169,27 +170,24 @@ def observations_from_events(events: list[Any], *, mode: str, samples_per_step: 
 def observations_from_results(path: str | Path, *, mode: str = "sync", trace: str | Path | None = None
                               ) -> Observations:
     """Observations from a main-job ``results.json`` (and optionally its event trace)."""
-    try:
-        doc = json.loads(Path(path).read_text())
-    except OSError as exc:
-        raise ConfigError(f"results file {path}: cannot read it ({exc.strerror})") from None
-    extra, config = doc.get("extra", {}), doc.get("config", {})
-    modes = extra.get("modes", {})
-    if mode not in modes or "phases" not in modes[mode]:
+    run = load_run(path)
+    extras, spec = run.extras, run.spec
+    modes = extras.modes
+    if mode not in modes or not modes[mode].phases:
         raise ConfigError(f"results file {path}: no phase timeline for mode {mode!r} (has: {', '.join(modes) or '-'});"
                           f" fix: calibrate on a run with --modes {mode}")
-    spec = config.get("spec", {})
-    mcfg = config.get("modes", {}).get(mode, config.get("base", {}))
+    base = run.doc.get("config", {})
+    mcfg = run.mode_configs.get(mode) or (base.get("base", {}) if isinstance(base, dict) else {})
     n_samples = int(mcfg.get("rollout_batch_size", 16)) * int(mcfg.get("n_samples_per_prompt", 1))
     max_running = int(spec.get("max_running", 16))
     task_length = spec.get("task_length")
     max_new = int(task_length) + 1 if spec.get("task") == "copy" and task_length else int(spec.get("max_new_tokens", 0) or 0)
     prompt = int(task_length) + 2 if spec.get("task") == "copy" and task_length else None
-    history = extra.get("per_step", {}).get(mode, [])
-    spans = _per_step_spans(modes[mode]["phases"])
+    history = extras.steps(mode)
+    spans = _per_step_spans([list(p) for p in modes[mode].phases])
     fa_sync = None
-    if "fully-async" in modes and modes["fully-async"].get("phases"):
-        fa_sync = [b - a for s, ph, a, b in modes["fully-async"]["phases"] if s == "train" and ph == "weight_sync"]
+    if "fully-async" in modes and modes["fully-async"].phases:
+        fa_sync = [b - a for s, ph, a, b in modes["fully-async"].phases if s == "train" and ph == "weight_sync"]
     if trace is not None:
         from harness.trace import read_jsonl
 
@@ -200,17 +198,17 @@ def observations_from_results(path: str | Path, *, mode: str = "sync", trace: st
         return obs
     steps = []
     for sp, h in zip(spans, history):
-        tokens = int(h.get("tokens", 0))
+        tokens = h.tokens
         steps.append(StepObs(tokens=tokens, lengths=_spread(tokens, n_samples), **sp))
     if not steps:
         raise ConfigError(f"results file {path}: mode {mode!r} has no per-step history with tokens")
     if not max_new:
         max_new = max(max(s.lengths) for s in steps)
-    engine_rows = extra.get("engines", {}).get(mode, {}).get("rows") or []
+    engine_rows = extras.engine_rows(mode)
     engine_steps = engine_rows[0] if len(engine_rows) == 1 and engine_rows[0].get("step_ms_admitting") else None
     return Observations(mode=mode, steps=steps, max_running=max_running, prompt_tokens=prompt or 0,
                         max_new_tokens=max_new, lengths_exact=False, source=str(path), fully_async_sync_s=fa_sync,
-                        repeats=repeats_of(doc, str(path)), configs=config.get("modes"), engine_steps=engine_steps)
+                        repeats=extras.repeats, configs=run.mode_configs, engine_steps=engine_steps)
 
 
 # --- the fit ------------------------------------------------------------------------------
@@ -571,18 +569,15 @@ def fit_engine_sharing(costs: CostModel, path: str | Path) -> CostModel:
 
     Only sync steps are read, so the run's overlapped modes stay held out."""
 
-    try:
-        doc = json.loads(Path(path).read_text())
-    except OSError as exc:
-        raise ConfigError(f"engine-sharing run {path}: cannot read it ({exc.strerror})") from None
-    spec = doc.get("config", {}).get("spec", {})
+    run = load_run(path)
+    spec = run.spec
     n = int(spec.get("num_engines", 1))
-    rows = [r for r in repeats_of(doc, str(path)).get("sync", []) if r.steps]
+    rows = [r for r in run.extras.repeats.get("sync", []) if r.steps]
     if n < 2 or not rows:
         raise ConfigError(f"engine-sharing run {path}: needs a sync mode run with --num-engines >= 2 (has "
                           f"{n} engine(s), {len(rows)} sync repeat(s)); fix: run miles-harness run --layout ray "
                           "--num-engines 2 --modes sync,...")
-    configs = doc["config"]["modes"]
+    configs = run.mode_configs
     # as many steps as the run's repeats had: per-step figures depend on the count (the
     # last step's weight sync falls after the measurement window)
     cfg = dataclasses.replace(config_of(configs, "sync"), num_rollout=int(rows[0].steps))

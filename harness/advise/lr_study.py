@@ -85,7 +85,8 @@ def metrics(history: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def run_one(run: dict[str, Any], steps: int) -> dict[str, Any]:
-    from harness.main_job.job import RunSpec, run_mode
+    from harness.main_job.job import run_mode
+    from harness.main_job.spec import RunSpec
     from miles_async_core.config import parse_miles_args
 
     base, _ = parse_miles_args(run["miles_args"])
@@ -200,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     records = list(done.values())
     rows = summarize(records)
     from harness.backends.tasks import get_task
-    from harness.main_job.job import RunSpec
+    from harness.main_job.spec import RunSpec
 
     spec = RunSpec()
     task = get_task(spec.task, **spec.task_kwargs())

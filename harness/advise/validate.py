@@ -43,7 +43,7 @@ from harness.advise import host_share
 from harness.advise.costs import (CostModel, fit_costs, fit_engine_sharing, mode_of, observations_from_results,
                                   replay_steps)
 from harness.advise.predict import Layout, predict, predict_sync
-from harness.results.mode_rows import repeats_of, table_of
+from harness.results.run_extras import RunExtras, load_run
 from harness.sim.contention import Contention
 
 MODES = ("sync", "one-step", "fully-async")
@@ -57,10 +57,11 @@ def _config_of(doc: dict[str, Any], mode: str) -> AsyncConfig:
 
 def measured(doc: dict[str, Any], mode: str) -> dict[str, Any]:
     """Median per-step wall and speedup over the repeats (one value without repeats)."""
-    rows = repeats_of(doc).get(mode) or [table_of(doc)[mode]]
+    extras = RunExtras.from_doc(doc)
+    rows = extras.repeats.get(mode) or [extras.table[mode]]
     per_step = sorted(r.wall_s / r.steps for r in rows if r.steps)
     speed = sorted(r.speedup for r in rows if r.speedup is not None)
-    ages = [a for h in doc["extra"].get("per_step", {}).get(mode, []) for a in h.get("age_versions", [])]
+    ages = extras.sample_ages(mode)
     med = lambda xs: xs[len(xs) // 2] if len(xs) % 2 else 0.5 * (xs[len(xs) // 2 - 1] + xs[len(xs) // 2])  # noqa
     busy = {side: med(sorted(getattr(r, key) / r.steps for r in rows if r.steps and getattr(r, key) is not None))
             for side, key in (("generating", "rollout_busy_s"), ("training", "train_busy_s"),
@@ -113,7 +114,8 @@ def validate(calibration: str, others: list[str], engines_from: str | None = Non
     rows = []
     paths = [calibration] + ([engines_from] if engines_from and engines_from not in others else []) + others
     for path in dict.fromkeys(paths):
-        doc = json.loads(Path(path).read_text())
+        run = load_run(path)
+        doc = run.doc
         spec = doc["config"].get("spec", {})
         git = doc.get("git") or {}
         c = dataclasses.replace(costs, max_running=int(spec.get("max_running", costs.max_running)))
@@ -126,7 +128,7 @@ def validate(calibration: str, others: list[str], engines_from: str | None = Non
             base = predict_sync(c, cfg, layout, cfg.num_rollout)
             alone = dataclasses.replace(c, contention_engine=0.0, contention_trainer=0.0, contention_by_mode={})
             pred0 = predict(alone, cfg, layout, baseline=base)["step_s"] if mode != "sync" else pred["step_s"]
-            engines = doc["extra"].get("engines", {}).get(mode, {}).get("rows", [])
+            engines = run.extras.engine_rows(mode)
             cf = closed_form(c, cfg)
             cf_step = {"sync": cf["sync_step_s"], "one-step": cf["one_step_step_s"],
                        "fully-async": cf["fully_async_step_s"]}[mode]

@@ -82,7 +82,9 @@ def main(args: argparse.Namespace) -> int:
     if args.max_shown < 1:
         raise ConfigError(f"--max-shown {args.max_shown}: must be >= 1. Fix: e.g. --max-shown 5")
     if args.merge is not None:
-        if args.trace is not None and args.trace.startswith("-"):  # a Miles flag after --, not a trace
+        # argparse gives the first word after -- to the trace positional: with --merge it is the
+        # Miles command line's (a flag, or its program when the whole command line is passed)
+        if args.trace is not None and (args.trace.startswith("-") or args.miles_args):
             args.miles_args, args.trace = [args.trace, *args.miles_args], None
         if args.trace is not None:
             raise ConfigError(f"check-trace {args.trace} --merge {args.merge}: give a trace or --merge DIR, not both. "
@@ -104,7 +106,7 @@ def main(args: argparse.Namespace) -> int:
     by_name: dict[str, list[Any]] = {}
     for v in violations:
         by_name.setdefault(v.invariant, []).append(v)
-    checks = applicable(config, complete=complete)
+    checks = applicable(config, complete=complete, events=events)
     width = max(len(c.name) for c in checks)
     for check in checks:
         found = by_name.get(check.name, [])

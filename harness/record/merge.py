@@ -77,6 +77,9 @@ REQUIRES: dict[str, tuple[str, ...]] = {
     "one_step_overlap": (ev.GENERATE_START, ev.TRAINED),
     "no_idle_slot": (ev.TAKEN, ev.GROUP_DONE, ev.PUT_ACCEPTED),
     "dead_worker_surfaces": (ev.GROUP_DONE, ev.DRAIN_START, ev.GOT),
+    "resume_exactly_once": (ev.LIFE_START, ev.TAKEN, ev.TRAINED),
+    "resume_rollout_once": (ev.LIFE_START, ev.TRAINED),
+    "resume_versions": (ev.LIFE_START, ev.ENGINE_VERSION),
 }
 
 
@@ -373,7 +376,7 @@ def verdict(merged: Merged, config: Any, *, complete: bool) -> dict[str, Any]:
     present = {e.kind for e in merged.events}
     ran: dict[str, list[Any]] = {}
     lacking: dict[str, list[str]] = {}
-    for check in applicable(config, complete=complete):
+    for check in applicable(config, complete=complete, events=merged.events):
         missing = [k for k in REQUIRES.get(check.name, ()) if k not in present]
         if missing:
             lacking[check.name] = missing

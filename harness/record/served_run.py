@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from harness.serve import upstream_e2e
+from miles_async_core.errors import ConfigError
 
 from . import recorder_flags
 from .writer import DIR_ENV, close_all, write_foreign_trace
@@ -49,6 +51,7 @@ def async_config(cfg: upstream_e2e.E2EConfig) -> Any:
 class _RecordedRun(upstream_e2e._Run):
     record_dir: Path
     extra_flags: dict[str, Any] = {}
+    install_recorder = True  # False: only extra_flags (a command line's) name the recorder's wrappers
 
     def driver(self) -> Any:
         from miles.rollout.base_types import RolloutFnConstructorInput
@@ -56,7 +59,7 @@ class _RecordedRun(upstream_e2e._Run):
         from miles.utils.misc import load_function
 
         args = getattr(self.rollout_fn, "args", None) or self.rollout_fn.state.args
-        flags = recorder_flags(fully_async=bool(args.fully_async))
+        flags = recorder_flags(fully_async=bool(args.fully_async)) if self.install_recorder else {}
         vars(args).update(flags, **self.extra_flags)
         self.args = args
         data_source = load_function(args.data_source_path)(args)
@@ -79,6 +82,8 @@ class _RecordedRun(upstream_e2e._Run):
             return super().driver()
         path = source.active() / "train_async.py"
         spec = importlib.util.spec_from_file_location("miles_harness_recorded_train_async", path)
+        if spec is None:
+            raise ImportError(f"{path}: not importable as a module")
         mod = importlib.util.module_from_spec(spec)
         exec(compile(text, str(path), "exec", dont_inherit=True), mod.__dict__)
         return rebind_ray_names(mod, generate=lambda *a, **k: asyncio.ensure_future(self.generate(*a, **k)),
@@ -138,10 +143,13 @@ class RecordedResult:
 
 
 def run_recorded(cfg: upstream_e2e.E2EConfig, record_dir: str | Path, *, miles_src: str | None = None,
-                 extra_flags: dict[str, Any] | None = None, inner: dict[str, str] | None = None) -> RecordedResult:
+                 extra_flags: dict[str, Any] | None = None, inner: dict[str, str] | None = None,
+                 install_recorder: bool = True) -> RecordedResult:
     """One recorded run; ``inner``: ``MILES_HARNESS_RECORD_INNER_<NAME>`` settings (the
     user's originals) for the run's duration; ``extra_flags``: more Miles ``args`` fields
-    (e.g. ``async_data_buffer_capacity_factor``), set on the run and on the checkers' config."""
+    (e.g. ``async_data_buffer_capacity_factor``), set on the run and on the checkers' config.
+    ``install_recorder=False``: the recorder's flags are not added, so only those in
+    ``extra_flags`` are set (``main``: the flags of its command line)."""
     import tempfile
     import shutil
 
@@ -171,6 +179,7 @@ def run_recorded(cfg: upstream_e2e.E2EConfig, record_dir: str | Path, *, miles_s
     try:
         run = _RecordedRun(cfg, workdir)
         run.record_dir, run.extra_flags = record_dir, dict(extra_flags or {})
+        run.install_recorder = install_recorder
         res = run.execute()
     finally:
         close_all()
@@ -193,3 +202,62 @@ def run_recorded(cfg: upstream_e2e.E2EConfig, record_dir: str | Path, *, miles_s
     write_jsonl(merged.events, record_dir / MERGED_NAME)
     return RecordedResult(e2e=res, record_dir=record_dir, merged=merged,
                           verdict=verdict(merged, config, complete=True))
+
+
+def _path_flags(rest: list[str]) -> dict[str, str]:
+    """``--name-path VALUE`` pairs of a Miles command line as ``args`` fields
+    (``name_path``); any other leftover argument is refused, naming it."""
+    flags: dict[str, str] = {}
+    i = 0
+    while i < len(rest):
+        flag = rest[i]
+        if not (flag.startswith("--") and flag.endswith("-path")) or i + 1 >= len(rest):
+            raise ConfigError(f"python -m harness.record.served_run: argument {flag!r} is not understood. Allowed: "
+                              "the flags of --help and Miles' extension flags --<name>-path VALUE (the recorder's, "
+                              "docs/record.md). Fix: drop it or give the flag its value")
+        flags[flag[2:].replace("-", "_")] = rest[i + 1]
+        i += 2
+    return flags
+
+
+def main(argv: list[str] | None = None) -> int:
+    """A Miles command line that runs on the CPU: upstream's ``train_async.py`` loop (the
+    served run of ``harness.serve.upstream_e2e``: the tiny model behind CPU servers, real
+    HTTP) with the extension flags of its command line (``--<name>-path VALUE``) set on
+    Miles' ``args``, recording into ``$MILES_HARNESS_RECORD_DIR``, as a GPU Miles command
+    with the recorder's flags would. Exit 0 when every step trained."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m harness.record.served_run", description=main.__doc__)
+    p.add_argument("--num-rollout", type=int, default=2, help="training steps")
+    p.add_argument("--rollout-batch-size", type=int, default=2)
+    p.add_argument("--n-samples-per-prompt", type=int, default=2)
+    p.add_argument("--rollout-max-response-len", type=int, default=8, help="max new tokens per sample")
+    p.add_argument("--fully-async", action="store_true")
+    p.add_argument("--servers", type=int, default=1, help="CPU servers behind the router")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--miles-src", default=None, help="the upstream Miles tree (default: $MILES_SRC)")
+    ns, rest = p.parse_known_args(argv)
+    try:
+        flags = _path_flags(rest)
+        record_dir = os.environ.get(DIR_ENV)
+        if not record_dir:
+            raise ConfigError(f"{DIR_ENV} is not set: the recorder writes nowhere. Allowed: a directory path. Fix: "
+                              f"{DIR_ENV}=DIR python -m harness.record.served_run ...")
+        cfg = upstream_e2e.E2EConfig(name="fully-async" if ns.fully_async else "one-step",
+                                     fully_async=ns.fully_async, servers=ns.servers, steps=ns.num_rollout,
+                                     rollout_batch_size=ns.rollout_batch_size,
+                                     n_samples_per_prompt=ns.n_samples_per_prompt,
+                                     max_new_tokens=ns.rollout_max_response_len, seed=ns.seed)
+        res = run_recorded(cfg, record_dir, miles_src=ns.miles_src, extra_flags=flags, install_recorder=False)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    e2e = res.e2e
+    print(f"served Miles run ({cfg.name}): {e2e.steps_trained}/{cfg.steps} steps trained, error {e2e.error}; "
+          f"recorded into {record_dir}")
+    return 0 if e2e.error is None and e2e.steps_trained == cfg.steps else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

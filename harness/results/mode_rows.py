@@ -1,7 +1,7 @@
 """A main-job mode's row, typed, and the run results' table keyed by mode name.
 
 ``ModeRow`` is one row of ``miles-harness run``'s table: either one repeat of one mode
-(``harness.main_job.job.summarize_mode``) or a mode's repeats aggregated
+(``harness.main_job.rows.summarize_mode``) or a mode's repeats aggregated
 (``aggregate_repeats``: medians, with ``<key>_min`` / ``<key>_max`` for the noisy
 figures, ``repeats``, ``checks_passed`` and ``losses_repeat``). A run's results file
 stores, in ``extra``:
@@ -35,7 +35,7 @@ SPREAD_KEYS = ("speedup", "overlap_efficiency", "wall_s", "run_s", "reward_start
 TABLE_LAYOUT_VERSION = 2  # the results schema_version from which extra.table is keyed by mode
 
 
-@dataclass(kw_only=True)
+@dataclass(frozen=True, kw_only=True)
 class ModeRow:
     """One mode's figures (one repeat, or the repeats aggregated). Every field is the
     value of the results file's key of the same name; None: not measured in this row
@@ -128,11 +128,31 @@ class ModeRow:
         if "mode" not in data:
             raise ConfigError(f"{where}: key 'mode' is missing; a mode row names its mode. "
                               "Fix: regenerate the file with miles-harness run")
+        for f in dataclasses.fields(cls):
+            if f.name in data and not _fits(data[f.name], str(f.type)):
+                raise ConfigError(f"{where}.{f.name} is {data[f.name]!r}; expected {f.type}. "
+                                  "Fix: regenerate the file with miles-harness run")
         values = dict(data)
         for key in ("age_hist", "lag_hist"):  # JSON object keys are strings
             if key in values:
                 values[key] = {int(k): int(v) for k, v in values[key].items()}
         return cls(**values)
+
+
+_JSON_TYPES: dict[str, tuple[type, ...]] = {"float": (int, float), "int": (int, float), "str": (str,), "bool": (bool,),
+                                           "dict": (dict,), "list": (list,)}
+
+
+def _fits(value: object, annotation: str) -> bool:
+    """Whether a JSON value fits a ``ModeRow`` field's annotation (``"float | None"``,
+    ``"dict[int, int]"``...): None where the annotation allows it, a number (never a
+    boolean) for ``int`` and ``float`` (aggregated counts are medians), else the kind."""
+    kinds = [a.strip().split("[")[0] for a in annotation.split("|")]
+    if value is None:
+        return "None" in kinds
+    if isinstance(value, bool):
+        return "bool" in kinds
+    return any(isinstance(value, _JSON_TYPES[k]) for k in kinds if k in _JSON_TYPES)
 
 
 ALWAYS_WRITTEN = frozenset({"mode", "steps", "wall_s", "rollout_busy_s", "train_busy_s", "weight_sync_s",

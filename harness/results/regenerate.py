@@ -143,6 +143,13 @@ STEPS: list[Step] = [
                                 "results/record/mutant_runs.json"], ["results/record/mutant_runs.json"]),
     # the recorder's cost: upstream's loop on the CPU servers with and without it, in pairs
     Step("record_cost", BENCH + ["suites/bench/test_record_cost.py"], ["results/bench/record_cost.json"], WRITE),
+    # the resume sweep on the core: upstream's save/resume semantics, then the exactly-once extension
+    Step("resume_sweep_core", CLI + ["resume-sweep", "--json", "results/resume/core.json"],
+         ["results/resume/core.json", "results/resume/core.txt"], stdout="results/resume/core.txt"),
+    Step("resume_sweep_core_exactly_once", CLI + ["resume-sweep", "--exactly-once", "--json",
+                                                  "results/resume/core_exactly_once.json"],
+         ["results/resume/core_exactly_once.json", "results/resume/core_exactly_once.txt"],
+         stdout="results/resume/core_exactly_once.txt"),
 ]
 
 

@@ -1,7 +1,8 @@
 """A simulated trainer: a step costs ``step_base_s + per_token_s * tokens`` of virtual
 time (longer under contention, ``harness.sim.contention``); its "weights" are the number
 of optimizer steps taken, so a weight version's provenance is exact. ``fail_at_step``
-injects a trainer exception."""
+injects a trainer exception. ``state_dict`` / ``load_state_dict`` are its checkpoint (a
+run with lives, ``harness.sim.lives``): the optimizer steps, which are its weights."""
 
 from __future__ import annotations
 
@@ -59,3 +60,9 @@ class SimTrainer:
 
     def get_weights(self) -> int:
         return self.steps
+
+    def state_dict(self) -> dict[str, int]:
+        return {"steps": self.steps}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.steps = int(state["steps"])

@@ -314,7 +314,7 @@ class TreeReport:
                          for s in miss)
         return SeamMissing(f"the harness cannot run {driver or 'any driver'} on upstream Miles at {self.tree} faithfully: {text}. "
                            f"Run `miles-harness doctor --miles-src {self.tree}` for the whole table.",
-                           [s.name for s in miss])
+                           list(dict.fromkeys(s.name for s in miss)))
 
     def require(self, driver: str) -> None:
         """Raise ``SeamMissing`` naming the seams ``driver`` lacks on this tree."""
@@ -338,13 +338,13 @@ def _stand_in_probes(uses: list) -> list[Probe]:
     from harness.upstream.ray_names import members
     from harness.upstream.stand_in_uses import DRIVER_FILES
 
-    by_member: dict[tuple[str, str], list] = {}
+    by_member: dict[tuple[str, str, str], list] = {}  # one seam per driver file, with that driver's lines
     for u in uses:
         if u.role != "critic_model" and u.member not in members(u.role):
-            by_member.setdefault((u.role, u.member), []).append(u)
+            by_member.setdefault((u.role, u.member, u.driver_file), []).append(u)
     out = []
-    for (role, member), us in sorted(by_member.items()):
-        drivers = frozenset().union(*(DRIVER_FILES[u.driver_file] for u in us))
+    for (role, member, driver_file), us in sorted(by_member.items()):
+        drivers = DRIVER_FILES[driver_file]
         places = ", ".join(u.where + (" (.remote)" if u.remote else "") for u in us[:4])
         seam = Seam(f"{STAND_IN_PREFIX}{role}.{member}", us[0].file, f"`{role}.{member}` read at {places}",
                     f"the harness' stand-in for `{role}` answers it", f"the stand-in for `{role}` has no `{member}`: "

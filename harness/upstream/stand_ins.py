@@ -78,15 +78,15 @@ _DOCTOR = "; `miles-harness doctor` lists every member the drivers use on each s
 
 
 def _tree_relative(filename: str) -> str:
-    """``filename`` relative to the active upstream tree when it lies in it."""
+    """``filename`` relative to the upstream tree holding it (the nearest folder above it
+    with ``miles/rollout/fully_async_rollout.py``, ``harness.upstream.source.MARKER``)."""
     from pathlib import Path
 
-    try:
-        from harness.upstream import source
-
-        return str(Path(filename).resolve().relative_to(source.active().resolve()))
-    except (RuntimeError, ValueError, OSError):  # no active tree (UpstreamUnavailable), or outside it
-        return filename
+    path = Path(filename)
+    for root in path.parents:
+        if (root / "miles" / "rollout" / "fully_async_rollout.py").is_file():
+            return str(path.relative_to(root))
+    return filename
 
 
 def _raising(qualname: str, reason: str) -> Any:

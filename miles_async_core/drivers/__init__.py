@@ -37,9 +37,8 @@ def make_context(args: Any, engine: Any, trainer: Any, prompt_fn: Callable, *, s
         rollout_fn = OneStepRollout(args, engine, data_source, sampling=sampling, reward_fn=reward_fn, sink=sink,
                                     generate_function=generate_function)
     rm = RolloutManager(rollout_fn, sink=sink)
-    ctx = RunContext(args=args, engine=engine, trainer=trainer, rollout_manager=rm, sink=sink, observer=observer)
-    ctx.data_source = data_source  # type: ignore[attr-defined]
-    return ctx
+    return RunContext(args=args, engine=engine, trainer=trainer, rollout_manager=rm, sink=sink, observer=observer,
+                      data_source=data_source)
 
 
 async def run(ctx: RunContext) -> list[dict]:

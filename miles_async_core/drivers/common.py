@@ -9,14 +9,23 @@ once when a generate (drain) starts and refuses a version that goes backwards.
 ``WeightUpdater`` bumps its version by one per ``update_weights`` and runs the
 Megatron sequence pause(mode) -> load weights + version -> continue; the FSDP backend
 ignores ``--pause-generation-mode`` and always retracts (`fsdp_utils/update_weight_utils.py:L74`).
+
+A run given a checkpoint folder (``RunContext.checkpoint``, Miles' ``--save``/``--load``)
+is one life of a run that may stop and resume: ``start_life`` loads the checkpoint the
+way ``miles_async_core.checkpoint`` describes and records the life's start, ``maybe_save``
+saves after a training step when ``--save-interval`` or the sentinel says so, and
+``debug_exit`` is ``--debug-exit-after-rollout``. Without a checkpoint folder none of
+this runs and no event or field of it is recorded.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
+from miles_async_core import checkpoint as ck
 from miles_async_core import events as ev
 from miles_async_core.contracts import NullSink, RolloutEngine, Trainer
 from miles_async_core.types import iter_samples, recorded_number, samples_of
@@ -123,6 +132,13 @@ class RunContext:
     history: list[dict] = field(default_factory=list)  # one record per finished train step
     worker_error: BaseException | None = None  # a fully-async worker that died after the last drain
     pending_generate: Any = None  # a generate launched and not yet awaited (left running if a step raises)
+    data_source: Any = None  # the rollout's data source (make_context sets it)
+    # ---- lives: set only for a run given a checkpoint folder ---------------------------
+    checkpoint: ck.CheckpointDir | None = None  # --save / --load
+    save_sentinel: Callable[[int], bool] | None = None  # --save-trigger-sentinel exists after rollout N
+    optimizer_step: int = 0  # the trainer's optimizer steps, across lives (restored from the checkpoint)
+    lr_step: int = 0  # the learning-rate scheduler's steps, across lives
+    steps_at_update: int = 0  # trainer_steps at the last weight update
 
     @property
     def trainer_steps(self) -> int:
@@ -139,6 +155,7 @@ async def update_weights(ctx: RunContext) -> int:
     args = ctx.args
     mode = "retract" if args.train_backend == "fsdp" else args.pause_generation_mode
     ctx.weight_version += 1
+    ctx.steps_at_update = ctx.trainer_steps
     ctx.phase("train", "weight_sync", True, version=ctx.weight_version)
     await ctx.engine.pause_generation(mode)
     await ctx.engine.update_weights(ctx.weight_version, ctx.trainer.get_weights())
@@ -159,12 +176,17 @@ async def train_step(ctx: RunContext, rollout_id: int, data: list, metrics: dict
         await ctx.engine.pause_generation(ctx.args.pause_generation_mode)
     observed = ctx.observer.on_train_batch(ctx, rollout_id, data) if ctx.observer is not None else {}
     ctx.phase("train", "training", True, rollout_id=rollout_id)
+    group_indices = [next(iter_samples(g)).group_index for g in data]
     if ctx.sink.enabled:
-        ctx.sink.emit(ev.TRAINED, rollout_id=rollout_id,
-                      group_indices=[next(iter_samples(g)).group_index for g in data],
-                      trainer_version=ctx.weight_version, trainer_steps=ctx.trainer_steps)
+        steps = {} if ctx.checkpoint is None else {"optimizer_step": ctx.optimizer_step, "lr_step": ctx.lr_step}
+        ctx.sink.emit(ev.TRAINED, rollout_id=rollout_id, group_indices=group_indices,
+                      trainer_version=ctx.weight_version, trainer_steps=ctx.trainer_steps, **steps)
     steps_before = ctx.trainer_steps
     train_metrics = await ctx.trainer.train(rollout_id, data)
+    ctx.optimizer_step += 1
+    ctx.lr_step += 1
+    if ctx.checkpoint is not None and ctx.data_source is not None:
+        ctx.data_source.mark_trained(group_indices)
     ctx.phase("train", "training", False, rollout_id=rollout_id)
     if colocate_pause:
         await ctx.engine.continue_generation()
@@ -172,3 +194,52 @@ async def train_step(ctx: RunContext, rollout_id: int, data: list, metrics: dict
               **observed, **metrics, **(train_metrics or {})}
     ctx.history.append(record)
     return record
+
+
+# ---- lives: checkpoint, resume, planned exit ------------------------------------------------
+
+
+def start_life(ctx: RunContext, life: int) -> ck.Loaded:
+    """Load the checkpoint a new life starts from (``miles_async_core.checkpoint``): the
+    trainer's state and steps, the data source's state, ``start_rollout_id``; under
+    ``exactly_once_resume`` the updater's version, so the first update serves the
+    checkpoint's version. Records ``life_start`` and ``checkpoint_loaded``."""
+    assert ctx.checkpoint is not None, "start_life needs a checkpoint folder (RunContext.checkpoint)"
+    exactly_once = bool(getattr(ctx.args, "exactly_once_resume", False))
+    loaded = ck.find(ctx.checkpoint, exactly_once=exactly_once)
+    if loaded.model is not None:
+        load_state = getattr(ctx.trainer, "load_state_dict", None)
+        if load_state is not None:
+            load_state(loaded.model["trainer"])
+        ctx.optimizer_step, ctx.lr_step = int(loaded.model["optimizer_step"]), int(loaded.model["lr_step"])
+        if exactly_once:
+            ctx.weight_version = int(loaded.model["version"]) - 1  # the first update serves the checkpoint's
+    if loaded.data_source is not None and ctx.data_source is not None:
+        ctx.data_source.load(loaded.data_source)
+    ctx.args = dataclasses.replace(ctx.args, start_rollout_id=loaded.start_rollout_id)
+    if ctx.sink.enabled:
+        ctx.sink.emit(ev.LIFE_START, life=life, start_rollout_id=loaded.start_rollout_id,
+                      loaded_version=loaded.version)
+    ck.emit_loaded(loaded, ctx.sink)
+    return loaded
+
+
+async def maybe_save(ctx: RunContext, rollout_id: int) -> None:
+    """After training ``rollout_id``: save if ``--save-interval`` or the sentinel says so."""
+    if ctx.checkpoint is None:
+        return
+    sentinel = ctx.save_sentinel is not None and ctx.save_sentinel(rollout_id)
+    if not ck.should_save(ctx.args, rollout_id, sentinel):
+        return
+    state = getattr(ctx.trainer, "state_dict", None)
+    model = {"rollout_id": rollout_id, "optimizer_step": ctx.optimizer_step, "lr_step": ctx.lr_step,
+             "version": ck.saved_version(ctx.weight_version, ctx.trainer_steps > ctx.steps_at_update),
+             "trainer": state() if state is not None else None}
+    await ck.save(ctx.checkpoint, rollout_id, model=model, data_source=ctx.data_source, sink=ctx.sink,
+            exactly_once=bool(getattr(ctx.args, "exactly_once_resume", False)))
+
+
+def debug_exit(ctx: RunContext, rollout_id: int) -> bool:
+    """``--debug-exit-after-rollout N``: this life ends after N rollouts (train.py:L139-L148)."""
+    n = getattr(ctx.args, "debug_exit_after_rollout", None)
+    return ctx.checkpoint is not None and n is not None and rollout_id - ctx.args.start_rollout_id + 1 >= n

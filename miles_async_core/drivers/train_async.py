@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from miles_async_core.drivers.common import RunContext, train_step, update_weights
+from miles_async_core.drivers.common import RunContext, debug_exit, maybe_save, train_step, update_weights
 
 
 async def _await_generate(ctx: RunContext, task: asyncio.Future, rollout_id: int) -> tuple[list, dict]:
@@ -61,8 +61,12 @@ async def train_async(ctx: RunContext) -> list[dict]:
             next_task = ctx.pending_generate = rm.launch(rollout_id + 1)
         data, metrics = curr
         await train_step(ctx, rollout_id, data, metrics)
+        # a due save: model, then data source, while generate(rollout_id + 1) runs (L95-L105)
+        await maybe_save(ctx, rollout_id)
         if (rollout_id + 1) % k == 0:  # absolute rollout_id, as upstream
             curr = (await _await_generate(ctx, next_task, rollout_id + 1)) if next_task is not None else None
             next_task = ctx.pending_generate = None
             await update_weights(ctx)
+        if debug_exit(ctx, rollout_id):
+            break
     return ctx.history

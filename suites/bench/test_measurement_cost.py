@@ -43,7 +43,8 @@ from pathlib import Path
 import pytest
 
 from harness.commands.run import DEFAULT_MILES_ARGS
-from harness.main_job.job import RunSpec, run_mode
+from harness.main_job.job import run_mode
+from harness.main_job.spec import RunSpec
 from harness.results.schema import git_info, machine_info, utc_now
 from miles_async_core.config import parse_miles_args
 

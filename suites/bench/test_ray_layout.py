@@ -36,7 +36,9 @@ import pytest
 
 from harness.backends.ray_engine import BROADCASTS, RayEngineGroup
 from harness.backends.tasks import get_task
-from harness.main_job.job import RunSpec, build_model_factory, run_mode
+from harness.main_job.job import run_mode
+from harness.main_job.layouts import build_model_factory
+from harness.main_job.spec import RunSpec
 from harness.measure.engines import per_engine_rows
 from harness.results.schema import git_info, machine_info, utc_now
 from miles_async_core.config import AsyncConfig

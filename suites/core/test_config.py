@@ -32,6 +32,9 @@ def test_defaults_are_miles_defaults_except_the_documented_ones():
         "async_max_retries": None,
         "allow_async_colocate": False,  # harness extension: off = upstream refuses async --colocate
         "cancel_orphaned_tasks": False,  # harness extension: off = upstream leaves a dead worker's groups running
+        "exactly_once_resume": False,  # harness extension: off = a resume loads what upstream saves
+        "save_interval": None,  # Miles: no periodic save
+        "debug_exit_after_rollout": None,
         "use_tis": False,
         "tis_clip": 2.0,
         "tis_clip_low": 0.0,
@@ -157,7 +160,8 @@ def test_every_field_but_the_driver_is_reachable_by_its_miles_flag():
         rollout_submission_granularity="group", colocate=True, fully_async=True,
         train_backend="fsdp", num_rollout=3, start_rollout_id=1, async_max_retries=2,
         use_tis=True, tis_clip=3.0, tis_clip_low=0.1, partial_rollout=True,
-        use_rollout_logprobs=True, keep_old_actor=True, use_critic=True, seed=9,
+        use_rollout_logprobs=True, keep_old_actor=True, use_critic=True, seed=9, save_interval=2,
+        debug_exit_after_rollout=5,
     )
     argv: list[str] = []
     for name, value in target.to_dict().items():

@@ -16,8 +16,11 @@
 #     $MILES_SGLANG_TEST_MODEL (default: SmolLM2-135M-Instruct exported from the packaged GGUF),
 #     output in OUTDIR/conformance.txt; skipped, and said so, otherwise;
 # (e) with MILES_CMD set: a real Miles run with the recorder (harness.record), merged and
-#     checked; see the stage below.
-# DEVICE=cpu is a dry run with tiny settings (a few seconds to a minute).
+#     checked; see the stage below. DEVICE=cpu without MILES_CMD runs upstream Miles on the
+#     CPU (`python -m harness.record.served_run`: its train_async.py loop behind CPU servers)
+#     when an upstream tree is found ($MILES_SRC or the pinned tree beside the repository).
+# DEVICE=cpu is a dry run with tiny settings (about a minute); suites/gpu/test_dry_run.py runs it.
+# The summary reads every results file through the schema (python -m harness.results.summary).
 # Exit status: 0 when every stage passed, 1 otherwise (the summary says which).
 set -euo pipefail
 
@@ -149,6 +152,12 @@ fi
 #     buffer's with --fully-async, the rollout function's without), and the record in
 #     OUTDIR/record is merged and checked (`check-trace --merge`). Skipped, and said so, otherwise.
 record_rc=0
+if [[ -z "${MILES_CMD:-}" && "$DEVICE" == cpu ]] \
+    && "$PY" -c "import sys; from harness.upstream.source import find_miles_src; sys.exit(find_miles_src()[0] is None)"; then
+  MILES_CMD="$PY -m harness.record.served_run --num-rollout 2 --rollout-batch-size 2 --n-samples-per-prompt 2"
+  MILES_RECORD_EXTRA_FLAGS=${MILES_RECORD_EXTRA_FLAGS:---rollout-function-path harness.record.RecordingRolloutFn}
+  log "recorder: DEVICE=cpu, MILES_CMD not set: upstream Miles on the CPU servers"
+fi
 if [[ -n "${MILES_CMD:-}" ]]; then
   log "recorder: $MILES_CMD + harness.record flags -> $OUT/record"
   # shellcheck disable=SC2086  # MILES_CMD and the extra flags are command lines, split on purpose
@@ -172,39 +181,16 @@ echo done > "$OUT/.phase"
 stop_telemetry
 rm -f "$OUT/.phase"
 
-# Summary.
+# Summary: every file read through the results schema (harness.results.summary).
 log "summary"
-"$PY" - "$OUT" "$run_rc" "$gap_rc" <<'EOF'
-import json, pathlib, sys
-out, run_rc, gap_rc = pathlib.Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
-def status(rc):
-    return "ok" if rc == 0 else ("timed out" if rc == 124 else f"failed (exit {rc})")
-print(f"  (a) miles-harness run: {status(run_rc)}; run.json {'present' if (out / 'run.json').exists() else 'MISSING'}")
-if (out / "run.json").exists():
-    for row in json.loads((out / "run.json").read_text())["extra"].get("table", []):
-        speed = row.get("speedup")
-        print(f"      {row['mode']:<12} steps {row['steps']:>3}  wall {row['wall_s']:.1f} s"
-              + (f"  speedup {speed:.2f}" if speed is not None else "") + (f"  ERROR {row['error']}" if row.get("error") else ""))
-print(f"  (b) miles-harness gap: {status(gap_rc)}")
-table = out / "gap" / "gap_table.md"
-if table.exists():
-    print("      " + table.read_text().replace("\n", "\n      ").rstrip())
-tel = out / "telemetry.json"
-if tel.exists():
-    s = json.loads(tel.read_text())["summary"]
-    if s["available"]:
-        for name, agg in s["phases"].items():
-            print(f"  (c) telemetry {name}: {agg['records']} samples, util {agg['util_gpu_pct_mean']} %, "
-                  f"SM active {agg['sm_active_pct_mean']} %, peak mem {agg['mem_used_bytes_max']} B")
-    else:
-        print(f"  (c) telemetry: unavailable ({s['reason']}); {tel} records that")
-else:
-    print("  (c) telemetry: MISSING")
-print(f"  outputs in {out}")
-EOF
+RECORD_RC_FLAG=()
+[[ -z "${MILES_CMD:-}" ]] || RECORD_RC_FLAG=(--record-rc "$record_rc")
+summary_rc=0
+"$PY" -m harness.results.summary --gpu-checks "$OUT" --run-rc "$run_rc" --gap-rc "$gap_rc" "${RECORD_RC_FLAG[@]}" \
+  || summary_rc=$?
 log "(d) sglang conformance: $conf_rc (0 = every case passed; see $OUT/conformance.txt)"
-if [[ $run_rc -ne 0 || $gap_rc -ne 0 || $record_rc -ne 0 || ( $conf_rc != skipped && $conf_rc != 0 ) ]]; then
-  log "FAILED: run exit $run_rc, gap exit $gap_rc, conformance $conf_rc, recorder exit $record_rc"
+if [[ $run_rc -ne 0 || $gap_rc -ne 0 || $record_rc -ne 0 || $summary_rc -ne 0 || ( $conf_rc != skipped && $conf_rc != 0 ) ]]; then
+  log "FAILED: run exit $run_rc, gap exit $gap_rc, conformance $conf_rc, recorder exit $record_rc, summary exit $summary_rc"
   exit 1
 fi
 log "all checks passed"

@@ -76,7 +76,7 @@ def test_fit_from_a_results_file_matches_the_fit_from_its_trace(tmp_path):
            "extra": {"modes": {"sync": {"phases": phase_spans(res.events, window)}},
                      "per_step": {"sync": [{"tokens": h["tokens"] if "tokens" in h else 6 * 32} for h in res.history]}}}
     path = tmp_path / "results.json"
-    path.write_text(json.dumps(doc))
+    _write_run(path, doc)
     fitted = fit_costs(observations_from_results(path))
     assert not fitted.fit["engine"]["dropped"] or fitted.fit["engine"]["rms_rel_error"] < 1e-6
     assert fitted.weight_sync_s == pytest.approx(costs.weight_sync_s, rel=1e-6)
@@ -256,3 +256,12 @@ def test_fit_takes_the_prefill_base_from_the_engines_own_steps_and_leaves_decode
     assert predict(fitted, SYNC, Layout())["step_s"] == pytest.approx(predict(WAVES, SYNC, Layout())["step_s"],
                                                                      rel=1e-6)
     assert fitted.engine_config(gpus_per_engine=2).prefill_base_s == pytest.approx(0.003)
+
+
+def _write_run(path, doc):
+    """``doc``'s config and extra in a results file the schema accepts (kind ``run``)."""
+    from harness.results.schema import Results
+
+    res = Results.new("run", doc.get("config", {}))
+    res.extra.update(doc["extra"])
+    return res.write(path)

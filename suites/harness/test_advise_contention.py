@@ -182,7 +182,7 @@ def test_the_fit_scales_the_costs_to_the_median_repeat(tmp_path):
                      "per_step": {"sync": [{"tokens": 6 * 32} for _ in res.history]},
                      "repeats": {"sync": [r.to_dict() for r in (row, slower, slower)]}}}
     path = tmp_path / "results.json"
-    path.write_text(json.dumps(doc))
+    _write_run(path, doc)
     fitted = fit_costs(observations_from_results(path))
     assert fitted.fit["repeat_scale"]["engine"] == pytest.approx(1.2)
     assert fitted.train_per_token_s == pytest.approx(ALONE.train_per_token_s * 1.1, rel=1e-6)
@@ -202,3 +202,12 @@ def test_validation_predicts_a_ray_run_with_its_engine_count_and_flags_rows_beyo
     s = summary(report)
     assert s["split"]["within_target"] and s["split"]["worst_step_error"] == 0.04
     assert not s["ray"]["within_target"] and s["ray"]["worst_speedup_error"] == 0.12
+
+
+def _write_run(path, doc):
+    """``doc``'s config and extra in a results file the schema accepts (kind ``run``)."""
+    from harness.results.schema import Results
+
+    res = Results.new("run", doc.get("config", {}))
+    res.extra.update(doc["extra"])
+    return res.write(path)

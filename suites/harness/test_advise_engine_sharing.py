@@ -77,7 +77,7 @@ def _two_engine_results(tmp_path, truth: CostModel) -> str:
                                      "modes": {"sync": SYNC.to_dict()}},
            "extra": {"repeats": {"sync": [r.to_dict() for r in rows]}}}
     path = tmp_path / "two.json"
-    path.write_text(json.dumps(doc))
+    _write_run(path, doc)
     return str(path)
 
 
@@ -107,8 +107,8 @@ def test_sharing_slows_a_two_engine_prediction_and_leaves_one_engine_alone():
 def test_the_fit_refuses_a_run_with_one_engine(tmp_path):
     path = tmp_path / "one.json"
     row = mode_rows(simulate_layout(ALONE, SYNC, Layout()))
-    path.write_text(json.dumps({"kind": "run", "config": {"spec": {"layout": "split"}, "modes": {"sync": SYNC.to_dict()}},
-                                "extra": {"repeats": {"sync": [row.to_dict()]}}}))
+    _write_run(path, {"kind": "run", "config": {"spec": {"layout": "split"}, "modes": {"sync": SYNC.to_dict()}},
+                      "extra": {"repeats": {"sync": [row.to_dict()]}}})
     with pytest.raises(ConfigError, match="--num-engines >= 2"):
         fit_engine_sharing(ALONE, path)
 
@@ -172,3 +172,12 @@ def test_measured_host_cores_are_the_median_over_repeats_and_unknown_if_one_lack
     assert measured(doc([1.2, 1.8, 1.5]), "sync")["cpu_cores_total"] == pytest.approx(1.5)
     assert measured(doc([1.2, 1.8, 1.5]), "sync")["host_cpu_count"] == 2
     assert measured(doc([1.2, None]), "sync")["cpu_cores_total"] is None
+
+
+def _write_run(path, doc):
+    """``doc``'s config and extra in a results file the schema accepts (kind ``run``)."""
+    from harness.results.schema import Results
+
+    res = Results.new("run", doc.get("config", {}))
+    res.extra.update(doc["extra"])
+    return res.write(path)

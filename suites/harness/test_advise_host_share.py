@@ -97,7 +97,7 @@ def test_the_sharing_fit_reads_the_host_cores_off_the_several_engine_sync_mode(t
                                      "modes": {"sync": SYNC.to_dict()}},
            "extra": {"repeats": {"sync": [r.to_dict() for r in rows]}}}
     path = tmp_path / "two.json"
-    path.write_text(json.dumps(doc))
+    _write_run(path, doc)
     expected = 2 * statistics.median(0.3 * r.wall_s / r.rollout_busy_s for r in rows)  # 2 engines
     with_cores = dataclasses.replace(ALONE, engine_cores_by_mode={"sync": 1.2})
     assert fit_engine_sharing(with_cores, path).host_engine_cores == pytest.approx(expected)
@@ -130,3 +130,12 @@ def test_mode_vs_sync_reads_the_models_growth_off_the_rows_factors():
             row(2, "sync", 14.0, 1.4), row(2, "fully-async", 28.0, 1.4 * 1.2)]
     got = mode_vs_sync(rows)["fully-async"]
     assert got["growth"] == pytest.approx(4 / 3) and got["growth_model"] == pytest.approx(1.2)
+
+
+def _write_run(path, doc):
+    """``doc``'s config and extra in a results file the schema accepts (kind ``run``)."""
+    from harness.results.schema import Results
+
+    res = Results.new("run", doc.get("config", {}))
+    res.extra.update(doc["extra"])
+    return res.write(path)

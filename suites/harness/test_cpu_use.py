@@ -41,8 +41,8 @@ def test_snapshot_reads_this_process_by_pid_and_none_for_a_missing_one():
 
 
 def test_run_prints_the_cores_per_mode_with_the_hosts_count_as_a_whole_number(capsys):
-    from harness.commands.run import _print_cpu_use
-    from harness.main_job.job import aggregate_repeats
+    from harness.main_job.report import print_cpu_use as _print_cpu_use
+    from harness.main_job.rows import aggregate_repeats
     from harness.results.mode_rows import ModeRow
 
     reps = [ModeRow(mode="one-step", cpu_cores_main=m, cpu_cores_engines=0.8, cpu_cores_total=m + 0.8,

@@ -8,8 +8,10 @@ import dataclasses
 
 import pytest
 
-from harness.commands.run import _phases, format_table
-from harness.main_job.job import ModeResult, summarize_mode
+from harness.main_job.outputs import phases as _phases
+from harness.main_job.report import format_table
+from harness.main_job.result import ModeResult
+from harness.main_job.rows import summarize_mode
 from harness.sim.scenario import DEFAULT_SCENARIO
 from harness.sim.run_scenario import OVERLAP_RATIOS, SimResult, format_summary, simulate, summarize
 from harness.trace import Event
@@ -81,10 +83,10 @@ def test_the_run_timeline_is_the_overlap_pairing_clipped_to_the_window():
     r = ModeResult.from_trace("one-step", AsyncConfig(), [], _trace(), 0.0, 12.0)
     assert r.window == (1.0, 11.0)
     assert _phases(r) == [  # by start, then end
-        ["train", "waiting", 0.0, 4.0],
-        ["rollout", "generating", 0.0, 9.0],
-        ["train", "training", 4.0, 7.0],
-        ["train", "weight_sync", 7.0, 8.0],
-        ["train", "waiting", 8.0, 9.0],
-        ["train", "training", 9.0, 10.0],
+        ("train", "waiting", 0.0, 4.0),
+        ("rollout", "generating", 0.0, 9.0),
+        ("train", "training", 4.0, 7.0),
+        ("train", "weight_sync", 7.0, 8.0),
+        ("train", "waiting", 8.0, 9.0),
+        ("train", "training", 9.0, 10.0),
     ]

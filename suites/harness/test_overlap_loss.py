@@ -1,5 +1,5 @@
 """The loss table (``harness.measure.overlap_loss``) and the main job's aggregation of
-interleaved repeats (``harness.main_job.job.aggregate_repeats``)."""
+interleaved repeats (``harness.main_job.rows.aggregate_repeats``)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness.main_job.job import _GapRecorder, aggregate_repeats
+from harness.main_job.gap_replay import GapRecorder as _GapRecorder
+from harness.main_job.rows import aggregate_repeats
 from harness.results.mode_rows import ModeRow
 from harness.measure.overlap import ideal_speedup
 from harness.measure.overlap_loss import PARTS, format_loss_table, loss_table, step_parts

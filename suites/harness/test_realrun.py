@@ -14,7 +14,9 @@ import signal
 import pytest
 
 from harness.cli import main as cli
-from harness.main_job.job import RunSpec, run_mode, summarize_mode
+from harness.main_job.job import run_mode
+from harness.main_job.rows import summarize_mode
+from harness.main_job.spec import RunSpec
 from miles_async_core.config import AsyncConfig
 
 pytestmark = pytest.mark.model  # real runs of the main job: torch engines, trainers, processes
@@ -198,3 +200,25 @@ def test_a_trace_violation_fails_the_run_command_unless_violations_are_allowed(t
     rc = cli([*argv[:-5], "--allow-violations", "--out", str(tmp_path / "explore"), *argv[-5:]])
     out = capsys.readouterr().out
     assert rc == 0 and "warning: invariant violations in sync#1" in out
+
+
+def test_the_speedup_is_against_the_sync_run_of_the_repeat_whichever_order_the_modes_ran(tmp_path, capsys):
+    """``--modes fully-async,sync``: sync runs after the mode in each repeat, and the
+    mode still gets its speedup (table, results file and the JSON last line)."""
+    import json
+
+    rc = cli(["run", "--steps", "2", "--d-model", "32", "--layers", "1", "--no-plots", "--no-gap",
+              "--modes", "fully-async,sync", "--repeats", "1", "--out", str(tmp_path),
+              "--", "--rollout-batch-size", "2", "--n-samples-per-prompt", "2"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    last = json.loads(out.strip().splitlines()[-1])
+    assert last["exit_code"] == 0 and last["results"] == str(tmp_path / "results.json")
+    speedup = last["modes"]["fully-async"]["speedup"]
+    assert speedup is not None and speedup > 0 and last["modes"]["sync"]["speedup"] is None
+    doc = json.loads((tmp_path / "results.json").read_text())
+    assert doc["extra"]["table"]["fully-async"]["speedup"] == speedup
+    assert doc["benchmarks"]["fully-async/speedup"]["stats"]["n"] == 1
+    header, row = [line for line in out.splitlines() if line.startswith(("mode ", "fully-async "))][:2]
+    column = header.index("speedup")  # the table's columns are left-aligned under their headers
+    assert row[column:].split()[0] == f"{speedup:.2f}"

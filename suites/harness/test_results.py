@@ -224,3 +224,67 @@ def test_a_file_of_another_kind_has_no_mode_table():
 
     with pytest.raises(ConfigError, match="g.json: kind 'gap' has no mode table"):
         table_of({"kind": "gap", "extra": {"table": [{"factor": "dtype"}]}}, "g.json")
+
+
+def _committed_run_files() -> list[Path]:
+    root = Path(__file__).resolve().parents[2]
+    found = []
+    for path in sorted([*root.glob("results/**/*.json"), *root.glob("fixtures/**/*.json")]):
+        try:
+            doc = json.loads(path.read_text())
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            continue
+        if isinstance(doc, dict) and doc.get("schema") == "miles-async-harness/results" and doc.get("kind") == "run":
+            found.append(path)
+    return found
+
+
+def test_every_committed_run_results_file_loads_through_the_typed_extras():
+    from harness.results.run_extras import RunExtras
+
+    files = _committed_run_files()
+    assert files, "the repository holds run results files (results/cpu, results/advise)"
+    for path in files:
+        doc = load_results(path).doc
+        extras = RunExtras.from_doc(doc, str(path))
+        assert set(extras.table) == set(extras.modes) and extras.table, path
+        for mode, row in extras.table.items():
+            assert row.mode == mode and extras.modes[mode].phases, (path, mode)
+            assert len(extras.repeats[mode]) == row.repeats, (path, mode)
+        # what the main job writes reads back as the same extras
+        assert RunExtras.from_doc({"kind": "run", "extra": extras.to_dict()}) == extras, path
+
+
+def test_run_extras_read_a_list_table_and_refuse_another_kind_naming_the_file():
+    from harness.results.run_extras import RunExtras
+
+    old = {"kind": "run", "extra": {"table": [{"mode": "sync", "steps": 2}], "modes": {"sync": {"phases": []}}}}
+    extras = RunExtras.from_doc(old, "old.json")
+    assert extras.table["sync"].steps == 2 and extras.per_step == {} and extras.engines is None
+    with pytest.raises(ConfigError, match="gap.json.*kind 'gap'"):
+        RunExtras.from_doc({"kind": "gap", "extra": {}}, "gap.json")
+    with pytest.raises(ConfigError, match=r"bad.json: extra.modes.sync.wall_s is 'fast'; expected a number"):
+        RunExtras.from_doc({"kind": "run", "extra": {"modes": {"sync": {"wall_s": "fast"}}}}, "bad.json")
+
+
+def test_the_summary_reads_a_run_file_by_mode_and_the_gpu_scripts_outdir(tmp_path, capsys):
+    import shutil
+
+    from harness.results.summary import main as summary
+
+    run = next(p for p in _committed_run_files() if p.parent.name == "run-a")
+    assert summary([str(run)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith(f"{run}: kind run")
+    assert [line.split()[0] for line in lines[1:]] == ["fully-async", "one-step", "sync"]
+    assert "speedup" in lines[2] and "speedup" not in lines[3]
+    shutil.copy(run, tmp_path / "run.json")
+    assert summary(["--gpu-checks", str(tmp_path), "--run-rc", "0", "--gap-rc", "124"]) == 0
+    text = capsys.readouterr().out
+    assert "(a) miles-harness run: ok; run.json present" in text and "(b) miles-harness gap: timed out" in text
+    assert "      one-step     steps" in text and "(c) telemetry: MISSING" in text
+    doc = json.loads(run.read_text())
+    doc["extra"]["table"]["sync"]["wall_s"] = "slow"
+    (tmp_path / "run.json").write_text(json.dumps(doc))
+    assert summary(["--gpu-checks", str(tmp_path)]) == 2
+    assert "extra.table.sync" in capsys.readouterr().err

@@ -9,7 +9,7 @@ from harness.cli import build_parser
 import pytest
 
 from harness.commands.run import spec_from_args
-from harness.main_job.job import RunSpec, flag_of
+from harness.main_job.spec import RunSpec, flag_of
 from miles_async_core.errors import ConfigError
 
 

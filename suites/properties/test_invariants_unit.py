@@ -21,6 +21,7 @@ from harness.checking.invariants import ALL_CHECKS, Violation, check_all
 from harness.sim.scenario import Scenario
 from harness.sim.engine import LengthDist, SimEngine, SimEngineConfig
 from harness.sim.trainer import SimTrainerConfig
+from harness.sim.lives import StopPoint, run_lives
 from harness.sim.run_scenario import simulate
 from harness.trace import Event, read_jsonl
 
@@ -54,12 +55,19 @@ RECORDED = {RAY_TWO_ENGINES.name: Path(__file__).resolve().parents[2] / "fixture
 _traces: dict[str, list[Event]] = {}
 
 
+# a run that crashes right after its checkpoint of rollout 3 and resumes, exactly once
+LIVES = Scenario(name="lives: one-step, exactly-once resume after a crash at a save",
+                 config=AsyncConfig(rollout_batch_size=4, n_samples_per_prompt=2, num_rollout=8, save_interval=2,
+                                    exactly_once_resume=True),
+                 trainer=SimTrainerConfig(step_base_s=3.0), max_new_tokens=64)
+
+
 def trace(scenario: Scenario) -> list[Event]:
     """A fresh deep copy of the scenario's (cached) trace, safe to edit (a recorded one is read)."""
     if scenario.name in RECORDED:
         return read_jsonl(RECORDED[scenario.name])
     if scenario.name + repr(scenario.config) not in _traces:
-        result = simulate(scenario)
+        result = run_lives(scenario, [StopPoint("save_boundary", 3)]) if scenario is LIVES else simulate(scenario)
         assert result.error is None, result.error
         _traces[scenario.name + repr(scenario.config)] = result.events
     return copy.deepcopy(_traces[scenario.name + repr(scenario.config)])
@@ -284,7 +292,27 @@ def worker_dies_unnoticed(events: list[Event]) -> None:
     events[:] = [e for i, e in enumerate(events) if i <= d + 1 or e.kind not in (ev.PUT_ACCEPTED, ev.PUT_REJECTED)]
 
 
+def retake_a_trained_source(events: list[Event]) -> None:
+    """Life 1 hands out a source group life 0 trained (kept in the checkpoint) instead of its own."""
+    trained0 = next(e for e in events if e.kind == ev.TAKEN and e["life"] == 0)
+    retake = next(e for e in events if e.kind == ev.TAKEN and e["life"] == 1)
+    retake.fields["source_index"] = trained0["source_index"]
+
+
+def start_at_the_saved_rollout(events: list[Event]) -> None:
+    start = next(e for e in events if e.kind == ev.LIFE_START and e["life"] == 1)
+    start.fields["start_rollout_id"] -= 1
+
+
+def serve_version_one_after_resume(events: list[Event]) -> None:
+    first = next(e for e in events if e.kind == ev.ENGINE_VERSION and e["life"] == 1)
+    first.fields["version"] = 1
+
+
 SURGERY = [
+    ("resume_exactly_once", LIVES, retake_a_trained_source),
+    ("resume_rollout_once", LIVES, start_at_the_saved_rollout),
+    ("resume_versions", LIVES, serve_version_one_after_resume),
     ("conservation", FULLY_ASYNC, drop_trained_group),
     ("conservation_prefix", FULLY_ASYNC, duplicate_trained_group),
     ("trained_batch_shape", FULLY_ASYNC, reverse_trained_batch),

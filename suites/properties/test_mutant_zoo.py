@@ -34,11 +34,13 @@ try:
     from fixtures.mutants import KINDS, MUTANTS, Mutant
     from fixtures.mutants.ray_engine import RAY_RUNS, run_ray
     from fixtures.mutants.real_engine import REAL_RUNS, run_real
+    from fixtures.mutants.resume import RESUME_RUNS, run_resume
 except ModuleNotFoundError:  # pytest run from elsewhere than the repository root
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from fixtures.mutants import KINDS, MUTANTS, Mutant
     from fixtures.mutants.ray_engine import RAY_RUNS, run_ray
     from fixtures.mutants.real_engine import REAL_RUNS, run_real
+    from fixtures.mutants.resume import RESUME_RUNS, run_resume
 
 SEARCH_EXAMPLES = 800  # per mutant; the slowest needs a few hundred
 BASELINE_EXAMPLES = 300
@@ -70,12 +72,24 @@ def first_ray_catch(mutant: Mutant) -> tuple[int, str | None, list[Violation]]:
     return len(RAY_RUNS), None, []
 
 
+def first_resume_catch(mutant: Mutant) -> tuple[int, str | None, list[Violation]]:
+    """A resume mutant: (runs that stop and resume made, the first caught, its violations)."""
+    for runs, (scenario, stops) in enumerate(RESUME_RUNS, start=1):
+        with mutant.apply() as variant:
+            _, found = run_resume(scenario, stops, **variant)
+        if {v.invariant for v in found} & mutant.expected_invariants:
+            return runs, scenario.name, found
+    return len(RESUME_RUNS), None, []
+
+
 def first_catch(mutant: Mutant | None, max_examples: int) -> tuple[int, RunCase | None, list[Violation]]:
     """(runs drawn, the first run caught, its violations); ``None`` if none is caught."""
     if mutant is not None and mutant.kind == "real_engine":
         return first_real_catch(mutant)  # type: ignore[return-value]
     if mutant is not None and mutant.kind == "ray_engine":
         return first_ray_catch(mutant)  # type: ignore[return-value]
+    if mutant is not None and mutant.kind == "resume":
+        return first_resume_catch(mutant)  # type: ignore[return-value]
     seen = {"runs": 0, "violations": []}
     wanted = mutant.expected_invariants if mutant else None
 
@@ -110,6 +124,13 @@ def test_the_real_implementation_passes_the_zoo_search() -> None:
     assert case is None, f"{case.describe()}\n\n" + "\n\n".join(v.format() for v in found[:3])
     assert runs == BASELINE_EXAMPLES
     assert check_buffer(DefaultDataBuffer, settings=_machine_settings()) is None
+
+
+def test_the_real_resume_passes_the_resume_runs() -> None:
+    """The exactly-once extension, unmutated, passes every run the resume mutants are caught on."""
+    for scenario, stops in RESUME_RUNS:
+        result, found = run_resume(scenario, stops)
+        assert all(result.reached) and not found, (scenario.name, [v.format() for v in found[:3]])
 
 
 def _machine_settings() -> settings:

@@ -103,6 +103,9 @@ def test_check_trace_merge_cli_exit_codes(tmp_path, capsys):
     assert "NOT APPLICABLE: the trace has no decode_step" in out and (good / "merged.jsonl").exists()
     assert main(["check-trace", "--merge", str(bad), *flags]) == 1
     assert "conservation_prefix" in capsys.readouterr().out
+    # the whole Miles command line after --, its program first (as run_gpu_checks.sh passes $MILES_CMD)
+    assert main(["check-trace", "--merge", str(good), "--", "python3", "train_async.py", *flags[1:]]) == 0
+    assert "config: the Miles flags given" in capsys.readouterr().out
 
 
 def test_every_checker_declares_the_event_kinds_it_reads():

@@ -7,7 +7,9 @@ a harness error naming the member and the upstream file:line, never upstream's e
 
 from __future__ import annotations
 
+import os
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -168,3 +170,39 @@ def test_pr_2289_tree_is_refused_naming_the_admission_hold_members(capsys):
     out = capsys.readouterr().out
     line = _line_of(tree / "train_async.py", "rollout_manager.acquire_train_admission_hold.remote()")
     assert f"rollout_manager.acquire_train_admission_hold  MISSING  train_async.py:L{line}" in out
+
+
+_FORCED_RUN = """
+import sys
+from pathlib import Path
+from harness.upstream import seams, source
+from harness.upstream.diff import case_named
+from harness.upstream.harness_errors import RunnerSeamError
+from harness.upstream.runner import run_upstream
+source.activate(Path(sys.argv[1]))
+report = source.report()  # the run is told to go on past doctor's refusal: the stand-in must say so itself
+report.probes = [p for p in report.probes if not p.seam.name.startswith(seams.STAND_IN_PREFIX)]
+try:
+    run_upstream(case_named("one-step-k1").scenario())
+except RunnerSeamError as exc:
+    print("SEAMS", exc.seams)
+    print("MESSAGE", exc)
+"""
+
+
+@pytest.mark.process
+def test_pr_2289_run_past_the_refusal_stops_with_a_harness_error_naming_the_member():
+    """Run on PR #2289's tree anyway (doctor's refusal lifted in a subprocess: one tree per
+    process): the run stops with a harness error naming
+    ``rollout_manager.acquire_train_admission_hold`` and its line, not upstream's error."""
+    import subprocess
+
+    tree = source.DEFAULT_TREE.parent / PR_2289
+    if not (tree / source.MARKER).is_file():
+        pytest.skip(f"{PR_2289} is not beside the pinned tree ({source.DEFAULT_TREE.parent})")
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", _FORCED_RUN, str(tree)], cwd=root, capture_output=True, text=True, check=False,
+                         timeout=300, env={**os.environ, "PYTHONPATH": str(root)})
+    line = _line_of(tree / "train_async.py", "rollout_manager.acquire_train_admission_hold.remote()")
+    assert "SEAMS ['stand-in rollout_manager.acquire_train_admission_hold']" in out.stdout, out.stdout + out.stderr
+    assert f"reads at train_async.py:L{line}" in out.stdout

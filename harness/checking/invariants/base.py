@@ -124,18 +124,28 @@ class Check:
     fn: Checker
     applies: Callable[[AsyncConfig], bool]
     needs_complete_run: bool  # False: holds on the prefix of a run that failed or was cancelled
+    # None: applies to every trace of a config it applies to; else applies only where this
+    # returns True (the resume checkers: only to a trace with lives)
+    applies_to_trace: Callable[[list[Event]], bool] | None = None
+
+    def applies_to(self, config: AsyncConfig, events: list[Event] | None) -> bool:
+        """Applies to ``config`` and, if it asks, to ``events`` (``None``: a trace without lives)."""
+        if not self.applies(config):
+            return False
+        return self.applies_to_trace is None or (events is not None and self.applies_to_trace(events))
 
 
 REGISTRY: list[Check] = []
 
 
 def invariant(name: str, *, applies: Callable[[AsyncConfig], bool] = lambda c: True,
-              complete_only: bool = False) -> Callable[[Checker], Checker]:
+              complete_only: bool = False,
+              applies_to_trace: Callable[[list[Event]], bool] | None = None) -> Callable[[Checker], Checker]:
     """Register ``fn`` under ``name``; ``Violation.invariant`` must be that name."""
 
     def wrap(fn: Checker) -> Checker:
         assert all(c.name != name for c in REGISTRY), f"duplicate invariant {name}"
-        REGISTRY.append(Check(name, fn, applies, complete_only))
+        REGISTRY.append(Check(name, fn, applies, complete_only, applies_to_trace))
         fn.invariant_name = name  # type: ignore[attr-defined]
         return fn
 

@@ -68,24 +68,28 @@ def check_trained_age_bound(events: list[Event], config: AsyncConfig) -> list[Vi
     return out
 
 
-def expected_batch_version(config: AsyncConfig, rollout_id: int) -> int:
+def expected_batch_version(config: AsyncConfig, rollout_id: int, first: int = 1) -> int:
     """``version(gen(M))``: sync ``M - S + 1``; one-step ``1 + #{N in [S, M-2] : (N+1) % k == 0}``
     (the updates done before generate(M) launched: one after each iteration N with
-    ``(N+1) % k == 0``, ``train_async.py``)."""
+    ``(N+1) % k == 0``, ``train_async.py``). ``first``: the version the first update serves
+    (1; a life resumed under ``exactly_once_resume``: its checkpoint's)."""
     s, k = config.start_rollout_id, config.update_weights_interval
     if config.driver == "train":
-        return rollout_id - s + 1
-    return 1 + sum(1 for n in range(s, rollout_id - 1) if (n + 1) % k == 0)
+        return rollout_id - s + first
+    return first + sum(1 for n in range(s, rollout_id - 1) if (n + 1) % k == 0)
 
 
 @invariant("batch_single_version", applies=lambda c: not c.fully_async)
 def check_batch_single_version(events: list[Event], config: AsyncConfig) -> list[Violation]:
     name, out = "batch_single_version", []
     partial = bool(getattr(config, "partial_rollout", False))
+    first = 1
     for pos, e, members, finished in walk_groups(events):
+        if e.kind == ev.LIFE_START and config.exactly_once_resume and e["loaded_version"] is not None:
+            first = e["loaded_version"]
         if e.kind != ev.TRAINED:
             continue
-        want = expected_batch_version(config, e["rollout_id"])
+        want = expected_batch_version(config, e["rollout_id"], first)
         for gi in e["group_indices"]:
             for i in members.get(gi, ()):
                 fin = finished.get(i)

@@ -34,8 +34,11 @@
   put the groups its wait returned before that one. The trace shows when that task
   failed, not the loop step in which the worker read it: a get the worker's last put woke
   may still complete in the same scheduling instant (virtual time), and the drain may end
-  with it. After that instant the drain in progress (or the next to start) gets no group
-  and does not end (no ``got``, no ``drain_end``), and the run ends (``run_end``, or the
+  with it. After that instant the drain in progress (or the next to start) does not end
+  (no ``drain_end``) and gets at most one group: the get it created before it saw the
+  worker (upstream's ``asyncio.wait`` yields once even when the worker is already done,
+  and a get on a non-empty buffer completes in that yield; the group is then dropped),
+  and the run ends (``run_end``, or the
   trace's last event) within ``DEAD_WORKER_BOUND_S`` of the later of the death, that
   drain's start and the end of the training step or weight update in progress then (the
   driver reads the failed generate when that step is over). A run that ends earlier
@@ -181,10 +184,14 @@ def check_dead_worker_surfaces(events: list[Event], config: AsyncConfig) -> list
     if draining is None:
         return out  # the worker died after the last drain: nothing waits on it
     surface, t_death = max(death, draining), events[death].t
+    gots = 0
     for p in range(surface + 1, end + 1):
         e = events[p]
-        if e.kind in (ev.DRAIN_END, ev.GOT) and e.t > t_death:
-            what = "ended" if e.kind == ev.DRAIN_END else f"got group {e['group_index']} from the buffer"
+        if e.t <= t_death or e.kind not in (ev.DRAIN_END, ev.GOT):
+            continue
+        gots += e.kind == ev.GOT
+        if e.kind == ev.DRAIN_END or gots > 1:
+            what = "ended" if e.kind == ev.DRAIN_END else f"got a second group ({e['group_index']}) from the buffer"
             out.append(violation(name, f"the drain {what} after the rollout worker died (at event "
                                  f"#{events[death].seq}, t={t_death:g}s): a dead worker must fail the drain at once, "
                                  "not after its backlog", events, p, context=events[death:p + 1][-40:]))

@@ -1,6 +1,7 @@
 """Weight versions.
 
-* ``version_steps``: engine versions start at 1 and rise by exactly one per update;
+* ``version_steps``: engine versions start at 1 (a life resumed under
+  ``exactly_once_resume``: at its checkpoint's version) and rise by exactly one per update;
   ``set_weight_version`` follows them and never goes backwards.
 * ``token_versions``: every ``finished`` sample's tokens were sampled by versions in
   force between its ``submitted`` and its ``finished`` event, in non-decreasing order;
@@ -24,7 +25,9 @@ from harness.trace import Event
 def check_version_steps(events: list[Event], config: AsyncConfig) -> list[Violation]:
     name, out, engine, manager = "version_steps", [], 0, None
     for pos, e in enumerate(events):
-        if e.kind == ev.ENGINE_VERSION:
+        if e.kind == ev.LIFE_START and config.exactly_once_resume and e["loaded_version"] is not None:
+            engine = e["loaded_version"] - 1  # the resumed engines serve the checkpoint's version first
+        elif e.kind == ev.ENGINE_VERSION:
             if e["version"] != engine + 1:
                 out.append(violation(name, f"engine version went {engine} -> {e['version']}, expected {engine + 1}",
                                      events, pos))

@@ -1,0 +1,115 @@
+"""Runs that stop and resume (``harness.sim.lives``) and the resume sweep's fast subset:
+upstream's semantics (the core's default) lose what the spec §11 says they may, the
+exactly-once extension loses and duplicates nothing, a seeded fix of the one-step resume
+passes the exactly-once check, and single-life traces are untouched by the resume checkers."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from harness.checking.invariants import check_report
+from harness.checking.invariants.resume import resume_report
+from harness.cli import main
+from harness.sim.lives import StopPoint, run_lives
+from harness.sim.resume_sweep import FAST, cases, run_case, settings, sweep
+from harness.sim.run_scenario import simulate
+
+try:
+    from fixtures.mutants import resume as seeded
+except ModuleNotFoundError:  # pytest run from elsewhere than the repository root
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from fixtures.mutants import resume as seeded
+
+RESUME_CHECKS = {"resume_exactly_once", "resume_rollout_once", "resume_versions"}
+
+
+def test_exactly_once_extension_loses_and_duplicates_nothing_on_the_fast_sweep() -> None:
+    rows = sweep(cases(True, only=FAST))
+    assert rows and all(r.reached and r.error is None for r in rows)
+    bad = [(r.case.name, r.lost, r.duplicated, r.failed_checks) for r in rows
+           if r.lost or r.duplicated or set(r.failed_checks) & RESUME_CHECKS]
+    assert not bad, bad
+
+
+def test_upstream_semantics_lose_the_look_ahead_and_restart_versions() -> None:
+    one_step = {r.case.stops[0].at: r for r in sweep(cases(False, only=["one-step/retract"]))}
+    row = one_step["save_boundary"]
+    assert row.lost > 0 and set(row.mechanisms) == {"look_ahead"}, row
+    assert "resume_versions" in row.failed_checks  # the updater's in-memory counter starts again
+    half = one_step["between_model_and_data_source"]  # no data source state: the cursor starts over
+    assert half.duplicated > 0 and "resume_exactly_once" in half.failed_checks
+    sync = {r.case.stops[0].at: r for r in sweep(cases(False, only=["sync"]))}
+    assert sync["save_boundary"].lost == 0 and sync["save_boundary"].duplicated == 0
+
+
+def test_the_seeded_one_step_fix_passes_the_exactly_once_check() -> None:
+    """The cursor snapshotted when rollout N's generation ends, saved with N (the repair
+    upstream pull request #2661 proposes): no one-step stop loses or duplicates a group. The
+    crash between the model's and the data source's save is left out: the fix saves the
+    same files in the same order, so that half-written checkpoint still loads no cursor."""
+    scenario = dict(settings(False))["one-step/retract"]
+    for case in cases(False, only=["one-step/retract"]):
+        if case.stops[0].at == "between_model_and_data_source":
+            continue
+        with seeded.snapshot_cursor_at_generate_end() as variant:
+            result = run_lives(case.scenario, case.stops, **variant)
+        report = resume_report(result.events, scenario.config)
+        assert result.error is None and report is not None
+        assert not report.lost and not report.duplicated, (case.name, report.to_dict())
+    broken = run_case(cases(False, only=["one-step/retract"])[0])
+    assert broken.lost > 0  # the same stop without the fix loses the look-ahead
+
+
+def test_resume_checkers_do_not_apply_to_a_single_life_trace() -> None:
+    scenario = dict(settings(False))["one-step/retract"]
+    result = simulate(scenario)
+    report = check_report(result.events, scenario.config)
+    assert RESUME_CHECKS <= set(report["not_applicable"]) and not RESUME_CHECKS & set(report["checkers"])
+    assert not any(e.kind == "taken" and "source_index" in e.fields for e in result.events)
+
+
+def test_a_crash_between_the_model_and_the_data_source_leaves_a_half_written_checkpoint() -> None:
+    scenario = dict(settings(False))["sync"]
+    events = run_lives(scenario, [StopPoint("between_model_and_data_source", 3)]).events
+    saved = [(e["rollout_id"], e["part"]) for e in events if e.kind == "checkpoint_saved" and e["life"] == 0]
+    assert saved[-1] == (3, "model")
+    loaded = [(e["rollout_id"], e["part"]) for e in events if e.kind == "checkpoint_loaded"]
+    assert loaded == [(3, "model")]
+
+
+def test_cli_resume_sweep_writes_its_table(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "sweep.json"
+    assert main(["resume-sweep", "--exactly-once", "--setting", "sync", "--json", str(out)]) == 0
+    assert "sync" in capsys.readouterr().out
+    doc = json.loads(out.read_text())
+    assert doc["summary"][0]["lost"] == 0 and doc["summary"][0]["duplicated"] == 0
+
+
+def test_check_trace_runs_the_resume_checkers_on_a_stored_trace_with_lives(tmp_path: Path, capsys) -> None:
+    from harness.trace import config_path, write_jsonl
+
+    case = next(c for c in cases(False, only=["one-step/retract"]) if c.stops[0].at == "save_boundary")
+    trace = tmp_path / "lives.jsonl"
+    write_jsonl(run_lives(case.scenario, case.stops).events, trace)
+    config_path(trace).write_text(json.dumps({"config": case.scenario.config.to_dict(), "complete": True}))
+    assert main(["check-trace", str(trace)]) == 1
+    out = capsys.readouterr().out
+    assert "resume_exactly_once                FAIL" in out and "resume_rollout_once                PASS" in out
+    assert "look_ahead when the checkpoint's cursor was saved" in out
+
+
+def test_exactly_once_holds_across_three_stops_in_one_run() -> None:
+    """A run stopped three times (a crash mid-step before its second save, a crash between a
+    model's and a data source's save, a planned exit) and resumed each time."""
+    stops = [StopPoint("mid_train", 2), StopPoint("between_model_and_data_source", 5),
+             StopPoint("planned_exit", 6, "planned")]
+    for name, scenario in settings(True):
+        if name not in FAST:
+            continue
+        result = run_lives(scenario, stops)
+        report = resume_report(result.events, scenario.config)
+        assert result.error is None and all(result.reached) and report is not None
+        assert len(report.resumes) == 3 and not report.lost and not report.duplicated, (name, report.to_dict())
+        assert not check_report(result.events, scenario.config)["violations"], name
