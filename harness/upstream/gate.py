@@ -29,6 +29,7 @@ the pull request whatever else happened, so it wins over a harness error in anot
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -100,6 +101,17 @@ def first_change(head: dict, base: dict) -> str | None:
     return "the observed aspects differ"
 
 
+def _seams_with_lines(rec: dict) -> str:
+    """The seams a not-run record names, each with the upstream line that reads it when the
+    refusal's message gives one (``read at FILE:LNN``, as ``doctor`` reports a stand-in member)."""
+    lines = dict(re.findall(r"`([\w.]+)` read at ([\w/.]+:L\d+)", rec.get("message", "")))
+    out = []
+    for seam in rec.get("seams", []):
+        member = seam.split(" ", 1)[-1]
+        out.append(f"{seam} (read at {lines[member]})" if member in lines else seam)
+    return ", ".join(out)
+
+
 def _holds(rec: dict) -> str:
     j = rec.get("judgement") or {}
     n = len(j.get("checkers", {}))
@@ -137,7 +149,7 @@ def classify(head: dict, base: dict, known: dict[str, str] | None = None,
     if head["status"] == "harness_error":
         return CaseVerdict(name, "harness_error", f"on HEAD: {head.get('message', '')}", log=head.get("log", ""))
     if head["status"] == "not_run" and base["status"] == "ran":
-        return CaseVerdict(name, "harness_error", f"HEAD lacks seam {', '.join(head.get('seams', []))}, which BASE "
+        return CaseVerdict(name, "harness_error", f"HEAD lacks seam {_seams_with_lines(head)}, which BASE "
                            "has: the harness cannot host the pull request's code in this case (the pull request "
                            "goes unchecked here; `miles-harness doctor` names each member and the line reading it)")
     if head["status"] == "not_run":

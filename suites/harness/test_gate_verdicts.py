@@ -81,6 +81,11 @@ def test_harness_errors_and_missing_seams_are_never_findings():
     assert lost.verdict == "harness_error" and "HEAD lacks seam make_submission_scheduler(fully-async), which BASE" \
         in lost.message
     assert gate.classify(not_run(), not_run()).verdict == "not_run"
+    member = dict(not_run(), seams=["stand-in rollout_manager.acquire_train_admission_hold"],
+                  message="seam ... missing (looked for `rollout_manager.acquire_train_admission_hold` read at "
+                          "train_async.py:L84, following imports)")
+    assert "stand-in rollout_manager.acquire_train_admission_hold (read at train_async.py:L84)" \
+        in gate.classify(member, ran()).message
     # BASE cannot run the driver: HEAD is judged on its own trace alone
     assert gate.classify(ran(), not_run()).verdict == "changed"
     assert gate.classify(ran(broken=("conservation",)), not_run()).verdict == "new_violation"
