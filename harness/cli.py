@@ -25,6 +25,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("harness.commands.report", "make PNG plots from results files"),
     "diff-upstream": ("harness.commands.diff_upstream", "same scenario on the core and on upstream Miles' code: "
                       "first divergence"),
+    "gate": ("harness.commands.gate", "a Miles pull request against its base: the same cases on both trees, judged "
+             "by the invariants"),
     "doctor": ("harness.commands.doctor", "probe a Miles checkout's seams: can the harness run it faithfully"),
     "advise": ("harness.commands.advise", "predict speedup, sample age and lr for a layout from calibrated costs"),
     "serve": ("harness.commands.serve", "an SGLang-compatible HTTP server on the CPU torch engine"),

@@ -10,9 +10,19 @@ any case runs (``harness.upstream.seams``); a case whose driver the tree lacks a
 is not run, and says which seam; a stand-in or seam of the harness that fails inside
 upstream's code is a harness error naming the seam, never a divergence.
 
-Exit 0 when every case is identical or shows exactly its known divergence; 1 when
-upstream differs (an unexpected result); 2 when the harness could not run faithfully (no
-usable Miles tree, a missing seam, a harness error), which wins over 1.
+Every upstream run is also judged on its own trace by every applicable invariant checker
+(``harness.upstream.judge``): a case that differs from the core says "every invariant
+holds" or which invariant it breaks, and a case that breaks one fails even when it is
+identical (the core would then break it too). Upstream's own log (and the harness'
+warnings) is captured per case (``harness.upstream.case_log``): printed under a failing
+case, under every case with ``-v``, and kept in ``--log PATH``.
+
+Exit 0 when every case is identical or shows exactly its known divergence and every
+invariant holds; 1 when upstream differs (an unexpected result) or breaks an invariant;
+2 when the harness could not run faithfully (no usable Miles tree, a missing seam, a
+harness error, such as upstream calling a member a stand-in of the harness lacks), which
+wins over 1. ``miles-harness gate`` judges a pull request by the invariants against its
+own base instead (``docs/gate.md``).
 """
 
 from __future__ import annotations
@@ -29,18 +39,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scenario", action="append", default=[], metavar="NAME",
                    help="a matrix case to run (repeatable); default: all")
     p.add_argument("--list", action="store_true", help="list the matrix cases and exit")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="print upstream's captured log under every case (default: only under a failing one)")
+    p.add_argument("--log", metavar="PATH", default=None,
+                   help="where to keep upstream's log, per case (default: a new file in the system's temp dir)")
 
 
 def main(args: argparse.Namespace) -> int:
     from harness.upstream import source
+    from harness.upstream.case_log import captured
 
     path, how = source.find_miles_src(args.miles_src)
     if path is None:
         raise ConfigError(how)
-    try:
-        source.activate(path)
-    except (source.UpstreamUnavailable, source.SeamMissing) as exc:
-        raise ConfigError(str(exc)) from None
+    with captured() as import_log:
+        try:
+            source.activate(path)
+        except (source.UpstreamUnavailable, source.SeamMissing) as exc:
+            raise ConfigError(str(exc)) from None
     from harness.upstream.diff import case_named, matrix, run_case
 
     if args.list:
@@ -52,40 +68,95 @@ def main(args: argparse.Namespace) -> int:
     except KeyError as exc:
         raise ConfigError(exc.args[0]) from None
     print(f"upstream Miles: {how}")
-    return _run_cases(cases, run_case)
+    log = _log_file(args.log)
+    log.add("(importing the tree)", import_log.getvalue())
+    return _run_cases(cases, run_case, log=log, verbose=bool(getattr(args, "verbose", False)))
 
 
-def _run_cases(cases: list, run_case) -> int:
+def _log_file(where: str | None):
+    import tempfile
+    from pathlib import Path
+
+    from harness.upstream.case_log import CaseLogFile
+
+    if where is None:
+        fd, name = tempfile.mkstemp(prefix="miles-harness-diff-upstream-", suffix=".log")
+        import os
+
+        os.close(fd)
+        where = name
+    return CaseLogFile(Path(where))
+
+
+def _run_cases(cases: list, run_case, *, log=None, verbose: bool = False) -> int:
+    from harness.upstream import source
+    from harness.upstream.case_log import captured, indent, tail
     from harness.upstream.harness_errors import HarnessError
+    from harness.upstream.judge import check_stand_ins, judge
     from harness.upstream.seams import SeamMissing
 
-    bad, refused, broken = 0, [], []
+    bad, broken_inv, refused, broken = 0, 0, [], []
+    changed_holding = 0
     told: set[tuple[str, ...]] = set()  # each refusal's whole text once
     t0 = time.perf_counter()
     for case in cases:
-        try:
-            report = run_case(case)
-        except SeamMissing as exc:
+        failing = False
+        with captured() as out:
+            try:
+                report = run_case(case)
+                check_stand_ins(report.upstream_result, source.active())
+            except SeamMissing as exc:
+                report = exc
+            except HarnessError as exc:
+                report = exc
+        text = out.getvalue()
+        if isinstance(report, SeamMissing):
             refused.append(case.name)
-            key = tuple(exc.seams)
-            print(f"{case.name}: NOT RUN: missing seam {', '.join(key)}" + ("" if key in told else f"\n  {exc}"))
+            key = tuple(report.seams)
+            line = f"{case.name}: NOT RUN: missing seam {', '.join(key)}"
+            print(line + ("" if key in told else f"\n  {report}"))
             told.add(key)
-            continue
-        except HarnessError as exc:
+        elif isinstance(report, HarnessError):
             broken.append(case.name)
-            print(f"{case.name}: HARNESS ERROR (not an upstream finding): {exc}")
-            continue
-        print(report.format())
-        if report.identical != (case.known is None):
-            bad += 1
-            print(f"  ^ UNEXPECTED: {'identical, but listed as ' + case.known.split(':')[0] if report.identical else 'a divergence no known name explains'}")
+            line = f"{case.name}: HARNESS ERROR (not an upstream finding): {report}"
+            print(line)
+            failing = True
+        else:
+            line = report.format()
+            print(line)
+            verdict = judge(report.upstream_result, case.scenario().config)
+            if not verdict.holds or not report.identical:
+                print(f"  upstream on its own trace: {verdict.verdict()}")
+            if not verdict.holds:
+                broken_inv += 1
+                failing = True
+                from harness.checking.invariants import format_violations
+
+                print(indent(format_violations(verdict.shown, limit=2), "  "))
+            if report.identical != (case.known is None):
+                bad += 1
+                failing = True
+                print(f"  ^ UNEXPECTED: {'identical, but listed as ' + case.known.split(':')[0] if report.identical else 'a divergence no known name explains'}")
+                if not report.identical and verdict.holds:
+                    changed_holding += 1
+            line = line.splitlines()[0]
+        if log is not None:
+            log.add(case.name, text, line)
+        if text.strip() and (verbose or failing):
+            print(f"  upstream's log for {case.name}:")
+            print(indent(text if verbose else tail(text)))
     ran = len(cases) - len(refused) - len(broken)
     identical = sum(1 for c in cases if c.known is None and c.name not in refused + broken)
     print(f"\n{len(cases)} cases in {time.perf_counter() - t0:.1f} s: {ran - bad} as expected "
-          f"({identical} identical expected), {bad} unexpected, {len(refused)} not run (missing seam), "
-          f"{len(broken)} harness errors")
+          f"({identical} identical expected), {bad} unexpected"
+          + (f" ({changed_holding} of them differ from the core with every invariant holding on upstream's trace)"
+             if changed_holding else "")
+          + f", {broken_inv} breaking an invariant on upstream's trace, "
+          f"{len(refused)} not run (missing seam), {len(broken)} harness errors")
+    if log is not None:
+        print(f"upstream's log, per case: {log.path}")
     if refused or broken:
         print(f"exit 2: the harness could not run {len(refused) + len(broken)} case(s) faithfully on this tree "
               "(see `miles-harness doctor --miles-src PATH`)")
         return 2
-    return 1 if bad else 0
+    return 1 if bad or broken_inv else 0

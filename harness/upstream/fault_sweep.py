@@ -189,6 +189,7 @@ class RunnerOutcome:
     live_tasks: list[str]
     hang: str | None = None
     wall_s: float = 0.0
+    mode: str | None = None  # the driver, where the gate (harness.upstream.gate_run) set it
 
     @property
     def complete(self) -> bool:
@@ -367,9 +368,22 @@ def _quiet_upstream_logs() -> Iterator[None]:
             log.setLevel(level)
 
 
-def run_seed(seed: int) -> tuple[RunnerOutcome, list[Finding]]:
-    with _quiet_upstream_logs():
-        out = runner_run_with_faults(case_from_seed(seed), seed=seed)
+def run_seed(seed: int, *, keep_log: list[str] | None = None) -> tuple[RunnerOutcome, list[Finding]]:
+    """One drawn case on upstream; upstream's log is silenced, or captured into
+    ``keep_log`` when given. A member missing on a stand-in of the harness raises
+    ``StandInMemberMissing`` (a harness error, never a finding)."""
+    from harness.upstream import source
+    from harness.upstream.case_log import captured
+    from harness.upstream.judge import check_stand_ins
+
+    if keep_log is None:
+        with _quiet_upstream_logs():
+            out = runner_run_with_faults(case_from_seed(seed), seed=seed)
+    else:
+        with captured() as log:
+            out = runner_run_with_faults(case_from_seed(seed), seed=seed)
+        keep_log.append(log.getvalue())
+    check_stand_ins(out, source.active())
     return out, findings(out)
 
 
@@ -468,6 +482,10 @@ def format_md(doc: dict) -> str:
         + (f", {doc['refused_runs']} not run (the tree lacks a seam their driver needs)" if doc.get("refused_runs")
            else "") + ".",
         "",
+        *([f"Harness errors (runs the harness could not host faithfully; no finding is made of them): "
+           f"{len(doc['harness_errors'])}{'+' if len(doc['harness_errors']) >= 20 else ''}, the first: seed "
+           f"{doc['harness_errors'][0]['seed']}: {doc['harness_errors'][0]['harness_error'][:300]}", ""]
+          if doc.get("harness_errors") else []),
         "Runs by fault kind: " + ", ".join(f"{k} {v}" for k, v in doc["runs_by_fault"].items()) + ".",
         "Runs by mode: " + ", ".join(f"{k} {v}" for k, v in doc["runs_by_mode"].items()) + ".",
         "",
@@ -512,10 +530,12 @@ def load_known(path: Path = FINDINGS_FILE) -> dict:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
-def replay(seed: int) -> str:
+def replay(seed: int, *, verbose: bool = False) -> str:
+    """The case, outcome and findings of one seed; with ``verbose`` upstream's captured log too."""
     from harness.checking.invariants import format_violations
 
-    out, found = run_seed(seed)
+    log: list[str] = []
+    out, found = run_seed(seed, keep_log=log)
     c = out.case
     lines = [f"seed {seed}: {mode(c)}, fault {fault_kind(c.faults)}", c.describe(),
              f"error: {out.error!r}  hang: {out.hang}  trained steps: {len(out.history)}  "
@@ -527,6 +547,11 @@ def replay(seed: int) -> str:
     vs = check_all(out.events, c.scenario.config, complete=out.complete)
     if vs:
         lines.append(format_violations(vs))
+    text = log[0] if log else ""
+    if verbose and text.strip():
+        lines += ["upstream's log:", text.rstrip("\n")]
+    elif text.strip():
+        lines.append(f"upstream's log: {len(text.splitlines())} lines captured (-v prints them)")
     return "\n".join(lines)
 
 
@@ -556,10 +581,11 @@ def main(argv: list[str] | None = None) -> int:
                                                         "and its .md")
     r = sub.add_parser("replay", help="run one seed and print its case, outcome and findings")
     r.add_argument("seed", type=int)
+    r.add_argument("-v", "--verbose", action="store_true", help="print upstream's captured log of the run too")
     a = p.parse_args(argv)
     tree = _activate(a.miles_src)
     if a.cmd == "replay":
-        print(replay(a.seed))
+        print(replay(a.seed, verbose=a.verbose))
         return 0
     t0 = time.perf_counter()
     rows = sweep(range(a.start, a.start + a.runs), jobs=a.jobs, progress=True)

@@ -72,3 +72,23 @@ def test_unknown_case_and_missing_tree_are_usage_errors(miles_src, tmp_path, cap
     assert cli.main(["diff-upstream", "--miles-src", str(miles_src), "--scenario", "no-such-case"]) == 2
     assert "no case 'no-such-case'" in capsys.readouterr().err
     assert cli.main(["diff-upstream", "--miles-src", str(tmp_path)]) == 2
+
+
+def test_upstreams_log_is_kept_per_case_and_printed_only_with_v(miles_src, tmp_path, capsys):
+    """A case with injected request failures: upstream logs each failed group with its
+    traceback. By default the terminal shows the verdict and the judgement; the log file
+    holds upstream's log under the case; ``-v`` prints it too."""
+    case = "one-step-request-fails-with-finish"
+    if source.refused_reason(diff.case_named(case).scenario().config):
+        pytest.skip(f"this tree cannot run {case}: {source.refused_reason(diff.case_named(case).scenario().config)}")
+    log = tmp_path / "upstream.log"
+    rc = cli.main(["diff-upstream", "--miles-src", str(miles_src), "--scenario", case, "--log", str(log)])
+    out = capsys.readouterr().out
+    kept = log.read_text()
+    assert f"===== {case}" in kept and "EngineRequestError" in kept
+    assert "Traceback" not in out and f"upstream's log, per case: {log}" in out
+    if rc == 0:  # identical to the core and every invariant holds: nothing of upstream's log on the terminal
+        assert "EngineRequestError" not in out
+    assert cli.main(["diff-upstream", "--miles-src", str(miles_src), "--scenario", case, "--log", str(log),
+                     "-v"]) == rc
+    assert f"upstream's log for {case}:" in capsys.readouterr().out

@@ -1,0 +1,305 @@
+"""The gate's verdicts: the same case on a pull request's tree (HEAD) and on its base
+(BASE), each judged by the invariants on its own trace, then compared.
+
+``classify(head, base)`` is a pure function of the two case records
+(``harness.upstream.gate_run.case_record``) and returns a ``CaseVerdict``:
+
+* ``harness_error``: the harness could not run the case faithfully on HEAD (or on BASE,
+  so there is nothing to compare with), or HEAD lacks a seam BASE has (e.g. a member
+  upstream now calls on a stand-in of the harness): never a finding about upstream;
+* ``not_run``: neither tree has a seam the case's driver needs (``miles-harness doctor``);
+* ``new_violation``: HEAD breaks an invariant (or shows a fault-sweep finding: a hang, an
+  unexplained error, an orphaned task, a silent drop) that BASE does not break in the
+  same case. A bug both trees have is old, not new: a matrix case's invariants are
+  compared case by case; in a drawn fault schedule (``fault-seed-N``) an invariant or a
+  fault-sweep finding kind that BASE breaks under any drawn schedule of the same driver
+  is old too, since a behaviour change moves a drawn schedule's faults and timing onto
+  other groups and steps (``base_kinds``);
+* ``fixed``: BASE breaks one that HEAD does not (in a drawn fault schedule: under no
+  schedule of that driver), and HEAD adds none;
+* ``unchanged``: both trees did observably the same (``diff.observables``, every aspect);
+* ``changed``: the runs differ, and HEAD breaks nothing BASE does not (the sentence says
+  whether every invariant holds or which old ones remain).
+
+``exit_code(verdicts, strict)``: 1 on a new violation (and, with ``strict``, on a
+behaviour change), else 2 on a harness error, else 0. A new violation is a finding about
+the pull request whatever else happened, so it wins over a harness error in another case.
+``summary_markdown`` / ``summary_json`` are the pull-request comment and the JSON file.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+VERDICTS = ("new_violation", "harness_error", "changed", "fixed", "not_run", "unchanged")
+LABELS = {"new_violation": "new violation", "harness_error": "harness error", "changed": "changed",
+          "fixed": "violation fixed", "not_run": "not run (missing seam)", "unchanged": "unchanged"}
+
+
+@dataclass
+class CaseVerdict:
+    name: str
+    verdict: str  # one of VERDICTS
+    message: str
+    new: list[str] = field(default_factory=list)  # checks HEAD breaks and BASE does not
+    elsewhere: list[str] = field(default_factory=list)  # findings BASE shows in another case only
+    fixed: list[str] = field(default_factory=list)  # checks BASE breaks and HEAD does not
+    old: list[str] = field(default_factory=list)  # checks both break
+    first_change: str | None = None  # the first aspect where the two runs differ
+    details: list[str] = field(default_factory=list)  # HEAD's violation messages for the new ones
+    log: str = ""  # HEAD's captured log (its end), for a failing case
+
+    def line(self) -> str:
+        return f"{self.name}: {LABELS[self.verdict]}: {self.message}"
+
+
+def broken(rec: dict) -> dict[str, str]:
+    """What a ran case breaks: each violated invariant and each fault-sweep finding kind,
+    with its first message."""
+    out: dict[str, str] = {}
+    judgement = rec.get("judgement") or {}
+    for v in judgement.get("violations", []):
+        out.setdefault(v["invariant"], v["message"])
+    for name in judgement.get("broken", []):
+        out.setdefault(name, "")
+    for f in rec.get("findings", []):
+        out.setdefault(f["kind"], f.get("message", ""))
+    return out
+
+
+def _short(value: Any, limit: int = 90) -> str:
+    text = str(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def first_change(head: dict, base: dict) -> str | None:
+    """The first item where the runs differ (the differential's order: by time over every
+    aspect, ``diff._first_divergence``), said as ``aspect[item]: base ..., head ...``; when
+    every item is the same but happens at another time, the first such item. ``None``
+    when the runs did observably the same."""
+    from harness.upstream.diff import ASPECTS, _first_divergence
+
+    a, b = base.get("observables") or {}, head.get("observables") or {}
+    if a == b:
+        return None
+
+    def item(xs: list, i: int) -> str:
+        return f"t={xs[i][0]:.3f} {_short(xs[i][1])}" if i < len(xs) else f"(none: {len(xs)} items)"
+
+    where = _first_divergence(a, b) if set(a) == set(b) == set(ASPECTS) else None
+    if where is not None:
+        aspect, i = where
+        return f"{aspect}[{i}]: base {item(a[aspect], i)}, head {item(b[aspect], i)}"
+    for aspect in sorted(set(a) | set(b)):
+        xs, ys = a.get(aspect, []), b.get(aspect, [])
+        for i in range(max(len(xs), len(ys))):
+            if i >= len(xs) or i >= len(ys) or xs[i] != ys[i]:
+                return f"{aspect}[{i}] at another time: base {item(xs, i)}, head {item(ys, i)}"
+    return "the observed aspects differ"
+
+
+def _seams_with_lines(rec: dict) -> str:
+    """The seams a not-run record names, each with the upstream line that reads it when the
+    refusal's message gives one (``read at FILE:LNN``, as ``doctor`` reports a stand-in member)."""
+    lines = dict(re.findall(r"`([\w.]+)` read at ([\w/.]+:L\d+)", rec.get("message", "")))
+    out = []
+    for seam in rec.get("seams", []):
+        member = seam.split(" ", 1)[-1]
+        out.append(f"{seam} (read at {lines[member]})" if member in lines else seam)
+    return ", ".join(out)
+
+
+def _holds(rec: dict) -> str:
+    j = rec.get("judgement") or {}
+    n = len(j.get("checkers", {}))
+    return f"every invariant holds ({n} checkers)" + ("" if j.get("complete", True) else ", checked as a prefix")
+
+
+def _drawn_kinds(rec: dict) -> dict[str, str]:
+    """What a drawn fault schedule's run breaks, each keyed with its driver: fault-sweep
+    findings by their kind (``category:detail@mode``), invariants as
+    ``invariant:NAME@mode``. Empty for a matrix case (no ``mode``)."""
+    out = {f["kind"]: f["sweep_kind"] for f in rec.get("findings", []) if f.get("sweep_kind")}
+    if rec.get("mode"):
+        for name in (rec.get("judgement") or {}).get("broken", []):
+            out[name] = f"invariant:{name}@{rec['mode']}"
+    return out
+
+
+def base_kinds(base: list[dict]) -> dict[str, str]:
+    """Every kind BASE breaks under a drawn fault schedule (``_drawn_kinds``), with the
+    first case that shows it."""
+    out: dict[str, str] = {}
+    for rec in base:
+        for kind in _drawn_kinds(rec).values():
+            out.setdefault(kind, rec["name"])
+    return out
+
+
+def classify(head: dict, base: dict, known: dict[str, str] | None = None,
+             head_known: dict[str, str] | None = None) -> CaseVerdict:
+    """The verdict on one case from its HEAD and BASE records (pure). ``known`` /
+    ``head_known``: what BASE / HEAD breaks under any drawn fault schedule, per driver
+    (``base_kinds``): a bug a drawn case shows on one tree only, which the other tree shows
+    under another schedule of that driver, is neither new nor fixed."""
+    name = head.get("name", base.get("name", "?"))
+    if head["status"] == "harness_error":
+        return CaseVerdict(name, "harness_error", f"on HEAD: {head.get('message', '')}", log=head.get("log", ""))
+    if head["status"] == "not_run" and base["status"] == "ran":
+        return CaseVerdict(name, "harness_error", f"HEAD lacks seam {_seams_with_lines(head)}, which BASE "
+                           "has: the harness cannot host the pull request's code in this case (the pull request "
+                           "goes unchecked here; `miles-harness doctor` names each member and the line reading it)")
+    if head["status"] == "not_run":
+        return CaseVerdict(name, "not_run", f"HEAD lacks seam {', '.join(head.get('seams', []))} (BASE does too)")
+    if base["status"] == "harness_error":
+        return CaseVerdict(name, "harness_error", f"on BASE (nothing to compare with): {base.get('message', '')}",
+                           log=base.get("log", ""))
+    h, b = broken(head), broken(base)
+    sweep = _drawn_kinds(head)
+    known = known or {}
+    elsewhere = [k for k in h if k not in b and sweep.get(k) in known]
+    new = [k for k in h if k not in b and k not in elsewhere]
+    base_sweep, head_known = _drawn_kinds(base), head_known or {}
+    still = [k for k in b if k not in h and base_sweep.get(k) in head_known]
+    fixed = [k for k in b if k not in h and k not in still]
+    old = [k for k in h if k in b]
+    base_note = "" if base["status"] == "ran" else f" (BASE could not run it: lacks seam {', '.join(base.get('seams', []))})"
+    change = first_change(head, base) if base["status"] == "ran" else "BASE did not run"
+    if new:
+        return CaseVerdict(name, "new_violation", f"HEAD breaks {', '.join(new)}, BASE does not{base_note}",
+                           new=new, fixed=fixed, old=old, first_change=change, details=[h[k] for k in new],
+                           log=head.get("log", ""))
+    if fixed:
+        rest = f"; still breaks {', '.join(old)} (old)" if old else ""
+        return CaseVerdict(name, "fixed", f"BASE breaks {', '.join(fixed)}, HEAD does not{rest}",
+                           fixed=fixed, old=old, first_change=change)
+    holds = _holds(head) if not old else f"breaks only what BASE breaks too: {', '.join(old)} (old)"
+    if elsewhere:
+        holds = (f"{holds}; shows "
+                 + ", ".join(f"{k} (old: BASE shows it in {known[sweep[k]]})" for k in elsewhere))
+    if still:
+        holds = (f"{holds}; no longer shows "
+                 + ", ".join(f"{k} (not fixed: HEAD shows it in {head_known[base_sweep[k]]})" for k in still))
+    if change is None:
+        return CaseVerdict(name, "unchanged", holds, old=old, elsewhere=elsewhere)
+    return CaseVerdict(name, "changed", f"{holds}{base_note}; first change {change}", old=old, first_change=change,
+                       elsewhere=elsewhere)
+
+
+def classify_all(head: list[dict], base: list[dict]) -> list[CaseVerdict]:
+    """Every case HEAD ran, against BASE's record of the same name (a case BASE has no
+    record of, e.g. from a different case list, is a harness error)."""
+    by_name = {r["name"]: r for r in base}
+    known, head_known = base_kinds(base), base_kinds(head)
+    out = []
+    for rec in head:
+        other = by_name.get(rec["name"])
+        if other is None:
+            out.append(CaseVerdict(rec["name"], "harness_error", "BASE has no record of this case"))
+        else:
+            out.append(classify(rec, other, known, head_known))
+    return out
+
+
+def exit_code(verdicts: list[CaseVerdict], *, strict: bool = False) -> int:
+    kinds = {v.verdict for v in verdicts}
+    if "new_violation" in kinds or (strict and "changed" in kinds):
+        return 1
+    if "harness_error" in kinds:
+        return 2
+    return 0
+
+
+def headline(verdicts: list[CaseVerdict], code: int, strict: bool = False) -> str:
+    counts = Counter(v.verdict for v in verdicts)
+    what = {0: "nothing new is violated", 1: ("a new invariant violation" if counts["new_violation"]
+                                             else "behaviour changed (--strict)"),
+            2: "the harness could not run every case faithfully", 3: "refused"}[code]
+    return f"exit {code}: {what}"
+
+
+def counts_line(verdicts: list[CaseVerdict]) -> str:
+    c = Counter(v.verdict for v in verdicts)
+    return f"{len(verdicts)} cases: " + ", ".join(f"{c[k]} {LABELS[k]}" for k in VERDICTS)
+
+
+def _grouped(verdicts: list[CaseVerdict]) -> list[tuple[str, list[str]]]:
+    """Cases with the same message, together (a harness error often repeats in every case
+    of a driver)."""
+    groups: dict[str, list[str]] = {}
+    for v in verdicts:
+        groups.setdefault(v.message, []).append(v.name)
+    return list(groups.items())
+
+
+def _names(names: list[str], limit: int = 12) -> str:
+    shown = ", ".join(f"`{n}`" for n in names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def summary_markdown(verdicts: list[CaseVerdict], *, head: str, base: str, code: int, wall_s: float, cpu_s: float,
+                     strict: bool = False, log_lines: int = 40) -> str:
+    """The pull-request comment: the verdict, the counts, then every case that is not
+    unchanged (grouped by message), with HEAD's log for a new violation."""
+    c = Counter(v.verdict for v in verdicts)
+    icon = {0: "passed", 1: "FAILED", 2: "harness error", 3: "refused"}[code]
+    out = [f"## Miles async gate: {icon}", "",
+           (f"{headline(verdicts, code, strict)}. HEAD `{head}` against BASE `{base}`: {len(verdicts)} cases in "
+            f"{wall_s:.0f} s wall, {cpu_s:.0f} s CPU. Each case runs on both trees and each run is judged by every "
+            "applicable invariant checker on its own trace."), "",
+           "| verdict | cases |", "|---|---|"]
+    out += [f"| {LABELS[k]} | {c[k]} |" for k in VERDICTS]
+    for kind, title in (("new_violation", "New violations (HEAD breaks, BASE does not)"),
+                        ("harness_error", ("Harness errors (the harness could not run these faithfully; not a "
+                                           "finding about the pull request)")),
+                        ("fixed", "Violations fixed"),
+                        ("changed", "Behaviour changed, nothing new violated"),
+                        ("not_run", "Not run (HEAD lacks a seam: `miles-harness doctor`)")):
+        chosen = [v for v in verdicts if v.verdict == kind]
+        if not chosen:
+            continue
+        out += ["", f"### {title}", ""]
+        if kind == "new_violation":
+            for v in chosen:
+                out.append(f"- `{v.name}`: {v.message}")
+                out += [f"  - `{k}`: {d.splitlines()[0] if d else ''}" for k, d in zip(v.new, v.details)]
+                if v.log.strip():
+                    tail = "\n".join(v.log.splitlines()[-log_lines:])
+                    out += ["", "<details><summary>upstream's log (end)</summary>", "", "```", tail, "```", "",
+                            "</details>", ""]
+        elif kind == "changed":
+            out += [f"- `{v.name}`: {v.message}" for v in chosen[:60]]
+            if len(chosen) > 60:
+                out.append(f"- ... and {len(chosen) - 60} more (the JSON file lists every case)")
+        else:
+            out += [f"- {_names(names)}: {msg}" for msg, names in _grouped(chosen)]
+    if c["unchanged"]:
+        out += ["", f"{c['unchanged']} cases unchanged."]
+    return "\n".join(out) + "\n"
+
+
+def summary_json(verdicts: list[CaseVerdict], *, head: str, base: str, code: int, wall_s: float, cpu_s: float,
+                 strict: bool, trees: dict[str, Any]) -> dict[str, Any]:
+    return {"head": head, "base": base, "exit": code, "strict": strict, "wall_s": round(wall_s, 3),
+            "cpu_s": round(cpu_s, 3), "counts": dict(Counter(v.verdict for v in verdicts)), "trees": trees,
+            "cases": [{k: val for k, val in asdict(v).items() if k != "log"} for v in verdicts]}
+
+
+__all__ = [
+    "LABELS",
+    "VERDICTS",
+    "CaseVerdict",
+    "base_kinds",
+    "broken",
+    "classify",
+    "classify_all",
+    "counts_line",
+    "exit_code",
+    "first_change",
+    "headline",
+    "summary_json",
+    "summary_markdown",
+]

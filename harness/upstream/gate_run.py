@@ -1,0 +1,158 @@
+"""One tree's half of ``miles-harness gate``: the gate's cases on one upstream Miles tree,
+each judged on its own trace, written as JSON. Run in its own process (one Miles tree
+per process: ``harness.upstream.source.activate``):
+
+    python -m harness.upstream.gate_run --tree PATH --out CASES.json --log TREE.log \
+        [--scenario NAME ...] [--fault-seeds N]
+
+Cases: the differential's matrix (``harness.upstream.diff.matrix``, upstream side only)
+and the fault sweep's drawn schedules ``fault-seed-0`` .. ``fault-seed-(N-1)``
+(``harness.upstream.fault_sweep.case_from_seed``). Per case (``case_record``): ``status``
+``ran`` / ``not_run`` (the tree lacks a seam the case's driver needs) / ``harness_error``
+(the harness could not run it faithfully: a seam or stand-in failed inside upstream's
+code, or a member upstream calls is missing on a stand-in); for a run, the invariant
+verdict on its own trace (``harness.upstream.judge``), the fault sweep's other findings
+(hangs, unexplained errors, orphaned tasks, silent drops: ``fault_sweep.findings``), and
+what the run observably did (``diff.observables``: the same aspects the differential
+compares), which the gate compares between the two trees. Upstream's log is captured per
+case into the record and the log file. A tree refused outright (no driver can run,
+``SeamMissing`` at activation) writes ``{"refused": why}`` and exits 3.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+LOG_KEPT_LINES = 200  # the end of a case's log kept in the JSON; the log file has all of it
+
+
+TIME_DIGITS = 6  # virtual seconds kept to the microsecond: float noise below that is no change
+
+
+def _rounded(obj: Any) -> Any:
+    if isinstance(obj, float):
+        return round(obj, TIME_DIGITS)
+    if isinstance(obj, dict):
+        return {k: _rounded(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_rounded(v) for v in obj]
+    return obj
+
+
+def _jsonable(obj: Any) -> Any:
+    """Observables as JSON (tuples become lists, floats kept to ``TIME_DIGITS``), so both
+    trees' records compare equal exactly when the observables do."""
+    return json.loads(json.dumps(_rounded(obj), default=repr))
+
+
+def _matrix_run(case: Any) -> tuple[Any, Any, list[dict], float]:
+    from harness.upstream.diff import _upstream_run
+
+    sc = case.scenario()
+    res = _upstream_run(case, sc)
+    return res, sc.config, [], res.wall_s
+
+
+def _fault_run(seed: int) -> tuple[Any, Any, list[dict], float]:
+    from harness.upstream import fault_sweep
+
+    case = fault_sweep.case_from_seed(seed)
+    out = fault_sweep.runner_run_with_faults(case, seed=seed)
+    other = [{"kind": f"{f.category}:{f.detail}", "sweep_kind": f.kind, "message": f.message[:500]}
+             for f in fault_sweep.findings(out) if f.category != "invariant"]
+    # ``out.wall_s`` is real time; the run's virtual end is its last event
+    out.mode = fault_sweep.mode(case)  # the driver: the gate compares a drawn case's bugs per driver
+    return out, case.scenario.config, other, out.events[-1].t if out.events else 0.0
+
+
+def case_record(name: str, run: Any, tree: Path) -> dict:
+    """Run one case (``run()`` -> (result, config, other findings, virtual end)) with upstream's log
+    captured, and return its record."""
+    from harness.upstream.case_log import captured
+    from harness.upstream.diff import observables
+    from harness.upstream.harness_errors import HarnessError
+    from harness.upstream.judge import check_stand_ins, judge
+    from harness.upstream.seams import SeamMissing
+
+    t0 = time.perf_counter()
+    rec: dict[str, Any] = {"name": name}
+    with captured() as out:
+        try:
+            result, config, other, end_s = run()
+            check_stand_ins(result, tree)
+        except SeamMissing as exc:
+            rec.update(status="not_run", seams=list(exc.seams), message=str(exc))
+        except HarnessError as exc:
+            rec.update(status="harness_error", seams=list(exc.seams), message=str(exc))
+        except Exception as exc:  # noqa: BLE001 - the harness' own machinery failed: never an upstream finding
+            rec.update(status="harness_error", seams=[], message=f"harness_error: the runner raised {exc!r}")
+        else:
+            verdict = judge(result, config, complete=getattr(result, "complete", None))
+            obs = observables(result.events, result.history, end_s, result.error)
+            if getattr(result, "mode", None):
+                rec["mode"] = result.mode
+            rec.update(status="ran", error=type(result.error).__name__ if result.error is not None else None,
+                       judgement=verdict.to_json(), findings=other, observables=_jsonable(obs))
+    rec["seconds"] = round(time.perf_counter() - t0, 4)
+    text = out.getvalue()
+    rows = text.splitlines()
+    rec["log"] = "\n".join(rows[-LOG_KEPT_LINES:])
+    rec["log_lines"] = len(rows)
+    rec["_full_log"] = text
+    return rec
+
+
+def cases(scenarios: list[str], fault_seeds: int) -> list[tuple[str, Any]]:
+    """(name, run) for every case asked: the named matrix cases (all when none is named
+    and ``fault_seeds`` is not the only thing asked), then the fault seeds."""
+    from harness.upstream.diff import case_named, matrix
+
+    chosen = [case_named(n) for n in scenarios] if scenarios else matrix()
+    out: list[tuple[str, Any]] = [(c.name, (lambda c=c: _matrix_run(c))) for c in chosen]
+    out += [(f"fault-seed-{s}", (lambda s=s: _fault_run(s))) for s in range(fault_seeds)]
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m harness.upstream.gate_run", description=__doc__.split("\n")[0])
+    p.add_argument("--tree", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--log", required=True)
+    p.add_argument("--scenario", action="append", default=[])
+    p.add_argument("--fault-seeds", type=int, default=0)
+    a = p.parse_args(argv)
+    from harness.upstream import source
+    from harness.upstream.case_log import CaseLogFile, captured
+
+    tree = Path(a.tree).resolve()
+    log = CaseLogFile(Path(a.log))
+    t0, cpu0 = time.perf_counter(), time.process_time()
+    with captured() as import_log:
+        try:
+            source.activate(tree)
+            error = None
+        except (source.UpstreamUnavailable, source.SeamMissing) as exc:
+            error = exc
+    log.add("(importing the tree)", import_log.getvalue())
+    if error is not None:
+        Path(a.out).write_text(json.dumps({"tree": str(tree), "refused": str(error),
+                                           "seams": list(getattr(error, "seams", []))}))
+        return 3
+    records = []
+    for name, run in cases(a.scenario, a.fault_seeds):
+        rec = case_record(name, run, tree)
+        log.add(name, rec.pop("_full_log"), rec["status"])
+        records.append(rec)
+    doc = {"tree": str(tree), "wall_s": round(time.perf_counter() - t0, 3),
+           "cpu_s": round(time.process_time() - cpu0, 3), "cases": records}
+    Path(a.out).write_text(json.dumps(doc))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

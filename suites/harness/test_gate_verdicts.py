@@ -1,0 +1,199 @@
+"""The gate's verdict on one case is a pure function of the case's two records (HEAD and
+BASE, as ``harness.upstream.gate_run`` writes them): these tests build the records by
+hand, so every verdict, the exit code and the summary are checked without a Miles tree.
+Also here: the per-case log capture and the stand-in attribute check the gate and
+``diff-upstream`` share."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from harness.upstream import gate
+from harness.upstream.case_log import captured, tail
+from harness.upstream.judge import stand_in_failure
+
+
+def obs(trained: tuple = (0, 1, 2, 3)) -> dict:
+    return {"trained": [[1.5, [0, list(trained)]]], "end": [[9.0, [9.0, None]]]}
+
+
+def ran(name: str = "case", *, broken: tuple = (), trained: tuple = (0, 1, 2, 3), findings: tuple = (),
+        complete: bool = True) -> dict:
+    checkers = {"conservation": 0, "buffer_capacity": 0, "drain_shape": 0}
+    for b in broken:
+        checkers[b] = 2
+    return {"name": name, "status": "ran", "error": None, "observables": obs(trained), "findings": list(findings),
+            "judgement": {"complete": complete, "checkers": checkers, "broken": list(broken),
+                          "violations": [{"invariant": b, "message": f"{b} broken at t=3"} for b in broken]},
+            "log": "INFO:miles:a line of upstream's log"}
+
+
+def harness_error(name: str = "case", message: str = "harness_error: upstream calls `x` on a stand-in") -> dict:
+    return {"name": name, "status": "harness_error", "seams": ["stand-in"], "message": message, "log": ""}
+
+
+def not_run(name: str = "case") -> dict:
+    return {"name": name, "status": "not_run", "seams": ["make_submission_scheduler(fully-async)"], "message": "m"}
+
+
+def test_the_same_run_on_both_trees_is_unchanged():
+    v = gate.classify(ran(), ran())
+    assert v.verdict == "unchanged" and "every invariant holds (3 checkers)" in v.message
+
+
+def test_a_different_run_with_every_invariant_holding_is_changed():
+    v = gate.classify(ran(trained=(0, 1, 4, 7)), ran())
+    assert v.verdict == "changed"
+    assert "every invariant holds" in v.message and v.first_change.startswith("trained[0]")
+
+
+def test_a_violation_only_head_has_is_new():
+    v = gate.classify(ran(broken=("buffer_capacity",)), ran())
+    assert v.verdict == "new_violation" and v.new == ["buffer_capacity"]
+    assert "HEAD breaks buffer_capacity, BASE does not" in v.message
+    assert v.details == ["buffer_capacity broken at t=3"]
+
+
+def test_the_same_violation_on_both_trees_is_old_not_new():
+    same = gate.classify(ran(broken=("buffer_capacity",)), ran(broken=("buffer_capacity",)))
+    assert same.verdict == "unchanged" and same.old == ["buffer_capacity"] and not same.new
+    moved = gate.classify(ran(broken=("buffer_capacity",), trained=(0, 2, 4, 6)), ran(broken=("buffer_capacity",)))
+    assert moved.verdict == "changed" and "breaks only what BASE breaks too: buffer_capacity (old)" in moved.message
+
+
+def test_a_second_violation_beside_an_old_one_is_new():
+    v = gate.classify(ran(broken=("buffer_capacity", "conservation")), ran(broken=("buffer_capacity",)))
+    assert v.verdict == "new_violation" and v.new == ["conservation"] and v.old == ["buffer_capacity"]
+
+
+def test_a_violation_only_base_has_is_fixed():
+    v = gate.classify(ran(), ran(broken=("drain_shape",)))
+    assert v.verdict == "fixed" and v.fixed == ["drain_shape"]
+
+
+def test_harness_errors_and_missing_seams_are_never_findings():
+    assert gate.classify(harness_error(), ran()).verdict == "harness_error"
+    base_broke = gate.classify(ran(broken=("conservation",)), harness_error())
+    assert base_broke.verdict == "harness_error" and base_broke.message.startswith("on BASE")
+    # a seam HEAD lost (a member upstream now calls on a stand-in): the pull request goes unchecked there
+    lost = gate.classify(not_run(), ran())
+    assert lost.verdict == "harness_error" and "HEAD lacks seam make_submission_scheduler(fully-async), which BASE" \
+        in lost.message
+    assert gate.classify(not_run(), not_run()).verdict == "not_run"
+    member = dict(not_run(), seams=["stand-in rollout_manager.acquire_train_admission_hold"],
+                  message="seam ... missing (looked for `rollout_manager.acquire_train_admission_hold` read at "
+                          "train_async.py:L84, following imports)")
+    assert "stand-in rollout_manager.acquire_train_admission_hold (read at train_async.py:L84)" \
+        in gate.classify(member, ran()).message
+    # BASE cannot run the driver: HEAD is judged on its own trace alone
+    assert gate.classify(ran(), not_run()).verdict == "changed"
+    assert gate.classify(ran(broken=("conservation",)), not_run()).verdict == "new_violation"
+
+
+def test_a_fault_sweep_finding_base_shows_under_another_schedule_is_old():
+    drop = {"kind": "silent_drop:failed_group_discarded", "sweep_kind": "silent_drop:failed_group_discarded@sync",
+            "message": "groups [3] failed and were discarded"}
+    head = [ran("fault-seed-1", findings=(drop,), trained=(1, 2, 4, 5)), ran("fault-seed-2")]
+    base = [ran("fault-seed-1"), ran("fault-seed-2", findings=(drop,))]
+    first = gate.classify_all(head, base)[0]
+    assert first.verdict == "changed" and first.elsewhere == ["silent_drop:failed_group_discarded"]
+    assert "BASE shows it in fault-seed-2" in first.message
+    # an invariant a drawn schedule breaks on HEAD only, which BASE breaks under another schedule of the same
+    # driver, is old; under another driver, or in a matrix case (no driver recorded), it is new
+    cap = dict(ran("fault-seed-3", broken=("buffer_capacity",)), mode="fully_async")
+    base_cap = [dict(ran("fault-seed-3"), mode="fully_async"), dict(ran("fault-seed-4", broken=("buffer_capacity",)),
+                                                                    mode="fully_async")]
+    assert gate.classify_all([cap], base_cap)[0].elsewhere == ["buffer_capacity"]
+    assert gate.classify_all([dict(cap, mode="one_step")], base_cap)[0].verdict == "new_violation"
+    assert gate.classify_all([ran("fault-seed-3", broken=("buffer_capacity",))], base_cap)[0].verdict \
+        == "new_violation"
+    # the other way round: gone from one drawn schedule but shown under another on HEAD is not fixed
+    moved = gate.classify_all([dict(ran("fault-seed-3", trained=(0, 2)), mode="fully_async"),
+                               dict(ran("fault-seed-4", broken=("buffer_capacity",)), mode="fully_async")],
+                              [dict(ran("fault-seed-3", broken=("buffer_capacity",)), mode="fully_async"),
+                               dict(ran("fault-seed-4", broken=("buffer_capacity",)), mode="fully_async")])
+    assert moved[0].verdict == "changed" and "not fixed: HEAD shows it in fault-seed-4" in moved[0].message
+    # a finding kind BASE never shows is new
+    hang = {"kind": "hang:watchdog hang", "sweep_kind": "hang:watchdog hang@sync", "message": "no progress"}
+    assert gate.classify_all([ran("fault-seed-1", findings=(hang,))], [ran("fault-seed-1")])[0].verdict \
+        == "new_violation"
+
+
+def test_times_alone_changing_is_a_change_said_as_such():
+    head, base = ran(), ran()
+    head["observables"]["end"] = [[9.5, [9.0, None]]]
+    v = gate.classify(head, base)
+    assert v.verdict == "changed" and "at another time" in v.first_change
+
+
+def test_exit_codes():
+    new, err, changed, same = (gate.CaseVerdict("a", k, "") for k in ("new_violation", "harness_error", "changed",
+                                                                       "unchanged"))
+    assert gate.exit_code([same, changed]) == 0
+    assert gate.exit_code([same, changed], strict=True) == 1
+    assert gate.exit_code([same, err]) == 2
+    assert gate.exit_code([err, new]) == 1  # a new violation is a finding whatever else happened
+    assert gate.exit_code([gate.CaseVerdict("a", "fixed", ""), gate.CaseVerdict("b", "not_run", "")]) == 0
+
+
+def test_summary_groups_repeated_harness_errors_and_shows_a_new_violation_with_its_log():
+    head = [ran("a", broken=("conservation",)), harness_error("b"), harness_error("c"), ran("d")]
+    base = [ran("a"), ran("b"), ran("c"), ran("d")]
+    verdicts = gate.classify_all(head, base)
+    code = gate.exit_code(verdicts)
+    md = gate.summary_markdown(verdicts, head="pr", base="main", code=code, wall_s=12.0, cpu_s=20.0)
+    assert md.startswith("## Miles async gate: FAILED")
+    assert "| new violation | 1 |" in md and "| harness error | 2 |" in md and "| unchanged | 1 |" in md
+    assert "`b`, `c`: on HEAD: harness_error: upstream calls `x` on a stand-in" in md
+    assert "`conservation`: conservation broken at t=3" in md and "a line of upstream's log" in md
+    doc = gate.summary_json(verdicts, head="pr", base="main", code=code, wall_s=12.0, cpu_s=20.0, strict=False,
+                            trees={})
+    assert doc["exit"] == 1 and doc["counts"] == {"new_violation": 1, "harness_error": 2, "unchanged": 1}
+    assert {c["name"]: c["verdict"] for c in doc["cases"]}["a"] == "new_violation"
+
+
+def test_captured_takes_logging_and_prints_and_restores_the_handlers(capsys):
+    root = logging.getLogger()
+    before = root.handlers[:]
+    with captured() as buf:
+        logging.getLogger("miles.rollout").warning("a group failed")
+        print("printed by upstream")
+    assert "WARNING:miles.rollout:a group failed" in buf.getvalue() and "printed by upstream" in buf.getvalue()
+    assert root.handlers == before
+    assert "a group failed" not in capsys.readouterr().out
+
+
+def test_tail_says_how_much_it_left_out():
+    assert tail("\n".join(str(i) for i in range(50)), 5).splitlines()[0] == "... 45 earlier lines in the log file"
+
+
+class _StandIn:  # defined in this test module, not in harness: not a stand-in
+    pass
+
+
+def test_an_attribute_missing_on_a_harness_object_is_named_with_the_line():
+    """The lifecycle sink is the harness' object in upstream's hands: a newer Miles calling
+    a hook it lacks is the harness' failure, named with the calling line."""
+    from harness.upstream.runner import _LifecycleSink
+
+    sink = _LifecycleSink()
+    try:
+        sink.trajectory_end(object())
+    except AttributeError as exc:
+        message = stand_in_failure(exc)
+    assert message is not None and "`trajectory_end`" in message and "_LifecycleSink" in message
+    assert "test_gate_verdicts.py:L" in message  # the line that called it
+
+
+def test_the_runners_args_missing_a_flag_is_a_harness_error_and_other_objects_are_not():
+    try:
+        argparse.Namespace(a=1).rollout_health_check_timeout  # noqa: B018
+    except AttributeError as exc:
+        assert "`args.rollout_health_check_timeout`" in stand_in_failure(exc)
+    try:
+        _StandIn().missing  # noqa: B018
+    except AttributeError as exc:
+        assert stand_in_failure(exc) is None
+    assert stand_in_failure(None) is None
+    assert stand_in_failure(ValueError("x")) is None

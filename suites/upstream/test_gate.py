@@ -1,0 +1,107 @@
+"""`miles-harness gate` end to end on the tree pytest was given (``--miles-src``): a bug
+seeded in a copy of the tree (one line of upstream's fully-async buffer, the
+``buffer_capacity_off_by_one`` mutant of ``fixtures/upstream_mutants.py``) is a new
+violation against the clean tree; the same bug in both trees is old, not new; a base
+given as a git ref is exported, compared and removed. Each gate run starts one process
+per tree, so the tests are in the slow tier (``process``)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from fixtures.upstream_mutants import UPSTREAM_MUTANTS
+from harness import cli
+from harness.upstream import seams, source
+from harness.upstream.patching import PatchDoesNotApply, patched_text
+
+pytestmark = pytest.mark.process
+
+CASE = "fa-group-small-buffer"  # the buffer meets its capacity here: the off-by-one holds one group too many
+CASES = ["--scenario", CASE, "--scenario", "sync", "--fault-seeds", "0"]
+
+
+@pytest.fixture
+def tree(pytestconfig) -> Path:
+    """The tree pytest was given (not imported here: the gate runs each tree in its own
+    process); skipped, with the reason, when it cannot run the fully-async driver."""
+    path, how = source.find_miles_src(pytestconfig.getoption("--miles-src", default=None))
+    if path is None or not (path / source.MARKER).is_file():
+        pytest.skip(how)
+    report = seams.probe(path)
+    if report.missing_for("fully-async"):
+        pytest.skip(f"the seeded bug shows only in the fully-async driver, which {how} cannot run: "
+                    f"{report.refusal('fully-async')}")
+    return path
+
+
+def _copy(tree: Path, dest: Path, *, seeded: bool) -> Path:
+    shutil.copytree(tree / "miles", dest / "miles")
+    for name in ("train.py", "train_async.py"):
+        shutil.copy(tree / name, dest / name)
+    if seeded:
+        mutant = next(m for m in UPSTREAM_MUTANTS if m.name == "buffer_capacity_off_by_one")
+        for p in mutant.patches:
+            try:
+                text = patched_text(mutant, p, dest)
+            except PatchDoesNotApply as exc:
+                pytest.skip(f"the seeded bug's line is not in this tree: {exc}")
+            (dest / p.path).write_text(text)
+    return dest
+
+
+def _gate(head: Path, base: str, out: Path, capsys) -> tuple[int, dict[str, dict], str]:
+    rc = cli.main(["gate", "--miles-src", str(head), "--base", base, "--out", str(out), *CASES])
+    text = capsys.readouterr().out
+    doc = json.loads((out / "gate.json").read_text())
+    return rc, {c["name"]: c for c in doc["cases"]}, text
+
+
+def test_a_bug_seeded_in_a_copy_is_new_and_the_same_bug_in_both_trees_is_old(tree, tmp_path, capsys):
+    head = _copy(tree, tmp_path / "head", seeded=True)
+    rc, cases, out = _gate(head, str(tree), tmp_path / "new", capsys)
+    assert rc == 1, out
+    assert cases[CASE]["verdict"] == "new_violation" and "buffer_capacity" in cases[CASE]["new"], cases[CASE]
+    assert cases["sync"]["verdict"] == "unchanged", cases["sync"]
+    assert f"{CASE}: new violation: HEAD breaks buffer_capacity" in out
+    summary = (tmp_path / "new" / "summary.md").read_text()
+    assert summary.startswith("## Miles async gate: FAILED") and "| new violation | 1 |" in summary
+    assert (tmp_path / "new" / "head.log").is_file() and (tmp_path / "new" / "base.log").is_file()
+
+    base = _copy(tree, tmp_path / "base", seeded=True)
+    rc, cases, out = _gate(head, str(base), tmp_path / "old", capsys)
+    assert rc == 0, out
+    assert cases[CASE]["verdict"] == "unchanged" and "buffer_capacity" in cases[CASE]["old"], cases[CASE]
+    assert not cases[CASE]["new"]
+
+
+def test_a_base_given_as_a_git_ref_is_exported_compared_and_removed(tree, tmp_path, capsys, monkeypatch):
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    repo = _copy(tree, tmp_path / "repo", seeded=False)
+    env = ["-c", "user.name=gate-test", "-c", "user.email=gate-test@localhost", "-c", "commit.gpgsign=false"]
+    for cmd in (["init", "-q"], ["add", "-A"], [*env, "commit", "-q", "-m", "base"]):
+        subprocess.run(["git", "-C", str(repo), *cmd], check=True, capture_output=True)
+    _copy(tree, tmp_path / "seeded", seeded=True)
+    rel = "miles/rollout/fully_async_data_buffer.py"
+    shutil.copy(tmp_path / "seeded" / rel, repo / rel)  # the pull request: the bug, uncommitted on HEAD's tree
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    rc, cases, out = _gate(repo, "HEAD", tmp_path / "out", capsys)
+    assert rc == 1, out
+    assert cases[CASE]["verdict"] == "new_violation" and cases["sync"]["verdict"] == "unchanged"
+    assert "BASE: HEAD (" in out
+    assert list(scratch.iterdir()) == []  # the exported base tree is gone
+
+
+def test_a_base_that_is_neither_a_tree_nor_a_ref_is_a_usage_error(tree, tmp_path, capsys):
+    head = _copy(tree, tmp_path / "head", seeded=False)
+    assert cli.main(["gate", "--miles-src", str(head), "--base", "no-such-ref", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "--base no-such-ref" in err and "not in a git checkout" in err
