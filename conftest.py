@@ -2,8 +2,9 @@
 runs with ``--import-mode=importlib``), loads the harness pytest plugin from the tree when
 the package's ``pytest11`` entry point is not installed (a fresh checkout), and opts this
 project's own suites into what the plugin leaves off by default: the CPython 3.11 guard
-(``harness.checking.py311_guard``) and the ``dev`` hypothesis profile when
-``$HYPOTHESIS_PROFILE`` is unset.
+(``harness.checking.py311_guard``) and a hypothesis profile of its own: the one
+``$HYPOTHESIS_PROFILE`` names (``miles-harness-ci`` in ``make test`` and CI), else
+``miles-harness-dev`` (``harness.checking.hypothesis_profiles``).
 
 It also sorts the tests into two tiers. The fast tier (``make test``: ``-m "not slow and
 not bench"``) is every test of the core, the simulator, the checkers and the upstream
@@ -46,13 +47,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    from hypothesis import settings
-
-    from harness.checking import py311_guard
+    from harness.checking import hypothesis_profiles, py311_guard
 
     py311_guard.install()  # this project's suites always run guarded (see the module's docstring)
-    if not os.environ.get("HYPOTHESIS_PROFILE"):
-        settings.load_profile("dev")
+    try:
+        hypothesis_profiles.load_for_project()
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
 
 
 @pytest.fixture

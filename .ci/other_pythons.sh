@@ -7,7 +7,7 @@
 # .venv-py3NN (gitignored); PY312 / PY313 name another interpreter.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export HYPOTHESIS_PROFILE=ci PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export HYPOTHESIS_PROFILE=miles-harness-ci PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 PACKAGES="pytest>=8 hypothesis>=6.100 pytest-timeout>=2.2 numpy>=1.26 pyyaml>=6 nvidia-ml-py>=12.535 matplotlib>=3.8
   check-jsonschema>=0.29 zizmor>=1.0"
 NEEDS_TORCH=(

@@ -54,7 +54,7 @@ class DataBuffer(abc.ABC):
     def get_metrics(self) -> dict[str, float]: ...
 
 
-def call_dynamic_filter(fn: Callable | None, args: Any, group: Any) -> tuple[bool, str | None]:
+def call_dynamic_filter(fn: Callable[..., Any] | None, args: Any, group: Any) -> tuple[bool, str | None]:
     """No filter (``fn is None``) keeps. Any other return than a ``DynamicFilterOutput``
     (anything with ``keep``) is wrapped as ``keep=output`` and read by truth value
     (`filter_hub/base_types.py:L11-L21`), so a filter that returns ``None`` drops the
@@ -151,8 +151,7 @@ class DefaultDataBuffer(DataBuffer):
         if self._consumed_staleness:
             m[p + "avg_staleness"] = sum(self._consumed_staleness) / len(self._consumed_staleness)
             m[p + "max_staleness"] = float(max(self._consumed_staleness))
-        in_buffer = [group_staleness(e.group, self._current_version) for e in self._buffer]
-        in_buffer = [s for s in in_buffer if s is not None]
+        in_buffer = [s for e in self._buffer if (s := group_staleness(e.group, self._current_version)) is not None]
         if in_buffer:
             m[p + "buffer_avg_staleness"] = sum(in_buffer) / len(in_buffer)
             m[p + "buffer_max_staleness"] = float(max(in_buffer))

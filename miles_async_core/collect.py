@@ -21,10 +21,10 @@ import asyncio
 from typing import Any, Iterable
 
 
-class _Collecting(asyncio.Future):
+class _Collecting(asyncio.Future[Any]):
     """The outer future of one ``collect``: done when every child is done."""
 
-    def __init__(self, children: list[asyncio.Future], loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, children: list[asyncio.Future[Any]], loop: asyncio.AbstractEventLoop) -> None:
         super().__init__(loop=loop)
         self._children = children
         self._remaining = len(children)
@@ -32,7 +32,7 @@ class _Collecting(asyncio.Future):
         for child in children:
             child.add_done_callback(self._child_done)
 
-    def _child_done(self, child: asyncio.Future) -> None:
+    def _child_done(self, child: asyncio.Future[Any]) -> None:
         self._remaining -= 1
         if not child.cancelled():
             child.exception()  # retrieved, as return_exceptions=True does
@@ -58,7 +58,7 @@ class _Collecting(asyncio.Future):
         return cancelled
 
 
-async def collect(futures: Iterable[asyncio.Future]) -> None:
+async def collect(futures: Iterable[asyncio.Future[Any]]) -> None:
     """Wait until every future is done; never raises what they raised."""
     children = list(dict.fromkeys(futures))
     if not children:

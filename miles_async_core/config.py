@@ -85,7 +85,7 @@ class AsyncConfig:
     # ---- harness extensions: not Miles flags, off (None) by default = upstream behaviour ----
     # How often one prompt may be recycled by the retry handler (upstream: unbounded).
     async_max_retries: int | None = None
-    # Run --colocate under train_async.py (the seed manual's colocated fully-async mode).
+    # Run --colocate under train_async.py (Miles' manual's colocated fully-async mode).
     # Upstream refuses it (train_async.py:L23); off = the drivers refuse it too.
     allow_async_colocate: bool = False
     # When the fully-async worker dies, cancel its sibling group tasks (and collect them).

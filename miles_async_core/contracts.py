@@ -73,6 +73,8 @@ class Trainer(Protocol):
 
 
 class EventSink(Protocol):
+    enabled: bool  # False: emit() records nothing, and callers may skip building its payload
+
     def emit(self, kind: str, /, **fields: Any) -> None: ...
 
 

@@ -125,7 +125,7 @@ class RolloutDataSourceWithBuffer(RolloutDataSource):
 
     def get_samples(self, num_samples: int) -> list[list[Sample]]:
         self.calls += 1
-        recycled = []
+        recycled: list[list[Sample]] = []
         while self.buffer and len(recycled) < num_samples:
             recycled.append(self.buffer.popleft())
         if self.sink.enabled:

@@ -29,7 +29,7 @@ from miles_async_core import events as ev
 from miles_async_core.buffer import DefaultDataBuffer
 from miles_async_core.contracts import NullSink, RolloutEngine
 from miles_async_core.generate import GenerateFunction
-from miles_async_core.rollout import RewardFn, discard_tasks, retrieve_outcome, submit_group
+from miles_async_core.rollout import RewardFn, discard_tasks, prompt_group_of, retrieve_outcome, submit_group
 from miles_async_core.scheduler import Progress, make_submission_scheduler
 from miles_async_core.types import DataBufferConstructorInput, DataBufferInput, SamplingParams, first_sample
 
@@ -69,7 +69,7 @@ class _NoProgressWarning:
 
 class FullyAsyncRolloutFn:
     def __init__(self, args: Any, engine: RolloutEngine, data_source: Any, *, sampling: SamplingParams,
-                 reward_fn: RewardFn | None = None, buffer_factory: Callable | None = None,
+                 reward_fn: RewardFn | None = None, buffer_factory: Callable[..., Any] | None = None,
                  sink: Any = None, generate_function: GenerateFunction | None = None) -> None:
         assert args.async_unused_samples_handler in ("retry", "drop")
         self.args = args
@@ -84,15 +84,15 @@ class FullyAsyncRolloutFn:
                                                    default="sample")
         self.group_budget = args.group_budget
         self.buffer: Any = None
-        self._worker: asyncio.Task | None = None
+        self._worker: asyncio.Task[Any] | None = None
         self._worker_error_raised = False  # a drain has raised the dead worker's exception
         self._producer_resumed = asyncio.Event()
         self._producer_resumed.set()
         self._handler_counts = {"dropped": 0, "retried": 0, "retry_cap": 0}
-        self.in_flight_groups: dict[int, list] = {}  # submitted, not yet through put (for accounting)
+        self.in_flight_groups: dict[int, list[Any]] = {}  # submitted, not yet through put (for accounting)
 
     # --- unused-samples handler -----------------------------------------------------
-    def unused_handler_fn(self, prompt_group: list, cause: str = "unknown") -> None:
+    def unused_handler_fn(self, prompt_group: list[Any], cause: str = "unknown") -> None:
         gi = prompt_group[0].group_index
         handler = self.args.async_unused_samples_handler
         if self.sink.enabled:
@@ -110,7 +110,7 @@ class FullyAsyncRolloutFn:
             return
         self._recycle(prompt_group)
 
-    def _recycle(self, prompt_group: list) -> None:
+    def _recycle(self, prompt_group: list[Any]) -> None:
         for s in prompt_group:
             s.reset_for_retry()
         self.data_source.add_samples([prompt_group])
@@ -119,7 +119,7 @@ class FullyAsyncRolloutFn:
             self.sink.emit(ev.RECYCLED, group_index=prompt_group[0].group_index)
 
     # --- entry point ------------------------------------------------------------------
-    async def __call__(self, rollout_id: int, weight_version: int | None) -> tuple[list, dict]:
+    async def __call__(self, rollout_id: int, weight_version: int | None) -> tuple[list[Any], dict[str, Any]]:
         if self._worker is None:
             self.buffer = self.buffer_factory(DataBufferConstructorInput(self.args, self.unused_handler_fn))
             self._worker = asyncio.ensure_future(self._worker_loop())
@@ -127,7 +127,7 @@ class FullyAsyncRolloutFn:
         return await self._drain(rollout_id, weight_version)
 
     @property
-    def worker(self) -> asyncio.Task | None:
+    def worker(self) -> asyncio.Task[Any] | None:
         return self._worker
 
     def unreported_worker_error(self) -> BaseException | None:
@@ -140,8 +140,8 @@ class FullyAsyncRolloutFn:
 
     async def _worker_loop(self) -> None:
         scheduler, progress = self.scheduler, Progress(self.scheduler)
-        active: set[asyncio.Task] = set()
-        done: set[asyncio.Task] = set()
+        active: set[asyncio.Task[Any]] = set()
+        done: set[asyncio.Task[Any]] = set()
         try:
             while True:
                 await self._producer_resumed.wait()
@@ -156,9 +156,9 @@ class FullyAsyncRolloutFn:
                                  generate_function=self.generate_function)
                 done, active = await progress.wait_for_progress(active)
                 # Upstream puts in set-iteration order (unspecified); sorting keeps runs reproducible.
-                for task in sorted(done, key=lambda t: t.prompt_group[0].index):
-                    await self.buffer.put(DataBufferInput(task.prompt_group, task.result()))
-                    del self.in_flight_groups[task.prompt_group[0].group_index]
+                for task in sorted(done, key=lambda t: prompt_group_of(t)[0].index):
+                    await self.buffer.put(DataBufferInput(prompt_group_of(task), task.result()))
+                    del self.in_flight_groups[prompt_group_of(task)[0].group_index]
         except BaseException:
             # The first failure kills the worker (as upstream). Upstream leaves the sibling
             # group tasks running (fully_async_rollout.py:L128-L136) and so does the core,
@@ -168,7 +168,7 @@ class FullyAsyncRolloutFn:
             if getattr(self.args, "cancel_orphaned_tasks", False):
                 await discard_tasks(active | done)
             else:
-                for task in sorted(active | done, key=lambda t: t.prompt_group[0].index):
+                for task in sorted(active | done, key=lambda t: prompt_group_of(t)[0].index):
                     if task.done():
                         retrieve_outcome(task)
                     else:
@@ -177,8 +177,10 @@ class FullyAsyncRolloutFn:
 
     async def _next_group(self, weight_version: int | None) -> DataBufferInput:
         worker = self._worker
+        assert worker is not None, "_next_group runs only after the worker started (__call__)"
         # asyncio.ensure_future(coroutine): the worker's (running) loop's create_task
-        get_task = worker.get_loop().create_task(self.buffer.get(current_version=weight_version))
+        get_task: asyncio.Task[DataBufferInput] = worker.get_loop().create_task(
+            self.buffer.get(current_version=weight_version))
         try:
             while True:
                 if worker.done():
@@ -196,11 +198,11 @@ class FullyAsyncRolloutFn:
             if not get_task.done():
                 get_task.cancel()
 
-    async def _drain(self, rollout_id: int, weight_version: int | None) -> tuple[list, dict]:
+    async def _drain(self, rollout_id: int, weight_version: int | None) -> tuple[list[Any], dict[str, Any]]:
         args = self.args
         if self.sink.enabled:
             self.sink.emit(ev.DRAIN_START, rollout_id=rollout_id, current_version=weight_version)
-        data = []
+        data: list[Any] = []
         warning = _NoProgressWarning(asyncio.get_running_loop())
         try:
             while len(data) < args.rollout_batch_size:
@@ -218,7 +220,7 @@ class FullyAsyncRolloutFn:
 
     def _finish_drain(self, rollout_id: int) -> dict[str, float]:
         """The drain's one ``get_metrics()`` call, plus the handler's window counters."""
-        metrics = self.buffer.get_metrics()
+        metrics: dict[str, float] = self.buffer.get_metrics()
         for key, count in self._handler_counts.items():
             metrics[HANDLER_PREFIX + key] = float(count)
             self._handler_counts[key] = 0

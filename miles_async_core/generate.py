@@ -18,7 +18,7 @@ recorded as ``trajectory_sample``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Union
+from typing import Any, Awaitable, Callable
 
 from miles_async_core import events as ev
 from miles_async_core.types import Sample, SamplingParams, Status
@@ -40,7 +40,7 @@ class GenerateFnInput:
 
 @dataclass(frozen=True)
 class GenerateFnOutput:
-    samples: Union[Sample, list[Sample]]
+    samples: Sample | list[Sample]
 
 
 GenerateFunction = Callable[[GenerateFnInput], Awaitable[GenerateFnOutput]]
@@ -53,7 +53,7 @@ async def generate(input: GenerateFnInput) -> GenerateFnOutput:
 
 
 async def generate_and_rm(generate_function: GenerateFunction, engine: Any, sample: Sample, sampling: SamplingParams,
-                          *, reward_fn: Callable | None = None, sink: Any = None) -> Union[Sample, list[Sample]]:
+                          *, reward_fn: Callable[..., Any] | None = None, sink: Any = None) -> Sample | list[Sample]:
     if sample.status is Status.COMPLETED or sample.status is Status.TRUNCATED:
         return sample
     out = (await generate_function(GenerateFnInput(engine, sample, sampling, sink=sink))).samples

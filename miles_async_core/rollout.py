@@ -43,10 +43,10 @@ async def generate_and_rm_group(
     sampling: SamplingParams,
     *,
     reward_fn: RewardFn | None = None,
-    sample_done_callback: Callable | None = None,
+    sample_done_callback: Callable[..., Any] | None = None,
     sink: Any = None,
     generate_function: GenerateFunction | None = None,
-) -> list:
+) -> list[Any]:
     if generate_function is None:
         futs = []
         for s in group:
@@ -64,7 +64,7 @@ async def generate_and_rm_group(
     return [f.result() for f in futs]
 
 
-def _generate(engine: RolloutEngine, sample: Sample, sampling: SamplingParams) -> asyncio.Future:
+def _generate(engine: RolloutEngine, sample: Sample, sampling: SamplingParams) -> asyncio.Future[Any]:
     """One sample's generate call. A sample of a resumed ``--partial-rollout`` group that is
     already finished is kept as it is, and one with no token budget left is truncated
     without a request, as upstream's ``generate_and_rm`` and single-turn ``generate``
@@ -81,11 +81,11 @@ def _generate(engine: RolloutEngine, sample: Sample, sampling: SamplingParams) -
 
 
 async def await_group(
-    futs: list[asyncio.Future],
+    futs: list[asyncio.Future[Any]],
     group: list[Sample],
     *,
     reward_fn: RewardFn | None = None,
-    sample_done_callback: Callable | None = None,
+    sample_done_callback: Callable[..., Any] | None = None,
     sink: Any = None,
 ) -> list[Sample]:
     """The group's requests are submitted: wait for all of them or the first failure (then
@@ -93,7 +93,7 @@ async def await_group(
     first_failure_or_all = asyncio.get_running_loop().create_future()
     remaining = len(futs)
 
-    def on_sample_done(f: asyncio.Future) -> None:
+    def on_sample_done(f: asyncio.Future[Any]) -> None:
         # One callback per sample does both jobs (the scheduler's credit and the group's
         # countdown): long simulations create hundreds of thousands of samples.
         nonlocal remaining
@@ -111,7 +111,7 @@ async def await_group(
             if f.cancelled():
                 raise asyncio.CancelledError(f"a sample of group {group[0].group_index} was cancelled")
             if f.done() and f.exception() is not None:
-                raise f.exception()
+                raise f.exception()  # type: ignore[misc]  # not None, checked above
     except BaseException:
         for f in futs:
             f.cancel()
@@ -138,7 +138,7 @@ async def discard_tasks(tasks: Any) -> None:
     recursion bookkeeping and fails an unrelated parse with ``SystemError``."""
     # Cancel in submission order: set order follows memory addresses, and the order of
     # cancel() calls is the order the tasks run their cleanup (and emit trace events).
-    tasks = sorted(tasks, key=lambda t: first_sample(t.prompt_group).index if hasattr(t, "prompt_group") else -1)
+    tasks = sorted(tasks, key=lambda t: first_sample(prompt_group_of(t)).index if hasattr(t, "prompt_group") else -1)
     for task in tasks:
         if not task.done():
             task.cancel()
@@ -146,7 +146,13 @@ async def discard_tasks(tasks: Any) -> None:
         await collect(tasks)
 
 
-def retrieve_outcome(task: asyncio.Future) -> None:
+def prompt_group_of(task: asyncio.Future[Any]) -> list[Sample]:
+    """The prompt group a task of ``submit_group`` generates."""
+    group: list[Sample] = task.prompt_group  # type: ignore[attr-defined]
+    return group
+
+
+def retrieve_outcome(task: asyncio.Future[Any]) -> None:
     """A done-callback for a task left running: reads its outcome, so a failure is never
     logged from the task's finalizer (see ``discard_tasks``)."""
     if not task.cancelled():
@@ -154,8 +160,8 @@ def retrieve_outcome(task: asyncio.Future) -> None:
 
 
 async def _group_task(engine: RolloutEngine, group: list[Sample], sampling: SamplingParams, *, progress: Progress,
-                      reward_fn: RewardFn | None, sample_done_callback: Callable | None, sink: Any,
-                      generate_function: GenerateFunction | None, loop: asyncio.AbstractEventLoop) -> list:
+                      reward_fn: RewardFn | None, sample_done_callback: Callable[..., Any] | None, sink: Any,
+                      generate_function: GenerateFunction | None, loop: asyncio.AbstractEventLoop) -> list[Any]:
     """A submitted group's body: reports its end to ``progress`` from its last loop step,
     so a waiter resuming later in that step counts it done, as ``asyncio.wait`` does.
     ``loop`` is the loop it runs on (``current_task(loop)`` does not look it up again)."""
@@ -164,18 +170,20 @@ async def _group_task(engine: RolloutEngine, group: list[Sample], sampling: Samp
                                            sample_done_callback=sample_done_callback,
                                            generate_function=generate_function)
     finally:
-        progress.ended(asyncio.current_task(loop))
+        task = asyncio.current_task(loop)
+        assert task is not None  # this coroutine runs as a task (submit_group)
+        progress.ended(task)
 
 
-def as_completed_in_order(tasks: Any, *, key: Callable) -> Iterator[Awaitable]:
+def as_completed_in_order(tasks: Any, *, key: Callable[..., Any]) -> Iterator[Awaitable[Any]]:
     """``asyncio.as_completed(tasks)`` (CPython 3.11: the same queue, callbacks and loop
     steps), each awaitable returning the finished task itself. The tasks already done when
     it starts come out by ``key``: asyncio registers their callbacks in set order, which
     follows memory addresses, so the upstream runner and the core pin it; the rest come out as they finish."""
     todo = set(tasks)
-    done: asyncio.Queue = asyncio.Queue()
+    done: asyncio.Queue[Any] = asyncio.Queue()
 
-    def on_completion(task: asyncio.Future) -> None:
+    def on_completion(task: asyncio.Future[Any]) -> None:
         todo.discard(task)
         done.put_nowait(task)
 
@@ -186,8 +194,8 @@ def as_completed_in_order(tasks: Any, *, key: Callable) -> Iterator[Awaitable]:
 
 
 def submit_group(engine: RolloutEngine, group: list[Sample], sampling: SamplingParams, *, scheduler: Any,
-                 progress: Progress, active: set, reward_fn: RewardFn | None, sink: Any,
-                 generate_function: GenerateFunction | None = None) -> asyncio.Task:
+                 progress: Progress, active: set[Any], reward_fn: RewardFn | None, sink: Any,
+                 generate_function: GenerateFunction | None = None) -> asyncio.Task[Any]:
     """Submit one prompt group as a task: counted by the scheduler, tracked by ``progress``,
     added to ``active``; the task carries its ``prompt_group`` for whoever collects it."""
     scheduler.on_submit([group])
@@ -197,7 +205,7 @@ def submit_group(engine: RolloutEngine, group: list[Sample], sampling: SamplingP
         engine, group, sampling, progress=progress, reward_fn=reward_fn,
         sample_done_callback=scheduler.sample_done_callback, sink=sink, generate_function=generate_function,
         loop=loop))
-    task.prompt_group = group  # type: ignore[attr-defined]
+    task.prompt_group = group  # type: ignore[attr-defined]  # read back by prompt_group_of
     progress.track(task)
     active.add(task)
     return task
@@ -222,13 +230,13 @@ class OneStepRollout:
         if self.sink.enabled:
             self.sink.emit(ev.DROPPED, group_index=first_sample(group).group_index, reason=reason)
 
-    async def __call__(self, rollout_id: int, weight_version: int | None) -> tuple[list, dict]:
+    async def __call__(self, rollout_id: int, weight_version: int | None) -> tuple[list[Any], dict[str, Any]]:
         args = self.args
         B, n = args.rollout_batch_size, args.n_samples_per_prompt
         scheduler = make_submission_scheduler(args.rollout_submission_granularity, n, default="group")
         progress = Progress(scheduler)
         data: list[list[Sample]] = []
-        pendings: set[asyncio.Task] = set()
+        pendings: set[asyncio.Task[Any]] = set()
         dropped = {"generate_error": 0, "dynamic_filter": 0, "kept_beyond_B": 0, "aborted_at_rollout_end": 0}
         filter_drops: dict[str, int] = {}  # MetricGatherer: drops with a truthy reason, by reason
         while len(data) < B:
@@ -242,7 +250,7 @@ class OneStepRollout:
             except BaseException:
                 await discard_tasks(pendings)
                 raise
-            for task in sorted(done, key=lambda t: t.prompt_group[0].index):
+            for task in sorted(done, key=lambda t: prompt_group_of(t)[0].index):
                 if task.exception() is not None:
                     if isinstance(task.exception(), EngineDeadError):
                         # The engine is gone: skipping would retry forever. Collect the
@@ -251,7 +259,7 @@ class OneStepRollout:
                         raise task.exception()
                     logger.warning("group generation failed: %r", task.exception())
                     dropped["generate_error"] += 1
-                    self._drop(task.prompt_group, "generate_error")
+                    self._drop(prompt_group_of(task), "generate_error")
                     continue
                 group = task.result()
                 assert len(group) == n, f"group has {len(group)} samples, expected {n}"
@@ -302,7 +310,7 @@ class OneStepRollout:
             await self.engine.pause_generation("abort")
             await self.engine.continue_generation()
 
-    async def _abort(self, pendings: set[asyncio.Task], rollout_id: int) -> list[list[Sample]]:
+    async def _abort(self, pendings: set[asyncio.Task[Any]], rollout_id: int) -> list[list[Sample]]:
         """`abort()`: abort every in-flight request and await the pending groups in
         completion order. Without ``--partial-rollout`` each is dropped; with it each is
         returned, its samples that have a response marked with ``start_rollout_id`` (the
@@ -317,7 +325,7 @@ class OneStepRollout:
         waiting = set(pendings)
         collected: list[list[Sample]] = []
         try:
-            for next_done in as_completed_in_order(pendings, key=lambda t: first_sample(t.prompt_group).index):
+            for next_done in as_completed_in_order(pendings, key=lambda t: first_sample(prompt_group_of(t)).index):
                 task = await next_done
                 group = task.result()
                 waiting.discard(task)
@@ -327,17 +335,17 @@ class OneStepRollout:
                             sample.metadata["start_rollout_id"] = rollout_id
                 collected.append(group)
                 if not partial:
-                    self._drop(task.prompt_group, "aborted_at_rollout_end")
+                    self._drop(prompt_group_of(task), "aborted_at_rollout_end")
         except BaseException:
             if partial:
                 for group in collected:
                     self._drop(group, "aborted_at_rollout_end")
-            for task in sorted(waiting, key=lambda t: first_sample(t.prompt_group).index):  # not set order
+            for task in sorted(waiting, key=lambda t: first_sample(prompt_group_of(t)).index):  # not set order
                 if task.done():
                     if not task.cancelled() and task.exception() is not None:
-                        self._drop(task.prompt_group, "generate_error")
+                        self._drop(prompt_group_of(task), "generate_error")
                 else:
-                    self._drop(task.prompt_group, "aborted_at_rollout_end")
+                    self._drop(prompt_group_of(task), "aborted_at_rollout_end")
                     task.add_done_callback(retrieve_outcome)
             raise
         return collected

@@ -7,9 +7,11 @@ bad config (only for an unknown profile name, ``ConfigError``). A rule of severi
 has no effect. Every message names the flags, the values given, what is allowed and the
 fix.
 
-Profiles (two, because the seed manual and upstream's code disagree on colocation):
+Profiles (two, because Miles' manual and upstream's code disagree on colocation):
 
-* ``manual`` (default): the seed manual (``seed-async-training.md``). Colocation is
+* ``manual`` (default): Miles' manual page on async training (radixark/miles
+  ``docs/user-guide/fully-async.md``, "Fully Async RL", with its colocation section) as
+  this project reads it. Colocation is
   allowed with ``--fully-async`` (Megatron only, not with ``in_place``) and with the
   synchronous ``train.py``, but not in one-step-ahead ``train_async.py``.
 * ``miles-<pin>`` (``MILES_PROFILE``): what upstream radixark/miles enforces at the pinned
@@ -81,7 +83,7 @@ class Violation:
         }
 
 
-def _rule(rule_id: str, flags: tuple[str, ...], severity: str = "error"):
+def _rule(rule_id: str, flags: tuple[str, ...], severity: str = "error") -> Callable[[Callable[[AsyncConfig], str | None]], Rule]:
     def wrap(check: Callable[[AsyncConfig], str | None]) -> Rule:
         return Rule(id=rule_id, flags=flags, severity=severity, check=check)
 
@@ -106,10 +108,11 @@ def manual_colocate_needs_fully_async(c: AsyncConfig) -> str | None:
 @_rule("manual-fully-async-colocate-no-in-place", ("--fully-async", "--colocate", "--pause-generation-mode"))
 def manual_fully_async_colocate_no_in_place(c: AsyncConfig) -> str | None:
     if c.fully_async and c.colocate and c.pause_generation_mode == "in_place":
+        # upstream: update_weight_from_tensor.py:L255-L258
         return (
             "--fully-async --colocate with --pause-generation-mode in_place: in_place keeps "
             "requests running on the engine, but the colocated updater always flushes the "
-            "engine's cache (update_weight_from_tensor.py:L255-L258), which SGLang refuses "
+            "engine's cache (update_weight_from_tensor.py), which SGLang refuses "
             "while requests are in flight. "
             "Allowed with --colocate: retract. "
             "Fix: pass --pause-generation-mode retract (the default), or drop --colocate."
@@ -121,7 +124,7 @@ def manual_fully_async_colocate_no_in_place(c: AsyncConfig) -> str | None:
 def manual_colocated_fully_async_needs_megatron(c: AsyncConfig) -> str | None:
     if c.fully_async and c.colocate and c.train_backend != "megatron":
         return (
-            f"--fully-async --colocate with --train-backend {c.train_backend}: the seed manual "
+            f"--fully-async --colocate with --train-backend {c.train_backend}: Miles' manual "
             "allows colocated fully-async training only with the Megatron trainer. "
             "Allowed: --train-backend megatron. "
             "Fix: pass --train-backend megatron, or drop --colocate and use separate GPUs."
@@ -132,10 +135,11 @@ def manual_colocated_fully_async_needs_megatron(c: AsyncConfig) -> str | None:
 @_rule("manual-fully-async-over-sampling-no-effect", ("--fully-async", "--over-sampling-batch-size"), "note")
 def manual_fully_async_over_sampling_no_effect(c: AsyncConfig) -> str | None:
     if c.fully_async and c.over_sampling_batch_size is not None:
+        # upstream: fully_async_rollout.py:L113
         return (
             f"--fully-async with --over-sampling-batch-size {c.over_sampling_batch_size}: "
             "accepted but has no effect; the fully-async worker always pulls one prompt "
-            "group per submission (fully_async_rollout.py:L113). Allowed: any value >= "
+            "group per submission (fully_async_rollout.py). Allowed: any value >= "
             "--rollout-batch-size (it is ignored). "
             "Fix: drop --over-sampling-batch-size, or bound concurrency with "
             "--async-max-concurrent-samples instead."
@@ -158,8 +162,9 @@ def manual_fully_async_no_abort(c: AsyncConfig) -> str | None:
 @_rule("miles-fully-async-no-abort", ("--fully-async", "--pause-generation-mode"))
 def miles_fully_async_no_abort(c: AsyncConfig) -> str | None:
     if c.fully_async and c.pause_generation_mode == "abort":
+        # upstream: arguments.py:L61-L64
         return (
-            "--fully-async with --pause-generation-mode abort; upstream (arguments.py:L61-L64): "
+            "--fully-async with --pause-generation-mode abort; upstream (arguments.py): "
             '"--fully-async cannot use --pause-generation-mode abort: generation is always in '
             'flight, so every weight update would kill it and force a full regeneration". '
             "Allowed: retract or in_place. "
@@ -172,8 +177,9 @@ def miles_fully_async_no_abort(c: AsyncConfig) -> str | None:
 def miles_colocate_not_async(c: AsyncConfig) -> str | None:
     if c.colocate and c.driver == "train_async":
         mode = "--fully-async" if c.fully_async else "one-step-ahead"
+        # upstream: train_async.py:L23
         return (
-            f"--colocate under train_async.py ({mode}); upstream (train_async.py:L23): "
+            f"--colocate under train_async.py ({mode}); upstream (train_async.py): "
             '"Colocation is not supported for async training." '
             "Allowed: --colocate only with the synchronous train.py. "
             "Fix: drop --colocate and give rollout its own GPUs, or run train.py."
@@ -184,8 +190,9 @@ def miles_colocate_not_async(c: AsyncConfig) -> str | None:
 @_rule("miles-fully-async-no-colocate", ("--fully-async", "--colocate"))
 def miles_fully_async_no_colocate(c: AsyncConfig) -> str | None:
     if c.fully_async and c.colocate:
+        # upstream: arguments.py:L59
         return (
-            "--fully-async with --colocate; upstream (arguments.py:L59): "
+            "--fully-async with --colocate; upstream (arguments.py): "
             '"--fully-async cannot colocate: rollout must keep generating while training runs". '
             "Allowed: --fully-async without --colocate. "
             "Fix: drop --colocate, or drop --fully-async and run train.py."
@@ -196,8 +203,9 @@ def miles_fully_async_no_colocate(c: AsyncConfig) -> str | None:
 @_rule("fully-async-needs-async-driver", ("--fully-async",))
 def fully_async_needs_async_driver(c: AsyncConfig) -> str | None:
     if c.fully_async and c.driver == "train":
+        # upstream: train.py:L23
         return (
-            "--fully-async with driver train.py; upstream (train.py:L23): "
+            "--fully-async with driver train.py; upstream (train.py): "
             '"--fully-async requires the async driver: run train_async.py". '
             "Allowed: --fully-async only with train_async.py. "
             "Fix: run train_async.py, or drop --fully-async."
@@ -208,9 +216,10 @@ def fully_async_needs_async_driver(c: AsyncConfig) -> str | None:
 @_rule("fully-async-no-partial-rollout", ("--fully-async", "--partial-rollout"))
 def fully_async_no_partial_rollout(c: AsyncConfig) -> str | None:
     if c.fully_async and c.partial_rollout:
+        # upstream: arguments.py:L50-L70
         return (
             "--fully-async with --partial-rollout: upstream asserts against it "
-            "(arguments.py:L50-L70); the fully-async worker never aborts a drain, so there "
+            "(arguments.py); the fully-async worker never aborts a drain, so there "
             "are no partial groups to resume. Allowed: one of the two. "
             "Fix: drop --partial-rollout."
         )
@@ -224,8 +233,9 @@ def fully_async_no_partial_rollout(c: AsyncConfig) -> str | None:
 def update_weights_interval_positive(c: AsyncConfig) -> str | None:
     k = c.update_weights_interval
     if k < 1:
+        # upstream: train_async.py:L107
         return (
-            f"--update-weights-interval {k}: upstream does not validate it; train_async.py:L107 "
+            f"--update-weights-interval {k}: upstream does not validate it; train_async.py "
             "computes (rollout_id + 1) % k, so 0 crashes with ZeroDivisionError and a negative "
             "value follows Python's modulo. Allowed: an integer >= 1. "
             "Fix: pass --update-weights-interval 1 (the default) or more."
@@ -250,9 +260,10 @@ def max_weight_staleness_non_negative(c: AsyncConfig) -> str | None:
 def async_max_concurrent_samples_at_least_n(c: AsyncConfig) -> str | None:
     x, n = c.async_max_concurrent_samples, c.n_samples_per_prompt
     if x is not None and x < n:
+        # upstream: arguments.py:L3400-L3405
         return (
             f"--async-max-concurrent-samples {x} with --n-samples-per-prompt {n}; upstream "
-            f'(arguments.py:L3400-L3405): "--async-max-concurrent-samples ({x}) must be at least '
+            f'(arguments.py): "--async-max-concurrent-samples ({x}) must be at least '
             f"--n-samples-per-prompt ({n}): the worker submits whole groups, so one group already "
             f'puts n_samples_per_prompt trajectories in flight". Allowed: >= {n}. '
             f"Fix: pass --async-max-concurrent-samples {max(n, 1)} or more, or leave it out."
@@ -264,9 +275,10 @@ def async_max_concurrent_samples_at_least_n(c: AsyncConfig) -> str | None:
 def over_sampling_at_least_batch(c: AsyncConfig) -> str | None:
     o, b = c.over_sampling_batch_size, c.rollout_batch_size
     if o is not None and o < b:
+        # upstream: arguments.py:L3450-L3453
         return (
             f"--over-sampling-batch-size {o} with --rollout-batch-size {b}; upstream "
-            f'(arguments.py:L3450-L3453): "over_sampling_batch_size {o} should be greater than or '
+            f'(arguments.py): "over_sampling_batch_size {o} should be greater than or '
             f'equal to rollout_batch_size {b}". Allowed: >= {b}, or unset (means {b}). '
             f"Fix: pass --over-sampling-batch-size {b} or more, or leave it out."
         )
@@ -367,8 +379,9 @@ def async_max_retries_non_negative(c: AsyncConfig) -> str | None:
 @_rule("rollout-logprobs-tis-exclusive", ("--use-rollout-logprobs", "--use-tis"))
 def rollout_logprobs_tis_exclusive(c: AsyncConfig) -> str | None:
     if c.use_rollout_logprobs and c.use_tis:
+        # upstream: arguments.py:L3142-L3143
         return (
-            "--use-rollout-logprobs with --use-tis; upstream (arguments.py:L3142-L3143): "
+            "--use-rollout-logprobs with --use-tis; upstream (arguments.py): "
             '"use_rollout_logprobs and use_tis cannot be set at the same time." '
             "Allowed: at most one of them. Fix: drop one of the two flags."
         )
@@ -380,9 +393,10 @@ def async_ppo_needs_correction(c: AsyncConfig) -> str | None:
     if c.driver == "train_async" and c.use_critic and not (
         c.use_rollout_logprobs or c.use_tis or c.keep_old_actor
     ):
+        # upstream: arguments.py:L3591-L3609
         return (
             "--use-critic under train_async.py without --use-rollout-logprobs, --use-tis or "
-            "--keep-old-actor; upstream (arguments.py:L3591-L3609): \"Async PPO training requires "
+            "--keep-old-actor; upstream (arguments.py): \"Async PPO training requires "
             'an explicit behavior-policy correction, ..." Allowed: --use-critic with one of '
             "those three. Fix: add --use-tis (or --use-rollout-logprobs, or --keep-old-actor)."
         )
@@ -392,9 +406,10 @@ def async_ppo_needs_correction(c: AsyncConfig) -> str | None:
 @_rule("critic-needs-megatron", ("--use-critic", "--train-backend"))
 def critic_needs_megatron(c: AsyncConfig) -> str | None:
     if c.use_critic and c.train_backend != "megatron":
+        # upstream: arguments.py:L3205-L3208
         return (
             f"--use-critic with --train-backend {c.train_backend}; upstream "
-            '(arguments.py:L3205-L3208): "Shared Actor/Critic PPO requires the Megatron backend". '
+            '(arguments.py): "Shared Actor/Critic PPO requires the Megatron backend". '
             "Allowed: --train-backend megatron. Fix: pass --train-backend megatron or drop --use-critic."
         )
     return None
@@ -450,7 +465,7 @@ def get_profile(name: str) -> tuple[Rule, ...]:
     except KeyError:
         raise ConfigError(
             f"--profile {name!r} is unknown. Allowed: {', '.join(PROFILES)}. "
-            f"Fix: pass --profile {DEFAULT_PROFILE} (the seed manual) or --profile {MILES_PROFILE}."
+            f"Fix: pass --profile {DEFAULT_PROFILE} (Miles' manual) or --profile {MILES_PROFILE}."
         ) from None
 
 

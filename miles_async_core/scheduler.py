@@ -34,7 +34,7 @@ logger = logging.getLogger(__name__)
 
 class GroupLevelSubmission:
     granularity = "group"
-    sample_done_callback: Callable | None = None
+    sample_done_callback: Callable[..., Any] | None = None
 
     def has_capacity(self, *, pending_groups: int, group_budget: int) -> bool:
         return pending_groups < group_budget
@@ -70,7 +70,8 @@ class SampleBackfillSubmission:
             self.progress.signal_sample()
 
 
-def make_submission_scheduler(granularity: str | None, n: int, *, default: str):
+def make_submission_scheduler(granularity: str | None, n: int, *,
+                              default: str) -> GroupLevelSubmission | SampleBackfillSubmission:
     g = granularity or default
     if g == "group":
         return GroupLevelSubmission()
@@ -82,23 +83,23 @@ class Progress:
     """Completion queue for group tasks plus the sample-level wake-up of a scheduler."""
 
     def __init__(self, scheduler: Any) -> None:
-        self._done: list[asyncio.Future] = []  # their done-callback ran
-        self._ended: list[asyncio.Future] = []  # their body ended (``ended``), callback maybe not yet
-        self._returned_early: set[asyncio.Future] = set()  # returned before their done-callback ran
-        self._waiter: asyncio.Future | None = None
+        self._done: list[asyncio.Future[Any]] = []  # their done-callback ran
+        self._ended: list[asyncio.Future[Any]] = []  # their body ended (``ended``), callback maybe not yet
+        self._returned_early: set[asyncio.Future[Any]] = set()  # returned before their done-callback ran
+        self._waiter: asyncio.Future[Any] | None = None
         self.sample_signal = False
         self._relay = False
         if isinstance(scheduler, SampleBackfillSubmission):
             scheduler.progress = self
 
-    def track(self, task: asyncio.Future) -> None:
+    def track(self, task: asyncio.Future[Any]) -> None:
         task.add_done_callback(self._on_task_done)
 
-    def ended(self, task: asyncio.Future) -> None:
+    def ended(self, task: asyncio.Future[Any]) -> None:
         """``task``'s body is ending: it is done in this loop step, before any waiter runs."""
         self._ended.append(task)
 
-    def _on_task_done(self, task: asyncio.Future) -> None:
+    def _on_task_done(self, task: asyncio.Future[Any]) -> None:
         if task in self._returned_early:
             # already returned as done: asyncio.wait removed its callback (a no-op) too
             self._returned_early.discard(task)
@@ -117,10 +118,10 @@ class Progress:
             self._relay = True
             waiter.get_loop().call_soon(self._relay_hop, waiter)  # the running loop, without its lookup
 
-    def _relay_hop(self, waiter: asyncio.Future) -> None:
+    def _relay_hop(self, waiter: asyncio.Future[Any]) -> None:
         waiter.get_loop().call_soon(self._relay_wake, waiter)
 
-    def _relay_wake(self, waiter: asyncio.Future) -> None:
+    def _relay_wake(self, waiter: asyncio.Future[Any]) -> None:
         self._relay = False
         if not waiter.done():
             waiter.set_result(None)
@@ -129,7 +130,7 @@ class Progress:
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
 
-    async def wait_for_progress(self, active: set) -> tuple[set, set]:
+    async def wait_for_progress(self, active: set[Any]) -> tuple[set[Any], set[Any]]:
         if not self._done and not self.sample_signal:
             self._waiter = asyncio.get_running_loop().create_future()
             try:

@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Union
+from typing import Any, Iterator
 
 
-class Status(str, enum.Enum):
+class Status(str, enum.Enum):  # noqa: UP042  (not StrEnum: str() of a member is its name, as upstream's)
     PENDING = "pending"
     COMPLETED = "completed"
     TRUNCATED = "truncated"
@@ -164,7 +164,7 @@ class Sample:
 
 
 # A finished group may be nested when a generate function expands one trajectory.
-Group = Union[list[Sample], list[list[Sample]]]
+Group = list[Sample] | list[list[Sample]]
 
 
 def iter_samples(group: Any) -> Iterator[Sample]:

@@ -58,7 +58,7 @@ import numpy as np
 from miles_async_core import events as ev
 from miles_async_core.errors import ConfigError
 from harness.advise import host_share
-from harness.advise.cost_model import CostModel, load_costs, mode_of  # load_costs, mode_of: re-exported
+from harness.advise.cost_model import CostModel, load_costs, mode_of  # noqa: F401  (load_costs, mode_of: re-exported)
 from harness.advise.predict import Layout, simulate_layout
 from harness.results.mode_rows import ModeRow
 from harness.results.run_extras import load_run

@@ -105,11 +105,11 @@ def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         groups.setdefault((r["family"], r["knob"], r["value"], r["arm"]), []).append(r)
     out = []
     for (family, knob, value, arm), rs in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][2], kv[0][3])):
-        def mean(name: str) -> float | None:
+        def mean(name: str, rs: list[dict[str, Any]] = rs) -> float | None:
             xs = [r[name] for r in rs if r.get(name) is not None]
             return sum(xs) / len(xs) if xs else None
 
-        def sd(name: str) -> float | None:
+        def sd(name: str, rs: list[dict[str, Any]] = rs) -> float | None:
             xs = [r[name] for r in rs if r.get(name) is not None]
             return statistics.stdev(xs) if len(xs) > 1 else None
 
@@ -148,7 +148,7 @@ def plot(records: list[dict[str, Any]], rows: list[dict[str, Any]], path: Path, 
         for r in records:
             if r["family"] == family and r["rewards"]:
                 curves.setdefault((r["value"], r["arm"]), []).append(r["rewards"])
-        for i, ((value, arm), cs) in enumerate(sorted(curves.items())):
+        for (value, arm), cs in sorted(curves.items()):
             n = min(len(c) for c in cs)
             mean = [sum(c[j] for c in cs) / len(cs) for j in range(n)]
             ax.plot(range(n), mean, "-" if arm == "base" else "--", color=f"C{sorted({v for v, _ in curves}).index(value)}",

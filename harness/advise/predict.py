@@ -186,8 +186,9 @@ class RoutedEngines:
         inner = _EngineSink(sink, detail)
         self.router = LeastOutstandingRouter(n)
         self.engines = [_RoutedEngine(config, sink=inner, busy=busy, router=self.router, index=i) for i in range(n)]
-        for e in self.engines if contention is not None else ():
-            contention.attach(e)
+        if contention is not None:
+            for e in self.engines:
+                contention.attach(e)
         self.weight_sync_s, self.pause_resume_s = weight_sync_s, pause_resume_s
         self.sink = sink
 

@@ -220,7 +220,7 @@ def _steps_table(rows: list[dict[str, Any]]) -> list[str]:
     for r in with_steps:
         s = r["engine_steps"]
 
-        def cell(key: str) -> str:
+        def cell(key: str, s: dict[str, Any] = s) -> str:
             return "-" if s[key] is None else f"{s[key]:.2f} (x{s[key] / ref:.2f})"
 
         lines.append(f"| {_label(r)} | {_layout(r)} | {r['mode']} | {cell('step_ms')} | {cell('step_ms_training')} "

@@ -236,8 +236,8 @@ class _EngineActorImpl:
             self._busy = busy
             self._emit(ev.PHASE_START if busy else ev.PHASE_END, side="rollout", phase="generating")
 
-    def _ready(self) -> list[tuple]:
-        out = []
+    def _ready(self) -> list[tuple[Any, ...]]:
+        out: list[tuple[Any, ...]] = []
         while self._heap and self._heap[0][0] == self._next_seq:
             out.extend(heapq.heappop(self._heap)[1])
             self._next_seq += 1
@@ -472,10 +472,11 @@ class RayEngineGroup:
     def _check_alive(self, what: str) -> None:
         if self.dead and self.on_engine_death == "fail":
             i, why = next(iter(self.dead.items()))
+            # upstream: update_weight_from_distributed/mixin.py:L313-L314
             raise EngineDeadError(
                 f"rollout engine {i} of {self.n} died ({why}); {what} cannot reach it. Upstream Miles without "
                 "--use-fault-tolerance fails here too: its updater ray.get()s pause_generation on every engine "
-                "(update_weight_from_distributed/mixin.py:L313-L314). Finished steps are kept; the requests lost "
+                "(update_weight_from_distributed/mixin.py). Finished steps are kept; the requests lost "
                 "with the engine are in the trace's fault(what=engine_died) event. Fix: restart the run, or run "
                 "with on_engine_death='continue' to go on with the live engines")
         if not self.live():

@@ -217,7 +217,7 @@ class TinyLM(nn.Module, EngineModel):
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         with torch.no_grad():
-            for name, p in self.named_parameters():
+            for p in self.parameters():
                 if p.dim() == 2:  # seeded init, independent of torch's global RNG
                     p.copy_(torch.randn(p.shape, generator=gen) * cfg.init_std)
         cos, sin = rope_tables(cfg.d_model // cfg.n_heads, cfg.max_seq_len, cfg.rope_theta)

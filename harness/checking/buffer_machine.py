@@ -48,6 +48,7 @@ from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, p
                                  run_state_machine_as_test)
 
 from harness.sim.vtime import VirtualTimeLoop
+from miles_async_core.buffer import DataBuffer
 from miles_async_core.config import AsyncConfig
 from miles_async_core.types import (DataBufferConstructorInput, DataBufferInput, Sample, Status, first_sample,
                                     iter_samples)
@@ -59,7 +60,7 @@ MAX_LOOP_ITERATIONS = 10_000
 INVARIANTS = ("capacity", "put_blocks_iff_full", "get_blocks_iff_empty", "conservation", "fifo",
               "staleness_bound", "handler_once", "filter_not_handled", "metrics_window", "no_exception")
 
-BufferFactory = Callable[[DataBufferConstructorInput], Any]
+BufferFactory = Callable[[DataBufferConstructorInput], DataBuffer]
 
 
 # ---- failures ----------------------------------------------------------------------------
@@ -298,7 +299,7 @@ class BufferMachine(RuleBasedStateMachine):
         factory = type(self).factory
         assert factory is not None, "BufferMachine needs a factory: use machine_for(factory)"
 
-        async def construct() -> Any:
+        async def construct() -> DataBuffer:
             return factory(DataBufferConstructorInput(self.args, self.unused_handler_fn))
 
         self.buffer = self.loop.run_until_complete(construct())
@@ -441,7 +442,7 @@ class BufferMachine(RuleBasedStateMachine):
 
     # -- the handler the buffer receives ----------------------------------------------------------
 
-    def unused_handler_fn(self, prompt_group: Any, cause: str | None = None) -> None:
+    def unused_handler_fn(self, prompt_group: list[Sample], cause: str | None = None) -> None:
         """Accepts Miles' ``handler(prompt_group)`` and this core's ``cause=`` form."""
         if self.tearing_down:
             return

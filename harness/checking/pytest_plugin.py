@@ -3,11 +3,11 @@
 Installed as a ``pytest11`` entry point, so any pytest run in an environment with this
 package gets:
 
-* hypothesis profiles ``dev`` (random, example database), ``ci`` (derandomized, no
-  deadline, ``print_blob``, 200 examples, no database) and ``nightly`` (5000 examples,
-  no deadline), registered for every run; the one named by ``$HYPOTHESIS_PROFILE`` is
-  loaded only when that variable is set (hypothesis' own ``--hypothesis-profile`` still
-  wins), so unrelated runs keep hypothesis' defaults.
+* hypothesis profiles ``miles-harness-dev``, ``miles-harness-ci`` and
+  ``miles-harness-nightly`` (``harness.checking.hypothesis_profiles``), registered under
+  names of their own and never loaded here: a user's ``$HYPOTHESIS_PROFILE`` and the
+  profiles their conftest registers work as without this plugin. This project's root
+  ``conftest.py`` loads one for its own suites.
 * ``--data-buffer=package.module:factory``: the ``DataBuffer`` factory the buffer suite
   (``suites/properties/test_buffer_machine.py``) checks, called as
   ``factory(DataBufferConstructorInput(args, unused_handler_fn))`` like Miles'
@@ -36,34 +36,19 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from pathlib import Path
 from typing import Any, Callable
 
 import pytest
-from hypothesis import HealthCheck, settings
-from hypothesis.errors import InvalidArgument
 
-from harness.checking import py311_guard
+from harness.checking import hypothesis_profiles, py311_guard
 from harness.serve.fixtures import serve_factory, served_engine  # noqa: F401  (fixtures for any suite)
 
 OPTION = "--data-buffer"
 EXPECTED = "package.module:factory"
-PROFILE_ENV = "HYPOTHESIS_PROFILE"
-
 GUARD_OPTION = "--py311-guard"
 
-settings.register_profile("dev", deadline=None)
-settings.register_profile("ci", derandomize=True, deadline=None, print_blob=True, max_examples=200,
-                          database=None, suppress_health_check=[HealthCheck.too_slow])
-settings.register_profile("nightly", max_examples=5000, deadline=None,
-                          suppress_health_check=[HealthCheck.too_slow])
-
-_profile_error: str | None = None
-try:
-    if os.environ.get(PROFILE_ENV):
-        settings.load_profile(os.environ[PROFILE_ENV])
-except InvalidArgument:
-    _profile_error = (f"{PROFILE_ENV}={os.environ.get(PROFILE_ENV)!r} names no hypothesis profile. "
-                      "Allowed: dev, ci, nightly. Fix: set it to one of those or unset it.")
+hypothesis_profiles.register()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -114,8 +99,6 @@ def resolve_factory(value: str) -> Callable[..., Any]:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
-    if _profile_error is not None:
-        raise pytest.UsageError(_profile_error)
     # Registers the Sample / DataBufferInput strategies; imported here, not at plugin
     # import, because building strategies before hypothesis' own plugin has loaded
     # triggers its HypothesisSideeffectWarning.
@@ -143,7 +126,7 @@ def data_buffer_factory(pytestconfig: pytest.Config) -> Callable[..., Any]:
 
 
 @pytest.fixture(scope="session")
-def miles_src(pytestconfig: pytest.Config) -> Any:
+def miles_src(pytestconfig: pytest.Config) -> Path:
     """The upstream Miles tree, activated (on ``sys.path``, stand-ins applied); skips the
     test with the reason when there is none or it does not import here."""
     from harness.upstream import source

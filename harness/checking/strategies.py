@@ -57,7 +57,7 @@ def configs(draw: st.DrawFn, *, fully_async: bool | None = None, driver: str | N
         async_max_concurrent_samples=draw(st.one_of(st.none(), st.integers(n, 3 * n))),
         pause_generation_mode=mode, train_backend=backend,
         colocate=(colocate := draw(st.booleans()) if may_colocate else False),
-        allow_async_colocate=colocate and drv == "train_async",  # the seed manual's mode, an extension
+        allow_async_colocate=colocate and drv == "train_async",  # Miles' manual's mode, an extension
         rollout_submission_granularity=draw(st.sampled_from([None, "group", "sample"])),
         over_sampling_batch_size=None if fa else draw(st.one_of(st.none(), st.integers(b, 2 * b))),
         async_data_buffer_capacity_factor=draw(st.sampled_from([1.0, 1.5, 2.0, 3.0])),
@@ -144,7 +144,7 @@ def violations(outcome: RunOutcome, case: RunCase) -> list[Violation]:
 
 def property_settings(max_examples: int, **overrides: object) -> settings:
     """Settings for a whole-run property: the profile picked by ``HYPOTHESIS_PROFILE`` (the
-    root conftest registers ``dev``/``ci``/``nightly``) with ``max_examples`` scaled by its
+    plugin registers ``miles-harness-dev``/``-ci``/``-nightly``) with ``max_examples`` scaled by its
     budget relative to hypothesis' default 100; if that profile is not registered, a
     ``ci``-like one (derandomized, no deadline, ``print_blob``)."""
     name = os.environ.get("HYPOTHESIS_PROFILE")

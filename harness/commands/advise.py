@@ -38,7 +38,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default=None, help="'fastest' or 'fastest with age <= S': recommend settings")
     p.add_argument("--lr", type=float, default=1e-3, help="the base learning rate the recommendation scales")
     p.add_argument("--plot", default=None, help="write a PNG of predicted speedup and age vs number of engines")
-    p.add_argument("--profile", default="manual", help="rule profile: manual (the seed manual) or the pinned "
+    p.add_argument("--profile", default="manual", help="rule profile: manual (Miles' manual page on async training) or the pinned "
                    "upstream Miles profile (miles-<pinned commit>; miles_async_core.rules.PROFILES)")
     p.add_argument("--json", action="store_true", help="print everything as one JSON document")
     p.add_argument("miles_args", nargs=argparse.REMAINDER, help="Miles flags after --")

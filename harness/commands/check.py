@@ -20,7 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--profile",
         default=DEFAULT_PROFILE,
-        help=f"rule profile: {', '.join(PROFILES)} (default {DEFAULT_PROFILE}: the seed manual)",
+        help=f"rule profile: {', '.join(PROFILES)} (default {DEFAULT_PROFILE}: Miles' manual page on async training)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     parser.add_argument(

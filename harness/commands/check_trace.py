@@ -22,10 +22,13 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from miles_async_core.config import AsyncConfig, parse_miles_args
 from miles_async_core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from harness.checking.invariants.base import Violation
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -103,7 +106,7 @@ def main(args: argparse.Namespace) -> int:
     print(f"trace: {trace} ({len(events)} events)")
     print(f"config: {source}; checked as a {'complete run' if complete else 'prefix of a failed run'}")
     violations = check_all(events, config, complete=complete)
-    by_name: dict[str, list[Any]] = {}
+    by_name: dict[str, list[Violation]] = {}
     for v in violations:
         by_name.setdefault(v.invariant, []).append(v)
     checks = applicable(config, complete=complete, events=events)
@@ -167,7 +170,7 @@ def main_merge(args: argparse.Namespace) -> int:
     found = {k: v for k, v in result["violations"].items() if v}
     if found:
         print()
-        for name, vs in found.items():
+        for vs in found.values():
             print(format_violations(vs, limit=args.max_shown))
             print()
         print(f"FAILED: {sum(len(v) for v in found.values())} violation(s) of {', '.join(sorted(found))}")

@@ -17,9 +17,12 @@ import dataclasses
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from miles_async_core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from harness.measure.telemetry import TelemetrySampler
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -106,13 +109,13 @@ def write_outputs(out: Path, cfg: Any, model_name: str, rows: list[dict[str, Any
     return [res.write(out / "results.json"), table]
 
 
-def _start_telemetry(phase: dict[str, str]) -> Any:
+def _start_telemetry(phase: dict[str, str]) -> TelemetrySampler:
     from harness.measure.telemetry import TelemetrySampler
 
     return TelemetrySampler(interval_s=0.1, phase_fn=lambda: phase["row"]).start()
 
 
-def _write_telemetry(path: Path, sampler: Any) -> Path:
+def _write_telemetry(path: Path, sampler: TelemetrySampler) -> Path:
     path.write_text(json.dumps({"summary": sampler.summary(), "records": sampler.records}, indent=1) + "\n",
                     encoding="utf-8")
     return path

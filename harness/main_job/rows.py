@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-from typing import Union
 
 from harness.main_job.result import CpuUse, ModeResult
 from harness.measure.overlap import ideal_speedup
@@ -15,7 +14,7 @@ from harness.results.mode_rows import SPREAD_KEYS, ModeRow
 from harness.sim.run_scenario import histogram
 from miles_async_core import events as ev
 
-_Field = Union[str, int, float, bool, None, dict[int, int], dict[str, object]]  # an aggregated row's value
+_Field = str | int | float | bool | None | dict[int, int] | dict[str, object]  # an aggregated row's value
 
 REWARD_WINDOW = 5  # reward start / end: the mean of the first / last 5 steps (fewer in runs under 10 steps)
 

@@ -60,7 +60,7 @@ class RunSpec:
     max_running: int = _flag(16, "engine's continuous-batching width (requests)")
     tiny_d_model: int = _flag(256, "tiny model width", flag="--d-model")
     tiny_layers: int = _flag(4, "tiny model depth", flag="--layers")
-    profile: str = _flag("manual", "rule profile: manual (the seed manual) or the pinned upstream Miles "
+    profile: str = _flag("manual", "rule profile: manual (Miles' manual page on async training) or the pinned upstream Miles "
                          "profile (miles-<pinned commit>; miles_async_core.rules.PROFILES)")
     device: str = _flag("cpu", "where the engine and trainer models live (cuda needs a CUDA build of torch and a "
                         "GPU)", choices=("cpu", "cuda"))
@@ -114,7 +114,7 @@ def mode_config(mode: str, base: AsyncConfig, spec: RunSpec) -> AsyncConfig:
     driver, fully_async = MODES[mode]
     config = dataclasses.replace(base, driver=driver, fully_async=fully_async, num_rollout=spec.steps, seed=spec.seed)
     if spec.layout == "colocate":
-        # upstream's train_async.py refuses --colocate; the seed manual's colocated
+        # upstream's train_async.py refuses --colocate; Miles' manual's colocated
         # fully-async mode is the harness extension allow_async_colocate
         config = dataclasses.replace(config, colocate=True, allow_async_colocate=driver == "train_async")
     errors = [v for v in validate(config, spec.profile) if v.severity == "error"]

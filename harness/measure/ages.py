@@ -11,17 +11,18 @@
   steps behind the weights of that oldest token version.
 
 ``group_token_version`` is the one definition of a group's oldest token version; every
-true-age figure of the harness goes through it. ``on_train_batch`` computes it, Miles'
-``group_oldest_weight_version`` and the token count in one pass over each group's samples
-(it runs on every step of long simulations); ``suites/harness/test_ages.py`` holds that pass
-to the two definitions.
+true-age figure of the harness goes through it. ``on_train_batch`` computes, per group,
+Miles' age (``group_oldest_weight_version``), the oldest token version (in the same pass as
+the token count) and the policy lag; ``suites/harness/test_ages.py`` holds them to the two
+definitions.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from miles_async_core.types import recorded_number, samples_of
+from miles_async_core.staleness import group_oldest_weight_version
+from miles_async_core.types import samples_of
 
 
 def group_token_version(group: Any) -> int | None:
@@ -47,19 +48,10 @@ class AgeRecorder:
         version, steps, version_steps = ctx.weight_version, ctx.trainer_steps, self.version_steps
         miles, token, lag, tokens = [], [], [], 0
         for g in data:
-            # One pass over the group's samples (this runs on every step of long simulations):
-            # ``group_oldest_weight_version(g)``, ``group_token_version(g)`` and the tokens.
-            recorded = oldest = last = None
+            # ``group_token_version(g)`` and the tokens in one pass over the group's samples
+            recorded = group_oldest_weight_version(g)
+            oldest = None
             for s in samples_of(g):
-                wv = s.weight_versions
-                if len(wv) == 1 and type(v := wv[0]) is str:  # group_oldest_weight_version's common case
-                    if v != last:
-                        last = v
-                        v = recorded_number(v)
-                        if v is not None and (recorded is None or v < recorded):
-                            recorded = v
-                elif (v := s.oldest_weight_version) is not None and (recorded is None or v < recorded):
-                    recorded = v
                 for r in s.token_versions.runs:
                     if oldest is None or r[0] < oldest:
                         oldest = r[0]

@@ -53,7 +53,10 @@ def per_engine_rows(events: list[Any], window: tuple[float, float]) -> list[dict
         inside = [e for e in steps if window[0] <= e.t <= window[1]]
         tokens = sum(len(e["indices"]) for e in inside)
         admitted = sorted(e.t for e in own if e.kind == ev.ADMITTED)
-        under, rest, admitting, decode_only = [], [], [], []
+        under: list[float] = []
+        rest: list[float] = []
+        admitting: list[float] = []
+        decode_only: list[float] = []
         for e in inside:
             t0 = e.t - e["dur_s"]
             (under if 2 * total_sorted(training, training_ends, (t0, e.t)) >= e["dur_s"] > 0 else rest).append(e)

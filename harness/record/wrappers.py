@@ -211,7 +211,7 @@ class RecordingDataSource:
         args = self._args
         load_dir = getattr(args, "load", None)
         found = bool(load_dir) and rollout_id is not None and os.path.exists(
-            os.path.join(load_dir, f"rollout/global_dataset_state_dict_{rollout_id}.pt"))
+            os.path.join(str(load_dir), f"rollout/global_dataset_state_dict_{rollout_id}.pt"))
         out = self._inner.load(rollout_id)
         if rollout_id is not None and rollout_id >= 0:
             emit(ev.CHECKPOINT_LOADED, rollout_id=rollout_id, part="model", inferred=True)

@@ -49,6 +49,7 @@ class ProcessRecord:
 
     def _write(self, doc: dict[str, Any]) -> None:
         data = (json.dumps(doc, separators=(",", ":"), default=str) + "\n").encode("utf-8")
+        assert self.fd is not None, "_open() first"
         done = os.write(self.fd, data)
         while done < len(data):  # a regular file takes it whole; a short write only on a full disk
             done += os.write(self.fd, data[done:])

@@ -50,7 +50,7 @@ class Figure:
 def table_rows(text: str, heading: str = HEADING) -> list[Figure]:
     """The rows of the first table after ``heading``."""
     start = text.index(heading)
-    rows = []
+    rows: list[Figure] = []
     for line in text[start:].splitlines()[1:]:
         if rows and not line.startswith("|"):
             break

@@ -23,6 +23,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from harness.results.schema import git_info, machine_info, utc_now
 
@@ -61,6 +62,10 @@ STEPS: list[Step] = [
     Step("sim_speed_ab_tricks", [PY, "-m", "harness.results.sim_ab", "--base", SIM_ALL_TRICKS, "--pairs", "8",
                                  "--out", "results/bench/sim_speed_ab_tricks.json"],
          ["results/bench/sim_speed_ab_tricks.json"]),
+    # the speed path's tricks against the plain reference loop, in one run: samples per CPU-second
+    # and cachegrind instructions per sample of each variant
+    Step("sim_paths_ab", [PY, "-m", "harness.results.sim_paths_ab", "--rounds", "4", "--steps", "200",
+                          "--instructions"], ["results/bench/sim_paths_ab.json"]),
     Step("sim_profile", BENCH + ["suites/bench/test_sim_profile.py"], ["results/bench/sim_profile.json"], WRITE),
     # the same comparison in instructions and cache misses per sample (cachegrind): counts the host's load leaves alone
     Step("sim_instructions", [PY, "-m", "harness.results.sim_instructions", "--base", SIM_BASELINE],
@@ -197,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
         print("make results: the tree has uncommitted changes, so the files would not match a commit. "
               "Fix: commit or stash first, or pass --allow-dirty (recorded in results/MANIFEST.json).")
         return 2
-    manifest = {"schema_version": 1, "started_utc": utc_now(), "git": git, "machine": machine_info(), "steps": []}
+    manifest: dict[str, Any] = {"schema_version": 1, "started_utc": utc_now(), "git": git, "machine": machine_info(), "steps": []}
     rc = 0
     for step in steps:
         print(f"== {step.name}: {' '.join(step.argv)}", flush=True)

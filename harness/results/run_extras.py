@@ -24,14 +24,14 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any, TypeAlias
 
 from harness.results.mode_rows import ModeRow, repeats_of, table_of
 from miles_async_core.errors import ConfigError
 
 # a JSON value as the results files store it
-JSONScalar = Union[str, int, float, bool, None]
-JSONValue = Union[JSONScalar, list["JSONValue"], dict[str, "JSONValue"]]
+JSONScalar: TypeAlias = str | int | float | bool | None
+JSONValue: TypeAlias = JSONScalar | list["JSONValue"] | dict[str, "JSONValue"]
 JSONDict = dict[str, JSONValue]
 
 PhaseSpan = tuple[str, str, float, float]  # (side, phase, start s, end s), harness.measure.overlap.phase_spans

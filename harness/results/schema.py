@@ -49,9 +49,10 @@ import os
 import platform
 import subprocess
 import uuid
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 from pathlib import Path
-from typing import Any
+from collections.abc import Iterable
+from typing import Any, SupportsFloat
 
 import numpy as np
 
@@ -88,7 +89,7 @@ def _gpus() -> tuple[list[dict[str, Any]], str | None]:
     except pynvml.NVMLError:
         return [], None
     try:
-        def text(v: Any) -> str:
+        def text(v: object) -> str:
             return v.decode() if isinstance(v, bytes) else str(v)
 
         gpus = []
@@ -152,7 +153,7 @@ def git_info(repo_dir: Path = _REPO_DIR) -> dict[str, Any] | None:
 
 
 def utc_now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 # --- statistics -------------------------------------------------------------------------
@@ -173,7 +174,7 @@ def summarize(samples: list[float]) -> dict[str, float | int]:
     }
 
 
-def _check_samples(name: str, samples: Any) -> list[float]:
+def _check_samples(name: str, samples: Iterable[SupportsFloat | str]) -> list[float]:
     try:
         values = [float(s) for s in samples]
     except (TypeError, ValueError) as exc:
@@ -255,7 +256,7 @@ class Results:
     def add_benchmark(
         self,
         name: str,
-        samples: Any,
+        samples: Iterable[SupportsFloat | str],
         unit: str,
         higher_is_better: bool,
         definition: dict[str, Any] | None = None,
@@ -305,7 +306,7 @@ _TOP: tuple[tuple[str, tuple[type, ...], str], ...] = (
 )
 
 
-def _type_name(v: Any) -> str:
+def _type_name(v: object) -> str:
     return {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}.get(
         type(v), "number" if isinstance(v, _NUM) else type(v).__name__
     )
@@ -331,7 +332,7 @@ class _Checker:
         return value
 
 
-def _check_benchmark(chk: _Checker, name: str, b: Any) -> None:
+def _check_benchmark(chk: _Checker, name: str, b: object) -> None:
     f = f"benchmarks.{name}"
     if not isinstance(b, dict):
         raise chk.fail(f, f"is {_type_name(b)}; expected an object")
@@ -350,7 +351,7 @@ def _check_benchmark(chk: _Checker, name: str, b: Any) -> None:
         chk.get(stats, key, f"{f}.stats.{key}", (int,) if key == "n" else _NUM, "an integer" if key == "n" else "a number")
 
 
-def results_from_dict(doc: Any, source: str = "<dict>") -> Results:
+def results_from_dict(doc: object, source: str = "<dict>") -> Results:
     """Validate a parsed document; raise ``ConfigError`` naming ``source`` and the field."""
     chk = _Checker(source)
     if not isinstance(doc, dict):
@@ -452,7 +453,7 @@ def from_pytest_benchmark(path_or_dict: str | os.PathLike[str] | dict[str, Any],
     }
     stamp = doc.get("datetime")
     try:
-        created = datetime.fromisoformat(str(stamp)).astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        created = datetime.fromisoformat(str(stamp)).astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
     except ValueError:
         raise chk.fail("datetime", f"is {stamp!r}; expected an ISO 8601 time") from None
     canonical = json.dumps(doc, sort_keys=True, default=str)

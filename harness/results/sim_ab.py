@@ -28,7 +28,7 @@ from harness.results.schema import git_info, machine_info, utc_now
 ROOT = Path(__file__).resolve().parents[2]
 B, N = 64, 8
 # the scenario of suites/bench/test_sim_speed.py, run in a child whose PYTHONPATH picks the checkout
-CHILD = """
+CHILD = f"""
 import gc, sys, time
 from harness.sim.scenario import Scenario
 try:
@@ -46,7 +46,7 @@ result = simulate(scenario, trace=False)
 cpu = time.process_time() - cpu0
 assert result.error is None and len(result.history) == steps
 print(steps * {B} * {N} / cpu, result.engine_stats["requests"], result.engine_stats["tokens"])
-""".format(B=B, N=N)
+"""
 
 
 def _run(checkout: Path, steps: int) -> tuple[float, int, int]:

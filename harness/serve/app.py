@@ -40,7 +40,7 @@ from __future__ import annotations
 import json
 import time
 from contextlib import asynccontextmanager
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 from http import HTTPStatus
 from typing import Any
 
@@ -305,7 +305,7 @@ def create_app(engine: ServedEngine) -> FastAPI:
     @app.get("/v1/loads")
     async def loads(include: str | None = None, dp_rank: int | None = None) -> dict:
         state = await engine.scheduler_state()
-        return {"timestamp": datetime.now(timezone.utc).isoformat(), "version": SERVER_VERSION,
+        return {"timestamp": datetime.now(UTC).isoformat(), "version": SERVER_VERSION,
                 "accelerator": None, "num_accelerators": 0,
                 "loads": [] if dp_rank not in (None, 0) else [load_entry(state, include)]}
 

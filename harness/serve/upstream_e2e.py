@@ -103,7 +103,8 @@ class E2EConfig:
         if self.pause_mode not in ("abort", "retract", "in_place"):
             raise ConfigError(f"pause_mode={self.pause_mode!r}; allowed: abort, retract, in_place.")
         if self.fully_async and self.pause_mode == "abort":
-            raise ConfigError("fully_async with pause_mode='abort' is refused by upstream (arguments.py:L61). "
+            # upstream: arguments.py:L61
+            raise ConfigError("fully_async with pause_mode='abort' is refused by upstream (arguments.py). "
                               "Fix: pass retract or in_place.")
         if not 1 <= self.servers <= 4 or self.steps < 1 or self.buckets < 1:
             raise ConfigError(f"servers={self.servers} (1..4), steps={self.steps} (>= 1) and buckets="
@@ -430,8 +431,9 @@ class _Run:
 
         path = source.active() / "train_async.py"
         spec = importlib.util.spec_from_file_location("miles_harness_served_train_async", path)
+        assert spec is not None and spec.loader is not None, path
         mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)  # type: ignore[union-attr]
+        spec.loader.exec_module(mod)
         from harness.upstream.ray_names import rebind_ray_names
 
         # generate starts at once and returns a future, as a Ray call does
@@ -459,7 +461,7 @@ class _Run:
         cfg = self.cfg
         t0 = time.monotonic()
         hf_dir, prompts = write_tiny_assets(self.workdir, seed=cfg.seed)
-        eos = {} if cfg.stop_at_eos else {"eos_token_id": None}
+        eos: dict[str, Any] = {} if cfg.stop_at_eos else {"eos_token_id": None}
         self.served = [serve_in_thread("tiny", seed=cfg.seed, tokenizer=TINY_TOKENIZER, **eos)
                        for _ in range(cfg.servers)]
         router = None
@@ -471,6 +473,7 @@ class _Run:
                                              miles_router_health_check_failure_threshold=3)
             miles_router = MilesRouter(router_args)
             router = UvicornThread(miles_router.app, name="miles-router").start()
+            assert router.port is not None, "the router thread binds its port on start()"
             args = _args(cfg, hf_dir, prompts, router.port)
             for s in self.served:  # what SGLangEngine._init_normal posts with --use-miles-router
                 requests.post(f"http://127.0.0.1:{router.port}/add_worker?url={s.url}", timeout=10).raise_for_status()

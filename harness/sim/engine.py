@@ -23,7 +23,6 @@ tokens and log-probs are synthetic: token id = the sampling version, log-prob
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import heapq
 import math
 from collections import deque
@@ -31,87 +30,20 @@ from dataclasses import dataclass, field
 from statistics import NormalDist
 from typing import Any, Iterable, Sequence
 
-import numpy as np
+
 
 from miles_async_core import events as ev
 from harness.backends.engine_io import emit_finished
+from harness.sim.draws import BLOCK_BITS, BLOCK_MASK, MAX_BLOCKS, uniform3, uniform_block
 from miles_async_core.contracts import NullSink, check_pause_mode
 from miles_async_core.errors import ConfigError
 from miles_async_core.types import ABORTED, COMPLETED, TRUNCATED, Sample, SamplingParams
 
-_MASK64 = (1 << 64) - 1
 _NORMAL = NormalDist()
 
 
 class EngineRequestError(RuntimeError):
     """An injected failure of one generate request."""
-
-
-def _splitmix_uniform(keys: tuple) -> float:
-    """The definition of ``_uniform`` (splitmix64 over the keys)."""
-    x = 0x9E3779B97F4A7C15
-    for k in keys:
-        x = (x ^ (k & _MASK64)) * 0xBF58476D1CE4E5B9 & _MASK64
-        x = (x ^ (x >> 27)) * 0x94D049BB133111EB & _MASK64
-        x ^= x >> 31
-    return ((x >> 11) + 0.5) / float(1 << 53)
-
-
-# Simulations ask for _uniform(seed, index[, retry]) for every sample index in turn, and
-# Python's 64-bit arithmetic costs about a microsecond per key. So values come in blocks
-# of 1024 consecutive second keys, computed with numpy's uint64 arithmetic (the same
-# wrap-around modulo 2**64 as the masked Python ints, and the same exact conversion to
-# float), and the most recent blocks are kept.
-_BLOCK_BITS = 10
-_BLOCK_MASK = (1 << _BLOCK_BITS) - 1
-_MAX_BLOCKS = 64
-_BLOCKS: dict[tuple, list[float]] = {}
-_C1, _C2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
-_S11, _S27, _S31 = np.uint64(11), np.uint64(27), np.uint64(31)
-
-
-def _block(key: tuple) -> list[float]:
-    """``[_uniform(k0, k, *tail) for k in block b]`` for ``key = (k0, b, *tail)``."""
-    k0, b, tail = key[0], key[1], key[2:]
-    x0 = 0x9E3779B97F4A7C15
-    x0 = (x0 ^ (k0 & _MASK64)) * 0xBF58476D1CE4E5B9 & _MASK64
-    x0 = (x0 ^ (x0 >> 27)) * 0x94D049BB133111EB & _MASK64
-    x0 ^= x0 >> 31
-    x = np.arange(b << _BLOCK_BITS, (b + 1) << _BLOCK_BITS, dtype=np.uint64) ^ np.uint64(x0)
-    for k in (None, *tail):
-        if k is not None:
-            x = x ^ np.uint64(k & _MASK64)
-        x = x * _C1
-        x = (x ^ (x >> _S27)) * _C2
-        x ^= x >> _S31
-    values = (((x >> _S11).astype(np.float64) + 0.5) / float(1 << 53)).tolist()
-    if len(_BLOCKS) >= _MAX_BLOCKS:
-        del _BLOCKS[next(iter(_BLOCKS))]  # the oldest block
-    _BLOCKS[key] = values
-    return values
-
-
-def _uniform(*keys: int) -> float:
-    """A deterministic uniform in (0, 1) from integer keys (splitmix64)."""
-    if len(keys) == 2:
-        k0, k1 = keys
-        if type(k0) is int and type(k1) is int and 0 <= k1 < 1 << 62:
-            key = (k0, k1 >> _BLOCK_BITS)
-            values = _BLOCKS.get(key)
-            return (values or _block(key))[k1 & _BLOCK_MASK]
-    elif len(keys) == 3:
-        return _uniform3(*keys)
-    return _splitmix_uniform(keys)
-
-
-def _uniform3(k0: int, k1: int, k2: int) -> float:
-    """``_uniform(k0, k1, k2)`` (one call per generate request). A third key other than 0
-    (a retry count) is rare and scattered: computed alone, not as a block."""
-    if k2 == 0 and type(k0) is int and type(k1) is int and type(k2) is int and 0 <= k1 < 1 << 62:
-        key = (k0, k1 >> _BLOCK_BITS, k2)
-        values = _BLOCKS.get(key)
-        return (values or _block(key))[k1 & _BLOCK_MASK]
-    return _splitmix_uniform((k0, k1, k2))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -168,94 +100,36 @@ class SimEngineConfig:
 _WAITING, _RUNNING, _DONE = 0, 1, 2
 
 
-# asyncio.Future's own methods, called as functions: a method call on a _Req is not
-# specialised by CPython 3.11 (the C future's instance dict pointer, never set, defeats it)
-_future_set_result, _future_set_exception = asyncio.Future.set_result, asyncio.Future.set_exception
-_future_done = asyncio.Future.done
+class _Req:
+    """One generate request: the engine's record of it, and ``fut``, the future ``generate``
+    returns. ``generate`` sets every field but the three the admission sets (``join_step``,
+    ``kv_floor``, ``finish_step``: read only while the request runs).
 
-
-# kept for speed, with _uniform's blocks, _finish_all and the retract flag (x1.43 as a group in the A/B)
-class _Req(asyncio.Future):
-    """One generate request: the engine's record of it and the future ``generate``
-    returns, in one object (``fut`` is itself). One object, not a request and a future
-    pointing at each other: such a pair is a reference cycle, which only the cyclic
-    garbage collector frees, and simulations make hundreds of thousands of requests.
-
-    Cancelling it removes the request from the engine (``_on_cancel``), queued just
-    before the future's own done callbacks: where a done callback registered at
-    submission would run, without a callback per request that completes normally.
-
-    Its done callbacks are kept here (``_cbs``), not in the C future: when an engine
-    step finishes several requests, their callbacks run in one loop callback
-    (``_run_callbacks``), in the order and at the place in the ready queue where the
-    future's own scheduling would have put one handle each. However the future ends
-    (``set_result``, ``set_exception``, ``cancel``), its callbacks are scheduled as
-    asyncio's futures schedule them. ``generate`` sets every field but the three the admission sets
-    (``join_step``, ``kv_floor``, ``finish_step``: read only while the request runs)."""
+    The future's first done callback is ``on_fut_done``: when the caller cancels the future,
+    it takes the request out of the engine (``SimEngine._on_cancel``) before the caller's
+    own callbacks run. The engine removes it before it ends the future itself, so a request
+    that completes normally schedules only the caller's callbacks."""
 
     __slots__ = ("sample", "target", "truncated", "base", "join_step", "kv_floor", "finish_step", "state",
-                 "fail", "engine", "index", "prompt_len", "_cbs")
+                 "fail", "engine", "index", "prompt_len", "fut")
 
-    @property
-    def fut(self) -> "_Req":
-        return self
+    sample: Sample
+    target: int
+    truncated: bool
+    base: int
+    join_step: int
+    kv_floor: int
+    finish_step: int
+    state: int
+    fail: bool
+    engine: "SimEngine"
+    index: int
+    prompt_len: int
+    fut: "asyncio.Future[Sample]"
 
-    def add_done_callback(self, fn: Any, *, context: Any = None) -> None:
-        if _future_done(self):
-            self.get_loop().call_soon(fn, self, context=context)
-            return
-        if context is None:
-            context = contextvars.copy_context()
-        cbs = self._cbs
-        if cbs is None:
-            self._cbs = [(fn, context)]
-        else:
-            cbs.append((fn, context))
-
-    def remove_done_callback(self, fn: Any) -> int:
-        cbs = self._cbs
-        if not cbs:
-            return 0
-        kept = [entry for entry in cbs if not entry[0] == fn]
-        self._cbs = kept
-        return len(cbs) - len(kept)
-
-    def _schedule_callbacks(self) -> None:
-        cbs, self._cbs = self._cbs, None
-        if cbs:
-            loop = self.get_loop()
-            for fn, context in cbs:
-                loop.call_soon(fn, self, context=context)
-
-    def set_result(self, result: Any) -> None:
-        _future_set_result(self, result)
-        self._schedule_callbacks()
-
-    def set_exception(self, exception: Any) -> None:
-        _future_set_exception(self, exception)
-        self._schedule_callbacks()
-
-    def cancel(self, msg: Any = None) -> bool:
-        if self.done():
-            return False
-        self.get_loop().call_soon(self.engine._on_cancel, self)
-        super().cancel(msg)
-        self._schedule_callbacks()
-        return True
-
-
-def _run_callbacks(batch: list[tuple[_Req, list]]) -> None:
-    """The done callbacks of requests an engine step finished, in order: each as
-    ``Handle._run`` runs one (an exception goes to the loop's exception handler)."""
-    for req, cbs in batch:
-        for fn, context in cbs:
-            try:
-                context.run(fn, req)
-            except (SystemExit, KeyboardInterrupt):
-                raise
-            except BaseException as exc:
-                req.get_loop().call_exception_handler(
-                    {"message": f"Exception in callback {fn!r}({req!r})", "exception": exc, "future": req})
+    def on_fut_done(self, fut: "asyncio.Future[Sample]") -> None:
+        if fut.cancelled():
+            self.engine._on_cancel(self)
 
 
 class SimEngine:
@@ -293,8 +167,6 @@ class SimEngine:
         self._lengths: dict[int, list[int]] = {}
         self._running_loop: asyncio.AbstractEventLoop | None = None  # see _loop
         self._version_str = (0, "0")  # weight_version and str(weight_version), for _finish
-        # the done callbacks of the requests _on_timer is finishing (_run_callbacks), else None
-        self._batch: list | None = None
         # The running batch was retracted: while the engine is paused, ``running`` (in batch
         # order, without the requests cancelled since) is the head of the waiting queue,
         # though its requests stay in it and in the finish heap (``_apply_pause``)
@@ -302,29 +174,30 @@ class SimEngine:
         self._retract_step = 0  # the engine step it was retracted at (the resume is checked against it)
 
     # --- contract -----------------------------------------------------------------------
-    def generate(self, sample: Sample, sampling: SamplingParams) -> asyncio.Future:
-        """Queue a request for ``sample`` and wake the engine; the request is the future."""
+    def generate(self, sample: Sample, sampling: SamplingParams) -> "asyncio.Future[Sample]":
+        """Queue a request for ``sample`` and wake the engine; returns the request's future."""
         loop = self._running_loop
         if loop is None or not loop.is_running():  # _loop(), inlined
             loop = self._loop()
         cfg = self.cfg
         max_new = sampling.max_new_tokens
-        req = _Req(loop=loop)
+        req = _Req()
+        fut = req.fut = loop.create_future()
+        fut.add_done_callback(req.on_fut_done)
         index, retry = sample.index, sample.retry_count
         if retry == 0 and type(index) is int and type(retry) is int and 0 <= index < 1 << 62:
-            b = index >> _BLOCK_BITS
-            drawn = (self._lengths.get(b) or self._length_block(b))[index & _BLOCK_MASK]
+            b = index >> BLOCK_BITS
+            drawn = (self._lengths.get(b) or self._length_block(b))[index & BLOCK_MASK]
         else:  # a retry: scattered, drawn alone
-            drawn = cfg.response_length.draw(_uniform3(cfg.seed, index, retry))
+            drawn = cfg.response_length.draw(uniform3(cfg.seed, index, retry))
         target = drawn if drawn < max_new else max_new
         base = len(sample.response_tokens)  # tokens already generated (non-zero only for resumed samples)
         req.sample = sample
         req.target = base if base > target else target
         req.truncated = drawn >= max_new
-        req.fail = cfg.request_failure_rate > 0 and _uniform3(cfg.seed + 1, index, retry) < cfg.request_failure_rate
+        req.fail = cfg.request_failure_rate > 0 and uniform3(cfg.seed + 1, index, retry) < cfg.request_failure_rate
         req.base = base
         req.state = _WAITING  # join_step, kv_floor and finish_step are set when it is admitted
-        req._cbs = None
         req.engine = self
         req.index = index
         req.prompt_len = len(sample.prompt_tokens) or cfg.prompt_tokens  # the prompt, as submitted
@@ -347,7 +220,7 @@ class SimEngine:
             elif not self._kick_scheduled:
                 self._kick_scheduled = True
                 loop.call_soon(self._kick)
-        return req
+        return fut
 
     async def pause_generation(self, mode: str) -> None:
         check_pause_mode(mode)
@@ -400,10 +273,10 @@ class SimEngine:
 
     # --- internals ----------------------------------------------------------------------
     def _length_block(self, b: int) -> list[int]:
-        """``[response_length.draw(_uniform(seed, k, 0)) for k in block b]``: the drawn
+        """``[response_length.draw(uniform(seed, k, 0)) for k in block b]``: the drawn
         length of every first attempt in the block, kept for the requests to come."""
-        lengths = self.cfg.response_length.draw_all(_block((self.cfg.seed, b, 0)))
-        if len(self._lengths) >= _MAX_BLOCKS:
+        lengths = self.cfg.response_length.draw_all(uniform_block((self.cfg.seed, b, 0)))
+        if len(self._lengths) >= MAX_BLOCKS:
             del self._lengths[next(iter(self._lengths))]  # the oldest block
         self._lengths[b] = lengths
         return lengths
@@ -480,16 +353,12 @@ class SimEngine:
                 for req in finishing.pop(finish_step):
                     if req.state == _RUNNING and req.finish_step == finish_step:  # still to finish now
                         due.append(req)
-            self._batch = []
-            try:
-                if type(self)._finish is SimEngine._finish:
-                    self._finish_all(due, False)  # the step's finishes in one call
-                else:  # a subclass's _finish, request by request
-                    for req in due:
-                        if req.state == _RUNNING:  # not ended by an earlier one's _finish
-                            self._finish(req, aborted=False)
-            finally:
-                self._batch = None
+            if type(self)._finish is SimEngine._finish:
+                self._finish_all(due, False)  # the step's finishes in one call
+            else:  # a subclass's _finish, request by request
+                for req in due:
+                    if req.state == _RUNNING:  # not ended by an earlier one's _finish
+                        self._finish(req, aborted=False)
         if self._pause is not None:
             mode, fut = self._pause
             self._pause = None
@@ -598,7 +467,7 @@ class SimEngine:
         version, version_str = self._version_str  # one string per version, shared by its samples
         if version != v or type(version) is not type(v):
             version, version_str = self._version_str = (v, str(v))
-        running_pop, batch = self.running.pop, self._batch
+        running_pop = self.running.pop
         sink = self.sink if self.sink.enabled else None
         for req in reqs:
             s = req.sample
@@ -611,18 +480,13 @@ class SimEngine:
                 if aborted:
                     sink.emit(ev.ABORTED, index=s.index, version=v, generated_tokens=s.response_length)
                 emit_finished(sink, s)
-            if not _future_done(req):
+            fut = req.fut
+            if not fut.done():
+                fut.remove_done_callback(req.on_fut_done)
                 if req.fail and not aborted:
-                    _future_set_exception(req, EngineRequestError(f"injected failure of request index={s.index}"))
+                    fut.set_exception(EngineRequestError(f"injected failure of request index={s.index}"))
                 else:
-                    _future_set_result(req, s)
-                if batch is None:
-                    req._schedule_callbacks()
-                elif req._cbs:  # _on_timer's finishes: one loop callback runs the callbacks of them all
-                    if not batch:
-                        req.get_loop().call_soon(_run_callbacks, batch)
-                    batch.append((req, req._cbs))
-                    req._cbs = None
+                    fut.set_result(s)
 
     def _apply_pause(self, mode: str) -> None:
         self.paused = True

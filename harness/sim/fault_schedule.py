@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from miles_async_core import events as ev
 from miles_async_core.config import AsyncConfig
 from miles_async_core.errors import ConfigError
-from harness.sim.engine import _uniform
+from harness.sim.draws import uniform
 
 
 class WorkerCrash(RuntimeError):
@@ -80,7 +80,7 @@ def fault_engine_class(base: type, faults: FaultSchedule) -> type:
             or faults.engine_stall_after_requests is not None):
         return base
 
-    class FaultEngine(base):  # type: ignore[misc, valid-type]
+    class FaultEngine(base):
         _fault_requests = 0
         _storms_armed = False
 
@@ -105,7 +105,7 @@ def fault_engine_class(base: type, faults: FaultSchedule) -> type:
             return super().generate(sample, sampling)
 
         def _finish(self, req, *, aborted):
-            if not aborted and faults.injected_abort_rate and _uniform(
+            if not aborted and faults.injected_abort_rate and uniform(
                     faults.seed + 3, req.sample.index, req.sample.retry_count) < faults.injected_abort_rate:
                 if self.sink.enabled:
                     self.sink.emit(ev.FAULT, what="injected_abort", index=req.sample.index)

@@ -18,7 +18,8 @@ from miles_async_core.buffer import DefaultDataBuffer
 from miles_async_core.config import AsyncConfig
 from miles_async_core.errors import WorkerDiedError
 from miles_async_core.types import DataBufferConstructorInput, iter_samples
-from harness.sim.engine import EngineRequestError, SimEngine, _uniform
+from harness.sim.draws import uniform
+from harness.sim.engine import EngineRequestError, SimEngine
 from harness.sim.fault_schedule import NO_FAULTS, FaultSchedule, WorkerCrash, fault_engine_class
 from harness.sim.run_scenario import SimResult, simulate
 from harness.sim.scenario import Scenario
@@ -71,7 +72,7 @@ class _ArgsWithFilter:
 
     def dynamic_sampling_filter(self, args: Any, group: Any) -> FilterOutput:
         s = next(iter_samples(group))
-        reject = _uniform(self._seed + 5, s.group_index, s.retry_count) < self._rate
+        reject = uniform(self._seed + 5, s.group_index, s.retry_count) < self._rate
         return FilterOutput(keep=not reject, reason="fault" if reject else None)
 
 
@@ -97,6 +98,7 @@ def run_with_faults(scenario: Scenario, faults: FaultSchedule = NO_FAULTS, *, en
         holder["ctx"] = ctx
         if faults.cancel_at_s is not None:
             task = asyncio.current_task()
+            assert task is not None  # the run's main coroutine runs as a task
             loop = asyncio.get_running_loop()
 
             def cancel() -> None:

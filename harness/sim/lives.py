@@ -27,7 +27,7 @@ import asyncio
 import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from harness.measure.ages import AgeRecorder
 from harness.sim.engine import SimEngine
@@ -157,7 +157,10 @@ class LivesResult:
     error: BaseException | None = None  # anything but the stops themselves: a watchdog trip, a failure
 
 
-DataSourceFactory = Callable[[int, Callable, Any], Any]
+class DataSourceFactory(Protocol):
+    """Makes a life's data source, as ``RolloutDataSourceWithBuffer(n, prompt_fn, sink=sink)``."""
+
+    def __call__(self, n_samples_per_prompt: int, prompt_fn: Callable[[int], Any], /, *, sink: Any) -> Any: ...
 
 
 def run_lives(scenario: Scenario, stops: Sequence[StopPoint], *, data_source_factory: DataSourceFactory | None = None,
@@ -202,7 +205,9 @@ def _life(scenario: Scenario, life: int, stop: StopPoint | None, ckpt: Checkpoin
         clock["loop"], sink.loop = loop, loop
         engine = SimEngine(scenario.engine, sink=sink)
         install(for_scenario(scenario, sink=sink, engine=engine))
-        prompt_fn = lambda k: (f"prompt-{k}", prompt, k)
+        def prompt_fn(k: int) -> tuple[str, Any, int]:
+            return (f"prompt-{k}", prompt, k)
+
         source = (data_source_factory or RolloutDataSourceWithBuffer)(cfg.n_samples_per_prompt, prompt_fn, sink=sink)
         source.track_sources, source.exactly_once = True, cfg.exactly_once_resume
         ctx = make_context(cfg, engine, SimTrainer(scenario.trainer), prompt_fn,

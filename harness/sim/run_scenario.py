@@ -26,7 +26,8 @@ from miles_async_core.types import Sample, SamplingParams
 from harness.measure.ages import AgeRecorder
 from harness.measure.overlap import measurement_window, overlap_metrics
 from harness.sim.scenario import Scenario
-from harness.sim.engine import _BLOCK_BITS, _BLOCK_MASK, _MAX_BLOCKS, SimEngine, _block, _uniform
+from harness.sim.draws import BLOCK_BITS, BLOCK_MASK, MAX_BLOCKS, uniform, uniform_block
+from harness.sim.engine import SimEngine
 from harness.sim.fault_schedule import fault_engine_class
 from harness.sim.trainer import SimTrainer
 from harness.trace import Event, TraceRecorder
@@ -51,21 +52,21 @@ class SimResult:
 
 def sim_reward(seed: int) -> Callable[[Sample], float]:
     """A deterministic 0/1 reward keyed by (seed, sample index):
-    ``1.0 if _uniform(seed + 7, index) < 0.5 else 0.0``."""
+    ``1.0 if uniform(seed + 7, index) < 0.5 else 0.0``."""
     key0 = seed + 7
-    blocks: dict[int, list[float]] = {}  # the rewards of a block of consecutive indices, as _uniform draws them
+    blocks: dict[int, list[float]] = {}  # the rewards of a block of consecutive indices, as uniform draws them
 
     def reward(s: Sample) -> float:
         index = s.index
         if type(index) is int and 0 <= index < 1 << 62:
-            rewards = blocks.get(index >> _BLOCK_BITS)
+            rewards = blocks.get(index >> BLOCK_BITS)
             if rewards is None:
-                if len(blocks) >= _MAX_BLOCKS:
+                if len(blocks) >= MAX_BLOCKS:
                     del blocks[next(iter(blocks))]  # the oldest block
-                rewards = blocks[index >> _BLOCK_BITS] = [1.0 if u < 0.5 else 0.0
-                                                          for u in _block((key0, index >> _BLOCK_BITS))]
-            return rewards[index & _BLOCK_MASK]
-        return 1.0 if _uniform(key0, index) < 0.5 else 0.0
+                rewards = blocks[index >> BLOCK_BITS] = [1.0 if u < 0.5 else 0.0
+                                                          for u in uniform_block((key0, index >> BLOCK_BITS))]
+            return rewards[index & BLOCK_MASK]
+        return 1.0 if uniform(key0, index) < 0.5 else 0.0
 
     return reward
 
@@ -169,7 +170,7 @@ def summarize(result: SimResult) -> dict[str, Any]:
         "dropped_share": len(dropped) / taken if taken else 0.0,
         "retried_share": retried / taken if taken else 0.0,
         "handler_calls": len(handler),
-        "drop_reasons": histogram([e["reason"] for e in dropped]),  # type: ignore[arg-type]
+        "drop_reasons": histogram([e["reason"] for e in dropped]),
         "queue_size_mean": sum(queue) / len(queue) if queue else None,
         "queue_size_max": max(queue) if queue else None,
         # phase time and ratios: harness.measure.overlap, the same definition `run` reports

@@ -1,270 +1,49 @@
-"""Deterministic virtual time for asyncio.
+"""Deterministic virtual time for asyncio: ``run_virtual(coro)`` runs a coroutine on a
+fresh virtual-time loop, starting at t = 0.
 
-``VirtualTimeLoop`` is a selector event loop whose clock only moves when every task is
-blocked: where a real loop would sleep in ``select(timeout)`` until the next timer, it
-jumps the clock straight to that timer (trio's ``MockClock`` with autojump, as a loop).
-No real time passes, so a simulated hour costs what its callbacks cost.
-
-Speed: while callbacks are ready (``select(0)``) the loop does not poll the real
-selector: nothing in a simulation does I/O, and a wake-up written by another thread
-(``call_soon_threadsafe``) has already queued its callback; the self-pipe is drained
-at the next clock jump. Outside debug mode, ``call_soon``, ``call_at`` and ``_run_once``
-are asyncio's own (CPython 3.11) with the per-callback Python overhead taken out: handles
-are built without their ``__init__`` chain, the iteration runs each ready handle's
-callback in its context directly instead of through ``Handle._run``, and one
-``_run_once`` call runs iterations until ``stop()`` (``run_forever``'s own loop). The
-order in which callbacks run, the timer heap and the clock arithmetic are unchanged, so
-a run's trace is identical event for event. The cyclic garbage collector runs with a larger first-generation
-threshold while the loop runs (``_young_gc_threshold``): a simulation allocates
-millions of short-lived, acyclic objects, and the default threshold made the
-collector cost about a sixth of the CPU time while finding almost nothing to free.
-
-If every task is blocked and no timer is pending, nothing can ever happen again: the
-loop raises ``VirtualDeadlock`` instead of hanging, naming the blocked tasks.
-
-``run_virtual(coro)`` runs a coroutine on a fresh loop, starting at t = 0.
+One switch, ``$MILES_HARNESS_SIM_SPEED``, picks the loop (``loop_class``): ``fast`` (the
+default) is the speed path of ``harness.sim.vtime_fast``; ``plain`` is the reference loop
+of ``harness.sim.vtime_plain``, written with public asyncio only. Both run the same
+callbacks in the same order and give byte-identical traces
+(``suites/harness/test_sim_speed_paths.py``). ``VirtualTimeLoop`` (the reference loop) and
+``VirtualDeadlock`` (every task blocked, no timer pending) are re-exported here.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import contextvars
-import gc
-import heapq
-import selectors
-from asyncio import base_events, events
-from typing import Any, Awaitable, TypeVar
+import os
+from collections.abc import Awaitable
+from typing import TypeVar
 
-from harness.sim.watchdog import WATCHDOG_STRIDE, WatchdogTripped
+from harness.sim.vtime_fast import FastVirtualTimeLoop
+from harness.sim.vtime_plain import VirtualDeadlock, VirtualTimeLoop
+from harness.sim.watchdog import WatchdogTripped
+
+__all__ = ["SPEED_ENV", "SPEEDS", "VirtualDeadlock", "VirtualTimeLoop", "loop_class", "run_virtual"]
 
 T = TypeVar("T")
 
-
-class VirtualDeadlock(RuntimeError):
-    """Every task waits and no timer is pending: the simulated system is stuck."""
-
-
-class _VirtualSelector(selectors.BaseSelector):
-    def __init__(self) -> None:
-        self._real = selectors.DefaultSelector()
-        self.now = 0.0
-        self.loop: asyncio.AbstractEventLoop | None = None
-        self._registered = 0
-        # Something may have written to the loop's self-pipe since the last real poll
-        # (``VirtualTimeLoop._write_to_self``: ``call_soon_threadsafe``).
-        self.wakeup_pending = True
-
-    def register(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
-        key = self._real.register(fileobj, events, data)
-        self._registered += 1
-        return key
-
-    def unregister(self, fileobj: Any) -> selectors.SelectorKey:
-        key = self._real.unregister(fileobj)
-        self._registered -= 1
-        return key
-
-    def modify(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
-        return self._real.modify(fileobj, events, data)
-
-    def get_map(self) -> Any:
-        return self._real.get_map()
-
-    def close(self) -> None:
-        self._real.close()
-
-    def select(self, timeout: float | None = None) -> list:
-        if timeout == 0:
-            return []
-        loop = self.loop
-        # Before a clock jump, poll the real selector for what may be there: a thread's
-        # wake-up, a signal (its handlers write to the self-pipe from C), other files.
-        # Registered alone, the self-pipe has nothing to read unless a wake-up was written.
-        if (self.wakeup_pending or timeout is None or self._registered != 1
-                or loop is None or getattr(loop, "_signal_handlers", None)):
-            self.wakeup_pending = False
-            ready = self._real.select(0)
-            if ready:
-                return ready
-        if timeout is None:
-            tasks = [t for t in asyncio.all_tasks(self.loop) if not t.done()] if self.loop else []
-            names = ", ".join(sorted(t.get_coro().__qualname__ for t in tasks)[:12])
-            raise VirtualDeadlock(f"virtual time t={self.now:.6f}s: every task is blocked and no timer is "
-                                  f"pending ({len(tasks)} tasks: {names})")
-        self.now += timeout
-        return []
+SPEED_ENV = "MILES_HARNESS_SIM_SPEED"
+SPEEDS = ("fast", "plain")
 
 
-_Handle, _TimerHandle = events.Handle, events.TimerHandle
-_new_handle = _Handle.__new__
-_copy_context = contextvars.copy_context
-_heappop, _heappush = heapq.heappop, heapq.heappush
-# BaseEventLoop._run_once's thresholds for purging cancelled timers (CPython 3.11 base_events)
-_MIN_SCHEDULED_TIMER_HANDLES, _MIN_CANCELLED_TIMER_HANDLES_FRACTION = 100, 0.5
-_MAXIMUM_SELECT_TIMEOUT = base_events.MAXIMUM_SELECT_TIMEOUT
-
-
-class VirtualTimeLoop(asyncio.SelectorEventLoop):
-    watchdog: Any = None  # harness.sim.watchdog.Watchdog (its install()), checked every WATCHDOG_STRIDE iterations
-
-    def __init__(self) -> None:
-        sel = _VirtualSelector()
-        super().__init__(sel)
-        sel.loop = self
-        self._vsel = sel
-
-    def time(self) -> float:
-        return self._vsel.now
-
-    def _write_to_self(self) -> None:
-        self._vsel.wakeup_pending = True  # before the write: a poll after it sees the byte
-        super()._write_to_self()
-
-    def set_debug(self, enabled: bool) -> None:
-        super().set_debug(enabled)
-        # ``get_debug`` as a builtin bound to the current flag: every future and task
-        # asyncio creates asks the loop ``get_debug()`` (C code calling a Python method).
-        self.get_debug = (True if self._debug else False).__bool__
-
-    # --- kept for speed (x1.12 in the A/B): asyncio's scheduling without its per-callback Python frames ---
-    def call_soon(self, callback: Any, /, *args: Any, context: contextvars.Context | None = None) -> events.Handle:
-        # ``callback`` positional-only: C futures and tasks pass ``context=`` under a name
-        # that is not the interned string, which CPython matches against each parameter
-        # that could take a keyword, by value, in order
-        if self._debug or self._closed:  # the stock checks (and their errors)
-            return super().call_soon(callback, *args, context=context)
-        handle = _new_handle(_Handle)  # what Handle.__init__ sets outside debug mode
-        handle._context = _copy_context() if context is None else context
-        handle._loop = self
-        handle._callback = callback
-        handle._args = args
-        handle._cancelled = False
-        handle._repr = None
-        handle._source_traceback = None
-        self._ready.append(handle)
-        return handle
-
-    def call_at(self, when: float, callback: Any, *args: Any,
-                context: contextvars.Context | None = None) -> events.TimerHandle:
-        if when is None or self._debug or self._closed:
-            return super().call_at(when, callback, *args, context=context)
-        timer = _new_handle(_TimerHandle)  # what TimerHandle.__init__ sets outside debug mode
-        timer._context = _copy_context() if context is None else context
-        timer._loop = self
-        timer._callback = callback
-        timer._args = args
-        timer._cancelled = False
-        timer._repr = None
-        timer._source_traceback = None
-        timer._when = when
-        _heappush(self._scheduled, timer)
-        timer._scheduled = True
-        return timer
-
-    def _run_once(self) -> None:
-        """Iterations of ``BaseEventLoop._run_once`` of CPython 3.11, step for step, outside
-        debug mode, until ``stop()``: ``run_forever``'s loop, which calls this, ends after
-        the iteration that stops it as well, so the two run the same iterations."""
-        ready, sel = self._ready, self._vsel
-        popleft = ready.popleft
-        countdown = 1
-        while not self._debug:
-            countdown -= 1
-            if not countdown:  # the watchdog every WATCHDOG_STRIDE iterations: a call each costs ~8%
-                countdown = WATCHDOG_STRIDE
-                if self.watchdog is not None:
-                    self.watchdog.check(sel.now)
-            scheduled = self._scheduled
-            sched_count = len(scheduled)
-            if (sched_count > _MIN_SCHEDULED_TIMER_HANDLES and
-                    self._timer_cancelled_count / sched_count > _MIN_CANCELLED_TIMER_HANDLES_FRACTION):
-                new_scheduled = []
-                for handle in scheduled:
-                    if handle._cancelled:
-                        handle._scheduled = False
-                    else:
-                        new_scheduled.append(handle)
-                heapq.heapify(new_scheduled)
-                self._scheduled = scheduled = new_scheduled
-                self._timer_cancelled_count = 0
-            else:
-                while scheduled and scheduled[0]._cancelled:
-                    self._timer_cancelled_count -= 1
-                    handle = _heappop(scheduled)
-                    handle._scheduled = False
-
-            if not ready and not self._stopping:
-                # With callbacks ready (timeout 0) the virtual selector returns no events.
-                timeout = None
-                if scheduled:
-                    timeout = min(max(0, scheduled[0]._when - sel.now), _MAXIMUM_SELECT_TIMEOUT)
-                event_list = self._selector.select(timeout)
-                if event_list:
-                    self._process_events(event_list)
-                event_list = None
-
-            end_time = sel.now + self._clock_resolution
-            while scheduled:
-                handle = scheduled[0]
-                if handle._when >= end_time:
-                    break
-                handle = _heappop(scheduled)
-                handle._scheduled = False
-                ready.append(handle)
-
-            for _ in range(len(ready)):
-                handle = popleft()
-                if handle._cancelled:
-                    continue
-                cls = type(handle)
-                if cls is not _Handle and cls is not _TimerHandle:
-                    handle._run()
-                    continue
-                args = handle._args
-                try:  # Handle._run
-                    if len(args) == 1:  # most callbacks (a future's, a task's wake-up): no argument tuple to build
-                        handle._context.run(handle._callback, args[0])
-                    else:
-                        handle._context.run(handle._callback, *args)
-                except (SystemExit, KeyboardInterrupt):
-                    raise
-                except BaseException as exc:
-                    context = {"message": f"Exception in callback {handle!r}", "exception": exc, "handle": handle}
-                    if handle._source_traceback:
-                        context["source_traceback"] = handle._source_traceback
-                    self.call_exception_handler(context)
-            handle = None  # Needed to break cycles when an exception occurs.
-            if self._stopping:
-                return
-        if self.watchdog is not None:
-            self.watchdog.check(sel.now)
-        super()._run_once()  # debug mode: one stock iteration
-
-
-GC_GEN0_THRESHOLD = 50_000
-
-
-@contextlib.contextmanager
-def _young_gc_threshold(gen0: int = GC_GEN0_THRESHOLD) -> Any:
-    """Collect generation 0 every ``gen0`` net allocations (default 700), then restore.
-    Cyclic garbage is still collected, only in larger batches."""
-    old = gc.get_threshold()
-    if old[0] == 0 or old[0] >= gen0:  # disabled by the threshold, or already larger
-        yield
-        return
-    gc.set_threshold(gen0, *old[1:])
-    try:
-        yield
-    finally:
-        gc.set_threshold(*old)
+def loop_class() -> type[VirtualTimeLoop]:
+    """The loop ``run_virtual`` makes: by ``$MILES_HARNESS_SIM_SPEED``, ``fast`` (the default,
+    ``harness.sim.vtime_fast.FastVirtualTimeLoop``) or ``plain`` (``harness.sim.vtime_plain.VirtualTimeLoop``)."""
+    speed = os.environ.get(SPEED_ENV) or "fast"
+    if speed == "plain":
+        return VirtualTimeLoop
+    if speed == "fast":
+        return FastVirtualTimeLoop
+    raise ValueError(f"{SPEED_ENV}={speed!r}: allowed {', '.join(SPEEDS)}; fix: set it to one of those, or unset "
+                     "it for fast")
 
 
 def run_virtual(main: Awaitable[T]) -> T:
-    loop = VirtualTimeLoop()
+    loop = loop_class()()
     try:
-        # kept for speed (x1.20 in the A/B): millions of short-lived objects, few cycles to find
-        with _young_gc_threshold():
+        with loop.run_context():
             return loop.run_until_complete(main)
     finally:
         try:

@@ -120,8 +120,12 @@ class Watchdog:
 
     def __init__(self, limits: WatchdogLimits, *, progress: Callable[[], int],
                  events: Callable[[], list] | None = None) -> None:
-        if None in (limits.hang_after_s, limits.max_events, limits.max_events_per_step, limits.max_tasks):
+        hang, max_events, per_step, max_tasks = (limits.hang_after_s, limits.max_events, limits.max_events_per_step,
+                                                 limits.max_tasks)
+        if hang is None or max_events is None or per_step is None or max_tasks is None:
             raise ValueError("Watchdog needs resolved limits: pass resolve(limits, scenario)")
+        self._hang_after_s, self._max_events, self._max_events_per_step, self._max_tasks = (
+            hang, max_events, per_step, max_tasks)
         self.limits = limits
         self.progress = progress
         self.events = events
@@ -144,7 +148,7 @@ class Watchdog:
             if p != self._last_progress:
                 self._last_progress, self._last_progress_t = p, now
                 self._last_progress_iteration = self._iterations
-            elif now - self._last_progress_t > self.limits.hang_after_s:
+            elif now - self._last_progress_t > self._hang_after_s:
                 events = self.events() if self.events is not None else []
                 since = f"the last trace event (t={events[-1].t:.3f}s)" if events else "the last progress"
                 self._trip("hang", f"virtual time is t={now:.3f}s, more than watchdog.hang_after_s = "
@@ -162,27 +166,26 @@ class Watchdog:
             self._trip("hang", f"the loop ran {self._iterations - self._last_progress_iteration} iterations at "
                                f"t={now:.3f}s with no trace event and no clock movement")
         if self.events is not None:
-            self._check_event_budgets(now)
+            self._check_event_budgets(now, self.events())
         grown = rss_mb() - self._rss_start
         if grown > self.limits.max_rss_growth_mb:
             self._trip("runaway", f"resident memory grew by {grown:.0f} MB by t={now:.3f}s (over "
                                   f"watchdog.max_rss_growth_mb = {self.limits.max_rss_growth_mb:g})")
         if self.loop is not None:
             tasks = len(asyncio.all_tasks(self.loop))
-            if tasks > self.limits.max_tasks:
+            if tasks > self._max_tasks:
                 self._trip("runaway", f"{tasks} tasks alive at t={now:.3f}s (over watchdog.max_tasks = "
                                       f"{self.limits.max_tasks})")
 
-    def _check_event_budgets(self, now: float) -> None:
-        events = self.events()
+    def _check_event_budgets(self, now: float, events: list[Any]) -> None:
         for i in range(self._scanned, len(events)):
             if events[i].kind == "trained":
                 self._last_trained = i + 1
         self._scanned = len(events)
-        if len(events) > self.limits.max_events:
+        if len(events) > self._max_events:
             self._trip("runaway", f"{len(events)} trace events by t={now:.3f}s (over watchdog.max_events = "
                                   f"{self.limits.max_events})")
-        if len(events) - self._last_trained > self.limits.max_events_per_step:
+        if len(events) - self._last_trained > self._max_events_per_step:
             self._trip("runaway", f"{len(events) - self._last_trained} trace events by t={now:.3f}s since the last "
                                   f"training step (over watchdog.max_events_per_step = "
                                   f"{self.limits.max_events_per_step}): work that never reaches the trainer")

@@ -437,14 +437,16 @@ def extension_cases() -> list[DiffCase]:
            known="EXT async_max_retries: a stale group past the retry cap is dropped, upstream recycles it forever"),
         _c("fa-colocate+allow-async-colocate", config={"fully_async": True, "rollout_submission_granularity": "group",
                                                        "colocate": True, "allow_async_colocate": True},
-           known="EXT allow_async_colocate: the seed manual's colocated fully-async mode runs; upstream's "
-                 "train_async.py:L23 refuses --colocate"),
+           # upstream: train_async.py:L23
+           known="EXT allow_async_colocate: Miles' manual's colocated fully-async mode runs; upstream's "
+                 "train_async.py refuses --colocate"),
         _c("fa-group-request-fails+cancel-orphaned-tasks", config={"fully_async": True,
                                                                    "rollout_submission_granularity": "group",
                                                                    "cancel_orphaned_tasks": True},
            engine={"seed": 11}, faults=FaultSchedule(request_failure_rate=0.03, seed=1),
+           # upstream: fully_async_rollout.py:L128-L136
            known="EXT cancel_orphaned_tasks: a dead fully-async worker's sibling group tasks are cancelled; "
-                 "upstream's fully_async_rollout.py:L128-L136 leaves them running"),
+                 "upstream's fully_async_rollout.py leaves them running"),
     ]
 
 

@@ -71,7 +71,8 @@ from typing import Any, Iterable, Iterator
 from miles_async_core import events as ev
 from harness.checking.invariants import check_all
 from harness.checking.strategies import FAULT_KINDS, RunCase, run_cases
-from harness.sim.engine import SimEngine, _uniform
+from harness.sim.draws import uniform
+from harness.sim.engine import SimEngine
 from harness.sim.faults import EXPECTED_ERRORS, FaultSchedule, fault_engine_class
 from harness.sim.vtime import VirtualDeadlock
 from harness.sim.watchdog import WatchdogTripped
@@ -188,6 +189,7 @@ class RunnerOutcome:
     live_tasks: list[str]
     hang: str | None = None
     wall_s: float = 0.0
+    mode: str | None = None  # the driver, where the gate (harness.upstream.gate_run) set it
 
     @property
     def complete(self) -> bool:
@@ -228,7 +230,7 @@ def fault_filter(args: Any, group: Any) -> Any:
     f: FaultSchedule = run.fault_schedule
     first = group[0][0] if isinstance(group[0], list) else group[0]
     m = run.mirrors.get(first.index)
-    reject = _uniform(f.seed + 5, first.group_index, m.retry_count if m else 0) < f.dynamic_filter_reject_rate
+    reject = uniform(f.seed + 5, first.group_index, m.retry_count if m else 0) < f.dynamic_filter_reject_rate
     return DynamicFilterOutput(keep=not reject, reason="fault" if reject else None)
 
 

@@ -365,7 +365,7 @@ class _Life:
         state = json.loads((self.ckpt / f"iter_{loaded:07d}" / "trainer.json").read_text())
         ctx = runner.ctx
         ctx.__class__ = _ResumedContext
-        ctx.steps_base = state["optimizer_step"]  # type: ignore[attr-defined]
+        ctx.steps_base = state["optimizer_step"]
         runner.ctx.trainer.steps = state["optimizer_step"]  # the weights the first update pushes
         self.loaded_version = state["version"]
         self._emit(CHECKPOINT_LOADED, rollout_id=loaded, part="model", optimizer_step=state["optimizer_step"],

@@ -59,7 +59,8 @@ from miles_async_core.drivers.common import RolloutManager, RunContext, train_st
 from miles_async_core.types import Sample as CoreSample
 from miles_async_core.types import SamplingParams, Status
 from harness.measure.ages import AgeRecorder
-from harness.sim.engine import SimEngine, _uniform
+from harness.sim.draws import uniform
+from harness.sim.engine import SimEngine
 from harness.sim.scenario import Scenario
 from harness.sim.trainer import SimTrainer
 from harness.sim.vtime import run_virtual
@@ -146,8 +147,8 @@ async def sim_reward_rm(args: Any, sample: Any, **_: Any) -> Any:
     as a list, with that list (``batched_async_rm``, ``rm_hub/__init__.py:L104-L106``,
     called at ``inference_rollout_common.py:L124``): then one reward per sample."""
     if isinstance(sample, list):
-        return [1.0 if _uniform(args.harness_seed + 7, s.index) < 0.5 else 0.0 for s in sample]
-    return 1.0 if _uniform(args.harness_seed + 7, sample.index) < 0.5 else 0.0
+        return [1.0 if uniform(args.harness_seed + 7, s.index) < 0.5 else 0.0 for s in sample]
+    return 1.0 if uniform(args.harness_seed + 7, sample.index) < 0.5 else 0.0
 
 
 # --------------------------------------------------------------------------- the runner
@@ -442,6 +443,12 @@ class UpstreamRunResult:
 
 
 class UpstreamRunner:
+    # set by run(), for hooks (harness.upstream.lives): upstream's parsed args, its run context
+    # and the driver module that runs
+    args: Any
+    ctx: Any
+    driver_mod: Any
+
     def __init__(self, scenario: Scenario, *, engine_factory: Callable | None = None,
                  trainer_factory: Callable | None = None, dynamic_filter_path: str | None = None,
                  generate_function_path: str | None = None, trace: bool = True,

@@ -23,12 +23,13 @@ from miles_async_core.types import SamplingParams
 logger = logging.getLogger(__name__)
 
 
-def make_context(args: Any, engine: Any, trainer: Any, prompt_fn: Callable, *, sampling: SamplingParams,
-                 reward_fn: Callable | None = None, sink: Any = None, observer: Any = None,
-                 buffer_factory: Callable | None = None, data_source: Any = None,
-                 generate_function: Callable | None = None) -> RunContext:
+def make_context(args: Any, engine: Any, trainer: Any, prompt_fn: Callable[..., Any], *, sampling: SamplingParams,
+                 reward_fn: Callable[..., Any] | None = None, sink: Any = None, observer: Any = None,
+                 buffer_factory: Callable[..., Any] | None = None, data_source: Any = None,
+                 generate_function: Callable[..., Any] | None = None) -> RunContext:
     sink = sink or NullSink()
     data_source = data_source or RolloutDataSourceWithBuffer(args.n_samples_per_prompt, prompt_fn, sink=sink)
+    rollout_fn: FullyAsyncRolloutFn | OneStepRollout
     if args.fully_async:
         rollout_fn = FullyAsyncRolloutFn(args, engine, data_source, sampling=sampling, reward_fn=reward_fn,
                                          buffer_factory=buffer_factory, sink=sink,
@@ -41,7 +42,7 @@ def make_context(args: Any, engine: Any, trainer: Any, prompt_fn: Callable, *, s
                       data_source=data_source)
 
 
-async def run(ctx: RunContext) -> list[dict]:
+async def run(ctx: RunContext) -> list[dict[str, Any]]:
     try:
         return await (train(ctx) if ctx.args.driver == "train" else train_async(ctx))
     finally:

@@ -28,32 +28,28 @@ from typing import Any, Callable, Protocol
 from miles_async_core import checkpoint as ck
 from miles_async_core import events as ev
 from miles_async_core.contracts import NullSink, RolloutEngine, Trainer
-from miles_async_core.types import iter_samples, recorded_number, samples_of
+from miles_async_core.types import iter_samples, samples_of
 
 
-def weight_version_metrics(groups: list) -> dict[str, float]:
+def weight_version_metrics(groups: list[Any]) -> dict[str, float]:
     """`rollout/weight_version/*` as `miles/ray/rollout/metrics.py:L107-L111` computes them,
     plus this harness' true per-token figures under `rollout/token_version/*`."""
     m: dict[str, float] = {}
     oldest, mixed, token_oldest, token_mixed, old_kv, tokens, count = [], 0, None, 0, 0, 0, 0
-    last, last_v = None, None  # the last single recorded version read, as a number: samples share few
     for g in groups:  # one pass: this runs on every step of long simulations
         for s in samples_of(g):
             count += 1
             wv = s.weight_versions
-            if len(wv) == 1 and type(v := wv[0]) is str:  # Sample.oldest_weight_version's common case, inlined
-                if v != last:
-                    last, last_v = v, recorded_number(v)
-                v = last_v
-            else:
-                v = s.oldest_weight_version
-                if len(wv) > 1 and len(set(wv)) > 1:
-                    mixed += 1
+            v = s.oldest_weight_version
+            if len(wv) > 1 and len(set(wv)) > 1:
+                mixed += 1
             if v is not None:
                 oldest.append(v)
-            lo = hi = None  # VersionRuns.oldest, .newest and .old_kv_token_count(), in one pass
+            # VersionRuns.oldest, .newest and .old_kv_token_count(), in one pass
+            lo: int | None = None
+            hi: int | None = None
             for version, kv_version, count_ in s.token_versions.runs:
-                if lo is None:
+                if lo is None or hi is None:
                     lo = hi = version
                 elif version < lo:
                     lo = version
@@ -93,17 +89,17 @@ class RolloutManager:
         if self.sink.enabled:
             self.sink.emit(ev.SET_WEIGHT_VERSION, version=version)
 
-    def launch(self, rollout_id: int) -> "asyncio.Future[tuple[list, dict]]":
+    def launch(self, rollout_id: int) -> "asyncio.Future[tuple[list[Any], dict[str, Any]]]":
         """Start a generate now (``generate.remote``): the version is read at launch."""
         version = self.weight_version  # read once, when the drain starts (rollout_manager.py:L252)
         if self.sink.enabled:
             self.sink.emit(ev.GENERATE_START, rollout_id=rollout_id, version=version)
         return asyncio.ensure_future(self._generate(rollout_id, version))
 
-    async def generate(self, rollout_id: int) -> tuple[list, dict]:
+    async def generate(self, rollout_id: int) -> tuple[list[Any], dict[str, Any]]:
         return await self.launch(rollout_id)
 
-    async def _generate(self, rollout_id: int, version: int | None) -> tuple[list, dict]:
+    async def _generate(self, rollout_id: int, version: int | None) -> tuple[list[Any], dict[str, Any]]:
         data, metrics = await self.rollout_fn(rollout_id, version)
         metrics = {**metrics, **weight_version_metrics(data)}
         if self.sink.enabled:
@@ -117,7 +113,7 @@ class StepObserver(Protocol):
 
     def on_weights_updated(self, ctx: "RunContext", version: int) -> None: ...
 
-    def on_train_batch(self, ctx: "RunContext", rollout_id: int, data: list) -> dict[str, Any]: ...
+    def on_train_batch(self, ctx: "RunContext", rollout_id: int, data: list[Any]) -> dict[str, Any]: ...
 
 
 @dataclass
@@ -129,7 +125,7 @@ class RunContext:
     sink: Any = field(default_factory=NullSink)
     observer: StepObserver | None = None
     weight_version: int = 0  # the updater's counter (mixin.py:L358): one per weight update
-    history: list[dict] = field(default_factory=list)  # one record per finished train step
+    history: list[dict[str, Any]] = field(default_factory=list)  # one record per finished train step
     worker_error: BaseException | None = None  # a fully-async worker that died after the last drain
     pending_generate: Any = None  # a generate launched and not yet awaited (left running if a step raises)
     data_source: Any = None  # the rollout's data source (make_context sets it)
@@ -169,7 +165,7 @@ async def update_weights(ctx: RunContext) -> int:
     return ctx.weight_version
 
 
-async def train_step(ctx: RunContext, rollout_id: int, data: list, metrics: dict) -> dict:
+async def train_step(ctx: RunContext, rollout_id: int, data: list[Any], metrics: dict[str, Any]) -> dict[str, Any]:
     """Train on one batch; under ``--colocate`` generation stops for the whole window."""
     colocate_pause = ctx.args.colocate  # engine and trainer share the device: generation stops
     if colocate_pause:

@@ -9,10 +9,12 @@ started (train.py:L95-L127).
 
 from __future__ import annotations
 
+from typing import Any
+
 from miles_async_core.drivers.common import RunContext, debug_exit, maybe_save, train_step, update_weights
 
 
-async def train(ctx: RunContext) -> list[dict]:
+async def train(ctx: RunContext) -> list[dict[str, Any]]:
     args = ctx.args
     assert not args.fully_async, "--fully-async requires the async driver: run train_async.py"
     await update_weights(ctx)  # the initial update sets version 1 (train.py:L52)

@@ -22,7 +22,8 @@ from typing import Any
 from miles_async_core.drivers.common import RunContext, debug_exit, maybe_save, train_step, update_weights
 
 
-async def _await_generate(ctx: RunContext, task: asyncio.Future, rollout_id: int) -> tuple[list, dict]:
+async def _await_generate(ctx: RunContext, task: asyncio.Future[tuple[list[Any], dict[str, Any]]],
+                          rollout_id: int) -> tuple[list[Any], dict[str, Any]]:
     ctx.phase("train", "waiting", True, rollout_id=rollout_id)
     try:
         return await task
@@ -41,16 +42,16 @@ def check_async_args(args: Any) -> None:
                              "--use-rollout-logprobs, --use-tis or --keep-old-actor.")
 
 
-async def train_async(ctx: RunContext) -> list[dict]:
+async def train_async(ctx: RunContext) -> list[dict[str, Any]]:
     args = ctx.args
     check_async_args(args)
     k = args.update_weights_interval
     rm = ctx.rollout_manager
     await update_weights(ctx)  # initial update -> version 1 (train_async.py:L50)
     start, num = args.start_rollout_id, args.num_rollout
-    next_task: asyncio.Future | None = rm.launch(start)
+    next_task: asyncio.Future[tuple[list[Any], dict[str, Any]]] | None = rm.launch(start)
     ctx.pending_generate = next_task
-    curr = None
+    curr: tuple[list[Any], dict[str, Any]] | None = None
     # A generate launched before a step that raises is left running, as upstream's Ray call
     # (train_async.py:L80); it stays on ctx.pending_generate for the caller.
     for rollout_id in range(start, num):
@@ -59,6 +60,7 @@ async def train_async(ctx: RunContext) -> list[dict]:
             ctx.pending_generate = None
         if rollout_id + 1 < num:
             next_task = ctx.pending_generate = rm.launch(rollout_id + 1)
+        assert curr is not None  # the first iteration awaited the launch of `start`
         data, metrics = curr
         await train_step(ctx, rollout_id, data, metrics)
         # a due save: model, then data source, while generate(rollout_id + 1) runs (L95-L105)

@@ -135,7 +135,7 @@ def _lost_and_where_they_went(result) -> tuple[dict, set[int]]:
 def test_a_dead_engine_fails_the_run_at_the_next_pause_and_keeps_finished_steps(ray_cluster, monkeypatch) -> None:
     result, violations = _dead_engine_run(monkeypatch, "fail")
     assert result.error is not None and result.error.startswith("EngineDeadError")
-    assert "rollout engine 1 of 2 died" in result.error and "mixin.py:L313-L314" in result.error
+    assert "rollout engine 1 of 2 died" in result.error and "update_weight_from_distributed/mixin.py" in result.error
     assert result.checks["complete"] is False and not violations, [v.format() for v in violations[:3]]
     fault, dropped = _lost_and_where_they_went(result)
     assert dropped, "the one-step rollout drops a group whose request was lost (upstream skips a failed group)"

@@ -5,9 +5,8 @@ every run's figure, and simulated samples per CPU-second (median, min and max)
 (trace off, as a user running a long sweep would): ``samples_per_cpu_s`` is samples
 trained (steps * B * n) per CPU-second; ``requests_per_cpu_s`` counts every generate
 request the engine served (retries included). Prints a table and then one JSON line
-last, for scripts. No wall-clock assertion: the acceptance figure (at least 40,000
-samples per CPU-second) is read from the report; the test asserts only that every
-step trained B * n samples.
+last, for scripts. No floor is asserted (a host's speed varies too much for one; see
+``results/README.md``): the test asserts only that every step trained B * n samples.
 
 With ``MILES_HARNESS_WRITE_RESULTS=1`` the report (plus the git commit, a dirty flag
 and the machine) is also written to ``results/bench/sim_speed.json``.

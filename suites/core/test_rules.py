@@ -171,7 +171,7 @@ def test_upstream_messages_are_quoted_verbatim():
         "fully-async-needs-async-driver", **FA, driver="train"
     )
     interval = message("update-weights-interval-positive", update_weights_interval=0)
-    assert "ZeroDivisionError" in interval and "train_async.py:L107" in interval
+    assert "ZeroDivisionError" in interval and "train_async.py" in interval
 
 
 def test_messages_carry_the_values_given():

@@ -5,7 +5,6 @@ layouts are refused with an error naming the flag, the value, what is allowed an
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any
 

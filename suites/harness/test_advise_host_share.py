@@ -6,7 +6,6 @@ cores per mode and the several-engine run's sync mode; without them nothing chan
 from __future__ import annotations
 
 import dataclasses
-import json
 import statistics
 
 import pytest

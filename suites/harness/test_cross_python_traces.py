@@ -19,42 +19,17 @@ import json
 import os
 from pathlib import Path
 
-from miles_async_core.config import AsyncConfig
-from harness.sim.engine import SimEngineConfig
-from harness.sim.faults import FaultSchedule, run_with_faults
-from harness.sim.scenario import Scenario
-from harness.sim.trainer import SimTrainerConfig
+from fixtures.golden_runs import CROSS_PYTHON_RUNS as RUNS
+from fixtures.golden_runs import cross_python_scenario
+from harness.sim.faults import run_with_faults
 from harness.trace import write_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]
 DIGESTS = ROOT / "fixtures/golden/cross_python_traces.json"
 
-FA = {"fully_async": True, "max_weight_staleness": 1, "async_unused_samples_handler": "retry"}
-RUNS: dict[str, tuple[dict, FaultSchedule]] = {
-    "sync": ({"driver": "train"}, FaultSchedule()),
-    "one-step-retract": ({"pause_generation_mode": "retract"}, FaultSchedule()),
-    "one-step-partial-rollout": ({"partial_rollout": True}, FaultSchedule()),
-    "fa-retract-group": (FA, FaultSchedule()),
-    "fa-in_place-sample": ({**FA, "pause_generation_mode": "in_place", "rollout_submission_granularity": "sample"},
-                           FaultSchedule()),
-    "fa-staleness0-drop": ({**FA, "max_weight_staleness": 0, "async_unused_samples_handler": "drop"},
-                           FaultSchedule()),
-    "fa-injected-abort": (FA, FaultSchedule(injected_abort_rate=0.3, seed=5)),
-    "fa-abort-storm": (FA, FaultSchedule(abort_storm_times_s=(1.0, 4.0), seed=5)),
-    "fa-request-failure": (FA, FaultSchedule(request_failure_rate=0.05, seed=5)),
-    "fa-worker-crash": (FA, FaultSchedule(worker_crash_after_requests=30, seed=5)),
-    "fa-dynamic-filter": (FA, FaultSchedule(dynamic_filter_reject_rate=0.3, seed=5)),
-    "one-step-cancel": ({}, FaultSchedule(cancel_at_s=3.0, seed=5)),
-    "one-step-trainer-failure": ({}, FaultSchedule(trainer_fail_at_step=2, seed=5)),
-}
-
 
 def _trace_digest(name: str, tmp_path: Path) -> tuple[str, int]:
-    config, faults = RUNS[name]
-    scenario = Scenario(name=name, config=AsyncConfig(**{"rollout_batch_size": 4, "n_samples_per_prompt": 2,
-                                                         "num_rollout": 5, "seed": 3, **config}),
-                        engine=SimEngineConfig(seed=3, max_running=8), trainer=SimTrainerConfig(step_base_s=2.0),
-                        max_new_tokens=96)
+    scenario, faults = cross_python_scenario(name)
     out = run_with_faults(scenario, faults)
     path = tmp_path / f"{name}.jsonl"
     write_jsonl(out.events, path)
@@ -77,11 +52,7 @@ def test_the_runs_cover_what_they_claim(tmp_path):
     """Each fault kind happens in its run, so a trace digest covers its handling."""
     kinds = {}
     for name in ("fa-injected-abort", "fa-abort-storm", "fa-worker-crash", "one-step-cancel"):
-        config, faults = RUNS[name]
-        sc = Scenario(name=name, config=AsyncConfig(**{"rollout_batch_size": 4, "n_samples_per_prompt": 2,
-                                                       "num_rollout": 5, "seed": 3, **config}),
-                      engine=SimEngineConfig(seed=3, max_running=8), trainer=SimTrainerConfig(step_base_s=2.0),
-                      max_new_tokens=96)
+        sc, faults = cross_python_scenario(name)
         kinds[name] = {e.get("what") for e in run_with_faults(sc, faults).events if e.kind == "fault"}
     assert "injected_abort" in kinds["fa-injected-abort"] and "abort_storm" in kinds["fa-abort-storm"]
     assert "worker_crash" in kinds["fa-worker-crash"] and "cancel" in kinds["one-step-cancel"]

@@ -9,7 +9,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 TOP = ("harness", "miles_async_core", "suites", "fixtures", "results", "docs")
-PATH_RE = re.compile(r"(?<![\w./-])((?:%s)/[\w./-]*)" % "|".join(TOP))
+PATH_RE = re.compile(r"(?<![\w./-])((?:{})/[\w./-]*)".format("|".join(TOP)))
 MODULE_RE = re.compile(r"(?<![\w./-])((?:harness|miles_async_core)(?:\.\w+)+)")
 
 
@@ -38,7 +38,7 @@ def stale_modules(text: str) -> list[str]:
             module = base.with_suffix(".py") if base.with_suffix(".py").exists() else base / "__init__.py"
             if module.exists():
                 rest = parts[cut:]
-                if len(rest) > 1 or (rest and not re.search(r"\b%s\b" % re.escape(rest[0]), module.read_text())):
+                if len(rest) > 1 or (rest and not re.search(rf"\b{re.escape(rest[0])}\b", module.read_text())):
                     bad.append(name)
                 break
         else:

@@ -42,7 +42,9 @@ def test_colocate_never_generates_while_training():
 
 @pytest.mark.timeout(120)  # a driver that retried a dead engine forever once looped here until OOM
 def test_a_killed_engine_process_fails_the_run_clearly_and_keeps_finished_steps(caplog):
-    def kill_after_two(metrics, state={"n": 0}):
+    state = {"n": 0}
+
+    def kill_after_two(metrics):
         state["n"] += 1
         if state["n"] == 2:
             for child in multiprocessing.active_children():

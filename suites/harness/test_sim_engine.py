@@ -6,7 +6,8 @@ import asyncio
 
 import pytest
 
-from harness.sim.engine import LengthDist, SimEngine, SimEngineConfig, _uniform
+from harness.sim.draws import uniform
+from harness.sim.engine import LengthDist, SimEngine, SimEngineConfig
 from harness.sim.vtime import VirtualDeadlock, run_virtual
 from miles_async_core.errors import ConfigError
 from miles_async_core.types import Sample, SamplingParams, Status
@@ -45,11 +46,11 @@ def test_two_requests_share_steps_and_the_batch_shrinks_when_one_leaves():
         await long
         return t_short, loop.time(), short.result(), long.result()
 
-    t_short, t_long, s, l = run_virtual(main())
+    t_short, t_long, s, long_result = run_virtual(main())
     first = 40 * PREFILL + 4 * (BASE + 2 * PER_SEQ)
     assert t_short == pytest.approx(first)
     assert t_long == pytest.approx(first + 6 * (BASE + PER_SEQ))
-    assert s.status == Status.TRUNCATED and l.status == Status.COMPLETED
+    assert s.status == Status.TRUNCATED and long_result.status == Status.COMPLETED
 
 
 def test_admitting_steps_count_the_steps_that_ran_a_prefill_batch():
@@ -268,11 +269,11 @@ def test_response_lengths_are_keyed_by_sample_not_by_schedule():
 
 @pytest.mark.parametrize("median,sigma,seed", [(64.0, 0.8, 0), (50, 1.0, 3), (0.7, 2.0, 11)])
 def test_a_first_attempt_is_as_long_as_length_dist_draws(median, sigma, seed):
-    """A fresh request's length is ``LengthDist.draw(_uniform(seed, index, 0))``, the clamp
+    """A fresh request's length is ``LengthDist.draw(uniform(seed, index, 0))``, the clamp
     to 1 included (a median of 0.7 rounds many to 0)."""
     dist = LengthDist(kind="lognormal", median=median, sigma=sigma)
     indices = [*range(0, 40), 1023, 1024, 7 << 10]
-    expected = {i: dist.draw(_uniform(seed, i, 0)) for i in indices}
+    expected = {i: dist.draw(uniform(seed, i, 0)) for i in indices}
 
     async def lengths():
         eng = SimEngine(SimEngineConfig(response_length=dist, seed=seed))

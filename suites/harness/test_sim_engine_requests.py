@@ -1,6 +1,5 @@
-"""``_Req``, the engine's request and the future ``generate`` returns in one object: its
-done callbacks run as any asyncio future's, however it ends, and cancelling it takes the
-request out of the engine before they run."""
+"""The future ``generate`` returns: its done callbacks run as any asyncio future's,
+however it ends, and cancelling it takes the request out of the engine before they run."""
 
 from __future__ import annotations
 
@@ -54,7 +53,7 @@ def test_callbacks_run_when_the_request_is_cancelled():
 def test_callbacks_run_when_something_else_ends_the_future(how):
     def end(eng, fut):
         getattr(fut, how)(None if how == "set_result" else RuntimeError("ended elsewhere"))
-        eng._on_cancel(fut)  # the engine forgets it, as a cancellation would
+        eng._on_cancel(next(r for r in eng.waiting if r.fut is fut))  # the engine forgets it, as a cancellation would
 
     assert _order_of_callbacks(end) == [("first", False), ("second", False), "after done"]
 

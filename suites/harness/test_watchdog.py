@@ -34,7 +34,7 @@ def test_a_retry_loop_on_a_timer_with_no_event_is_a_hang_with_the_waiting_stack(
         while True:
             try:
                 await asyncio.wait_for(asyncio.shield(never), timeout=30.0)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 continue
 
     async def main():

@@ -60,7 +60,7 @@ NEWEST_FIRST = textwrap.dedent('''
 def run_suite(tmp_path: Path, module: str, source: str | None, spec: str) -> subprocess.CompletedProcess:
     if source is not None:
         (tmp_path / f"{module}.py").write_text(source)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)]), "HYPOTHESIS_PROFILE": "ci"}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)]), "HYPOTHESIS_PROFILE": "miles-harness-ci"}
     return subprocess.run(
         [sys.executable, "-m", "pytest", str(SUITE), f"--data-buffer={spec}", "-p", "no:cacheprovider", "-q",
          # only the test that uses the factory; the rest of the file checks the machine itself

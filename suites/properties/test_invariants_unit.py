@@ -277,7 +277,7 @@ def leave_a_slot_idle(events: list[Event]) -> None:
     puts = [i for i, e in enumerate(events) if e.kind in (ev.PUT_ACCEPTED, ev.PUT_REJECTED)]
     for p1, p2 in zip(puts, puts[1:]):
         gi = events[p2]["group_index"]
-        if first(events, ev.GROUP_DONE, lambda e: e["group_index"] == gi) > p1 \
+        if first(events, ev.GROUP_DONE, lambda e, gi=gi: e["group_index"] == gi) > p1 \
                 and any(e.kind == ev.TAKEN for e in events[p1:p2]):
             del events[first(events, ev.TAKEN, start=p1)]
             return

@@ -519,7 +519,7 @@ def test_stream_gets_one_chunk_per_step_and_an_abort_pause_ends_it(served_engine
             await wait_for(lambda: events(served_engine, "submitted"), "the request to reach the engine")
             for n in range(1, 4):  # one step at a time: each step's chunk arrives before the next step
                 await c.post("/harness/step", json={"n": 1})
-                await wait_for(lambda: len(chunks) == n, f"chunk {n}")
+                await wait_for(lambda n=n: len(chunks) == n, f"chunk {n}")
             await c.post("/pause_generation", json={"mode": "abort"})
             await reader
             await c.post("/continue_generation", json={})

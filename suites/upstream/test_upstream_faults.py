@@ -27,7 +27,7 @@ from harness.sim.faults import FaultSchedule
 from harness.upstream import fault_sweep as uf
 from harness.upstream import source
 
-RUNS = {"ci": 200, "nightly": 10_000}
+RUNS = {"miles-harness-ci": 200, "miles-harness-nightly": 10_000}
 
 
 def budget() -> int:

@@ -38,7 +38,10 @@ def _fully_async_runs_here(miles_src):
         pytest.skip(reason)
 
 
-def _case(hm, watchdog: WatchdogLimits = WatchdogLimits()) -> RunCase:
+DEFAULT_LIMITS = WatchdogLimits()
+
+
+def _case(hm, watchdog: WatchdogLimits = DEFAULT_LIMITS) -> RunCase:
     sc = Scenario(name=hm.mutant.name, config=AsyncConfig(
         rollout_batch_size=4, n_samples_per_prompt=2, num_rollout=5, seed=3, fully_async=True,
         max_weight_staleness=1, async_unused_samples_handler="retry"),

@@ -129,7 +129,7 @@ def test_the_cli_runs_the_upstream_host_and_refuses_what_upstream_refuses(miles_
     assert cli.main(ns) == 0
     out = capsys.readouterr().out
     assert out.splitlines()[0].startswith("setting") and "\nsync " in out
-    assert "fully-async/abort/drop: not run" in out and "arguments.py:L61" in out
+    assert "fully-async/abort/drop: not run" in out and "upstream (arguments.py)" in out
 
 
 def test_exactly_once_is_refused_on_upstream_naming_the_flag():

@@ -37,7 +37,7 @@ def check_colocate_exclusive(events: list[Event], config: AsyncConfig) -> list[V
 
 @invariant("colocate_no_decode_while_training", applies=lambda c: c.colocate)
 def check_colocate_no_decode_while_training(events: list[Event], config: AsyncConfig) -> list[Violation]:
-    name, out = "colocate_no_decode_while_training", []
+    name, out = "colocate_no_decode_while_training", list[Violation]()
     t_end = max((e.t for e in events), default=0.0)
     training = intervals(events, "train", "training", t_end)
     if not training:

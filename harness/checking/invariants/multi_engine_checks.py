@@ -56,7 +56,7 @@ def _is_weight_sync_start(e: Event) -> bool:
 
 @invariant("engine_versions_monotonic")
 def check_engine_versions_monotonic(events: list[Event], config: AsyncConfig) -> list[Violation]:
-    name, out = "engine_versions_monotonic", []
+    name, out = "engine_versions_monotonic", list[Violation]()
     if not _multi_engine(events):
         return out
     loaded: dict[object, int] = {}
@@ -83,7 +83,7 @@ def check_engine_versions_monotonic(events: list[Event], config: AsyncConfig) ->
 
 @invariant("all_engines_updated_before_resume")
 def check_all_engines_updated_before_resume(events: list[Event], config: AsyncConfig) -> list[Violation]:
-    name, out = "all_engines_updated_before_resume", []
+    name, out = "all_engines_updated_before_resume", list[Violation]()
     if not _multi_engine(events):
         return out
     live = _Live()
@@ -111,7 +111,7 @@ def check_all_engines_updated_before_resume(events: list[Event], config: AsyncCo
 
 @invariant("all_engines_paused_for_update")
 def check_all_engines_paused_for_update(events: list[Event], config: AsyncConfig) -> list[Violation]:
-    name, out = "all_engines_paused_for_update", []
+    name, out = "all_engines_paused_for_update", list[Violation]()
     if not _multi_engine(events):
         return out
     live = _Live()

@@ -229,7 +229,12 @@ def _kept(lives: list[_Life]) -> list[tuple[int, list[SourceKey], int]]:
             kept = [s for s in kept if loaded is not None and s[0] <= loaded and s[2] < life.number]
             if loaded is not None:  # a step saved twice (a re-trained rollout) is in the checkpoint once, the last
                 seen: set[int] = set()
-                kept = [s for s in reversed(kept) if not (s[0] in seen or seen.add(s[0]))][::-1]
+                last_saves = []
+                for s in reversed(kept):
+                    if s[0] not in seen:
+                        seen.add(s[0])
+                        last_saves.append(s)
+                kept = last_saves[::-1]
         kept += [(rid, srcs, life.number) for rid, srcs, _ in life.trained]
     return kept
 
