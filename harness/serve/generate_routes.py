@@ -36,7 +36,7 @@ from pydantic import BaseModel, ConfigDict
 
 from .sampling import SamplingOptions, parse_sampling
 from .served_engine import GenerateParams, ServedEngine
-from .served_errors import ServeError
+from .served_errors import ContextLengthError, ServeError
 
 _FEATURES = {"return_routed_experts": "routed experts (MoE)", "return_indexer_topk": "indexer top-k",
              "lora_path": "LoRA", "image_data": "multimodal input", "return_hidden_states": "hidden states",
@@ -89,7 +89,7 @@ def options_for(engine: ServedEngine, params: dict[str, Any] | None, prompt_len:
     opts = parse_sampling(params, eos_token_id=engine.core.eos_token_id, vocab_size=engine.vocab_size)
     if "max_new_tokens" not in (params or {}) or (params or {}).get("max_new_tokens") is None:
         opts = dataclasses.replace(opts, max_new_tokens=max(0, min(opts.max_new_tokens,
-                                                                  engine.max_seq_len - prompt_len)))
+                                                                  engine.context_length - prompt_len - 1)))
     return opts
 
 
@@ -187,10 +187,22 @@ async def sse(engine: ServedEngine, params: list[GenerateParams]) -> AsyncIterat
     yield b"data: [DONE]\n\n"
 
 
+async def _refused_stream(exc: ServeError) -> AsyncIterator[bytes]:
+    """SGLang's answer to a stream its tokenizer manager refuses: HTTP 200, one error
+    event, then ``[DONE]``."""
+    yield _sse({"error": {"message": exc.message, "type": "invalid_request_error", "code": exc.status}})
+    yield b"data: [DONE]\n\n"
+
+
 @router.api_route("/generate", methods=["POST", "PUT"])
 async def generate(req: GenerateReq, request: Request) -> Any:
     engine: ServedEngine = request.app.state.engine
-    params, listed = expand(engine, req)
+    try:
+        params, listed = expand(engine, req)
+    except ContextLengthError as exc:
+        if not req.stream:
+            raise
+        return StreamingResponse(_refused_stream(exc), media_type="text/event-stream")
     if req.stream:
         return StreamingResponse(sse(engine, params), media_type="text/event-stream")
     outputs = await asyncio.gather(*[engine.generate(p) for p in params])

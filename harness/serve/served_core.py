@@ -15,7 +15,12 @@ pause modes and per-token weight versions are the base class's, unchanged):
   waits), with the tokens it generated so far; SGLang's abort by ``rid``;
 * ``live()`` and ``kv_tokens()`` for the scheduler state the server reports;
 * per-token top log-probs (``top_logprobs_num``), kept on the request until
-  ``top_logprobs.pop(req_id)`` after it finished.
+  ``top_logprobs.pop(req_id)`` after it finished;
+* a KV pool that grows with the requests: it starts ``KV_CHUNK`` positions wide per
+  slot and widens (in ``KV_CHUNK`` steps, up to the context length) before a step
+  whose requests need more, so a long context costs memory only when a request uses
+  it. SGLang sizes its pool from free GPU memory instead; what the server reports as
+  the pool (``kv_tokens``) is the slots times the context length either way.
 """
 
 from __future__ import annotations
@@ -30,10 +35,12 @@ from harness.backends.torch_engine import EngineCore, FinishedRequest, Request
 
 from .sampling import SamplingOptions, choose_tokens
 
+KV_CHUNK = 512  # positions per slot the KV pool starts with and widens by
+
 
 class ServedCore(EngineCore):
     def __init__(self, model: Any, *, decode_text: Callable[[list[int]], str] | None = None, **kwargs: Any) -> None:
-        super().__init__(model, **kwargs)
+        super().__init__(model, kv_seq_len=KV_CHUNK, **kwargs)
         self.decode_text = decode_text
         self.matched: dict[Any, Any] = {}
         self.top_logprobs: dict[Any, list] = {}
@@ -57,6 +64,18 @@ class ServedCore(EngineCore):
     def kv_tokens(self) -> tuple[int, int]:
         """(tokens held in the KV cache now, tokens it can hold)."""
         return sum(r.kv_len for r in self._running), self.max_running * self.model.max_seq_len
+
+    def step(self) -> list[FinishedRequest]:
+        if self.can_step():
+            self._fit_kv()
+        return super().step()
+
+    def _fit_kv(self) -> None:
+        """Widen the KV pool to the longest sequence this step can hold: a running
+        request's next position, or a waiting request's prefill, prompt and output so far."""
+        need = max((len(r.prompt_tokens) + len(r.output_tokens) for r, _ in self.live()), default=0)
+        if need > self.model.cache_len():
+            self.model.grow_cache(-(-need // KV_CHUNK) * KV_CHUNK)
 
     def abort_one(self, req_id: Any) -> tuple[FinishedRequest, str] | None:
         """End one request now with its partial output; ``(result, "running" | "waiting")``,
