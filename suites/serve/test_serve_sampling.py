@@ -197,11 +197,12 @@ def test_n_and_batches_are_prompt_major_with_sglangs_rids(engine):
 
 
 def test_max_new_tokens_is_clamped_only_when_not_given(engine):
-    long_prompt = [5] * (engine.max_seq_len - 10)
+    long_prompt = [5] * (engine.context_length - 10)
     params, _ = expand(engine, input_ids=long_prompt)
-    assert params[0].options.max_new_tokens == 10
+    assert params[0].options.max_new_tokens == 9  # SGLang: prompt + max_new_tokens < context length
+    assert expand(engine, input_ids=long_prompt, sampling_params={"max_new_tokens": 9})[0][0].options.max_new_tokens == 9
     with pytest.raises(ServeError, match="max_new_tokens"):
-        expand(engine, input_ids=long_prompt, sampling_params={"max_new_tokens": 11})
+        expand(engine, input_ids=long_prompt, sampling_params={"max_new_tokens": 10})
 
 
 @pytest.mark.parametrize("body, words", [
