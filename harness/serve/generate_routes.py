@@ -25,6 +25,7 @@ tokenizer_manager.py``, ``srt/managers/io_struct.py``):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import uuid
@@ -148,22 +149,36 @@ def _sse(obj: Any) -> bytes:
     return b"data: " + json.dumps(obj, ensure_ascii=False).encode() + b"\n\n"
 
 
+def _error_chunk(exc: Exception) -> dict[str, Any]:
+    """SGLang's mid-stream error event for a refusal; any other failure (e.g. the engine
+    thread died) as an internal error, so the stream still ends with ``[DONE]``."""
+    if isinstance(exc, ServeError):
+        return {"error": {"message": exc.message, "type": "invalid_request_error", "code": exc.status,
+                          "retryable": False}}
+    return {"error": {"message": f"internal error: {type(exc).__name__}: {exc}", "type": "internal_error",
+                      "code": 500, "retryable": False}}
+
+
 async def interleaved(engine: ServedEngine, params: list[GenerateParams]) -> AsyncIterator[dict[str, Any]]:
     """Every output's stream chunks as they come, in one stream; a refusal after the
     stream began comes as ``{"error": {...}}`` (SGLang's mid-stream error). Leaving
     early (the client went away) aborts every request still running."""
+    if len(params) == 1:  # one output: its chunks as they come, no queue between
+        try:
+            async with contextlib.aclosing(engine.stream(params[0])) as chunks:  # closed (aborting) if we are
+                async for chunk in chunks:
+                    yield chunk
+        except Exception as exc:
+            yield _error_chunk(exc)
+        return
     queue: asyncio.Queue = asyncio.Queue()
 
     async def pump(p: GenerateParams) -> None:
         try:
             async for chunk in engine.stream(p):
                 await queue.put(chunk)
-        except ServeError as exc:
-            await queue.put({"error": {"message": exc.message, "type": "invalid_request_error",
-                                       "code": exc.status, "retryable": False}})
-        except Exception as exc:  # e.g. the engine thread died: the stream still ends with [DONE]
-            await queue.put({"error": {"message": f"internal error: {type(exc).__name__}: {exc}",
-                                       "type": "internal_error", "code": 500, "retryable": False}})
+        except Exception as exc:
+            await queue.put(_error_chunk(exc))
         finally:
             await queue.put(None)
 

@@ -7,7 +7,8 @@ pause modes and per-token weight versions are the base class's, unchanged):
 * each request carries ``SamplingOptions`` (``sampling.py``); a decode step samples
   every running request with its own options (``sampling.choose_tokens``);
 * stop conditions, checked after every token in SGLang's order (``schedule_batch.py``
-  ``Req.check_finished``): a stop string in the decoded output, a stop token (the EOS
+  ``Req.check_finished``): a stop string in the decoded output (its last tokens only,
+  ``responses.stop_window_text``, as SGLang checks the tail), a stop token (the EOS
   and ``stop_token_ids``, none when ``ignore_eos``), then the length. A request that
   stops records what matched in ``matched[req_id]`` (a token id or the string); the
   matched token stays in the output, as in SGLang;
@@ -33,6 +34,7 @@ from miles_async_core.types import Status
 
 from harness.backends.torch_engine import EngineCore, FinishedRequest, Request
 
+from .responses import stop_window_text
 from .sampling import SamplingOptions, choose_tokens
 
 KV_CHUNK = 512  # positions per slot the KV pool starts with and widens by
@@ -105,7 +107,7 @@ class ServedCore(EngineCore):
         what matched is kept in ``matched`` for the answer's ``finish_reason.matched``."""
         opts: SamplingOptions = req.options
         if opts.stop and self.decode_text is not None:
-            text = self.decode_text(req.output_tokens)
+            text = stop_window_text(self.decode_text, req.output_tokens, max(len(s) for s in opts.stop))
             for s in opts.stop:
                 if s in text:
                     self.matched[req.req_id] = s

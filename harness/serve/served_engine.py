@@ -82,7 +82,7 @@ from harness.backends.engine_thread import EngineThread, abort_all, set_exceptio
 from harness.backends.torch_engine import FinishedRequest
 from harness.trace import TraceRecorder, tokens_digest
 
-from .responses import finish_reason, generate_output, output_text, stop_prefix_pending
+from .responses import IncrementalText, finish_reason, generate_output, output_text, stop_prefix_pending
 from .sampling import SamplingOptions
 from .pacing import Pacer
 from .served_core import ServedCore
@@ -268,17 +268,16 @@ class ServedEngine:
             return
         pending = await self._submit(params, stream=True)
         sent, interval, stops = 0, params.options.stream_interval, params.options.stop
+        skip = params.options.skip_special_tokens
+        detok = IncrementalText(lambda ids: self.decode(ids, skip_special_tokens=skip))
         try:
             while not pending.future.done():
-                waiter = asyncio.ensure_future(pending.wake.wait())
-                await asyncio.wait([waiter, pending.future], return_when=asyncio.FIRST_COMPLETED)
-                waiter.cancel()
+                await pending.wake.wait()  # set by each step's progress and by the end (a done callback)
                 pending.wake.clear()
                 progress = pending.progress
                 if pending.future.done() or progress is None or len(progress.tokens) - sent < interval:
                     continue
-                text = self.decode(progress.tokens, skip_special_tokens=params.options.skip_special_tokens)
-                text = text.rstrip("\ufffd")  # an incomplete UTF-8 character waits for its next bytes
+                text = detok.update(progress.tokens)  # an incomplete UTF-8 character waits for its next bytes
                 if stops and stop_prefix_pending(text, stops):
                     continue
                 sent = len(progress.tokens)
@@ -321,6 +320,7 @@ class ServedEngine:
         index = next(self._ids)
         sample = Sample(prompt_tokens=list(params.input_ids), index=index, group_index=index)
         pending = _Pending(self._loop.create_future(), sample, params, self._clock(), stream=stream)
+        pending.future.add_done_callback(lambda _: pending.wake.set())  # a stream wakes for its end too
         self._pending[index] = pending
         self._rids[params.rid] = index
         self._idle.clear()

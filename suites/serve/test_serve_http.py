@@ -329,7 +329,7 @@ BAD = [
      {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": "x"}}, 400, "schema"),
     ("token outside the vocabulary", "POST", "/generate", {"input_ids": [1, 999]}, 400, "error"),
     ("prompt longer than the context", "POST", "/generate",
-     {"input_ids": [1] * 500, "sampling_params": {"max_new_tokens": 20}}, 400, "error"),
+     {"input_ids": [1] * (TINY_CONTEXT_LENGTH - 10), "sampling_params": {"max_new_tokens": 20}}, 400, "error"),
     ("top_p out of range", "POST", "/generate", {"input_ids": [1, 2], "sampling_params": {"top_p": 1.5}}, 400, "error"),
     ("unmodelled json_schema", "POST", "/generate",
      {"input_ids": [1, 2], "sampling_params": {"json_schema": "{}"}}, 400, "error"),
