@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import sys
 import time
 
 import httpx
@@ -16,7 +17,7 @@ from harness.backends.torch_engine import EngineCore
 from harness.backends.torch_models import build_tiny_lm
 from harness.serve.pacing import Pacing
 from harness.serve.served_core import KV_CHUNK, ServedCore
-from harness.serve.server import TINY_CONTEXT_LENGTH, tiny_model_config
+from harness.serve.server import SWITCH_INTERVAL_S, TINY_CONTEXT_LENGTH, tiny_model_config
 
 pytestmark = [pytest.mark.http, pytest.mark.model]
 
@@ -48,13 +49,17 @@ def test_a_request_over_the_context_gets_sglangs_error_plain_and_streaming(serve
 
 
 def test_the_default_tiny_context_fits_sglangs_long_requests(serve_factory):
+    before = sys.getswitchinterval()
     served = serve_factory("tiny", eos_token_id=None)
+    assert sys.getswitchinterval() == SWITCH_INTERVAL_S  # while it serves (restored by stop, below)
     with httpx.Client(base_url=served.url, timeout=120) as c:
         assert c.get("/model_info").json()["max_seq_len"] == TINY_CONTEXT_LENGTH >= 4096
         out = c.post("/generate", json={"text": "Tell a long story.", "sampling_params": {
             "max_new_tokens": 1500, "n": 3}}).json()
         assert [o["meta_info"]["completion_tokens"] for o in out] == [1500] * 3
     assert served.engine.core.model.cache_len() == 3 * KV_CHUNK  # widened in steps to the ~1,520 positions used
+    served.stop()
+    assert sys.getswitchinterval() == before
 
 
 def test_a_widening_kv_pool_gives_the_tokens_of_a_full_width_one():
