@@ -46,10 +46,12 @@ class ServedCore(EngineCore):
         self.decode_text = decode_text
         self.matched: dict[Any, Any] = {}
         self.top_logprobs: dict[Any, list] = {}
+        self._kv_bound = 0  # the most positions any request added so far can need
 
     def add_request(self, req_id: Any, prompt_tokens: list[int], max_new_tokens: int, temperature: float = 1.0,
                     seed: int = 0, options: SamplingOptions | None = None) -> None:
         super().add_request(req_id, prompt_tokens, max_new_tokens, temperature, seed)
+        self._kv_bound = max(self._kv_bound, len(prompt_tokens) + max_new_tokens)
         req = self._waiting[-1]
         req.options = options or SamplingOptions(
             max_new_tokens=max_new_tokens, temperature=temperature,
@@ -68,7 +70,7 @@ class ServedCore(EngineCore):
         return sum(r.kv_len for r in self._running), self.max_running * self.model.max_seq_len
 
     def step(self) -> list[FinishedRequest]:
-        if self.can_step():
+        if self._kv_bound > self.model.cache_len() and self.can_step():  # else every request fits already
             self._fit_kv()
         return super().step()
 
