@@ -124,6 +124,7 @@ def full_long_s(long_api: Api) -> float:
     return elapsed
 
 
+@pytest.mark.timeout(FULL_TIMEOUT_S + 300)  # the whole generation runs in its fixture
 def test_n3_generations_of_1500_tokens_each_run_to_their_length(long_api, full_long_s):
     print(f"\nn={LONG_N} x {LONG_TOKENS} tokens in {full_long_s:.1f} s")
     _assert_idle_and_reusable(long_api)
@@ -164,6 +165,7 @@ def test_abort_by_rid_mid_stream_leaves_the_other_long_streams_running(long_api)
     _assert_idle_and_reusable(long_api)
 
 
+@pytest.mark.timeout(FULL_TIMEOUT_S + 300)
 def test_a_client_gone_mid_stream_ends_its_long_samples(long_api, full_long_s):
     """The client reads each sample's first chunk and closes the connection: the server
     is idle again in far less than the samples would take to finish."""
