@@ -6,7 +6,6 @@ wide as the context from the start, and the paced rate measured against its sett
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 import time
 
@@ -79,14 +78,15 @@ def test_a_widening_kv_pool_gives_the_tokens_of_a_full_width_one():
     assert narrow.model.cache_len() == 3 * KV_CHUNK  # 532 + 700 positions at most, in 512-steps
 
 
-@pytest.mark.parametrize("rate", [25.0, 50.0])
+@pytest.mark.parametrize("rate", [10.0, 25.0])
 def test_paced_decoding_holds_each_request_to_the_set_rate(serve_factory, rate):
-    """Three concurrent streams of 150 tokens; each one's rate from its first to its last
-    chunk is within 10 % of the setting. The rates are ones the tiny model beats many
-    times over even on a loaded 2-core machine (a rate above what the CPU computes is
-    not reached: pacing only slows)."""
+    """Three concurrent streams of ``4 * rate`` tokens (4 s each); each one's rate from
+    its first to its last chunk is never above the setting and at most 10 % below it.
+    The rates are ones the tiny model beats many times over even on a 2-core machine
+    at a load average of 10 (pacing only slows: a step that computes past its budget is
+    not made up, so a CPU that falls behind shows as a lower rate)."""
     served = serve_factory("tiny", eos_token_id=None, pacing=Pacing(decode_tokens_per_s=rate))
-    n_tokens = 150
+    n_tokens = int(4 * rate)
 
     def one(i: int) -> float:
         times = []
@@ -104,5 +104,4 @@ def test_paced_decoding_holds_each_request_to_the_set_rate(serve_factory, rate):
     with cf.ThreadPoolExecutor(3) as pool:
         rates = list(pool.map(one, range(3)))
     print(f"\npaced at {rate} tokens/s per request: achieved {[round(r, 1) for r in rates]}")
-    assert all(abs(r - rate) / rate < 0.10 for r in rates), rates
-    assert statistics.median(rates) == pytest.approx(rate, rel=0.05)
+    assert all(rate * 0.90 <= r <= rate * 1.02 for r in rates), rates
