@@ -107,8 +107,10 @@ def build_engine(model: str = "tiny", *, seed: int = 0, max_running: int = 16, e
 # the GIL at every torch op and must win it back from the web server's thread, which
 # holds it up to the switch interval (5 ms by default) while it encodes and sends stream
 # chunks: a decode step of ~20 ops then waits far longer than it computes. SGLang runs
-# its scheduler in a process of its own; here both share one interpreter, and 0.5 ms
-# gave 1.5x the streaming tokens/s of 5 ms (2x for 400-token streams) on 2 cores.
+# its scheduler in a process of its own; here both share one interpreter. Measured on 2
+# cores (the bench's ways, the same code with 5 ms and 0.5 ms alternating): at a load
+# average of 1-2, 0.5 ms gave 1.27x the non-streaming and 1.18x the streaming tokens/s;
+# with other work at a load average of 12, 1.5x streaming and 2x for 400-token streams.
 SWITCH_INTERVAL_S = 0.0005
 
 
