@@ -107,7 +107,10 @@ class EngineCounters:
 class EngineCore:
     def __init__(self, model: EngineModel, *, max_running: int = 16, eos_token_id: int | None = None,
                  version: int = 0, clock: Callable[[], float] = time.perf_counter,
-                 on_event: Callable[..., None] | None = None) -> None:
+                 on_event: Callable[..., None] | None = None, kv_seq_len: int | None = None) -> None:
+        """``kv_seq_len``: positions per slot the KV pool starts with (default the model's
+        ``max_seq_len``); an owner that starts it narrower widens it (``model.grow_cache``)
+        before a step needs more."""
         if max_running < 1:
             raise ConfigError(f"max_running={max_running} must be >= 1. Fix: pass a positive batch size.")
         self.model = model
@@ -121,7 +124,7 @@ class EngineCore:
         self._step_t0 = 0.0
         self._waiting: collections.deque[Request] = collections.deque()
         self._running: list[Request] = []  # invariant: self._running[i].slot == i
-        model.alloc_cache(max_running)
+        model.alloc_cache(max_running, kv_seq_len)
 
     # --- queue management ------------------------------------------------------------
     def add_request(self, req_id: Any, prompt_tokens: list[int], max_new_tokens: int,

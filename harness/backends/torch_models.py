@@ -171,7 +171,18 @@ class EngineModel:
     def logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         raise NotImplementedError
 
-    def alloc_cache(self, n_slots: int) -> None:
+    def alloc_cache(self, n_slots: int, seq_len: int | None = None) -> None:
+        """A KV pool of ``n_slots`` slots of ``seq_len`` positions each (default
+        ``max_seq_len``); ``grow_cache`` widens it later, keeping what it holds."""
+        raise NotImplementedError
+
+    def grow_cache(self, seq_len: int) -> None:
+        """Widen every slot to at least ``seq_len`` positions (at most ``max_seq_len``),
+        keeping the KV already written; a pool as wide already is left as it is."""
+        raise NotImplementedError
+
+    def cache_len(self) -> int:
+        """Positions each slot of the pool holds now."""
         raise NotImplementedError
 
     def prefill(self, slots: list[int], seqs: list[list[int]]) -> None:
@@ -260,13 +271,21 @@ class TinyLM(nn.Module, EngineModel):
         return self.forward(input_ids, attention_mask)
 
     # engine path: a slot pool [layers, slots, heads, max_seq_len, head_dim]
-    def alloc_cache(self, n_slots: int) -> None:
+    def alloc_cache(self, n_slots: int, seq_len: int | None = None) -> None:
         cfg = self.cfg
-        shape = (cfg.n_layers, n_slots, cfg.n_heads, cfg.max_seq_len, cfg.d_model // cfg.n_heads)
+        width = min(seq_len or cfg.max_seq_len, cfg.max_seq_len)
+        shape = (cfg.n_layers, n_slots, cfg.n_heads, width, cfg.d_model // cfg.n_heads)
         dtype = resolve_dtype(cfg.dtype)
         self.k_cache = torch.zeros(shape, dtype=dtype, device=self.device)
         self.v_cache = torch.zeros(shape, dtype=dtype, device=self.device)
         self.rows = torch.arange(n_slots, device=self.device)
+
+    def grow_cache(self, seq_len: int) -> None:
+        self.k_cache = _widen(self.k_cache, 3, min(seq_len, self.max_seq_len))
+        self.v_cache = _widen(self.v_cache, 3, min(seq_len, self.max_seq_len))
+
+    def cache_len(self) -> int:
+        return 0 if self.k_cache is None else self.k_cache.shape[3]
 
     @torch.no_grad()
     def prefill(self, slots: list[int], seqs: list[list[int]]) -> None:
@@ -301,6 +320,17 @@ class TinyLM(nn.Module, EngineModel):
             out = attention(q, kc[:b, :, :span], vc[:b, :, :span], mask, self.cfg.attn_impl)
             x = blk.finish(x, out)
         return self.head(x)[:, 0]
+
+
+def _widen(pool: torch.Tensor, dim: int, width: int) -> torch.Tensor:
+    """``pool`` with dimension ``dim`` widened to ``width`` (zeros after the old end)."""
+    if pool.shape[dim] >= width:
+        return pool
+    shape = list(pool.shape)
+    shape[dim] = width
+    out = torch.zeros(shape, dtype=pool.dtype, device=pool.device)
+    out.narrow(dim, 0, pool.shape[dim]).copy_(pool)
+    return out
 
 
 def pad_right(seqs: list[list[int]], device: torch.device):
@@ -409,11 +439,20 @@ class HFCausalLM(EngineModel):
     def logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         return self.hf(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits.float()
 
-    def alloc_cache(self, n_slots: int) -> None:
-        shape = (n_slots, self.n_kv_heads, self.max_seq_len, self.head_dim)
+    def alloc_cache(self, n_slots: int, seq_len: int | None = None) -> None:
+        width = min(seq_len or self.max_seq_len, self.max_seq_len)
+        shape = (n_slots, self.n_kv_heads, width, self.head_dim)
         self.k_pool = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.n_layers)]
         self.v_pool = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.n_layers)]
         self.rows = torch.arange(n_slots, device=self.device)
+
+    def grow_cache(self, seq_len: int) -> None:
+        width = min(seq_len, self.max_seq_len)
+        self.k_pool = [_widen(layer, 2, width) for layer in self.k_pool]
+        self.v_pool = [_widen(layer, 2, width) for layer in self.v_pool]
+
+    def cache_len(self) -> int:
+        return self.k_pool[0].shape[2] if self.k_pool else 0
 
     def move_slot(self, src: int, dst: int) -> None:
         for pool in (self.k_pool, self.v_pool):
@@ -519,7 +558,7 @@ def smollm2_gguf_path() -> str:
     return os.path.join(folder, files[0])
 
 
-def load_smollm2(*, device: str = "cpu", dtype: str = "float32", max_seq_len: int = 512) -> HFCausalLM:
+def load_smollm2(*, device: str = "cpu", dtype: str = "float32", max_seq_len: int | None = 512) -> HFCausalLM:
     """SmolLM2-135M-Instruct, dequantised from the package's Q4_1 GGUF (~15 s on 2 cores).
 
     Uses transformers' GGUF reader (config from the GGUF metadata, tensors through

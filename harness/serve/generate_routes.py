@@ -25,6 +25,7 @@ tokenizer_manager.py``, ``srt/managers/io_struct.py``):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import uuid
@@ -36,7 +37,7 @@ from pydantic import BaseModel, ConfigDict
 
 from .sampling import SamplingOptions, parse_sampling
 from .served_engine import GenerateParams, ServedEngine
-from .served_errors import ServeError
+from .served_errors import ContextLengthError, ServeError
 
 _FEATURES = {"return_routed_experts": "routed experts (MoE)", "return_indexer_topk": "indexer top-k",
              "lora_path": "LoRA", "image_data": "multimodal input", "return_hidden_states": "hidden states",
@@ -89,7 +90,7 @@ def options_for(engine: ServedEngine, params: dict[str, Any] | None, prompt_len:
     opts = parse_sampling(params, eos_token_id=engine.core.eos_token_id, vocab_size=engine.vocab_size)
     if "max_new_tokens" not in (params or {}) or (params or {}).get("max_new_tokens") is None:
         opts = dataclasses.replace(opts, max_new_tokens=max(0, min(opts.max_new_tokens,
-                                                                  engine.max_seq_len - prompt_len)))
+                                                                  engine.context_length - prompt_len - 1)))
     return opts
 
 
@@ -148,22 +149,36 @@ def _sse(obj: Any) -> bytes:
     return b"data: " + json.dumps(obj, ensure_ascii=False).encode() + b"\n\n"
 
 
+def _error_chunk(exc: Exception) -> dict[str, Any]:
+    """SGLang's mid-stream error event for a refusal; any other failure (e.g. the engine
+    thread died) as an internal error, so the stream still ends with ``[DONE]``."""
+    if isinstance(exc, ServeError):
+        return {"error": {"message": exc.message, "type": "invalid_request_error", "code": exc.status,
+                          "retryable": False}}
+    return {"error": {"message": f"internal error: {type(exc).__name__}: {exc}", "type": "internal_error",
+                      "code": 500, "retryable": False}}
+
+
 async def interleaved(engine: ServedEngine, params: list[GenerateParams]) -> AsyncIterator[dict[str, Any]]:
     """Every output's stream chunks as they come, in one stream; a refusal after the
     stream began comes as ``{"error": {...}}`` (SGLang's mid-stream error). Leaving
     early (the client went away) aborts every request still running."""
+    if len(params) == 1:  # one output: its chunks as they come, no queue between
+        try:
+            async with contextlib.aclosing(engine.stream(params[0])) as chunks:  # closed (aborting) if we are
+                async for chunk in chunks:
+                    yield chunk
+        except Exception as exc:
+            yield _error_chunk(exc)
+        return
     queue: asyncio.Queue = asyncio.Queue()
 
     async def pump(p: GenerateParams) -> None:
         try:
             async for chunk in engine.stream(p):
                 await queue.put(chunk)
-        except ServeError as exc:
-            await queue.put({"error": {"message": exc.message, "type": "invalid_request_error",
-                                       "code": exc.status, "retryable": False}})
-        except Exception as exc:  # e.g. the engine thread died: the stream still ends with [DONE]
-            await queue.put({"error": {"message": f"internal error: {type(exc).__name__}: {exc}",
-                                       "type": "internal_error", "code": 500, "retryable": False}})
+        except Exception as exc:
+            await queue.put(_error_chunk(exc))
         finally:
             await queue.put(None)
 
@@ -187,10 +202,22 @@ async def sse(engine: ServedEngine, params: list[GenerateParams]) -> AsyncIterat
     yield b"data: [DONE]\n\n"
 
 
+async def _refused_stream(exc: ServeError) -> AsyncIterator[bytes]:
+    """SGLang's answer to a stream its tokenizer manager refuses: HTTP 200, one error
+    event, then ``[DONE]``."""
+    yield _sse({"error": {"message": exc.message, "type": "invalid_request_error", "code": exc.status}})
+    yield b"data: [DONE]\n\n"
+
+
 @router.api_route("/generate", methods=["POST", "PUT"])
 async def generate(req: GenerateReq, request: Request) -> Any:
     engine: ServedEngine = request.app.state.engine
-    params, listed = expand(engine, req)
+    try:
+        params, listed = expand(engine, req)
+    except ContextLengthError as exc:
+        if not req.stream:
+            raise
+        return StreamingResponse(_refused_stream(exc), media_type="text/event-stream")
     if req.stream:
         return StreamingResponse(sse(engine, params), media_type="text/event-stream")
     outputs = await asyncio.gather(*[engine.generate(p) for p in params])

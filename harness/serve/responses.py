@@ -92,3 +92,49 @@ def stop_prefix_pending(text: str, stops: tuple[str, ...]) -> bool:
     """Whether ``text`` ends with the start of a stop string: SGLang holds a stream chunk
     back then, so a stop string is never streamed in part."""
     return any(text.endswith(s[:k]) for s in stops for k in range(1, len(s)))
+
+
+class IncrementalText:
+    """The text of a growing token list, decoding only the tokens since the last clean
+    boundary (vLLM's and SGLang's detokenizer keep the same two offsets): a stream's
+    chunk costs the new tokens, not the whole output again. ``update(tokens)`` returns
+    the text so far; it waits while the new tokens end in an incomplete UTF-8 character
+    (U+FFFD) or add no text, and never takes back what it returned. The final output
+    is decoded whole (``output_text``), so a stop string or stop token is cut from it
+    there."""
+
+    def __init__(self, decode: Callable[[list[int]], str]) -> None:
+        self.decode = decode
+        self.text = ""
+        self.prefix = 0  # where the decoded window starts: a clean boundary before ``read``
+        self.read = 0  # tokens whose text is in ``self.text``
+
+    def update(self, tokens: list[int]) -> str:
+        before = self.decode(tokens[self.prefix:self.read])
+        after = self.decode(tokens[self.prefix:])
+        if len(after) > len(before) and not after.endswith("\ufffd"):
+            self.text += after[len(before):]
+            self.prefix, self.read = self.read, len(tokens)
+        return self.text
+
+
+def stop_window_text(decode: Callable[[list[int]], str], tokens: list[int], longest_stop: int) -> str:
+    """Text of the output's last tokens, enough to hold any stop string that the newest
+    token completes: a stop string found there is in the whole text, and one that the
+    newest token completes is found there. Decoding the whole output on every step
+    would cost the square of its length.
+
+    The window starts ``4 * (longest_stop + 4)`` tokens back (a character is at most 4
+    byte-fallback tokens) and doubles while its text is shorter than the longest stop
+    string plus the newest 4 tokens' text plus 8 characters (tokens that decode to
+    nothing, such as skipped special tokens, or a start inside a character, which
+    decodes to U+FFFD that no stop string contains)."""
+    width = 4 * (longest_stop + 4)
+    if width >= len(tokens):
+        return decode(tokens)
+    need = longest_stop + len(decode(tokens[-4:])) + 8
+    while True:
+        text = decode(tokens[-width:])
+        if len(text) >= need or width >= len(tokens):
+            return text
+        width *= 2

@@ -7,7 +7,8 @@ pause modes and per-token weight versions are the base class's, unchanged):
 * each request carries ``SamplingOptions`` (``sampling.py``); a decode step samples
   every running request with its own options (``sampling.choose_tokens``);
 * stop conditions, checked after every token in SGLang's order (``schedule_batch.py``
-  ``Req.check_finished``): a stop string in the decoded output, a stop token (the EOS
+  ``Req.check_finished``): a stop string in the decoded output (its last tokens only,
+  ``responses.stop_window_text``, as SGLang checks the tail), a stop token (the EOS
   and ``stop_token_ids``, none when ``ignore_eos``), then the length. A request that
   stops records what matched in ``matched[req_id]`` (a token id or the string); the
   matched token stays in the output, as in SGLang;
@@ -15,7 +16,12 @@ pause modes and per-token weight versions are the base class's, unchanged):
   waits), with the tokens it generated so far; SGLang's abort by ``rid``;
 * ``live()`` and ``kv_tokens()`` for the scheduler state the server reports;
 * per-token top log-probs (``top_logprobs_num``), kept on the request until
-  ``top_logprobs.pop(req_id)`` after it finished.
+  ``top_logprobs.pop(req_id)`` after it finished;
+* a KV pool that grows with the requests: it starts ``KV_CHUNK`` positions wide per
+  slot and widens (in ``KV_CHUNK`` steps, up to the context length) before a step
+  whose requests need more, so a long context costs memory only when a request uses
+  it. SGLang sizes its pool from free GPU memory instead; what the server reports as
+  the pool (``kv_tokens``) is the slots times the context length either way.
 """
 
 from __future__ import annotations
@@ -28,19 +34,24 @@ from miles_async_core.types import Status
 
 from harness.backends.torch_engine import EngineCore, FinishedRequest, Request
 
+from .responses import stop_window_text
 from .sampling import SamplingOptions, choose_tokens
+
+KV_CHUNK = 512  # positions per slot the KV pool starts with and widens by
 
 
 class ServedCore(EngineCore):
     def __init__(self, model: Any, *, decode_text: Callable[[list[int]], str] | None = None, **kwargs: Any) -> None:
-        super().__init__(model, **kwargs)
+        super().__init__(model, kv_seq_len=KV_CHUNK, **kwargs)
         self.decode_text = decode_text
         self.matched: dict[Any, Any] = {}
         self.top_logprobs: dict[Any, list] = {}
+        self._kv_bound = 0  # the most positions any request added so far can need
 
     def add_request(self, req_id: Any, prompt_tokens: list[int], max_new_tokens: int, temperature: float = 1.0,
                     seed: int = 0, options: SamplingOptions | None = None) -> None:
         super().add_request(req_id, prompt_tokens, max_new_tokens, temperature, seed)
+        self._kv_bound = max(self._kv_bound, len(prompt_tokens) + max_new_tokens)
         req = self._waiting[-1]
         req.options = options or SamplingOptions(
             max_new_tokens=max_new_tokens, temperature=temperature,
@@ -57,6 +68,18 @@ class ServedCore(EngineCore):
     def kv_tokens(self) -> tuple[int, int]:
         """(tokens held in the KV cache now, tokens it can hold)."""
         return sum(r.kv_len for r in self._running), self.max_running * self.model.max_seq_len
+
+    def step(self) -> list[FinishedRequest]:
+        if self._kv_bound > self.model.cache_len() and self.can_step():  # else every request fits already
+            self._fit_kv()
+        return super().step()
+
+    def _fit_kv(self) -> None:
+        """Widen the KV pool to the longest sequence this step can hold: a running
+        request's next position, or a waiting request's prefill, prompt and output so far."""
+        need = max((len(r.prompt_tokens) + len(r.output_tokens) for r, _ in self.live()), default=0)
+        if need > self.model.cache_len():
+            self.model.grow_cache(-(-need // KV_CHUNK) * KV_CHUNK)
 
     def abort_one(self, req_id: Any) -> tuple[FinishedRequest, str] | None:
         """End one request now with its partial output; ``(result, "running" | "waiting")``,
@@ -86,7 +109,7 @@ class ServedCore(EngineCore):
         what matched is kept in ``matched`` for the answer's ``finish_reason.matched``."""
         opts: SamplingOptions = req.options
         if opts.stop and self.decode_text is not None:
-            text = self.decode_text(req.output_tokens)
+            text = stop_window_text(self.decode_text, req.output_tokens, max(len(s) for s in opts.stop))
             for s in opts.stop:
                 if s in text:
                     self.matched[req.req_id] = s

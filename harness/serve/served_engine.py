@@ -82,10 +82,11 @@ from harness.backends.engine_thread import EngineThread, abort_all, set_exceptio
 from harness.backends.torch_engine import FinishedRequest
 from harness.trace import TraceRecorder, tokens_digest
 
-from .responses import finish_reason, generate_output, output_text, stop_prefix_pending
+from .responses import IncrementalText, finish_reason, generate_output, output_text, stop_prefix_pending
 from .sampling import SamplingOptions
+from .pacing import Pacer
 from .served_core import ServedCore
-from .served_errors import ServeError
+from .served_errors import ContextLengthError, ServeError
 
 PAUSE_MODES = ("abort", "retract", "in_place")
 WAITING_ABORT = "Abort in waiting queue"  # SGLang's message for a request aborted before it runs
@@ -142,6 +143,22 @@ def _set_all(events: list[asyncio.Event]) -> None:
         event.set()
 
 
+def check_context(prompt_tokens: int, max_new_tokens: int, context_length: int) -> None:
+    """SGLang's length check (``tokenizer_manager.py`` ``_validate_one_request``): the
+    prompt must be shorter than the context, and prompt plus ``max_new_tokens`` too."""
+    if prompt_tokens >= context_length:
+        raise ContextLengthError(f"The input ({prompt_tokens} tokens) is longer than the model's context length "
+                                 f"({context_length} tokens).")
+    total = prompt_tokens + max_new_tokens
+    if total >= context_length:
+        raise ContextLengthError(
+            f"Requested token count exceeds the model's maximum context length of {context_length} tokens. You "
+            f"requested a total of {total} tokens: {prompt_tokens} tokens from the input messages and "
+            f"{max_new_tokens} tokens for the completion. Please reduce the number of tokens in the input messages "
+            f"or the completion to fit within the limit (sampling_params.max_new_tokens; the server's "
+            f"--context-length).")
+
+
 def version_int(label: str, previous: int) -> int:
     text = str(label)
     return int(text) if text.isdigit() else previous + 1
@@ -149,8 +166,10 @@ def version_int(label: str, previous: int) -> int:
 
 class ServedEngine:
     def __init__(self, core: ServedCore, *, tokenizer: Any = None, model_path: str = "tiny",
-                 weight_version: str = "default", seed: int = 0, clock: Callable[[], float] = time.monotonic) -> None:
+                 weight_version: str = "default", seed: int = 0, clock: Callable[[], float] = time.monotonic,
+                 pacer: Pacer | None = None) -> None:
         self.core = core
+        self.pacer = pacer if pacer is not None and pacer.pacing.enabled else None
         self.tokenizer = tokenizer
         self.model_path = model_path
         self.seed = seed
@@ -203,7 +222,10 @@ class ServedEngine:
 
     @property
     def max_seq_len(self) -> int:
+        """The context length (SGLang's ``--context-length``): prompt and output together."""
         return self.core.model.max_seq_len
+
+    context_length = max_seq_len
 
     @property
     def vocab_size(self) -> int:
@@ -246,17 +268,16 @@ class ServedEngine:
             return
         pending = await self._submit(params, stream=True)
         sent, interval, stops = 0, params.options.stream_interval, params.options.stop
+        skip = params.options.skip_special_tokens
+        detok = IncrementalText(lambda ids: self.decode(ids, skip_special_tokens=skip))
         try:
             while not pending.future.done():
-                waiter = asyncio.ensure_future(pending.wake.wait())
-                await asyncio.wait([waiter, pending.future], return_when=asyncio.FIRST_COMPLETED)
-                waiter.cancel()
+                await pending.wake.wait()  # set by each step's progress and by the end (a done callback)
                 pending.wake.clear()
                 progress = pending.progress
                 if pending.future.done() or progress is None or len(progress.tokens) - sent < interval:
                     continue
-                text = self.decode(progress.tokens, skip_special_tokens=params.options.skip_special_tokens)
-                text = text.rstrip("\ufffd")  # an incomplete UTF-8 character waits for its next bytes
+                text = detok.update(progress.tokens)  # an incomplete UTF-8 character waits for its next bytes
                 if stops and stop_prefix_pending(text, stops):
                     continue
                 sent = len(progress.tokens)
@@ -282,6 +303,7 @@ class ServedEngine:
     def validate(self, params: GenerateParams) -> None:
         """Refuse (``ServeError``) a request that cannot run: a prompt that leaves no room
         for ``max_new_tokens`` in the context, a temperature below 0, a live rid."""
+        check_context(len(params.input_ids), params.options.max_new_tokens, self.context_length)
         if params.options.max_new_tokens > 0:
             try:
                 check_request(params.input_ids, params.options.max_new_tokens, params.options.temperature,
@@ -298,6 +320,7 @@ class ServedEngine:
         index = next(self._ids)
         sample = Sample(prompt_tokens=list(params.input_ids), index=index, group_index=index)
         pending = _Pending(self._loop.create_future(), sample, params, self._clock(), stream=stream)
+        pending.future.add_done_callback(lambda _: pending.wake.set())  # a stream wakes for its end too
         self._pending[index] = pending
         self._rids[params.rid] = index
         self._idle.clear()
@@ -607,7 +630,14 @@ class ServedEngine:
             self._budget_waiters.clear()
 
     def _step(self) -> None:  # one decode step (EngineThread runs it between commands)
-        finished = self.core.step()
+        pacer, counters = self.pacer, self.core.counters
+        if pacer is None:
+            finished = self.core.step()
+        else:  # the step's tokens are handed out once it has lasted its paced budget
+            started, steps, prefilled = pacer.now(), counters.decode_steps, counters.prefill_tokens
+            finished = self.core.step()
+            counters.busy_s += pacer.hold(started, decoded=counters.decode_steps > steps,
+                                          prefill_tokens=counters.prefill_tokens - prefilled)
         if self._budget is not None:
             self._budget -= 1
         self._report_progress()

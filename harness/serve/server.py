@@ -16,19 +16,26 @@ the live trace and HTTP log; the pytest fixture ``served_engine``
 from __future__ import annotations
 
 import asyncio
+import sys
 from typing import Any
+
+from miles_async_core.errors import ConfigError
 
 from .app import create_app
 from .check import check_served
+from .pacing import Pacer, Pacing
 from .served_core import ServedCore
 from .served_engine import ServedEngine
 from .uvicorn_thread import UvicornThread
 
 _DEFAULT = object()
-TINY_MAX_SEQ_LEN = 512  # the default model's context: room for chat prompts; no parameter depends on it
+# The default model's context: SGLang's own live-server tests ask for up to 1,500 new
+# tokens after a short prompt, so 4,096 leaves them room. No parameter depends on it
+# (RoPE), so ``--context-length`` may set any length for the tiny model.
+TINY_CONTEXT_LENGTH = 4096
 
 
-def tiny_model_config(seed: int = 0, tokenizer: Any = None) -> Any:
+def tiny_model_config(seed: int = 0, tokenizer: Any = None, context_length: int | None = None) -> Any:
     """The ``TinyLMConfig`` of ``--model tiny`` over ``tokenizer`` (default: the byte-fallback
     one, ``tokenizer.TINY_SERVE_TOKENIZER``), seeded by ``seed``."""
     from harness.backends import torch_models as tm
@@ -36,29 +43,50 @@ def tiny_model_config(seed: int = 0, tokenizer: Any = None) -> Any:
     from .tokenizer import TINY_SERVE_TOKENIZER
 
     vocab = (tokenizer or TINY_SERVE_TOKENIZER).vocab_size
-    return tm.TinyLMConfig(vocab_size=vocab, seed=seed, max_seq_len=TINY_MAX_SEQ_LEN)
+    return tm.TinyLMConfig(vocab_size=vocab, seed=seed, max_seq_len=context_length or TINY_CONTEXT_LENGTH)
+
+
+def check_context_length(context_length: int | None, own: int | None, model: str) -> None:
+    """SGLang's ``--context-length`` rule: at least 2 tokens, and no longer than the model's
+    own context (``max_position_embeddings``), where the model has one."""
+    if context_length is None:
+        return
+    if context_length < 2:
+        raise ConfigError(f"--context-length={context_length}: allowed is an integer >= 2 (a prompt token and "
+                          "a new token). Fix: pass a larger value, or leave it out for the model's own context.")
+    if own is not None and context_length > own:
+        raise ConfigError(f"--context-length={context_length} is longer than the model's own context ({own} "
+                          f"tokens, max_position_embeddings of --model={model!r}); allowed: 2..{own}. "
+                          "Fix: pass at most that, or leave it out.")
 
 
 def build_engine(model: str = "tiny", *, seed: int = 0, max_running: int = 16, eos_token_id: Any = _DEFAULT,
                  weight_version: str = "default", device: str = "cpu", tiny_config: Any = None,
-                 tokenizer: Any = None) -> ServedEngine:
+                 tokenizer: Any = None, context_length: int | None = None, pacing: Pacing | None = None) -> ServedEngine:
     """A ``ServedEngine`` over ``model``: ``tiny`` (``TinyLM`` seeded by ``seed`` over
     ``tokenizer``, by default the character vocabulary with a byte fallback, so any text
     works; pass ``harness.backends.tasks.TINY_TOKENIZER`` for the 30-id character model
     the harness's trainers use), ``smollm2`` (the packaged GGUF) or a local HF directory.
-    ``eos_token_id`` defaults to the tokenizer's; pass ``None`` to never stop at EOS."""
+    ``eos_token_id`` defaults to the tokenizer's; pass ``None`` to never stop at EOS.
+    ``context_length`` (SGLang's ``--context-length``) defaults to the model's own:
+    ``TINY_CONTEXT_LENGTH`` for the tiny model, ``max_position_embeddings`` otherwise.
+    ``pacing`` (``pacing.Pacing``) holds decoding to a GPU server's rate; unpaced by default."""
     from harness.backends import torch_models as tm
 
+    check_context_length(context_length, None, model)
     if model == "tiny":
         from .tokenizer import TINY_SERVE_TOKENIZER
 
         tokenizer = tokenizer or TINY_SERVE_TOKENIZER
-        cfg = tiny_config or tiny_model_config(seed, tokenizer)
+        cfg = tiny_config or tiny_model_config(seed, tokenizer, context_length)
         engine_model = tm.build_tiny_lm(cfg, device=device)
     elif model == "smollm2":
-        engine_model, tokenizer = tm.load_smollm2(device=device), tokenizer or tm.load_smollm2_tokenizer()
+        engine_model, tokenizer = tm.load_smollm2(device=device, max_seq_len=None), tokenizer or tm.load_smollm2_tokenizer()
     else:
         engine_model = tm.load_hf_dir(model, device=device)
+    if model != "tiny" and context_length is not None:
+        check_context_length(context_length, engine_model.max_seq_len, model)
+        engine_model.max_seq_len = context_length
         if tokenizer is None:
             try:
                 from transformers import AutoTokenizer
@@ -70,16 +98,33 @@ def build_engine(model: str = "tiny", *, seed: int = 0, max_running: int = 16, e
     initial = int(weight_version) if str(weight_version).isdigit() else 0
     decode = None if tokenizer is None else (lambda ids: tokenizer.decode(ids))
     core = ServedCore(engine_model, decode_text=decode, max_running=max_running, eos_token_id=eos, version=initial)
-    return ServedEngine(core, tokenizer=tokenizer, model_path=model, weight_version=weight_version, seed=seed)
+    pacer = Pacer(pacing) if pacing is not None and pacing.enabled else None
+    return ServedEngine(core, tokenizer=tokenizer, model_path=model, weight_version=weight_version, seed=seed,
+                        pacer=pacer)
+
+
+# The interpreter's GIL switch interval while a server runs. The engine thread gives up
+# the GIL at every torch op and must win it back from the web server's thread, which
+# holds it up to the switch interval (5 ms by default) while it encodes and sends stream
+# chunks: a decode step of ~20 ops then waits far longer than it computes. SGLang runs
+# its scheduler in a process of its own; here both share one interpreter. Measured on 2
+# cores (the bench's ways, the same code with 5 ms and 0.5 ms alternating): at a load
+# average of 1-2, 0.5 ms gave 1.27x the non-streaming and 1.18x the streaming tokens/s;
+# with other work at a load average of 12, 1.5x streaming and 2x for 400-token streams.
+SWITCH_INTERVAL_S = 0.0005
 
 
 class RunningServer:
-    """``create_app(engine)`` served by a ``UvicornThread``; a context manager."""
+    """``create_app(engine)`` served by a ``UvicornThread``; a context manager. While it
+    runs, the interpreter's GIL switch interval is ``switch_interval_s`` (restored by
+    ``stop``; ``None`` leaves it alone)."""
 
     def __init__(self, engine: ServedEngine, *, bind: str = "127.0.0.1", port: int = 0,
-                 log_level: str = "warning") -> None:
+                 log_level: str = "warning", switch_interval_s: float | None = SWITCH_INTERVAL_S) -> None:
         self.engine = engine
         self.http = UvicornThread(create_app(engine), bind=bind, port=port, name="serve-http", log_level=log_level)
+        self.switch_interval_s = switch_interval_s
+        self._previous_switch: float | None = None
 
     @property
     def url(self) -> str:
@@ -109,8 +154,20 @@ class RunningServer:
         return check_served(self.engine, **kwargs)
 
     def start(self, timeout_s: float = 30.0) -> "RunningServer":
-        self.http.start(timeout_s)
+        if self.switch_interval_s is not None and self._previous_switch is None:
+            self._previous_switch = sys.getswitchinterval()
+            sys.setswitchinterval(self.switch_interval_s)
+        try:
+            self.http.start(timeout_s)
+        except BaseException:
+            self._restore_switch()
+            raise
         return self
+
+    def _restore_switch(self) -> None:
+        if self._previous_switch is not None:
+            sys.setswitchinterval(self._previous_switch)
+            self._previous_switch = None
 
     def stop(self) -> None:
         loop = self.engine.loop
@@ -120,6 +177,7 @@ class RunningServer:
             except Exception:
                 pass
         self.http.stop()
+        self._restore_switch()
 
     def __enter__(self) -> "RunningServer":
         return self.start() if self.http.thread is None else self

@@ -24,7 +24,7 @@ import torch
 from harness.backends.torch_engine import EngineCore
 from harness.backends.torch_models import build_tiny_lm
 from harness.serve.order import check_update_order
-from harness.serve.server import tiny_model_config
+from harness.serve.server import TINY_CONTEXT_LENGTH, tiny_model_config
 from harness.serve.weights import encode_named_tensors, save_weights_dir
 
 pytestmark = [pytest.mark.http, pytest.mark.model]
@@ -314,7 +314,7 @@ def test_update_weights_from_disk_and_version_endpoints(served_engine, tmp_path)
 
     out, info, version, health = asyncio.run(go())
     assert version == {"weight_version": "1"} and info["weight_version"] == "1"
-    assert info["is_generation"] is True and info["max_seq_len"] == 512
+    assert info["is_generation"] is True and info["max_seq_len"] == TINY_CONTEXT_LENGTH
     assert health.status_code == 200
     assert logprobs(out) == pytest.approx(fresh_logprobs(tiny(NEW_SEED), PROMPT, out["output_ids"]), abs=1e-4)
     assert check_update_order(served_engine.request_log) == []
@@ -329,7 +329,7 @@ BAD = [
      {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": "x"}}, 400, "schema"),
     ("token outside the vocabulary", "POST", "/generate", {"input_ids": [1, 999]}, 400, "error"),
     ("prompt longer than the context", "POST", "/generate",
-     {"input_ids": [1] * 500, "sampling_params": {"max_new_tokens": 20}}, 400, "error"),
+     {"input_ids": [1] * (TINY_CONTEXT_LENGTH - 10), "sampling_params": {"max_new_tokens": 20}}, 400, "error"),
     ("top_p out of range", "POST", "/generate", {"input_ids": [1, 2], "sampling_params": {"top_p": 1.5}}, 400, "error"),
     ("unmodelled json_schema", "POST", "/generate",
      {"input_ids": [1, 2], "sampling_params": {"json_schema": "{}"}}, 400, "error"),

@@ -197,11 +197,12 @@ def test_n_and_batches_are_prompt_major_with_sglangs_rids(engine):
 
 
 def test_max_new_tokens_is_clamped_only_when_not_given(engine):
-    long_prompt = [5] * (engine.max_seq_len - 10)
+    long_prompt = [5] * (engine.context_length - 10)
     params, _ = expand(engine, input_ids=long_prompt)
-    assert params[0].options.max_new_tokens == 10
+    assert params[0].options.max_new_tokens == 9  # SGLang: prompt + max_new_tokens < context length
+    assert expand(engine, input_ids=long_prompt, sampling_params={"max_new_tokens": 9})[0][0].options.max_new_tokens == 9
     with pytest.raises(ServeError, match="max_new_tokens"):
-        expand(engine, input_ids=long_prompt, sampling_params={"max_new_tokens": 11})
+        expand(engine, input_ids=long_prompt, sampling_params={"max_new_tokens": 10})
 
 
 @pytest.mark.parametrize("body, words", [
@@ -215,3 +216,57 @@ def test_max_new_tokens_is_clamped_only_when_not_given(engine):
 def test_refused_generate_requests_say_why(engine, body, words):
     with pytest.raises(ServeError, match=words):
         expand(engine, **body)
+
+
+# --- incremental stream text and the stop-string window (what the server decodes per step) -----------
+def _random_outputs(seed: int, count: int = 60) -> list[list[int]]:
+    """Token lists over the byte-fallback tokenizer: vocabulary characters, multi-byte
+    characters as byte tokens, special tokens (which decode to nothing) and stray bytes."""
+    import random
+
+    rng = random.Random(seed)
+    out = []
+    for _ in range(count):
+        ids: list[int] = []
+        for _ in range(rng.randint(1, 120)):
+            kind = rng.random()
+            if kind < 0.55:
+                ids.append(rng.randint(3, 29))
+            elif kind < 0.85:
+                ids += TOK.encode(rng.choice("éß→中😀"))
+            elif kind < 0.95:
+                ids.append(rng.randint(0, 2))
+            else:
+                ids.append(TOK.byte_offset + rng.randint(128, 255))
+        out.append(ids)
+    return out
+
+
+def test_incremental_stream_text_is_always_a_prefix_and_ends_as_the_whole_decode():
+    from harness.serve.responses import IncrementalText
+
+    for ids in _random_outputs(1):
+        detok, shown = IncrementalText(TOK.decode), ""
+        for k in range(1, len(ids) + 1):
+            text = detok.update(ids[:k])
+            assert text.startswith(shown) and TOK.decode(ids[:k]).startswith(text)
+            shown = text
+        whole = TOK.decode(ids)
+        assert shown == whole.rstrip("\ufffd")
+
+
+def test_the_stop_window_finds_a_stop_string_at_the_same_token_as_the_whole_text():
+    from harness.serve.responses import stop_window_text
+
+    import random
+
+    rng = random.Random(7)
+    for ids in _random_outputs(2):
+        whole = TOK.decode(ids)
+        picks = [whole[i:i + n] for n in (1, 2, 5) for i in [rng.randrange(max(1, len(whole)))]]
+        stops = tuple(s for s in picks if s and "\ufffd" not in s) or ("zz",)
+        first_whole = next((k for k in range(1, len(ids) + 1) if any(s in TOK.decode(ids[:k]) for s in stops)), None)
+        first_window = next((k for k in range(1, len(ids) + 1)
+                             if any(s in stop_window_text(TOK.decode, ids[:k], max(map(len, stops))) for s in stops)),
+                            None)
+        assert first_window == first_whole, (ids, stops)
