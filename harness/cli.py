@@ -23,15 +23,21 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "gap": ("harness.commands.gap", "kernel-level trainer-engine gap ablation with identical weights"),
     "compare": ("harness.commands.compare", "compare benchmark results files"),
     "report": ("harness.commands.report", "make PNG plots from results files"),
-    "diff-upstream": ("harness.commands.diff_upstream", "same scenario on the core and on upstream Miles' code: "
-                      "first divergence"),
-    "gate": ("harness.commands.gate", "a Miles pull request against its base: the same cases on both trees, judged "
-             "by the invariants"),
+    "diff-upstream": (
+        "harness.commands.diff_upstream",
+        "same scenario on the core and on upstream Miles' code: first divergence",
+    ),
+    "gate": (
+        "harness.commands.gate",
+        "a Miles pull request against its base: the same cases on both trees, judged by the invariants",
+    ),
     "doctor": ("harness.commands.doctor", "probe a Miles checkout's seams: can the harness run it faithfully"),
     "advise": ("harness.commands.advise", "predict speedup, sample age and lr for a layout from calibrated costs"),
     "serve": ("harness.commands.serve", "an SGLang-compatible HTTP server on the CPU torch engine"),
-    "resume-sweep": ("harness.commands.resume_sweep", "stop and resume every setting at every save and between saves: "
-                     "groups lost and duplicated per resume"),
+    "resume-sweep": (
+        "harness.commands.resume_sweep",
+        "stop and resume every setting at every save and between saves: groups lost and duplicated per resume",
+    ),
 }
 
 

@@ -93,8 +93,10 @@ def read_jsonl(path: str | Path) -> list[Event]:
     try:
         text = path.read_text()
     except OSError as exc:
-        raise ConfigError(f"trace {path}: cannot read it ({exc.strerror or exc}). Fix: pass the JSONL trace "
-                          "`miles-harness simulate --trace PATH` wrote") from None
+        raise ConfigError(
+            f"trace {path}: cannot read it ({exc.strerror or exc}). Fix: pass the JSONL trace "
+            "`miles-harness simulate --trace PATH` wrote"
+        ) from None
     out = []
     for n, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
@@ -103,21 +105,31 @@ def read_jsonl(path: str | Path) -> list[Event]:
         try:
             d = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise ConfigError(f"{where}: not JSON ({exc.msg}): {line[:80]!r}. Allowed: one JSON object per line, "
-                              "as `miles-harness simulate` writes. Fix: pass that file, or repair the line") from None
+            raise ConfigError(
+                f"{where}: not JSON ({exc.msg}): {line[:80]!r}. Allowed: one JSON object per line, "
+                "as `miles-harness simulate` writes. Fix: pass that file, or repair the line"
+            ) from None
         if not isinstance(d, dict) or not {"seq", "t", "kind"} <= set(d):
-            raise ConfigError(f"{where}: {line[:80]!r} lacks seq/t/kind. Allowed: "
-                              '{"seq": int, "t": seconds, "kind": ..., **fields}. Fix: pass a trace simulate wrote')
+            raise ConfigError(
+                f"{where}: {line[:80]!r} lacks seq/t/kind. Allowed: "
+                '{"seq": int, "t": seconds, "kind": ..., **fields}. Fix: pass a trace simulate wrote'
+            )
         seq, t, kind = d.pop("seq"), d.pop("t"), d.pop("kind")
         if kind not in EVENT_FIELDS:
-            raise ConfigError(f"{where}: unknown event kind {kind!r}. Allowed: {', '.join(sorted(EVENT_FIELDS))}. "
-                              "Fix: remove the line or correct the kind")
+            raise ConfigError(
+                f"{where}: unknown event kind {kind!r}. Allowed: {', '.join(sorted(EVENT_FIELDS))}. "
+                "Fix: remove the line or correct the kind"
+            )
         missing = [f for f in EVENT_FIELDS[kind] if f not in d]
         if missing:
-            raise ConfigError(f"{where}: event {kind!r} lacks fields {missing} (a {kind!r} event carries "
-                              f"{list(EVENT_FIELDS[kind])}). Fix: add them or remove the line")
+            raise ConfigError(
+                f"{where}: event {kind!r} lacks fields {missing} (a {kind!r} event carries "
+                f"{list(EVENT_FIELDS[kind])}). Fix: add them or remove the line"
+            )
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not isinstance(seq, int):
-            raise ConfigError(f"{where}: seq {seq!r} / t {t!r}; allowed: an integer seq and a number of seconds. "
-                              "Fix: correct the line")
+            raise ConfigError(
+                f"{where}: seq {seq!r} / t {t!r}; allowed: an integer seq and a number of seconds. "
+                "Fix: correct the line"
+            )
         out.append(Event(seq, float(t), kind, d))
     return out

@@ -130,8 +130,13 @@ class DefaultDataBuffer(DataBuffer):
                     self._consumed_staleness.append(s)
                 if s is None or self.max_weight_staleness is None or s <= self.max_weight_staleness:
                     if self.sink.enabled:
-                        self.sink.emit(ev.GOT, group_index=gi, staleness=s, current_version=current_version,
-                                       queue_size=len(self._buffer))
+                        self.sink.emit(
+                            ev.GOT,
+                            group_index=gi,
+                            staleness=s,
+                            current_version=current_version,
+                            queue_size=len(self._buffer),
+                        )
                     return entry
                 logger.debug("Filtered stale group (staleness=%s > max=%s)", s, self.max_weight_staleness)
                 self._stale += 1

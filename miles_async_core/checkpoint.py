@@ -70,8 +70,9 @@ def saved_version(weight_version: int, trained_since_update: bool) -> int:
     return weight_version + 1 if trained_since_update else weight_version
 
 
-async def save(ckpt: CheckpointDir, rollout_id: int, *, model: dict[str, Any], data_source: Any, sink: Any,
-               exactly_once: bool) -> None:
+async def save(
+    ckpt: CheckpointDir, rollout_id: int, *, model: dict[str, Any], data_source: Any, sink: Any, exactly_once: bool
+) -> None:
     """Write the model part, then the data source part (the order of ``train.py:L86-L91``:
     two calls, ``save_model`` and ``rollout_manager.save``, with a loop step between them);
     each ``checkpoint_saved`` event follows its part's write, so a life that dies after the
@@ -80,8 +81,14 @@ async def save(ckpt: CheckpointDir, rollout_id: int, *, model: dict[str, Any], d
         return
     ckpt.models[rollout_id] = dict(model)
     if sink.enabled:
-        sink.emit(ev.CHECKPOINT_SAVED, rollout_id=rollout_id, part="model", version=model["version"],
-                  optimizer_step=model["optimizer_step"], lr_step=model["lr_step"])
+        sink.emit(
+            ev.CHECKPOINT_SAVED,
+            rollout_id=rollout_id,
+            part="model",
+            version=model["version"],
+            optimizer_step=model["optimizer_step"],
+            lr_step=model["lr_step"],
+        )
     await asyncio.sleep(0)  # the rollout manager's save is a separate call
     if ckpt.crashed:  # the process died after the model's save: a half-written checkpoint
         return

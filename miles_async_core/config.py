@@ -234,8 +234,7 @@ def _check_type(name: str, value: Any) -> None:
     base = kind.removeprefix("opt_")
     ok = {
         "int": isinstance(value, int) and not isinstance(value, bool),
-        "float": isinstance(value, (int, float)) and not isinstance(value, bool)
-        and math.isfinite(value),
+        "float": isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value),
         "bool": isinstance(value, bool),
         "choice": value in choices,
     }[base]
@@ -259,9 +258,7 @@ def _convert(flag: str, raw: str, kind: str, choices: tuple[str, ...]) -> Any:
         value = converters[base](raw)
     except ValueError:
         value = None
-    if value is None or (base == "float" and not math.isfinite(value)) or (
-        base == "choice" and value not in choices
-    ):
+    if value is None or (base == "float" and not math.isfinite(value)) or (base == "choice" and value not in choices):
         allowed = _describe_allowed(base, choices)
         raise ConfigError(f"{flag} {raw!r}: expected {allowed}. Fix: pass {flag} with {allowed}.")
     return value
@@ -272,9 +269,7 @@ def _driver_of(token: str) -> str | None:
 
 
 def _is_python(token: str) -> bool:
-    return os.path.basename(token) in ("python", "python3") or os.path.basename(token).startswith(
-        "python3."
-    )
+    return os.path.basename(token) in ("python", "python3") or os.path.basename(token).startswith("python3.")
 
 
 def parse_miles_args(argv: list[str]) -> tuple[AsyncConfig, list[str]]:
@@ -313,9 +308,7 @@ def parse_miles_args(argv: list[str]) -> tuple[AsyncConfig, list[str]]:
         if name is None:
             # Unknown flag: swallow the values that follow it (up to the next flag or script).
             taken = [inline] if has_eq else []
-            while not has_eq and i < len(argv) and not argv[i].startswith("--") and (
-                _driver_of(argv[i]) is None
-            ):
+            while not has_eq and i < len(argv) and not argv[i].startswith("--") and (_driver_of(argv[i]) is None):
                 taken.append(argv[i])
                 i += 1
             notes.append(" ".join(["ignored unknown flag", flag, *taken]))

@@ -67,8 +67,7 @@ class RolloutDataSource:
         # go by position (prompt, prompt_tokens, response_tokens, rollout_log_probs,
         # token_versions, weight_versions, status, index, group_index, label; the rest keep
         # their defaults): Python binds keywords in about twice the time, for every sample.
-        return [Sample(text, tokens, [], [], VersionRuns(), [], PENDING, first + i, gi, label)
-                for i in range(self.n)]
+        return [Sample(text, tokens, [], [], VersionRuns(), [], PENDING, first + i, gi, label) for i in range(self.n)]
 
     def get_samples(self, num_samples: int) -> list[list[Sample]]:
         self.calls += 1
@@ -78,8 +77,14 @@ class RolloutDataSource:
         groups = [self._fresh_group() for _ in range(num_samples)]
         if self.sink.enabled:
             for g in groups:
-                self.sink.emit(ev.TAKEN, group_index=g[0].group_index, indices=[s.index for s in g], recycled=False,
-                               call=self.calls, **self._source_fields(g[0].group_index))
+                self.sink.emit(
+                    ev.TAKEN,
+                    group_index=g[0].group_index,
+                    indices=[s.index for s in g],
+                    recycled=False,
+                    call=self.calls,
+                    **self._source_fields(g[0].group_index),
+                )
         return groups
 
     def _source_fields(self, group_index: int) -> dict[str, int]:
@@ -90,8 +95,12 @@ class RolloutDataSource:
 
     # --- checkpoints ------------------------------------------------------------------
     def save(self, rollout_id: int) -> dict[str, Any]:
-        state: dict[str, Any] = {"sample_offset": self.sample_offset, "epoch_id": self.epoch_id,
-                                 "sample_group_index": self.sample_group_index, "sample_index": self.sample_index}
+        state: dict[str, Any] = {
+            "sample_offset": self.sample_offset,
+            "epoch_id": self.epoch_id,
+            "sample_group_index": self.sample_group_index,
+            "sample_index": self.sample_index,
+        }
         if self.exactly_once:
             state["pending"] = self.pending_sources()
         return state
@@ -130,8 +139,14 @@ class RolloutDataSourceWithBuffer(RolloutDataSource):
             recycled.append(self.buffer.popleft())
         if self.sink.enabled:
             for g in recycled:
-                self.sink.emit(ev.TAKEN, group_index=g[0].group_index, indices=[s.index for s in g], recycled=True,
-                               call=self.calls, **self._source_fields(g[0].group_index))
+                self.sink.emit(
+                    ev.TAKEN,
+                    group_index=g[0].group_index,
+                    indices=[s.index for s in g],
+                    recycled=True,
+                    call=self.calls,
+                    **self._source_fields(g[0].group_index),
+                )
         return recycled + self._fresh(num_samples - len(recycled))
 
     def add_samples(self, groups: list[list[Sample]]) -> None:

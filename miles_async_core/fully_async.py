@@ -68,9 +68,18 @@ class _NoProgressWarning:
 
 
 class FullyAsyncRolloutFn:
-    def __init__(self, args: Any, engine: RolloutEngine, data_source: Any, *, sampling: SamplingParams,
-                 reward_fn: RewardFn | None = None, buffer_factory: Callable[..., Any] | None = None,
-                 sink: Any = None, generate_function: GenerateFunction | None = None) -> None:
+    def __init__(
+        self,
+        args: Any,
+        engine: RolloutEngine,
+        data_source: Any,
+        *,
+        sampling: SamplingParams,
+        reward_fn: RewardFn | None = None,
+        buffer_factory: Callable[..., Any] | None = None,
+        sink: Any = None,
+        generate_function: GenerateFunction | None = None,
+    ) -> None:
         assert args.async_unused_samples_handler in ("retry", "drop")
         self.args = args
         self.engine = engine
@@ -80,8 +89,9 @@ class FullyAsyncRolloutFn:
         self.generate_function = generate_function  # --custom-generate-function-path; None: single-turn
         self.buffer_factory = buffer_factory or (lambda ci: DefaultDataBuffer(ci, sink=sink))
         self.sink = sink or NullSink()
-        self.scheduler = make_submission_scheduler(args.rollout_submission_granularity, args.n_samples_per_prompt,
-                                                   default="sample")
+        self.scheduler = make_submission_scheduler(
+            args.rollout_submission_granularity, args.n_samples_per_prompt, default="sample"
+        )
         self.group_budget = args.group_budget
         self.buffer: Any = None
         self._worker: asyncio.Task[Any] | None = None
@@ -151,9 +161,17 @@ class FullyAsyncRolloutFn:
                     # source that returns more or fewer kills the worker (ValueError)
                     [prompt_group] = self.data_source.get_samples(1)
                     self.in_flight_groups[prompt_group[0].group_index] = prompt_group
-                    submit_group(self.engine, prompt_group, self.sampling, scheduler=scheduler, progress=progress,
-                                 active=active, reward_fn=self.reward_fn, sink=self.sink,
-                                 generate_function=self.generate_function)
+                    submit_group(
+                        self.engine,
+                        prompt_group,
+                        self.sampling,
+                        scheduler=scheduler,
+                        progress=progress,
+                        active=active,
+                        reward_fn=self.reward_fn,
+                        sink=self.sink,
+                        generate_function=self.generate_function,
+                    )
                 done, active = await progress.wait_for_progress(active)
                 # Upstream puts in set-iteration order (unspecified); sorting keeps runs reproducible.
                 for task in sorted(done, key=lambda t: prompt_group_of(t)[0].index):
@@ -180,7 +198,8 @@ class FullyAsyncRolloutFn:
         assert worker is not None, "_next_group runs only after the worker started (__call__)"
         # asyncio.ensure_future(coroutine): the worker's (running) loop's create_task
         get_task: asyncio.Task[DataBufferInput] = worker.get_loop().create_task(
-            self.buffer.get(current_version=weight_version))
+            self.buffer.get(current_version=weight_version)
+        )
         try:
             while True:
                 if worker.done():
@@ -210,8 +229,9 @@ class FullyAsyncRolloutFn:
                 warning.progress()
                 # top level, as upstream (fully_async_rollout.py:L171): a nested group has n
                 # trajectories of any number of turns each
-                assert len(entry.group) == args.n_samples_per_prompt, \
+                assert len(entry.group) == args.n_samples_per_prompt, (
                     f"group has {len(entry.group)} trajectories, expected {args.n_samples_per_prompt}"
+                )
                 data.append(entry.group)
         finally:
             warning.cancel()

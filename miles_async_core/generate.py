@@ -34,8 +34,9 @@ class GenerateFnInput:
 
     def gen_start(self, sample: Sample) -> None:
         if sample is not self.sample and self.sink is not None and self.sink.enabled:
-            self.sink.emit(ev.TRAJECTORY_SAMPLE, index=sample.index, group_index=sample.group_index,
-                           trajectory=self.sample.index)
+            self.sink.emit(
+                ev.TRAJECTORY_SAMPLE, index=sample.index, group_index=sample.group_index, trajectory=self.sample.index
+            )
 
 
 @dataclass(frozen=True)
@@ -52,8 +53,15 @@ async def generate(input: GenerateFnInput) -> GenerateFnOutput:
     return GenerateFnOutput(samples=input.sample)
 
 
-async def generate_and_rm(generate_function: GenerateFunction, engine: Any, sample: Sample, sampling: SamplingParams,
-                          *, reward_fn: Callable[..., Any] | None = None, sink: Any = None) -> Sample | list[Sample]:
+async def generate_and_rm(
+    generate_function: GenerateFunction,
+    engine: Any,
+    sample: Sample,
+    sampling: SamplingParams,
+    *,
+    reward_fn: Callable[..., Any] | None = None,
+    sink: Any = None,
+) -> Sample | list[Sample]:
     if sample.status is Status.COMPLETED or sample.status is Status.TRUNCATED:
         return sample
     out = (await generate_function(GenerateFnInput(engine, sample, sampling, sink=sink))).samples

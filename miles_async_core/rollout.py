@@ -55,11 +55,12 @@ async def generate_and_rm_group(
                 futs.append(f if isinstance(f, asyncio.Future) else asyncio.ensure_future(f))
             else:
                 futs.append(_generate(engine, s, sampling))
-        return await await_group(futs, group, reward_fn=reward_fn, sample_done_callback=sample_done_callback,
-                                 sink=sink)
+        return await await_group(futs, group, reward_fn=reward_fn, sample_done_callback=sample_done_callback, sink=sink)
     # the group is what the calls returned, in order (inference_rollout_common.py:L161-L168)
-    futs = [asyncio.ensure_future(generate_and_rm(generate_function, engine, s, sampling, reward_fn=reward_fn,
-                                                  sink=sink)) for s in group]
+    futs = [
+        asyncio.ensure_future(generate_and_rm(generate_function, engine, s, sampling, reward_fn=reward_fn, sink=sink))
+        for s in group
+    ]
     await await_group(futs, group, sample_done_callback=sample_done_callback, sink=sink)
     return [f.result() for f in futs]
 
@@ -69,8 +70,7 @@ def _generate(engine: RolloutEngine, sample: Sample, sampling: SamplingParams) -
     already finished is kept as it is, and one with no token budget left is truncated
     without a request, as upstream's ``generate_and_rm`` and single-turn ``generate``
     (``inference_rollout_common.py:L70-L75``, ``single_turn.py:L26-L33``)."""
-    if sample.status is Status.ABORTED and sample.response_tokens \
-            and sample.response_length >= sampling.max_new_tokens:
+    if sample.status is Status.ABORTED and sample.response_tokens and sample.response_length >= sampling.max_new_tokens:
         sample.status = Status.TRUNCATED
     if sample.status is Status.COMPLETED or sample.status is Status.TRUNCATED:
         fut = asyncio.get_running_loop().create_future()
@@ -159,16 +159,31 @@ def retrieve_outcome(task: asyncio.Future[Any]) -> None:
         task.exception()
 
 
-async def _group_task(engine: RolloutEngine, group: list[Sample], sampling: SamplingParams, *, progress: Progress,
-                      reward_fn: RewardFn | None, sample_done_callback: Callable[..., Any] | None, sink: Any,
-                      generate_function: GenerateFunction | None, loop: asyncio.AbstractEventLoop) -> list[Any]:
+async def _group_task(
+    engine: RolloutEngine,
+    group: list[Sample],
+    sampling: SamplingParams,
+    *,
+    progress: Progress,
+    reward_fn: RewardFn | None,
+    sample_done_callback: Callable[..., Any] | None,
+    sink: Any,
+    generate_function: GenerateFunction | None,
+    loop: asyncio.AbstractEventLoop,
+) -> list[Any]:
     """A submitted group's body: reports its end to ``progress`` from its last loop step,
     so a waiter resuming later in that step counts it done, as ``asyncio.wait`` does.
     ``loop`` is the loop it runs on (``current_task(loop)`` does not look it up again)."""
     try:
-        return await generate_and_rm_group(engine, group, sampling, reward_fn=reward_fn, sink=sink,
-                                           sample_done_callback=sample_done_callback,
-                                           generate_function=generate_function)
+        return await generate_and_rm_group(
+            engine,
+            group,
+            sampling,
+            reward_fn=reward_fn,
+            sink=sink,
+            sample_done_callback=sample_done_callback,
+            generate_function=generate_function,
+        )
     finally:
         task = asyncio.current_task(loop)
         assert task is not None  # this coroutine runs as a task (submit_group)
@@ -193,18 +208,36 @@ def as_completed_in_order(tasks: Any, *, key: Callable[..., Any]) -> Iterator[Aw
         yield done.get()
 
 
-def submit_group(engine: RolloutEngine, group: list[Sample], sampling: SamplingParams, *, scheduler: Any,
-                 progress: Progress, active: set[Any], reward_fn: RewardFn | None, sink: Any,
-                 generate_function: GenerateFunction | None = None) -> asyncio.Task[Any]:
+def submit_group(
+    engine: RolloutEngine,
+    group: list[Sample],
+    sampling: SamplingParams,
+    *,
+    scheduler: Any,
+    progress: Progress,
+    active: set[Any],
+    reward_fn: RewardFn | None,
+    sink: Any,
+    generate_function: GenerateFunction | None = None,
+) -> asyncio.Task[Any]:
     """Submit one prompt group as a task: counted by the scheduler, tracked by ``progress``,
     added to ``active``; the task carries its ``prompt_group`` for whoever collects it."""
     scheduler.on_submit([group])
     # asyncio.ensure_future(coroutine) is the running loop's create_task, without its checks
     loop = asyncio.get_running_loop()
-    task = loop.create_task(_group_task(
-        engine, group, sampling, progress=progress, reward_fn=reward_fn,
-        sample_done_callback=scheduler.sample_done_callback, sink=sink, generate_function=generate_function,
-        loop=loop))
+    task = loop.create_task(
+        _group_task(
+            engine,
+            group,
+            sampling,
+            progress=progress,
+            reward_fn=reward_fn,
+            sample_done_callback=scheduler.sample_done_callback,
+            sink=sink,
+            generate_function=generate_function,
+            loop=loop,
+        )
+    )
     task.prompt_group = group  # type: ignore[attr-defined]  # read back by prompt_group_of
     progress.track(task)
     active.add(task)
@@ -214,9 +247,17 @@ def submit_group(engine: RolloutEngine, group: list[Sample], sampling: SamplingP
 class OneStepRollout:
     """The rollout function of ``train.py`` and one-step ``train_async.py``."""
 
-    def __init__(self, args: Any, engine: RolloutEngine, data_source: Any, *, sampling: SamplingParams,
-                 reward_fn: RewardFn | None = None, sink: Any = None,
-                 generate_function: GenerateFunction | None = None) -> None:
+    def __init__(
+        self,
+        args: Any,
+        engine: RolloutEngine,
+        data_source: Any,
+        *,
+        sampling: SamplingParams,
+        reward_fn: RewardFn | None = None,
+        sink: Any = None,
+        generate_function: GenerateFunction | None = None,
+    ) -> None:
         self.args = args
         self.engine = engine
         self.data_source = data_source
@@ -242,9 +283,17 @@ class OneStepRollout:
         while len(data) < B:
             while scheduler.has_capacity(pending_groups=len(pendings), group_budget=B - len(data)):
                 for group in self.data_source.get_samples(args.resolved_over_sampling_batch_size):
-                    submit_group(self.engine, group, self.sampling, scheduler=scheduler, progress=progress,
-                                 active=pendings, reward_fn=self.reward_fn, sink=self.sink,
-                                 generate_function=self.generate_function)
+                    submit_group(
+                        self.engine,
+                        group,
+                        self.sampling,
+                        scheduler=scheduler,
+                        progress=progress,
+                        active=pendings,
+                        reward_fn=self.reward_fn,
+                        sink=self.sink,
+                        generate_function=self.generate_function,
+                    )
             try:
                 done, pendings = await progress.wait_for_progress(pendings)
             except BaseException:

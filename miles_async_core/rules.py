@@ -83,7 +83,9 @@ class Violation:
         }
 
 
-def _rule(rule_id: str, flags: tuple[str, ...], severity: str = "error") -> Callable[[Callable[[AsyncConfig], str | None]], Rule]:
+def _rule(
+    rule_id: str, flags: tuple[str, ...], severity: str = "error"
+) -> Callable[[Callable[[AsyncConfig], str | None]], Rule]:
     def wrap(check: Callable[[AsyncConfig], str | None]) -> Rule:
         return Rule(id=rule_id, flags=flags, severity=severity, check=check)
 
@@ -324,8 +326,7 @@ def _capacity_message(c: AsyncConfig) -> str | None:
             f"int({f} * {b}) = {c.capacity} groups; the buffer asserts capacity >= 1 "
             "(fully_async_data_buffer.py). Allowed: factor * B >= 1. "
             + (
-                f"Fix: raise --async-data-buffer-capacity-factor to at least {1 / b:.6g} "
-                "or raise --rollout-batch-size."
+                f"Fix: raise --async-data-buffer-capacity-factor to at least {1 / b:.6g} or raise --rollout-batch-size."
                 if b > 0
                 else "Fix: pass --rollout-batch-size 1 or more."
             )
@@ -335,7 +336,9 @@ def _capacity_message(c: AsyncConfig) -> str | None:
 
 _CAPACITY_FLAGS = ("--async-data-buffer-capacity-factor", "--rollout-batch-size")
 capacity_factor_positive = Rule(
-    id="capacity-factor-positive", flags=_CAPACITY_FLAGS[:1], severity="error",
+    id="capacity-factor-positive",
+    flags=_CAPACITY_FLAGS[:1],
+    severity="error",
     check=_capacity_factor_message,
 )
 capacity_at_least_one = Rule(
@@ -346,17 +349,25 @@ capacity_at_least_one = Rule(
 def _under_fully_async(check: Callable[[AsyncConfig], str | None]) -> Callable[[AsyncConfig], str | None]:
     def gated(c: AsyncConfig) -> str | None:
         msg = check(c) if c.fully_async else None
-        return None if msg is None else msg + " Upstream checks this only under --fully-async, lazily, at the first train call."
+        return (
+            None
+            if msg is None
+            else msg + " Upstream checks this only under --fully-async, lazily, at the first train call."
+        )
 
     return gated
 
 
 miles_capacity_factor_positive = Rule(
-    id="capacity-factor-positive", flags=("--fully-async", *_CAPACITY_FLAGS[:1]), severity="error",
+    id="capacity-factor-positive",
+    flags=("--fully-async", *_CAPACITY_FLAGS[:1]),
+    severity="error",
     check=_under_fully_async(_capacity_factor_message),
 )
 miles_capacity_at_least_one = Rule(
-    id="capacity-at-least-one", flags=("--fully-async", *_CAPACITY_FLAGS), severity="error",
+    id="capacity-at-least-one",
+    flags=("--fully-async", *_CAPACITY_FLAGS),
+    severity="error",
     check=_under_fully_async(_capacity_message),
 )
 
@@ -390,13 +401,11 @@ def rollout_logprobs_tis_exclusive(c: AsyncConfig) -> str | None:
 
 @_rule("async-ppo-needs-correction", ("--use-critic", "--use-rollout-logprobs", "--use-tis", "--keep-old-actor"))
 def async_ppo_needs_correction(c: AsyncConfig) -> str | None:
-    if c.driver == "train_async" and c.use_critic and not (
-        c.use_rollout_logprobs or c.use_tis or c.keep_old_actor
-    ):
+    if c.driver == "train_async" and c.use_critic and not (c.use_rollout_logprobs or c.use_tis or c.keep_old_actor):
         # upstream: arguments.py:L3591-L3609
         return (
             "--use-critic under train_async.py without --use-rollout-logprobs, --use-tis or "
-            "--keep-old-actor; upstream (arguments.py): \"Async PPO training requires "
+            '--keep-old-actor; upstream (arguments.py): "Async PPO training requires '
             'an explicit behavior-policy correction, ..." Allowed: --use-critic with one of '
             "those three. Fix: add --use-tis (or --use-rollout-logprobs, or --keep-old-actor)."
         )

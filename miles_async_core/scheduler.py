@@ -70,8 +70,9 @@ class SampleBackfillSubmission:
             self.progress.signal_sample()
 
 
-def make_submission_scheduler(granularity: str | None, n: int, *,
-                              default: str) -> GroupLevelSubmission | SampleBackfillSubmission:
+def make_submission_scheduler(
+    granularity: str | None, n: int, *, default: str
+) -> GroupLevelSubmission | SampleBackfillSubmission:
     g = granularity or default
     if g == "group":
         return GroupLevelSubmission()

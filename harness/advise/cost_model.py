@@ -74,12 +74,16 @@ class CostModel:
         """The engine on ``gpus_per_engine`` GPUs, relative to the calibrated engine:
         step costs / g and ``max_running`` x g (ideal tensor parallel: optimistic)."""
         g = gpus_per_engine / self.reference.get("engine_gpus", 1)
-        return SimEngineConfig(max_running=max(1, int(round(self.max_running * g))),
-                               decode_base_s=max(self.decode_base_s / g, 1e-12),
-                               decode_per_seq_s=self.decode_per_seq_s / g,
-                               prefill_per_token_s=self.prefill_per_token_s / g,
-                               prefill_base_s=self.prefill_base_s / g, prompt_tokens=self.prompt_tokens,
-                               response_length=self.length_dist(), seed=seed)
+        return SimEngineConfig(
+            max_running=max(1, int(round(self.max_running * g))),
+            decode_base_s=max(self.decode_base_s / g, 1e-12),
+            decode_per_seq_s=self.decode_per_seq_s / g,
+            prefill_per_token_s=self.prefill_per_token_s / g,
+            prefill_base_s=self.prefill_base_s / g,
+            prompt_tokens=self.prompt_tokens,
+            response_length=self.length_dist(),
+            seed=seed,
+        )
 
     def trainer_config(self, trainer_gpus: int = 1) -> SimTrainerConfig:
         """The trainer on ``trainer_gpus``: per-token cost / t (ideal data parallel), the
@@ -114,8 +118,10 @@ def load_costs(path: str | Path) -> CostModel:
     try:
         data = json.loads(Path(path).read_text())
     except OSError as exc:
-        raise ConfigError(f"--costs {path}: cannot read it ({exc.strerror}); fix: pass a file written by "
-                          "python -m harness.advise.costs") from None
+        raise ConfigError(
+            f"--costs {path}: cannot read it ({exc.strerror}); fix: pass a file written by "
+            "python -m harness.advise.costs"
+        ) from None
     except json.JSONDecodeError as exc:
         raise ConfigError(f"--costs {path}: not valid JSON ({exc})") from None
     return CostModel.from_json(data)

@@ -113,8 +113,14 @@ def _per_step_spans(phases: list[list[Any]]) -> list[dict[str, float]]:
         def within(side: str, phase: str, x0: float, x1: float) -> float:
             return sum(max(0.0, min(q, x1) - max(p, x0)) for s, ph, p, q in phases if s == side and ph == phase)
 
-        out.append({"generating_s": within("rollout", "generating", lo, a), "waiting_s": within("train", "waiting", lo, a),
-                    "training_s": b - a, "weight_sync_s": within("train", "weight_sync", b, hi)})
+        out.append(
+            {
+                "generating_s": within("rollout", "generating", lo, a),
+                "waiting_s": within("train", "waiting", lo, a),
+                "training_s": b - a,
+                "weight_sync_s": within("train", "weight_sync", b, hi),
+            }
+        )
     return out
 
 
@@ -130,8 +136,11 @@ def _lengths_by_step(events: list[Any], phases_t0: float, step_bounds: list[tupl
     for e in events:
         if e.kind == ev.ADMITTED and e["index"] not in first_admit:
             first_admit[e["index"]] = len(first_admit)
-    fin = sorted((e.t - phases_t0, first_admit.get(e["index"], 1 << 60), int(e["response_length"]))
-                 for e in events if e.kind == ev.FINISHED)
+    fin = sorted(
+        (e.t - phases_t0, first_admit.get(e["index"], 1 << 60), int(e["response_length"]))
+        for e in events
+        if e.kind == ev.FINISHED
+    )
     out: list[list[tuple[int, int]]] = [[] for _ in step_bounds]
     j = 0
     for t, order, n in fin:
@@ -142,9 +151,18 @@ def _lengths_by_step(events: list[Any], phases_t0: float, step_bounds: list[tupl
     return [[n for _, n in sorted(step)] for step in out]
 
 
-def observations_from_events(events: list[Any], *, mode: str, samples_per_step: int, max_running: int,
-                             prompt_tokens: int | None, max_new_tokens: int, history: list[dict] | None = None,
-                             source: str = "trace", fully_async_events: list[Any] | None = None) -> Observations:
+def observations_from_events(
+    events: list[Any],
+    *,
+    mode: str,
+    samples_per_step: int,
+    max_running: int,
+    prompt_tokens: int | None,
+    max_new_tokens: int,
+    history: list[dict] | None = None,
+    source: str = "trace",
+    fully_async_events: list[Any] | None = None,
+) -> Observations:
     """Observations from a recorded trace (a ``SimResult``'s events or a JSONL trace)."""
     from harness.measure.overlap import measurement_window, phase_spans
 
@@ -163,25 +181,36 @@ def observations_from_events(events: list[Any], *, mode: str, samples_per_step: 
     if fully_async_events is not None:
         w = measurement_window(fully_async_events, 0.0, max((e.t for e in fully_async_events), default=0.0))
         fa = [b - a for s, ph, a, b in phase_spans(fully_async_events, w) if s == "train" and ph == "weight_sync"]
-    return Observations(mode=mode, steps=steps, max_running=max_running, prompt_tokens=prompt_tokens,
-                        max_new_tokens=max_new_tokens, lengths_exact=True, source=source, fully_async_sync_s=fa)
+    return Observations(
+        mode=mode,
+        steps=steps,
+        max_running=max_running,
+        prompt_tokens=prompt_tokens,
+        max_new_tokens=max_new_tokens,
+        lengths_exact=True,
+        source=source,
+        fully_async_sync_s=fa,
+    )
 
 
-def observations_from_results(path: str | Path, *, mode: str = "sync", trace: str | Path | None = None
-                              ) -> Observations:
+def observations_from_results(path: str | Path, *, mode: str = "sync", trace: str | Path | None = None) -> Observations:
     """Observations from a main-job ``results.json`` (and optionally its event trace)."""
     run = load_run(path)
     extras, spec = run.extras, run.spec
     modes = extras.modes
     if mode not in modes or not modes[mode].phases:
-        raise ConfigError(f"results file {path}: no phase timeline for mode {mode!r} (has: {', '.join(modes) or '-'});"
-                          f" fix: calibrate on a run with --modes {mode}")
+        raise ConfigError(
+            f"results file {path}: no phase timeline for mode {mode!r} (has: {', '.join(modes) or '-'});"
+            f" fix: calibrate on a run with --modes {mode}"
+        )
     base = run.doc.get("config", {})
     mcfg = run.mode_configs.get(mode) or (base.get("base", {}) if isinstance(base, dict) else {})
     n_samples = int(mcfg.get("rollout_batch_size", 16)) * int(mcfg.get("n_samples_per_prompt", 1))
     max_running = int(spec.get("max_running", 16))
     task_length = spec.get("task_length")
-    max_new = int(task_length) + 1 if spec.get("task") == "copy" and task_length else int(spec.get("max_new_tokens", 0) or 0)
+    max_new = (
+        int(task_length) + 1 if spec.get("task") == "copy" and task_length else int(spec.get("max_new_tokens", 0) or 0)
+    )
     prompt = int(task_length) + 2 if spec.get("task") == "copy" and task_length else None
     history = extras.steps(mode)
     spans = _per_step_spans([list(p) for p in modes[mode].phases])
@@ -191,9 +220,15 @@ def observations_from_results(path: str | Path, *, mode: str = "sync", trace: st
     if trace is not None:
         from harness.trace import read_jsonl
 
-        obs = observations_from_events(read_jsonl(trace), mode=mode, samples_per_step=n_samples,
-                                       max_running=max_running, prompt_tokens=prompt, max_new_tokens=max_new,
-                                       source=f"{path} + {trace}")
+        obs = observations_from_events(
+            read_jsonl(trace),
+            mode=mode,
+            samples_per_step=n_samples,
+            max_running=max_running,
+            prompt_tokens=prompt,
+            max_new_tokens=max_new,
+            source=f"{path} + {trace}",
+        )
         obs.fully_async_sync_s = fa_sync
         return obs
     steps = []
@@ -206,9 +241,19 @@ def observations_from_results(path: str | Path, *, mode: str = "sync", trace: st
         max_new = max(max(s.lengths) for s in steps)
     engine_rows = extras.engine_rows(mode)
     engine_steps = engine_rows[0] if len(engine_rows) == 1 and engine_rows[0].get("step_ms_admitting") else None
-    return Observations(mode=mode, steps=steps, max_running=max_running, prompt_tokens=prompt or 0,
-                        max_new_tokens=max_new, lengths_exact=False, source=str(path), fully_async_sync_s=fa_sync,
-                        repeats=extras.repeats, configs=run.mode_configs, engine_steps=engine_steps)
+    return Observations(
+        mode=mode,
+        steps=steps,
+        max_running=max_running,
+        prompt_tokens=prompt or 0,
+        max_new_tokens=max_new,
+        lengths_exact=False,
+        source=str(path),
+        fully_async_sync_s=fa_sync,
+        repeats=extras.repeats,
+        configs=run.mode_configs,
+        engine_steps=engine_steps,
+    )
 
 
 # --- the fit ------------------------------------------------------------------------------
@@ -248,16 +293,24 @@ def _prefill_base(obs: Observations, per_token_kept: bool) -> tuple[float, dict[
     the same number of decode steps, so the two costs move together."""
     es = obs.engine_steps
     if not es or es.get("step_ms_decode_only") is None or not es.get("steps_admitting"):
-        return 0.0, {"source": "none: the input has no engine step times split by admission (the split layout, or a "
-                               "run recorded before them): 0, folded into decode_base_s"}
+        return 0.0, {
+            "source": "none: the input has no engine step times split by admission (the split layout, or a "
+            "run recorded before them): 0, folded into decode_base_s"
+        }
     if per_token_kept:
-        return 0.0, {"source": "not fitted: prefill_per_token_s was identifiable and already carries the admitting "
-                               "steps' extra time"}
+        return 0.0, {
+            "source": "not fitted: prefill_per_token_s was identifiable and already carries the admitting "
+            "steps' extra time"
+        }
     value = max(0.0, (es["step_ms_admitting"] - es["step_ms_decode_only"]) / 1e3)
-    return value, {"source": "the calibration engine's mean admitting step minus its mean decode-only step "
-                             "(harness.measure.engines, first repeat)", "step_ms_admitting": es["step_ms_admitting"],
-                   "step_ms_decode_only": es["step_ms_decode_only"], "steps_admitting": es["steps_admitting"],
-                   "value_s": value}
+    return value, {
+        "source": "the calibration engine's mean admitting step minus its mean decode-only step "
+        "(harness.measure.engines, first repeat)",
+        "step_ms_admitting": es["step_ms_admitting"],
+        "step_ms_decode_only": es["step_ms_decode_only"],
+        "steps_admitting": es["steps_admitting"],
+        "value_s": value,
+    }
 
 
 def _lstsq(columns: dict[str, list[float]], y: list[float], drop_order: list[str]) -> dict[str, Any]:
@@ -290,10 +343,14 @@ def _lstsq(columns: dict[str, list[float]], y: list[float], drop_order: list[str
     coef = np.maximum(coef, 0.0)
     pred = X @ coef
     relres = np.abs(yv - pred) / np.maximum(np.abs(yv), 1e-12)
-    return {"coef": {n: float(c) for n, c in zip(names, coef)}, "dropped": dropped,
-            "rel_se": {n: (None if not math.isfinite(r) else round(r, 6)) for n, r in zip(names, rel)},
-            "rms_rel_error": float(np.sqrt(np.mean(relres ** 2))), "max_rel_error": float(relres.max()),
-            "n": len(yv)}
+    return {
+        "coef": {n: float(c) for n, c in zip(names, coef)},
+        "dropped": dropped,
+        "rel_se": {n: (None if not math.isfinite(r) else round(r, 6)) for n, r in zip(names, rel)},
+        "rms_rel_error": float(np.sqrt(np.mean(relres**2))),
+        "max_rel_error": float(relres.max()),
+        "n": len(yv),
+    }
 
 
 def fit_length_dist(lengths: list[int], max_new_tokens: int) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -337,23 +394,38 @@ def fit_costs(obs: Observations, *, warmup_steps: int = 1) -> CostModel:
     prefill_base, prefill_base_fit = _prefill_base(obs, "prefill_per_token_s" in eng["coef"])
     if prefill_base > 0:  # the decode costs are what is left of each step's generating time
         admits = [float(replay_admissions(s.lengths, obs.max_running)) for s in steps]
-        eng = _lstsq(cols, [s.generating_s - prefill_base * a for s, a in zip(steps, admits)],
-                     ["prefill_per_token_s", "decode_per_seq_s", "decode_base_s"])
+        eng = _lstsq(
+            cols,
+            [s.generating_s - prefill_base * a for s, a in zip(steps, admits)],
+            ["prefill_per_token_s", "decode_per_seq_s", "decode_base_s"],
+        )
     for name in eng["dropped"]:
-        notes.append(f"engine {name}: not identifiable from this run (its column moves with the others), set to 0 "
-                     "and its cost folded into the kept coefficients; extrapolation in "
-                     + {"decode_per_seq_s": "running batch size (max_running, GPUs per engine)",
-                        "decode_base_s": "lengths / waves", "prefill_per_token_s": "prompt length"}[name]
-                     + " is uncertain")
-    trn = _lstsq({"train_base_s": [1.0] * len(steps), "train_per_token_s": tok}, [s.training_s for s in steps],
-                 ["train_base_s", "train_per_token_s"])
+        notes.append(
+            f"engine {name}: not identifiable from this run (its column moves with the others), set to 0 "
+            "and its cost folded into the kept coefficients; extrapolation in "
+            + {
+                "decode_per_seq_s": "running batch size (max_running, GPUs per engine)",
+                "decode_base_s": "lengths / waves",
+                "prefill_per_token_s": "prompt length",
+            }[name]
+            + " is uncertain"
+        )
+    trn = _lstsq(
+        {"train_base_s": [1.0] * len(steps), "train_per_token_s": tok},
+        [s.training_s for s in steps],
+        ["train_base_s", "train_per_token_s"],
+    )
     if "train_base_s" in trn["dropped"]:
-        notes.append("trainer train_base_s: not identifiable (tokens per step hardly vary), so training time is "
-                     "taken as proportional to tokens (base 0); other batch sizes scale linearly")
+        notes.append(
+            "trainer train_base_s: not identifiable (tokens per step hardly vary), so training time is "
+            "taken as proportional to tokens (base 0); other batch sizes scale linearly"
+        )
     length, lstats = fit_length_dist([x for s in steps for x in s.lengths], obs.max_new_tokens)
     if not obs.lengths_exact:
-        notes.append("no per-request lengths in the input (results file without a trace): lengths are each step's "
-                     "tokens spread evenly over its samples")
+        notes.append(
+            "no per-request lengths in the input (results file without a trace): lengths are each step's "
+            "tokens spread evenly over its samples"
+        )
     # the last step's weight sync falls after the measurement window (it ends with training)
     sync = np.asarray([s.weight_sync_s for s in steps[:-1]], dtype=float)
     ws = float(sync.mean())
@@ -364,26 +436,44 @@ def fit_costs(obs: Observations, *, warmup_steps: int = 1) -> CostModel:
         fa = float(np.mean(obs.fully_async_sync_s))
         half_step = 0.5 * (a + b * obs.max_running)
         pause = max(0.0, fa - ws - half_step)
-        pause_fit = {"source": "fully-async weight-sync spans - sync-mode weight sync - half a full decode step",
-                     "fully_async_weight_sync_mean_s": fa, "n": len(obs.fully_async_sync_s)}
+        pause_fit = {
+            "source": "fully-async weight-sync spans - sync-mode weight sync - half a full decode step",
+            "fully_async_weight_sync_mean_s": fa,
+            "n": len(obs.fully_async_sync_s),
+        }
     rollout_latency = float(np.mean([max(0.0, s.waiting_s - s.generating_s) for s in steps]))
     fit = {
-        "source": obs.source, "mode": obs.mode, "steps": len(steps), "warmup_steps_skipped": warmup_steps,
-        "engine": eng, "prefill_base": prefill_base_fit, "trainer": trn,
+        "source": obs.source,
+        "mode": obs.mode,
+        "steps": len(steps),
+        "warmup_steps_skipped": warmup_steps,
+        "engine": eng,
+        "prefill_base": prefill_base_fit,
+        "trainer": trn,
         "response_length": lstats,
         "weight_sync": {"mean_s": ws, "cv": float(sync.std() / ws) if ws else 0.0, "n": len(sync)},
         "pause_resume": pause_fit,
-        "rollout_latency_s": {"mean_s": rollout_latency, "note": "trainer waiting minus engine busy per sync step "
-                              "(request dispatch, reward, IPC); not simulated"},
+        "rollout_latency_s": {
+            "mean_s": rollout_latency,
+            "note": "trainer waiting minus engine busy per sync step (request dispatch, reward, IPC); not simulated",
+        },
         "notes": notes,
     }
-    costs = CostModel(decode_base_s=a if a > 0 else 1e-9, decode_per_seq_s=b,
-                      prefill_per_token_s=eng["coef"].get("prefill_per_token_s", 0.0), prefill_base_s=prefill_base,
-                      max_running=obs.max_running,
-                      prompt_tokens=obs.prompt_tokens, max_new_tokens=obs.max_new_tokens, response_length=length,
-                      train_base_s=trn["coef"].get("train_base_s", 0.0),
-                      train_per_token_s=trn["coef"].get("train_per_token_s", 0.0), weight_sync_s=ws,
-                      pause_resume_s=pause, fit=fit)
+    costs = CostModel(
+        decode_base_s=a if a > 0 else 1e-9,
+        decode_per_seq_s=b,
+        prefill_per_token_s=eng["coef"].get("prefill_per_token_s", 0.0),
+        prefill_base_s=prefill_base,
+        max_running=obs.max_running,
+        prompt_tokens=obs.prompt_tokens,
+        max_new_tokens=obs.max_new_tokens,
+        response_length=length,
+        train_base_s=trn["coef"].get("train_base_s", 0.0),
+        train_per_token_s=trn["coef"].get("train_per_token_s", 0.0),
+        weight_sync_s=ws,
+        pause_resume_s=pause,
+        fit=fit,
+    )
     if obs.repeats:
         costs = repeat_scale(obs, costs)
         costs = fit_contention(obs, costs)
@@ -408,9 +498,16 @@ def mode_rows(result: Any) -> ModeRow:
     """A simulated run's busy totals as a results file's ``extra.repeats`` row (the
     simulated engine records no decode steps: its generating phase stands in)."""
     s = summarize(result)
-    return ModeRow(mode=mode_of(result.config), steps=s["steps"], wall_s=s["window_s"],
-                   rollout_busy_s=s["rollout_generating_s"], decode_busy_s=0.0, train_busy_s=s["train_training_s"],
-                   weight_sync_s=s["weight_sync_s"], both_busy_s=s["both_busy_fraction"] * s["window_s"])
+    return ModeRow(
+        mode=mode_of(result.config),
+        steps=s["steps"],
+        wall_s=s["window_s"],
+        rollout_busy_s=s["rollout_generating_s"],
+        decode_busy_s=0.0,
+        train_busy_s=s["train_training_s"],
+        weight_sync_s=s["weight_sync_s"],
+        both_busy_s=s["both_busy_fraction"] * s["window_s"],
+    )
 
 
 def repeat_scale(obs: Observations, costs: CostModel) -> CostModel:
@@ -428,15 +525,28 @@ def repeat_scale(obs: Observations, costs: CostModel) -> CostModel:
         return float(np.median(per) / per[0]) if per[0] > 0 else 1.0
 
     e, t, w = ratio("rollout_busy_s"), ratio("train_busy_s"), ratio("weight_sync_s")
-    fit = {**costs.fit, "repeat_scale": {"engine": e, "trainer": t, "weight_sync": w, "repeats": len(rows),
-                                         "source": "median over the repeats of the busy time per step / the first "
-                                                   "repeat's (whose timeline the fit read)"}}
-    return dataclasses.replace(costs, decode_base_s=costs.decode_base_s * e,
-                               decode_per_seq_s=costs.decode_per_seq_s * e,
-                               prefill_per_token_s=costs.prefill_per_token_s * e,
-                               prefill_base_s=costs.prefill_base_s * e, train_base_s=costs.train_base_s * t,
-                               train_per_token_s=costs.train_per_token_s * t, weight_sync_s=costs.weight_sync_s * w,
-                               fit=fit)
+    fit = {
+        **costs.fit,
+        "repeat_scale": {
+            "engine": e,
+            "trainer": t,
+            "weight_sync": w,
+            "repeats": len(rows),
+            "source": "median over the repeats of the busy time per step / the first "
+            "repeat's (whose timeline the fit read)",
+        },
+    }
+    return dataclasses.replace(
+        costs,
+        decode_base_s=costs.decode_base_s * e,
+        decode_per_seq_s=costs.decode_per_seq_s * e,
+        prefill_per_token_s=costs.prefill_per_token_s * e,
+        prefill_base_s=costs.prefill_base_s * e,
+        train_base_s=costs.train_base_s * t,
+        train_per_token_s=costs.train_per_token_s * t,
+        weight_sync_s=costs.weight_sync_s * w,
+        fit=fit,
+    )
 
 
 def _engine_busy_s(row: ModeRow) -> float:
@@ -480,9 +590,16 @@ def _through_origin(points: list[dict[str, Any]], measured: str, alone: str) -> 
     pred = np.asarray([p[alone] for p in points]) + k_used * x
     meas = np.asarray([p[measured] for p in points])
     rel = (pred - meas) / np.maximum(meas, 1e-12)
-    return {"c": c, "slope": k, "c_se": c_se, "c_rel_se": c_se / c if c_se is not None and c > 0 else None,
-            "rms_rel_error": float(np.sqrt(np.mean(rel ** 2))), "max_rel_error": float(np.abs(rel).max()),
-            "n": len(points), "notes": notes}
+    return {
+        "c": c,
+        "slope": k,
+        "c_se": c_se,
+        "c_rel_se": c_se / c if c_se is not None and c > 0 else None,
+        "rms_rel_error": float(np.sqrt(np.mean(rel**2))),
+        "max_rel_error": float(np.abs(rel).max()),
+        "n": len(points),
+        "notes": notes,
+    }
 
 
 def fit_contention(obs: Observations, costs: CostModel, *, iterations: int = 4) -> CostModel:
@@ -505,8 +622,9 @@ def fit_contention(obs: Observations, costs: CostModel, *, iterations: int = 4) 
     sync_rows = (obs.repeats or {}).get(obs.mode) or []
     modes = [m for m in OVERLAPPED if (obs.repeats or {}).get(m) and m in (obs.configs or {})]
     if obs.mode != "sync" or not sync_rows or not modes or obs.mode not in (obs.configs or {}):
-        return dataclasses.replace(costs, fit={**costs.fit, "contention": {
-            "source": "none (no overlapped mode beside sync in the input): 0"}})
+        return dataclasses.replace(
+            costs, fit={**costs.fit, "contention": {"source": "none (no overlapped mode beside sync in the input): 0"}}
+        )
     costs = dataclasses.replace(costs, contention_by_mode={})
     fitted, result, points, ratio = _fit_factors(obs, costs, modes, sync_rows, iterations)
     by_mode, per_mode = {}, {}
@@ -514,16 +632,22 @@ def fit_contention(obs: Observations, costs: CostModel, *, iterations: int = 4) 
         own, res, _, _ = _fit_factors(obs, costs, [m], sync_rows, iterations)
         by_mode[m] = {"engine": res["engine"], "trainer": res["train"]}
         per_mode[m] = {"engine": own.contention_engine, "trainer": own.contention_trainer}
-    info = {"source": "overlapped repeats vs the sync repeat of the same index: busy time per step minus alone "
-                      "time = slope x overlap (engine decode inside training), c = slope / (1 - slope); jointly "
-                      "over the overlapped modes, and on each mode's repeats alone (contention_by_mode)",
-            "engine": result["engine"], "trainer": result["train"], "by_mode": by_mode,
-            "engine_steps_ratio": ratio, "points": points}
+    info = {
+        "source": "overlapped repeats vs the sync repeat of the same index: busy time per step minus alone "
+        "time = slope x overlap (engine decode inside training), c = slope / (1 - slope); jointly "
+        "over the overlapped modes, and on each mode's repeats alone (contention_by_mode)",
+        "engine": result["engine"],
+        "trainer": result["train"],
+        "by_mode": by_mode,
+        "engine_steps_ratio": ratio,
+        "points": points,
+    }
     return dataclasses.replace(fitted, contention_by_mode=per_mode, fit={**costs.fit, "contention": info})
 
 
-def _fit_factors(obs: Observations, costs: CostModel, modes: list[str], sync_rows: list[ModeRow],
-                 iterations: int) -> tuple[CostModel, dict[str, Any], list[dict[str, Any]], dict[str, float]]:
+def _fit_factors(
+    obs: Observations, costs: CostModel, modes: list[str], sync_rows: list[ModeRow], iterations: int
+) -> tuple[CostModel, dict[str, Any], list[dict[str, Any]], dict[str, float]]:
     """One contention fit on the repeats of ``modes``: (costs with the factors, the fit per
     side, the points, the engine steps ratio per mode)."""
     fitted, result, points, ratio = costs, {}, [], {}
@@ -535,15 +659,25 @@ def _fit_factors(obs: Observations, costs: CostModel, modes: list[str], sync_row
                 if i >= len(sync_rows) or not a.steps or not sync_rows[i].steps:
                     continue
                 s, n, ns = sync_rows[i], a.steps, sync_rows[i].steps
-                points.append({"mode": m, "repeat": i, "both_busy_s": a.both_busy_s / n,
-                               "train_s": a.train_busy_s / n, "train_alone_s": s.train_busy_s / ns,
-                               "engine_s": _engine_busy_s(a) / n,
-                               "engine_alone_s": _engine_busy_s(s) / ns * ratio[m]})
+                points.append(
+                    {
+                        "mode": m,
+                        "repeat": i,
+                        "both_busy_s": a.both_busy_s / n,
+                        "train_s": a.train_busy_s / n,
+                        "train_alone_s": s.train_busy_s / ns,
+                        "engine_s": _engine_busy_s(a) / n,
+                        "engine_alone_s": _engine_busy_s(s) / ns * ratio[m],
+                    }
+                )
         result = {side: _through_origin(points, f"{side}_s", f"{side}_alone_s") for side in ("engine", "train")}
-        new = dataclasses.replace(fitted, contention_engine=result["engine"]["c"],
-                                  contention_trainer=result["train"]["c"])
-        settled = (abs(new.contention_engine - fitted.contention_engine) < 1e-4
-                   and abs(new.contention_trainer - fitted.contention_trainer) < 1e-4)
+        new = dataclasses.replace(
+            fitted, contention_engine=result["engine"]["c"], contention_trainer=result["train"]["c"]
+        )
+        settled = (
+            abs(new.contention_engine - fitted.contention_engine) < 1e-4
+            and abs(new.contention_trainer - fitted.contention_trainer) < 1e-4
+        )
         fitted = new
         if settled:
             break
@@ -574,20 +708,28 @@ def fit_engine_sharing(costs: CostModel, path: str | Path) -> CostModel:
     n = int(spec.get("num_engines", 1))
     rows = [r for r in run.extras.repeats.get("sync", []) if r.steps]
     if n < 2 or not rows:
-        raise ConfigError(f"engine-sharing run {path}: needs a sync mode run with --num-engines >= 2 (has "
-                          f"{n} engine(s), {len(rows)} sync repeat(s)); fix: run miles-harness run --layout ray "
-                          "--num-engines 2 --modes sync,...")
+        raise ConfigError(
+            f"engine-sharing run {path}: needs a sync mode run with --num-engines >= 2 (has "
+            f"{n} engine(s), {len(rows)} sync repeat(s)); fix: run miles-harness run --layout ray "
+            "--num-engines 2 --modes sync,..."
+        )
     configs = run.mode_configs
     # as many steps as the run's repeats had: per-step figures depend on the count (the
     # last step's weight sync falls after the measurement window)
     cfg = dataclasses.replace(config_of(configs, "sync"), num_rollout=int(rows[0].steps))
-    base = dataclasses.replace(costs, max_running=int(spec.get("max_running", costs.max_running)),
-                               contention_engine=0.0, contention_trainer=0.0, contention_by_mode={})
+    base = dataclasses.replace(
+        costs,
+        max_running=int(spec.get("max_running", costs.max_running)),
+        contention_engine=0.0,
+        contention_trainer=0.0,
+        contention_by_mode={},
+    )
     target = _median_per_step(rows, "rollout_busy_s")
 
     def per_step(slots: float, per_engine: float = 0.0) -> dict[str, float]:
-        res = simulate_layout(dataclasses.replace(base, engine_slots=slots, weight_sync_per_engine_s=per_engine),
-                              cfg, Layout(engines=n))
+        res = simulate_layout(
+            dataclasses.replace(base, engine_slots=slots, weight_sync_per_engine_s=per_engine), cfg, Layout(engines=n)
+        )
         if res.error is not None or not res.history:
             raise RuntimeError(f"engine-sharing fit: the simulated sync run failed: {res.error!r}")
         s = summarize(res)
@@ -613,14 +755,27 @@ def fit_engine_sharing(costs: CostModel, path: str | Path) -> CostModel:
     w0, w1 = own["weight_sync"], per_step(0.0, probe)["weight_sync"]
     per_engine = max(0.0, (w_n - w0) / (w1 - w0) * probe) if w1 > w0 else 0.0
     host = host_share.host_cores(rows, n) if costs.engine_cores_by_mode.get("sync") else 0.0
-    info = {"source": str(path), "engines": n, "sync_repeats": len(rows), "host_engine_cores": host,
-            "measured_generating_per_step_s": target, "simulated_generating_own_hardware_s": own["generating"],
-            "slots": slots, "weight_sync_per_step_s": w_n, "weight_sync_one_engine_s": costs.weight_sync_s,
-            "note": "slots by bisection of the simulated sync generating time per step against the measured "
-                    "median; per-engine weight sync: the simulated weight sync per step matched to the measured median; the run's overlapped modes are "
-                    "not read"}
-    return dataclasses.replace(costs, engine_slots=slots, weight_sync_per_engine_s=per_engine, host_engine_cores=host,
-                               fit={**costs.fit, "engine_sharing": info})
+    info = {
+        "source": str(path),
+        "engines": n,
+        "sync_repeats": len(rows),
+        "host_engine_cores": host,
+        "measured_generating_per_step_s": target,
+        "simulated_generating_own_hardware_s": own["generating"],
+        "slots": slots,
+        "weight_sync_per_step_s": w_n,
+        "weight_sync_one_engine_s": costs.weight_sync_s,
+        "note": "slots by bisection of the simulated sync generating time per step against the measured "
+        "median; per-engine weight sync: the simulated weight sync per step matched to the measured median; the run's overlapped modes are "
+        "not read",
+    }
+    return dataclasses.replace(
+        costs,
+        engine_slots=slots,
+        weight_sync_per_engine_s=per_engine,
+        host_engine_cores=host,
+        fit={**costs.fit, "engine_sharing": info},
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -635,8 +790,10 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps({k: v for k, v in costs.to_json().items() if k != "fit"}, indent=1, sort_keys=True))
     cont = costs.fit.get("contention", {})
     if "engine" in cont:
-        print(f"contention: engine {costs.contention_engine:.3f} (se {cont['engine']['c_se']}), trainer "
-              f"{costs.contention_trainer:.3f} (se {cont['trainer']['c_se']}), from {cont['engine']['n']} repeats")
+        print(
+            f"contention: engine {costs.contention_engine:.3f} (se {cont['engine']['c_se']}), trainer "
+            f"{costs.contention_trainer:.3f} (se {cont['trainer']['c_se']}), from {cont['engine']['n']} repeats"
+        )
     print("notes:\n  " + "\n  ".join(costs.fit["notes"]) if costs.fit["notes"] else "notes: none")
     print(f"wrote {path}")
     return 0

@@ -36,8 +36,11 @@ def engine_cores_generating(rows: list[ModeRow]) -> float | None:
     """Each engine's cores while the rollout generates, median over the repeats: the
     engines' cores over the run, per engine, over the share of the run they generated
     (``rollout_busy_s``: their union). None unless every repeat recorded them."""
-    share = [r.cpu_cores_engines / len(r.cpu_cores_per_engine) * r.wall_s / r.rollout_busy_s
-             for r in rows if r.cpu_cores_engines is not None and r.cpu_cores_per_engine and r.rollout_busy_s]
+    share = [
+        r.cpu_cores_engines / len(r.cpu_cores_per_engine) * r.wall_s / r.rollout_busy_s
+        for r in rows
+        if r.cpu_cores_engines is not None and r.cpu_cores_per_engine and r.rollout_busy_s
+    ]
     return statistics.median(share) if share and len(share) == len(rows) else None
 
 
@@ -75,6 +78,8 @@ def figures(costs: Any, mode: str) -> dict[str, float]:
     main = main_cores(costs, mode)
     if main <= 0:
         return {"engine_cores": 0.0, "main_cores": 0.0, "host_cores": 0.0}
-    return {"engine_cores": costs.engine_cores_by_mode["sync"], "main_cores": main,
-            "host_cores": costs.host_engine_cores}
-
+    return {
+        "engine_cores": costs.engine_cores_by_mode["sync"],
+        "main_cores": main,
+        "host_cores": costs.host_engine_cores,
+    }

@@ -39,16 +39,34 @@ def plan(staleness: list[int], intervals: list[int], seeds: list[int], lr: float
             for arm in ("base", "rule"):
                 if arm == "rule" and s == 0:
                     continue
-                runs.append({"family": "fully-async", "knob": "s", "value": s, "arm": arm, "seed": seed,
-                             "lr": lr if arm == "base" else lr / (s + 1), "mode": "fully-async",
-                             "miles_args": BASE_MILES_ARGS + ["--max-weight-staleness", str(s)]})
+                runs.append(
+                    {
+                        "family": "fully-async",
+                        "knob": "s",
+                        "value": s,
+                        "arm": arm,
+                        "seed": seed,
+                        "lr": lr if arm == "base" else lr / (s + 1),
+                        "mode": "fully-async",
+                        "miles_args": BASE_MILES_ARGS + ["--max-weight-staleness", str(s)],
+                    }
+                )
         for k in intervals:
             for arm in ("base", "rule"):
                 if arm == "rule" and k == 1:
                     continue
-                runs.append({"family": "one-step", "knob": "k", "value": k, "arm": arm, "seed": seed,
-                             "lr": lr if arm == "base" else lr / k, "mode": "one-step",
-                             "miles_args": BASE_MILES_ARGS + ["--update-weights-interval", str(k)]})
+                runs.append(
+                    {
+                        "family": "one-step",
+                        "knob": "k",
+                        "value": k,
+                        "arm": arm,
+                        "seed": seed,
+                        "lr": lr if arm == "base" else lr / k,
+                        "mode": "one-step",
+                        "miles_args": BASE_MILES_ARGS + ["--update-weights-interval", str(k)],
+                    }
+                )
     return runs
 
 
@@ -78,10 +96,17 @@ def metrics(history: list[dict[str, Any]]) -> dict[str, Any]:
     losses = [h["train/loss"] for h in history if "train/loss" in h]
     grads = [h["train/grad_norm"] for h in history if "train/grad_norm" in h]
     gap = [h["train/train_rollout_logprob_abs_diff"] for h in history if "train/train_rollout_logprob_abs_diff" in h]
-    return {"steps": len(history), "final_reward": sum(rewards[-5:]) / len(rewards[-5:]) if rewards else None,
-            "auc_reward": sum(rewards) / len(rewards) if rewards else None, "loss_spikes": _mad_outliers(losses),
-            "grad_norm_outliers": _mad_outliers(grads), "gap_slope": _slope(gap),
-            "gap_last": sum(gap[-5:]) / len(gap[-5:]) if gap else None, "rewards": rewards, "gap": gap}
+    return {
+        "steps": len(history),
+        "final_reward": sum(rewards[-5:]) / len(rewards[-5:]) if rewards else None,
+        "auc_reward": sum(rewards) / len(rewards) if rewards else None,
+        "loss_spikes": _mad_outliers(losses),
+        "grad_norm_outliers": _mad_outliers(grads),
+        "gap_slope": _slope(gap),
+        "gap_last": sum(gap[-5:]) / len(gap[-5:]) if gap else None,
+        "rewards": rewards,
+        "gap": gap,
+    }
 
 
 def run_one(run: dict[str, Any], steps: int) -> dict[str, Any]:
@@ -93,9 +118,21 @@ def run_one(run: dict[str, Any], steps: int) -> dict[str, Any]:
     spec = RunSpec(lr=run["lr"], seed=run["seed"], steps=steps, gap_decomposition=False, repeats=1)
     t0 = time.perf_counter()
     r = run_mode(run["mode"], base, spec, measure=False)
-    out = {**run, "key": key(run), "error": r.error, "wall_s": time.perf_counter() - t0, **metrics(r.history),
-           "spec": {"task": spec.task, "task_length": spec.task_length, "task_symbols": spec.task_symbols,
-                    "model": spec.model, "steps": steps, "layout": spec.layout}}
+    out = {
+        **run,
+        "key": key(run),
+        "error": r.error,
+        "wall_s": time.perf_counter() - t0,
+        **metrics(r.history),
+        "spec": {
+            "task": spec.task,
+            "task_length": spec.task_length,
+            "task_symbols": spec.task_symbols,
+            "model": spec.model,
+            "steps": steps,
+            "layout": spec.layout,
+        },
+    }
     return out
 
 
@@ -105,6 +142,7 @@ def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         groups.setdefault((r["family"], r["knob"], r["value"], r["arm"]), []).append(r)
     out = []
     for (family, knob, value, arm), rs in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][2], kv[0][3])):
+
         def mean(name: str, rs: list[dict[str, Any]] = rs) -> float | None:
             xs = [r[name] for r in rs if r.get(name) is not None]
             return sum(xs) / len(xs) if xs else None
@@ -113,24 +151,43 @@ def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
             xs = [r[name] for r in rs if r.get(name) is not None]
             return statistics.stdev(xs) if len(xs) > 1 else None
 
-        out.append({"family": family, "knob": knob, "value": value, "arm": arm, "lr": rs[0]["lr"], "seeds": len(rs),
-                    "final_reward": mean("final_reward"), "final_reward_sd": sd("final_reward"),
-                    "auc_reward": mean("auc_reward"), "auc_reward_sd": sd("auc_reward"),
-                    "loss_spikes": mean("loss_spikes"), "grad_norm_outliers": mean("grad_norm_outliers"),
-                    "gap_slope": mean("gap_slope"), "errors": sum(1 for r in rs if r.get("error"))})
+        out.append(
+            {
+                "family": family,
+                "knob": knob,
+                "value": value,
+                "arm": arm,
+                "lr": rs[0]["lr"],
+                "seeds": len(rs),
+                "final_reward": mean("final_reward"),
+                "final_reward_sd": sd("final_reward"),
+                "auc_reward": mean("auc_reward"),
+                "auc_reward_sd": sd("auc_reward"),
+                "loss_spikes": mean("loss_spikes"),
+                "grad_norm_outliers": mean("grad_norm_outliers"),
+                "gap_slope": mean("gap_slope"),
+                "errors": sum(1 for r in rs if r.get("error")),
+            }
+        )
     return out
 
 
 def table(rows: list[dict[str, Any]], chance: float) -> str:
     f = lambda x, p=3: "-" if x is None else f"{x:.{p}f}"  # noqa: E731
-    lines = [f"Chance level: {chance:.3f}. Mean over seeds (sd).", "",
-             "| family | knob | arm | lr | seeds | final reward | AUC reward | loss spikes | grad-norm outliers | "
-             "gap slope (nats/token/step) |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"Chance level: {chance:.3f}. Mean over seeds (sd).",
+        "",
+        "| family | knob | arm | lr | seeds | final reward | AUC reward | loss spikes | grad-norm outliers | "
+        "gap slope (nats/token/step) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
-        lines.append(f"| {r['family']} | {r['knob']}={r['value']} | {r['arm']} | {r['lr']:.2e} | {r['seeds']} | "
-                     f"{f(r['final_reward'])} ({f(r['final_reward_sd'])}) | {f(r['auc_reward'])} "
-                     f"({f(r['auc_reward_sd'])}) | {f(r['loss_spikes'], 1)} | {f(r['grad_norm_outliers'], 1)} | "
-                     f"{'-' if r['gap_slope'] is None else format(r['gap_slope'], '.2e')} |")
+        lines.append(
+            f"| {r['family']} | {r['knob']}={r['value']} | {r['arm']} | {r['lr']:.2e} | {r['seeds']} | "
+            f"{f(r['final_reward'])} ({f(r['final_reward_sd'])}) | {f(r['auc_reward'])} "
+            f"({f(r['auc_reward_sd'])}) | {f(r['loss_spikes'], 1)} | {f(r['grad_norm_outliers'], 1)} | "
+            f"{'-' if r['gap_slope'] is None else format(r['gap_slope'], '.2e')} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -151,8 +208,13 @@ def plot(records: list[dict[str, Any]], rows: list[dict[str, Any]], path: Path, 
         for (value, arm), cs in sorted(curves.items()):
             n = min(len(c) for c in cs)
             mean = [sum(c[j] for c in cs) / len(cs) for j in range(n)]
-            ax.plot(range(n), mean, "-" if arm == "base" else "--", color=f"C{sorted({v for v, _ in curves}).index(value)}",
-                    label=f"{'s' if family == 'fully-async' else 'k'}={value} {arm}")
+            ax.plot(
+                range(n),
+                mean,
+                "-" if arm == "base" else "--",
+                color=f"C{sorted({v for v, _ in curves}).index(value)}",
+                label=f"{'s' if family == 'fully-async' else 'k'}={value} {arm}",
+            )
         ax.axhline(chance, color="grey", lw=0.8, ls=":", label="chance")
         ax.set_title(f"{family}: reward (mean over seeds)", fontsize=10)
         ax.set_xlabel("training step")
@@ -161,8 +223,12 @@ def plot(records: list[dict[str, Any]], rows: list[dict[str, Any]], path: Path, 
         ax.grid(alpha=0.3)
     ax = axes[2]
     labels = [f"{r['family'][:5]} {r['knob']}={r['value']} {r['arm']}" for r in rows]
-    ax.barh(range(len(rows)), [r["final_reward"] or 0 for r in rows],
-            xerr=[r["final_reward_sd"] or 0 for r in rows], color=["C0" if r["arm"] == "base" else "C1" for r in rows])
+    ax.barh(
+        range(len(rows)),
+        [r["final_reward"] or 0 for r in rows],
+        xerr=[r["final_reward_sd"] or 0 for r in rows],
+        color=["C0" if r["arm"] == "base" else "C1" for r in rows],
+    )
     ax.set_yticks(range(len(rows)), labels, fontsize=7)
     ax.axvline(chance, color="grey", lw=0.8, ls=":")
     ax.set_xlabel("final reward (mean of last 5 steps)")
@@ -188,15 +254,20 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     log = out / "runs.jsonl"
     done = {json.loads(line)["key"]: json.loads(line) for line in log.read_text().splitlines()} if log.exists() else {}
-    todo = [r for r in plan(ints(args.staleness), ints(args.intervals), ints(args.seeds), args.lr) if key(r) not in done]
+    todo = [
+        r for r in plan(ints(args.staleness), ints(args.intervals), ints(args.seeds), args.lr) if key(r) not in done
+    ]
     if args.max_runs is not None:
-        todo = todo[:args.max_runs]
+        todo = todo[: args.max_runs]
     for i, run in enumerate(todo):
         rec = run_one(run, args.steps)
         with log.open("a") as f:
             f.write(json.dumps(rec, sort_keys=True) + "\n")
-        print(f"[{i + 1}/{len(todo)}] {rec['key']}: final {rec['final_reward']:.3f} auc {rec['auc_reward']:.3f} "
-              f"({rec['wall_s']:.0f} s){' ERROR ' + rec['error'] if rec['error'] else ''}", flush=True)
+        print(
+            f"[{i + 1}/{len(todo)}] {rec['key']}: final {rec['final_reward']:.3f} auc {rec['auc_reward']:.3f} "
+            f"({rec['wall_s']:.0f} s){' ERROR ' + rec['error'] if rec['error'] else ''}",
+            flush=True,
+        )
         done[rec["key"]] = rec
     records = list(done.values())
     rows = summarize(records)
@@ -207,8 +278,9 @@ def main(argv: list[str] | None = None) -> int:
     task = get_task(spec.task, **spec.task_kwargs())
     chance = 1.0 / getattr(task, "n_symbols", 4)
     command = "python -m harness.advise.lr_study " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
-    (out / "summary.json").write_text(json.dumps({"command": command, "chance": chance, "rows": rows}, indent=1,
-                                                 sort_keys=True) + "\n")
+    (out / "summary.json").write_text(
+        json.dumps({"command": command, "chance": chance, "rows": rows}, indent=1, sort_keys=True) + "\n"
+    )
     (out / "table.md").write_text(f"# lr vs staleness study\n\nMade by: `{command}`\n\n" + table(rows, chance))
     plot(records, rows, out / "lr_study.png", chance)
     print(table(rows, chance))

@@ -65,12 +65,16 @@ SYNC_BASELINE_STEPS = 10
 TP_SIZES = (1, 2, 4, 8)  # one node; larger engines span whole nodes (multiples of 8)
 
 # The learning-rate rule and what the study (harness.advise.lr_study) found about it.
-LR_RULE = ("rule of thumb (the seed's): lr / k for update interval k, lr / (s + 1) for max staleness s, "
-           "relative to the settings' base lr")
-LR_STUDY_NOTE = ("the study (results/lr_study, tiny model, copy task, 3 seeds) found the rule's lr gives a higher "
-                 "area under the reward curve at s=1, s=2, k=2 and k=4 (+5% to +13%) and fewer loss spikes, with "
-                 "final rewards within seed noise, and no gain at s=4: so the rule is recommended as stated, "
-                 "as a stability measure rather than a speed-up")
+LR_RULE = (
+    "rule of thumb (the seed's): lr / k for update interval k, lr / (s + 1) for max staleness s, "
+    "relative to the settings' base lr"
+)
+LR_STUDY_NOTE = (
+    "the study (results/lr_study, tiny model, copy task, 3 seeds) found the rule's lr gives a higher "
+    "area under the reward curve at s=1, s=2, k=2 and k=4 (+5% to +13%) and fewer loss spikes, with "
+    "final rewards within seed noise, and no gain at s=4: so the rule is recommended as stated, "
+    "as a stability measure rather than a speed-up"
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,33 +91,45 @@ class Layout:
 def check_layout(layout: Layout, config: AsyncConfig, profile: str = "manual") -> None:
     """Refuse an impossible layout or flag combination: the error names the flag, the
     value, what is allowed and the fix."""
-    for flag, value in (("--engines", layout.engines), ("--gpus-per-engine", layout.gpus_per_engine),
-                        ("--trainer-gpus", layout.trainer_gpus)):
+    for flag, value in (
+        ("--engines", layout.engines),
+        ("--gpus-per-engine", layout.gpus_per_engine),
+        ("--trainer-gpus", layout.trainer_gpus),
+    ):
         if not isinstance(value, int) or value < 1:
-            raise ConfigError(f"{flag} {value}: must be an integer >= 1 (a layout needs at least one of each); "
-                              f"fix: {flag} 1")
+            raise ConfigError(
+                f"{flag} {value}: must be an integer >= 1 (a layout needs at least one of each); fix: {flag} 1"
+            )
     g = layout.gpus_per_engine
     if g not in TP_SIZES and g % 8 != 0:
-        raise ConfigError(f"--gpus-per-engine {g}: an engine's tensor-parallel size must be one of "
-                          f"{', '.join(map(str, TP_SIZES))} (within a node) or a multiple of 8 (whole nodes); "
-                          f"fix: --gpus-per-engine {max(t for t in TP_SIZES if t <= g) if g < 8 else 8 * (g // 8)}")
+        raise ConfigError(
+            f"--gpus-per-engine {g}: an engine's tensor-parallel size must be one of "
+            f"{', '.join(map(str, TP_SIZES))} (within a node) or a multiple of 8 (whole nodes); "
+            f"fix: --gpus-per-engine {max(t for t in TP_SIZES if t <= g) if g < 8 else 8 * (g // 8)}"
+        )
     samples = config.rollout_batch_size * config.n_samples_per_prompt
     if samples % layout.trainer_gpus != 0:
         divisors = [d for d in range(1, samples + 1) if samples % d == 0 and d <= max(layout.trainer_gpus * 2, 8)]
-        raise ConfigError(f"--trainer-gpus {layout.trainer_gpus}: the {samples} samples of a step "
-                          f"(--rollout-batch-size {config.rollout_batch_size} x --n-samples-per-prompt "
-                          f"{config.n_samples_per_prompt}) must split evenly over the data-parallel trainer ranks; "
-                          f"allowed: a divisor of {samples} (e.g. {', '.join(map(str, divisors[-4:]))}); "
-                          f"fix: change --trainer-gpus or the batch")
+        raise ConfigError(
+            f"--trainer-gpus {layout.trainer_gpus}: the {samples} samples of a step "
+            f"(--rollout-batch-size {config.rollout_batch_size} x --n-samples-per-prompt "
+            f"{config.n_samples_per_prompt}) must split evenly over the data-parallel trainer ranks; "
+            f"allowed: a divisor of {samples} (e.g. {', '.join(map(str, divisors[-4:]))}); "
+            f"fix: change --trainer-gpus or the batch"
+        )
     if config.colocate and layout.trainer_gpus != layout.engines * layout.gpus_per_engine:
-        raise ConfigError(f"--trainer-gpus {layout.trainer_gpus} with --colocate: colocated engines and trainer "
-                          f"share the same GPUs, so the trainer must have --engines x --gpus-per-engine = "
-                          f"{layout.engines * layout.gpus_per_engine}; fix: --trainer-gpus "
-                          f"{layout.engines * layout.gpus_per_engine}, or drop --colocate")
+        raise ConfigError(
+            f"--trainer-gpus {layout.trainer_gpus} with --colocate: colocated engines and trainer "
+            f"share the same GPUs, so the trainer must have --engines x --gpus-per-engine = "
+            f"{layout.engines * layout.gpus_per_engine}; fix: --trainer-gpus "
+            f"{layout.engines * layout.gpus_per_engine}, or drop --colocate"
+        )
     errors = [v for v in validate(config, profile) if v.severity == "error"]
     if errors:
-        raise ConfigError("the Miles flags are refused by rule profile "
-                          f"{profile!r}: " + "; ".join(f"[{v.rule_id}] {v.message}" for v in errors))
+        raise ConfigError(
+            "the Miles flags are refused by rule profile "
+            f"{profile!r}: " + "; ".join(f"[{v.rule_id}] {v.message}" for v in errors)
+        )
 
 
 # --- several engines behind a router ----------------------------------------------------------
@@ -152,8 +168,9 @@ class _RoutedEngine(SimEngine):
     """A ``SimEngine`` that tells the router when it turns busy or idle and when one of its
     requests leaves (finished, aborted or cancelled): no callback per request."""
 
-    def __init__(self, config: SimEngineConfig, *, sink: Any, busy: _Busy, router: LeastOutstandingRouter,
-                 index: int) -> None:
+    def __init__(
+        self, config: SimEngineConfig, *, sink: Any, busy: _Busy, router: LeastOutstandingRouter, index: int
+    ) -> None:
         super().__init__(config, sink=sink)
         self._router_busy = busy
         self._was_busy = False
@@ -179,8 +196,17 @@ class RoutedEngines:
     """N ``SimEngine``s behind Miles' least-outstanding-requests router
     (``harness.backends.router``, the one the Ray layout uses), as one engine."""
 
-    def __init__(self, config: SimEngineConfig, n: int, *, sink: Any = None, weight_sync_s: float = 0.0,
-                 pause_resume_s: float = 0.0, detail: bool = False, contention: Contention | None = None) -> None:
+    def __init__(
+        self,
+        config: SimEngineConfig,
+        n: int,
+        *,
+        sink: Any = None,
+        weight_sync_s: float = 0.0,
+        pause_resume_s: float = 0.0,
+        detail: bool = False,
+        contention: Contention | None = None,
+    ) -> None:
         sink = sink or NullSink()
         busy = _Busy(sink, contention)
         inner = _EngineSink(sink, detail)
@@ -228,8 +254,13 @@ class RoutedEngines:
 
 
 def scenario_for(costs: CostModel, config: AsyncConfig, layout: Layout) -> Scenario:
-    return Scenario(name="advise", config=config, engine=costs.engine_config(layout.gpus_per_engine, seed=config.seed),
-                    trainer=costs.trainer_config(layout.trainer_gpus), max_new_tokens=costs.max_new_tokens)
+    return Scenario(
+        name="advise",
+        config=config,
+        engine=costs.engine_config(layout.gpus_per_engine, seed=config.seed),
+        trainer=costs.trainer_config(layout.trainer_gpus),
+        max_new_tokens=costs.max_new_tokens,
+    )
 
 
 def calibrated_units(costs: CostModel, layout: Layout) -> bool:
@@ -253,23 +284,40 @@ def simulate_layout(costs: CostModel, config: AsyncConfig, layout: Layout, *, de
     weight_sync_s = costs.weight_sync_s + (layout.engines - 1) * costs.weight_sync_per_engine_s
 
     def factory(cfg: SimEngineConfig, sink: Any) -> RoutedEngines:
-        return RoutedEngines(cfg, layout.engines, sink=sink, weight_sync_s=weight_sync_s,
-                             pause_resume_s=costs.pause_resume_s, detail=detail, contention=contention)
+        return RoutedEngines(
+            cfg,
+            layout.engines,
+            sink=sink,
+            weight_sync_s=weight_sync_s,
+            pause_resume_s=costs.pause_resume_s,
+            detail=detail,
+            contention=contention,
+        )
 
     def trainer_factory(cfg: SimTrainerConfig) -> SimTrainer:
         trainer = SimTrainer(cfg)
         trainer.contention = contention
         return trainer
 
-    return simulate(scenario_for(costs, config, layout), engine_factory=factory,
-                    trainer_factory=trainer_factory if contention is not None else None)
+    return simulate(
+        scenario_for(costs, config, layout),
+        engine_factory=factory,
+        trainer_factory=trainer_factory if contention is not None else None,
+    )
 
 
 def sync_config(config: AsyncConfig) -> AsyncConfig:
     """The same flags as ``train.py`` (no overlap): the speedup's baseline."""
-    return dataclasses.replace(config, driver="train", fully_async=False, update_weights_interval=1,
-                               max_weight_staleness=None, over_sampling_batch_size=None,
-                               rollout_submission_granularity=None, async_max_concurrent_samples=None)
+    return dataclasses.replace(
+        config,
+        driver="train",
+        fully_async=False,
+        update_weights_interval=1,
+        max_weight_staleness=None,
+        over_sampling_batch_size=None,
+        rollout_submission_granularity=None,
+        async_max_concurrent_samples=None,
+    )
 
 
 def is_sync(config: AsyncConfig) -> bool:
@@ -280,11 +328,22 @@ def _stats(hist: dict[int, int]) -> dict[str, Any]:
     n = sum(hist.values())
     if not n:
         return {"mean": None, "max": None, "hist": {}}
-    return {"mean": sum(k * v for k, v in hist.items()) / n, "max": max(hist), "hist": {int(k): v for k, v in hist.items()}}
+    return {
+        "mean": sum(k * v for k, v in hist.items()) / n,
+        "max": max(hist),
+        "hist": {int(k): v for k, v in hist.items()},
+    }
 
 
-def predict(costs: CostModel, config: AsyncConfig, layout: Layout, *, profile: str = "manual",
-            sync_steps: int = SYNC_BASELINE_STEPS, baseline: dict[str, Any] | None = None) -> dict[str, Any]:
+def predict(
+    costs: CostModel,
+    config: AsyncConfig,
+    layout: Layout,
+    *,
+    profile: str = "manual",
+    sync_steps: int = SYNC_BASELINE_STEPS,
+    baseline: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """Predicted figures for ``config`` on ``layout``; ``baseline`` reuses a sync prediction."""
     check_layout(layout, config, profile)
     cpu0 = time.process_time()
@@ -296,8 +355,12 @@ def predict(costs: CostModel, config: AsyncConfig, layout: Layout, *, profile: s
     step_s = s["window_s"] / steps
     if baseline is None:
         if is_sync(config):
-            baseline = {"step_s": step_s, "rollout_s": s["rollout_generating_s"] / steps,
-                        "train_s": (s["train_training_s"] + s["weight_sync_s"]) / steps, "steps": steps}
+            baseline = {
+                "step_s": step_s,
+                "rollout_s": s["rollout_generating_s"] / steps,
+                "train_s": (s["train_training_s"] + s["weight_sync_s"]) / steps,
+                "steps": steps,
+            }
         else:
             baseline = predict_sync(costs, config, layout, sync_steps)
     speedup = baseline["step_s"] / step_s
@@ -305,35 +368,57 @@ def predict(costs: CostModel, config: AsyncConfig, layout: Layout, *, profile: s
     samples = sum(len(r.get("age_versions", [])) for r in res.history) * config.n_samples_per_prompt
     cpu = time.process_time() - cpu0
     return {
-        "layout": dataclasses.asdict(layout), "steps": steps, "step_s": step_s, "wall_s": s["window_s"],
-        "sync_step_s": baseline["step_s"], "speedup": speedup, "ideal_speedup": ideal,
+        "layout": dataclasses.asdict(layout),
+        "steps": steps,
+        "step_s": step_s,
+        "wall_s": s["window_s"],
+        "sync_step_s": baseline["step_s"],
+        "speedup": speedup,
+        "ideal_speedup": ideal,
         "overlap_efficiency": speedup / ideal if ideal else None,
-        "age_recorded": _stats(s["age_versions"]), "age_true": _stats(s["token_age_versions"]),
+        "age_recorded": _stats(s["age_versions"]),
+        "age_true": _stats(s["token_age_versions"]),
         "lag_steps": _stats(s["lag_steps"]),
-        "dropped_share": s["dropped_share"], "retried_share": s["retried_share"],
-        "queue_size_mean": s["queue_size_mean"], "queue_size_max": s["queue_size_max"],
+        "dropped_share": s["dropped_share"],
+        "retried_share": s["retried_share"],
+        "queue_size_mean": s["queue_size_mean"],
+        "queue_size_max": s["queue_size_max"],
         "capacity": config.capacity if config.fully_async else None,
-        "both_busy_fraction": s["both_busy_fraction"], "rollout_idle_ratio": s["rollout_idle_ratio"],
-        "busy_per_step_s": {"generating": s["rollout_generating_s"] / steps, "training": s["train_training_s"] / steps,
-                            "weight_sync": s["weight_sync_s"] / steps},
-        "train_idle_ratio": s["train_idle_ratio"], "samples_trained": samples, "cpu_s": cpu,
+        "both_busy_fraction": s["both_busy_fraction"],
+        "rollout_idle_ratio": s["rollout_idle_ratio"],
+        "busy_per_step_s": {
+            "generating": s["rollout_generating_s"] / steps,
+            "training": s["train_training_s"] / steps,
+            "weight_sync": s["weight_sync_s"] / steps,
+        },
+        "train_idle_ratio": s["train_idle_ratio"],
+        "samples_trained": samples,
+        "cpu_s": cpu,
         # the engines' steps that admitted requests (a prefill batch before the decode), of all their steps
-        "admitting_share": (res.engine_stats.get("admitting_steps", 0) / res.engine_stats["steps"]
-                            if res.engine_stats.get("steps") else None),
+        "admitting_share": (
+            res.engine_stats.get("admitting_steps", 0) / res.engine_stats["steps"]
+            if res.engine_stats.get("steps")
+            else None
+        ),
         "samples_per_cpu_s": samples / cpu if cpu > 0 else None,
     }
 
 
-def predict_sync(costs: CostModel, config: AsyncConfig, layout: Layout, steps: int = SYNC_BASELINE_STEPS
-                 ) -> dict[str, Any]:
+def predict_sync(
+    costs: CostModel, config: AsyncConfig, layout: Layout, steps: int = SYNC_BASELINE_STEPS
+) -> dict[str, Any]:
     cfg = dataclasses.replace(sync_config(config), num_rollout=min(config.num_rollout, steps))
     res = simulate_layout(costs, cfg, layout)
     if res.error is not None:
         raise RuntimeError(f"the simulated sync baseline failed: {res.error!r}")
     s = summarize(res)
     n = s["steps"]
-    return {"step_s": s["window_s"] / n, "rollout_s": s["rollout_generating_s"] / n,
-            "train_s": (s["train_training_s"] + s["weight_sync_s"]) / n, "steps": n}
+    return {
+        "step_s": s["window_s"] / n,
+        "rollout_s": s["rollout_generating_s"] / n,
+        "train_s": (s["train_training_s"] + s["weight_sync_s"]) / n,
+        "steps": n,
+    }
 
 
 # --- recommendation ---------------------------------------------------------------------------
@@ -357,8 +442,10 @@ def parse_target(target: str) -> int | None:
     t = target.strip().lower()
     m = re.fullmatch(r"fastest(?:\s+with\s+age\s*<=\s*(\d+))?", t)
     if not m:
-        raise ConfigError(f"--target {target!r}: allowed 'fastest' or 'fastest with age <= S' (S an integer, the "
-                          "largest true sample age in weight versions); fix: e.g. --target \"fastest with age <= 2\"")
+        raise ConfigError(
+            f"--target {target!r}: allowed 'fastest' or 'fastest with age <= S' (S an integer, the "
+            'largest true sample age in weight versions); fix: e.g. --target "fastest with age <= 2"'
+        )
     return int(m.group(1)) if m.group(1) is not None else None
 
 
@@ -366,20 +453,42 @@ def candidates(config: AsyncConfig, max_age: int | None) -> list[tuple[str, Asyn
     bound = 4 if max_age is None else max_age
     out = [("sync (train.py)", sync_config(config))]
     for k in (1, 2, 4):
-        out.append((f"one-step, --update-weights-interval {k}",
-                    dataclasses.replace(sync_config(config), driver="train_async", update_weights_interval=k)))
+        out.append(
+            (
+                f"one-step, --update-weights-interval {k}",
+                dataclasses.replace(sync_config(config), driver="train_async", update_weights_interval=k),
+            )
+        )
     for s in range(0, bound + 1):
         for handler in ("drop", "retry"):
-            out.append((f"fully-async, --max-weight-staleness {s}, --async-unused-samples-handler {handler}",
-                        dataclasses.replace(config, driver="train_async", fully_async=True, max_weight_staleness=s,
-                                            async_unused_samples_handler=handler,
-                                            pause_generation_mode="retract" if config.pause_generation_mode == "abort"
-                                            else config.pause_generation_mode)))
+            out.append(
+                (
+                    f"fully-async, --max-weight-staleness {s}, --async-unused-samples-handler {handler}",
+                    dataclasses.replace(
+                        config,
+                        driver="train_async",
+                        fully_async=True,
+                        max_weight_staleness=s,
+                        async_unused_samples_handler=handler,
+                        pause_generation_mode="retract"
+                        if config.pause_generation_mode == "abort"
+                        else config.pause_generation_mode,
+                    ),
+                )
+            )
     return out
 
 
-def recommend(costs: CostModel, config: AsyncConfig, layout: Layout, target: str, *, base_lr: float,
-              steps: int | None = None, profile: str = "manual") -> dict[str, Any]:
+def recommend(
+    costs: CostModel,
+    config: AsyncConfig,
+    layout: Layout,
+    target: str,
+    *,
+    base_lr: float,
+    steps: int | None = None,
+    profile: str = "manual",
+) -> dict[str, Any]:
     """The fastest candidate settings whose largest true sample age is within the target."""
     max_age = parse_target(target)
     steps = steps or min(config.num_rollout, 30)
@@ -394,29 +503,55 @@ def recommend(costs: CostModel, config: AsyncConfig, layout: Layout, target: str
         # version spans k steps, so versions understate it) and to the true version age
         age = max(p["lag_steps"]["max"] or 0, p["age_true"]["max"] or 0)
         lr, factor, _ = lr_for(cand, base_lr)
-        rows.append({"settings": name, "step_s": p["step_s"], "speedup": p["speedup"], "age_true_max": age,
-                     "age_recorded_max": p["age_recorded"]["max"], "dropped_share": p["dropped_share"],
-                     "lr": lr, "lr_factor": factor, "ok": max_age is None or age <= max_age})
+        rows.append(
+            {
+                "settings": name,
+                "step_s": p["step_s"],
+                "speedup": p["speedup"],
+                "age_true_max": age,
+                "age_recorded_max": p["age_recorded"]["max"],
+                "dropped_share": p["dropped_share"],
+                "lr": lr,
+                "lr_factor": factor,
+                "ok": max_age is None or age <= max_age,
+            }
+        )
     ok = [r for r in rows if r["ok"]]
     best = min(ok, key=lambda r: (round(r["step_s"], 9), r["age_true_max"], r["dropped_share"])) if ok else None
-    return {"target": target, "max_age": max_age, "steps_simulated": steps, "candidates": rows, "best": best,
-            "lr_rule": LR_RULE, "lr_note": LR_STUDY_NOTE}
+    return {
+        "target": target,
+        "max_age": max_age,
+        "steps_simulated": steps,
+        "candidates": rows,
+        "best": best,
+        "lr_rule": LR_RULE,
+        "lr_note": LR_STUDY_NOTE,
+    }
 
 
 # --- engines sweep and plot -----------------------------------------------------------------------
 
 
-def sweep_engines(costs: CostModel, config: AsyncConfig, layout: Layout, counts: list[int], *,
-                  steps: int | None = None) -> list[dict[str, Any]]:
+def sweep_engines(
+    costs: CostModel, config: AsyncConfig, layout: Layout, counts: list[int], *, steps: int | None = None
+) -> list[dict[str, Any]]:
     steps = steps or min(config.num_rollout, 30)
     cfg = dataclasses.replace(config, num_rollout=steps)
     out = []
     for n in counts:
         lay = dataclasses.replace(layout, engines=n)
         p = predict(costs, cfg, lay)
-        out.append({"engines": n, "speedup": p["speedup"], "step_s": p["step_s"], "sync_step_s": p["sync_step_s"],
-                    "age_true_mean": p["age_true"]["mean"], "age_true_max": p["age_true"]["max"],
-                    "age_recorded_mean": p["age_recorded"]["mean"]})
+        out.append(
+            {
+                "engines": n,
+                "speedup": p["speedup"],
+                "step_s": p["step_s"],
+                "sync_step_s": p["sync_step_s"],
+                "age_true_mean": p["age_true"]["mean"],
+                "age_true_max": p["age_true"]["max"],
+                "age_recorded_mean": p["age_recorded"]["mean"],
+            }
+        )
     return out
 
 
@@ -454,7 +589,7 @@ def plot_sweep(rows: list[dict[str, Any]], path: Any, title: str) -> Any:
 
 def engine_counts(n: int) -> list[int]:
     top = max(n, 8)
-    out = [2 ** i for i in range(int(math.log2(top)) + 1)]
+    out = [2**i for i in range(int(math.log2(top)) + 1)]
     if n not in out:
         out.append(n)
     return sorted(out)

@@ -54,8 +54,9 @@ def one_run(work: Path, keep: Path | None = None) -> dict[str, Any]:
     paths = {}
     for n in (1, 2):
         out = work / f"ray-{n}"
-        subprocess.run([sys.executable] + RUN + ["--num-engines", str(n), "--out", str(out)], check=True,
-                       stdout=subprocess.DEVNULL)
+        subprocess.run(
+            [sys.executable] + RUN + ["--num-engines", str(n), "--out", str(out)], check=True, stdout=subprocess.DEVNULL
+        )
         paths[n] = str(out / "results.json")
         if keep is not None:
             keep.mkdir(parents=True, exist_ok=True)
@@ -68,20 +69,37 @@ def score(one_engine: str, two_engines: str) -> dict[str, Any]:
     """The validation of one pair of results files (1 engine, 2 engines)."""
     report = validate(one_engine, [], two_engines)
     measured = {f"ray-{r['engines']}": {"commit": r["commit"], "dirty": r["dirty"]} for r in report["rows"]}
-    rows = [{"engines": r["engines"], "mode": r["mode"], "step_error": r["step_error"],
-             "speedup_error": r.get("speedup_error"), "measured_step_s": r["measured_step_s"],
-             "predicted_step_s": r["predicted_step_s"], "measured_speedup": r["measured_speedup"],
-             "predicted_speedup": r["predicted_speedup"],
-             # each side's busy time per step, simulated over measured, minus 1 (validate's busy table)
-             **{f"{side}_error": r["predicted_busy_per_step_s"][side] / r["measured_busy_per_step_s"][side] - 1
+    rows = [
+        {
+            "engines": r["engines"],
+            "mode": r["mode"],
+            "step_error": r["step_error"],
+            "speedup_error": r.get("speedup_error"),
+            "measured_step_s": r["measured_step_s"],
+            "predicted_step_s": r["predicted_step_s"],
+            "measured_speedup": r["measured_speedup"],
+            "predicted_speedup": r["predicted_speedup"],
+            # each side's busy time per step, simulated over measured, minus 1 (validate's busy table)
+            **{
+                f"{side}_error": r["predicted_busy_per_step_s"][side] / r["measured_busy_per_step_s"][side] - 1
                 for side in ("generating", "training", "weight_sync")
-                if r["measured_busy_per_step_s"].get(side) and side in r["predicted_busy_per_step_s"]},
-             "admitting_share_measured": r.get("admitting_share_measured"),
-             "admitting_share_simulated": r.get("admitting_share_simulated"), **_noise(r)}
-            for r in report["rows"] if r["engines"] == 2 and r["mode"] != "sync"]
-    return {"rows": rows, "summary": summary(report).get("ray"), "measured_at": measured,
-            "prefill_base_s": report["costs"]["prefill_base_s"], "engine_slots": report["costs"]["engine_slots"],
-            "mode_vs_sync": mode_vs_sync(report["rows"])}
+                if r["measured_busy_per_step_s"].get(side) and side in r["predicted_busy_per_step_s"]
+            },
+            "admitting_share_measured": r.get("admitting_share_measured"),
+            "admitting_share_simulated": r.get("admitting_share_simulated"),
+            **_noise(r),
+        }
+        for r in report["rows"]
+        if r["engines"] == 2 and r["mode"] != "sync"
+    ]
+    return {
+        "rows": rows,
+        "summary": summary(report).get("ray"),
+        "measured_at": measured,
+        "prefill_base_s": report["costs"]["prefill_base_s"],
+        "engine_slots": report["costs"]["engine_slots"],
+        "mode_vs_sync": mode_vs_sync(report["rows"]),
+    }
 
 
 def _noise(row: dict[str, Any]) -> dict[str, Any]:
@@ -90,8 +108,11 @@ def _noise(row: dict[str, Any]) -> dict[str, Any]:
     measured median is one draw of such a run; a prediction inside its repeats is as close
     as the measurement can tell)."""
     lo, hi = row["measured_step_s_range"]
-    return {"measured_step_s_range": [lo, hi], "repeat_spread": (hi - lo) / row["measured_step_s"],
-            "predicted_within_repeats": lo <= row["predicted_step_s"] <= hi}
+    return {
+        "measured_step_s_range": [lo, hi],
+        "repeat_spread": (hi - lo) / row["measured_step_s"],
+        "predicted_within_repeats": lo <= row["predicted_step_s"] <= hi,
+    }
 
 
 def ranges(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -99,18 +120,42 @@ def ranges(runs: list[dict[str, Any]]) -> dict[str, Any]:
     the busy time per step of each side), and how many runs had every held-out row within 10%."""
     out: dict[str, Any] = {}
     for mode in ("one-step", "fully-async"):
-        for key in ("step_error", "speedup_error", "generating_error", "training_error", "weight_sync_error",
-                    "admitting_share_measured", "admitting_share_simulated", "repeat_spread"):
-            _put_range(out, f"{mode}/{key}",
-                       [r[key] for run in runs for r in run["rows"] if r["mode"] == mode and r.get(key) is not None])
-        inside = [r["predicted_within_repeats"] for run in runs for r in run["rows"]
-                  if r["mode"] == mode and "predicted_within_repeats" in r]
+        for key in (
+            "step_error",
+            "speedup_error",
+            "generating_error",
+            "training_error",
+            "weight_sync_error",
+            "admitting_share_measured",
+            "admitting_share_simulated",
+            "repeat_spread",
+        ):
+            _put_range(
+                out,
+                f"{mode}/{key}",
+                [r[key] for run in runs for r in run["rows"] if r["mode"] == mode and r.get(key) is not None],
+            )
+        inside = [
+            r["predicted_within_repeats"]
+            for run in runs
+            for r in run["rows"]
+            if r["mode"] == mode and "predicted_within_repeats" in r
+        ]
         if inside:
             out[f"{mode}/predicted_within_repeats"] = {"rows": sum(inside), "of": len(inside)}
-        for key, name in (("growth", "engine_step_vs_sync_growth"),
-                          ("growth_model", "engine_step_vs_sync_growth_model")):
-            _put_range(out, f"{mode}/{name}", [run["mode_vs_sync"][mode][key] for run in runs
-                                               if run.get("mode_vs_sync", {}).get(mode, {}).get(key) is not None])
+        for key, name in (
+            ("growth", "engine_step_vs_sync_growth"),
+            ("growth_model", "engine_step_vs_sync_growth_model"),
+        ):
+            _put_range(
+                out,
+                f"{mode}/{name}",
+                [
+                    run["mode_vs_sync"][mode][key]
+                    for run in runs
+                    if run.get("mode_vs_sync", {}).get(mode, {}).get(key) is not None
+                ],
+            )
     out["runs_within_10pct"] = sum(1 for run in runs if run["summary"] and run["summary"]["within_target"])
     out["runs"] = len(runs)
     return out
@@ -118,14 +163,22 @@ def ranges(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _put_range(out: dict[str, Any], key: str, vals: list[float]) -> None:
     if vals:
-        out[key] = {"min": min(vals), "max": max(vals), "mean": sum(vals) / len(vals),
-                    "sd": statistics.stdev(vals) if len(vals) > 1 else None, "n": len(vals)}
+        out[key] = {
+            "min": min(vals),
+            "max": max(vals),
+            "mean": sum(vals) / len(vals),
+            "sd": statistics.stdev(vals) if len(vals) > 1 else None,
+            "n": len(vals),
+        }
 
 
 def kept_pairs(kept: Path) -> list[Path]:
     """The pair folders under ``kept`` (``run<i>`` with both files), by ``i``."""
-    dirs = [d for d in kept.glob("run*") if d.name[3:].isdigit() and (d / "ray-1.json.gz").is_file()
-            and (d / "ray-2.json.gz").is_file()]
+    dirs = [
+        d
+        for d in kept.glob("run*")
+        if d.name[3:].isdigit() and (d / "ray-1.json.gz").is_file() and (d / "ray-2.json.gz").is_file()
+    ]
     return sorted(dirs, key=lambda d: int(d.name[3:]))
 
 
@@ -147,37 +200,50 @@ def rescore(kept: Path, work: Path) -> list[dict[str, Any]]:
 
 def _print_run(i: int, total: int, run: dict[str, Any]) -> None:
     s = run["summary"]
-    print(f"run {i + 1}/{total}: " + ", ".join(f"{r['mode']} s/step {r['step_error']:+.1%} speedup "
-                                               f"{r['speedup_error']:+.1%}" for r in run["rows"])
-          + ("; all within 10%" if s and s["within_target"] else "; NOT all within 10%"), flush=True)
+    print(
+        f"run {i + 1}/{total}: "
+        + ", ".join(f"{r['mode']} s/step {r['step_error']:+.1%} speedup {r['speedup_error']:+.1%}" for r in run["rows"])
+        + ("; all within 10%" if s and s["within_target"] else "; NOT all within 10%"),
+        flush=True,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m harness.advise.validate_runs", description=__doc__.split("\n")[0])
-    p.add_argument("--runs", type=int, default=None,
-                   help="fresh pairs of Ray runs to make and validate (default 3; 0 with --keep)")
+    p.add_argument(
+        "--runs", type=int, default=None, help="fresh pairs of Ray runs to make and validate (default 3; 0 with --keep)"
+    )
     p.add_argument("--out", default="results/advise/validation_ray_runs.json")
     p.add_argument("--keep", default=None, help="keep each pair's results files (gzipped) under this folder")
-    p.add_argument("--rescore", default=None, help="validate the pairs kept under this folder again and make none "
-                   "(--keep DIR --runs 0)")
+    p.add_argument(
+        "--rescore",
+        default=None,
+        help="validate the pairs kept under this folder again and make none (--keep DIR --runs 0)",
+    )
     args = p.parse_args(argv)
     if args.keep and args.rescore:
         raise SystemExit("--keep and --rescore: give one (--keep makes new pairs, --rescore reads kept ones)")
     if args.rescore:
         if args.runs:
-            raise SystemExit(f"--rescore with --runs {args.runs}: --rescore makes no runs; fix: drop --runs, or use "
-                             "--keep DIR --runs N to add pairs")
+            raise SystemExit(
+                f"--rescore with --runs {args.runs}: --rescore makes no runs; fix: drop --runs, or use "
+                "--keep DIR --runs N to add pairs"
+            )
         args.keep, args.runs = args.rescore, 0
     elif args.runs is None:
         args.runs = 3
     if args.runs < (0 if args.keep else 1):
-        raise SystemExit(f"--runs {args.runs}: must be >= 1 (>= 0 with --keep: 0 validates the kept pairs again and "
-                         "makes none); fix: e.g. --runs 3")
+        raise SystemExit(
+            f"--runs {args.runs}: must be >= 1 (>= 0 with --keep: 0 validates the kept pairs again and "
+            "makes none); fix: e.g. --runs 3"
+        )
     earlier = kept_pairs(Path(args.keep)) if args.keep else []
     if args.runs == 0 and not earlier:
         flag = f"--rescore {args.rescore}" if args.rescore else f"--keep {args.keep} --runs 0"
-        raise SystemExit(f"{flag}: no kept pairs (run<i>/ray-1.json.gz and ray-2.json.gz) there, so nothing to "
-                         "validate; fix: make them with --keep DIR, or name the folder that holds them")
+        raise SystemExit(
+            f"{flag}: no kept pairs (run<i>/ray-1.json.gz and ray-2.json.gz) there, so nothing to "
+            "validate; fix: make them with --keep DIR, or name the folder that holds them"
+        )
     runs = []
     with tempfile.TemporaryDirectory(prefix="ray-validation-") as tmp:
         if earlier:  # validated again with this model; the new pairs follow them
@@ -189,15 +255,22 @@ def main(argv: list[str] | None = None) -> int:
         first = int(earlier[-1].name[3:]) + 1 if earlier else 0
         for i in range(first, first + args.runs):
             keep = Path(args.keep) / f"run{i}" if args.keep else None
-            runs.append({**({"pair": f"run{i}"} if keep else {}), "new": True,
-                         **one_run(Path(tmp) / f"run{i}", keep)})
+            runs.append({**({"pair": f"run{i}"} if keep else {}), "new": True, **one_run(Path(tmp) / f"run{i}", keep)})
             _print_run(i - first, args.runs, runs[-1])
     git = git_info()
-    doc = {"command": "python -m harness.advise.validate_runs " + " ".join(argv if argv is not None else sys.argv[1:]),
-           "created_utc": utc_now(), "git_commit": git["commit"] if git else None,
-           "git_dirty": git["dirty"] if git else None, "runs": runs, "range": ranges(runs),
-           **({"range_new": ranges([r for r in runs if r.get("new")])}
-              if any(r.get("new") is False for r in runs) and any(r.get("new") for r in runs) else {})}
+    doc = {
+        "command": "python -m harness.advise.validate_runs " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "created_utc": utc_now(),
+        "git_commit": git["commit"] if git else None,
+        "git_dirty": git["dirty"] if git else None,
+        "runs": runs,
+        "range": ranges(runs),
+        **(
+            {"range_new": ranges([r for r in runs if r.get("new")])}
+            if any(r.get("new") is False for r in runs) and any(r.get("new") for r in runs)
+            else {}
+        ),
+    }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")

@@ -36,8 +36,14 @@ def request_for(sample: Sample, sampling: SamplingParams) -> tuple[list[int], in
     return prefix, sampling.max_new_tokens - len(sample.response_tokens)
 
 
-def check_request(prefix: Sequence[int], max_new_tokens: int, temperature: float, *,
-                  max_seq_len: int | None = None, generated: int = 0) -> None:
+def check_request(
+    prefix: Sequence[int],
+    max_new_tokens: int,
+    temperature: float,
+    *,
+    max_seq_len: int | None = None,
+    generated: int = 0,
+) -> None:
     """Raise ``ConfigError`` unless the request can run: a non-empty prompt, at least one
     new token, ``prefix + max_new_tokens <= max_seq_len`` where the engine knows its
     length, and ``temperature >= 0``. ``generated`` is how many tokens of ``prefix``
@@ -50,10 +56,13 @@ def check_request(prefix: Sequence[int], max_new_tokens: int, temperature: float
     total = len(prefix) + max_new_tokens
     if max_new_tokens < 1 or (max_seq_len is not None and total > max_seq_len):
         allowed = "max_new_tokens >= 1" + (
-            f" and prefix + max_new_tokens <= max_seq_len={max_seq_len}" if max_seq_len is not None else "")
-        fix = ("raise --rollout-max-response-len or drop finished samples before resubmitting"
-               if max_new_tokens < 1 else
-               "lower --rollout-max-response-len or build the model with a larger max_seq_len")
+            f" and prefix + max_new_tokens <= max_seq_len={max_seq_len}" if max_seq_len is not None else ""
+        )
+        fix = (
+            "raise --rollout-max-response-len or drop finished samples before resubmitting"
+            if max_new_tokens < 1
+            else "lower --rollout-max-response-len or build the model with a larger max_seq_len"
+        )
         raise ConfigError(
             f"max_new_tokens={max_new_tokens + generated} leaves {max_new_tokens} new tokens after a "
             f"{len(prefix)}-token prefix ({generated} already generated); allowed is {allowed}. Fix: {fix}."
@@ -67,14 +76,14 @@ def request_seed(base_seed: int, sample: Sample) -> int:
     return (base_seed * 1_000_003 + sample.index * 7_919 + sample.retry_count * 104_729) % (2**63)
 
 
-def add_request_args(sample: Sample, sampling: SamplingParams, *, seed: int,
-                     max_seq_len: int | None) -> tuple[list[int], int, float, int]:
+def add_request_args(
+    sample: Sample, sampling: SamplingParams, *, seed: int, max_seq_len: int | None
+) -> tuple[list[int], int, float, int]:
     """``(prefix, max_new_tokens, temperature, seed)`` for ``EngineCore.add_request`` to
     generate ``sample``, checked here (``ConfigError`` in the caller); ``seed`` is the
     engine's base seed, ``max_seq_len`` the model's (``None``: checked where it is known)."""
     prefix, budget = request_for(sample, sampling)
-    check_request(prefix, budget, sampling.temperature, max_seq_len=max_seq_len,
-                  generated=len(sample.response_tokens))
+    check_request(prefix, budget, sampling.temperature, max_seq_len=max_seq_len, generated=len(sample.response_tokens))
     return prefix, budget, sampling.temperature, request_seed(seed, sample)
 
 
@@ -92,8 +101,15 @@ def record_outcome(sample: Sample, weight_version: Any, status: Status) -> None:
     sample.status = status
 
 
-def merge_result(sample: Sample, *, tokens: Iterable[int], log_probs: Iterable[float],
-                 token_runs: Iterable[Sequence[int]], weight_version: Any, status: Status) -> Sample:
+def merge_result(
+    sample: Sample,
+    *,
+    tokens: Iterable[int],
+    log_probs: Iterable[float],
+    token_runs: Iterable[Sequence[int]],
+    weight_version: Any,
+    status: Status,
+) -> Sample:
     """Append one engine result to ``sample`` and return it. ``token_runs`` are the
     result's ``(version, kv_version, count)`` runs; a run continuing the sample's last
     one is merged into it. New lists are assigned, never extended in place."""
@@ -111,9 +127,16 @@ def emit_finished(sink: Any, sample: Sample, **extra: Any) -> None:
     """The FINISHED event of one generate call (nothing when the sink records nothing);
     ``extra`` adds fields (the served engine's ``tokens_digest``)."""
     if sink.enabled:
-        sink.emit(ev.FINISHED, index=sample.index, group_index=sample.group_index, status=sample.status.value,
-                  response_length=sample.response_length, token_versions=sample.token_versions.to_json(),
-                  weight_versions=list(sample.weight_versions), **extra)
+        sink.emit(
+            ev.FINISHED,
+            index=sample.index,
+            group_index=sample.group_index,
+            status=sample.status.value,
+            response_length=sample.response_length,
+            token_versions=sample.token_versions.to_json(),
+            weight_versions=list(sample.weight_versions),
+            **extra,
+        )
 
 
 def sample_fields(fields: dict[str, Any], requests: Any) -> dict[str, Any] | None:

@@ -36,8 +36,15 @@ from miles_async_core import events as ev
 class EngineThread:
     """One engine thread: ``post`` / ``call`` commands, ``start`` / ``stop`` the thread."""
 
-    def __init__(self, name: str, *, can_step: Callable[[], bool], step: Callable[[], None],
-                 on_error: Callable[[BaseException], None], on_idle: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        *,
+        can_step: Callable[[], bool],
+        step: Callable[[], None],
+        on_error: Callable[[BaseException], None],
+        on_idle: Callable[[], None] | None = None,
+    ) -> None:
         self.name = name
         self._can_step, self._step, self._on_error, self._on_idle = can_step, step, on_error, on_idle
         self._cond = threading.Condition()

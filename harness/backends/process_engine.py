@@ -71,15 +71,23 @@ class WeightLayout:
     def pack(self, state_dict: dict[str, torch.Tensor], flat: torch.Tensor) -> None:
         with torch.no_grad():
             for name, _, off, n in self.entries:
-                flat[off:off + n].copy_(state_dict[name].reshape(-1))
+                flat[off : off + n].copy_(state_dict[name].reshape(-1))
 
     def unpack(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
-        return {name: flat[off:off + n].view(shape) for name, shape, off, n in self.entries}
+        return {name: flat[off : off + n].view(shape) for name, shape, off, n in self.entries}
 
 
-def _child_main(conn: Any, build_model: Callable[[], Any], flat: torch.Tensor, layout: WeightLayout,
-                max_running: int, eos_token_id: int | None, num_threads: int, core_cls: type | None = None,
-                record_events: bool = True) -> None:
+def _child_main(
+    conn: Any,
+    build_model: Callable[[], Any],
+    flat: torch.Tensor,
+    layout: WeightLayout,
+    max_running: int,
+    eos_token_id: int | None,
+    num_threads: int,
+    core_cls: type | None = None,
+    record_events: bool = True,
+) -> None:
     from harness.backends.torch_engine import EngineCore
 
     conn.send(("hello", time.monotonic()))  # the parent checks the clock is shared (module docstring)
@@ -90,8 +98,9 @@ def _child_main(conn: Any, build_model: Callable[[], Any], flat: torch.Tensor, l
         if record_events:  # off when the parent records nothing (run_mode(measure=False))
             events.append((time.monotonic(), kind, fields))
 
-    core = (core_cls or EngineCore)(build_model(), max_running=max_running, eos_token_id=eos_token_id,
-                                    on_event=emit if record_events else None)
+    core = (core_cls or EngineCore)(
+        build_model(), max_running=max_running, eos_token_id=eos_token_id, on_event=emit if record_events else None
+    )
     busy = False
 
     def flush_events() -> None:
@@ -139,8 +148,14 @@ def _child_main(conn: Any, build_model: Callable[[], Any], flat: torch.Tensor, l
             raise
 
 
-def _apply(core: Any, msg: tuple, flat: torch.Tensor, layout: WeightLayout, emit: Callable[..., None],
-           finish: Callable[[list], None]) -> tuple | None:
+def _apply(
+    core: Any,
+    msg: tuple,
+    flat: torch.Tensor,
+    layout: WeightLayout,
+    emit: Callable[..., None],
+    finish: Callable[[list], None],
+) -> tuple | None:
     if msg[0] == "update":  # the weights are in the shared buffer; the child copies them in
         t0 = time.perf_counter()
         core.update_weights(msg[2], {k: v.clone() for k, v in layout.unpack(flat).items()})
@@ -151,9 +166,19 @@ def _apply(core: Any, msg: tuple, flat: torch.Tensor, layout: WeightLayout, emit
 class ProcessEngine:
     """``RolloutEngine`` over an ``EngineCore`` running in a child process."""
 
-    def __init__(self, build_model: Callable[[], Any], initial_weights: dict[str, torch.Tensor], *,
-                 max_running: int = 64, eos_token_id: int | None = None, seed: int = 0, num_threads: int = 1,
-                 sink: Any = None, max_seq_len: int | None = None, core_cls: type | None = None) -> None:
+    def __init__(
+        self,
+        build_model: Callable[[], Any],
+        initial_weights: dict[str, torch.Tensor],
+        *,
+        max_running: int = 64,
+        eos_token_id: int | None = None,
+        seed: int = 0,
+        num_threads: int = 1,
+        sink: Any = None,
+        max_seq_len: int | None = None,
+        core_cls: type | None = None,
+    ) -> None:
         self.sink = sink or NullSink()
         self.max_seq_len = max_seq_len  # the model's, for checking requests here; None: the child checks it
         self.seed = seed
@@ -162,9 +187,22 @@ class ProcessEngine:
         self.layout.pack(initial_weights, self.flat)
         ctx = mp.get_context("spawn")
         self._conn, child_conn = ctx.Pipe()
-        self.process = ctx.Process(target=_child_main, name="miles-engine", daemon=True,
-                                   args=(child_conn, build_model, self.flat, self.layout, max_running, eos_token_id,
-                                         num_threads, core_cls, self.sink.enabled))
+        self.process = ctx.Process(
+            target=_child_main,
+            name="miles-engine",
+            daemon=True,
+            args=(
+                child_conn,
+                build_model,
+                self.flat,
+                self.layout,
+                max_running,
+                eos_token_id,
+                num_threads,
+                core_cls,
+                self.sink.enabled,
+            ),
+        )
         self._started_at = time.monotonic()  # a: the child's first reading must not precede it
         self.child_offset_s = 0.0  # child monotonic -> parent monotonic (module docstring)
         self.clock_shared: bool | None = None  # None until the child's first message
@@ -272,8 +310,9 @@ class ProcessEngine:
             if self._closing:
                 return
             self.process.join(timeout=5)
-            err = EngineDiedError(f"the engine process exited (exit code {self.process.exitcode}); "
-                                  "results of finished steps are kept")
+            err = EngineDiedError(
+                f"the engine process exited (exit code {self.process.exitcode}); results of finished steps are kept"
+            )
             loop.call_soon_threadsafe(self._fail_all, err)
 
     def _align(self, child_t: float, received: float) -> None:
@@ -315,8 +354,9 @@ class ProcessEngine:
             if entry is None or entry[0].done():
                 continue
             fut, s = entry
-            merge_result(s, tokens=tokens, log_probs=log_probs, token_runs=runs, weight_version=version,
-                         status=Status(status))
+            merge_result(
+                s, tokens=tokens, log_probs=log_probs, token_runs=runs, weight_version=version, status=Status(status)
+            )
             emit_finished(self.sink, s)
             fut.set_result(s)
 

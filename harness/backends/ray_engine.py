@@ -130,10 +130,13 @@ def ensure_ray(address: str | None = None) -> dict[str, Any]:
     if address:
         ray.init(address=address, include_dashboard=False, log_to_driver=False)
     else:
-        ray.init(num_cpus=os.cpu_count() or 2, include_dashboard=False, log_to_driver=False,
-                 configure_logging=False)
-    _CLUSTER.update(address=address or "local", started_here=not address, startup_s=time.perf_counter() - t0,
-                    num_cpus=int(ray.cluster_resources().get("CPU", 0)))
+        ray.init(num_cpus=os.cpu_count() or 2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    _CLUSTER.update(
+        address=address or "local",
+        started_here=not address,
+        startup_s=time.perf_counter() - t0,
+        num_cpus=int(ray.cluster_resources().get("CPU", 0)),
+    )
     return dict(_CLUSTER)
 
 
@@ -166,8 +169,14 @@ class _EngineActorImpl:
     def hello(self) -> tuple[float, int]:
         return time.monotonic(), os.getpid()
 
-    def reset(self, build_model: Callable[[], Any], max_running: int, eos_token_id: int | None, num_threads: int,
-              core_cls: type | None = None) -> tuple[int, float]:
+    def reset(
+        self,
+        build_model: Callable[[], Any],
+        max_running: int,
+        eos_token_id: int | None,
+        num_threads: int,
+        core_cls: type | None = None,
+    ) -> tuple[int, float]:
         """A fresh core on a fresh model; returns (the new epoch, the seconds it took)."""
         import torch
 
@@ -176,8 +185,9 @@ class _EngineActorImpl:
         t0 = time.perf_counter()
         self.stop()
         torch.set_num_threads(num_threads)
-        self.core = (core_cls or EngineCore)(build_model(), max_running=max_running, eos_token_id=eos_token_id,
-                                             on_event=self._emit)
+        self.core = (core_cls or EngineCore)(
+            build_model(), max_running=max_running, eos_token_id=eos_token_id, on_event=self._emit
+        )
         with self._cond:
             self.epoch += 1
             self._heap, self._next_seq, self._stop, self._error = [], 0, False, None
@@ -351,11 +361,23 @@ def align_clock(a: float, c: float, b: float) -> tuple[float, bool]:
 class RayEngineGroup:
     """``RolloutEngine`` over N ``EngineActor``s (module docstring)."""
 
-    def __init__(self, build_model: Callable[[], Any], *, num_engines: int = 2, max_running: int = 64,
-                 eos_token_id: int | None = None, seed: int = 0, num_threads: int = 1, sink: Any = None,
-                 max_seq_len: int | None = None, broadcast: str = "put_once", on_engine_death: str = "fail",
-                 address: str | None = None, core_cls: type | None = None,
-                 core_classes: dict[int, type] | None = None) -> None:
+    def __init__(
+        self,
+        build_model: Callable[[], Any],
+        *,
+        num_engines: int = 2,
+        max_running: int = 64,
+        eos_token_id: int | None = None,
+        seed: int = 0,
+        num_threads: int = 1,
+        sink: Any = None,
+        max_seq_len: int | None = None,
+        broadcast: str = "put_once",
+        on_engine_death: str = "fail",
+        address: str | None = None,
+        core_cls: type | None = None,
+        core_classes: dict[int, type] | None = None,
+    ) -> None:
         if num_engines < 1:
             raise ConfigError(f"--num-engines {num_engines}: must be >= 1; fix: e.g. --num-engines 2")
         if broadcast not in BROADCASTS:
@@ -371,8 +393,12 @@ class RayEngineGroup:
         self.actors, start_s = engine_pool().acquire(num_engines)
         t0 = time.perf_counter()
         classes = core_classes or {}
-        resets = ray.get([a.reset.remote(build_model, max_running, eos_token_id, num_threads,
-                                         classes.get(i, core_cls)) for i, a in enumerate(self.actors)])
+        resets = ray.get(
+            [
+                a.reset.remote(build_model, max_running, eos_token_id, num_threads, classes.get(i, core_cls))
+                for i, a in enumerate(self.actors)
+            ]
+        )
         self._epoch = [e for e, _ in resets]
         reset_s = [s for _, s in resets]
         self.clock: list[dict[str, Any]] = []
@@ -381,8 +407,12 @@ class RayEngineGroup:
             c, pid = ray.get(a.hello.remote())
             offset, shared = align_clock(before, c, time.monotonic())
             self.clock.append({"offset_s": offset, "shared": shared, "pid": pid})
-        self.startup = {"ray_init_s": self.cluster.get("startup_s", 0.0), "actors_start_s": start_s,
-                        "reset_s": time.perf_counter() - t0, "reset_s_per_engine": reset_s}
+        self.startup = {
+            "ray_init_s": self.cluster.get("startup_s", 0.0),
+            "actors_start_s": start_s,
+            "reset_s": time.perf_counter() - t0,
+            "reset_s_per_engine": reset_s,
+        }
         self.weight_version = 0
         self.router = LeastOutstandingRouter(num_engines)
         self.dead: dict[int, str] = {}
@@ -434,8 +464,14 @@ class RayEngineGroup:
             futs[i] = fut
         load = await self._gather(futs)
         self.weight_version = version
-        self.sync_s.append({"put_s": put_s, "total_s": time.perf_counter() - t0,
-                            "load_s_max": max(load.values(), default=0.0), "engines": len(live)})
+        self.sync_s.append(
+            {
+                "put_s": put_s,
+                "total_s": time.perf_counter() - t0,
+                "load_s_max": max(load.values(), default=0.0),
+                "engines": len(live),
+            }
+        )
 
     async def continue_generation(self) -> None:
         self._check_alive("continue_generation")
@@ -454,9 +490,16 @@ class RayEngineGroup:
 
     def stats(self) -> dict[str, Any]:
         """Per-engine counts, start-up and broadcast timings, clock alignment, deaths."""
-        return {"num_engines": self.n, "broadcast": self.broadcast, "startup": self.startup, "clock": self.clock,
-                "routed": list(self.router.routed), "per_engine": self.per_engine, "dead": dict(self.dead),
-                "sync_s": list(self.sync_s)}
+        return {
+            "num_engines": self.n,
+            "broadcast": self.broadcast,
+            "startup": self.startup,
+            "clock": self.clock,
+            "routed": list(self.router.routed),
+            "per_engine": self.per_engine,
+            "dead": dict(self.dead),
+            "sync_s": list(self.sync_s),
+        }
 
     def close(self) -> None:
         """Stop the engine threads (the actors go back to the pool); safe from any thread."""
@@ -478,7 +521,8 @@ class RayEngineGroup:
                 "--use-fault-tolerance fails here too: its updater ray.get()s pause_generation on every engine "
                 "(update_weight_from_distributed/mixin.py). Finished steps are kept; the requests lost "
                 "with the engine are in the trace's fault(what=engine_died) event. Fix: restart the run, or run "
-                "with on_engine_death='continue' to go on with the live engines")
+                "with on_engine_death='continue' to go on with the live engines"
+            )
         if not self.live():
             raise EngineDeadError(f"every rollout engine has died ({self.dead}); {what} has nothing to reach")
 
@@ -575,8 +619,9 @@ class RayEngineGroup:
             if entry is None or entry[0].done():
                 continue
             fut, s, i = entry
-            merge_result(s, tokens=tokens, log_probs=log_probs, token_runs=runs, weight_version=version,
-                         status=Status(status))
+            merge_result(
+                s, tokens=tokens, log_probs=log_probs, token_runs=runs, weight_version=version, status=Status(status)
+            )
             self.per_engine[i]["finished"] += 1
             self.router.done(i)
             if self.sink.enabled:
@@ -601,9 +646,15 @@ class RayEngineGroup:
         lost = [(rid, s) for rid, (f, s, k) in self._futures.items() if k == i and not f.done()]
         self.per_engine[i]["lost"] = len(lost)
         if self.sink.enabled:
-            self.sink.emit(ev.FAULT, what="engine_died", engine=i, reason=why,
-                           lost=[s.index for _, s in lost], lost_groups=sorted({s.group_index for _, s in lost}),
-                           live_engines=self.live())
+            self.sink.emit(
+                ev.FAULT,
+                what="engine_died",
+                engine=i,
+                reason=why,
+                lost=[s.index for _, s in lost],
+                lost_groups=sorted({s.group_index for _, s in lost}),
+                live_engines=self.live(),
+            )
         err = EngineLostError(f"rollout engine {i} died ({why}); request lost with it")
         for rid, _ in lost:
             fut = self._futures.pop(rid)[0]
@@ -628,5 +679,15 @@ class _Tagged:
         self.sink.emit(kind, engine=self.i, **fields)
 
 
-__all__ = ["BROADCASTS", "EngineLostError", "EnginePool", "LeastOutstandingRouter", "ON_ENGINE_DEATH",
-           "RayEngineGroup", "align_clock", "engine_pool", "ensure_ray", "shutdown_ray"]
+__all__ = [
+    "BROADCASTS",
+    "EngineLostError",
+    "EnginePool",
+    "LeastOutstandingRouter",
+    "ON_ENGINE_DEATH",
+    "RayEngineGroup",
+    "align_clock",
+    "engine_pool",
+    "ensure_ray",
+    "shutdown_ray",
+]

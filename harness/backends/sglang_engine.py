@@ -114,8 +114,13 @@ class UpdateRecord:
 
 
 # --- translation layer (pure) ---------------------------------------------------------------------
-def build_generate_request(sample: Sample, sampling: SamplingParams, *, rid: str | None = None,
-                           sampling_overrides: Mapping[str, Any] | None = None) -> dict:
+def build_generate_request(
+    sample: Sample,
+    sampling: SamplingParams,
+    *,
+    rid: str | None = None,
+    sampling_overrides: Mapping[str, Any] | None = None,
+) -> dict:
     """Keyword arguments for ``Engine.async_generate`` for ``sample``.
 
     A partially generated sample (Miles' partial rollout) resumes: the prefix is
@@ -183,8 +188,9 @@ def token_versions_from_output(
     return runs, not updates
 
 
-def _runs_from_spans(spans: Sequence[Mapping[str, Any]], *, updates: Sequence[UpdateRecord],
-                     initial_version: int) -> tuple[VersionRuns, bool]:
+def _runs_from_spans(
+    spans: Sequence[Mapping[str, Any]], *, updates: Sequence[UpdateRecord], initial_version: int
+) -> tuple[VersionRuns, bool]:
     mode_by_version = {u.version: u.pause_mode for u in updates}
     runs, exact, kv = VersionRuns(), True, None
     for span in spans:
@@ -203,8 +209,12 @@ def _runs_from_spans(spans: Sequence[Mapping[str, Any]], *, updates: Sequence[Up
 
 
 def apply_generate_output(
-    sample: Sample, output: Mapping[str, Any], *, engine_version_at_submit: int,
-    updates: Sequence[UpdateRecord] = (), initial_version: int = 0,
+    sample: Sample,
+    output: Mapping[str, Any],
+    *,
+    engine_version_at_submit: int,
+    updates: Sequence[UpdateRecord] = (),
+    initial_version: int = 0,
 ) -> Sample:
     """Write one finished ``async_generate`` output into ``sample`` (appending to any
     partial response) and return it. ``engine_version_at_submit`` goes to metadata for
@@ -214,7 +224,9 @@ def apply_generate_output(
     tokens = [int(t) for t in output["output_ids"]]
     entries = meta.get("output_token_logprobs")
     if entries is None:
-        raise ValueError("SGLang output has no meta_info['output_token_logprobs']; the request must set return_logprob=True.")
+        raise ValueError(
+            "SGLang output has no meta_info['output_token_logprobs']; the request must set return_logprob=True."
+        )
     if [int(e[1]) for e in entries] != tokens:
         raise ValueError(
             f"SGLang output_token_logprobs name {len(entries)} tokens that differ from the "
@@ -223,8 +235,14 @@ def apply_generate_output(
         )
     runs, exact = token_versions_from_output(meta, len(tokens), updates=updates, initial_version=initial_version)
     carried_exact = sample.metadata.get("token_versions_exact", True) if sample.response_tokens else True
-    merge_result(sample, tokens=tokens, log_probs=[e[0] for e in entries], token_runs=runs.runs,
-                 weight_version=meta["weight_version"], status=status)
+    merge_result(
+        sample,
+        tokens=tokens,
+        log_probs=[e[0] for e in entries],
+        token_runs=runs.runs,
+        weight_version=meta["weight_version"],
+        status=status,
+    )
     sample.metadata["token_versions_exact"] = exact and carried_exact
     sample.metadata["engine_version_at_submit"] = engine_version_at_submit
     sample.metadata["num_retractions"] = meta.get("num_retractions", 0)
@@ -255,16 +273,26 @@ class SGLangEngine:
     binds its receive loop to the loop that first awaits it.
     """
 
-    def __init__(self, engine: Any = None, *, model_path: str | None = None,
-                 engine_kwargs: Mapping[str, Any] | None = None, io_struct: Any = None,
-                 initial_version: int = 0, flush_cache_timeout_s: float = 60.0,
-                 sampling_overrides: Mapping[str, Any] | None = None, sink: EventSink | None = None) -> None:
+    def __init__(
+        self,
+        engine: Any = None,
+        *,
+        model_path: str | None = None,
+        engine_kwargs: Mapping[str, Any] | None = None,
+        io_struct: Any = None,
+        initial_version: int = 0,
+        flush_cache_timeout_s: float = 60.0,
+        sampling_overrides: Mapping[str, Any] | None = None,
+        sink: EventSink | None = None,
+    ) -> None:
         if engine is None or io_struct is None:
             sglang, sgl_io = _import_sglang()
             io_struct = io_struct or sgl_io
             if engine is None:
                 if not model_path:
-                    raise ConfigError("SGLangEngine(model_path=None): a model path or HF id is required to launch an engine. Fix: pass model_path=...")
+                    raise ConfigError(
+                        "SGLangEngine(model_path=None): a model path or HF id is required to launch an engine. Fix: pass model_path=..."
+                    )
                 engine = sglang.Engine(model_path=model_path, **dict(engine_kwargs or {}))
         self.engine = engine
         self.io = io_struct
@@ -282,8 +310,12 @@ class SGLangEngine:
     # --- the RolloutEngine contract ---------------------------------------------------------
     def generate(self, sample: Sample, sampling: SamplingParams) -> Awaitable[Sample]:
         rid = f"miles-{sample.index}-{next(self._rids)}"
-        request = build_generate_request(sample, sampling, rid=rid,  # raises here, in the caller
-                                         sampling_overrides=self.sampling_overrides)
+        request = build_generate_request(
+            sample,
+            sampling,
+            rid=rid,  # raises here, in the caller
+            sampling_overrides=self.sampling_overrides,
+        )
         # the request is handed over now; SGLang's own steps are not visible here
         emit_submitted(self.sink, sample, self.weight_version)
         task = asyncio.ensure_future(self._generate(sample, request, rid))
@@ -314,7 +346,9 @@ class SGLangEngine:
         named = list(weights.items()) if isinstance(weights, Mapping) else list(weights)
         request = self.io.UpdateWeightsFromTensorReqInput(
             serialized_named_tensors=self.engine._serialize_tensors_per_rank(named, None),
-            load_format=None, flush_cache=False, weight_version=str(version),
+            load_format=None,
+            flush_cache=False,
+            weight_version=str(version),
         )
         success, message = await tm.update_weights_from_tensor(request, None)
         if not success:
@@ -366,7 +400,12 @@ class SGLangEngine:
             raise
         finally:
             self._in_flight.discard(rid)
-        apply_generate_output(sample, output, engine_version_at_submit=version_at_submit,
-                              updates=self.updates[first_update:], initial_version=self.initial_version)
+        apply_generate_output(
+            sample,
+            output,
+            engine_version_at_submit=version_at_submit,
+            updates=self.updates[first_update:],
+            initial_version=self.initial_version,
+        )
         emit_finished(self.sink, sample)
         return sample

@@ -176,15 +176,29 @@ def get_task(name: str, **kwargs: Any) -> Task:
     return TASKS[name](**kwargs)
 
 
-def make_groups(task: Task, rng: random.Random, *, rollout_batch_size: int, n_samples_per_prompt: int,
-                first_index: int = 0, first_group_index: int = 0) -> list[list[Sample]]:
+def make_groups(
+    task: Task,
+    rng: random.Random,
+    *,
+    rollout_batch_size: int,
+    n_samples_per_prompt: int,
+    first_index: int = 0,
+    first_group_index: int = 0,
+) -> list[list[Sample]]:
     """B prompt groups of n fresh samples each; ``index`` counts up from ``first_index``."""
     groups, index = [], first_index
     for g, prompt in enumerate(task.sample_prompts(rng, rollout_batch_size)):
         group = []
         for _ in range(n_samples_per_prompt):
-            group.append(Sample(prompt=prompt.prompt, prompt_tokens=list(prompt.prompt_tokens), label=prompt.label,
-                                index=index, group_index=first_group_index + g))
+            group.append(
+                Sample(
+                    prompt=prompt.prompt,
+                    prompt_tokens=list(prompt.prompt_tokens),
+                    label=prompt.label,
+                    index=index,
+                    group_index=first_group_index + g,
+                )
+            )
             index += 1
         groups.append(group)
     return groups

@@ -105,9 +105,17 @@ class EngineCounters:
 
 
 class EngineCore:
-    def __init__(self, model: EngineModel, *, max_running: int = 16, eos_token_id: int | None = None,
-                 version: int = 0, clock: Callable[[], float] = time.perf_counter,
-                 on_event: Callable[..., None] | None = None, kv_seq_len: int | None = None) -> None:
+    def __init__(
+        self,
+        model: EngineModel,
+        *,
+        max_running: int = 16,
+        eos_token_id: int | None = None,
+        version: int = 0,
+        clock: Callable[[], float] = time.perf_counter,
+        on_event: Callable[..., None] | None = None,
+        kv_seq_len: int | None = None,
+    ) -> None:
         """``kv_seq_len``: positions per slot the KV pool starts with (default the model's
         ``max_seq_len``); an owner that starts it narrower widens it (``model.grow_cache``)
         before a step needs more."""
@@ -127,8 +135,9 @@ class EngineCore:
         model.alloc_cache(max_running, kv_seq_len)
 
     # --- queue management ------------------------------------------------------------
-    def add_request(self, req_id: Any, prompt_tokens: list[int], max_new_tokens: int,
-                    temperature: float = 1.0, seed: int = 0) -> None:
+    def add_request(
+        self, req_id: Any, prompt_tokens: list[int], max_new_tokens: int, temperature: float = 1.0, seed: int = 0
+    ) -> None:
         check_request(prompt_tokens, max_new_tokens, temperature, max_seq_len=self.model.max_seq_len)
         gen = torch.Generator().manual_seed(int(seed) % (2**63))
         self._waiting.append(Request(req_id, list(prompt_tokens), max_new_tokens, float(temperature), gen))
@@ -205,8 +214,12 @@ class EngineCore:
         self.counters.decode_steps += 1
         self.counters.tokens_generated += len(reqs)
         if self._on_event is not None:  # the tokens exist now: one event per step, stamped by the hook
-            self._on_event(ev.DECODE_STEP, indices=[r.req_id for r in reqs], version=self.version,
-                           dur_s=self._clock() - self._step_t0)
+            self._on_event(
+                ev.DECODE_STEP,
+                indices=[r.req_id for r in reqs],
+                version=self.version,
+                dur_s=self._clock() - self._step_t0,
+            )
         done: list[tuple[int, Status]] = []
         for i, (req, tok, lp) in enumerate(zip(reqs, tokens, logps)):
             req.output_tokens.append(tok)
@@ -249,14 +262,14 @@ class EngineCore:
         aborted: list[FinishedRequest] = []
         if mode == "abort":
             for req in list(self._running) + list(self._waiting):
-                self._emit(ev.ABORTED, index=req.req_id, version=self.version,
-                           generated_tokens=len(req.output_tokens))
+                self._emit(ev.ABORTED, index=req.req_id, version=self.version, generated_tokens=len(req.output_tokens))
                 aborted.append(self._finish(req, Status.ABORTED))
             self._running, self._waiting = [], collections.deque()
         elif mode == "retract":
             for req in reversed(self._running):
-                self._emit(ev.RETRACTED, index=req.req_id, version=self.version,
-                           generated_tokens=len(req.output_tokens))
+                self._emit(
+                    ev.RETRACTED, index=req.req_id, version=self.version, generated_tokens=len(req.output_tokens)
+                )
                 self._release(req)
                 self._waiting.appendleft(req)
             self._running = []
@@ -284,16 +297,23 @@ class EngineCore:
 
     def _finish(self, req: Request, status: Status) -> FinishedRequest:
         self._release(req)
-        return FinishedRequest(req_id=req.req_id, output_tokens=req.output_tokens, log_probs=req.log_probs,
-                               token_versions=req.token_versions, weight_version=self.version, status=status)
+        return FinishedRequest(
+            req_id=req.req_id,
+            output_tokens=req.output_tokens,
+            log_probs=req.log_probs,
+            token_versions=req.token_versions,
+            weight_version=self.version,
+            status=status,
+        )
 
     def _emit(self, kind: str, **fields: Any) -> None:
         if self._on_event is not None:
             self._on_event(kind, **fields)
 
 
-def sample_tokens(logits: torch.Tensor, temperatures: list[float],
-                  generators: list[torch.Generator]) -> tuple[list[int], list[float]]:
+def sample_tokens(
+    logits: torch.Tensor, temperatures: list[float], generators: list[torch.Generator]
+) -> tuple[list[int], list[float]]:
     """Sample one token per row; returns (tokens, log-probs under the sampling distribution)."""
     temps = torch.tensor([t if t > 0 else 1.0 for t in temperatures], dtype=torch.float32)
     logp = torch.log_softmax(logits.float() / temps.to(logits.device).view(-1, 1), dim=-1)
@@ -307,9 +327,14 @@ def sample_tokens(logits: torch.Tensor, temperatures: list[float],
 
 def fill_sample(sample: Sample, done: FinishedRequest) -> Sample:
     """Write an engine result into ``sample`` (appending to any partial response)."""
-    return merge_result(sample, tokens=done.output_tokens, log_probs=done.log_probs,
-                        token_runs=done.token_versions.runs, weight_version=done.weight_version,
-                        status=done.status)
+    return merge_result(
+        sample,
+        tokens=done.output_tokens,
+        log_probs=done.log_probs,
+        token_runs=done.token_versions.runs,
+        weight_version=done.weight_version,
+        status=done.status,
+    )
 
 
 class TorchEngine:
@@ -319,8 +344,13 @@ class TorchEngine:
         self.core = core
         self.seed = seed
         self.sink = sink or NullSink()
-        self._thread = EngineThread("torch-engine", can_step=core.can_step, step=self._step,
-                                    on_error=self._on_thread_error, on_idle=lambda: self._set_busy(False))
+        self._thread = EngineThread(
+            "torch-engine",
+            can_step=core.can_step,
+            step=self._step,
+            on_error=self._on_thread_error,
+            on_idle=lambda: self._set_busy(False),
+        )
         self._futures: dict[int, tuple[asyncio.Future, Sample]] = {}
         self._next_id = 0
         self._loop: asyncio.AbstractEventLoop | None = None

@@ -53,8 +53,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 def resolve_dtype(name: str, *, field_name: str = "dtype") -> torch.dtype:
     if name not in DTYPES:
         raise ConfigError(
-            f"{field_name}={name!r} is not supported; allowed: {sorted(DTYPES)}. "
-            f"Fix: pass one of those names."
+            f"{field_name}={name!r} is not supported; allowed: {sorted(DTYPES)}. Fix: pass one of those names."
         )
     return DTYPES[name]
 
@@ -248,8 +247,7 @@ class TinyLM(nn.Module, EngineModel):
     def _rope_at(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.rope_cos[positions].unsqueeze(1), self.rope_sin[positions].unsqueeze(1)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                *, return_kv: bool = False):
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *, return_kv: bool = False):
         """Full sequence: ``input_ids`` [B,T] right-padded, ``attention_mask`` [B,T] (1 = real)."""
         b, t = input_ids.shape
         positions = torch.arange(t, device=input_ids.device).expand(b, t)
@@ -365,8 +363,14 @@ class SlotCache:
 
     is_compileable = False
 
-    def __init__(self, k_pool: list[torch.Tensor], v_pool: list[torch.Tensor], rows: torch.Tensor,
-                 positions: torch.Tensor, span: int) -> None:
+    def __init__(
+        self,
+        k_pool: list[torch.Tensor],
+        v_pool: list[torch.Tensor],
+        rows: torch.Tensor,
+        positions: torch.Tensor,
+        span: int,
+    ) -> None:
         self.k_pool, self.v_pool = k_pool, v_pool
         self.rows, self.positions, self.span = rows, positions, span
 
@@ -398,8 +402,7 @@ class HFCausalLM(EngineModel):
     generic ``SlotCache`` path otherwise; both are tested against the full forward.
     """
 
-    def __init__(self, hf_model: nn.Module, *, max_seq_len: int | None = None,
-                 fast_decode: bool | None = None) -> None:
+    def __init__(self, hf_model: nn.Module, *, max_seq_len: int | None = None, fast_decode: bool | None = None) -> None:
         self.hf = hf_model.eval()
         cfg = hf_model.config
         self.vocab_size = cfg.vocab_size
@@ -424,8 +427,9 @@ class HFCausalLM(EngineModel):
         self.fast_decode = supported if fast_decode is None else fast_decode
         if self.fast_decode:
             rope = hf_model.model.rotary_emb
-            freqs = torch.outer(torch.arange(self.max_seq_len, dtype=torch.float32, device=self.device),
-                                rope.inv_freq.float())
+            freqs = torch.outer(
+                torch.arange(self.max_seq_len, dtype=torch.float32, device=self.device), rope.inv_freq.float()
+            )
             emb = torch.cat([freqs, freqs], dim=-1)
             scale = getattr(rope, "attention_scaling", 1.0)
             self.rope_cos = (emb.cos() * scale).to(self.dtype)
@@ -483,8 +487,13 @@ class HFCausalLM(EngineModel):
         mask = torch.zeros(keep.shape, dtype=self.dtype, device=self.device)
         mask = mask.masked_fill(~keep, torch.finfo(self.dtype).min).view(-1, 1, 1, span)
         cache = SlotCache(self.k_pool, self.v_pool, self.rows[:b], positions, span)
-        out = self.hf(input_ids=tokens.view(-1, 1), attention_mask=mask, position_ids=positions.view(-1, 1),
-                      use_cache=True, **{self.cache_kwarg: cache})
+        out = self.hf(
+            input_ids=tokens.view(-1, 1),
+            attention_mask=mask,
+            position_ids=positions.view(-1, 1),
+            use_cache=True,
+            **{self.cache_kwarg: cache},
+        )
         return out.logits[:, -1].float()
 
     def _layer_params(self) -> list[tuple]:
@@ -494,13 +503,28 @@ class HFCausalLM(EngineModel):
             self._params = []
             for layer in self.hf.model.layers:
                 attn, mlp = layer.self_attn, layer.mlp
-                self._params.append((
-                    layer.input_layernorm.weight, attn.q_proj.weight, attn.q_proj.bias, attn.k_proj.weight,
-                    attn.k_proj.bias, attn.v_proj.weight, attn.v_proj.bias, attn.o_proj.weight, attn.o_proj.bias,
-                    layer.post_attention_layernorm.weight, mlp.gate_proj.weight, mlp.gate_proj.bias,
-                    mlp.up_proj.weight, mlp.up_proj.bias, mlp.down_proj.weight, mlp.down_proj.bias, mlp.act_fn,
-                    attn.scaling,
-                ))
+                self._params.append(
+                    (
+                        layer.input_layernorm.weight,
+                        attn.q_proj.weight,
+                        attn.q_proj.bias,
+                        attn.k_proj.weight,
+                        attn.k_proj.bias,
+                        attn.v_proj.weight,
+                        attn.v_proj.bias,
+                        attn.o_proj.weight,
+                        attn.o_proj.bias,
+                        layer.post_attention_layernorm.weight,
+                        mlp.gate_proj.weight,
+                        mlp.gate_proj.bias,
+                        mlp.up_proj.weight,
+                        mlp.up_proj.bias,
+                        mlp.down_proj.weight,
+                        mlp.down_proj.bias,
+                        mlp.act_fn,
+                        attn.scaling,
+                    )
+                )
         return self._params
 
     def _fast_decode(self, positions: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor, span: int):
@@ -521,8 +545,9 @@ class HFCausalLM(EngineModel):
             kc, vc = self.k_pool[layer_idx], self.v_pool[layer_idx]
             kc[rows, :, positions] = k[:, :, 0]
             vc[rows, :, positions] = v[:, :, 0]
-            out = F.scaled_dot_product_attention(q, kc[:b, :, :span], vc[:b, :, :span], attn_mask=mask,
-                                                 scale=scaling, enable_gqa=gqa)
+            out = F.scaled_dot_product_attention(
+                q, kc[:b, :, :span], vc[:b, :, :span], attn_mask=mask, scale=scaling, enable_gqa=gqa
+            )
             x = x + F.linear(out.transpose(1, 2).reshape(b, 1, -1), ow, ob)
             h = _rms(x, post_norm, eps)
             x = x + F.linear(act(F.linear(h, gw, gb)) * F.linear(h, uw, ub), dw, db)
@@ -587,7 +612,9 @@ def load_smollm2_tokenizer():
     return AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
 
 
-def load_hf_dir(path: str, *, device: str = "cpu", dtype: str = "float32", max_seq_len: int | None = None) -> HFCausalLM:
+def load_hf_dir(
+    path: str, *, device: str = "cpu", dtype: str = "float32", max_seq_len: int | None = None
+) -> HFCausalLM:
     if not os.path.isdir(path) or not os.path.exists(os.path.join(path, "config.json")):
         raise _missing_model_error(path, "the directory (or its config.json)")
     from transformers import AutoModelForCausalLM
@@ -596,19 +623,30 @@ def load_hf_dir(path: str, *, device: str = "cpu", dtype: str = "float32", max_s
     return HFCausalLM(hf.to(device), max_seq_len=max_seq_len)
 
 
-def build_hf_tiny_llama(cfg: TinyLMConfig | None = None, *, device: str = "cpu",
-                        fast_decode: bool | None = None) -> HFCausalLM:
+def build_hf_tiny_llama(
+    cfg: TinyLMConfig | None = None, *, device: str = "cpu", fast_decode: bool | None = None
+) -> HFCausalLM:
     """A ``LlamaForCausalLM`` shaped like ``TinyLM`` (same sizes), seeded random weights."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     cfg = cfg or TinyLMConfig()
-    hf_cfg = LlamaConfig(vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.d_ff,
-                         num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads,
-                         num_key_value_heads=cfg.n_heads, max_position_embeddings=cfg.max_seq_len,
-                         rms_norm_eps=cfg.norm_eps, rope_theta=cfg.rope_theta, tie_word_embeddings=True,
-                         initializer_range=cfg.init_std, attn_implementation=cfg.attn_impl)
+    hf_cfg = LlamaConfig(
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.d_model,
+        intermediate_size=cfg.d_ff,
+        num_hidden_layers=cfg.n_layers,
+        num_attention_heads=cfg.n_heads,
+        num_key_value_heads=cfg.n_heads,
+        max_position_embeddings=cfg.max_seq_len,
+        rms_norm_eps=cfg.norm_eps,
+        rope_theta=cfg.rope_theta,
+        tie_word_embeddings=True,
+        initializer_range=cfg.init_std,
+        attn_implementation=cfg.attn_impl,
+    )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed)
         hf = LlamaForCausalLM(hf_cfg)
-    return HFCausalLM(hf.to(device=device, dtype=resolve_dtype(cfg.dtype)), max_seq_len=cfg.max_seq_len,
-                      fast_decode=fast_decode)
+    return HFCausalLM(
+        hf.to(device=device, dtype=resolve_dtype(cfg.dtype)), max_seq_len=cfg.max_seq_len, fast_decode=fast_decode
+    )

@@ -112,8 +112,9 @@ class TorchTrainer:
     def __init__(self, model: EngineModel, config: TrainerConfig | None = None) -> None:
         self.model = model
         self.config = config or TrainerConfig()
-        self.optimizer = torch.optim.AdamW(model.module.parameters(), lr=self.config.effective_lr,
-                                           weight_decay=self.config.weight_decay)
+        self.optimizer = torch.optim.AdamW(
+            model.module.parameters(), lr=self.config.effective_lr, weight_decay=self.config.weight_decay
+        )
         self.optimizer_steps = 0
 
     async def train(self, rollout_id: int, groups: list[Any]) -> dict[str, float]:

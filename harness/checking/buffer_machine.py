@@ -44,26 +44,49 @@ from hypothesis import reproduce_failure as _reproduce_failure
 from hypothesis import seed as _seed
 from hypothesis import settings as Settings
 from hypothesis.reporting import with_reporter
-from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, precondition, rule,
-                                 run_state_machine_as_test)
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 from harness.sim.vtime import VirtualTimeLoop
 from miles_async_core.buffer import DataBuffer
 from miles_async_core.config import AsyncConfig
-from miles_async_core.types import (DataBufferConstructorInput, DataBufferInput, Sample, Status, first_sample,
-                                    iter_samples)
+from miles_async_core.types import (
+    DataBufferConstructorInput,
+    DataBufferInput,
+    Sample,
+    Status,
+    first_sample,
+    iter_samples,
+)
 
 P = "rollout/fully_async/"
 DROP = "rollout/dynamic_filter/drop_"
 FILTER_KEY = "conformance_filter"
 MAX_LOOP_ITERATIONS = 10_000
-INVARIANTS = ("capacity", "put_blocks_iff_full", "get_blocks_iff_empty", "conservation", "fifo",
-              "staleness_bound", "handler_once", "filter_not_handled", "metrics_window", "no_exception")
+INVARIANTS = (
+    "capacity",
+    "put_blocks_iff_full",
+    "get_blocks_iff_empty",
+    "conservation",
+    "fifo",
+    "staleness_bound",
+    "handler_once",
+    "filter_not_handled",
+    "metrics_window",
+    "no_exception",
+)
 
 BufferFactory = Callable[[DataBufferConstructorInput], DataBuffer]
 
 
 # ---- failures ----------------------------------------------------------------------------
+
 
 class BufferInvariantError(AssertionError):
     """A broken buffer guarantee; ``invariant`` names it, ``detail`` says what happened."""
@@ -73,15 +96,19 @@ class BufferInvariantError(AssertionError):
     def __init__(self, detail: str, timeline: str) -> None:
         self.detail = detail
         self.timeline = timeline
-        super().__init__(f"invariant {self.invariant!r} violated: {detail}\n\n"
-                         f"buffer timeline of this example:\n{timeline}")
+        super().__init__(
+            f"invariant {self.invariant!r} violated: {detail}\n\nbuffer timeline of this example:\n{timeline}"
+        )
 
 
 # One class per invariant so hypothesis shrinks towards the same broken invariant
 # (it tells failures apart by exception type and line).
 VIOLATIONS: dict[str, type[BufferInvariantError]] = {
-    name: type("".join(p.title() for p in name.split("_")) + "Violation", (BufferInvariantError,),
-               {"invariant": name, "__module__": __name__})
+    name: type(
+        "".join(p.title() for p in name.split("_")) + "Violation",
+        (BufferInvariantError,),
+        {"invariant": name, "__module__": __name__},
+    )
     for name in INVARIANTS
 }
 globals().update({cls.__name__: cls for cls in VIOLATIONS.values()})
@@ -98,11 +125,14 @@ class BufferFailure:
     reproduce_blob: tuple[str, bytes] | None = None
 
     def __str__(self) -> str:
-        return (f"invariant {self.invariant!r} violated: {self.message}\n\nshrunk operation sequence:\n"
-                f"{self.steps_text}\n\nbuffer timeline:\n{self.timeline}")
+        return (
+            f"invariant {self.invariant!r} violated: {self.message}\n\nshrunk operation sequence:\n"
+            f"{self.steps_text}\n\nbuffer timeline:\n{self.timeline}"
+        )
 
 
 # ---- the dynamic filter the machine installs ---------------------------------------------
+
 
 @dataclass(frozen=True)
 class DynamicFilterOutput:
@@ -127,6 +157,7 @@ def conformance_filter(args: Any, group: Any) -> Any:
 
 # ---- strategies ----------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class GroupSpec:
     """The shape of one put, for three trajectories (a group uses the first
@@ -145,9 +176,11 @@ class GroupSpec:
 
 _age = st.one_of(st.integers(0, 5), st.none())
 _three = st.tuples(_age, _age, _age)
-_reject_marks = st.one_of(st.just(("reject", "bool", None)), st.just(("reject", "none", None)),
-                          st.tuples(st.just("reject"), st.just("output"),
-                                    st.sampled_from([None, "", "zero_std", "too_long"])))
+_reject_marks = st.one_of(
+    st.just(("reject", "bool", None)),
+    st.just(("reject", "none", None)),
+    st.tuples(st.just("reject"), st.just("output"), st.sampled_from([None, "", "zero_std", "too_long"])),
+)
 _keep_marks = st.one_of(st.none(), st.tuples(st.just("keep"), st.sampled_from(["bool", "output"])))
 _MAX_N = 3
 
@@ -155,18 +188,29 @@ _MAX_N = 3
 def group_specs(kind: str) -> st.SearchStrategy[GroupSpec]:
     """Groups of one kind; an aborted group may carry a filter reject mark (the abort
     check must win), a completed one a keep mark in each form Miles accepts."""
-    marks = {"completed": _keep_marks, "aborted": st.one_of(_keep_marks, _reject_marks),
-             "filtered": _reject_marks}[kind]
-    return st.builds(GroupSpec, kind=st.just(kind), ages=_three, second=st.none() | _three,
-                     turns=st.none() | _three, aborted_at=st.integers(0, 7), filter_mark=marks)
+    marks = {"completed": _keep_marks, "aborted": st.one_of(_keep_marks, _reject_marks), "filtered": _reject_marks}[
+        kind
+    ]
+    return st.builds(
+        GroupSpec,
+        kind=st.just(kind),
+        ages=_three,
+        second=st.none() | _three,
+        turns=st.none() | _three,
+        aborted_at=st.integers(0, 7),
+        filter_mark=marks,
+    )
 
 
 def samples() -> st.SearchStrategy[Sample]:
-    return st.builds(Sample, index=st.integers(0, 10**6), group_index=st.integers(0, 10**6),
-                     status=st.sampled_from(Status),
-                     weight_versions=st.lists(st.one_of(st.integers(0, 20).map(str), st.just("default")),
-                                              max_size=3),
-                     prompt=st.text(max_size=8))
+    return st.builds(
+        Sample,
+        index=st.integers(0, 10**6),
+        group_index=st.integers(0, 10**6),
+        status=st.sampled_from(Status),
+        weight_versions=st.lists(st.one_of(st.integers(0, 20).map(str), st.just("default")), max_size=3),
+        prompt=st.text(max_size=8),
+    )
 
 
 @st.composite
@@ -185,6 +229,7 @@ st.register_type_strategy(DataBufferInput, buffer_inputs())
 
 
 # ---- the shadow model ------------------------------------------------------------------------
+
 
 @dataclass(eq=False)
 class GroupRecord:
@@ -207,15 +252,29 @@ def build_group(spec: GroupSpec, gid: int, version: int, n: int) -> GroupRecord:
     def ver(age: int | None) -> str:
         return "default" if age is None else str(max(0, version - age))
 
-    prompt = [Sample(prompt=f"prompt {gid}", index=gid * 100 + i, group_index=gid,
-                     weight_versions=[ver(spec.ages[i])] + ([ver(spec.second[i])] if spec.second else []),
-                     status=Status.TRUNCATED if i == 2 else Status.COMPLETED)
-              for i in range(n)]
+    prompt = [
+        Sample(
+            prompt=f"prompt {gid}",
+            index=gid * 100 + i,
+            group_index=gid,
+            weight_versions=[ver(spec.ages[i])] + ([ver(spec.second[i])] if spec.second else []),
+            status=Status.TRUNCATED if i == 2 else Status.COMPLETED,
+        )
+        for i in range(n)
+    ]
     group: Any = prompt
     flat = list(prompt)
     if spec.turns is not None:
-        turns = [Sample(prompt=f"prompt {gid}", index=gid * 100 + 50 + i, group_index=gid,
-                        weight_versions=[ver(spec.turns[i])], status=Status.COMPLETED) for i in range(n)]
+        turns = [
+            Sample(
+                prompt=f"prompt {gid}",
+                index=gid * 100 + 50 + i,
+                group_index=gid,
+                weight_versions=[ver(spec.turns[i])],
+                status=Status.COMPLETED,
+            )
+            for i in range(n)
+        ]
         group = [[p, t] for p, t in zip(prompt, turns)]
         flat.extend(turns)
     if spec.kind == "aborted":
@@ -256,6 +315,7 @@ def _staleness(rec: GroupRecord, arg: int | None) -> int | None:
 
 # ---- the machine ------------------------------------------------------------------------------
 
+
 class BufferMachine(RuleBasedStateMachine):
     """Shadow-model state machine for one buffer implementation (``factory``)."""
 
@@ -276,21 +336,37 @@ class BufferMachine(RuleBasedStateMachine):
 
     # -- set-up ---------------------------------------------------------------------------------
 
-    @initialize(rollout_batch_size=st.integers(1, 3), n_samples_per_prompt=st.integers(1, 3),
-                async_data_buffer_capacity_factor=st.sampled_from([0.5, 1.0, 1.5, 2.0]),
-                max_weight_staleness=st.one_of(st.none(), st.integers(0, 3)),
-                with_filter=st.booleans(), start_version=st.integers(0, 4))
-    def init_buffer(self, rollout_batch_size: int, n_samples_per_prompt: int,
-                    async_data_buffer_capacity_factor: float, max_weight_staleness: int | None,
-                    with_filter: bool, start_version: int) -> None:
+    @initialize(
+        rollout_batch_size=st.integers(1, 3),
+        n_samples_per_prompt=st.integers(1, 3),
+        async_data_buffer_capacity_factor=st.sampled_from([0.5, 1.0, 1.5, 2.0]),
+        max_weight_staleness=st.one_of(st.none(), st.integers(0, 3)),
+        with_filter=st.booleans(),
+        start_version=st.integers(0, 4),
+    )
+    def init_buffer(
+        self,
+        rollout_batch_size: int,
+        n_samples_per_prompt: int,
+        async_data_buffer_capacity_factor: float,
+        max_weight_staleness: int | None,
+        with_filter: bool,
+        start_version: int,
+    ) -> None:
         B, factor = rollout_batch_size, async_data_buffer_capacity_factor
         note = ""
         if int(factor * B) < 1:
             factor, note = 1.0, f" (factor {async_data_buffer_capacity_factor} raised: capacity >= 1 is a config rule)"
-        cfg = AsyncConfig(rollout_batch_size=B, n_samples_per_prompt=n_samples_per_prompt, fully_async=True,
-                          max_weight_staleness=max_weight_staleness, async_data_buffer_capacity_factor=factor)
-        self.args = argparse.Namespace(**cfg.to_dict(),
-                                       dynamic_sampling_filter=conformance_filter if with_filter else None)
+        cfg = AsyncConfig(
+            rollout_batch_size=B,
+            n_samples_per_prompt=n_samples_per_prompt,
+            fully_async=True,
+            max_weight_staleness=max_weight_staleness,
+            async_data_buffer_capacity_factor=factor,
+        )
+        self.args = argparse.Namespace(
+            **cfg.to_dict(), dynamic_sampling_filter=conformance_filter if with_filter else None
+        )
         self.n, self.capacity, self.max_staleness = n_samples_per_prompt, cfg.capacity, max_weight_staleness
         self.with_filter, self.version, self.last_seen_version = with_filter, start_version, None
         self.get_arg: int | None = None
@@ -303,9 +379,11 @@ class BufferMachine(RuleBasedStateMachine):
             return factory(DataBufferConstructorInput(self.args, self.unused_handler_fn))
 
         self.buffer = self.loop.run_until_complete(construct())
-        self._log(f"buffer built: capacity={self.capacity} = int({factor} x B {B}){note}, n={self.n}, "
-                  f"max_weight_staleness={max_weight_staleness}, dynamic filter {'on' if with_filter else 'off'}, "
-                  f"version {self.version}")
+        self._log(
+            f"buffer built: capacity={self.capacity} = int({factor} x B {B}){note}, n={self.n}, "
+            f"max_weight_staleness={max_weight_staleness}, dynamic filter {'on' if with_filter else 'off'}, "
+            f"version {self.version}"
+        )
 
     def teardown(self) -> None:
         if self.loop is None:
@@ -356,8 +434,10 @@ class BufferMachine(RuleBasedStateMachine):
         arg = self.get_arg if outstanding else (None if without_version else self.version)
         self.get_arg = arg
         op = Op("get", arg=arg, context={"rollout_id": 7, "unknown_key": "ignored"} if extra_context else {})
-        self._log(f"-- get(current_version={arg}{', rollout_id=7, unknown_key=...' if extra_context else ''})"
-                  f"{'' if settle else ' (scheduled, not yet run)'}")
+        self._log(
+            f"-- get(current_version={arg}{', rollout_id=7, unknown_key=...' if extra_context else ''})"
+            f"{'' if settle else ' (scheduled, not yet run)'}"
+        )
         op.task = self.loop.create_task(self._get_op(op))
         self.ops.append(op)
         self._after_start(settle)
@@ -411,11 +491,15 @@ class BufferMachine(RuleBasedStateMachine):
         for op in self._blocked("put"):
             rec = op.record
             if rec.kind != "completed":
-                return self._violate("put_blocks_iff_full", f"put of {rec.desc} is blocked; a rejected group "
-                                     "never blocks")
+                return self._violate(
+                    "put_blocks_iff_full", f"put of {rec.desc} is blocked; a rejected group never blocks"
+                )
             if len(self.queue) < self.capacity:
-                return self._violate("put_blocks_iff_full", f"put of {rec.desc} is still blocked although the "
-                                     f"buffer holds {len(self.queue)} of capacity {self.capacity}")
+                return self._violate(
+                    "put_blocks_iff_full",
+                    f"put of {rec.desc} is still blocked although the "
+                    f"buffer holds {len(self.queue)} of capacity {self.capacity}",
+                )
 
     def _check_get_blocks_iff_empty(self) -> None:
         if self._blocked("get") and self.queue:
@@ -423,12 +507,21 @@ class BufferMachine(RuleBasedStateMachine):
             s = _staleness(front, self.get_arg)
             n = self._impl_len()
             if self._is_stale(s) and n is not None and n < len(self.queue):
-                return self._violate("handler_once", f"stale {front.desc} left the buffer (len(buffer) = {n}) "
-                                     "without a call to the unused-samples handler")
-            why = ("it is stale and should have gone to the unused-samples handler"
-                   if self._is_stale(s) else f"its staleness {s} is within the bound")
-            self._violate("get_blocks_iff_empty", f"get(current_version={self.get_arg}) is still waiting while "
-                          f"{len(self.queue)} group(s) are queued; the first is {front.desc} and {why}")
+                return self._violate(
+                    "handler_once",
+                    f"stale {front.desc} left the buffer (len(buffer) = {n}) "
+                    "without a call to the unused-samples handler",
+                )
+            why = (
+                "it is stale and should have gone to the unused-samples handler"
+                if self._is_stale(s)
+                else f"its staleness {s} is within the bound"
+            )
+            self._violate(
+                "get_blocks_iff_empty",
+                f"get(current_version={self.get_arg}) is still waiting while "
+                f"{len(self.queue)} group(s) are queued; the first is {front.desc} and {why}",
+            )
 
     def _check_conservation(self) -> None:
         t = self.totals
@@ -437,8 +530,11 @@ class BufferMachine(RuleBasedStateMachine):
         assert t["tried"] == accounted, f"shadow model bookkeeping: {t}, queue {len(self.queue)}, blocked {blocked}"
         n = self._impl_len()
         if n is not None and n != len(self.queue):
-            self._violate("conservation", f"len(buffer) = {n} but {len(self.queue)} accepted group(s) are "
-                          f"neither returned nor rejected: {[r.gid for r in self.queue]}")
+            self._violate(
+                "conservation",
+                f"len(buffer) = {n} but {len(self.queue)} accepted group(s) are "
+                f"neither returned nor rejected: {[r.gid for r in self.queue]}",
+            )
 
     # -- the handler the buffer receives ----------------------------------------------------------
 
@@ -450,8 +546,9 @@ class BufferMachine(RuleBasedStateMachine):
             gid = prompt_group[0].group_index
             indices = [s.index for s in prompt_group]
         except (TypeError, AttributeError, IndexError):
-            self._violate("handler_once", f"handler received {prompt_group!r}, not a flat list of Samples "
-                          "(the prompt_group)")
+            self._violate(
+                "handler_once", f"handler received {prompt_group!r}, not a flat list of Samples (the prompt_group)"
+            )
             return
         rec = self.groups.get(gid)
         self._log(f"   handler(g{gid}{'' if cause is None else f', cause={cause!r}'})")
@@ -460,11 +557,16 @@ class BufferMachine(RuleBasedStateMachine):
         if rec is None:
             return self._violate("handler_once", f"handler received an unknown group index {gid}")
         if indices != [s.index for s in rec.entry.prompt_group]:
-            return self._violate("handler_once", f"handler received samples {indices} for {rec.desc}; expected its "
-                                 f"flat prompt_group {[s.index for s in rec.entry.prompt_group]}")
+            return self._violate(
+                "handler_once",
+                f"handler received samples {indices} for {rec.desc}; expected its "
+                f"flat prompt_group {[s.index for s in rec.entry.prompt_group]}",
+            )
         if rec.kind == "filtered":
-            return self._violate("filter_not_handled", f"handler called for {rec.desc}; a dynamic-filter reject "
-                                 "must never reach the unused-samples handler")
+            return self._violate(
+                "filter_not_handled",
+                f"handler called for {rec.desc}; a dynamic-filter reject must never reach the unused-samples handler",
+            )
         rec.handler_calls += 1
         if rec.kind == "aborted":
             self._handled_aborted(rec, cause)
@@ -473,24 +575,32 @@ class BufferMachine(RuleBasedStateMachine):
 
     def _handled_aborted(self, rec: GroupRecord, cause: str | None) -> None:
         if rec.state != "putting" or rec.handler_calls > 1:
-            return self._violate("handler_once", f"handler called again for {rec.desc} "
-                                 f"(call {rec.handler_calls}, group state {rec.state})")
+            return self._violate(
+                "handler_once",
+                f"handler called again for {rec.desc} (call {rec.handler_calls}, group state {rec.state})",
+            )
         if cause not in (None, "aborted"):
             self._violate("handler_once", f"handler for {rec.desc} got cause={cause!r}; expected 'aborted'")
 
     def _handled_queued(self, rec: GroupRecord, cause: str | None) -> None:
         if rec.state != "queued":
-            return self._violate("handler_once", f"handler called for {rec.desc}, which is neither aborted nor "
-                                 f"a queued group being discarded as stale (its state: {rec.state})")
+            return self._violate(
+                "handler_once",
+                f"handler called for {rec.desc}, which is neither aborted nor "
+                f"a queued group being discarded as stale (its state: {rec.state})",
+            )
         if not any(op.kind == "get" and op.started and not op.finished for op in self.ops):
             return self._violate("handler_once", f"handler called for queued {rec.desc} outside any get")
         if self._check_prefix(rec, "handler(stale)"):
             return
         s = _staleness(rec, self.get_arg)
         if not self._is_stale(s):
-            return self._violate("staleness_bound", f"{rec.desc} was discarded as stale by "
-                                 f"get(current_version={self.get_arg}) but its staleness is {s} "
-                                 f"(max_weight_staleness={self.max_staleness})")
+            return self._violate(
+                "staleness_bound",
+                f"{rec.desc} was discarded as stale by "
+                f"get(current_version={self.get_arg}) but its staleness is {s} "
+                f"(max_weight_staleness={self.max_staleness})",
+            )
         if cause not in (None, "stale"):
             return self._violate("handler_once", f"handler for stale {rec.desc} got cause={cause!r}; expected 'stale'")
         self.queue.pop(0)
@@ -530,8 +640,11 @@ class BufferMachine(RuleBasedStateMachine):
             self.window.aborted += 1
             self._log(f"   put g{rec.gid} returned: rejected as aborted")
             if rec.handler_calls != 1:
-                self._violate("handler_once", f"put of aborted {rec.desc} returned after {rec.handler_calls} "
-                              "handler call(s); expected exactly 1 with its prompt_group")
+                self._violate(
+                    "handler_once",
+                    f"put of aborted {rec.desc} returned after {rec.handler_calls} "
+                    "handler call(s); expected exactly 1 with its prompt_group",
+                )
             return
         if rec.kind == "filtered":
             rec.state = "rejected"
@@ -545,9 +658,12 @@ class BufferMachine(RuleBasedStateMachine):
             n = self._impl_len()
             if n is not None and n <= self.capacity:
                 return self._silently_removed(len(self.queue) + 1 - n)
-            return self._violate("capacity", f"put of {rec.desc} returned while the buffer already held "
-                                 f"{len(self.queue)} = capacity group(s) {[r.gid for r in self.queue]}; "
-                                 "it must block until a get frees a slot")
+            return self._violate(
+                "capacity",
+                f"put of {rec.desc} returned while the buffer already held "
+                f"{len(self.queue)} = capacity group(s) {[r.gid for r in self.queue]}; "
+                "it must block until a get frees a slot",
+            )
         self.queue.append(rec)
         rec.state = "queued"
         self._log(f"   put g{rec.gid} returned: stored ({len(self.queue)}/{self.capacity})")
@@ -584,13 +700,17 @@ class BufferMachine(RuleBasedStateMachine):
         if rec is None or out.group is not rec.entry.group and not _same_samples(out.group, rec.entry.group):
             return self._violate("conservation", f"get returned a group (index {gid}) that was never put")
         if rec.state != "queued":
-            return self._violate("conservation", f"get returned {rec.desc}, which is not in the buffer: "
-                                 f"{_STATE_WORDS[rec.state]}")
+            return self._violate(
+                "conservation", f"get returned {rec.desc}, which is not in the buffer: {_STATE_WORDS[rec.state]}"
+            )
         if self._check_prefix(rec, f"get(current_version={op.arg})"):
             return
         if self._is_stale(s):
-            return self._violate("staleness_bound", f"get(current_version={op.arg}) returned {rec.desc} with "
-                                 f"staleness {s} > max_weight_staleness {self.max_staleness}")
+            return self._violate(
+                "staleness_bound",
+                f"get(current_version={op.arg}) returned {rec.desc} with "
+                f"staleness {s} > max_weight_staleness {self.max_staleness}",
+            )
         self.queue.pop(0)
         rec.state = "got"
         self.totals["got"] += 1
@@ -601,11 +721,17 @@ class BufferMachine(RuleBasedStateMachine):
         """``len(buffer)`` says ``count`` queued group(s) left without a return or a handler call."""
         gone = self.queue[:count]
         if all(self._is_stale(_staleness(r, self.get_arg)) for r in gone):
-            return self._violate("handler_once", f"stale group(s) {[r.desc for r in gone]} left the buffer "
-                                 f"(len(buffer) = {len(self.queue) + 1 - count} after the next put) without a "
-                                 "call to the unused-samples handler")
-        self._violate("conservation", f"group(s) {[r.desc for r in gone]} left the buffer without being returned "
-                      "by a get or handed to the handler")
+            return self._violate(
+                "handler_once",
+                f"stale group(s) {[r.desc for r in gone]} left the buffer "
+                f"(len(buffer) = {len(self.queue) + 1 - count} after the next put) without a "
+                "call to the unused-samples handler",
+            )
+        self._violate(
+            "conservation",
+            f"group(s) {[r.desc for r in gone]} left the buffer without being returned "
+            "by a get or handed to the handler",
+        )
 
     def _check_prefix(self, rec: GroupRecord, who: str) -> bool:
         """``rec`` is leaving the buffer: every group put before it must have left first."""
@@ -615,11 +741,17 @@ class BufferMachine(RuleBasedStateMachine):
         ahead = self.queue[:idx]
         fresh = [r for r in ahead if not self._is_stale(_staleness(r, self.get_arg))]
         if fresh:
-            self._violate("fifo", f"{who} took {rec.desc} while {fresh[0].desc}, put before it and not stale, "
-                          f"is still queued (queue order {[r.gid for r in self.queue]})")
+            self._violate(
+                "fifo",
+                f"{who} took {rec.desc} while {fresh[0].desc}, put before it and not stale, "
+                f"is still queued (queue order {[r.gid for r in self.queue]})",
+            )
         else:
-            self._violate("handler_once", f"{who} took {rec.desc} after skipping stale group(s) "
-                          f"{[r.gid for r in ahead]} without handing them to the unused-samples handler")
+            self._violate(
+                "handler_once",
+                f"{who} took {rec.desc} after skipping stale group(s) "
+                f"{[r.gid for r in ahead]} without handing them to the unused-samples handler",
+            )
         return True
 
     def _raised(self, what: str, e: BaseException) -> None:
@@ -635,8 +767,11 @@ class BufferMachine(RuleBasedStateMachine):
         except Exception as e:  # noqa: BLE001
             return self._raised("get_metrics()", e)
         w = self.window
-        expected: dict[str, float] = {P + "queue_size": len(self.queue), P + "aborted_groups_filtered": w.aborted,
-                                      P + "stale_groups_filtered": w.stale}
+        expected: dict[str, float] = {
+            P + "queue_size": len(self.queue),
+            P + "aborted_groups_filtered": w.aborted,
+            P + "stale_groups_filtered": w.stale,
+        }
         expected.update({DROP + r: c for r, c in w.drops.items()})
         if w.popped:
             expected[P + "avg_staleness"] = sum(w.popped) / len(w.popped)
@@ -652,13 +787,21 @@ class BufferMachine(RuleBasedStateMachine):
         if self.violation:
             return
         optional = {P + k for k in ("avg_staleness", "max_staleness", "buffer_avg_staleness", "buffer_max_staleness")}
-        problems = [f"{k}: expected {e}, got {got.get(k, 'absent')}" for k, e in expected.items()
-                    if k not in got or abs(float(got[k]) - e) > 1e-9]
-        problems += [f"{k}: expected absent, got {got[k]}" for k in got
-                     if k not in expected and (k in optional or k.startswith(DROP))]
+        problems = [
+            f"{k}: expected {e}, got {got.get(k, 'absent')}"
+            for k, e in expected.items()
+            if k not in got or abs(float(got[k]) - e) > 1e-9
+        ]
+        problems += [
+            f"{k}: expected absent, got {got[k]}"
+            for k in got
+            if k not in expected and (k in optional or k.startswith(DROP))
+        ]
         if problems:
-            self._violate("metrics_window", "get_metrics() disagrees with the window since the previous call: "
-                          + "; ".join(problems))
+            self._violate(
+                "metrics_window",
+                "get_metrics() disagrees with the window since the previous call: " + "; ".join(problems),
+            )
 
     # -- helpers -------------------------------------------------------------------------------------
 
@@ -691,8 +834,10 @@ class BufferMachine(RuleBasedStateMachine):
 
     def _settle(self) -> None:
         if not self._run_ready():
-            self._violate("no_exception", f"the loop never went quiet after {MAX_LOOP_ITERATIONS} iterations "
-                          "(a busy-waiting put/get?)")
+            self._violate(
+                "no_exception",
+                f"the loop never went quiet after {MAX_LOOP_ITERATIONS} iterations (a busy-waiting put/get?)",
+            )
         self.quiescent = True
 
     def _log(self, line: str) -> None:
@@ -711,9 +856,14 @@ class BufferMachine(RuleBasedStateMachine):
         return "\n".join(head + [f"{i + 1 + skipped:4d} {line}" for i, line in enumerate(lines)])
 
 
-_STATE_WORDS = {"new": "its put never ran", "putting": "its put has not returned", "got": "it was already returned",
-                "stale": "it was already discarded as stale", "rejected": "its put was rejected",
-                "cancelled": "its put was cancelled"}
+_STATE_WORDS = {
+    "new": "its put never ran",
+    "putting": "its put has not returned",
+    "got": "it was already returned",
+    "stale": "it was already discarded as stale",
+    "rejected": "its put was rejected",
+    "cancelled": "its put was cancelled",
+}
 
 
 def _same_samples(a: Any, b: Any) -> bool:
@@ -725,6 +875,7 @@ def _same_samples(a: Any, b: Any) -> bool:
 
 # ---- entry points --------------------------------------------------------------------------------
 
+
 def machine_for(factory: BufferFactory) -> type[BufferMachine]:
     """A ``BufferMachine`` subclass bound to ``factory`` (named ``BufferMachine`` so the
     printed reproduction reads ``state = BufferMachine()``)."""
@@ -734,16 +885,23 @@ def machine_for(factory: BufferFactory) -> type[BufferMachine]:
 def default_settings(max_examples: int = 200) -> Settings:
     """Deterministic given a seed; no explain phase (its "lines only failing cases ran"
     note tells nothing here and costs several times the shrink)."""
-    return Settings(max_examples=max_examples, deadline=None, database=None, print_blob=True,
-                    report_multiple_bugs=False, suppress_health_check=[HealthCheck.too_slow],
-                    phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink])
+    return Settings(
+        max_examples=max_examples,
+        deadline=None,
+        database=None,
+        print_blob=True,
+        report_multiple_bugs=False,
+        suppress_health_check=[HealthCheck.too_slow],
+        phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink],
+    )
 
 
 _BLOB = re.compile(r"@reproduce_failure\('([^']+)', (b'[^']*'|b\"[^\"]*\")\)")
 
 
-def check_buffer(factory: BufferFactory, *, max_examples: int = 200, seed: int = 0,
-                 settings: Settings | None = None) -> BufferFailure | None:
+def check_buffer(
+    factory: BufferFactory, *, max_examples: int = 200, seed: int = 0, settings: Settings | None = None
+) -> BufferFailure | None:
     """Run the buffer machine against ``factory``; ``None`` if it conforms.
 
     Deterministic for a given ``seed`` (no example database). ``settings`` replaces the

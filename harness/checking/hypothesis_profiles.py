@@ -30,8 +30,15 @@ NAMES: Final = (DEV, CI, NIGHTLY)
 def register() -> None:
     """Register the three profiles (idempotent; loads none)."""
     settings.register_profile(DEV, deadline=None)
-    settings.register_profile(CI, derandomize=True, deadline=None, print_blob=True, max_examples=200,
-                              database=None, suppress_health_check=[HealthCheck.too_slow])
+    settings.register_profile(
+        CI,
+        derandomize=True,
+        deadline=None,
+        print_blob=True,
+        max_examples=200,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
     settings.register_profile(NIGHTLY, max_examples=5000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -44,7 +51,9 @@ def load_for_project() -> str:
     try:
         settings.load_profile(name)
     except InvalidArgument:
-        raise ValueError(f"{PROFILE_ENV}={name!r} names no registered hypothesis profile. Allowed for this "
-                         f"project's suites: {', '.join(NAMES)}. Fix: set it to one of those (e.g. "
-                         f"{PROFILE_ENV}={CI}) or unset it.") from None
+        raise ValueError(
+            f"{PROFILE_ENV}={name!r} names no registered hypothesis profile. Allowed for this "
+            f"project's suites: {', '.join(NAMES)}. Fix: set it to one of those (e.g. "
+            f"{PROFILE_ENV}={CI}) or unset it."
+        ) from None
     return name

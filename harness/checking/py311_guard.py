@@ -24,8 +24,10 @@ import sys
 import traceback
 from types import TracebackType
 
-_CHAIN = (("__cause__", "The above exception was the direct cause of the following exception:"),
-          ("__context__", "During handling of the above exception, another exception occurred:"))
+_CHAIN = (
+    ("__cause__", "The above exception was the direct cause of the following exception:"),
+    ("__context__", "During handling of the above exception, another exception occurred:"),
+)
 
 
 def plain_exc_text(exc: BaseException) -> str:
@@ -37,8 +39,7 @@ def plain_exc_text(exc: BaseException) -> str:
         seen.add(id(e))
         for attr, banner in _CHAIN:
             linked = getattr(e, attr)
-            if linked is not None and id(linked) not in seen and not (attr == "__context__"
-                                                                      and e.__suppress_context__):
+            if linked is not None and id(linked) not in seen and not (attr == "__context__" and e.__suppress_context__):
                 render(linked)
                 parts.append(f"\n{banner}\n\n")
                 break

@@ -53,47 +53,75 @@ hypothesis_profiles.register()
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("miles-async-harness")
-    group.addoption(OPTION, action="store", default=None, metavar=EXPECTED,
-                    help="DataBuffer factory the buffer conformance suite checks: a callable taking "
-                         "DataBufferConstructorInput(args, unused_handler_fn) and returning a DataBuffer "
-                         "(default: miles_async_core.buffer.DefaultDataBuffer)")
-    group.addoption("--miles-src", action="store", default=None, metavar="PATH",
-                    help="upstream Miles checkout for the upstream tier (default: $MILES_SRC, else the pinned "
-                         "Miles tree in ../shared/third_party/ when present; none: the tier skips)")
-    group.addoption(GUARD_OPTION, action="store_true", default=False,
-                    help="on CPython 3.11, render asyncio log tracebacks without caret anchors, so a leaked "
-                         "task's traceback cannot corrupt ast.parse in another test (see "
-                         "harness.checking.py311_guard)")
+    group.addoption(
+        OPTION,
+        action="store",
+        default=None,
+        metavar=EXPECTED,
+        help="DataBuffer factory the buffer conformance suite checks: a callable taking "
+        "DataBufferConstructorInput(args, unused_handler_fn) and returning a DataBuffer "
+        "(default: miles_async_core.buffer.DefaultDataBuffer)",
+    )
+    group.addoption(
+        "--miles-src",
+        action="store",
+        default=None,
+        metavar="PATH",
+        help="upstream Miles checkout for the upstream tier (default: $MILES_SRC, else the pinned "
+        "Miles tree in ../shared/third_party/ when present; none: the tier skips)",
+    )
+    group.addoption(
+        GUARD_OPTION,
+        action="store_true",
+        default=False,
+        help="on CPython 3.11, render asyncio log tracebacks without caret anchors, so a leaked "
+        "task's traceback cannot corrupt ast.parse in another test (see "
+        "harness.checking.py311_guard)",
+    )
 
 
 def _usage(value: str, problem: str, fix: str) -> pytest.UsageError:
-    return pytest.UsageError(f"{OPTION}={value!r}: {problem}. Expected {OPTION}={EXPECTED} (a callable "
-                             f"taking DataBufferConstructorInput and returning a DataBuffer, importable from "
-                             f"the current directory or sys.path). Fix: {fix}.")
+    return pytest.UsageError(
+        f"{OPTION}={value!r}: {problem}. Expected {OPTION}={EXPECTED} (a callable "
+        f"taking DataBufferConstructorInput and returning a DataBuffer, importable from "
+        f"the current directory or sys.path). Fix: {fix}."
+    )
 
 
 def resolve_factory(value: str) -> Callable[..., Any]:
     """Import ``package.module:factory`` (the attribute may be dotted: ``mod:Class.make``)."""
     module_name, sep, attr = value.partition(":")
-    if not sep or not module_name or not attr or not all(p.isidentifier() for p in attr.split(".")) or not all(
-            p.isidentifier() for p in module_name.split(".")):
-        raise _usage(value, "not of the form package.module:factory",
-                     "name a module and a callable in it, separated by one colon")
+    if (
+        not sep
+        or not module_name
+        or not attr
+        or not all(p.isidentifier() for p in attr.split("."))
+        or not all(p.isidentifier() for p in module_name.split("."))
+    ):
+        raise _usage(
+            value,
+            "not of the form package.module:factory",
+            "name a module and a callable in it, separated by one colon",
+        )
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:
-        raise _usage(value, f"module {module_name!r} cannot be imported ({e})",
-                     "run pytest from the directory holding it or add that directory to PYTHONPATH") from e
+        raise _usage(
+            value,
+            f"module {module_name!r} cannot be imported ({e})",
+            "run pytest from the directory holding it or add that directory to PYTHONPATH",
+        ) from e
     obj: Any = module
     for part in attr.split("."):
         if not hasattr(obj, part):
             raise _usage(value, f"{module_name} has no attribute {attr!r}", "check the factory's name")
         obj = getattr(obj, part)
     if not callable(obj):
-        raise _usage(value, f"{module_name}:{attr} is a {type(obj).__name__}, not callable",
-                     "point at a class or function")
+        raise _usage(
+            value, f"{module_name}:{attr} is a {type(obj).__name__}, not callable", "point at a class or function"
+        )
     return obj
 
 

@@ -36,8 +36,10 @@ class RunCase:
     def describe(self) -> str:
         c = self.scenario.config
         d = {k: v for k, v in c.to_dict().items() if v != getattr(AsyncConfig(), k)}
-        return f"config={d} engine={self.scenario.engine} trainer={self.scenario.trainer} " \
-               f"max_new_tokens={self.scenario.max_new_tokens} faults={self.faults}"
+        return (
+            f"config={d} engine={self.scenario.engine} trainer={self.scenario.trainer} "
+            f"max_new_tokens={self.scenario.max_new_tokens} faults={self.faults}"
+        )
 
 
 @st.composite
@@ -50,12 +52,16 @@ def configs(draw: st.DrawFn, *, fully_async: bool | None = None, driver: str | N
     backend = draw(st.sampled_from(["megatron", "megatron", "fsdp"]))
     may_colocate = drv == "train" or (fa and mode == "retract" and backend == "megatron")
     cfg = AsyncConfig(
-        driver=drv, fully_async=fa, rollout_batch_size=b, n_samples_per_prompt=n,
+        driver=drv,
+        fully_async=fa,
+        rollout_batch_size=b,
+        n_samples_per_prompt=n,
         update_weights_interval=draw(st.integers(1, 4)),
         max_weight_staleness=draw(st.one_of(st.none(), st.integers(0, 3))),
         async_unused_samples_handler=draw(st.sampled_from(["drop", "retry"])),
         async_max_concurrent_samples=draw(st.one_of(st.none(), st.integers(n, 3 * n))),
-        pause_generation_mode=mode, train_backend=backend,
+        pause_generation_mode=mode,
+        train_backend=backend,
         colocate=(colocate := draw(st.booleans()) if may_colocate else False),
         allow_async_colocate=colocate and drv == "train_async",  # Miles' manual's mode, an extension
         rollout_submission_granularity=draw(st.sampled_from([None, "group", "sample"])),
@@ -73,24 +79,42 @@ def configs(draw: st.DrawFn, *, fully_async: bool | None = None, driver: str | N
 def length_dists(draw: st.DrawFn) -> LengthDist:
     kind = draw(st.sampled_from(["lognormal", "uniform", "fixed"]))
     low = draw(st.integers(1, 16))
-    return LengthDist(kind=kind, median=float(draw(st.integers(2, 64))), sigma=draw(st.sampled_from([0.2, 0.8, 1.5])),
-                      low=low, high=draw(st.integers(low, 96)))
+    return LengthDist(
+        kind=kind,
+        median=float(draw(st.integers(2, 64))),
+        sigma=draw(st.sampled_from([0.2, 0.8, 1.5])),
+        low=low,
+        high=draw(st.integers(low, 96)),
+    )
 
 
 def engines() -> st.SearchStrategy[SimEngineConfig]:
-    return st.builds(SimEngineConfig, max_running=st.sampled_from([2, 8, 1024]),
-                     decode_base_s=st.sampled_from([0.005, 0.02, 0.05]),
-                     decode_per_seq_s=st.sampled_from([0.0, 0.0002, 0.002]),
-                     prompt_tokens=st.integers(1, 64), response_length=length_dists(), seed=st.integers(0, 1000))
+    return st.builds(
+        SimEngineConfig,
+        max_running=st.sampled_from([2, 8, 1024]),
+        decode_base_s=st.sampled_from([0.005, 0.02, 0.05]),
+        decode_per_seq_s=st.sampled_from([0.0, 0.0002, 0.002]),
+        prompt_tokens=st.integers(1, 64),
+        response_length=length_dists(),
+        seed=st.integers(0, 1000),
+    )
 
 
 def trainers() -> st.SearchStrategy[SimTrainerConfig]:
-    return st.builds(SimTrainerConfig, step_base_s=st.sampled_from([0.02, 0.3, 1.0, 3.0]),
-                     per_token_s=st.sampled_from([0.0, 0.001]))
+    return st.builds(
+        SimTrainerConfig, step_base_s=st.sampled_from([0.02, 0.3, 1.0, 3.0]), per_token_s=st.sampled_from([0.0, 0.001])
+    )
 
 
-FAULT_KINDS = ("request_failure", "injected_abort", "abort_storm", "trainer_failure", "worker_crash", "cancel",
-               "dynamic_filter")
+FAULT_KINDS = (
+    "request_failure",
+    "injected_abort",
+    "abort_storm",
+    "trainer_failure",
+    "worker_crash",
+    "cancel",
+    "dynamic_filter",
+)
 
 
 @st.composite
@@ -104,8 +128,9 @@ def fault_schedules(draw: st.DrawFn, config: AsyncConfig, kinds: tuple[str, ...]
     if kind == "injected_abort":
         return FaultSchedule(injected_abort_rate=draw(st.sampled_from([0.05, 0.2, 0.4])), seed=seed)
     if kind == "abort_storm":
-        return FaultSchedule(abort_storm_times_s=tuple(sorted(draw(st.lists(times, min_size=1, max_size=4)))),
-                             seed=seed)
+        return FaultSchedule(
+            abort_storm_times_s=tuple(sorted(draw(st.lists(times, min_size=1, max_size=4)))), seed=seed
+        )
     if kind == "trainer_failure":
         return FaultSchedule(trainer_fail_at_step=draw(st.integers(0, config.num_rollout - 1)), seed=seed)
     if kind == "worker_crash":
@@ -118,15 +143,25 @@ def fault_schedules(draw: st.DrawFn, config: AsyncConfig, kinds: tuple[str, ...]
 
 
 @st.composite
-def run_cases(draw: st.DrawFn, *, faults: bool | tuple[str, ...] = False, fully_async: bool | None = None,
-              driver: str | None = None) -> RunCase:
+def run_cases(
+    draw: st.DrawFn,
+    *,
+    faults: bool | tuple[str, ...] = False,
+    fully_async: bool | None = None,
+    driver: str | None = None,
+) -> RunCase:
     cfg = draw(configs(fully_async=fully_async, driver=driver))
     if faults:
         schedule = draw(fault_schedules(cfg, FAULT_KINDS if faults is True else faults))
     else:
         schedule = FaultSchedule()
-    scenario = Scenario(name="property", config=cfg, engine=draw(engines()), trainer=draw(trainers()),
-                        max_new_tokens=draw(st.integers(4, 96)))
+    scenario = Scenario(
+        name="property",
+        config=cfg,
+        engine=draw(engines()),
+        trainer=draw(trainers()),
+        max_new_tokens=draw(st.integers(4, 96)),
+    )
     return RunCase(scenario, schedule)
 
 
@@ -137,8 +172,9 @@ def run_case(case: RunCase, *, engine_cls: type = SimEngine, **variant: type) ->
 def violations(outcome: RunOutcome, case: RunCase) -> list[Violation]:
     out = check_all(outcome.events, outcome.config, complete=outcome.complete)
     if outcome.error is not None and (not outcome.clean or not case.faults.may_end_early):
-        out.append(Violation(invariant="run_error", message=f"run failed: {outcome.error!r}",
-                             events=outcome.events[-10:]))
+        out.append(
+            Violation(invariant="run_error", message=f"run failed: {outcome.error!r}", events=outcome.events[-10:])
+        )
     return out
 
 
@@ -153,6 +189,10 @@ def property_settings(max_examples: int, **overrides: object) -> settings:
     except InvalidArgument:
         base = settings(derandomize=True, database=None, print_blob=True)
     scale = max(0.1, base.max_examples / 100)
-    return settings(base, max_examples=max(1, int(max_examples * scale)), deadline=None,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
-                                           HealthCheck.data_too_large], **overrides)
+    return settings(
+        base,
+        max_examples=max(1, int(max_examples * scale)),
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large],
+        **overrides,
+    )

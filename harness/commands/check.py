@@ -41,14 +41,20 @@ def main(args: argparse.Namespace) -> int:
     failed = bool(errors(violations))
     resolved = config.resolved_dict()
     if args.json:
-        print(json.dumps({
-            "profile": args.profile,
-            "ok": not failed,
-            "config": config.to_dict(),
-            "resolved": resolved,
-            "notes": notes,
-            "violations": [v.to_dict() for v in violations],
-        }, indent=2, sort_keys=True))
+        print(
+            json.dumps(
+                {
+                    "profile": args.profile,
+                    "ok": not failed,
+                    "config": config.to_dict(),
+                    "resolved": resolved,
+                    "notes": notes,
+                    "violations": [v.to_dict() for v in violations],
+                },
+                indent=2,
+                sort_keys=True,
+            )
+        )
         return 2 if failed else 0
     print(f"# profile = {args.profile}")
     for name, value in resolved.items():

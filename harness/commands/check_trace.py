@@ -32,15 +32,23 @@ if TYPE_CHECKING:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("trace", nargs="?", default=None,
-                   help="a JSONL trace, as `miles-harness simulate --trace PATH` writes")
-    p.add_argument("--merge", metavar="DIR", default=None,
-                   help="merge the per-process files harness.record wrote in DIR (MILES_HARNESS_RECORD_DIR) into "
-                        "one trace (DIR/merged.jsonl) and check it; checkers whose event kinds are missing are "
-                        "listed as not applicable with the kinds they lack")
-    p.add_argument("--incomplete", action="store_true",
-                   help="the trace is the prefix of a failed or cancelled run: skip the checkers that need a "
-                        "complete run (conservation is relaxed to conservation_prefix)")
+    p.add_argument(
+        "trace", nargs="?", default=None, help="a JSONL trace, as `miles-harness simulate --trace PATH` writes"
+    )
+    p.add_argument(
+        "--merge",
+        metavar="DIR",
+        default=None,
+        help="merge the per-process files harness.record wrote in DIR (MILES_HARNESS_RECORD_DIR) into "
+        "one trace (DIR/merged.jsonl) and check it; checkers whose event kinds are missing are "
+        "listed as not applicable with the kinds they lack",
+    )
+    p.add_argument(
+        "--incomplete",
+        action="store_true",
+        help="the trace is the prefix of a failed or cancelled run: skip the checkers that need a "
+        "complete run (conservation is relaxed to conservation_prefix)",
+    )
     p.add_argument("--max-shown", type=int, default=5, help="violations printed per checker")
     p.add_argument("miles_args", nargs=argparse.REMAINDER, help="Miles flags after --: the run's config")
 
@@ -54,9 +62,11 @@ def load_config(trace: Path, miles_args: list[str]) -> tuple[AsyncConfig, bool, 
     miles = [a for a in miles_args if a != "--"]
     if not stored.exists():
         if not miles:
-            raise ConfigError(f"trace {trace}: no config: {stored} does not exist and no Miles flags were given. "
-                              "Allowed: the config file `miles-harness simulate` writes next to its trace, or the "
-                              f"run's Miles command line. Fix: `miles-harness check-trace {trace} -- <miles args>`")
+            raise ConfigError(
+                f"trace {trace}: no config: {stored} does not exist and no Miles flags were given. "
+                "Allowed: the config file `miles-harness simulate` writes next to its trace, or the "
+                f"run's Miles command line. Fix: `miles-harness check-trace {trace} -- <miles args>`"
+            )
         config, notes = parse_miles_args(miles)
         for note in notes:
             print(f"note: {note}")
@@ -64,12 +74,15 @@ def load_config(trace: Path, miles_args: list[str]) -> tuple[AsyncConfig, bool, 
     try:
         doc = json.loads(stored.read_text())
     except (OSError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"config {stored}: cannot read it as JSON ({exc}). Allowed: the file `miles-harness "
-                          "simulate` writes. Fix: delete it and pass the Miles flags after --, or rerun simulate"
-                          ) from None
+        raise ConfigError(
+            f"config {stored}: cannot read it as JSON ({exc}). Allowed: the file `miles-harness "
+            "simulate` writes. Fix: delete it and pass the Miles flags after --, or rerun simulate"
+        ) from None
     if not isinstance(doc, dict) or not isinstance(doc.get("config"), dict):
-        raise ConfigError(f"config {stored}: {str(doc)[:80]!r} has no \"config\" object. Allowed: "
-                          '{"config": {field: value, ...}, "complete": bool}. Fix: rerun simulate')
+        raise ConfigError(
+            f'config {stored}: {str(doc)[:80]!r} has no "config" object. Allowed: '
+            '{"config": {field: value, ...}, "complete": bool}. Fix: rerun simulate'
+        )
     try:
         config = AsyncConfig.from_dict(overlay_miles_args(doc["config"], miles))
     except (TypeError, ConfigError) as exc:
@@ -90,17 +103,22 @@ def main(args: argparse.Namespace) -> int:
         if args.trace is not None and (args.trace.startswith("-") or args.miles_args):
             args.miles_args, args.trace = [args.trace, *args.miles_args], None
         if args.trace is not None:
-            raise ConfigError(f"check-trace {args.trace} --merge {args.merge}: give a trace or --merge DIR, not both. "
-                              "Fix: drop one")
+            raise ConfigError(
+                f"check-trace {args.trace} --merge {args.merge}: give a trace or --merge DIR, not both. Fix: drop one"
+            )
         return main_merge(args)
     if args.trace is None:
-        raise ConfigError("check-trace: no trace. Allowed: a JSONL trace path, or --merge DIR. "
-                          "Fix: miles-harness check-trace TRACE.jsonl")
+        raise ConfigError(
+            "check-trace: no trace. Allowed: a JSONL trace path, or --merge DIR. "
+            "Fix: miles-harness check-trace TRACE.jsonl"
+        )
     trace = Path(args.trace)
     events = read_jsonl(trace)
     if not events:
-        raise ConfigError(f"trace {trace}: no events. Allowed: a JSONL trace with one event per line. "
-                          "Fix: pass the trace `miles-harness simulate --trace PATH` wrote")
+        raise ConfigError(
+            f"trace {trace}: no events. Allowed: a JSONL trace with one event per line. "
+            "Fix: pass the trace `miles-harness simulate --trace PATH` wrote"
+        )
     config, complete, source = load_config(trace, args.miles_args)
     complete = complete and not args.incomplete
     print(f"trace: {trace} ({len(events)} events)")
@@ -141,15 +159,19 @@ def main_merge(args: argparse.Namespace) -> int:
     directory = Path(args.merge)
     merged = merge_dir(directory, incomplete=args.incomplete)
     if not merged.events:
-        raise ConfigError(f"--merge {directory}: the process files hold no events. Fix: check that the recorder's "
-                          "flags were on the Miles command line")
+        raise ConfigError(
+            f"--merge {directory}: the process files hold no events. Fix: check that the recorder's "
+            "flags were on the Miles command line"
+        )
     config, complete, source = load_config(directory / MERGED_NAME, args.miles_args)
     complete = complete and not args.incomplete
     write_jsonl(merged.events, directory / MERGED_NAME)
     print(f"merged: {len(merged.processes)} process files -> {directory / MERGED_NAME} ({len(merged.events)} events)")
     for p in merged.processes:
-        print(f"  {p['file']}: role={p['role']} pid={p['pid']} host={p['host']} events={p['events']}"
-              + ("  TRUNCATED: last line cut short, dropped" if p["truncated"] else ""))
+        print(
+            f"  {p['file']}: role={p['role']} pid={p['pid']} host={p['host']} events={p['events']}"
+            + ("  TRUNCATED: last line cut short, dropped" if p["truncated"] else "")
+        )
     if merged.join.get("joined") or merged.join.get("server_requests_unjoined"):
         print(f"  server requests joined to Miles samples: {merged.join}")
     print(f"config: {source}; checked as a {'complete run' if complete else 'prefix of a failed run'}")
@@ -159,14 +181,17 @@ def main_merge(args: argparse.Namespace) -> int:
         print(f"lives: {result['lives']} joined (each life's checks on its own events; the resume checkers across)")
     for name, count in result["ran"].items():
         skipped = result.get("not_run_on_lives", {}).get(name)
-        print(f"{name:<{width}}  {'PASS' if not count else f'FAIL ({count} violations)'}"
-              + (f"  (not run on lives {skipped['lives']}: they lack {', '.join(skipped['lacking'])})"
-                 if skipped else ""))
+        print(
+            f"{name:<{width}}  {'PASS' if not count else f'FAIL ({count} violations)'}"
+            + (f"  (not run on lives {skipped['lives']}: they lack {', '.join(skipped['lacking'])})" if skipped else "")
+        )
     for name, kinds in result["lacking"].items():
         print(f"{name:<{width}}  NOT APPLICABLE: the trace has no {', '.join(kinds)} events")
     if result["not_for_config"]:
-        print(f"not applicable to this config{'' if complete else ' or to a prefix'}: "
-              f"{', '.join(result['not_for_config'])}")
+        print(
+            f"not applicable to this config{'' if complete else ' or to a prefix'}: "
+            f"{', '.join(result['not_for_config'])}"
+        )
     found = {k: v for k, v in result["violations"].items() if v}
     if found:
         print()

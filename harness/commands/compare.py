@@ -33,21 +33,46 @@ from miles_async_core.errors import ConfigError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("files", nargs="+", metavar="FILE",
-                        help="BASE NEW [NEW2 ...]; with --history only NEW [NEW2 ...]")
-    parser.add_argument("--threshold", action="append", default=[], metavar="NAME:-P%",
-                        help="fail (exit 1) if NAME got significantly worse by more than P percent; repeatable")
+    parser.add_argument(
+        "files", nargs="+", metavar="FILE", help="BASE NEW [NEW2 ...]; with --history only NEW [NEW2 ...]"
+    )
+    parser.add_argument(
+        "--threshold",
+        action="append",
+        default=[],
+        metavar="NAME:-P%",
+        help="fail (exit 1) if NAME got significantly worse by more than P percent; repeatable",
+    )
     parser.add_argument("--markdown", action="store_true", help="print GitHub-flavoured markdown tables")
     parser.add_argument("--alpha", type=float, default=0.05, help="significance level of the U test (default 0.05)")
-    parser.add_argument("--history", metavar="DIR", default=None,
-                        help="compare against earlier results files under DIR (same kind and machine)")
-    parser.add_argument("--last", type=int, default=None, metavar="N",
-                        help=f"with --history: use the last N runs (default {HISTORY_LIMIT}, as Miles' history_limit)")
-    parser.add_argument("--warmup-steps", type=int, default=WARMUP_STEPS, metavar="W",
-                        help=f"drop each run's first W per-step samples as warm-up (default {WARMUP_STEPS})")
-    parser.add_argument("--blocks", type=int, default=BLOCKS, metavar="K",
-                        help=f"split each run's remaining steps into K contiguous blocks and test the block means "
-                             f"(default {BLOCKS}); with --history the base side uses one mean per run")
+    parser.add_argument(
+        "--history",
+        metavar="DIR",
+        default=None,
+        help="compare against earlier results files under DIR (same kind and machine)",
+    )
+    parser.add_argument(
+        "--last",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"with --history: use the last N runs (default {HISTORY_LIMIT}, as Miles' history_limit)",
+    )
+    parser.add_argument(
+        "--warmup-steps",
+        type=int,
+        default=WARMUP_STEPS,
+        metavar="W",
+        help=f"drop each run's first W per-step samples as warm-up (default {WARMUP_STEPS})",
+    )
+    parser.add_argument(
+        "--blocks",
+        type=int,
+        default=BLOCKS,
+        metavar="K",
+        help=f"split each run's remaining steps into K contiguous blocks and test the block means "
+        f"(default {BLOCKS}); with --history the base side uses one mean per run",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -75,8 +100,10 @@ def main(args: argparse.Namespace) -> int:
             runs = load_history(args.history, new)
             if not runs:
                 # Miles' gate: a coordinate without trusted history is INACTIVE (cold start).
-                print(f"compare: no earlier '{new.kind}' runs for this machine under {args.history}: "
-                      f"nothing to compare {path} with (cold start), passed")
+                print(
+                    f"compare: no earlier '{new.kind}' runs for this machine under {args.history}: "
+                    f"nothing to compare {path} with (cold start), passed"
+                )
                 continue
             base, notes = history_base(runs, new, last=last, warmup_steps=args.warmup_steps)
             label = f"{args.history} (means of last {min(last, len(runs))} of {len(runs)} runs)"
@@ -84,9 +111,17 @@ def main(args: argparse.Namespace) -> int:
     outputs = []
     for base, base_label, notes, path in pairs:
         new = load_any(path)
-        comparison = compare_results(base, new, thresholds=thresholds, alpha=args.alpha,
-                                     base_label=base_label, new_label=path, notes=notes,
-                                     warmup_steps=args.warmup_steps, blocks=args.blocks)
+        comparison = compare_results(
+            base,
+            new,
+            thresholds=thresholds,
+            alpha=args.alpha,
+            base_label=base_label,
+            new_label=path,
+            notes=notes,
+            warmup_steps=args.warmup_steps,
+            blocks=args.blocks,
+        )
         outputs.append(fmt(comparison))
         if comparison.failed:
             status = 1

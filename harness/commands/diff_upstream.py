@@ -34,15 +34,31 @@ from miles_async_core.errors import ConfigError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--miles-src", help="upstream Miles checkout (default: $MILES_SRC, else the pinned tree "
-                                       "beside the repository, ../shared/third_party/miles-<pinned commit>)")
-    p.add_argument("--scenario", action="append", default=[], metavar="NAME",
-                   help="a matrix case to run (repeatable); default: all")
+    p.add_argument(
+        "--miles-src",
+        help="upstream Miles checkout (default: $MILES_SRC, else the pinned tree "
+        "beside the repository, ../shared/third_party/miles-<pinned commit>)",
+    )
+    p.add_argument(
+        "--scenario",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a matrix case to run (repeatable); default: all",
+    )
     p.add_argument("--list", action="store_true", help="list the matrix cases and exit")
-    p.add_argument("-v", "--verbose", action="store_true",
-                   help="print upstream's captured log under every case (default: only under a failing one)")
-    p.add_argument("--log", metavar="PATH", default=None,
-                   help="where to keep upstream's log, per case (default: a new file in the system's temp dir)")
+    p.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="print upstream's captured log under every case (default: only under a failing one)",
+    )
+    p.add_argument(
+        "--log",
+        metavar="PATH",
+        default=None,
+        help="where to keep upstream's log, per case (default: a new file in the system's temp dir)",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -136,7 +152,9 @@ def _run_cases(cases: list, run_case, *, log=None, verbose: bool = False) -> int
             if report.identical != (case.known is None):
                 bad += 1
                 failing = True
-                print(f"  ^ UNEXPECTED: {'identical, but listed as ' + case.known.split(':')[0] if report.identical else 'a divergence no known name explains'}")
+                print(
+                    f"  ^ UNEXPECTED: {'identical, but listed as ' + case.known.split(':')[0] if report.identical else 'a divergence no known name explains'}"
+                )
                 if not report.identical and verdict.holds:
                     changed_holding += 1
             line = line.splitlines()[0]
@@ -147,16 +165,23 @@ def _run_cases(cases: list, run_case, *, log=None, verbose: bool = False) -> int
             print(indent(text if verbose else tail(text)))
     ran = len(cases) - len(refused) - len(broken)
     identical = sum(1 for c in cases if c.known is None and c.name not in refused + broken)
-    print(f"\n{len(cases)} cases in {time.perf_counter() - t0:.1f} s: {ran - bad} as expected "
-          f"({identical} identical expected), {bad} unexpected"
-          + (f" ({changed_holding} of them differ from the core with every invariant holding on upstream's trace)"
-             if changed_holding else "")
-          + f", {broken_inv} breaking an invariant on upstream's trace, "
-          f"{len(refused)} not run (missing seam), {len(broken)} harness errors")
+    print(
+        f"\n{len(cases)} cases in {time.perf_counter() - t0:.1f} s: {ran - bad} as expected "
+        f"({identical} identical expected), {bad} unexpected"
+        + (
+            f" ({changed_holding} of them differ from the core with every invariant holding on upstream's trace)"
+            if changed_holding
+            else ""
+        )
+        + f", {broken_inv} breaking an invariant on upstream's trace, "
+        f"{len(refused)} not run (missing seam), {len(broken)} harness errors"
+    )
     if log is not None:
         print(f"upstream's log, per case: {log.path}")
     if refused or broken:
-        print(f"exit 2: the harness could not run {len(refused) + len(broken)} case(s) faithfully on this tree "
-              "(see `miles-harness doctor --miles-src PATH`)")
+        print(
+            f"exit 2: the harness could not run {len(refused) + len(broken)} case(s) faithfully on this tree "
+            "(see `miles-harness doctor --miles-src PATH`)"
+        )
         return 2
     return 1 if bad or broken_inv else 0

@@ -28,8 +28,11 @@ REFUSED = 3
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--miles-src", help="upstream Miles checkout (default: $MILES_SRC, else the pinned tree "
-                                       "beside the repository, ../shared/third_party/miles-<pinned commit>)")
+    p.add_argument(
+        "--miles-src",
+        help="upstream Miles checkout (default: $MILES_SRC, else the pinned tree "
+        "beside the repository, ../shared/third_party/miles-<pinned commit>)",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -39,9 +42,11 @@ def main(args: argparse.Namespace) -> int:
     if path is None:
         raise ConfigError(how)
     if not (path / source.MARKER).is_file():
-        raise ConfigError(f"--miles-src {path}: not a Miles checkout ({source.MARKER} is missing). "
-                          "Fix: point --miles-src at the root of a Miles checkout (the folder holding miles/ "
-                          "and train_async.py).")
+        raise ConfigError(
+            f"--miles-src {path}: not a Miles checkout ({source.MARKER} is missing). "
+            "Fix: point --miles-src at the root of a Miles checkout (the folder holding miles/ "
+            "and train_async.py)."
+        )
     report = seams.probe(path)
     print(f"({how})")
     print(report.format())

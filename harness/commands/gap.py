@@ -26,8 +26,11 @@ if TYPE_CHECKING:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="tiny", help="tiny (seeded random weights), smollm2 (needs the model extra), "
-                                                   "or a local Hugging Face model directory")
+    p.add_argument(
+        "--model",
+        default="tiny",
+        help="tiny (seeded random weights), smollm2 (needs the model extra), or a local Hugging Face model directory",
+    )
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--dtypes", default="fp32,bf16,fp16", help="comma list of fp32, bf16, fp16")
     p.add_argument("--num-seqs", type=int, default=16, help="sequences per row")
@@ -43,8 +46,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _check_model(model: str) -> None:
     if model not in ("tiny", "smollm2") and not Path(model).is_dir():
-        raise ConfigError(f"--model {model!r}: no such directory. Allowed: tiny, smollm2 or a local Hugging Face "
-                          "model directory (config.json + weights). Fix: pass an existing path or --model tiny")
+        raise ConfigError(
+            f"--model {model!r}: no such directory. Allowed: tiny, smollm2 or a local Hugging Face "
+            "model directory (config.json + weights). Fix: pass an existing path or --model tiny"
+        )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -53,9 +58,17 @@ def main(args: argparse.Namespace) -> int:
     from harness.measure.kernel_ablation import Ablation, AblationConfig, format_table
 
     dtypes = tuple(d.strip() for d in args.dtypes.split(",") if d.strip())
-    cfg = AblationConfig(model=args.model, device=args.device, dtypes=dtypes, num_seqs=args.num_seqs,
-                         max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
-                         tiny_d_model=args.d_model, tiny_layers=args.layers)
+    cfg = AblationConfig(
+        model=args.model,
+        device=args.device,
+        dtypes=dtypes,
+        num_seqs=args.num_seqs,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        seed=args.seed,
+        tiny_d_model=args.d_model,
+        tiny_layers=args.layers,
+    )
     _check_model(cfg.model)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -80,8 +93,16 @@ def main(args: argparse.Namespace) -> int:
     not_zero = [r["setting"] for r in rows if r["factor"] == "true_on_policy" and not r["all_bitwise_equal"]]
     for setting in not_zero:
         print(f"true on-policy ({setting}) is not bitwise equal: engine and trainer paths diverged")
-    print(json.dumps({"results": str(out / "results.json"), "rows": len(rows), "wall_s": round(wall_s, 3),
-                      "true_on_policy_exact": not not_zero}))
+    print(
+        json.dumps(
+            {
+                "results": str(out / "results.json"),
+                "rows": len(rows),
+                "wall_s": round(wall_s, 3),
+                "true_on_policy_exact": not not_zero,
+            }
+        )
+    )
     return 1 if not_zero else 0
 
 
@@ -89,23 +110,44 @@ def write_outputs(out: Path, cfg: Any, model_name: str, rows: list[dict[str, Any
     from harness.measure.kernel_ablation import format_table
     from harness.results.schema import Results
 
-    res = Results.new("gap", {"ablation": dataclasses.asdict(cfg), "model_name": model_name},
-                      definition_common={"model": cfg.model, "device": cfg.device, "num_seqs": cfg.num_seqs,
-                                         "max_new_tokens": cfg.max_new_tokens, "temperature": cfg.temperature,
-                                         "seed": cfg.seed, "metric": "per-sequence mean |logp_train - logp_rollout|"})
+    res = Results.new(
+        "gap",
+        {"ablation": dataclasses.asdict(cfg), "model_name": model_name},
+        definition_common={
+            "model": cfg.model,
+            "device": cfg.device,
+            "num_seqs": cfg.num_seqs,
+            "max_new_tokens": cfg.max_new_tokens,
+            "temperature": cfg.temperature,
+            "seed": cfg.seed,
+            "metric": "per-sequence mean |logp_train - logp_rollout|",
+        },
+    )
     for r in rows:
         if r["per_seq_abs_diff"]:
-            res.add_benchmark(f"{r['factor']}/{r['setting']}", r["per_seq_abs_diff"], unit="nats/token",
-                              higher_is_better=False,
-                              definition={"factor": r["factor"], "setting": r["setting"], "engine": r["engine"],
-                                          "trainer": r["trainer"]})
+            res.add_benchmark(
+                f"{r['factor']}/{r['setting']}",
+                r["per_seq_abs_diff"],
+                unit="nats/token",
+                higher_is_better=False,
+                definition={
+                    "factor": r["factor"],
+                    "setting": r["setting"],
+                    "engine": r["engine"],
+                    "trainer": r["trainer"],
+                },
+            )
     res.extra["table"] = rows
     res.extra["wall_s"] = wall_s
     out.mkdir(parents=True, exist_ok=True)
     table = out / "gap_table.md"
-    table.write_text(f"Kernel-level gap, model {model_name}, device {cfg.device}, {cfg.num_seqs} sequences, "
-                     f"up to {cfg.max_new_tokens} new tokens, temperature {cfg.temperature}, seed {cfg.seed}\n\n"
-                     + format_table(rows, markdown=True) + "\n", encoding="utf-8")
+    table.write_text(
+        f"Kernel-level gap, model {model_name}, device {cfg.device}, {cfg.num_seqs} sequences, "
+        f"up to {cfg.max_new_tokens} new tokens, temperature {cfg.temperature}, seed {cfg.seed}\n\n"
+        + format_table(rows, markdown=True)
+        + "\n",
+        encoding="utf-8",
+    )
     return [res.write(out / "results.json"), table]
 
 
@@ -116,6 +158,7 @@ def _start_telemetry(phase: dict[str, str]) -> TelemetrySampler:
 
 
 def _write_telemetry(path: Path, sampler: TelemetrySampler) -> Path:
-    path.write_text(json.dumps({"summary": sampler.summary(), "records": sampler.records}, indent=1) + "\n",
-                    encoding="utf-8")
+    path.write_text(
+        json.dumps({"summary": sampler.summary(), "records": sampler.records}, indent=1) + "\n", encoding="utf-8"
+    )
     return path

@@ -46,24 +46,43 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--miles-src", help="the pull request's Miles checkout (default: $MILES_SRC, else the pinned tree "
-                                       "beside the repository)")
-    p.add_argument("--base", required=True,
-                   help="the base to compare with: a Miles tree (a directory) or a git ref of the checkout "
-                        "--miles-src is in (exported to a temporary tree)")
-    p.add_argument("--out", metavar="DIR", default=None,
-                   help="where summary.md, gate.json, head.log and base.log go (default: a new temp dir)")
+    p.add_argument(
+        "--miles-src",
+        help="the pull request's Miles checkout (default: $MILES_SRC, else the pinned tree beside the repository)",
+    )
+    p.add_argument(
+        "--base",
+        required=True,
+        help="the base to compare with: a Miles tree (a directory) or a git ref of the checkout "
+        "--miles-src is in (exported to a temporary tree)",
+    )
+    p.add_argument(
+        "--out",
+        metavar="DIR",
+        default=None,
+        help="where summary.md, gate.json, head.log and base.log go (default: a new temp dir)",
+    )
     p.add_argument("--strict", action="store_true", help="also fail (exit 1) on a behaviour change")
-    p.add_argument("--scenario", action="append", default=[], metavar="NAME",
-                   help="a matrix case to run (repeatable); default: the whole matrix")
-    p.add_argument("--fault-seeds", type=int, default=None, metavar="N",
-                   help=f"drawn fault schedules fault-seed-0..N-1 (default {DEFAULT_FAULT_SEEDS}; "
-                        "0 with --scenario)")
+    p.add_argument(
+        "--scenario",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a matrix case to run (repeatable); default: the whole matrix",
+    )
+    p.add_argument(
+        "--fault-seeds",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"drawn fault schedules fault-seed-0..N-1 (default {DEFAULT_FAULT_SEEDS}; 0 with --scenario)",
+    )
     p.add_argument("--jobs", type=int, default=2, choices=(1, 2), help="run the two trees at once (2) or in turn (1)")
     p.add_argument("-v", "--verbose", action="store_true", help="print every case and its upstream log")
 
 
 # --------------------------------------------------------------------------- the trees
+
 
 def _git(cwd: Path, *args: str) -> str:
     done = subprocess.run(["git", "-C", str(cwd), *args], capture_output=True, text=True, check=False)
@@ -75,24 +94,35 @@ def _git(cwd: Path, *args: str) -> str:
 def export_ref(checkout: Path, ref: str, dest: Path) -> str:
     """Write ``ref``'s version of ``checkout`` (a folder inside a git work tree) to ``dest``
     with ``git archive``; returns the commit."""
-    probe = subprocess.run(["git", "-C", str(checkout), "rev-parse", "--show-toplevel"], capture_output=True, text=True, check=False)
+    probe = subprocess.run(
+        ["git", "-C", str(checkout), "rev-parse", "--show-toplevel"], capture_output=True, text=True, check=False
+    )
     if probe.returncode != 0:
-        raise ConfigError(f"--base {ref}: not a directory, and --miles-src {checkout} is not in a git checkout, so "
-                          "it cannot be a git ref either. Allowed: a Miles tree, or a ref of the checkout --miles-src "
-                          "is in. Fix: pass the base tree's path, or point --miles-src at a git checkout")
+        raise ConfigError(
+            f"--base {ref}: not a directory, and --miles-src {checkout} is not in a git checkout, so "
+            "it cannot be a git ref either. Allowed: a Miles tree, or a ref of the checkout --miles-src "
+            "is in. Fix: pass the base tree's path, or point --miles-src at a git checkout"
+        )
     top = Path(probe.stdout.strip())
     prefix = _git(checkout, "rev-parse", "--show-prefix")
-    found = subprocess.run(["git", "-C", str(top), "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"],
-                           capture_output=True, text=True, check=False)
+    found = subprocess.run(
+        ["git", "-C", str(top), "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if found.returncode != 0:
-        raise ConfigError(f"--base {ref}: no such directory and no such git ref in {top}. Allowed: a Miles tree or "
-                          "a ref (branch, tag, commit) of that checkout. Fix: `git fetch` the base branch, or pass "
-                          "its tree's path")
+        raise ConfigError(
+            f"--base {ref}: no such directory and no such git ref in {top}. Allowed: a Miles tree or "
+            "a ref (branch, tag, commit) of that checkout. Fix: `git fetch` the base branch, or pass "
+            "its tree's path"
+        )
     commit = found.stdout.strip()
     spec = f"{commit}:{prefix.rstrip('/')}" if prefix else commit
     dest.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.Popen(["git", "-C", str(top), "archive", "--format=tar", spec], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        ["git", "-C", str(top), "archive", "--format=tar", spec], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     assert proc.stdout is not None
     with tarfile.open(fileobj=proc.stdout, mode="r|") as tar:
         tar.extractall(dest, filter="data")
@@ -111,27 +141,45 @@ def resolve_trees(miles_src: str | None, base: str, stack: ExitStack) -> tuple[P
     if head is None:
         raise ConfigError(how)
     if not (head / source.MARKER).is_file():
-        raise ConfigError(f"--miles-src {head}: not a Miles checkout ({source.MARKER} is missing). Fix: point it at "
-                          "the root of a Miles checkout (the folder holding miles/ and train_async.py)")
+        raise ConfigError(
+            f"--miles-src {head}: not a Miles checkout ({source.MARKER} is missing). Fix: point it at "
+            "the root of a Miles checkout (the folder holding miles/ and train_async.py)"
+        )
     if Path(base).is_dir():
         base_tree = Path(base).resolve()
         if not (base_tree / source.MARKER).is_file():
-            raise ConfigError(f"--base {base}: not a Miles checkout ({source.MARKER} is missing). Allowed: a Miles "
-                              "tree or a git ref of the checkout --miles-src is in. Fix: point it at the base tree's root")
+            raise ConfigError(
+                f"--base {base}: not a Miles checkout ({source.MARKER} is missing). Allowed: a Miles "
+                "tree or a git ref of the checkout --miles-src is in. Fix: point it at the base tree's root"
+            )
         return head, how, base_tree, str(base_tree)
     tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="miles-gate-base-")))
     commit = export_ref(head, base, tmp / "miles")
     if not (tmp / "miles" / source.MARKER).is_file():
-        raise ConfigError(f"--base {base}: commit {commit[:12]} has no {source.MARKER} under the same folder as "
-                          "--miles-src. Fix: pass a ref whose tree is a Miles checkout")
+        raise ConfigError(
+            f"--base {base}: commit {commit[:12]} has no {source.MARKER} under the same folder as "
+            "--miles-src. Fix: pass a ref whose tree is a Miles checkout"
+        )
     return head, how, tmp / "miles", f"{base} ({commit[:12]})"
 
 
 # --------------------------------------------------------------------------- running
 
+
 def _worker(tree: Path, out: Path, log: Path, scenarios: list[str], seeds: int) -> list[str]:
-    cmd = [sys.executable, "-m", "harness.upstream.gate_run", "--tree", str(tree), "--out", str(out), "--log", str(log),
-           "--fault-seeds", str(seeds)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "harness.upstream.gate_run",
+        "--tree",
+        str(tree),
+        "--out",
+        str(out),
+        "--log",
+        str(log),
+        "--fault-seeds",
+        str(seeds),
+    ]
     for s in scenarios:
         cmd += ["--scenario", s]
     return cmd
@@ -147,8 +195,13 @@ def run_trees(head: Path, base: Path, out: Path, scenarios: list[str], seeds: in
     for side, tree in (("head", head), ("base", base)):
         errs[side] = out / f"{side}.stderr"
         with errs[side].open("w") as err:
-            procs[side] = subprocess.Popen(_worker(tree, out / f"{side}.cases.json", out / f"{side}.log", scenarios,
-                                                   seeds), cwd=str(PROJECT_ROOT), env=env, stdout=err, stderr=err)
+            procs[side] = subprocess.Popen(
+                _worker(tree, out / f"{side}.cases.json", out / f"{side}.log", scenarios, seeds),
+                cwd=str(PROJECT_ROOT),
+                env=env,
+                stdout=err,
+                stderr=err,
+            )
         if jobs == 1:
             procs[side].wait()
     for side, proc in procs.items():
@@ -179,8 +232,9 @@ def _print_verdicts(verdicts: list, *, verbose: bool) -> None:
     for (kind, message), vs in grouped.items():
         names = [v.name for v in vs]
         shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
-        print(f"{'HARNESS ERROR' if kind == 'harness_error' else 'NOT RUN'} in {len(names)} case(s) ({shown}): "
-              f"{message}")
+        print(
+            f"{'HARNESS ERROR' if kind == 'harness_error' else 'NOT RUN'} in {len(names)} case(s) ({shown}): {message}"
+        )
         if kind == "harness_error" and vs[0].log.strip():
             print(indent(tail(vs[0].log, 15)))
 
@@ -222,18 +276,28 @@ def main(args: argparse.Namespace) -> int:
     _print_verdicts(verdicts, verbose=args.verbose)
     wall, cpu = time.perf_counter() - t0, _cpu_s() - cpu0
     head_name = str(args.miles_src or head)
-    md = gate.summary_markdown(verdicts, head=head_name, base=args.base, code=code, wall_s=wall, cpu_s=cpu,
-                               strict=args.strict)
-    doc = gate.summary_json(verdicts, head=head_name, base=args.base, code=code, wall_s=wall, cpu_s=cpu,
-                            strict=args.strict, trees={s: {k: docs[s].get(k) for k in ("tree", "wall_s", "cpu_s")}
-                                                       for s in docs})
+    md = gate.summary_markdown(
+        verdicts, head=head_name, base=args.base, code=code, wall_s=wall, cpu_s=cpu, strict=args.strict
+    )
+    doc = gate.summary_json(
+        verdicts,
+        head=head_name,
+        base=args.base,
+        code=code,
+        wall_s=wall,
+        cpu_s=cpu,
+        strict=args.strict,
+        trees={s: {k: docs[s].get(k) for k in ("tree", "wall_s", "cpu_s")} for s in docs},
+    )
     (out / "summary.md").write_text(md)
     (out / "gate.json").write_text(json.dumps(doc, indent=1))
     for side in ("head", "base"):
         (out / f"{side}.cases.json").unlink(missing_ok=True)
         if (out / f"{side}.stderr").is_file() and not (out / f"{side}.stderr").read_text().strip():
             (out / f"{side}.stderr").unlink()
-    print(f"\n{gate.counts_line(verdicts)}\n{gate.headline(verdicts, code, args.strict)} "
-          f"({wall:.1f} s wall, {cpu:.1f} s CPU)\nsummary: {out / 'summary.md'}  json: {out / 'gate.json'}  "
-          f"upstream's logs: {out / 'head.log'}, {out / 'base.log'}")
+    print(
+        f"\n{gate.counts_line(verdicts)}\n{gate.headline(verdicts, code, args.strict)} "
+        f"({wall:.1f} s wall, {cpu:.1f} s CPU)\nsummary: {out / 'summary.md'}  json: {out / 'gate.json'}  "
+        f"upstream's logs: {out / 'head.log'}, {out / 'base.log'}"
+    )
     return code

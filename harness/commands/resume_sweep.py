@@ -32,8 +32,9 @@ HOSTS = ("core", "upstream")
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="core", help=f"who runs each case: {', '.join(HOSTS)}")
     p.add_argument("--miles-src", default=None, help="--host upstream: the Miles tree (default: $MILES_SRC)")
-    p.add_argument("--exactly-once", action="store_true",
-                   help="switch on the harness extension exactly_once_resume (core host)")
+    p.add_argument(
+        "--exactly-once", action="store_true", help="switch on the harness extension exactly_once_resume (core host)"
+    )
     p.add_argument("--fast", action="store_true", help="only the fast subset of settings (one per driver)")
     p.add_argument("--setting", action="append", default=None, help="only this setting (repeatable)")
     p.add_argument("--json", default=None, help="write the summary and every case's row to this file")
@@ -46,16 +47,20 @@ def host_of(name: str, miles_src: str | None = None, exactly_once: bool = False)
         return core_host
     if name == "upstream":
         if exactly_once:
-            raise ConfigError("--exactly-once with --host upstream: exactly_once_resume is a harness extension of the "
-                              "core; upstream Miles has none. Fix: drop --exactly-once or pass --host core")
+            raise ConfigError(
+                "--exactly-once with --host upstream: exactly_once_resume is a harness extension of the "
+                "core; upstream Miles has none. Fix: drop --exactly-once or pass --host core"
+            )
         from harness.upstream.lives import upstream_host
         from harness.upstream.source import UpstreamUnavailable
 
         try:
             return upstream_host(miles_src)
         except UpstreamUnavailable as exc:
-            raise ConfigError(f"--host upstream --miles-src {miles_src}: {exc}. Fix: pass --miles-src PATH (a Miles "
-                              "checkout) or set MILES_SRC") from None
+            raise ConfigError(
+                f"--host upstream --miles-src {miles_src}: {exc}. Fix: pass --miles-src PATH (a Miles "
+                "checkout) or set MILES_SRC"
+            ) from None
     raise ConfigError(f"--host {name!r} is not one of {', '.join(HOSTS)}. Fix: pass --host core or --host upstream")
 
 
@@ -74,8 +79,10 @@ def main(args: argparse.Namespace) -> int:
     only = args.setting if args.setting else (FAST if args.fast else None)
     todo = cases(args.exactly_once, only=only)
     if not todo:
-        raise ConfigError(f"--setting {args.setting}: no such setting. Fix: pass a name the sweep lists "
-                          "(harness.sim.resume_sweep.settings), e.g. one-step/retract")
+        raise ConfigError(
+            f"--setting {args.setting}: no such setting. Fix: pass a name the sweep lists "
+            "(harness.sim.resume_sweep.settings), e.g. one-step/retract"
+        )
     refuses = getattr(host, "refuses", None)  # the upstream host: settings upstream refuses to start
     refused = {c.setting: why for c in todo if refuses is not None and (why := refuses(c))}
     todo = [c for c in todo if c.setting not in refused]
@@ -88,10 +95,16 @@ def main(args: argparse.Namespace) -> int:
         print(f"{setting}: not run, {why}")
     failed = [r for r in rows if r.error or not r.reached]
     if args.json:
-        doc = {"host": args.host, "exactly_once_resume": args.exactly_once, "summary": summary, "by_stop": by_stop,
-               **({"miles_tree": getattr(host, "miles_tree", None), "refused": refused}
-                  if args.host == "upstream" else {}),
-               "cases": [r.to_dict() for r in rows]}
+        doc = {
+            "host": args.host,
+            "exactly_once_resume": args.exactly_once,
+            "summary": summary,
+            "by_stop": by_stop,
+            **(
+                {"miles_tree": getattr(host, "miles_tree", None), "refused": refused} if args.host == "upstream" else {}
+            ),
+            "cases": [r.to_dict() for r in rows],
+        }
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
     for r in failed:

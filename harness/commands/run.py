@@ -74,10 +74,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
             continue
         metavar = "{" + ",".join(meta["choices"]) + "}" if meta["choices"] else flag[2:].upper().replace("-", "_")
         p.add_argument(flag, dest=f.name, type=meta["type"], default=f.default, metavar=metavar, help=meta["help"])
-    p.add_argument("--allow-violations", action="store_true",
-                   help="exit 0 even when a trace violates an invariant (the violations are still printed)")
-    p.add_argument("--telemetry-interval", type=float, default=0.25,
-                   help="NVML sampling interval in seconds (GPU machines; says 'no telemetry' once elsewhere)")
+    p.add_argument(
+        "--allow-violations",
+        action="store_true",
+        help="exit 0 even when a trace violates an invariant (the violations are still printed)",
+    )
+    p.add_argument(
+        "--telemetry-interval",
+        type=float,
+        default=0.25,
+        help="NVML sampling interval in seconds (GPU machines; says 'no telemetry' once elsewhere)",
+    )
     p.add_argument("--out", default=None, help="output folder (default results/runs/<UTC time>)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNGs")
     p.add_argument("miles_args", nargs=argparse.REMAINDER, help="Miles flags after --")
@@ -112,8 +119,9 @@ def main(args: argparse.Namespace) -> int:
     return _finish(args, spec, base, modes, out, runs, telemetry, time.monotonic() - t_start)
 
 
-def _run_repeats(spec: RunSpec, base: AsyncConfig, modes: list[str], out: Path, telemetry_interval: float
-                 ) -> tuple[dict[str, list[ModeResult]], JSONDict]:
+def _run_repeats(
+    spec: RunSpec, base: AsyncConfig, modes: list[str], out: Path, telemetry_interval: float
+) -> tuple[dict[str, list[ModeResult]], JSONDict]:
     """Every mode once per repeat, in the order ``modes`` names them; results.json is
     rewritten after each run (finished runs are never lost); stops at the first failed
     run. Returns each mode's runs and the telemetry summary."""
@@ -131,8 +139,9 @@ def _run_repeats(spec: RunSpec, base: AsyncConfig, modes: list[str], out: Path, 
             for mode in modes:
                 phase[0] = mode
                 progress.set_description(f"{mode} {rep + 1}/{spec.repeats}")
-                r = run_mode(mode, base, spec, on_step=lambda _m: progress.update(1),
-                             gap=spec.gap_decomposition and rep == 0)
+                r = run_mode(
+                    mode, base, spec, on_step=lambda _m: progress.update(1), gap=spec.gap_decomposition and rep == 0
+                )
                 runs[mode].append(r)
                 write_outputs(out, spec, base, runs, rows_by_mode(runs), plots=False)
                 if r.error:
@@ -150,8 +159,16 @@ def _run_repeats(spec: RunSpec, base: AsyncConfig, modes: list[str], out: Path, 
     return runs, telemetry.summary()
 
 
-def _finish(args: argparse.Namespace, spec: RunSpec, base: AsyncConfig, modes: list[str], out: Path,
-            runs: dict[str, list[ModeResult]], telemetry: JSONDict, total_s: float) -> int:
+def _finish(
+    args: argparse.Namespace,
+    spec: RunSpec,
+    base: AsyncConfig,
+    modes: list[str],
+    out: Path,
+    runs: dict[str, list[ModeResult]],
+    telemetry: JSONDict,
+    total_s: float,
+) -> int:
     """Summarize every repeat (after all of them ran, so mode order does not matter),
     write the outputs, print the report, and return the exit code; the last line printed
     is ``script_line``."""
@@ -160,16 +177,19 @@ def _finish(args: argparse.Namespace, spec: RunSpec, base: AsyncConfig, modes: l
     from harness.main_job.rows import aggregate_repeats, rows_by_mode
 
     repeat_rows = rows_by_mode(runs)
-    paths = write_outputs(out, spec, base, runs, repeat_rows, plots=not args.no_plots, telemetry=telemetry,
-                          total_s=total_s)
+    paths = write_outputs(
+        out, spec, base, runs, repeat_rows, plots=not args.no_plots, telemetry=telemetry, total_s=total_s
+    )
     rows = [aggregate_repeats(rs) for rs in repeat_rows.values() if rs]
     print(report.format_table(rows))
     losses = {r.mode: r.losses for r in rows if r.losses}
     if losses:
         from harness.measure.overlap_loss import format_loss_table
 
-        print("\nwhere the overlap is lost (the repeat with the median overlap efficiency; parts sum to the gap, "
-              "see harness.measure.overlap_loss):")
+        print(
+            "\nwhere the overlap is lost (the repeat with the median overlap efficiency; parts sum to the gap, "
+            "see harness.measure.overlap_loss):"
+        )
         print(format_loss_table(losses))
     if spec.layout == "ray":
         report.print_engines(runs)
@@ -187,8 +207,10 @@ def _finish(args: argparse.Namespace, spec: RunSpec, base: AsyncConfig, modes: l
             print(f"mode {r.mode}: the fully-async rollout worker died after the last drain: {r.worker_error}")
     rc = 1 if any(r.error for r in rows) else 0
     if violated and not args.allow_violations:
-        print(f"FAILED: invariant violations in {', '.join(violated)}; the run's figures are not trustworthy. "
-              "Pass --allow-violations to explore anyway.")
+        print(
+            f"FAILED: invariant violations in {', '.join(violated)}; the run's figures are not trustworthy. "
+            "Pass --allow-violations to explore anyway."
+        )
         rc = 1
     elif violated:
         print(f"warning: invariant violations in {', '.join(violated)} (--allow-violations given)")
@@ -198,8 +220,10 @@ def _finish(args: argparse.Namespace, spec: RunSpec, base: AsyncConfig, modes: l
 
 def _check_model(spec: RunSpec) -> None:
     if spec.model not in ("tiny", "smollm2") and not Path(spec.model).is_dir():
-        raise ConfigError(f"--model {spec.model!r}: no such directory. Allowed: tiny, smollm2 or a local Hugging "
-                          "Face model directory (config.json + weights). Fix: pass an existing path or --model tiny")
+        raise ConfigError(
+            f"--model {spec.model!r}: no such directory. Allowed: tiny, smollm2 or a local Hugging "
+            "Face model directory (config.json + weights). Fix: pass an existing path or --model tiny"
+        )
 
 
 class _Progress(Protocol):

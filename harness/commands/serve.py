@@ -18,7 +18,11 @@ import time
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="tiny", help="tiny (default: a seeded two-layer model over a character vocabulary with a byte fallback, so any text works), smollm2, or a local HF model directory")
+    parser.add_argument(
+        "--model",
+        default="tiny",
+        help="tiny (default: a seeded two-layer model over a character vocabulary with a byte fallback, so any text works), smollm2, or a local HF model directory",
+    )
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=0, help="port (default 0: a free one, printed at start)")
     parser.add_argument("--seed", type=int, default=0, help="tiny-model weights and default sampling seeds")
@@ -26,14 +30,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--weight-version", default="default", help="initial weight version (SGLang: default)")
     parser.add_argument("--no-eos", action="store_true", help="never stop at EOS (requests run to max_new_tokens)")
     parser.add_argument("--trace", default=None, help="write the trace JSONL here on exit")
-    parser.add_argument("--context-length", type=int, default=None,
-                        help="prompt plus output tokens a request may use (SGLang's flag; default: the model's own, "
-                             "4096 for tiny, max_position_embeddings otherwise)")
-    parser.add_argument("--pace-decode-tokens-per-s", type=float, default=None,
-                        help="hold decoding to this many tokens per second per request, as a GPU server "
-                             "(default: unpaced; docs/serve.md lists rates measured on GPUs)")
-    parser.add_argument("--pace-prefill-tokens-per-s", type=float, default=None,
-                        help="with pacing, a step that prefills k prompt tokens lasts k / this longer")
+    parser.add_argument(
+        "--context-length",
+        type=int,
+        default=None,
+        help="prompt plus output tokens a request may use (SGLang's flag; default: the model's own, "
+        "4096 for tiny, max_position_embeddings otherwise)",
+    )
+    parser.add_argument(
+        "--pace-decode-tokens-per-s",
+        type=float,
+        default=None,
+        help="hold decoding to this many tokens per second per request, as a GPU server "
+        "(default: unpaced; docs/serve.md lists rates measured on GPUs)",
+    )
+    parser.add_argument(
+        "--pace-prefill-tokens-per-s",
+        type=float,
+        default=None,
+        help="with pacing, a step that prefills k prompt tokens lasts k / this longer",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -42,16 +58,29 @@ def main(args: argparse.Namespace) -> int:
     from harness.serve.server import RunningServer, build_engine
 
     kwargs = {"eos_token_id": None} if args.no_eos else {}
-    pacing = Pacing(decode_tokens_per_s=args.pace_decode_tokens_per_s,
-                    prefill_tokens_per_s=args.pace_prefill_tokens_per_s)
-    engine = build_engine(args.model, seed=args.seed, max_running=args.max_running,
-                          weight_version=args.weight_version, context_length=args.context_length,
-                          pacing=pacing, **kwargs)
+    pacing = Pacing(
+        decode_tokens_per_s=args.pace_decode_tokens_per_s, prefill_tokens_per_s=args.pace_prefill_tokens_per_s
+    )
+    engine = build_engine(
+        args.model,
+        seed=args.seed,
+        max_running=args.max_running,
+        weight_version=args.weight_version,
+        context_length=args.context_length,
+        pacing=pacing,
+        **kwargs,
+    )
     served = RunningServer(engine, bind=args.host, port=args.port).start()
-    paced = (f", paced: {pacing.decode_tokens_per_s} decode / {pacing.prefill_tokens_per_s} prefill tokens/s"
-             if pacing.enabled else "")
-    print(f"serving {served.url} (model={args.model}, context_length={engine.context_length}, "
-          f"weight_version={engine.weight_version}{paced}, started in {time.perf_counter() - t0:.2f} s)", flush=True)
+    paced = (
+        f", paced: {pacing.decode_tokens_per_s} decode / {pacing.prefill_tokens_per_s} prefill tokens/s"
+        if pacing.enabled
+        else ""
+    )
+    print(
+        f"serving {served.url} (model={args.model}, context_length={engine.context_length}, "
+        f"weight_version={engine.weight_version}{paced}, started in {time.perf_counter() - t0:.2f} s)",
+        flush=True,
+    )
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     try:

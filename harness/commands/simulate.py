@@ -61,9 +61,14 @@ def main(args: argparse.Namespace) -> int:
         from harness.trace import config_path, write_jsonl
 
         write_jsonl(result.events, args.trace)
-        config_path(args.trace).write_text(json.dumps(
-            {"scenario": scenario.name, "config": config.to_dict(), "complete": result.error is None},
-            indent=1, sort_keys=True) + "\n")
+        config_path(args.trace).write_text(
+            json.dumps(
+                {"scenario": scenario.name, "config": config.to_dict(), "complete": result.error is None},
+                indent=1,
+                sort_keys=True,
+            )
+            + "\n"
+        )
     if args.json:
         print(json.dumps(summary, default=str, sort_keys=True))
     else:

@@ -83,8 +83,7 @@ class GapRecorder:
         if not steps:
             return None
         to_steps = dict(self.loaded)
-        needs = [{to_steps.get(v, -1) for s in samples for v in s.token_versions.versions()}
-                 for _, samples in steps]
+        needs = [{to_steps.get(v, -1) for s in samples for v in s.token_versions.versions()} for _, samples in steps]
         capacity = self.capacity(needs)
         tracker = GapTracker(capacity=capacity, model_builder=self.build, temperature=1.0)
         replay = fresh_trainer(self.spec, self.build, self.config)
@@ -98,24 +97,35 @@ class GapRecorder:
                 tracker.on_engine_update(version, i, current, copy=False)  # nobody writes to this copy
             scored = [s for s in samples if s.response_tokens]
             if scored:
-                by_step[rollout_id].update(tracker.observe(rollout_id, scored, current_weights=current,
-                                                           optimizer_steps=i))
+                by_step[rollout_id].update(
+                    tracker.observe(rollout_id, scored, current_weights=current, optimizer_steps=i)
+                )
             replay.train_step(groups_of[rollout_id])
         if not tracker.decompositions:
             return None
         diff = None  # a run that stopped early may have trained a step it never reported
         if replay.optimizer_steps == trainer.optimizer_steps:
-            diff = max((float((x.float() - y.float()).abs().max()) for x, y in
-                        zip(replay.get_weights().values(), trainer.get_weights().values())), default=0.0)
-        return {**tracker.summary(), "weight_copies_held": capacity, "replay_exact": diff == 0.0,
-                "replay_max_abs_diff": diff}
+            diff = max(
+                (
+                    float((x.float() - y.float()).abs().max())
+                    for x, y in zip(replay.get_weights().values(), trainer.get_weights().values())
+                ),
+                default=0.0,
+            )
+        return {
+            **tracker.summary(),
+            "weight_copies_held": capacity,
+            "replay_exact": diff == 0.0,
+            "replay_max_abs_diff": diff,
+        }
 
 
 class SteppedTrainer:
     """The trainer, reporting each finished step (progress bar) and recording for the gap."""
 
-    def __init__(self, trainer: TorchTrainer, on_step: Callable[[StepMetrics], object] | None,
-                 gap: GapRecorder | None = None) -> None:
+    def __init__(
+        self, trainer: TorchTrainer, on_step: Callable[[StepMetrics], object] | None, gap: GapRecorder | None = None
+    ) -> None:
         self.trainer, self.on_step, self.gap = trainer, on_step, gap
 
     async def train(self, rollout_id: int, groups: list[Any]) -> dict[str, float]:

@@ -66,8 +66,15 @@ from miles_async_core.drivers.common import RunContext
 from miles_async_core.types import SamplingParams
 
 
-def run_mode(mode: str, base: AsyncConfig, spec: RunSpec, *, on_step: Callable[[StepMetrics], object] | None = None,
-             measure: bool = True, gap: bool | None = None) -> ModeResult:
+def run_mode(
+    mode: str,
+    base: AsyncConfig,
+    spec: RunSpec,
+    *,
+    on_step: Callable[[StepMetrics], object] | None = None,
+    measure: bool = True,
+    gap: bool | None = None,
+) -> ModeResult:
     """One mode's run. ``measure=False``: no trace, no age observer, no gap and no checks
     (only ``run_s`` and the history are meaningful). ``gap`` overrides
     ``spec.gap_decomposition`` (the main job decomposes the first repeat only)."""
@@ -80,8 +87,21 @@ def run_mode(mode: str, base: AsyncConfig, spec: RunSpec, *, on_step: Callable[[
     cost, memory = SelfCost(), PeakRss()
     memory.start("run")  # model builds and the timed run; "after_run": the gap replay and the checkers
 
-    timed = asyncio.run(_timed_run(_Parts(spec=spec, config=config, task=task, build=build, trainer=trainer,
-                                          recorder=recorder, on_step=on_step, cost=cost, measure=measure)))
+    timed = asyncio.run(
+        _timed_run(
+            _Parts(
+                spec=spec,
+                config=config,
+                task=task,
+                build=build,
+                trainer=trainer,
+                recorder=recorder,
+                on_step=on_step,
+                cost=cost,
+                measure=measure,
+            )
+        )
+    )
 
     # after t1: nothing below is timed
     memory.start("after_run")
@@ -92,12 +112,25 @@ def run_mode(mode: str, base: AsyncConfig, spec: RunSpec, *, on_step: Callable[[
 
         checks = check_report(timed.events, config, complete=timed.error is None)
     return ModeResult.from_trace(
-        mode, config, timed.history, timed.events, timed.t0, timed.t1, error=timed.error,
-        engine_sync=timed.engine_sync, gap_summary=gap_summary, checks=checks, chance_level=task.chance_level,
-        run_s=timed.t1 - timed.t0, self_cost=cost.summary(timed.t1 - timed.t0) if measure else None,
+        mode,
+        config,
+        timed.history,
+        timed.events,
+        timed.t0,
+        timed.t1,
+        error=timed.error,
+        engine_sync=timed.engine_sync,
+        gap_summary=gap_summary,
+        checks=checks,
+        chance_level=task.chance_level,
+        run_s=timed.t1 - timed.t0,
+        self_cost=cost.summary(timed.t1 - timed.t0) if measure else None,
         peak_rss_bytes={**memory.stop(), "engine_process": timed.engine_peak_rss_bytes},
-        run_cpu_s=timed.run_cpu_s, cpu_use=timed.cpu_use, engine_stats=timed.engine_stats,
-        worker_error=timed.worker_error)
+        run_cpu_s=timed.run_cpu_s,
+        cpu_use=timed.cpu_use,
+        engine_stats=timed.engine_stats,
+        worker_error=timed.worker_error,
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -168,12 +201,19 @@ async def _timed_run(p: _Parts) -> TimedRun:
     except Exception as exc:  # finished steps are kept; the caller reports the error
         error = f"{type(exc).__name__}: {exc}"
     worker_error = getattr(ctx, "worker_error", None)
-    return TimedRun(history=ctx.history if ctx is not None else [],
-                    events=recorded.events if recorded is not None else [], t0=t0, t1=t1, error=error,
-                    worker_error=f"{type(worker_error).__name__}: {worker_error}" if worker_error else None,
-                    cpu_use=use, run_cpu_s=cpu_s, engine_peak_rss_bytes=peak,
-                    engine_sync=list(getattr(engine, "sync_s", [])),
-                    engine_stats=engine.stats() if hasattr(engine, "stats") else None)
+    return TimedRun(
+        history=ctx.history if ctx is not None else [],
+        events=recorded.events if recorded is not None else [],
+        t0=t0,
+        t1=t1,
+        error=error,
+        worker_error=f"{type(worker_error).__name__}: {worker_error}" if worker_error else None,
+        cpu_use=use,
+        run_cpu_s=cpu_s,
+        engine_peak_rss_bytes=peak,
+        engine_sync=list(getattr(engine, "sync_s", [])),
+        engine_stats=engine.stats() if hasattr(engine, "stats") else None,
+    )
 
 
 def _context(p: _Parts, engine: Any, sink: EventSink) -> RunContext:
@@ -182,8 +222,13 @@ def _context(p: _Parts, engine: Any, sink: EventSink) -> RunContext:
     sink and the age observer (both inside the recording's self-cost)."""
     if p.recorder is not None:
         engine = p.recorder.wrap_engine(engine, p.trainer)
-    return make_context(p.config, engine, SteppedTrainer(p.trainer, p.on_step, p.recorder),
-                        prompt_fn(p.task, p.spec.seed),
-                        sampling=SamplingParams(max_new_tokens=p.task.max_new_tokens, temperature=1.0),
-                        reward_fn=p.task.reward, sink=sink,
-                        observer=p.cost.observer(AgeRecorder()) if p.measure else None)
+    return make_context(
+        p.config,
+        engine,
+        SteppedTrainer(p.trainer, p.on_step, p.recorder),
+        prompt_fn(p.task, p.spec.seed),
+        sampling=SamplingParams(max_new_tokens=p.task.max_new_tokens, temperature=1.0),
+        reward_fn=p.task.reward,
+        sink=sink,
+        observer=p.cost.observer(AgeRecorder()) if p.measure else None,
+    )

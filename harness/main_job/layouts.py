@@ -28,8 +28,13 @@ def build_model_factory(spec: RunSpec, task: Task) -> ModelBuilder:
     if spec.model == "tiny":
         from harness.backends.torch_models import TinyLMConfig, build_tiny_lm
 
-        cfg = TinyLMConfig(vocab_size=task.tokenizer.vocab_size, d_model=spec.tiny_d_model,
-                           n_layers=spec.tiny_layers, d_ff=spec.tiny_d_model * 11 // 4, seed=spec.seed)
+        cfg = TinyLMConfig(
+            vocab_size=task.tokenizer.vocab_size,
+            d_model=spec.tiny_d_model,
+            n_layers=spec.tiny_layers,
+            d_ff=spec.tiny_d_model * 11 // 4,
+            seed=spec.seed,
+        )
         return functools.partial(build_tiny_lm, cfg, device=spec.device)
     if spec.model == "smollm2":
         from harness.backends.torch_models import load_smollm2
@@ -52,26 +57,48 @@ def fresh_trainer(spec: RunSpec, build: ModelBuilder, config: AsyncConfig) -> To
     """A fresh trainer on a fresh model: the same weights for every mode and for the gap replay."""
     torch.manual_seed(spec.seed)
     torch.set_num_threads(spec.threads)
-    return TorchTrainer(build(), TrainerConfig(
-        lr=spec.lr, lr_scaling=spec.lr_scaling, update_weights_interval=config.update_weights_interval,
-        max_weight_staleness=config.max_weight_staleness or 0, use_tis=spec.use_tis, tis_clip=spec.tis_clip))
-
+    return TorchTrainer(
+        build(),
+        TrainerConfig(
+            lr=spec.lr,
+            lr_scaling=spec.lr_scaling,
+            update_weights_interval=config.update_weights_interval,
+            max_weight_staleness=config.max_weight_staleness or 0,
+            use_tis=spec.use_tis,
+            tis_clip=spec.tis_clip,
+        ),
+    )
 
 
 def make_engine(spec: RunSpec, build: ModelBuilder, trainer: TorchTrainer, task: Task, sink: EventSink) -> Any:
     if spec.layout == "ray":
         from harness.backends.ray_engine import RayEngineGroup
 
-        return RayEngineGroup(build, num_engines=spec.num_engines, max_running=spec.max_running,
-                              eos_token_id=task.eos_token_id, seed=spec.seed, num_threads=spec.threads, sink=sink,
-                              max_seq_len=trainer.model.max_seq_len, broadcast=spec.broadcast,
-                              address=spec.ray_address)
+        return RayEngineGroup(
+            build,
+            num_engines=spec.num_engines,
+            max_running=spec.max_running,
+            eos_token_id=task.eos_token_id,
+            seed=spec.seed,
+            num_threads=spec.threads,
+            sink=sink,
+            max_seq_len=trainer.model.max_seq_len,
+            broadcast=spec.broadcast,
+            address=spec.ray_address,
+        )
     if spec.layout == "split":
         from harness.backends.process_engine import ProcessEngine
 
-        return ProcessEngine(build, trainer.get_weights(), max_running=spec.max_running,
-                             eos_token_id=task.eos_token_id, seed=spec.seed, num_threads=spec.threads, sink=sink,
-                             max_seq_len=trainer.model.max_seq_len)
+        return ProcessEngine(
+            build,
+            trainer.get_weights(),
+            max_running=spec.max_running,
+            eos_token_id=task.eos_token_id,
+            seed=spec.seed,
+            num_threads=spec.threads,
+            sink=sink,
+            max_seq_len=trainer.model.max_seq_len,
+        )
     from harness.backends.torch_engine import EngineCore, TorchEngine
 
     engine_model = build()

@@ -43,33 +43,67 @@ def _tokens_per_s(r: ModeResult) -> list[float]:
     return [t / s for t, s in zip(tokens, _step_times(r)) if s > 0]
 
 
-def run_extras(spec: RunSpec, runs: dict[str, list[ModeResult]], repeat_rows: dict[str, list[ModeRow]], *,
-               telemetry: JSONDict | None = None, total_s: float | None = None) -> RunExtras:
+def run_extras(
+    spec: RunSpec,
+    runs: dict[str, list[ModeResult]],
+    repeat_rows: dict[str, list[ModeRow]],
+    *,
+    telemetry: JSONDict | None = None,
+    total_s: float | None = None,
+) -> RunExtras:
     """The results file's ``extra`` for these runs: the aggregated table, every repeat's
     rows and checks, and the first repeat's timeline, history and gap decomposition."""
     first = {m: rs[0] for m, rs in runs.items() if rs}
     table = {rs[0].mode: aggregate_repeats(rs) for rs in repeat_rows.values() if rs}
-    modes = {m: ModeTimeline.of(phases(first[m]), [a for h in first[m].history for a in h.get("age_versions", [])],
-                                row) for m, row in table.items()}
+    modes = {
+        m: ModeTimeline.of(phases(first[m]), [a for h in first[m].history for a in h.get("age_versions", [])], row)
+        for m, row in table.items()
+    }
     gap_mode = "one-step" if "one-step" in first else next(iter(first), None)
-    gap_steps = [] if gap_mode is None else [
-        GapStep(step=h["rollout_id"], kernel=h["gap/kernel_abs_mean"], staleness=h["gap/staleness_abs_mean"],
-                total=h["gap/total_abs_mean"]) for h in first[gap_mode].history if "gap/total_abs_mean" in h]
+    gap_steps = (
+        []
+        if gap_mode is None
+        else [
+            GapStep(
+                step=h["rollout_id"],
+                kernel=h["gap/kernel_abs_mean"],
+                staleness=h["gap/staleness_abs_mean"],
+                total=h["gap/total_abs_mean"],
+            )
+            for h in first[gap_mode].history
+            if "gap/total_abs_mean" in h
+        ]
+    )
     engines = None
     if spec.layout == "ray":
         rows = engine_rows(runs)
         engines = {m: EngineTable(rows=rows.get(m, []), stats=r.engine_stats) for m, r in first.items()}
-    return RunExtras(modes=modes, table=table, repeats={m: list(rs) for m, rs in repeat_rows.items()},
-                     checks={m: [x.checks for x in rs] for m, rs in repeat_rows.items()},
-                     per_step={m: r.history for m, r in first.items()}, gap_steps=gap_steps,
-                     gap_mode=gap_mode if gap_steps else None,
-                     gap_summary={m: r.gap_summary for m, r in first.items() if r.gap_summary},
-                     telemetry=telemetry, total_wall_s=total_s, engines=engines)
+    return RunExtras(
+        modes=modes,
+        table=table,
+        repeats={m: list(rs) for m, rs in repeat_rows.items()},
+        checks={m: [x.checks for x in rs] for m, rs in repeat_rows.items()},
+        per_step={m: r.history for m, r in first.items()},
+        gap_steps=gap_steps,
+        gap_mode=gap_mode if gap_steps else None,
+        gap_summary={m: r.gap_summary for m, r in first.items() if r.gap_summary},
+        telemetry=telemetry,
+        total_wall_s=total_s,
+        engines=engines,
+    )
 
 
-def write_outputs(out: Path, spec: RunSpec, base: AsyncConfig, runs: dict[str, list[ModeResult]],
-                  repeat_rows: dict[str, list[ModeRow]], *, plots: bool, telemetry: JSONDict | None = None,
-                  total_s: float | None = None) -> list[Path]:
+def write_outputs(
+    out: Path,
+    spec: RunSpec,
+    base: AsyncConfig,
+    runs: dict[str, list[ModeResult]],
+    repeat_rows: dict[str, list[ModeRow]],
+    *,
+    plots: bool,
+    telemetry: JSONDict | None = None,
+    total_s: float | None = None,
+) -> list[Path]:
     """results.json (benchmarks: step seconds, tokens per second and, per repeat, the
     overlapped modes' speedup, overlap efficiency and both-busy fraction; ``extra``:
     ``run_extras``), the timeline of the first repeat, and the PNGs."""
@@ -77,11 +111,22 @@ def write_outputs(out: Path, spec: RunSpec, base: AsyncConfig, runs: dict[str, l
     from harness.results.schema import Results
 
     first = {m: rs[0] for m, rs in runs.items() if rs}
-    config = {"spec": dataclasses.asdict(spec), "base": base.to_dict(),
-              "modes": {m: r.config.resolved_dict() for m, r in first.items()}}
-    res = Results.new("run", config, definition_common={"task": spec.task, "model": spec.model,
-                                                         "layout": spec.layout, "steps": spec.steps,
-                                                         "repeats": spec.repeats})
+    config = {
+        "spec": dataclasses.asdict(spec),
+        "base": base.to_dict(),
+        "modes": {m: r.config.resolved_dict() for m, r in first.items()},
+    }
+    res = Results.new(
+        "run",
+        config,
+        definition_common={
+            "task": spec.task,
+            "model": spec.model,
+            "layout": spec.layout,
+            "steps": spec.steps,
+            "repeats": spec.repeats,
+        },
+    )
     extras = run_extras(spec, runs, repeat_rows, telemetry=telemetry, total_s=total_s)
     for mode in extras.table:
         times = [t for r in runs[mode] for t in _step_times(r)]
@@ -95,9 +140,12 @@ def write_outputs(out: Path, spec: RunSpec, base: AsyncConfig, runs: dict[str, l
             if values and mode != "sync":  # one sample per repeat
                 res.add_benchmark(f"{mode}/{key}", values, unit="ratio", higher_is_better=better)
     res.extra.update(extras.to_dict())
-    paths = [res.write(out / "results.json"),
-             write_chrome_trace({m: [list(p) for p in t.phases] for m, t in extras.modes.items()},
-                                out / "timeline.trace.json")]
+    paths = [
+        res.write(out / "results.json"),
+        write_chrome_trace(
+            {m: [list(p) for p in t.phases] for m, t in extras.modes.items()}, out / "timeline.trace.json"
+        ),
+    ]
     if plots:
         from harness.results.plots import make_report
 

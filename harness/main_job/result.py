@@ -54,10 +54,25 @@ class ModeResult:
         return [r[key] for r in self.history if key in r]
 
     @classmethod
-    def from_trace(cls, mode: str, config: AsyncConfig, history: list[StepMetrics], events: list[Event], t0: float,
-                   t1: float, **extra: Any) -> ModeResult:
+    def from_trace(
+        cls,
+        mode: str,
+        config: AsyncConfig,
+        history: list[StepMetrics],
+        events: list[Event],
+        t0: float,
+        t1: float,
+        **extra: Any,
+    ) -> ModeResult:
         """A mode's result from its trace: window and overlap measured by
         ``harness.measure.overlap`` (the definition ``simulate`` reports too)."""
         window = measurement_window(events, t0, t1)
-        return cls(mode=mode, config=config, history=history, events=events, window=window,
-                   overlap=overlap_metrics(events, window), **extra)
+        return cls(
+            mode=mode,
+            config=config,
+            history=history,
+            events=events,
+            window=window,
+            overlap=overlap_metrics(events, window),
+            **extra,
+        )

@@ -33,24 +33,40 @@ def summarize_mode(r: ModeResult, sync: ModeResult | None) -> ModeRow:
     checks = {k2: v for k2, v in r.checks.items() if not k2.startswith("_")} if r.checks is not None else None
     o, cpu, peaks = r.overlap, r.cpu_use or CpuUse(), r.peak_rss_bytes
     row = ModeRow(
-        mode=r.mode, steps=len(r.history), run_s=r.run_s,
-        wall_s=o.get("wall_s"), rollout_busy_s=o.get("rollout_busy_s"), train_busy_s=o.get("train_busy_s"),
-        weight_sync_s=o.get("weight_sync_s"), train_waiting_s=o.get("train_waiting_s"),
-        decode_busy_s=o.get("decode_busy_s"), both_busy_s=o.get("both_busy_s"),
-        both_busy_fraction=o.get("both_busy_fraction"), rollout_idle_ratio=o.get("rollout_idle_ratio"),
-        train_idle_ratio=o.get("train_idle_ratio"), wait_time_ratio=o.get("wait_time_ratio"),
+        mode=r.mode,
+        steps=len(r.history),
+        run_s=r.run_s,
+        wall_s=o.get("wall_s"),
+        rollout_busy_s=o.get("rollout_busy_s"),
+        train_busy_s=o.get("train_busy_s"),
+        weight_sync_s=o.get("weight_sync_s"),
+        train_waiting_s=o.get("train_waiting_s"),
+        decode_busy_s=o.get("decode_busy_s"),
+        both_busy_s=o.get("both_busy_s"),
+        both_busy_fraction=o.get("both_busy_fraction"),
+        rollout_idle_ratio=o.get("rollout_idle_ratio"),
+        train_idle_ratio=o.get("train_idle_ratio"),
+        wait_time_ratio=o.get("wait_time_ratio"),
         reward_start=sum(rewards[:k]) / k if rewards else None,
         reward_end=sum(rewards[-k:]) / k if rewards else None,
-        reward_window=k, chance_level=r.chance_level,
-        age_hist=histogram(ages), lag_hist=histogram(lags),
-        dropped_share=dropped / taken if taken else 0.0, retried_share=retried / taken if taken else 0.0,
+        reward_window=k,
+        chance_level=r.chance_level,
+        age_hist=histogram(ages),
+        lag_hist=histogram(lags),
+        dropped_share=dropped / taken if taken else 0.0,
+        retried_share=retried / taken if taken else 0.0,
         lr=r.per_step("train/lr")[-1] if r.per_step("train/lr") else None,
-        error=r.error, worker_error=r.worker_error, checks=checks,
+        error=r.error,
+        worker_error=r.worker_error,
+        checks=checks,
         self_cost_share=r.self_cost["share_of_run"] if r.self_cost else None,
-        peak_rss_run_bytes=peaks.get("run"), peak_rss_after_run_bytes=peaks.get("after_run"),
+        peak_rss_run_bytes=peaks.get("run"),
+        peak_rss_after_run_bytes=peaks.get("after_run"),
         peak_rss_engine_process_bytes=peaks.get("engine_process"),
-        cpu_cores_main=cpu.cpu_cores_main, cpu_cores_per_engine=cpu.cpu_cores_per_engine,
-        cpu_cores_engines=cpu.cpu_cores_engines, cpu_cores_total=cpu.cpu_cores_total,
+        cpu_cores_main=cpu.cpu_cores_main,
+        cpu_cores_per_engine=cpu.cpu_cores_per_engine,
+        cpu_cores_engines=cpu.cpu_cores_engines,
+        cpu_cores_total=cpu.cpu_cores_total,
         host_cpu_count=cpu.host_cpu_count,
     )
     if sync is None or not sync.history or not r.history or r is sync:
@@ -69,16 +85,31 @@ def _against_sync(row: ModeRow, r: ModeResult, sync: ModeResult) -> ModeRow:
     R = sync.overlap["rollout_busy_s"] / len(sync.history)
     T = (sync.overlap["train_busy_s"] + sync.overlap["weight_sync_s"]) / len(sync.history)
     ideal = ideal_speedup(R, T)
-    return dataclasses.replace(row, speedup=per_step_sync / per_step, ideal_speedup=ideal,
-                               overlap_efficiency=(per_step_sync / per_step) / ideal, sync_rollout_s=R,
-                               sync_train_s=T,
-                               losses=loss_table(step_parts(sync.events, sync.window, len(sync.history)),
-                                                 step_parts(r.events, r.window, len(r.history))))
+    return dataclasses.replace(
+        row,
+        speedup=per_step_sync / per_step,
+        ideal_speedup=ideal,
+        overlap_efficiency=(per_step_sync / per_step) / ideal,
+        sync_rollout_s=R,
+        sync_train_s=T,
+        losses=loss_table(
+            step_parts(sync.events, sync.window, len(sync.history)), step_parts(r.events, r.window, len(r.history))
+        ),
+    )
 
 
 # not a median: a list, the per-repeat verdicts, the aggregate's own fields, or the spreads
-_NOT_AGGREGATED = frozenset({"mode", "cpu_cores_per_engine", "checks", "repeats", "checks_passed", "losses_repeat",
-                             *(f"{k}_{end}" for k in SPREAD_KEYS for end in ("min", "max"))})
+_NOT_AGGREGATED = frozenset(
+    {
+        "mode",
+        "cpu_cores_per_engine",
+        "checks",
+        "repeats",
+        "checks_passed",
+        "losses_repeat",
+        *(f"{k}_{end}" for k in SPREAD_KEYS for end in ("min", "max")),
+    }
+)
 
 
 def aggregate_repeats(rows: list[ModeRow]) -> ModeRow:
@@ -107,8 +138,9 @@ def aggregate_repeats(rows: list[ModeRow]) -> ModeRow:
             for a, n in getattr(r, key).items():
                 merged[a] = merged.get(a, 0) + n
         out[key] = dict(sorted(merged.items()))
-    with_losses = sorted((r for r in rows if r.losses and r.overlap_efficiency is not None),
-                         key=lambda r: r.overlap_efficiency or 0.0)
+    with_losses = sorted(
+        (r for r in rows if r.losses and r.overlap_efficiency is not None), key=lambda r: r.overlap_efficiency or 0.0
+    )
     if with_losses:
         median_row = with_losses[(len(with_losses) - 1) // 2]
         out["losses"] = median_row.losses
@@ -125,5 +157,7 @@ def rows_by_mode(runs: dict[str, list[ModeResult]]) -> dict[str, list[ModeRow]]:
     whether sync ran before or after it in that repeat (without a sync run in the repeat,
     it has no speedup)."""
     syncs = runs.get("sync", [])
-    return {mode: [summarize_mode(r, syncs[rep] if rep < len(syncs) else None) for rep, r in enumerate(results)]
-            for mode, results in runs.items()}
+    return {
+        mode: [summarize_mode(r, syncs[rep] if rep < len(syncs) else None) for rep, r in enumerate(results)]
+        for mode, results in runs.items()
+    }

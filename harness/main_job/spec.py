@@ -26,16 +26,21 @@ MODES: dict[str, tuple[str, bool]] = {  # mode -> (driver, fully_async)
 LAYOUTS = ("split", "colocate", "ray")
 
 
-def _flag(default: Any, help_text: str, *, flag: str | None = None, choices: tuple[str, ...] | None = None,
-          value_type: Callable[[str], Any] | None = None) -> Any:
+def _flag(
+    default: Any,
+    help_text: str,
+    *,
+    flag: str | None = None,
+    choices: tuple[str, ...] | None = None,
+    value_type: Callable[[str], Any] | None = None,
+) -> Any:
     """A ``RunSpec`` field and its ``miles-harness run`` flag: ``flag`` (default: the field's
     name as ``--name-with-dashes``), ``help_text``, ``choices`` (checked by ``RunSpec``
     itself, so a bad value is a ``ConfigError`` naming the flag) and ``value_type`` (default:
     the default's type; a bool field is a switch that turns its default over)."""
     if value_type is None and default is not None:
         value_type = type(default)
-    return field(default=default, metadata={"flag": flag, "help": help_text, "choices": choices,
-                                            "type": value_type})
+    return field(default=default, metadata={"flag": flag, "help": help_text, "choices": choices, "type": value_type})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -44,10 +49,14 @@ class RunSpec:
     (``harness.commands.run`` builds its parser from these fields' metadata), so ``make
     run`` with no arguments runs ``RunSpec()``."""
 
-    layout: str = _flag("split", "split (engine in its own process), colocate, or ray (--num-engines engines "
-                        "as Ray actors)", choices=LAYOUTS)
-    model: str = _flag("tiny", "tiny (built from a config), smollm2 (needs the model extra), or a local Hugging "
-                       "Face model directory")
+    layout: str = _flag(
+        "split",
+        "split (engine in its own process), colocate, or ray (--num-engines engines as Ray actors)",
+        choices=LAYOUTS,
+    )
+    model: str = _flag(
+        "tiny", "tiny (built from a config), smollm2 (needs the model extra), or a local Hugging Face model directory"
+    )
     task: str = _flag("copy", "copy (tiny model learns it) or arithmetic (for SmolLM2)")
     steps: int = _flag(40, "training steps per mode")
     # 3e-3 collapsed the copy policy to a prompt-blind constant (reward at chance)
@@ -60,39 +69,58 @@ class RunSpec:
     max_running: int = _flag(16, "engine's continuous-batching width (requests)")
     tiny_d_model: int = _flag(256, "tiny model width", flag="--d-model")
     tiny_layers: int = _flag(4, "tiny model depth", flag="--layers")
-    profile: str = _flag("manual", "rule profile: manual (Miles' manual page on async training) or the pinned upstream Miles "
-                         "profile (miles-<pinned commit>; miles_async_core.rules.PROFILES)")
-    device: str = _flag("cpu", "where the engine and trainer models live (cuda needs a CUDA build of torch and a "
-                        "GPU)", choices=("cpu", "cuda"))
+    profile: str = _flag(
+        "manual",
+        "rule profile: manual (Miles' manual page on async training) or the pinned upstream Miles "
+        "profile (miles-<pinned commit>; miles_async_core.rules.PROFILES)",
+    )
+    device: str = _flag(
+        "cpu",
+        "where the engine and trainer models live (cuda needs a CUDA build of torch and a GPU)",
+        choices=("cpu", "cuda"),
+    )
     # copy task only (None: the task's own); longer -> more decode steps; chance level 1 / task_symbols
     task_length: int | None = _flag(2, "copy task: symbols to copy", value_type=int)
     task_symbols: int | None = _flag(4, "copy task: alphabet size (1-8); chance level is 1 / this", value_type=int)
-    repeats: int = _flag(2, "interleaved repeats of the modes (sync, one-step, fully-async, sync, ...); the "
-                         "table reports medians and min-max")
-    gap_decomposition: bool = _flag(True, "skip the per-step kernel / staleness gap decomposition (computed after "
-                                    "the timed run)", flag="--no-gap")
+    repeats: int = _flag(
+        2,
+        "interleaved repeats of the modes (sync, one-step, fully-async, sync, ...); the "
+        "table reports medians and min-max",
+    )
+    gap_decomposition: bool = _flag(
+        True, "skip the per-step kernel / staleness gap decomposition (computed after the timed run)", flag="--no-gap"
+    )
     num_engines: int = _flag(2, "ray layout: rollout engines (Ray actors)")
-    ray_address: str | None = _flag(None, "ray layout: join this Ray cluster (default: start a local one sized to "
-                                    "the machine)", value_type=str)
-    broadcast: str = _flag("put_once", "ray layout: weights to the engines by one ray.put (put_once) or one "
-                           "argument per engine", choices=BROADCASTS)
+    ray_address: str | None = _flag(
+        None, "ray layout: join this Ray cluster (default: start a local one sized to the machine)", value_type=str
+    )
+    broadcast: str = _flag(
+        "put_once",
+        "ray layout: weights to the engines by one ray.put (put_once) or one argument per engine",
+        choices=BROADCASTS,
+    )
 
     def __post_init__(self) -> None:
         for f in fields(self):
             allowed = f.metadata["choices"]
             if allowed and getattr(self, f.name) not in allowed:
-                raise ConfigError(f"{flag_of(f)} {getattr(self, f.name)!r}: allowed {', '.join(allowed)}; fix: pick "
-                                  "one of them")
+                raise ConfigError(
+                    f"{flag_of(f)} {getattr(self, f.name)!r}: allowed {', '.join(allowed)}; fix: pick one of them"
+                )
         if self.device == "cuda" and not torch.cuda.is_available():
-            raise ConfigError(f"--device {self.device!r}: allowed cpu, cuda (cuda needs a CUDA build of torch and a "
-                              "GPU); fix: --device cpu")
+            raise ConfigError(
+                f"--device {self.device!r}: allowed cpu, cuda (cuda needs a CUDA build of torch and a "
+                "GPU); fix: --device cpu"
+            )
         if self.steps < 2:
             raise ConfigError(f"--steps {self.steps}: must be >= 2 to compare start and end; fix: e.g. --steps 40")
         if self.repeats < 1:
             raise ConfigError(f"--repeats {self.repeats}: must be >= 1; fix: e.g. --repeats 3")
         if self.num_engines < 1 or (self.num_engines != 2 and self.layout != "ray"):
-            raise ConfigError(f"--num-engines {self.num_engines}: must be >= 1, and only the ray layout runs more "
-                              "than one engine; fix: --layout ray --num-engines N")
+            raise ConfigError(
+                f"--num-engines {self.num_engines}: must be >= 1, and only the ray layout runs more "
+                "than one engine; fix: --layout ray --num-engines N"
+            )
 
     def task_kwargs(self) -> dict[str, Any]:
         """``get_task`` arguments: length and alphabet apply to the copy task only."""
@@ -119,7 +147,8 @@ def mode_config(mode: str, base: AsyncConfig, spec: RunSpec) -> AsyncConfig:
         config = dataclasses.replace(config, colocate=True, allow_async_colocate=driver == "train_async")
     errors = [v for v in validate(config, spec.profile) if v.severity == "error"]
     if errors:
-        raise ConfigError(f"mode {mode} on the {spec.layout} layout is refused by rule profile {spec.profile!r}: "
-                          + "; ".join(f"[{v.rule_id}] {v.message}" for v in errors))
+        raise ConfigError(
+            f"mode {mode} on the {spec.layout} layout is refused by rule profile {spec.profile!r}: "
+            + "; ".join(f"[{v.rule_id}] {v.message}" for v in errors)
+        )
     return config
-

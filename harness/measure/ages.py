@@ -63,4 +63,5 @@ class AgeRecorder:
                 lag.append(steps - version_steps.get(oldest, 0))
         return {"age_versions": miles, "token_age_versions": token, "lag_steps": lag, "tokens": tokens}
 
+
 __all__ = ["AgeRecorder", "group_token_version"]

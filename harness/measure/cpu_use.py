@@ -30,6 +30,7 @@ def cores(before: dict[str, Any], after: dict[str, Any], wall_s: float) -> dict[
     """Cores kept busy over ``wall_s``: ``cpu_cores_main``, ``cpu_cores_per_engine``,
     ``cpu_cores_engines`` (their sum; None if one was unreadable), ``cpu_cores_total``
     and ``host_cpu_count``."""
+
     def rate(a: float | None, b: float | None) -> float | None:
         return None if a is None or b is None or wall_s <= 0 else (b - a) / wall_s
 
@@ -37,5 +38,10 @@ def cores(before: dict[str, Any], after: dict[str, Any], wall_s: float) -> dict[
     per_engine = [rate(a, b) for a, b in zip(before["engines"], after["engines"])]
     engines = None if any(x is None for x in per_engine) else sum(per_engine)
     total = None if main is None or engines is None else main + engines
-    return {"cpu_cores_main": main, "cpu_cores_per_engine": per_engine, "cpu_cores_engines": engines,
-            "cpu_cores_total": total, "host_cpu_count": os.cpu_count()}
+    return {
+        "cpu_cores_main": main,
+        "cpu_cores_per_engine": per_engine,
+        "cpu_cores_engines": engines,
+        "cpu_cores_total": total,
+        "host_cpu_count": os.cpu_count(),
+    }

@@ -61,17 +61,28 @@ def per_engine_rows(events: list[Any], window: tuple[float, float]) -> list[dict
             t0 = e.t - e["dur_s"]
             (under if 2 * total_sorted(training, training_ends, (t0, e.t)) >= e["dur_s"] > 0 else rest).append(e)
             (admitting if _any_in(admitted, t0, e.t) else decode_only).append(e)
-        rows.append({"engine": k, "requests": sum(1 for e in own if e.kind == ev.FINISHED),
-                     "decode_steps": len(inside), "steps_training": len(under), "step_ms": _mean_ms(inside),
-                     "step_ms_sd": _sd_ms(inside),
-                     "step_ms_training": _mean_ms(under), "step_ms_not_training": _mean_ms(rest),
-                     "steps_admitting": len(admitting), "step_ms_admitting": _mean_ms(admitting),
-                     "step_ms_decode_only": _mean_ms(decode_only),
-                     "tokens": tokens, "decode_busy_s": busy, "generating_busy_s": generating,
-                     "busy_share": busy / wall,
-                     "tokens_per_s": tokens / wall,
-                     "loads": sum(1 for e in own if e.kind == ev.ENGINE_LOADED),
-                     "died": any(e.kind == ev.FAULT and e.fields.get("what") == "engine_died" for e in own)})
+        rows.append(
+            {
+                "engine": k,
+                "requests": sum(1 for e in own if e.kind == ev.FINISHED),
+                "decode_steps": len(inside),
+                "steps_training": len(under),
+                "step_ms": _mean_ms(inside),
+                "step_ms_sd": _sd_ms(inside),
+                "step_ms_training": _mean_ms(under),
+                "step_ms_not_training": _mean_ms(rest),
+                "steps_admitting": len(admitting),
+                "step_ms_admitting": _mean_ms(admitting),
+                "step_ms_decode_only": _mean_ms(decode_only),
+                "tokens": tokens,
+                "decode_busy_s": busy,
+                "generating_busy_s": generating,
+                "busy_share": busy / wall,
+                "tokens_per_s": tokens / wall,
+                "loads": sum(1 for e in own if e.kind == ev.ENGINE_LOADED),
+                "died": any(e.kind == ev.FAULT and e.fields.get("what") == "engine_died" for e in own),
+            }
+        )
     return rows
 
 
@@ -89,14 +100,37 @@ def _mean_ms(steps: list[Any]) -> float | None:
 
 
 def format_engine_rows(rows_by_mode: dict[str, list[dict[str, Any]]]) -> str:
-    header = ["mode", "engine", "requests", "tokens", "tokens/s", "decode busy s", "busy share",
-              "step ms: all / training / not", "loads", "died"]
-    body = [[mode, str(r["engine"]), str(r["requests"]), str(r["tokens"]), f"{r['tokens_per_s']:.1f}",
-             f"{r['decode_busy_s']:.2f}", f"{r['busy_share']:.1%}",
-             " / ".join("-" if r.get(k) is None else f"{r[k]:.1f}"
-                        for k in ("step_ms", "step_ms_training", "step_ms_not_training")),
-             str(r["loads"]), "yes" if r["died"] else "-"]
-            for mode, rows in rows_by_mode.items() for r in rows]
+    header = [
+        "mode",
+        "engine",
+        "requests",
+        "tokens",
+        "tokens/s",
+        "decode busy s",
+        "busy share",
+        "step ms: all / training / not",
+        "loads",
+        "died",
+    ]
+    body = [
+        [
+            mode,
+            str(r["engine"]),
+            str(r["requests"]),
+            str(r["tokens"]),
+            f"{r['tokens_per_s']:.1f}",
+            f"{r['decode_busy_s']:.2f}",
+            f"{r['busy_share']:.1%}",
+            " / ".join(
+                "-" if r.get(k) is None else f"{r[k]:.1f}"
+                for k in ("step_ms", "step_ms_training", "step_ms_not_training")
+            ),
+            str(r["loads"]),
+            "yes" if r["died"] else "-",
+        ]
+        for mode, rows in rows_by_mode.items()
+        for r in rows
+    ]
     widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(header)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths))]
     lines += ["  ".join(c.ljust(w) for c, w in zip(b, widths)) for b in body]

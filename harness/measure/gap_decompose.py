@@ -121,8 +121,12 @@ def _check_sample(sample: Sample, current_version: int) -> None:
         )
 
 
-def _log_probs_under(model: EngineModel, weights: StateDict, samples: list[Sample], temperature: float,
-                     ) -> list[torch.Tensor]:
+def _log_probs_under(
+    model: EngineModel,
+    weights: StateDict,
+    samples: list[Sample],
+    temperature: float,
+) -> list[torch.Tensor]:
     model.load_weights(weights)
     model.module.eval()
     with torch.no_grad():
@@ -162,8 +166,12 @@ def decompose_samples(
     for s, gen, cur in zip(todo, generating, current):
         assert not torch.isnan(gen).any(), "every token was scored by its generating version"
         oldest = s.token_versions.oldest
-        meta = {"step": step, "age": current_version - oldest, "index": s.index,
-                "versions": sorted({r[0] for r in s.token_versions.runs})}
+        meta = {
+            "step": step,
+            "age": current_version - oldest,
+            "index": s.index,
+            "versions": sorted({r[0] for r in s.token_versions.runs}),
+        }
         out.append(decompose_gap(s.rollout_log_probs, gen, cur, token_categories(s, current_version), meta=meta))
     return out
 
@@ -202,8 +210,9 @@ class GapTracker:
         self._to_steps: dict[int, int] = {}  # engine weight version -> optimizer steps of its weights
         self._model: EngineModel | None = None  # built once: a real model costs seconds to build
 
-    def on_engine_update(self, engine_version: int, optimizer_steps: int, weights: StateDict, *,
-                         copy: bool = True) -> None:
+    def on_engine_update(
+        self, engine_version: int, optimizer_steps: int, weights: StateDict, *, copy: bool = True
+    ) -> None:
         self.store.put(optimizer_steps, weights, copy=copy)
         self._to_steps[int(engine_version)] = int(optimizer_steps)
 
@@ -220,8 +229,9 @@ class GapTracker:
             runs.append(self._to_steps[version], self._to_steps[kv_version], count)
         return dataclasses.replace(sample, token_versions=runs)
 
-    def observe(self, step: int, samples: Sequence[Sample], *, current_weights: StateDict,
-                optimizer_steps: int) -> dict[str, float]:
+    def observe(
+        self, step: int, samples: Sequence[Sample], *, current_weights: StateDict, optimizer_steps: int
+    ) -> dict[str, float]:
         """Decompose ``samples`` against the weights about to be trained (taken after
         ``optimizer_steps`` steps); returns this step's pooled aggregates under ``gap/``
         keys (kept in ``decompositions`` too)."""
@@ -229,8 +239,15 @@ class GapTracker:
         if self._model is None:
             self._model = self.model_builder()
         model = self._model
-        decomps = decompose_samples(translated, self.store, current_weights, lambda: model, self.temperature,
-                                    current_version=optimizer_steps, step=step)
+        decomps = decompose_samples(
+            translated,
+            self.store,
+            current_weights,
+            lambda: model,
+            self.temperature,
+            current_version=optimizer_steps,
+            step=step,
+        )
         self.decompositions += decomps
         return {f"gap/{k}": v for k, v in GapDecomposition.concat(decomps).aggregates().items()}
 

@@ -71,16 +71,22 @@ class AblationConfig:
     def __post_init__(self) -> None:
         bad = [d for d in self.dtypes if d not in DTYPES]
         if bad or not self.dtypes:
-            raise ConfigError(f"--dtypes {','.join(self.dtypes)!r}: allowed {', '.join(DTYPES)} (comma list); "
-                              f"fix: e.g. --dtypes fp32,bf16")
+            raise ConfigError(
+                f"--dtypes {','.join(self.dtypes)!r}: allowed {', '.join(DTYPES)} (comma list); "
+                f"fix: e.g. --dtypes fp32,bf16"
+            )
         if self.device not in DEVICES:
             raise ConfigError(f"--device {self.device!r}: allowed {', '.join(DEVICES)}; fix: --device cpu")
         if self.device == "cuda" and not torch.cuda.is_available():
-            raise ConfigError("--device cuda: torch sees no CUDA device here (CPU build or no GPU); "
-                              "fix: run with --device cpu or on a GPU machine with a CUDA torch")
+            raise ConfigError(
+                "--device cuda: torch sees no CUDA device here (CPU build or no GPU); "
+                "fix: run with --device cpu or on a GPU machine with a CUDA torch"
+            )
         if self.num_seqs < 2 or self.max_new_tokens < 2:
-            raise ConfigError(f"--num-seqs {self.num_seqs} / --max-new-tokens {self.max_new_tokens}: both must be "
-                              ">= 2 (batching needs two requests, a gap needs tokens); fix: e.g. --num-seqs 8")
+            raise ConfigError(
+                f"--num-seqs {self.num_seqs} / --max-new-tokens {self.max_new_tokens}: both must be "
+                ">= 2 (batching needs two requests, a gap needs tokens); fix: e.g. --num-seqs 8"
+            )
         if self.temperature <= 0:
             raise ConfigError(f"temperature={self.temperature}: must be > 0 to score sampled tokens")
 
@@ -111,9 +117,19 @@ class TinySource(ModelSource):
         from harness.backends.torch_models import TinyLM, TinyLMConfig
 
         c = self.cfg
-        return TinyLM(TinyLMConfig(vocab_size=self.vocab_size, d_model=c.tiny_d_model, n_layers=c.tiny_layers,
-                                   d_ff=c.tiny_d_model * 11 // 4, max_seq_len=16 + c.max_new_tokens,
-                                   attn_impl=attn_impl, dtype=DTYPES[dtype], seed=c.seed), device=c.device)
+        return TinyLM(
+            TinyLMConfig(
+                vocab_size=self.vocab_size,
+                d_model=c.tiny_d_model,
+                n_layers=c.tiny_layers,
+                d_ff=c.tiny_d_model * 11 // 4,
+                max_seq_len=16 + c.max_new_tokens,
+                attn_impl=attn_impl,
+                dtype=DTYPES[dtype],
+                seed=c.seed,
+            ),
+            device=c.device,
+        )
 
     def prompts(self, rng: random.Random, n: int) -> list[list[int]]:
         return [[rng.randrange(3, self.vocab_size) for _ in range(rng.randint(2, 16))] for _ in range(n)]
@@ -159,8 +175,9 @@ def make_source(cfg: AblationConfig) -> ModelSource:
 # --- the two paths ----------------------------------------------------------------------
 
 
-def engine_generate(model: EngineModel, prompts: list[list[int]], budgets: list[int], *, max_running: int,
-                    temperature: float, seed: int) -> list[Sample]:
+def engine_generate(
+    model: EngineModel, prompts: list[list[int]], budgets: list[int], *, max_running: int, temperature: float, seed: int
+) -> list[Sample]:
     """Sample continuations through ``EngineCore``; rollout log-probs as the engine reports them."""
     core = EngineCore(model, max_running=max_running, eos_token_id=None)
     for i, (p, b) in enumerate(zip(prompts, budgets)):
@@ -179,8 +196,13 @@ def trainer_log_probs(model: EngineModel, samples: list[Sample], temperature: fl
 
 
 @torch.no_grad()
-def replay_log_probs(model: EngineModel, sample: Sample, temperature: float, *, token_prefill: bool = False,
-                     ) -> torch.Tensor:
+def replay_log_probs(
+    model: EngineModel,
+    sample: Sample,
+    temperature: float,
+    *,
+    token_prefill: bool = False,
+) -> torch.Tensor:
     """Teacher-forced engine path, batch of one: prefill ``prompt[:-1]`` (in one go, or
     token by token through ``decode`` with ``token_prefill``), then decode every response
     token, with the engine's own log-prob arithmetic (``torch_engine.sample_tokens``)."""
@@ -208,21 +230,37 @@ def replay_log_probs(model: EngineModel, sample: Sample, temperature: float, *, 
 # --- rows -------------------------------------------------------------------------------
 
 
-def gap_row(factor: str, setting: str, engine: str, trainer: str, samples: list[Sample],
-            train: list[torch.Tensor], note: str = "") -> dict[str, Any]:
+def gap_row(
+    factor: str,
+    setting: str,
+    engine: str,
+    trainer: str,
+    samples: list[Sample],
+    train: list[torch.Tensor],
+    note: str = "",
+) -> dict[str, Any]:
     rollout = [torch.tensor(s.rollout_log_probs, dtype=torch.float32) for s in samples]
     rep = gap_report(train, rollout)
     equal = sum(int((t == r).sum()) for t, r in zip(train, rollout))
     n_tokens = sum(r.numel() for r in rollout)
     return {
-        "factor": factor, "setting": setting, "engine": engine, "trainer": trainer, "note": note,
-        "num_seqs": len(samples), "num_tokens": n_tokens,
-        "abs_diff_mean": rep.abs_diff_mean, "abs_diff_max": rep.abs_diff_max,
+        "factor": factor,
+        "setting": setting,
+        "engine": engine,
+        "trainer": trainer,
+        "note": note,
+        "num_seqs": len(samples),
+        "num_tokens": n_tokens,
+        "abs_diff_mean": rep.abs_diff_mean,
+        "abs_diff_max": rep.abs_diff_max,
         "train_rollout_logprob_abs_diff": rep.train_rollout_logprob_abs_diff,
-        "train_rollout_kl": rep.train_rollout_kl, "tis_p99": rep.tis_p99, "tis_max": rep.tis_max,
+        "train_rollout_kl": rep.train_rollout_kl,
+        "tis_p99": rep.tis_p99,
+        "tis_max": rep.tis_max,
         "mis_chi2_token": rep.mis.get("mis_chi2_token", 0.0),
-        "mis_rs_mask_fraction": (rep.mis.get("mis_rs_mask_fraction_low", 0.0)
-                                 + rep.mis.get("mis_rs_mask_fraction_high", 0.0)),
+        "mis_rs_mask_fraction": (
+            rep.mis.get("mis_rs_mask_fraction_low", 0.0) + rep.mis.get("mis_rs_mask_fraction_high", 0.0)
+        ),
         "mis_rs_catastrophic_seq_fraction": rep.mis.get("mis_rs_catastrophic_seq_fraction", 0.0),
         "bitwise_equal_fraction": equal / n_tokens if n_tokens else 1.0,
         "all_bitwise_equal": all(torch.equal(t, r) for t, r in zip(train, rollout)),
@@ -231,11 +269,30 @@ def gap_row(factor: str, setting: str, engine: str, trainer: str, samples: list[
 
 
 def na_row(factor: str, setting: str, note: str) -> dict[str, Any]:
-    keys = ("abs_diff_mean", "abs_diff_max", "train_rollout_logprob_abs_diff", "train_rollout_kl", "tis_p99",
-            "tis_max", "mis_chi2_token", "mis_rs_mask_fraction", "mis_rs_catastrophic_seq_fraction",
-            "bitwise_equal_fraction", "all_bitwise_equal")
-    return {"factor": factor, "setting": setting, "engine": "-", "trainer": "-", "note": note, "num_seqs": 0,
-            "num_tokens": 0, **dict.fromkeys(keys), "per_seq_abs_diff": []}
+    keys = (
+        "abs_diff_mean",
+        "abs_diff_max",
+        "train_rollout_logprob_abs_diff",
+        "train_rollout_kl",
+        "tis_p99",
+        "tis_max",
+        "mis_chi2_token",
+        "mis_rs_mask_fraction",
+        "mis_rs_catastrophic_seq_fraction",
+        "bitwise_equal_fraction",
+        "all_bitwise_equal",
+    )
+    return {
+        "factor": factor,
+        "setting": setting,
+        "engine": "-",
+        "trainer": "-",
+        "note": note,
+        "num_seqs": 0,
+        "num_tokens": 0,
+        **dict.fromkeys(keys),
+        "per_seq_abs_diff": [],
+    }
 
 
 @contextlib.contextmanager
@@ -245,8 +302,11 @@ def _sdpa_backend(name: str | None) -> Iterator[None]:
         return
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    backend = {"math": SDPBackend.MATH, "efficient": SDPBackend.EFFICIENT_ATTENTION,
-               "flash": SDPBackend.FLASH_ATTENTION}[name]
+    backend = {
+        "math": SDPBackend.MATH,
+        "efficient": SDPBackend.EFFICIENT_ATTENTION,
+        "flash": SDPBackend.FLASH_ATTENTION,
+    }[name]
     with sdpa_kernel(backend):
         yield
 
@@ -264,8 +324,9 @@ def _tf32(enabled: bool) -> Iterator[None]:
 class Ablation:
     """Runs the rows of one ``AblationConfig``; ``on_row(label)`` is told each row's name."""
 
-    def __init__(self, cfg: AblationConfig, source: ModelSource | None = None,
-                 on_row: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self, cfg: AblationConfig, source: ModelSource | None = None, on_row: Callable[[str], None] | None = None
+    ) -> None:
         self.cfg, self.source = cfg, source or make_source(cfg)
         self.on_row = on_row or (lambda _label: None)
         rng = random.Random(cfg.seed)
@@ -276,12 +337,21 @@ class Ablation:
     def _generate(self, model: EngineModel, *, alone: bool) -> list[Sample]:
         c = self.cfg
         max_running = 1 if alone else max(2, c.num_seqs // 2)  # requests join as others leave
-        return engine_generate(model, self.prompts, self.budgets, max_running=max_running,
-                               temperature=c.temperature, seed=c.seed)
+        return engine_generate(
+            model, self.prompts, self.budgets, max_running=max_running, temperature=c.temperature, seed=c.seed
+        )
 
-    def paired(self, factor: str, setting: str, *, dtype: str = "fp32", attn: str | None = None,
-               trainer_dtype: str | None = None, trainer_attn: str | None = None, alone: bool = False,
-               ) -> dict[str, Any]:
+    def paired(
+        self,
+        factor: str,
+        setting: str,
+        *,
+        dtype: str = "fp32",
+        attn: str | None = None,
+        trainer_dtype: str | None = None,
+        trainer_attn: str | None = None,
+        alone: bool = False,
+    ) -> dict[str, Any]:
         """Engine (batched or alone) vs trainer full forward; same weights (a trainer in
         another dtype holds the same fp32 weights cast to its dtype)."""
         self.on_row(f"{factor}/{setting}")
@@ -304,13 +374,20 @@ class Ablation:
         samples = self._generate(model, alone=True)
         replay = [replay_log_probs(model, s, self.cfg.temperature, token_prefill=token_prefill) for s in samples]
         if token_prefill:
-            chunked = [Sample(prompt_tokens=s.prompt_tokens, response_tokens=s.response_tokens,
-                              rollout_log_probs=r.tolist(), index=s.index) for s, r in zip(samples, replay)]
+            chunked = [
+                Sample(
+                    prompt_tokens=s.prompt_tokens,
+                    response_tokens=s.response_tokens,
+                    rollout_log_probs=r.tolist(),
+                    index=s.index,
+                )
+                for s, r in zip(samples, replay)
+            ]
             train = trainer_log_probs(model, chunked, self.cfg.temperature)
-            return gap_row(factor, setting, f"{dtype} token-by-token prefill, alone", f"{dtype} full forward",
-                           chunked, train)
-        return gap_row(factor, setting, f"{dtype} decode, alone", f"{dtype} same decode path, alone",
-                       samples, replay)
+            return gap_row(
+                factor, setting, f"{dtype} token-by-token prefill, alone", f"{dtype} full forward", chunked, train
+            )
+        return gap_row(factor, setting, f"{dtype} decode, alone", f"{dtype} same decode path, alone", samples, replay)
 
     def rows(self) -> list[dict[str, Any]]:
         c, cuda = self.cfg, self.cfg.device == "cuda"
@@ -322,8 +399,13 @@ class Ablation:
         rows.append(self.paired("attention", "sdpa engine vs eager trainer", attn="sdpa", trainer_attn="eager"))
         for backend in SDPA_BACKENDS if cuda else ():
             for d in c.dtypes:
-                rows.append(self._guarded(f"sdpa {backend} {d}", backend, lambda d=d, b=backend: self.paired(
-                    "attention", f"sdpa {b} {d}", dtype=d, attn="sdpa")))
+                rows.append(
+                    self._guarded(
+                        f"sdpa {backend} {d}",
+                        backend,
+                        lambda d=d, b=backend: self.paired("attention", f"sdpa {b} {d}", dtype=d, attn="sdpa"),
+                    )
+                )
         rows.append(self.paired("batch", "alone", alone=True))
         rows.append(self.replayed("prefill", "token-by-token", dtype="fp32", token_prefill=True))
         if cuda:
@@ -346,11 +428,19 @@ class Ablation:
 
 # --- output -------------------------------------------------------------------------------
 
-COLUMNS = (("factor", "factor", "s"), ("setting", "setting", "s"), ("mean |dlogp|", "abs_diff_mean", ".2e"),
-           ("max |dlogp|", "abs_diff_max", ".2e"), ("k3 KL", "train_rollout_kl", ".2e"),
-           ("tis p99", "tis_p99", ".6f"), ("tis max", "tis_max", ".6f"),
-           ("MIS rejected", "mis_rs_mask_fraction", ".2%"), ("MIS vetoed", "mis_rs_catastrophic_seq_fraction", ".1%"),
-           ("bitwise equal", "bitwise_equal_fraction", ".1%"), ("note", "note", "s"))
+COLUMNS = (
+    ("factor", "factor", "s"),
+    ("setting", "setting", "s"),
+    ("mean |dlogp|", "abs_diff_mean", ".2e"),
+    ("max |dlogp|", "abs_diff_max", ".2e"),
+    ("k3 KL", "train_rollout_kl", ".2e"),
+    ("tis p99", "tis_p99", ".6f"),
+    ("tis max", "tis_max", ".6f"),
+    ("MIS rejected", "mis_rs_mask_fraction", ".2%"),
+    ("MIS vetoed", "mis_rs_catastrophic_seq_fraction", ".1%"),
+    ("bitwise equal", "bitwise_equal_fraction", ".1%"),
+    ("note", "note", "s"),
+)
 
 
 def _cell(v: Any, spec: str) -> str:
@@ -363,6 +453,7 @@ def format_table(rows: list[dict[str, Any]], *, markdown: bool = False) -> str:
     header = [c[0] for c in COLUMNS]
     body = [[_cell(r.get(k), f) for _, k, f in COLUMNS] for r in rows]
     if markdown:  # a literal "|" inside a cell would split it
+
         def esc(cells: list[str]) -> str:
             return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
 

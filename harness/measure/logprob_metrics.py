@@ -88,8 +88,7 @@ def as_samples(
 def _check_choice(param: str, value: Any, allowed: Sequence[str]) -> None:
     if value not in allowed:
         raise ConfigError(
-            f"{param}={value!r} is not supported; allowed values: {', '.join(allowed)}. "
-            f"Set {param} to one of them."
+            f"{param}={value!r} is not supported; allowed values: {', '.join(allowed)}. Set {param} to one of them."
         )
 
 
@@ -266,8 +265,16 @@ def _veto_mask(raw: torch.Tensor, mask: torch.Tensor, veto_threshold: float, met
 
 
 def _validate_mis_args(
-    *, use_rs: bool, tis_level: str, rs_level: str, tis_mode: str, tis_lower_bound: float | None, tis_upper_bound: float | None,
-    rs_lower_bound: float | None, rs_upper_bound: float | None, rs_veto_threshold: float | None,
+    *,
+    use_rs: bool,
+    tis_level: str,
+    rs_level: str,
+    tis_mode: str,
+    tis_lower_bound: float | None,
+    tis_upper_bound: float | None,
+    rs_lower_bound: float | None,
+    rs_upper_bound: float | None,
+    rs_veto_threshold: float | None,
 ) -> tuple[float, float, float]:
     _check_choice("tis_level", tis_level, TIS_LEVELS)
     _check_choice("rs_level", rs_level, TIS_LEVELS)
@@ -318,8 +325,14 @@ def compute_mis_weights(
     """
     train, rollout, loss_masks = as_samples(train_logprobs, rollout_logprobs, masks)
     lower, rs_lower, rs_upper = _validate_mis_args(
-        use_rs=use_rs, tis_level=tis_level, rs_level=rs_level, tis_mode=tis_mode, tis_lower_bound=tis_lower_bound,
-        tis_upper_bound=tis_upper_bound, rs_lower_bound=rs_lower_bound, rs_upper_bound=rs_upper_bound,
+        use_rs=use_rs,
+        tis_level=tis_level,
+        rs_level=rs_level,
+        tis_mode=tis_mode,
+        tis_lower_bound=tis_lower_bound,
+        tis_upper_bound=tis_upper_bound,
+        rs_lower_bound=rs_lower_bound,
+        rs_upper_bound=rs_upper_bound,
         rs_veto_threshold=rs_veto_threshold,
     )
     metrics: dict[str, list[torch.Tensor]] = {}
@@ -499,8 +512,13 @@ def gap_metrics(
 ) -> dict[str, float]:
     """``gap_report(...).as_dict()``: a flat dict of floats with stable key names."""
     return gap_report(
-        train_logprobs, rollout_logprobs, masks, tis_clip=tis_clip, tis_clip_low=tis_clip_low,
-        calculate_per_token_loss=calculate_per_token_loss, mis_kwargs=mis_kwargs,
+        train_logprobs,
+        rollout_logprobs,
+        masks,
+        tis_clip=tis_clip,
+        tis_clip_low=tis_clip_low,
+        calculate_per_token_loss=calculate_per_token_loss,
+        mis_kwargs=mis_kwargs,
     ).as_dict()
 
 

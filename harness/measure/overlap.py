@@ -104,7 +104,7 @@ def total_sorted(iv: list[Interval], ends: list[float], window: Interval) -> flo
     by bisection, so many short windows cost O(log n) each instead of a pass over ``iv``."""
     lo, hi = window
     covered = 0
-    for a, b in iv[bisect.bisect_left(ends, lo):]:
+    for a, b in iv[bisect.bisect_left(ends, lo) :]:
         if a >= hi:
             break
         covered += max(0.0, min(b, hi) - max(a, lo))

@@ -72,8 +72,13 @@ def step_parts(events: list[Any], window: tuple[float, float], steps: int) -> di
         else:
             weight += tv - tp
             pause += (tp - a) + (b - tv)
-    parts = {"R": total(gen, window) / n, "T": total(train, window) / n, "W": weight / n, "P": pause / n,
-             "S": (hi - lo) / n}
+    parts = {
+        "R": total(gen, window) / n,
+        "T": total(train, window) / n,
+        "W": weight / n,
+        "P": pause / n,
+        "S": (hi - lo) / n,
+    }
     parts["O"] = parts["S"] - parts["R"] - parts["T"] - parts["W"] - parts["P"]
     return parts
 
@@ -93,10 +98,16 @@ def loss_table(sync: dict[str, float], mode: dict[str, float]) -> dict[str, Any]
         "pause and resume": Pa - (C - max(Rs, Ts + Ws)),
         "waiting and other": Sa - max(Ra, Ta) - Wa - Pa - Os * C / busy,
     }
-    return {"step_s": Sa, "ideal_step_s": ideal_step, "gap_s": Sa - ideal_step,
-            "overlap_efficiency": ideal_step / Sa if Sa > 0 else None,
-            "parts_s": seconds, "parts_points": {k: v / Sa if Sa > 0 else 0.0 for k, v in seconds.items()},
-            "sync": dict(sync), "mode": dict(mode)}
+    return {
+        "step_s": Sa,
+        "ideal_step_s": ideal_step,
+        "gap_s": Sa - ideal_step,
+        "overlap_efficiency": ideal_step / Sa if Sa > 0 else None,
+        "parts_s": seconds,
+        "parts_points": {k: v / Sa if Sa > 0 else 0.0 for k, v in seconds.items()},
+        "sync": dict(sync),
+        "mode": dict(mode),
+    }
 
 
 def format_loss_table(tables: dict[str, dict[str, Any]]) -> str:
@@ -107,12 +118,22 @@ def format_loss_table(tables: dict[str, dict[str, Any]]) -> str:
     head = ["loss (per step)"] + [f"{m} ms" for m in modes] + [f"{m} eff pts" for m in modes]
     rows = [head]
     for name in PARTS:
-        rows.append([name] + [f"{tables[m]['parts_s'][name] * 1e3:+.1f}" for m in modes]
-                    + [f"{tables[m]['parts_points'][name]:+.3f}" for m in modes])
-    rows.append(["= measured - ideal"] + [f"{tables[m]['gap_s'] * 1e3:+.1f}" for m in modes]
-                + [f"{1 - tables[m]['overlap_efficiency']:+.3f}" for m in modes])
-    rows.append(["(measured, ideal step)"] + [f"{tables[m]['step_s'] * 1e3:.1f}, {tables[m]['ideal_step_s'] * 1e3:.1f}"
-                                              for m in modes] + ["" for _ in modes])
+        rows.append(
+            [name]
+            + [f"{tables[m]['parts_s'][name] * 1e3:+.1f}" for m in modes]
+            + [f"{tables[m]['parts_points'][name]:+.3f}" for m in modes]
+        )
+    rows.append(
+        ["= measured - ideal"]
+        + [f"{tables[m]['gap_s'] * 1e3:+.1f}" for m in modes]
+        + [f"{1 - tables[m]['overlap_efficiency']:+.3f}" for m in modes]
+    )
+    rows.append(
+        ["(measured, ideal step)"]
+        + [f"{tables[m]['step_s'] * 1e3:.1f}, {tables[m]['ideal_step_s'] * 1e3:.1f}" for m in modes]
+        + ["" for _ in modes]
+    )
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
-    return "\n".join("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
-                     for r in rows)
+    return "\n".join(
+        "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows
+    )

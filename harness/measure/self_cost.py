@@ -52,8 +52,11 @@ class SelfCost:
         return _TimedObserver(inner, self)
 
     def summary(self, run_s: float) -> dict[str, Any]:
-        return {"in_run_s": self.in_run_s, "calls": self.calls,
-                "share_of_run": self.in_run_s / run_s if run_s > 0 else None}
+        return {
+            "in_run_s": self.in_run_s,
+            "calls": self.calls,
+            "share_of_run": self.in_run_s / run_s if run_s > 0 else None,
+        }
 
 
 class _TimedSink:

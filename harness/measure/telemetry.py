@@ -40,11 +40,26 @@ from miles_async_core.errors import ConfigError
 
 TELEMETRY_EVENT = "telemetry"
 RECORD_FIELDS = (
-    "t_s", "gpu", "util_gpu_pct", "util_mem_pct", "sm_active_pct", "sm_occupancy_pct",
-    "mem_used_bytes", "power_w", "clock_sm_mhz", "clock_mem_mhz", "phase",
+    "t_s",
+    "gpu",
+    "util_gpu_pct",
+    "util_mem_pct",
+    "sm_active_pct",
+    "sm_occupancy_pct",
+    "mem_used_bytes",
+    "power_w",
+    "clock_sm_mhz",
+    "clock_mem_mhz",
+    "phase",
 )
 MEAN_FIELDS = (
-    "util_gpu_pct", "util_mem_pct", "sm_active_pct", "sm_occupancy_pct", "power_w", "clock_sm_mhz", "clock_mem_mhz",
+    "util_gpu_pct",
+    "util_mem_pct",
+    "sm_active_pct",
+    "sm_occupancy_pct",
+    "power_w",
+    "clock_sm_mhz",
+    "clock_mem_mhz",
 )
 UNKNOWN_PHASE = "unknown"
 

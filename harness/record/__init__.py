@@ -16,8 +16,16 @@ and set ``MILES_HARNESS_RECORD_DIR``. ``miles-harness check-trace --merge DIR`` 
 files and runs the checkers (``harness.record.merge``). See ``docs/record.md``.
 """
 
-from .wrappers import (RecordingDataBuffer, RecordingDataSource, RecordingRolloutFn, convert_samples_to_train_data,
-                       dynamic_filter, generate, log_rollout_data, post_write)
+from .wrappers import (
+    RecordingDataBuffer,
+    RecordingDataSource,
+    RecordingRolloutFn,
+    convert_samples_to_train_data,
+    dynamic_filter,
+    generate,
+    log_rollout_data,
+    post_write,
+)
 
 RECORDER_FLAGS: dict[str, str] = {
     "custom_generate_function_path": "harness.record.generate",
@@ -37,6 +45,15 @@ def recorder_flags(*, fully_async: bool) -> dict[str, str]:
     return {k: v for k, v in RECORDER_FLAGS.items() if not (fully_async and k == "rollout_function_path")}
 
 
-__all__ = ["RECORDER_FLAGS", "RecordingDataBuffer", "RecordingDataSource", "RecordingRolloutFn",
-           "convert_samples_to_train_data", "dynamic_filter", "generate", "log_rollout_data", "post_write",
-           "recorder_flags"]
+__all__ = [
+    "RECORDER_FLAGS",
+    "RecordingDataBuffer",
+    "RecordingDataSource",
+    "RecordingRolloutFn",
+    "convert_samples_to_train_data",
+    "dynamic_filter",
+    "generate",
+    "log_rollout_data",
+    "post_write",
+    "recorder_flags",
+]

@@ -25,8 +25,10 @@ EXTENSION_POINTS: dict[str, tuple[str, str | None]] = {
     "generate": ("--custom-generate-function-path", "miles.rollout.generate_hub.single_turn.generate"),
     "buffer": ("--custom-async-data-buffer-path", "miles.rollout.fully_async_data_buffer.DefaultDataBuffer"),
     "data_source": ("--data-source-path", "miles.rollout.data_source.RolloutDataSourceWithBuffer"),
-    "rollout": ("--rollout-function-path",
-                "miles.rollout.inference_rollout.inference_rollout_common.InferenceRolloutFn"),
+    "rollout": (
+        "--rollout-function-path",
+        "miles.rollout.inference_rollout.inference_rollout_common.InferenceRolloutFn",
+    ),
     "filter": ("--dynamic-sampling-filter-path", None),  # none: every group is kept
     "convert": ("--custom-convert-samples-to-train-data-path", None),  # none: upstream's conversion
     "log": ("--custom-rollout-log-function-path", None),  # none: upstream's logging runs
@@ -35,9 +37,19 @@ EXTENSION_POINTS: dict[str, tuple[str, str | None]] = {
 
 
 # the recorder's own wrappers (harness.record.RECORDER_FLAGS): never an inner
-RECORDER_PATHS = {"harness.record." + n for n in ("generate", "RecordingDataBuffer", "RecordingDataSource",
-                                                  "RecordingRolloutFn", "dynamic_filter", "log_rollout_data",
-                                                  "convert_samples_to_train_data", "post_write")}
+RECORDER_PATHS = {
+    "harness.record." + n
+    for n in (
+        "generate",
+        "RecordingDataBuffer",
+        "RecordingDataSource",
+        "RecordingRolloutFn",
+        "dynamic_filter",
+        "log_rollout_data",
+        "convert_samples_to_train_data",
+        "post_write",
+    )
+}
 
 
 def _config_file() -> dict[str, Any]:
@@ -48,12 +60,16 @@ def _config_file() -> dict[str, Any]:
         with open(path, encoding="utf-8") as f:
             doc = json.load(f)
     except (OSError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"{CONFIG_ENV}={path}: cannot read it as JSON ({exc}). Allowed: "
-                          '{"inner": {"generate": "pkg.module.fn", ...}}. Fix: correct the file or unset it') from None
+        raise ConfigError(
+            f"{CONFIG_ENV}={path}: cannot read it as JSON ({exc}). Allowed: "
+            '{"inner": {"generate": "pkg.module.fn", ...}}. Fix: correct the file or unset it'
+        ) from None
     inner = doc.get("inner", {}) if isinstance(doc, dict) else None
     if not isinstance(inner, dict) or set(inner) - set(EXTENSION_POINTS):
-        raise ConfigError(f"{CONFIG_ENV}={path}: \"inner\" must map names in {sorted(EXTENSION_POINTS)} to "
-                          f"import paths; got {str(inner)[:120]!r}. Fix: correct the names")
+        raise ConfigError(
+            f'{CONFIG_ENV}={path}: "inner" must map names in {sorted(EXTENSION_POINTS)} to '
+            f"import paths; got {str(inner)[:120]!r}. Fix: correct the names"
+        )
     return inner
 
 
@@ -77,10 +93,14 @@ def load_inner(name: str) -> Any:
         return None
     if path in RECORDER_PATHS:
         flag = EXTENSION_POINTS[name][0]
-        raise ConfigError(f"{INNER_ENV}{name.upper()}={path}: the recorder would call itself. Allowed: the function "
-                          f"or class {flag} named before the recorder was added. Fix: set that path")
+        raise ConfigError(
+            f"{INNER_ENV}{name.upper()}={path}: the recorder would call itself. Allowed: the function "
+            f"or class {flag} named before the recorder was added. Fix: set that path"
+        )
     try:
         return load_function(path)
     except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"{INNER_ENV}{name.upper()}={path}: cannot load it ({exc}). Allowed: an importable "
-                          "pkg.module.attr. Fix: correct the path or put its package on PYTHONPATH") from None
+        raise ConfigError(
+            f"{INNER_ENV}{name.upper()}={path}: cannot load it ({exc}). Allowed: an importable "
+            "pkg.module.attr. Fix: correct the path or put its package on PYTHONPATH"
+        ) from None

@@ -130,19 +130,25 @@ def read_process_file(path: Path, *, incomplete: bool) -> ProcessFile | None:
             if last:
                 truncated = True
                 continue
-            raise ConfigError(f"record {path}, line {n}: not JSON: {row[:80]!r}. Allowed: one JSON event per line as "
-                              "harness.record writes; only a last line cut short is tolerated. Fix: remove the "
-                              "line or pass the files as the run left them") from None
+            raise ConfigError(
+                f"record {path}, line {n}: not JSON: {row[:80]!r}. Allowed: one JSON event per line as "
+                "harness.record writes; only a last line cut short is tolerated. Fix: remove the "
+                "line or pass the files as the run left them"
+            ) from None
         if not isinstance(doc, dict) or "kind" not in doc or not {"mono", "wall"} <= set(doc):
-            raise ConfigError(f"record {path}, line {n}: {row[:80]!r} lacks kind/mono/wall. Allowed: "
-                              "harness.record's event lines. Fix: remove the line")
+            raise ConfigError(
+                f"record {path}, line {n}: {row[:80]!r} lacks kind/mono/wall. Allowed: "
+                "harness.record's event lines. Fix: remove the line"
+            )
         docs.append(doc)
     if not docs or docs[0]["kind"] != PROCESS:
         return None
     if truncated and not incomplete:
-        raise ConfigError(f"record {path}: the last line is cut short (the process was killed while writing it). "
-                          "Allowed with --incomplete, which drops that line and checks what holds on a prefix. "
-                          f"Fix: miles-harness check-trace --merge {path.parent} --incomplete")
+        raise ConfigError(
+            f"record {path}: the last line is cut short (the process was killed while writing it). "
+            "Allowed with --incomplete, which drops that line and checks what holds on a prefix. "
+            f"Fix: miles-harness check-trace --merge {path.parent} --incomplete"
+        )
     pf = ProcessFile(path, docs[0], docs[1:], truncated)
     pf.offset = statistics.median(d["wall"] - d["mono"] for d in docs)
     return pf
@@ -150,8 +156,10 @@ def read_process_file(path: Path, *, incomplete: bool) -> ProcessFile | None:
 
 def read_dir(directory: Path, *, incomplete: bool) -> list[ProcessFile]:
     if not directory.is_dir():
-        raise ConfigError(f"--merge {directory}: not a directory. Allowed: the directory MILES_HARNESS_RECORD_DIR "
-                          "named in the run. Fix: pass that directory")
+        raise ConfigError(
+            f"--merge {directory}: not a directory. Allowed: the directory MILES_HARNESS_RECORD_DIR "
+            "named in the run. Fix: pass that directory"
+        )
     out = []
     for path in sorted(directory.glob("*.jsonl")):
         if path.name == MERGED_NAME:
@@ -160,9 +168,11 @@ def read_dir(directory: Path, *, incomplete: bool) -> list[ProcessFile]:
         if pf is not None:
             out.append(pf)
     if not out:
-        raise ConfigError(f"--merge {directory}: no process files (*.jsonl starting with a process line). Allowed: "
-                          "the files harness.record writes. Fix: check that MILES_HARNESS_RECORD_DIR pointed here "
-                          "and that the recorder flags were on the Miles command line")
+        raise ConfigError(
+            f"--merge {directory}: no process files (*.jsonl starting with a process line). Allowed: "
+            "the files harness.record writes. Fix: check that MILES_HARNESS_RECORD_DIR pointed here "
+            "and that the recorder flags were on the Miles command line"
+        )
     return out
 
 
@@ -194,9 +204,13 @@ def _requests(server: ProcessFile, number: int) -> list[dict[str, Any]]:
 def _fits(call: dict[str, Any], req: dict[str, Any]) -> bool:
     """Same tokens added, status and reported version; the request inside the call's window."""
     d = req["done"]
-    return (call["added_tokens"] == d["response_length"] and call["status"] == str(d["status"]).lower()
-            and call["added_versions"] == [str(v) for v in d["weight_versions"]]
-            and call["t0"] <= req["t_sub"] + JOIN_SLACK_S and call["t1"] >= req["t"] - JOIN_SLACK_S)
+    return (
+        call["added_tokens"] == d["response_length"]
+        and call["status"] == str(d["status"]).lower()
+        and call["added_versions"] == [str(v) for v in d["weight_versions"]]
+        and call["t0"] <= req["t_sub"] + JOIN_SLACK_S
+        and call["t1"] >= req["t"] - JOIN_SLACK_S
+    )
 
 
 def _nearest(found: list[dict[str, Any]], t: float) -> dict[str, Any]:
@@ -205,8 +219,9 @@ def _nearest(found: list[dict[str, Any]], t: float) -> dict[str, Any]:
     return min(found, key=lambda c: (c["t1"] < t, abs(c["t1"] - t)))
 
 
-def _join(servers: list[ProcessFile], calls: list[dict[str, Any]], stats: dict[str, int]
-          ) -> list[dict[int, dict[str, Any]]]:
+def _join(
+    servers: list[ProcessFile], calls: list[dict[str, Any]], stats: dict[str, int]
+) -> list[dict[int, dict[str, Any]]]:
     """Per server, request index -> the ``generate_call`` it answered. Exact first: the
     request's ``tokens_digest`` (prompt and output ids) equals the call's (the sample's
     tokens after it); several calls with the same digest (samples of one prompt with the
@@ -241,8 +256,9 @@ def _join(servers: list[ProcessFile], calls: list[dict[str, Any]], stats: dict[s
         stats["exact"] += 1
     for req in rest:
         digest = req["done"].get("tokens_digest")
-        found = [c for c in calls if not c["matched"] and _fits(c, req)
-                 and not (digest and c.get("tokens_digest"))]  # two digests that differ: not this call
+        found = [
+            c for c in calls if not c["matched"] and _fits(c, req) and not (digest and c.get("tokens_digest"))
+        ]  # two digests that differ: not this call
         if not found:
             stats["server_requests_unjoined"] += 1
             continue
@@ -251,8 +267,9 @@ def _join(servers: list[ProcessFile], calls: list[dict[str, Any]], stats: dict[s
     return mappings
 
 
-def _server_events(server: ProcessFile, number: int, multi: bool, mapping: dict[int, dict[str, Any]]
-                   ) -> list[tuple[float, int, str, dict[str, Any]]]:
+def _server_events(
+    server: ProcessFile, number: int, multi: bool, mapping: dict[int, dict[str, Any]]
+) -> list[tuple[float, int, str, dict[str, Any]]]:
     out = []
     for n, d in enumerate(server.lines):
         kind = d["kind"]
@@ -315,9 +332,21 @@ def _framework_events(pf: ProcessFile) -> list[tuple[float, int, str, dict[str, 
                 sub["engine"] = d["_engine"]
             if d.get("_joined"):
                 continue  # the server's events of this request stand for it
-            out.append((t, n, ev.FINISHED, {"index": d["index"], "group_index": d["group_index"],
-                                            "status": d["status"], "response_length": d["response_length"],
-                                            "token_versions": [], "weight_versions": d["weight_versions"]}))
+            out.append(
+                (
+                    t,
+                    n,
+                    ev.FINISHED,
+                    {
+                        "index": d["index"],
+                        "group_index": d["group_index"],
+                        "status": d["status"],
+                        "response_length": d["response_length"],
+                        "token_versions": [],
+                        "weight_versions": d["weight_versions"],
+                    },
+                )
+            )
             continue
         if kind in _FRAMEWORK_SKIP or kind not in ev.EVENT_FIELDS:
             continue
@@ -342,16 +371,31 @@ def merge_dir(directory: str | Path, *, incomplete: bool = False) -> Merged:
         rows = []
         saved: dict[int, Any] = {}  # model checkpoint rollout -> the version its weights were served as
         for number, life_files in enumerate(lives):
-            rows += _life_rows(number, _merge_life(life_files, stats), last=number == len(lives) - 1,
-                               files=life_files, saved=saved)
+            rows += _life_rows(
+                number, _merge_life(life_files, stats), last=number == len(lives) - 1, files=life_files, saved=saved
+            )
     t_first = rows[0][0] if rows else 0.0
     events = [Event(seq, t - t_first, kind, fields) for seq, (t, kind, fields) in enumerate(rows)]
     life_of = {id(pf): n for n, life in enumerate(lives) for pf in life} if len(lives) > 1 else {}
-    procs = [{"file": pf.path.name, "role": pf.role, "pid": pf.header.get("pid"), "host": pf.header.get("host"),
-              "events": len(pf.lines), "truncated": pf.truncated,
-              **({"life": life_of[id(pf)]} if life_of else {})} for pf in files]
-    return Merged(events=events, processes=procs, truncated=[pf.path.name for pf in files if pf.truncated],
-                  join=stats, bytes_total=sum(pf.path.stat().st_size for pf in files))
+    procs = [
+        {
+            "file": pf.path.name,
+            "role": pf.role,
+            "pid": pf.header.get("pid"),
+            "host": pf.header.get("host"),
+            "events": len(pf.lines),
+            "truncated": pf.truncated,
+            **({"life": life_of[id(pf)]} if life_of else {}),
+        }
+        for pf in files
+    ]
+    return Merged(
+        events=events,
+        processes=procs,
+        truncated=[pf.path.name for pf in files if pf.truncated],
+        join=stats,
+        bytes_total=sum(pf.path.stat().st_size for pf in files),
+    )
 
 
 def _span(pf: ProcessFile) -> tuple[float, float]:
@@ -380,8 +424,14 @@ def split_lives(files: list[ProcessFile]) -> list[list[ProcessFile]]:
     return lives
 
 
-def _life_rows(number: int, rows: list[tuple[float, str, dict[str, Any]]], *, last: bool,
-               files: list[ProcessFile], saved: dict[int, Any]) -> list[tuple[float, str, dict[str, Any]]]:
+def _life_rows(
+    number: int,
+    rows: list[tuple[float, str, dict[str, Any]]],
+    *,
+    last: bool,
+    files: list[ProcessFile],
+    saved: dict[int, Any],
+) -> list[tuple[float, str, dict[str, Any]]]:
     """One life's events with ``life``, opened by ``life_start`` (``start_rollout_id``: the
     loaded model checkpoint's rollout + 1, as Megatron resumes, else 0; ``loaded_version``:
     the version an earlier life recorded for that checkpoint's weights when it saved them
@@ -392,16 +442,22 @@ def _life_rows(number: int, rows: list[tuple[float, str, dict[str, Any]]], *, la
     loaded = next((f["rollout_id"] for _, k, f in rows if k == ev.CHECKPOINT_LOADED and f["part"] == "model"), None)
     t0 = rows[0][0] if rows else 0.0
     t1 = rows[-1][0] if rows else 0.0
-    start = {"life": number, "start_rollout_id": 0 if loaded is None else loaded + 1,
-             "loaded_version": saved.get(loaded) if loaded is not None else None}
+    start = {
+        "life": number,
+        "start_rollout_id": 0 if loaded is None else loaded + 1,
+        "loaded_version": saved.get(loaded) if loaded is not None else None,
+    }
     for _, k, f in rows:
         if k == ev.CHECKPOINT_SAVED and f["part"] == "model" and f.get("version") is not None:
             saved[f["rollout_id"]] = f["version"]
     cut = any(pf.truncated for pf in files)
     how = "completed" if last and not cut else "crash"
     at = "" if how == "completed" else ("process killed mid-line" if cut else "the process's record ends")
-    return [(t0, ev.LIFE_START, start), *((t, k, {**f, "life": number}) for t, k, f in rows),
-            (t1, ev.LIFE_END, {"life": number, "how": how, "at": at})]
+    return [
+        (t0, ev.LIFE_START, start),
+        *((t, k, {**f, "life": number}) for t, k, f in rows),
+        (t1, ev.LIFE_END, {"life": number, "how": how, "at": at}),
+    ]
 
 
 def _merge_life(files: list[ProcessFile], stats: dict[str, int]) -> list[tuple[float, str, dict[str, Any]]]:
@@ -456,8 +512,11 @@ def verdict(merged: Merged, config: Any, *, complete: bool) -> dict[str, Any]:
     skipped: dict[str, dict[str, list[Any]]] = {}  # with lives: checker -> the lives it could not run on, why
     lives = _by_life(merged.events) if any(e.kind == ev.LIFE_START for e in merged.events) else [merged.events]
     for check in applicable(config, complete=complete, events=merged.events):
-        parts = [(0, merged.events)] if len(lives) == 1 or check.applies_to_trace is not None else \
-            [(n, evs) for n, evs in enumerate(lives) if n == len(lives) - 1 or not check.needs_complete_run]
+        parts = (
+            [(0, merged.events)]
+            if len(lives) == 1 or check.applies_to_trace is not None
+            else [(n, evs) for n, evs in enumerate(lives) if n == len(lives) - 1 or not check.needs_complete_run]
+        )
         found: list[Any] = []
         done = 0
         for n, evs in parts:
@@ -474,8 +533,13 @@ def verdict(merged: Merged, config: Any, *, complete: bool) -> dict[str, Any]:
             ran[check.name] = found
             lacking.pop(check.name, None)
     off = [name for name in ALL_CHECKS if name not in ran and name not in lacking]
-    out = {"ran": {k: len(v) for k, v in ran.items()}, "violations": ran, "lacking": lacking,
-           "not_for_config": off, "passed": not any(ran.values())}
+    out = {
+        "ran": {k: len(v) for k, v in ran.items()},
+        "violations": ran,
+        "lacking": lacking,
+        "not_for_config": off,
+        "passed": not any(ran.values()),
+    }
     if len(lives) > 1:
         out["lives"] = len(lives)
         out["not_run_on_lives"] = {k: v for k, v in skipped.items() if k in ran}

@@ -25,21 +25,29 @@ from harness.serve.upstream_e2e import STANDARD_RUNS, E2EConfig
 ONE_STEP, FA_RETRACT, FA_IN_PLACE = STANDARD_RUNS
 # without over-sampling each get_samples call takes B groups, so a scheduler that admits
 # one group over the budget makes a second call at once (with 6 > B it never has room)
-ONE_STEP_NO_OVERSAMPLING = E2EConfig(**{**asdict(ONE_STEP), "name": "one-step-retract-disk-no-oversampling",
-                                        "over_sampling_batch_size": None})
+ONE_STEP_NO_OVERSAMPLING = E2EConfig(
+    **{**asdict(ONE_STEP), "name": "one-step-retract-disk-no-oversampling", "over_sampling_batch_size": None}
+)
 # 4 groups in flight instead of 2: groups reach the buffer while a drain is away (training,
 # updating), so it holds stale groups and fills to its capacity
-FA_WIDE = E2EConfig(**{**asdict(FA_RETRACT), "name": "fully-async-retract-tensor-16-in-flight",
-                       "max_concurrent_samples": 16})
+FA_WIDE = E2EConfig(
+    **{**asdict(FA_RETRACT), "name": "fully-async-retract-tensor-16-in-flight", "max_concurrent_samples": 16}
+)
 # and every request runs to max_new_tokens: groups submitted together finish in the same
 # decode step, so the buffer holds several at a get (an order bug has a choice to get wrong)
-FA_LOCKSTEP = E2EConfig(**{**asdict(FA_WIDE), "name": "fully-async-retract-tensor-16-in-flight-no-eos",
-                           "stop_at_eos": False})
+FA_LOCKSTEP = E2EConfig(
+    **{**asdict(FA_WIDE), "name": "fully-async-retract-tensor-16-in-flight-no-eos", "stop_at_eos": False}
+)
 # and each training step lasts 0.5 s more, longer than a group's generation: while the drain
 # is away, every group in flight finishes and is put, so the buffer meets its capacity at
 # each step, not only when two groups happen to finish in the same decode step
-FA_SLOW_TRAINER = E2EConfig(**{**asdict(FA_LOCKSTEP), "name": "fully-async-retract-tensor-16-in-flight-no-eos-"
-                                                               "slow-trainer", "train_extra_s": 0.5})
+FA_SLOW_TRAINER = E2EConfig(
+    **{
+        **asdict(FA_LOCKSTEP),
+        "name": "fully-async-retract-tensor-16-in-flight-no-eos-slow-trainer",
+        "train_extra_s": 0.5,
+    }
+)
 SMALL_BUFFER = {"async_data_buffer_capacity_factor": 0.25}  # C = 1 group: put waits at capacity
 STRICT = {"max_weight_staleness": 0}  # every group that spans an update is stale: the handler runs
 
@@ -57,8 +65,8 @@ REAL_TIME_CASES: dict[str, tuple[E2EConfig, dict[str, Any]]] = {
 }
 NOT_IN_REAL_TIME: dict[str, str] = {
     "drain_drops_version": "the staleness filter is off, but in these runs no group gets older than the age bound "
-                           "(s + 1 = 2 versions) before it is trained, so nothing it should have stopped is trained "
-                           "(measured: 0 violations in the fully-async retract run with the bug)",
+    "(s + 1 = 2 versions) before it is trained, so nothing it should have stopped is trained "
+    "(measured: 0 violations in the fully-async retract run with the bug)",
     "partly_aborted_group_stored": "fully async never aborts (upstream refuses --pause-generation-mode abort there)",
     "aborted_group_lost_in_worker": "fully async never aborts (upstream refuses --pause-generation-mode abort there)",
     "recycled_newest_first": "needs two groups recycled at once; these runs recycle at most one at a time",
@@ -96,11 +104,18 @@ def run_case(name: str, *, steps: int = 3, miles_src: str | None = None, work: P
     with applied(mutant):
         res = run_recorded(cfg, directory, miles_src=miles_src, extra_flags=extra)
     failed = sorted(k for k, v in res.verdict["violations"].items() if v)
-    return {"bug": name, "run": base.name, "extra_flags": extra, "error": res.e2e.error,
-            "steps_trained": res.e2e.steps_trained, "checkers_failed": failed,
-            "expected": sorted(mutant.expected - {"differential"}),
-            "caught": bool(failed), "caught_as_expected": bool(set(failed) & mutant.expected),
-            "lacking": res.verdict["lacking"]}
+    return {
+        "bug": name,
+        "run": base.name,
+        "extra_flags": extra,
+        "error": res.e2e.error,
+        "steps_trained": res.e2e.steps_trained,
+        "checkers_failed": failed,
+        "expected": sorted(mutant.expected - {"differential"}),
+        "caught": bool(failed),
+        "caught_as_expected": bool(set(failed) & mutant.expected),
+        "lacking": res.verdict["lacking"],
+    }
 
 
 def run_clean(base: E2EConfig, *, steps: int, miles_src: str | None = None) -> dict[str, Any]:
@@ -110,11 +125,19 @@ def run_clean(base: E2EConfig, *, steps: int, miles_src: str | None = None) -> d
     res = run_recorded(E2EConfig(**{**asdict(base), "steps": steps}), directory, miles_src=miles_src)
     v = res.verdict
     trained = sum(e.fields.get("samples", 0) for e in res.merged.events if e.kind == "trained")
-    return {"run": base.name, "error": res.e2e.error, "steps_trained": res.e2e.steps_trained,
-            "checkers": {k: len(x) for k, x in v["violations"].items()}, "lacking": v["lacking"],
-            "not_for_config": v["not_for_config"], "join": res.merged.join, "events": len(res.merged.events),
-            "processes": [p["role"] for p in res.merged.processes], "record_bytes": res.merged.bytes_total,
-            "samples_trained": trained}
+    return {
+        "run": base.name,
+        "error": res.e2e.error,
+        "steps_trained": res.e2e.steps_trained,
+        "checkers": {k: len(x) for k, x in v["violations"].items()},
+        "lacking": v["lacking"],
+        "not_for_config": v["not_for_config"],
+        "join": res.merged.join,
+        "events": len(res.merged.events),
+        "processes": [p["role"] for p in res.merged.processes],
+        "record_bytes": res.merged.bytes_total,
+        "samples_trained": trained,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -129,8 +152,9 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     clean = [] if ns.only else [run_clean(b, steps=ns.steps, miles_src=ns.miles_src) for b in STANDARD_RUNS]
     for c in clean:
-        print(f"clean {c['run']}: failed={[k for k, n in c['checkers'].items() if n]} lacking={c['lacking']}",
-              flush=True)
+        print(
+            f"clean {c['run']}: failed={[k for k, n in c['checkers'].items() if n]} lacking={c['lacking']}", flush=True
+        )
     bugs = []
     for name in ns.only or REAL_TIME_CASES:
         row = run_case(name, steps=ns.steps, miles_src=ns.miles_src)
@@ -140,9 +164,14 @@ def main(argv: list[str] | None = None) -> int:
         from harness.results.schema import git_info, machine_info
 
         given = argv if argv is not None else sys.argv[1:]
-        doc = {"command": "python -m harness.record.mutant_runs " + " ".join(given),
-               "git": git_info(), "machine": machine_info(), "clean_runs": clean, "bugs": bugs,
-               "not_in_real_time": NOT_IN_REAL_TIME}
+        doc = {
+            "command": "python -m harness.record.mutant_runs " + " ".join(given),
+            "git": git_info(),
+            "machine": machine_info(),
+            "clean_runs": clean,
+            "bugs": bugs,
+            "not_in_real_time": NOT_IN_REAL_TIME,
+        }
         Path(ns.out).parent.mkdir(parents=True, exist_ok=True)
         Path(ns.out).write_text(json.dumps(doc, indent=1, default=str) + "\n")
     return 0 if all(r["caught"] for r in bugs) and all(not any(c["checkers"].values()) for c in clean) else 1

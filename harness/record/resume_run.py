@@ -67,12 +67,14 @@ class ResumableRun(served_run._RecordedRun):
 
         args = getattr(self.rollout_fn, "args", None) or self.rollout_fn.state.args
         vars(args).update(recorder_flags(fully_async=bool(args.fully_async)), **self.extra_flags)
-        vars(args).update(save=str(self.ckpt), load=str(self.ckpt), save_interval=self.save_interval,
-                          start_rollout_id=None)
+        vars(args).update(
+            save=str(self.ckpt), load=str(self.ckpt), save_interval=self.save_interval, start_rollout_id=None
+        )
         self.args = args
         self.data_source = load_function(args.data_source_path)(args)
-        self.rollout_fn = load_rollout_function(RolloutFnConstructorInput(args=args, data_source=self.data_source),
-                                                args.rollout_function_path)
+        self.rollout_fn = load_rollout_function(
+            RolloutFnConstructorInput(args=args, data_source=self.data_source), args.rollout_function_path
+        )
         mod = self._driver_module()
         self._rebind(mod)
         return mod
@@ -107,12 +109,22 @@ class ResumableRun(served_run._RecordedRun):
         steps = trainer.optimizer_steps
         it = self.ckpt / f"iter_{rollout_id:07d}"
         it.mkdir(parents=True, exist_ok=True)
-        state = {"model": trainer.model.module.state_dict(), "optimizer": trainer.optimizer.state_dict(),
-                 "optimizer_step": steps, "version": self.weight_version}
+        state = {
+            "model": trainer.model.module.state_dict(),
+            "optimizer": trainer.optimizer.state_dict(),
+            "optimizer_step": steps,
+            "version": self.weight_version,
+        }
         await asyncio.to_thread(torch.save, state, it / "trainer.pt")
         (self.ckpt / TRACKER).write_text(str(rollout_id))
-        emit("checkpoint_saved", rollout_id=rollout_id, part="model", optimizer_step=steps, lr_step=steps,
-             version=self.weight_version)
+        emit(
+            "checkpoint_saved",
+            rollout_id=rollout_id,
+            part="model",
+            optimizer_step=steps,
+            lr_step=steps,
+            version=self.weight_version,
+        )
 
     def load_trainer(self, args: Any) -> int:
         """Where this life starts: 0 without a tracker (``--load`` then falls back to the
@@ -132,9 +144,25 @@ class ResumableRun(served_run._RecordedRun):
 
 
 def _life_argv(ns: argparse.Namespace) -> list[str]:
-    argv = [sys.executable, "-m", "harness.record.resume_run", "--record-dir", str(ns.record_dir), "--ckpt",
-            str(ns.ckpt), "--steps", str(ns.steps), "--save-interval", str(ns.save_interval), "--servers",
-            str(ns.servers), "--train-extra-s", str(ns.train_extra_s), "--seed", str(ns.seed)]
+    argv = [
+        sys.executable,
+        "-m",
+        "harness.record.resume_run",
+        "--record-dir",
+        str(ns.record_dir),
+        "--ckpt",
+        str(ns.ckpt),
+        "--steps",
+        str(ns.steps),
+        "--save-interval",
+        str(ns.save_interval),
+        "--servers",
+        str(ns.servers),
+        "--train-extra-s",
+        str(ns.train_extra_s),
+        "--seed",
+        str(ns.seed),
+    ]
     if ns.miles_src:
         argv += ["--miles-src", str(ns.miles_src)]
     if ns.fully_async:
@@ -187,10 +215,17 @@ def kill_and_resume(ns: argparse.Namespace, *, timeout_s: float = 480.0) -> dict
     if any(_cut(p) for p in record_dir.glob("*.jsonl")):  # life 0 killed mid-line: its last line is dropped
         cmd.append("--incomplete")
     check = subprocess.run(cmd, check=False, env=env, capture_output=True, text=True, timeout=300)
-    return {"killed": killed, "life0_returncode": life0.returncode, "life1_returncode": life1.returncode,
-            "life1": life1.stdout.strip().splitlines()[-1:] if life1.stdout else [], "life1_stderr": life1.stderr[-2000:],
-            "check_returncode": check.returncode, "check_output": check.stdout, "check_stderr": check.stderr[-2000:],
-            "wall_s": round(time.monotonic() - t0, 1)}
+    return {
+        "killed": killed,
+        "life0_returncode": life0.returncode,
+        "life1_returncode": life1.returncode,
+        "life1": life1.stdout.strip().splitlines()[-1:] if life1.stdout else [],
+        "life1_stderr": life1.stderr[-2000:],
+        "check_returncode": check.returncode,
+        "check_output": check.stdout,
+        "check_stderr": check.stderr[-2000:],
+        "wall_s": round(time.monotonic() - t0, 1),
+    }
 
 
 def _cut(path: Path) -> bool:
@@ -227,20 +262,31 @@ def _kill_and_resume_main(ns: argparse.Namespace, argv: list[str] | None) -> int
         merged = ns.record_dir / MERGED_NAME
         events = read_jsonl(merged) if merged.exists() else []
         report = resume_report(events)
-        summary = {**{k: v for k, v in out.items() if k not in ("check_output", "check_stderr", "life1_stderr")},
-                   "lives": sum(1 for e in events if e.kind == "life_start"),
-                   "life_starts": [{k: e.fields.get(k) for k in ("life", "start_rollout_id", "loaded_version")}
-                                   for e in events if e.kind == "life_start"],
-                   "verdicts": verdict_lines(out["check_output"]),
-                   "resume": report.to_dict() if report is not None else None}
+        summary = {
+            **{k: v for k, v in out.items() if k not in ("check_output", "check_stderr", "life1_stderr")},
+            "lives": sum(1 for e in events if e.kind == "life_start"),
+            "life_starts": [
+                {k: e.fields.get(k) for k in ("life", "start_rollout_id", "loaded_version")}
+                for e in events
+                if e.kind == "life_start"
+            ],
+            "verdicts": verdict_lines(out["check_output"]),
+            "resume": report.to_dict() if report is not None else None,
+        }
         print(json.dumps(summary, indent=1, default=str))
         if ns.out:
             from harness.results.schema import git_info, machine_info
 
             cmd = "python -m harness.record.resume_run " + " ".join(argv if argv is not None else sys.argv[1:])
             Path(ns.out).parent.mkdir(parents=True, exist_ok=True)
-            Path(ns.out).write_text(json.dumps({"command": cmd, "git": git_info(), "machine": machine_info(),
-                                                "run": summary}, indent=1, default=str) + "\n")
+            Path(ns.out).write_text(
+                json.dumps(
+                    {"command": cmd, "git": git_info(), "machine": machine_info(), "run": summary},
+                    indent=1,
+                    default=str,
+                )
+                + "\n"
+            )
         return 0 if out["killed"] and out["life1_returncode"] == 0 and out["check_returncode"] in (0, 1) else 1
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -248,10 +294,16 @@ def _kill_and_resume_main(ns: argparse.Namespace, argv: list[str] | None) -> int
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m harness.record.resume_run", description=__doc__.split("\n")[0])
-    p.add_argument("--record-dir", default=None,
-                   help="MILES_HARNESS_RECORD_DIR: the same for every life (--kill-and-resume: a temporary one by default)")
-    p.add_argument("--ckpt", default=None,
-                   help="--save and --load: the same for every life (--kill-and-resume: a temporary one by default)")
+    p.add_argument(
+        "--record-dir",
+        default=None,
+        help="MILES_HARNESS_RECORD_DIR: the same for every life (--kill-and-resume: a temporary one by default)",
+    )
+    p.add_argument(
+        "--ckpt",
+        default=None,
+        help="--save and --load: the same for every life (--kill-and-resume: a temporary one by default)",
+    )
     p.add_argument("--out", default=None, help="--kill-and-resume: write the run's summary as JSON here")
     p.add_argument("--miles-src", default=None)
     p.add_argument("--steps", type=int, default=6, help="--num-rollout")
@@ -260,9 +312,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--servers", type=int, default=1)
     p.add_argument("--train-extra-s", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--kill-and-resume", action="store_true",
-                   help="run life 0 in a child, SIGKILL it after --kill-after's checkpoint and one more trained "
-                        "rollout, run life 1 (the same command) and check-trace --merge the record directory")
+    p.add_argument(
+        "--kill-and-resume",
+        action="store_true",
+        help="run life 0 in a child, SIGKILL it after --kill-after's checkpoint and one more trained "
+        "rollout, run life 1 (the same command) and check-trace --merge the record directory",
+    )
     p.add_argument("--kill-after", type=int, default=1, help="the checkpoint (rollout id) life 0 is killed after")
     ns = p.parse_args(argv)
     if ns.kill_and_resume:
@@ -273,9 +328,17 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(1)
     cfg = upstream_e2e.E2EConfig(
-        name="kill-and-resume", fully_async=ns.fully_async, pause_mode="retract", transfer="tensor",
-        servers=ns.servers, steps=ns.steps, seed=ns.seed, train_extra_s=ns.train_extra_s,
-        max_weight_staleness=1 if ns.fully_async else None, max_concurrent_samples=8 if ns.fully_async else None)
+        name="kill-and-resume",
+        fully_async=ns.fully_async,
+        pause_mode="retract",
+        transfer="tensor",
+        servers=ns.servers,
+        steps=ns.steps,
+        seed=ns.seed,
+        train_extra_s=ns.train_extra_s,
+        max_weight_staleness=1 if ns.fully_async else None,
+        max_concurrent_samples=8 if ns.fully_async else None,
+    )
     ckpt = Path(ns.ckpt)
     ckpt.mkdir(parents=True, exist_ok=True)
 
@@ -284,8 +347,13 @@ def main(argv: list[str] | None = None) -> int:
 
     Run.ckpt, Run.save_interval = ckpt, ns.save_interval
     res = served_run.run_recorded(cfg, ns.record_dir, miles_src=ns.miles_src, run_class=Run, incomplete=True)
-    out = {"steps_trained": res.e2e.steps_trained, "error": res.e2e.error, "verdict": res.verdict["ran"],
-           "lacking": sorted(res.verdict["lacking"]), "lives": sum(1 for e in res.merged.events if e.kind == "life_start")}
+    out = {
+        "steps_trained": res.e2e.steps_trained,
+        "error": res.e2e.error,
+        "verdict": res.verdict["ran"],
+        "lacking": sorted(res.verdict["lacking"]),
+        "lives": sum(1 for e in res.merged.events if e.kind == "life_start"),
+    }
     print(json.dumps(out))
     return 0 if res.e2e.error is None else 1
 

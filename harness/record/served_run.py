@@ -40,12 +40,18 @@ def async_config(cfg: upstream_e2e.E2EConfig) -> Any:
     """The run's config as the checkers read it (the fields ``upstream_e2e`` sets)."""
     from miles_async_core.config import AsyncConfig
 
-    return AsyncConfig(rollout_batch_size=cfg.rollout_batch_size, n_samples_per_prompt=cfg.n_samples_per_prompt,
-                       fully_async=cfg.fully_async, pause_generation_mode=cfg.pause_mode, num_rollout=cfg.steps,
-                       max_weight_staleness=cfg.max_weight_staleness, seed=cfg.seed,
-                       async_unused_samples_handler=cfg.unused_samples_handler,
-                       over_sampling_batch_size=cfg.over_sampling_batch_size,
-                       async_max_concurrent_samples=cfg.max_concurrent_samples)
+    return AsyncConfig(
+        rollout_batch_size=cfg.rollout_batch_size,
+        n_samples_per_prompt=cfg.n_samples_per_prompt,
+        fully_async=cfg.fully_async,
+        pause_generation_mode=cfg.pause_mode,
+        num_rollout=cfg.steps,
+        max_weight_staleness=cfg.max_weight_staleness,
+        seed=cfg.seed,
+        async_unused_samples_handler=cfg.unused_samples_handler,
+        over_sampling_batch_size=cfg.over_sampling_batch_size,
+        async_max_concurrent_samples=cfg.max_concurrent_samples,
+    )
 
 
 class _RecordedRun(upstream_e2e._Run):
@@ -63,8 +69,9 @@ class _RecordedRun(upstream_e2e._Run):
         vars(args).update(flags, **self.extra_flags)
         self.args = args
         data_source = load_function(args.data_source_path)(args)
-        self.rollout_fn = load_rollout_function(RolloutFnConstructorInput(args=args, data_source=data_source),
-                                                args.rollout_function_path)
+        self.rollout_fn = load_rollout_function(
+            RolloutFnConstructorInput(args=args, data_source=data_source), args.rollout_function_path
+        )
         return self._driver_module()
 
     def _driver_module(self) -> Any:
@@ -86,8 +93,12 @@ class _RecordedRun(upstream_e2e._Run):
             raise ImportError(f"{path}: not importable as a module")
         mod = importlib.util.module_from_spec(spec)
         exec(compile(text, str(path), "exec", dont_inherit=True), mod.__dict__)
-        return rebind_ray_names(mod, generate=lambda *a, **k: asyncio.ensure_future(self.generate(*a, **k)),
-                                update_weights=self.update_weights, train=self.train)
+        return rebind_ray_names(
+            mod,
+            generate=lambda *a, **k: asyncio.ensure_future(self.generate(*a, **k)),
+            update_weights=self.update_weights,
+            train=self.train,
+        )
 
     async def generate(self, rollout_id: int) -> dict[str, Any]:
         import asyncio
@@ -100,14 +111,19 @@ class _RecordedRun(upstream_e2e._Run):
 
         t0 = time.time()
         version = self.manager_version
-        out = await asyncio.to_thread(call_rollout_function, self.rollout_fn,
-                                      RolloutFnTrainInput(rollout_id=rollout_id, weight_version=version))
+        out = await asyncio.to_thread(
+            call_rollout_function, self.rollout_fn, RolloutFnTrainInput(rollout_id=rollout_id, weight_version=version)
+        )
         args = self.args
         log_rollout_data(rollout_id, args, out.samples, out.metrics, time.time() - t0)
         flat = [s for g in out.samples for s in (g if isinstance(g, list) else [g])]
-        convert_samples_to_train_data(args, flat, metadata={}, custom_reward_post_process_func=None,
-                                      custom_convert_samples_to_train_data_func=load_function(
-                                          args.custom_convert_samples_to_train_data_path))
+        convert_samples_to_train_data(
+            args,
+            flat,
+            metadata={},
+            custom_reward_post_process_func=None,
+            custom_convert_samples_to_train_data_func=load_function(args.custom_convert_samples_to_train_data_path),
+        )
         groups = [[upstream_e2e._core_sample(s) for s in g] for g in out.samples]
         for g in out.samples:
             for s in g:
@@ -129,9 +145,13 @@ def skip_default_logging(rollout_id: int, args: Any, samples: Any, metrics: Any,
 def copy_to_train_data(args: Any, samples: Any) -> dict:
     """A user's ``--custom-convert-samples-to-train-data-path``: tokens, response lengths,
     rollout log-probs and rewards, copied."""
-    return {"tokens": [list(s.tokens) for s in samples], "response_lengths": [s.response_length for s in samples],
-            "rollout_log_probs": [list(s.rollout_log_probs or []) for s in samples],
-            "rewards": [s.reward for s in samples], "sample_indices": [s.index for s in samples]}
+    return {
+        "tokens": [list(s.tokens) for s in samples],
+        "response_lengths": [s.response_length for s in samples],
+        "rollout_log_probs": [list(s.rollout_log_probs or []) for s in samples],
+        "rewards": [s.reward for s in samples],
+        "sample_indices": [s.index for s in samples],
+    }
 
 
 @dataclass
@@ -142,10 +162,17 @@ class RecordedResult:
     verdict: dict[str, Any] = field(default_factory=dict)
 
 
-def run_recorded(cfg: upstream_e2e.E2EConfig, record_dir: str | Path, *, miles_src: str | None = None,
-                 extra_flags: dict[str, Any] | None = None, inner: dict[str, str] | None = None,
-                 install_recorder: bool = True, run_class: type | None = None,
-                 incomplete: bool = False) -> RecordedResult:
+def run_recorded(
+    cfg: upstream_e2e.E2EConfig,
+    record_dir: str | Path,
+    *,
+    miles_src: str | None = None,
+    extra_flags: dict[str, Any] | None = None,
+    inner: dict[str, str] | None = None,
+    install_recorder: bool = True,
+    run_class: type | None = None,
+    incomplete: bool = False,
+) -> RecordedResult:
     """One recorded run; ``inner``: ``MILES_HARNESS_RECORD_INNER_<NAME>`` settings (the
     user's originals) for the run's duration; ``extra_flags``: more Miles ``args`` fields
     (e.g. ``async_data_buffer_capacity_factor``), set on the run and on the checkers' config.
@@ -171,8 +198,11 @@ def run_recorded(cfg: upstream_e2e.E2EConfig, record_dir: str | Path, *, miles_s
     # run's args do not carry: the run keeps a user log function of its own, one that skips it
     # (and the same for the default conversion: the served run's conversion copies tokens,
     # log-probs and rewards, as harness.serve.upstream_e2e does)
-    inner = {"log": "harness.record.served_run.skip_default_logging",
-             "convert": "harness.record.served_run.copy_to_train_data", **(inner or {})}
+    inner = {
+        "log": "harness.record.served_run.skip_default_logging",
+        "convert": "harness.record.served_run.copy_to_train_data",
+        **(inner or {}),
+    }
     env = {DIR_ENV: str(record_dir), **{f"MILES_HARNESS_RECORD_INNER_{k.upper()}": v for k, v in (inner or {}).items()}}
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
@@ -204,8 +234,7 @@ def run_recorded(cfg: upstream_e2e.E2EConfig, record_dir: str | Path, *, miles_s
     from harness.trace import write_jsonl
 
     write_jsonl(merged.events, record_dir / MERGED_NAME)
-    return RecordedResult(e2e=res, record_dir=record_dir, merged=merged,
-                          verdict=verdict(merged, config, complete=True))
+    return RecordedResult(e2e=res, record_dir=record_dir, merged=merged, verdict=verdict(merged, config, complete=True))
 
 
 def _path_flags(rest: list[str]) -> dict[str, str]:
@@ -216,9 +245,11 @@ def _path_flags(rest: list[str]) -> dict[str, str]:
     while i < len(rest):
         flag = rest[i]
         if not (flag.startswith("--") and flag.endswith("-path")) or i + 1 >= len(rest):
-            raise ConfigError(f"python -m harness.record.served_run: argument {flag!r} is not understood. Allowed: "
-                              "the flags of --help and Miles' extension flags --<name>-path VALUE (the recorder's, "
-                              "docs/record.md). Fix: drop it or give the flag its value")
+            raise ConfigError(
+                f"python -m harness.record.served_run: argument {flag!r} is not understood. Allowed: "
+                "the flags of --help and Miles' extension flags --<name>-path VALUE (the recorder's, "
+                "docs/record.md). Fix: drop it or give the flag its value"
+            )
         flags[flag[2:].replace("-", "_")] = rest[i + 1]
         i += 2
     return flags
@@ -246,20 +277,29 @@ def main(argv: list[str] | None = None) -> int:
         flags = _path_flags(rest)
         record_dir = os.environ.get(DIR_ENV)
         if not record_dir:
-            raise ConfigError(f"{DIR_ENV} is not set: the recorder writes nowhere. Allowed: a directory path. Fix: "
-                              f"{DIR_ENV}=DIR python -m harness.record.served_run ...")
-        cfg = upstream_e2e.E2EConfig(name="fully-async" if ns.fully_async else "one-step",
-                                     fully_async=ns.fully_async, servers=ns.servers, steps=ns.num_rollout,
-                                     rollout_batch_size=ns.rollout_batch_size,
-                                     n_samples_per_prompt=ns.n_samples_per_prompt,
-                                     max_new_tokens=ns.rollout_max_response_len, seed=ns.seed)
+            raise ConfigError(
+                f"{DIR_ENV} is not set: the recorder writes nowhere. Allowed: a directory path. Fix: "
+                f"{DIR_ENV}=DIR python -m harness.record.served_run ..."
+            )
+        cfg = upstream_e2e.E2EConfig(
+            name="fully-async" if ns.fully_async else "one-step",
+            fully_async=ns.fully_async,
+            servers=ns.servers,
+            steps=ns.num_rollout,
+            rollout_batch_size=ns.rollout_batch_size,
+            n_samples_per_prompt=ns.n_samples_per_prompt,
+            max_new_tokens=ns.rollout_max_response_len,
+            seed=ns.seed,
+        )
         res = run_recorded(cfg, record_dir, miles_src=ns.miles_src, extra_flags=flags, install_recorder=False)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     e2e = res.e2e
-    print(f"served Miles run ({cfg.name}): {e2e.steps_trained}/{cfg.steps} steps trained, error {e2e.error}; "
-          f"recorded into {record_dir}")
+    print(
+        f"served Miles run ({cfg.name}): {e2e.steps_trained}/{cfg.steps} steps trained, error {e2e.error}; "
+        f"recorded into {record_dir}"
+    )
     return 0 if e2e.error is None and e2e.steps_trained == cfg.steps else 1
 
 

@@ -122,15 +122,25 @@ async def generate(input: Any) -> Any:
         length0, versions0 = before.get(id(s), (0, 0))
         if s is not sample:
             emit(ev.TRAJECTORY_SAMPLE, index=s.index, group_index=s.group_index, trajectory=sample.index)
-        emit(GENERATE_CALL, index=s.index, group_index=s.group_index, start_mono=at[0], start_wall=at[1],
-             added_tokens=int(s.response_length or 0) - length0, response_length=int(s.response_length or 0),
-             status=_status(s), weight_versions=[str(v) for v in (s.weight_versions or [])],
-             added_versions=[str(v) for v in (s.weight_versions or [])[versions0:]],
-             evaluation=bool(input.evaluation), tokens_digest=tokens_digest(s.tokens) if s.tokens else None)
+        emit(
+            GENERATE_CALL,
+            index=s.index,
+            group_index=s.group_index,
+            start_mono=at[0],
+            start_wall=at[1],
+            added_tokens=int(s.response_length or 0) - length0,
+            response_length=int(s.response_length or 0),
+            status=_status(s),
+            weight_versions=[str(v) for v in (s.weight_versions or [])],
+            added_versions=[str(v) for v in (s.weight_versions or [])[versions0:]],
+            evaluation=bool(input.evaluation),
+            tokens_digest=tokens_digest(s.tokens) if s.tokens else None,
+        )
     return output
 
 
 # --------------------------------------------------------------------------- data source
+
 
 class RecordingDataSource:
     """``--data-source-path harness.record.RecordingDataSource``: ``taken`` for every group
@@ -163,8 +173,14 @@ class RecordingDataSource:
                 fresh += 1
             elif gi in self._sources:
                 source = dict(zip(("source_index", "epoch"), self._sources[gi]))
-            emit(ev.TAKEN, group_index=gi, indices=[s.index for s in g], recycled=id(g) in queued, call=self._calls,
-                 **source)
+            emit(
+                ev.TAKEN,
+                group_index=gi,
+                indices=[s.index for s in g],
+                recycled=id(g) in queued,
+                call=self._calls,
+                **source,
+            )
             with STATE.lock:
                 if STATE.taken is not None:
                     STATE.taken.append(gi)
@@ -210,8 +226,11 @@ class RecordingDataSource:
         exists (upstream logs a missing one and loads nothing, ``data_source.py:L146-L149``)."""
         args = self._args
         load_dir = getattr(args, "load", None)
-        found = bool(load_dir) and rollout_id is not None and os.path.exists(
-            os.path.join(str(load_dir), f"rollout/global_dataset_state_dict_{rollout_id}.pt"))
+        found = (
+            bool(load_dir)
+            and rollout_id is not None
+            and os.path.exists(os.path.join(str(load_dir), f"rollout/global_dataset_state_dict_{rollout_id}.pt"))
+        )
         out = self._inner.load(rollout_id)
         if rollout_id is not None and rollout_id >= 0:
             emit(ev.CHECKPOINT_LOADED, rollout_id=rollout_id, part="model", inferred=True)
@@ -221,6 +240,7 @@ class RecordingDataSource:
 
 
 # --------------------------------------------------------------------------- filter
+
 
 def dynamic_filter(args: Any, samples: Any, **kwargs: Any) -> Any:
     """``--dynamic-sampling-filter-path harness.record.dynamic_filter``: the inner filter's
@@ -244,6 +264,7 @@ def dynamic_filter(args: Any, samples: Any, **kwargs: Any) -> Any:
 
 
 # --------------------------------------------------------------------------- rollout function
+
 
 class RecordingRolloutFn:
     """``--rollout-function-path harness.record.RecordingRolloutFn`` (one-step and sync
@@ -290,6 +311,7 @@ class RecordingRolloutFn:
 
 
 # --------------------------------------------------------------------------- fully-async buffer
+
 
 def _recording_buffer_base() -> type:
     from miles.rollout.fully_async_data_buffer import DataBuffer
@@ -350,8 +372,12 @@ class _BufferImpl:
         handler = getattr(self._args, "async_unused_samples_handler", "drop")
         cause = "aborted" if self._aborting else "stale"
         if cause == "stale":
-            emit(ev.STALE_REJECTED, group_index=gi, staleness=self._staleness(prompt_group, self._get_version),
-                 current_version=self._get_version)
+            emit(
+                ev.STALE_REJECTED,
+                group_index=gi,
+                staleness=self._staleness(prompt_group, self._get_version),
+                current_version=self._get_version,
+            )
         emit(ev.HANDLER, group_index=gi, handler=handler, cause=cause)
         self._handle(prompt_group)
         if handler == "drop":
@@ -392,8 +418,13 @@ class _BufferImpl:
             emit(ev.DRAIN_START, rollout_id=None, current_version=version)
         self._get_version = version
         entry = await self._inner.get(**context)
-        emit(ev.GOT, group_index=entry.prompt_group[0].group_index, staleness=self._staleness(entry.group, version),
-             current_version=version, queue_size=self._queue())
+        emit(
+            ev.GOT,
+            group_index=entry.prompt_group[0].group_index,
+            staleness=self._staleness(entry.group, version),
+            current_version=version,
+            queue_size=self._queue(),
+        )
         return entry
 
     def get_metrics(self) -> dict[str, float]:
@@ -411,8 +442,8 @@ class _BufferImpl:
 
 # --------------------------------------------------------------------------- after the rollout
 
-def log_rollout_data(rollout_id: int, args: Any, samples: Any, rollout_extra_metrics: Any,
-                     rollout_time: float) -> bool:
+
+def log_rollout_data(rollout_id: int, args: Any, samples: Any, rollout_extra_metrics: Any, rollout_time: float) -> bool:
     """``--custom-rollout-log-function-path harness.record.log_rollout_data``: the batch
     the rollout returned for training (``trained``: its groups, with the version the
     rollout ran under) and, one-step, the rollout's metrics. Returns
@@ -426,8 +457,7 @@ def log_rollout_data(rollout_id: int, args: Any, samples: Any, rollout_extra_met
         version = STATE.version
     if not getattr(args, "fully_async", False):  # fully async: the buffer's get_metrics recorded them
         emit(ev.METRICS, rollout_id=rollout_id, metrics=dict(rollout_extra_metrics or {}))
-    emit(ev.TRAINED, rollout_id=rollout_id, group_indices=groups, trainer_version=version,
-         samples=len(_flat(samples)))
+    emit(ev.TRAINED, rollout_id=rollout_id, group_indices=groups, trainer_version=version, samples=len(_flat(samples)))
     inner = load_inner("log")
     return bool(inner(rollout_id, args, samples, rollout_extra_metrics, rollout_time)) if inner else False
 
@@ -444,13 +474,21 @@ def convert_samples_to_train_data(args: Any, samples: Any) -> dict:
         from miles.ray.rollout.train_data_conversion import convert_samples_to_train_data as upstream
         from miles.utils.misc import load_function
 
-        data = upstream(args, samples, metadata={}, custom_convert_samples_to_train_data_func=None,
-                        custom_reward_post_process_func=load_function(getattr(args, "custom_reward_post_process_path",
-                                                                              None)))
+        data = upstream(
+            args,
+            samples,
+            metadata={},
+            custom_convert_samples_to_train_data_func=None,
+            custom_reward_post_process_func=load_function(getattr(args, "custom_reward_post_process_path", None)),
+        )
     with STATE.lock:
         rollout_id = STATE.rollout_id
-    emit("train_data", rollout_id=rollout_id, samples=len(samples),
-         tokens=sum(len(t) for t in data.get("tokens", [])) if isinstance(data, dict) else None)
+    emit(
+        "train_data",
+        rollout_id=rollout_id,
+        samples=len(samples),
+        tokens=sum(len(t) for t in data.get("tokens", [])) if isinstance(data, dict) else None,
+    )
     return data
 
 

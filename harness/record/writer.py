@@ -57,8 +57,17 @@ class ProcessRecord:
         self.bytes += len(data)
 
     def _identity(self, mono: float, wall: float, argv: list[str]) -> None:
-        self._write({"kind": PROCESS, "pid": self.pid, "role": self.role, "host": socket.gethostname(),
-                     "argv": argv, "mono": mono, "wall": wall})
+        self._write(
+            {
+                "kind": PROCESS,
+                "pid": self.pid,
+                "role": self.role,
+                "host": socket.gethostname(),
+                "argv": argv,
+                "mono": mono,
+                "wall": wall,
+            }
+        )
 
     def emit(self, kind: str, /, **fields: Any) -> None:
         if self.broken:
@@ -116,8 +125,7 @@ def close_all() -> None:
         _RECORDS.clear()
 
 
-def write_foreign_trace(directory: str | os.PathLike, role: str, events: list[Any], *,
-                        mono_to_wall: float) -> Path:
+def write_foreign_trace(directory: str | os.PathLike, role: str, events: list[Any], *, mono_to_wall: float) -> Path:
     """Write a trace another component recorded on this machine's monotonic clock (the
     CPU server's ``TraceRecorder`` events: ``t`` = ``time.monotonic()``) as a process file
     of ``directory``; ``mono_to_wall`` is ``time.time() - time.monotonic()`` measured in

@@ -18,8 +18,17 @@ def chrome_trace(modes: dict[str, list[list[Any]]]) -> dict[str, Any]:
         for side, tid in SIDE_TID.items():
             events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": side}})
         for side, phase, t0, t1 in phases:
-            events.append({"name": phase, "cat": side, "ph": "X", "pid": pid, "tid": SIDE_TID.get(side, 3),
-                           "ts": round(t0 * 1e6, 3), "dur": round(max(0.0, t1 - t0) * 1e6, 3)})
+            events.append(
+                {
+                    "name": phase,
+                    "cat": side,
+                    "ph": "X",
+                    "pid": pid,
+                    "tid": SIDE_TID.get(side, 3),
+                    "ts": round(t0 * 1e6, 3),
+                    "dur": round(max(0.0, t1 - t0) * 1e6, 3),
+                }
+            )
     return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 

@@ -123,8 +123,9 @@ def lookup(doc: Any, key: str) -> Any:
 
 def _numbers(text: str) -> list[tuple[str, str]]:
     """(number, unit) pairs; unit is "", "%" or "GiB"."""
-    return [(m.group(1).replace(",", "").replace("\u2212", "-"), (m.group(2) or "").strip())
-            for m in NUMBER.finditer(text)]
+    return [
+        (m.group(1).replace(",", "").replace("\u2212", "-"), (m.group(2) or "").strip()) for m in NUMBER.finditer(text)
+    ]
 
 
 def _matches(printed: str, unit: str, value: float) -> bool:
@@ -165,8 +166,10 @@ def check_figure(fig: Figure, root: Path) -> list[str]:
                 problems.append(f"{fig.what!r}: the figure says {printed}{unit} for {key}, {fig.source} has {v}")
             i += 1
     if not problems and i < len(numbers):
-        problems.append(f"{fig.what!r}: the figure {fig.figure!r} has numbers no key accounts for: "
-                        + ", ".join(n + u for n, u in numbers[i:]))
+        problems.append(
+            f"{fig.what!r}: the figure {fig.figure!r} has numbers no key accounts for: "
+            + ", ".join(n + u for n, u in numbers[i:])
+        )
     return problems
 
 

@@ -123,15 +123,21 @@ class ModeRow:
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - names)
         if unknown:
-            raise ConfigError(f"{where}: unknown key {unknown[0]!r}; a mode row has: {', '.join(sorted(names))}. "
-                              "Fix: regenerate the file with miles-harness run")
+            raise ConfigError(
+                f"{where}: unknown key {unknown[0]!r}; a mode row has: {', '.join(sorted(names))}. "
+                "Fix: regenerate the file with miles-harness run"
+            )
         if "mode" not in data:
-            raise ConfigError(f"{where}: key 'mode' is missing; a mode row names its mode. "
-                              "Fix: regenerate the file with miles-harness run")
+            raise ConfigError(
+                f"{where}: key 'mode' is missing; a mode row names its mode. "
+                "Fix: regenerate the file with miles-harness run"
+            )
         for f in dataclasses.fields(cls):
             if f.name in data and not _fits(data[f.name], str(f.type)):
-                raise ConfigError(f"{where}.{f.name} is {data[f.name]!r}; expected {f.type}. "
-                                  "Fix: regenerate the file with miles-harness run")
+                raise ConfigError(
+                    f"{where}.{f.name} is {data[f.name]!r}; expected {f.type}. "
+                    "Fix: regenerate the file with miles-harness run"
+                )
         values = dict(data)
         for key in ("age_hist", "lag_hist"):  # JSON object keys are strings
             if key in values:
@@ -139,8 +145,14 @@ class ModeRow:
         return cls(**values)
 
 
-_JSON_TYPES: dict[str, tuple[type, ...]] = {"float": (int, float), "int": (int, float), "str": (str,), "bool": (bool,),
-                                           "dict": (dict,), "list": (list,)}
+_JSON_TYPES: dict[str, tuple[type, ...]] = {
+    "float": (int, float),
+    "int": (int, float),
+    "str": (str,),
+    "bool": (bool,),
+    "dict": (dict,),
+    "list": (list,),
+}
 
 
 def _fits(value: object, annotation: str) -> bool:
@@ -155,18 +167,44 @@ def _fits(value: object, annotation: str) -> bool:
     return any(isinstance(value, _JSON_TYPES[k]) for k in kinds if k in _JSON_TYPES)
 
 
-ALWAYS_WRITTEN = frozenset({"mode", "steps", "wall_s", "rollout_busy_s", "train_busy_s", "weight_sync_s",
-                            "train_waiting_s", "decode_busy_s", "both_busy_s", "both_busy_fraction",
-                            "rollout_idle_ratio", "train_idle_ratio", "wait_time_ratio", "run_s", "reward_start",
-                            "reward_end", "reward_window", "chance_level", "age_hist", "lag_hist", "dropped_share",
-                            "retried_share", "lr", "error", "worker_error"})
+ALWAYS_WRITTEN = frozenset(
+    {
+        "mode",
+        "steps",
+        "wall_s",
+        "rollout_busy_s",
+        "train_busy_s",
+        "weight_sync_s",
+        "train_waiting_s",
+        "decode_busy_s",
+        "both_busy_s",
+        "both_busy_fraction",
+        "rollout_idle_ratio",
+        "train_idle_ratio",
+        "wait_time_ratio",
+        "run_s",
+        "reward_start",
+        "reward_end",
+        "reward_window",
+        "chance_level",
+        "age_hist",
+        "lag_hist",
+        "dropped_share",
+        "retried_share",
+        "lr",
+        "error",
+        "worker_error",
+    }
+)
 
 
 def _extra(doc: dict[str, Any], source: str) -> dict[str, Any]:
     """The ``extra`` of a run document (one without a ``kind``, built by hand, is read as one)."""
     if doc.get("kind", "run") != "run":
-        raise ConfigError(f"results file {source}: kind {doc.get('kind')!r} has no mode table; expected a "
-                          "miles-harness run results file (kind 'run')")
+        raise ConfigError(
+            f"results file {source}: kind {doc.get('kind')!r} has no mode table; expected a "
+            "miles-harness run results file (kind 'run')"
+        )
     return doc.get("extra", {})
 
 
@@ -182,8 +220,10 @@ def table_of(doc: dict[str, Any], source: str = "<results>") -> dict[str, ModeRo
 
 def repeats_of(doc: dict[str, Any], source: str = "<results>") -> dict[str, list[ModeRow]]:
     """Each repeat's row of each mode (``extra.repeats``; the same in both layouts)."""
-    return {mode: [ModeRow.from_dict(r, f"results file {source}: extra.repeats.{mode}.{i}") for i, r in enumerate(rows)]
-            for mode, rows in _extra(doc, source).get("repeats", {}).items()}
+    return {
+        mode: [ModeRow.from_dict(r, f"results file {source}: extra.repeats.{mode}.{i}") for i, r in enumerate(rows)]
+        for mode, rows in _extra(doc, source).get("repeats", {}).items()
+    }
 
 
 def upgrade_layout(doc: dict[str, Any]) -> bool:
@@ -215,9 +255,11 @@ def upgrade_file(path: str | os.PathLike[str]) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m harness.results.mode_rows",
-                                description="rewrite run results files of the old layout (extra.table a list) "
-                                            "with the table keyed by mode name; values are not changed")
+    p = argparse.ArgumentParser(
+        prog="python -m harness.results.mode_rows",
+        description="rewrite run results files of the old layout (extra.table a list) "
+        "with the table keyed by mode name; values are not changed",
+    )
     p.add_argument("files", nargs="+", help="results.json files of miles-harness run")
     args = p.parse_args(argv)
     for f in args.files:

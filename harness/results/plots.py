@@ -131,7 +131,9 @@ def plot_sample_ages(res: Results, label: str, path: Path) -> Path:
     modes = _modes(res, "sample_ages", "extra.modes.*.sample_ages")
     ages: dict[str, list[int]] = {}
     for mode, values in modes.items():
-        if not isinstance(values, list) or not all(isinstance(a, int) and not isinstance(a, bool) and a >= 0 for a in values):
+        if not isinstance(values, list) or not all(
+            isinstance(a, int) and not isinstance(a, bool) and a >= 0 for a in values
+        ):
             raise Skip(f"extra.modes.{mode}.sample_ages is not a list of non-negative integers")
         if values:
             ages[mode] = values
@@ -168,8 +170,11 @@ def plot_mode_summary(res: Results, label: str, path: Path) -> Path:
         raise Skip("no extra.modes")
     panels = []
     for key, ylabel, scale in _SUMMARY:
-        vals = {m: _num(d[key], f"extra.modes.{m}.{key}") * scale
-                for m, d in modes.items() if isinstance(d, dict) and d.get(key) is not None}
+        vals = {
+            m: _num(d[key], f"extra.modes.{m}.{key}") * scale
+            for m, d in modes.items()
+            if isinstance(d, dict) and d.get(key) is not None
+        }
         if vals:
             panels.append((key, ylabel, vals))
     if not panels:
@@ -255,15 +260,20 @@ def plot_metric_history(results: list[tuple[str, Results]], path: Path) -> Path:
         raise Skip("no benchmarks")
     units = {r.benchmarks[n]["unit"] for _, r in runs for n in r.benchmarks}
     normalise = len(units) > 1
-    unit, factor = (None, 1.0) if normalise else _time_scale(
-        units.copy().pop(), [r.benchmarks[n]["stats"]["median"] for _, r in runs for n in r.benchmarks]
+    unit, factor = (
+        (None, 1.0)
+        if normalise
+        else _time_scale(
+            units.copy().pop(), [r.benchmarks[n]["stats"]["median"] for _, r in runs for n in r.benchmarks]
+        )
     )
     fig, ax = plt.subplots(figsize=(9, 4.5))
     drawn = 0
     for name in names:
         pts = [
             (datetime.fromisoformat(r.created_utc.replace("Z", "+00:00")), r.benchmarks[name]["stats"])
-            for _, r in runs if name in r.benchmarks
+            for _, r in runs
+            if name in r.benchmarks
         ]
         first = pts[0][1]["median"]
         scale = 1.0 / first if normalise and first else factor
@@ -273,9 +283,10 @@ def plot_metric_history(results: list[tuple[str, Results]], path: Path) -> Path:
         med = [p[1]["median"] * scale for p in pts]
         higher = next(r.benchmarks[name]["higher_is_better"] for _, r in reversed(runs) if name in r.benchmarks)
         better = "higher is better" if higher else "lower is better"
-        line, = ax.plot(t, med, marker="o", label=f"{name} ({better})")
-        ax.fill_between(t, [p[1]["q1"] * scale for p in pts], [p[1]["q3"] * scale for p in pts],
-                        color=line.get_color(), alpha=0.15)
+        (line,) = ax.plot(t, med, marker="o", label=f"{name} ({better})")
+        ax.fill_between(
+            t, [p[1]["q1"] * scale for p in pts], [p[1]["q3"] * scale for p in pts], color=line.get_color(), alpha=0.15
+        )
         drawn += 1
     if not drawn:
         raise Skip("no benchmark with a non-zero first median")

@@ -162,7 +162,9 @@ def check_settings(warmup_steps: int, blocks: int) -> None:
     if not (isinstance(warmup_steps, int) and warmup_steps >= 0):
         raise ConfigError(f"--warmup-steps {warmup_steps}: must be an integer >= 0 (0 keeps every step), e.g. 1.")
     if not (isinstance(blocks, int) and blocks >= 2):
-        raise ConfigError(f"--blocks {blocks}: must be an integer >= 2 (the block means are the test's samples), e.g. 5.")
+        raise ConfigError(
+            f"--blocks {blocks}: must be an integer >= 2 (the block means are the test's samples), e.g. 5."
+        )
 
 
 def after_warmup(samples: Sequence[float], warmup_steps: int) -> list[float]:
@@ -178,8 +180,9 @@ def _warmup_text(warmup_steps: int, *, each: bool = False) -> str:
     return f"first {_plural(warmup_steps, 'step')}{' of each run' if each else ''} dropped as warm-up"
 
 
-def block_means(samples: Sequence[float], *, warmup_steps: int = WARMUP_STEPS,
-                blocks: int = BLOCKS) -> tuple[list[float], str]:
+def block_means(
+    samples: Sequence[float], *, warmup_steps: int = WARMUP_STEPS, blocks: int = BLOCKS
+) -> tuple[list[float], str]:
     """Means of up to ``blocks`` contiguous blocks of the samples after the warm-up steps,
     and what they are (``"5 block means of 6 steps each, first 1 step dropped as warm-up"``).
     Block lengths differ by at most one step (the earlier blocks are the longer ones)."""
@@ -285,7 +288,8 @@ def definition_diff(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
     ia, ib = _identity(a), _identity(b)
     missing = object()
     return sorted(
-        k for k in set(ia) | set(ib)
+        k
+        for k in set(ia) | set(ib)
         if json.dumps(ia.get(k, missing), sort_keys=True, default=str)
         != json.dumps(ib.get(k, missing), sort_keys=True, default=str)
     )
@@ -309,8 +313,15 @@ def _units(b: dict[str, Any], warmup_steps: int, blocks: int) -> tuple[list[floa
     return values, what, float(np.median(after_warmup(samples, warmup_steps)))
 
 
-def _compare_one(name: str, b: dict[str, Any], n: dict[str, Any], thr: Threshold | None, alpha: float,
-                 warmup_steps: int = WARMUP_STEPS, blocks: int = BLOCKS) -> Row:
+def _compare_one(
+    name: str,
+    b: dict[str, Any],
+    n: dict[str, Any],
+    thr: Threshold | None,
+    alpha: float,
+    warmup_steps: int = WARMUP_STEPS,
+    blocks: int = BLOCKS,
+) -> Row:
     hib = b["higher_is_better"]
     sb, sn = _samples(b), _samples(n)
     ub, what_b, base_med = _units(b, warmup_steps, blocks)
@@ -353,9 +364,21 @@ def _compare_one(name: str, b: dict[str, Any], n: dict[str, Any], thr: Threshold
             verdict = "FAILED" if failed else ("not significant, passed" if beyond else "passed")
             notes.append(f"threshold {thr.text}: {verdict}")
     return Row(
-        name=name, unit=b["unit"], higher_is_better=hib, n_base=len(ub), n_new=len(un),
-        base_median=base_med, new_median=new_med, ratio=ratio, change_pct=change_pct, test=test,
-        mark=mark, compared=compared, threshold=thr, threshold_failed=failed, notes=tuple(notes),
+        name=name,
+        unit=b["unit"],
+        higher_is_better=hib,
+        n_base=len(ub),
+        n_new=len(un),
+        base_median=base_med,
+        new_median=new_med,
+        ratio=ratio,
+        change_pct=change_pct,
+        test=test,
+        mark=mark,
+        compared=compared,
+        threshold=thr,
+        threshold_failed=failed,
+        notes=tuple(notes),
     )
 
 
@@ -394,13 +417,20 @@ def compare_results(
                 f"(differing keys: {detail}). Numbers measured differently are not comparable. "
                 "Fix: compare runs measured the same way, or give the changed benchmark a new name."
             )
-    rows = tuple(_compare_one(k, base.benchmarks[k], new.benchmarks[k], by_name.get(k), alpha, warmup_steps, blocks)
-                 for k in common)
+    rows = tuple(
+        _compare_one(k, base.benchmarks[k], new.benchmarks[k], by_name.get(k), alpha, warmup_steps, blocks)
+        for k in common
+    )
     return Comparison(
-        base_label=base_label, new_label=new_label, alpha=alpha, rows=rows,
+        base_label=base_label,
+        new_label=new_label,
+        alpha=alpha,
+        rows=rows,
         only_base=tuple(k for k in base.benchmarks if k not in new.benchmarks),
         only_new=tuple(k for k in new.benchmarks if k not in base.benchmarks),
-        notes=notes, warmup_steps=warmup_steps, blocks=blocks,
+        notes=notes,
+        warmup_steps=warmup_steps,
+        blocks=blocks,
     )
 
 
@@ -433,8 +463,9 @@ def load_history(directory: str | Path, new: Results) -> list[Results]:
     return sorted(runs, key=_when)
 
 
-def history_base(runs: list[Results], new: Results, *, last: int,
-                 warmup_steps: int = WARMUP_STEPS) -> tuple[Results, tuple[str, ...]]:
+def history_base(
+    runs: list[Results], new: Results, *, last: int, warmup_steps: int = WARMUP_STEPS
+) -> tuple[Results, tuple[str, ...]]:
     """A synthetic base whose samples are the run-level means (after ``warmup_steps``) of
     the last ``last`` runs."""
     check_settings(warmup_steps, BLOCKS)
@@ -457,8 +488,11 @@ def history_base(runs: list[Results], new: Results, *, last: int,
             notes.append(f"{name}: left out {skipped} history run(s) with a different definition")
         if means:
             base.benchmarks[name] = {
-                "unit": nb["unit"], "higher_is_better": nb["higher_is_better"], "definition": nb["definition"],
-                "samples": means, "stats": {"median": float(np.median(means))},
+                "unit": nb["unit"],
+                "higher_is_better": nb["higher_is_better"],
+                "definition": nb["definition"],
+                "samples": means,
+                "stats": {"median": float(np.median(means))},
                 HISTORY_UNITS: f"{_plural(len(means), 'run mean')}, {_warmup_text(warmup_steps, each=True)}",
             }
     return base, tuple(notes)
@@ -503,8 +537,10 @@ def summary_line(c: Comparison) -> str:
 
 
 def test_description(c: Comparison) -> str:
-    return (f"Mann-Whitney U, two-sided, alpha {c.alpha:g}, on block means ({c.blocks} contiguous blocks per run) "
-            f"or run means, {_warmup_text(c.warmup_steps, each=True)}")
+    return (
+        f"Mann-Whitney U, two-sided, alpha {c.alpha:g}, on block means ({c.blocks} contiguous blocks per run) "
+        f"or run means, {_warmup_text(c.warmup_steps, each=True)}"
+    )
 
 
 def _compared_lines(c: Comparison) -> list[str]:
@@ -534,7 +570,9 @@ def format_table(c: Comparison) -> str:
     right = {2, 3, 4, 5, 6}
 
     def line(row: list[str]) -> str:
-        return "  ".join(cell.rjust(w) if i in right else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths))).rstrip()
+        return "  ".join(
+            cell.rjust(w) if i in right else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths))
+        ).rstrip()
 
     out = [f"{c.base_label} -> {c.new_label}  ({test_description(c)})"]
     out += [line(body[0]), line(["-" * w for w in widths])] + [line(r) for r in body[1:]]

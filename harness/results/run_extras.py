@@ -54,15 +54,17 @@ def _opt_str(v: JSONValue) -> str | None:
 
 def _obj(v: JSONValue, where: str) -> JSONDict:
     if not isinstance(v, dict):
-        raise ConfigError(f"{where} is {type(v).__name__}; expected an object. Fix: regenerate the file with "
-                          "miles-harness run")
+        raise ConfigError(
+            f"{where} is {type(v).__name__}; expected an object. Fix: regenerate the file with miles-harness run"
+        )
     return v
 
 
 def _list(v: JSONValue, where: str) -> list[JSONValue]:
     if not isinstance(v, list):
-        raise ConfigError(f"{where} is {type(v).__name__}; expected an array. Fix: regenerate the file with "
-                          "miles-harness run")
+        raise ConfigError(
+            f"{where} is {type(v).__name__}; expected an array. Fix: regenerate the file with miles-harness run"
+        )
     return v
 
 
@@ -83,19 +85,39 @@ class ModeTimeline:
     reward_end: float | None = None
     checks_passed: bool | None = None
 
-    HEADLINE = ("speedup", "overlap_efficiency", "error", "worker_error", "chance_level", "reward_start",
-                "reward_end", "checks_passed")
+    HEADLINE = (
+        "speedup",
+        "overlap_efficiency",
+        "error",
+        "worker_error",
+        "chance_level",
+        "reward_start",
+        "reward_end",
+        "checks_passed",
+    )
 
     @classmethod
     def of(cls, phases: list[PhaseSpan], sample_ages: list[int], row: ModeRow) -> ModeTimeline:
-        return cls(phases=phases, sample_ages=sample_ages, wall_s=row.wall_s, speedup=row.speedup,
-                   overlap_efficiency=row.overlap_efficiency, error=row.error, worker_error=row.worker_error,
-                   chance_level=row.chance_level, reward_start=row.reward_start, reward_end=row.reward_end,
-                   checks_passed=row.checks_passed)
+        return cls(
+            phases=phases,
+            sample_ages=sample_ages,
+            wall_s=row.wall_s,
+            speedup=row.speedup,
+            overlap_efficiency=row.overlap_efficiency,
+            error=row.error,
+            worker_error=row.worker_error,
+            chance_level=row.chance_level,
+            reward_start=row.reward_start,
+            reward_end=row.reward_end,
+            checks_passed=row.checks_passed,
+        )
 
     def to_dict(self) -> JSONDict:
-        out: JSONDict = {"phases": [list(p) for p in self.phases], "sample_ages": list(self.sample_ages),
-                         "wall_s": self.wall_s}
+        out: JSONDict = {
+            "phases": [list(p) for p in self.phases],
+            "sample_ages": list(self.sample_ages),
+            "wall_s": self.wall_s,
+        }
         for key in self.HEADLINE:
             value = getattr(self, key)
             if value is not None:
@@ -107,18 +129,22 @@ class ModeTimeline:
         phases: list[PhaseSpan] = []
         for i, p in enumerate(_list(d.get("phases", []), f"{where}.phases")):
             side, phase, a, b = _list(p, f"{where}.phases[{i}]")
-            phases.append((str(side), str(phase), _float(a, f"{where}.phases[{i}]"),
-                           _float(b, f"{where}.phases[{i}]")))
+            phases.append((str(side), str(phase), _float(a, f"{where}.phases[{i}]"), _float(b, f"{where}.phases[{i}]")))
         ages = [int(_float(a, f"{where}.sample_ages")) for a in _list(d.get("sample_ages", []), f"{where}.sample_ages")]
         passed = d.get("checks_passed")
-        return cls(phases=phases, sample_ages=ages, wall_s=_opt_float(d.get("wall_s"), f"{where}.wall_s"),
-                   speedup=_opt_float(d.get("speedup"), f"{where}.speedup"),
-                   overlap_efficiency=_opt_float(d.get("overlap_efficiency"), f"{where}.overlap_efficiency"),
-                   error=_opt_str(d.get("error")), worker_error=_opt_str(d.get("worker_error")),
-                   chance_level=_opt_float(d.get("chance_level"), f"{where}.chance_level"),
-                   reward_start=_opt_float(d.get("reward_start"), f"{where}.reward_start"),
-                   reward_end=_opt_float(d.get("reward_end"), f"{where}.reward_end"),
-                   checks_passed=None if passed is None else bool(passed))
+        return cls(
+            phases=phases,
+            sample_ages=ages,
+            wall_s=_opt_float(d.get("wall_s"), f"{where}.wall_s"),
+            speedup=_opt_float(d.get("speedup"), f"{where}.speedup"),
+            overlap_efficiency=_opt_float(d.get("overlap_efficiency"), f"{where}.overlap_efficiency"),
+            error=_opt_str(d.get("error")),
+            worker_error=_opt_str(d.get("worker_error")),
+            chance_level=_opt_float(d.get("chance_level"), f"{where}.chance_level"),
+            reward_start=_opt_float(d.get("reward_start"), f"{where}.reward_start"),
+            reward_end=_opt_float(d.get("reward_end"), f"{where}.reward_end"),
+            checks_passed=None if passed is None else bool(passed),
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -161,8 +187,12 @@ class StepRecord:
         rid = d.get("rollout_id", -1)
         tokens = d.get("tokens", 0)
         ages = _list(d.get("age_versions", []), f"{where}.age_versions")
-        return cls(rollout_id=int(_float(rid, f"{where}.rollout_id")), tokens=int(_float(tokens, f"{where}.tokens")),
-                   age_versions=[int(_float(a, f"{where}.age_versions")) for a in ages], raw=d)
+        return cls(
+            rollout_id=int(_float(rid, f"{where}.rollout_id")),
+            tokens=int(_float(tokens, f"{where}.tokens")),
+            age_versions=[int(_float(a, f"{where}.age_versions")) for a in ages],
+            raw=d,
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -187,8 +217,9 @@ class RunExtras:
 
     def steps(self, mode: str) -> list[StepRecord]:
         """The first repeat's per-step records of ``mode`` (empty when it has none)."""
-        return [StepRecord.from_dict(d, f"extra.per_step.{mode}[{i}]") for i, d in
-                enumerate(self.per_step.get(mode, []))]
+        return [
+            StepRecord.from_dict(d, f"extra.per_step.{mode}[{i}]") for i, d in enumerate(self.per_step.get(mode, []))
+        ]
 
     def sample_ages(self, mode: str) -> list[int]:
         return [a for s in self.steps(mode) for a in s.age_versions]
@@ -224,38 +255,61 @@ class RunExtras:
         a document of another kind or a value of the wrong type. Keys a file lacks load
         empty (files written before them)."""
         if doc.get("kind", "run") != "run":
-            raise ConfigError(f"results file {source}: kind {doc.get('kind')!r} is not a miles-harness run results "
-                              "file (kind 'run'); fix: pass the results.json of `miles-harness run`")
+            raise ConfigError(
+                f"results file {source}: kind {doc.get('kind')!r} is not a miles-harness run results "
+                "file (kind 'run'); fix: pass the results.json of `miles-harness run`"
+            )
         where = f"results file {source}: extra"
         extra = _obj(doc.get("extra", {}), where)
-        modes = {m: ModeTimeline.from_dict(_obj(v, f"{where}.modes.{m}"), f"{where}.modes.{m}")
-                 for m, v in _obj(extra.get("modes", {}), f"{where}.modes").items()}
-        checks = {m: [None if c is None else _obj(c, f"{where}.checks.{m}") for c in _list(v, f"{where}.checks.{m}")]
-                  for m, v in _obj(extra.get("checks", {}), f"{where}.checks").items()}
-        per_step = {m: [_obj(h, f"{where}.per_step.{m}") for h in _list(v, f"{where}.per_step.{m}")]
-                    for m, v in _obj(extra.get("per_step", {}), f"{where}.per_step").items()}
-        gap_steps = [GapStep(step=int(_float(s.get("step"), f"{where}.gap_steps")),
-                             kernel=_float(s.get("kernel"), f"{where}.gap_steps"),
-                             staleness=_float(s.get("staleness"), f"{where}.gap_steps"),
-                             total=_float(s.get("total"), f"{where}.gap_steps"))
-                     for s in (_obj(x, f"{where}.gap_steps") for x in _list(extra.get("gap_steps", []),
-                                                                             f"{where}.gap_steps"))]
+        modes = {
+            m: ModeTimeline.from_dict(_obj(v, f"{where}.modes.{m}"), f"{where}.modes.{m}")
+            for m, v in _obj(extra.get("modes", {}), f"{where}.modes").items()
+        }
+        checks = {
+            m: [None if c is None else _obj(c, f"{where}.checks.{m}") for c in _list(v, f"{where}.checks.{m}")]
+            for m, v in _obj(extra.get("checks", {}), f"{where}.checks").items()
+        }
+        per_step = {
+            m: [_obj(h, f"{where}.per_step.{m}") for h in _list(v, f"{where}.per_step.{m}")]
+            for m, v in _obj(extra.get("per_step", {}), f"{where}.per_step").items()
+        }
+        gap_steps = [
+            GapStep(
+                step=int(_float(s.get("step"), f"{where}.gap_steps")),
+                kernel=_float(s.get("kernel"), f"{where}.gap_steps"),
+                staleness=_float(s.get("staleness"), f"{where}.gap_steps"),
+                total=_float(s.get("total"), f"{where}.gap_steps"),
+            )
+            for s in (_obj(x, f"{where}.gap_steps") for x in _list(extra.get("gap_steps", []), f"{where}.gap_steps"))
+        ]
         engines = None
         if "engines" in extra:
             engines = {}
             for m, v in _obj(extra["engines"], f"{where}.engines").items():
                 e = _obj(v, f"{where}.engines.{m}")
-                rows = [_engine_row(_obj(r, f"{where}.engines.{m}.rows")) for r in
-                        _list(e.get("rows") or [], f"{where}.engines.{m}.rows")]
+                rows = [
+                    _engine_row(_obj(r, f"{where}.engines.{m}.rows"))
+                    for r in _list(e.get("rows") or [], f"{where}.engines.{m}.rows")
+                ]
                 stats = e.get("stats")
                 engines[m] = EngineTable(rows=rows, stats=None if stats is None else _obj(stats, f"{where}.engines"))
         telemetry = extra.get("telemetry")
-        return cls(modes=modes, table=table_of(doc, source), repeats=repeats_of(doc, source), checks=checks,
-                   per_step=per_step, gap_steps=gap_steps, gap_mode=_opt_str(extra.get("gap_mode")),
-                   gap_summary={m: _obj(v, f"{where}.gap_summary.{m}") for m, v in
-                                _obj(extra.get("gap_summary", {}), f"{where}.gap_summary").items()},
-                   telemetry=None if telemetry is None else _obj(telemetry, f"{where}.telemetry"),
-                   total_wall_s=_opt_float(extra.get("total_wall_s"), f"{where}.total_wall_s"), engines=engines)
+        return cls(
+            modes=modes,
+            table=table_of(doc, source),
+            repeats=repeats_of(doc, source),
+            checks=checks,
+            per_step=per_step,
+            gap_steps=gap_steps,
+            gap_mode=_opt_str(extra.get("gap_mode")),
+            gap_summary={
+                m: _obj(v, f"{where}.gap_summary.{m}")
+                for m, v in _obj(extra.get("gap_summary", {}), f"{where}.gap_summary").items()
+            },
+            telemetry=None if telemetry is None else _obj(telemetry, f"{where}.telemetry"),
+            total_wall_s=_opt_float(extra.get("total_wall_s"), f"{where}.total_wall_s"),
+            engines=engines,
+        )
 
 
 def _engine_row(d: JSONDict) -> EngineRow:
@@ -287,5 +341,9 @@ def load_run(path: str | os.PathLike[str]) -> RunFile:
     extras = RunExtras.from_doc(doc, str(path))
     config = _obj(doc.get("config", {}), f"results file {path}: config")
     modes = _obj(config.get("modes", {}), f"results file {path}: config.modes")
-    return RunFile(doc=doc, extras=extras, spec=_obj(config.get("spec", {}), f"results file {path}: config.spec"),
-                   mode_configs={m: _obj(c, f"results file {path}: config.modes.{m}") for m, c in modes.items()})
+    return RunFile(
+        doc=doc,
+        extras=extras,
+        spec=_obj(config.get("spec", {}), f"results file {path}: config.spec"),
+        mode_configs={m: _obj(c, f"results file {path}: config.modes.{m}") for m, c in modes.items()},
+    )

@@ -89,6 +89,7 @@ def _gpus() -> tuple[list[dict[str, Any]], str | None]:
     except pynvml.NVMLError:
         return [], None
     try:
+
         def text(v: object) -> str:
             return v.decode() if isinstance(v, bytes) else str(v)
 
@@ -343,12 +344,18 @@ def _check_benchmark(chk: _Checker, name: str, b: object) -> None:
     for i, s in enumerate(samples):
         if isinstance(s, bool) or not isinstance(s, _NUM) or not math.isfinite(s):
             raise chk.fail(f"{f}.samples[{i}]", f"is {json.dumps(s)}; expected a finite number")
-    missing = chk.get(b, "samples_missing", f + ".samples_missing", (bool,), "true or false") if "samples_missing" in b else False
+    missing = (
+        chk.get(b, "samples_missing", f + ".samples_missing", (bool,), "true or false")
+        if "samples_missing" in b
+        else False
+    )
     if not samples and not missing:
         raise chk.fail(f + ".samples", "is empty; expected at least one sample (or samples_missing: true)")
     stats = chk.get(b, "stats", f + ".stats", (dict,), "an object")
     for key in STAT_KEYS:
-        chk.get(stats, key, f"{f}.stats.{key}", (int,) if key == "n" else _NUM, "an integer" if key == "n" else "a number")
+        chk.get(
+            stats, key, f"{f}.stats.{key}", (int,) if key == "n" else _NUM, "an integer" if key == "n" else "a number"
+        )
 
 
 def results_from_dict(doc: object, source: str = "<dict>") -> Results:
@@ -364,9 +371,7 @@ def results_from_dict(doc: object, source: str = "<dict>") -> Results:
             if looks_like_pytest_benchmark(doc)
             else ""
         )
-        raise ConfigError(
-            f"results file {source}: field 'schema' is {json.dumps(schema)}; expected {SCHEMA!r}.{hint}"
-        )
+        raise ConfigError(f"results file {source}: field 'schema' is {json.dumps(schema)}; expected {SCHEMA!r}.{hint}")
     version = chk.get(doc, "schema_version", "schema_version", (int,), "an integer")
     if version > SCHEMA_VERSION:
         raise ConfigError(
@@ -380,7 +385,9 @@ def results_from_dict(doc: object, source: str = "<dict>") -> Results:
     try:
         datetime.fromisoformat(doc["created_utc"].replace("Z", "+00:00"))
     except ValueError:
-        raise chk.fail("created_utc", f"is {doc['created_utc']!r}; expected ISO 8601 such as 2025-01-31T12:00:00Z") from None
+        raise chk.fail(
+            "created_utc", f"is {doc['created_utc']!r}; expected ISO 8601 such as 2025-01-31T12:00:00Z"
+        ) from None
     m = doc["machine"]
     chk.get(m, "cpu_model", "machine.cpu_model", (str,), "a string")
     chk.get(m, "cpu_count", "machine.cpu_count", (int, type(None)), "an integer or null")
@@ -447,10 +454,14 @@ def from_pytest_benchmark(path_or_dict: str | os.PathLike[str] | dict[str, Any],
     cpu = mi.get("cpu") or {}
     ci = doc.get("commit_info") or {}
     commit = ci.get("id")
-    git = None if "error" in ci or not ci else {
-        "commit": None if commit in (None, "unversioned") else str(commit),
-        "dirty": bool(ci.get("dirty", False)),
-    }
+    git = (
+        None
+        if "error" in ci or not ci
+        else {
+            "commit": None if commit in (None, "unversioned") else str(commit),
+            "dirty": bool(ci.get("dirty", False)),
+        }
+    )
     stamp = doc.get("datetime")
     try:
         created = datetime.fromisoformat(str(stamp)).astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")

@@ -50,8 +50,13 @@ print(steps * {B} * {N} / cpu, result.engine_stats["requests"], result.engine_st
 
 
 def _run(checkout: Path, steps: int) -> tuple[float, int, int]:
-    out = subprocess.run([sys.executable, "-c", CHILD, str(steps)], cwd=checkout, capture_output=True, text=True,
-                         env={**os.environ, "PYTHONPATH": str(checkout)})
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, str(steps)],
+        cwd=checkout,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(checkout)},
+    )
     if out.returncode != 0:
         raise SystemExit(f"the simulation at {checkout} failed:\n{out.stderr[-2000:]}")
     rate, requests, tokens = out.stdout.split()
@@ -93,15 +98,24 @@ def compare(base: str, pairs: int, steps: int) -> dict:
                 work[side].add((requests, tokens))
     med = {side: statistics.median(v) for side, v in rates.items()}
     git = git_info()
-    return {"bench": "sim_speed_ab", "steps": steps, "B": B, "n": N, "pairs": pairs,
-            "base_commit": base_commit, "head_commit": git["commit"] if git else None,
-            "git_dirty": git["dirty"] if git else None, "created_utc": utc_now(), "machine": machine_info(),
-            # the same simulation on both sides: requests served and tokens decoded
-            "same_work": work["base"] == work["head"] and len(work["base"]) == 1,
-            "samples_per_cpu_s": {side: [round(r) for r in v] for side, v in rates.items()},
-            "median": {side: round(m) for side, m in med.items()},
-            "ratio_head_over_base": round(med["head"] / med["base"], 3),
-            "pair_ratios": [round(h / b, 3) for b, h in zip(rates["base"], rates["head"])]}
+    return {
+        "bench": "sim_speed_ab",
+        "steps": steps,
+        "B": B,
+        "n": N,
+        "pairs": pairs,
+        "base_commit": base_commit,
+        "head_commit": git["commit"] if git else None,
+        "git_dirty": git["dirty"] if git else None,
+        "created_utc": utc_now(),
+        "machine": machine_info(),
+        # the same simulation on both sides: requests served and tokens decoded
+        "same_work": work["base"] == work["head"] and len(work["base"]) == 1,
+        "samples_per_cpu_s": {side: [round(r) for r in v] for side, v in rates.items()},
+        "median": {side: round(m) for side, m in med.items()},
+        "ratio_head_over_base": round(med["head"] / med["base"], 3),
+        "pair_ratios": [round(h / b, 3) for b, h in zip(rates["base"], rates["head"])],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -55,8 +55,9 @@ def per_sample(short: dict[str, int], long: dict[str, int], steps: int) -> dict[
 
 def _count(tree: Path, steps: int) -> dict[str, int]:
     env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONHASHSEED": "0", "OPENBLAS_NUM_THREADS": "1"}
-    out = subprocess.run(VALGRIND + [sys.executable, "-c", CHILD, str(steps)], cwd=tree, capture_output=True,
-                         text=True, env=env)
+    out = subprocess.run(
+        VALGRIND + [sys.executable, "-c", CHILD, str(steps)], cwd=tree, capture_output=True, text=True, env=env
+    )
     if out.returncode != 0:
         raise SystemExit(f"the simulation under cachegrind at {tree} failed:\n{out.stderr[-2000:]}")
     return parse_cachegrind(out.stderr)
@@ -64,26 +65,45 @@ def _count(tree: Path, steps: int) -> dict[str, int]:
 
 def compare(base: str, short: int, long: int) -> dict:
     if not 0 < short < long:
-        raise SystemExit(f"--short {short} --long {long}: need 0 < short < long (the count is their difference); "
-                         "fix: e.g. --short 8 --long 40")
+        raise SystemExit(
+            f"--short {short} --long {long}: need 0 < short < long (the count is their difference); "
+            "fix: e.g. --short 8 --long 40"
+        )
     base_commit = resolve(base)
     if shutil.which("valgrind") is None:
-        raise SystemExit("valgrind is not on PATH: this count runs the simulation under cachegrind; "
-                         "fix: install valgrind (apt install valgrind)")
+        raise SystemExit(
+            "valgrind is not on PATH: this count runs the simulation under cachegrind; "
+            "fix: install valgrind (apt install valgrind)"
+        )
     with checkout(base_commit) as wt, ThreadPoolExecutor(max_workers=2) as pool:
-        jobs = {(side, steps): pool.submit(_count, tree, steps)
-                for side, tree in (("base", wt), ("head", ROOT)) for steps in (short, long)}
+        jobs = {
+            (side, steps): pool.submit(_count, tree, steps)
+            for side, tree in (("base", wt), ("head", ROOT))
+            for steps in (short, long)
+        }
         counts = {key: job.result() for key, job in jobs.items()}
     sides = {side: per_sample(counts[(side, short)], counts[(side, long)], long - short) for side in ("base", "head")}
     git = git_info()
     version = subprocess.run(["valgrind", "--version"], capture_output=True, text=True).stdout.strip()
-    return {"bench": "sim_instructions", "short_steps": short, "long_steps": long, "B": B, "n": N,
-            "last_level_cache": LAST_LEVEL, "valgrind": version, "python": sys.version.split()[0],
-            "base_commit": base_commit, "head_commit": git["commit"] if git else None,
-            "git_dirty": git["dirty"] if git else None, "created_utc": utc_now(), "machine": machine_info(),
-            "per_sample": sides,
-            "ratio_head_over_base": {key: round(sides["head"][key] / sides["base"][key], 3)
-                                     for key in ("instructions", "ll_misses")}}
+    return {
+        "bench": "sim_instructions",
+        "short_steps": short,
+        "long_steps": long,
+        "B": B,
+        "n": N,
+        "last_level_cache": LAST_LEVEL,
+        "valgrind": version,
+        "python": sys.version.split()[0],
+        "base_commit": base_commit,
+        "head_commit": git["commit"] if git else None,
+        "git_dirty": git["dirty"] if git else None,
+        "created_utc": utc_now(),
+        "machine": machine_info(),
+        "per_sample": sides,
+        "ratio_head_over_base": {
+            key: round(sides["head"][key] / sides["base"][key], 3) for key in ("instructions", "ll_misses")
+        },
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

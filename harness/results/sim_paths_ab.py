@@ -45,8 +45,13 @@ def _env(variant: str) -> dict[str, str]:
 
 
 def _rate(variant: str, steps: int) -> tuple[float, int, int]:
-    out = subprocess.run([sys.executable, "-c", VARIANTS[variant][1] + CHILD, str(steps)], cwd=ROOT,
-                         capture_output=True, text=True, env=_env(variant))
+    out = subprocess.run(
+        [sys.executable, "-c", VARIANTS[variant][1] + CHILD, str(steps)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=_env(variant),
+    )
     if out.returncode != 0:
         raise SystemExit(f"the simulation ({variant}) failed:\n{out.stderr[-2000:]}")
     rate, requests, tokens = out.stdout.split()
@@ -55,8 +60,13 @@ def _rate(variant: str, steps: int) -> tuple[float, int, int]:
 
 def _instructions(variant: str, steps: int) -> dict[str, int]:
     env = {**_env(variant), "PYTHONHASHSEED": "0", "OPENBLAS_NUM_THREADS": "1"}
-    out = subprocess.run(VALGRIND + [sys.executable, "-c", VARIANTS[variant][1] + CHILD, str(steps)], cwd=ROOT,
-                         capture_output=True, text=True, env=env)
+    out = subprocess.run(
+        VALGRIND + [sys.executable, "-c", VARIANTS[variant][1] + CHILD, str(steps)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     if out.returncode != 0:
         raise SystemExit(f"the simulation ({variant}) under cachegrind failed:\n{out.stderr[-2000:]}")
     return parse_cachegrind(out.stderr)
@@ -69,15 +79,22 @@ def compare(rounds: int, steps: int, instructions: bool, short: int = 2, long: i
     rates: dict[str, list[float]] = {v: [] for v in names}
     work: dict[str, set[tuple[int, int]]] = {v: set() for v in names}
     for r in range(rounds):
-        for v in names[r % len(names):] + names[:r % len(names)]:
+        for v in names[r % len(names) :] + names[: r % len(names)]:
             rate, requests, tokens = _rate(v, steps)
             rates[v].append(rate)
             work[v].add((requests, tokens))
     med = {v: statistics.median(x) for v, x in rates.items()}
     print({v: round(m) for v, m in med.items()}, flush=True)  # before the slower cachegrind counts
     report: dict[str, object] = {
-        "bench": "sim_paths_ab", "steps": steps, "B": B, "n": N, "rounds": rounds, "created_utc": utc_now(),
-        "machine": machine_info(), "git": git_info(), "python": sys.version.split()[0],
+        "bench": "sim_paths_ab",
+        "steps": steps,
+        "B": B,
+        "n": N,
+        "rounds": rounds,
+        "created_utc": utc_now(),
+        "machine": machine_info(),
+        "git": git_info(),
+        "python": sys.version.split()[0],
         "same_work": len(set().union(*work.values())) == 1,
         "samples_per_cpu_s": {v: [round(x) for x in xs] for v, xs in rates.items()},
         "median": {v: round(m) for v, m in med.items()},
@@ -90,8 +107,9 @@ def compare(rounds: int, steps: int, instructions: bool, short: int = 2, long: i
             counts = {key: job.result() for key, job in jobs.items()}
         per = {v: per_sample(counts[(v, short)], counts[(v, long)], long - short) for v in names}
         report["instructions_per_sample"] = {v: per[v]["instructions"] for v in names}
-        report["instruction_ratio_plain_over"] = {v: round(per["plain"]["instructions"] / per[v]["instructions"], 3)
-                                                  for v in names if v != "plain"}
+        report["instruction_ratio_plain_over"] = {
+            v: round(per["plain"]["instructions"] / per[v]["instructions"], 3) for v in names if v != "plain"
+        }
         report["cachegrind_steps"] = [short, long]
     return report
 
@@ -106,7 +124,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="results/bench/sim_paths_ab.json")
     args = p.parse_args(argv)
     if args.instructions and not 0 < args.short < args.long:
-        raise SystemExit(f"--short {args.short} --long {args.long}: need 0 < short < long; fix: e.g. --short 2 --long 6")
+        raise SystemExit(
+            f"--short {args.short} --long {args.long}: need 0 < short < long; fix: e.g. --short 2 --long 6"
+        )
     report = compare(args.rounds, args.steps, args.instructions, args.short, args.long)
     shown = ("median", "range", "gain_over_plain") + (("instructions_per_sample",) if args.instructions else ())
     write_report(report, args.out, shown)

@@ -48,8 +48,10 @@ def mode_lines(extras: RunExtras) -> list[str]:
 
 def benchmark_lines(res: Results) -> list[str]:
     """Each benchmark's median and sample count, in its unit."""
-    return [f"{name}: median {b['stats']['median']:.6g} {b['unit']} (n={b['stats']['n']})"
-            for name, b in sorted(res.benchmarks.items())]
+    return [
+        f"{name}: median {b['stats']['median']:.6g} {b['unit']} (n={b['stats']['n']})"
+        for name, b in sorted(res.benchmarks.items())
+    ]
 
 
 def file_lines(path: str) -> list[str]:
@@ -72,13 +74,17 @@ def _telemetry_lines(path: Path) -> list[str]:
     try:
         summary = json.loads(path.read_text(encoding="utf-8"))["summary"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ConfigError(f"telemetry file {path}: no readable 'summary' ({exc!r}). Fix: rerun the script; the "
-                          "telemetry sampler writes it when the script stops it") from None
+        raise ConfigError(
+            f"telemetry file {path}: no readable 'summary' ({exc!r}). Fix: rerun the script; the "
+            "telemetry sampler writes it when the script stops it"
+        ) from None
     if not summary.get("available"):
         return [f"  (c) telemetry: unavailable ({summary.get('reason')}); {path} records that"]
-    return [f"  (c) telemetry {name}: {agg['records']} samples, util {agg['util_gpu_pct_mean']} %, "
-            f"SM active {agg['sm_active_pct_mean']} %, peak mem {agg['mem_used_bytes_max']} B"
-            for name, agg in summary.get("phases", {}).items()]
+    return [
+        f"  (c) telemetry {name}: {agg['records']} samples, util {agg['util_gpu_pct_mean']} %, "
+        f"SM active {agg['sm_active_pct_mean']} %, peak mem {agg['mem_used_bytes_max']} B"
+        for name, agg in summary.get("phases", {}).items()
+    ]
 
 
 def gpu_checks_lines(out: Path, run_rc: int, gap_rc: int, record_rc: int | None) -> list[str]:

@@ -99,10 +99,14 @@ _LOAD_SECTIONS = ("core", "memory", "spec", "lora", "disagg", "queues", "all")
 
 def harness_state(state: dict[str, Any]) -> dict[str, Any]:
     """What SGLang has no field for: the rids, the pause, the free KV tokens."""
-    return {"running_rids": state["running_rids"], "waiting_rids": state["waiting_rids"],
-            "paused": state["paused"] or state["pause_mode"] is not None, "pause_mode": state["pause_mode"],
-            "held_at_admission": state["held_at_admission"],
-            "free_kv_tokens": state["kv_total"] - state["kv_used"]}
+    return {
+        "running_rids": state["running_rids"],
+        "waiting_rids": state["waiting_rids"],
+        "paused": state["paused"] or state["pause_mode"] is not None,
+        "pause_mode": state["pause_mode"],
+        "held_at_admission": state["held_at_admission"],
+        "free_kv_tokens": state["kv_total"] - state["kv_used"],
+    }
 
 
 def load_entry(state: dict[str, Any], include: str | None) -> dict[str, Any]:
@@ -115,15 +119,27 @@ def load_entry(state: dict[str, Any], include: str | None) -> dict[str, Any]:
         raise ServeError(f"include={include!r} has unknown sections {unknown}; allowed: {list(_LOAD_SECTIONS)}.")
     used, total = state["kv_used"], state["kv_total"]
     running, waiting = len(state["running_rids"]), len(state["waiting_rids"])
-    entry: dict[str, Any] = {"dp_rank": 0, "num_running_reqs": running, "num_waiting_reqs": waiting,
-                             "num_total_reqs": running + waiting, "num_used_tokens": used,
-                             "num_total_tokens": used, "max_total_num_tokens": total,
-                             "max_running_requests": state["max_running_requests"],
-                             "token_usage": used / total if total else 0.0, "gen_throughput": state["gen_throughput"],
-                             "harness": harness_state(state)}
+    entry: dict[str, Any] = {
+        "dp_rank": 0,
+        "num_running_reqs": running,
+        "num_waiting_reqs": waiting,
+        "num_total_reqs": running + waiting,
+        "num_used_tokens": used,
+        "num_total_tokens": used,
+        "max_total_num_tokens": total,
+        "max_running_requests": state["max_running_requests"],
+        "token_usage": used / total if total else 0.0,
+        "gen_throughput": state["gen_throughput"],
+        "harness": harness_state(state),
+    }
     if "all" in sections or "queues" in sections:
-        entry["queues"] = {"waiting": waiting, "grammar": 0, "paused": state["held_at_admission"]
-                           if state["pause_mode"] else 0, "retracted": state["retracted"], "prealloc_ready": 0}
+        entry["queues"] = {
+            "waiting": waiting,
+            "grammar": 0,
+            "paused": state["held_at_admission"] if state["pause_mode"] else 0,
+            "retracted": state["retracted"],
+            "prealloc_ready": 0,
+        }
     return entry
 
 
@@ -147,8 +163,14 @@ class RequestLog:
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        entry: dict[str, Any] = {"seq": len(self.engine.request_log), "t": time.monotonic(),
-                                 "method": scope["method"], "path": scope["path"], "body": None, "status": None}
+        entry: dict[str, Any] = {
+            "seq": len(self.engine.request_log),
+            "t": time.monotonic(),
+            "method": scope["method"],
+            "path": scope["path"],
+            "body": None,
+            "status": None,
+        }
         self.engine.request_log.append(entry)
         chunks: list[bytes] = []
 
@@ -188,8 +210,16 @@ def create_app(engine: ServedEngine) -> FastAPI:
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
         errors = [{"loc": list(e.get("loc", ())), "msg": e.get("msg"), "type": e.get("type")} for e in exc.errors()]
-        return JSONResponse({"object": "error", "message": f"{len(errors)} validation error(s): {errors}",
-                             "type": HTTPStatus.BAD_REQUEST.phrase, "param": None, "code": 400}, status_code=400)
+        return JSONResponse(
+            {
+                "object": "error",
+                "message": f"{len(errors)} validation error(s): {errors}",
+                "type": HTTPStatus.BAD_REQUEST.phrase,
+                "param": None,
+                "code": 400,
+            },
+            status_code=400,
+        )
 
     @app.exception_handler(ServeError)
     async def _serve_error(request: Request, exc: ServeError) -> JSONResponse:
@@ -238,16 +268,20 @@ def create_app(engine: ServedEngine) -> FastAPI:
     @app.api_route("/flush_cache", methods=["GET", "POST"])
     async def flush_cache() -> Response:
         ok = await engine.flush_cache()
-        return Response(content="Cache flushed.\nPlease check backend logs for more details. (When there are "
-                                "running or waiting requests, the operation will not be performed.)\n",
-                        status_code=200 if ok else 400)
+        return Response(
+            content="Cache flushed.\nPlease check backend logs for more details. (When there are "
+            "running or waiting requests, the operation will not be performed.)\n",
+            status_code=200 if ok else 400,
+        )
 
     # --- weights ------------------------------------------------------------------------------
     @app.post("/begin_weight_update")
     async def begin_weight_update() -> JSONResponse:
         if engine.update_session_open:
-            raise ServeError("begin_weight_update while a weight update is already open; allowed: begin, "
-                             "transfers, end. Fix: call /end_weight_update first.")
+            raise ServeError(
+                "begin_weight_update while a weight update is already open; allowed: begin, "
+                "transfers, end. Fix: call /end_weight_update first."
+            )
         engine.update_session_open = True
         return JSONResponse({"success": True, "message": "Weight update begun."})
 
@@ -271,8 +305,11 @@ def create_app(engine: ServedEngine) -> FastAPI:
 
     @app.post("/update_weights_from_tensor")
     async def update_weights_from_tensor(req: TensorReq) -> JSONResponse:
-        return await _load(lambda: decode_named_tensors(req.serialized_named_tensors, req.load_format),
-                           req.weight_version, "from tensor")
+        return await _load(
+            lambda: decode_named_tensors(req.serialized_named_tensors, req.load_format),
+            req.weight_version,
+            "from tensor",
+        )
 
     @app.post("/update_weights_from_disk")
     async def update_weights_from_disk(req: DiskReq) -> JSONResponse:
@@ -284,8 +321,9 @@ def create_app(engine: ServedEngine) -> FastAPI:
     @app.post("/update_weight_version")
     async def update_weight_version(req: VersionReq) -> JSONResponse:
         await engine.set_weight_version(req.new_version, abort_all=req.abort_all_requests)
-        return JSONResponse({"success": True, "message": f"Weight version updated to {req.new_version}",
-                             "new_version": req.new_version})
+        return JSONResponse(
+            {"success": True, "message": f"Weight version updated to {req.new_version}", "new_version": req.new_version}
+        )
 
     @app.get("/get_weight_version")
     async def get_weight_version() -> dict:
@@ -294,32 +332,50 @@ def create_app(engine: ServedEngine) -> FastAPI:
     @app.get("/model_info")
     @app.get("/get_model_info")
     async def model_info() -> dict:
-        return {"model_path": engine.model_path, "tokenizer_path": engine.model_path, "is_generation": True,
-                "preferred_sampling_params": None, "weight_version": engine.weight_version,
-                # harness additions
-                "max_seq_len": engine.max_seq_len, "vocab_size": engine.vocab_size,
-                "eos_token_id": engine.core.eos_token_id,
-                "parameter_shapes": {k: list(v.shape) for k, v in engine.core.model.module.state_dict().items()}}
+        return {
+            "model_path": engine.model_path,
+            "tokenizer_path": engine.model_path,
+            "is_generation": True,
+            "preferred_sampling_params": None,
+            "weight_version": engine.weight_version,
+            # harness additions
+            "max_seq_len": engine.max_seq_len,
+            "vocab_size": engine.vocab_size,
+            "eos_token_id": engine.core.eos_token_id,
+            "parameter_shapes": {k: list(v.shape) for k, v in engine.core.model.module.state_dict().items()},
+        }
 
     # --- scheduler state ------------------------------------------------------------------------
     @app.get("/v1/loads")
     async def loads(include: str | None = None, dp_rank: int | None = None) -> dict:
         state = await engine.scheduler_state()
-        return {"timestamp": datetime.now(UTC).isoformat(), "version": SERVER_VERSION,
-                "accelerator": None, "num_accelerators": 0,
-                "loads": [] if dp_rank not in (None, 0) else [load_entry(state, include)]}
+        return {
+            "timestamp": datetime.now(UTC).isoformat(),
+            "version": SERVER_VERSION,
+            "accelerator": None,
+            "num_accelerators": 0,
+            "loads": [] if dp_rank not in (None, 0) else [load_entry(state, include)],
+        }
 
     @app.get("/server_info")
     @app.get("/get_server_info")
     async def server_info() -> dict:
         state = await engine.scheduler_state()
-        return {"model_path": engine.model_path, "tokenizer_path": engine.model_path, "version": SERVER_VERSION,
-                "max_running_requests": engine.core.max_running, "context_length": engine.max_seq_len,
-                "weight_version": engine.weight_version,
-                "internal_states": [{"last_gen_throughput": state["gen_throughput"],
-                                     "memory_usage": {"kv_tokens_used": state["kv_used"],
-                                                      "kv_tokens_total": state["kv_total"]},
-                                     "harness": harness_state(state)}]}
+        return {
+            "model_path": engine.model_path,
+            "tokenizer_path": engine.model_path,
+            "version": SERVER_VERSION,
+            "max_running_requests": engine.core.max_running,
+            "context_length": engine.max_seq_len,
+            "weight_version": engine.weight_version,
+            "internal_states": [
+                {
+                    "last_gen_throughput": state["gen_throughput"],
+                    "memory_usage": {"kv_tokens_used": state["kv_used"], "kv_tokens_total": state["kv_total"]},
+                    "harness": harness_state(state),
+                }
+            ],
+        }
 
     # --- harness routes -----------------------------------------------------------------------
     @app.get("/harness/trace")

@@ -39,9 +39,16 @@ from .sampling import SamplingOptions, parse_sampling
 from .served_engine import GenerateParams, ServedEngine
 from .served_errors import ContextLengthError, ServeError
 
-_FEATURES = {"return_routed_experts": "routed experts (MoE)", "return_indexer_topk": "indexer top-k",
-             "lora_path": "LoRA", "image_data": "multimodal input", "return_hidden_states": "hidden states",
-             "input_embeds": "input embeddings", "audio_data": "audio input", "video_data": "video input"}
+_FEATURES = {
+    "return_routed_experts": "routed experts (MoE)",
+    "return_indexer_topk": "indexer top-k",
+    "lora_path": "LoRA",
+    "image_data": "multimodal input",
+    "return_hidden_states": "hidden states",
+    "input_embeds": "input embeddings",
+    "audio_data": "audio input",
+    "video_data": "video input",
+}
 
 router = APIRouter()
 
@@ -89,8 +96,9 @@ def options_for(engine: ServedEngine, params: dict[str, Any] | None, prompt_len:
     ``max_new_tokens`` gets at most what fits the context after its prompt."""
     opts = parse_sampling(params, eos_token_id=engine.core.eos_token_id, vocab_size=engine.vocab_size)
     if "max_new_tokens" not in (params or {}) or (params or {}).get("max_new_tokens") is None:
-        opts = dataclasses.replace(opts, max_new_tokens=max(0, min(opts.max_new_tokens,
-                                                                  engine.context_length - prompt_len - 1)))
+        opts = dataclasses.replace(
+            opts, max_new_tokens=max(0, min(opts.max_new_tokens, engine.context_length - prompt_len - 1))
+        )
     return opts
 
 
@@ -110,8 +118,9 @@ def expand(engine: ServedEngine, req: GenerateReq) -> tuple[list[GenerateParams]
     prompts = [check_ids(engine, p) for p in prompts]
     sp = req.sampling_params
     if isinstance(sp, list) and len(sp) != len(prompts):
-        raise ServeError(f"sampling_params is a list of {len(sp)} for {len(prompts)} prompts; allowed: one dict, "
-                         "or one per prompt.")
+        raise ServeError(
+            f"sampling_params is a list of {len(sp)} for {len(prompts)} prompts; allowed: one dict, or one per prompt."
+        )
     per_prompt = sp if isinstance(sp, list) else [sp] * len(prompts)
     options = [options_for(engine, p, len(ids)) for p, ids in zip(per_prompt, prompts)]
     n = options[0].n
@@ -126,8 +135,16 @@ def expand(engine: ServedEngine, req: GenerateReq) -> tuple[list[GenerateParams]
         for j in range(n):
             rid = uuid.uuid4().hex if n > 1 else rids[i]
             seed = engine.next_seed() if opts.seed is None else int(opts.seed) % (2**63)
-            out.append(GenerateParams(input_ids=ids, options=opts, seed=seed, rid=rid,
-                                      return_logprob=bool(req.return_logprob), index=i * n + j if listed else None))
+            out.append(
+                GenerateParams(
+                    input_ids=ids,
+                    options=opts,
+                    seed=seed,
+                    rid=rid,
+                    return_logprob=bool(req.return_logprob),
+                    index=i * n + j if listed else None,
+                )
+            )
     if len({p.rid for p in out}) != len(out):
         raise ServeError(f"rid repeats within the request ({[p.rid for p in out]}); allowed: distinct rids.")
     for p in out:
@@ -153,10 +170,17 @@ def _error_chunk(exc: Exception) -> dict[str, Any]:
     """SGLang's mid-stream error event for a refusal; any other failure (e.g. the engine
     thread died) as an internal error, so the stream still ends with ``[DONE]``."""
     if isinstance(exc, ServeError):
-        return {"error": {"message": exc.message, "type": "invalid_request_error", "code": exc.status,
-                          "retryable": False}}
-    return {"error": {"message": f"internal error: {type(exc).__name__}: {exc}", "type": "internal_error",
-                      "code": 500, "retryable": False}}
+        return {
+            "error": {"message": exc.message, "type": "invalid_request_error", "code": exc.status, "retryable": False}
+        }
+    return {
+        "error": {
+            "message": f"internal error: {type(exc).__name__}: {exc}",
+            "type": "internal_error",
+            "code": 500,
+            "retryable": False,
+        }
+    }
 
 
 async def interleaved(engine: ServedEngine, params: list[GenerateParams]) -> AsyncIterator[dict[str, Any]]:

@@ -48,19 +48,39 @@ from .served_errors import ServeError
 router = APIRouter()
 
 # OpenAI field -> SGLang sampling_params field
-_SAMPLING = {"temperature": "temperature", "top_p": "top_p", "n": "n", "stop": "stop", "seed": "sampling_seed",
-             "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
-             "logit_bias": "logit_bias", "top_k": "top_k", "min_p": "min_p", "min_tokens": "min_new_tokens",
-             "repetition_penalty": "repetition_penalty", "stop_token_ids": "stop_token_ids",
-             "ignore_eos": "ignore_eos", "no_stop_trim": "no_stop_trim", "skip_special_tokens": "skip_special_tokens"}
-_REFUSED = {"tools": "tool calls", "functions": "function calls", "echo": "echo", "suffix": "suffix",
-            "best_of": "best_of", "lora_path": "LoRA"}
+_SAMPLING = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "n": "n",
+    "stop": "stop",
+    "seed": "sampling_seed",
+    "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty",
+    "logit_bias": "logit_bias",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "min_tokens": "min_new_tokens",
+    "repetition_penalty": "repetition_penalty",
+    "stop_token_ids": "stop_token_ids",
+    "ignore_eos": "ignore_eos",
+    "no_stop_trim": "no_stop_trim",
+    "skip_special_tokens": "skip_special_tokens",
+}
+_REFUSED = {
+    "tools": "tool calls",
+    "functions": "function calls",
+    "echo": "echo",
+    "suffix": "suffix",
+    "best_of": "best_of",
+    "lora_path": "LoRA",
+}
 
 
 def openai_error(message: str, status: int = 400) -> JSONResponse:
     kind = "BadRequestError" if status < 500 else "InternalServerError"
-    return JSONResponse({"object": "error", "message": message, "type": kind, "param": None, "code": status},
-                        status_code=status)
+    return JSONResponse(
+        {"object": "error", "message": message, "type": kind, "param": None, "code": status}, status_code=status
+    )
 
 
 async def _body(request: Request) -> dict[str, Any]:
@@ -76,8 +96,9 @@ async def _body(request: Request) -> dict[str, Any]:
             raise ServeError(f"{key} is set: {what} is not modelled by this server (see docs/serve.md).")
     fmt = body.get("response_format")
     if fmt not in (None, {"type": "text"}):
-        raise ServeError(f"response_format={fmt!r}: structured output is not modelled; allowed: null or "
-                         "{\"type\": \"text\"}.")
+        raise ServeError(
+            f'response_format={fmt!r}: structured output is not modelled; allowed: null or {{"type": "text"}}.'
+        )
     return body
 
 
@@ -88,8 +109,9 @@ def _sampling(body: dict[str, Any], max_tokens: Any) -> dict[str, Any]:
     return params
 
 
-def _params(engine: ServedEngine, body: dict[str, Any], prompt: list[int], max_tokens: Any,
-            top: int, logprobs: bool) -> list[GenerateParams]:
+def _params(
+    engine: ServedEngine, body: dict[str, Any], prompt: list[int], max_tokens: Any, top: int, logprobs: bool
+) -> list[GenerateParams]:
     opts = options_for(engine, _sampling(body, max_tokens), len(prompt))
     opts = dataclasses.replace(opts, top_logprobs_num=top if logprobs else 0)
     base = body.get("rid") if isinstance(body.get("rid"), str) else None
@@ -97,8 +119,7 @@ def _params(engine: ServedEngine, body: dict[str, Any], prompt: list[int], max_t
     for j in range(opts.n):
         rid = (base if opts.n == 1 else f"{base}_{j}") if base else uuid.uuid4().hex
         seed = engine.next_seed() if opts.seed is None else int(opts.seed) % (2**63)
-        out.append(GenerateParams(input_ids=prompt, options=opts, seed=seed, rid=rid, return_logprob=logprobs,
-                                  index=j))
+        out.append(GenerateParams(input_ids=prompt, options=opts, seed=seed, rid=rid, return_logprob=logprobs, index=j))
     for p in out:
         engine.validate(p)
     return out
@@ -124,9 +145,12 @@ def _completion_logprobs(engine: ServedEngine, out: dict[str, Any], start: int =
     for t in tokens:
         offsets.append(pos)
         pos += len(t)
-    return {"tokens": tokens, "token_logprobs": [e[0] for e in entries],
-            "top_logprobs": [{_token_text(engine, t[1]): t[0] for t in top} for top in tops],
-            "text_offset": offsets}
+    return {
+        "tokens": tokens,
+        "token_logprobs": [e[0] for e in entries],
+        "top_logprobs": [{_token_text(engine, t[1]): t[0] for t in top} for top in tops],
+        "text_offset": offsets,
+    }
 
 
 def _chat_logprobs(engine: ServedEngine, out: dict[str, Any], start: int = 0) -> dict:
@@ -138,8 +162,11 @@ def _chat_logprobs(engine: ServedEngine, out: dict[str, Any], start: int = 0) ->
         text = _token_text(engine, tok)
         return {"token": text, "bytes": list(text.encode("utf-8")), "logprob": lp}
 
-    return {"content": [dict(item(e[0], e[1]), top_logprobs=[item(t[0], t[1]) for t in top])
-                        for e, top in zip(entries, tops)]}
+    return {
+        "content": [
+            dict(item(e[0], e[1]), top_logprobs=[item(t[0], t[1]) for t in top]) for e, top in zip(entries, tops)
+        ]
+    }
 
 
 def _usage(outputs: list[dict[str, Any]]) -> dict[str, int]:
@@ -149,8 +176,10 @@ def _usage(outputs: list[dict[str, Any]]) -> dict[str, int]:
 
 
 def _metadata(outputs: list[dict[str, Any]]) -> dict[str, Any]:
-    return {"weight_version": outputs[-1]["meta_info"]["weight_version"],
-            "weight_versions": [o["meta_info"].get("weight_versions", []) for o in outputs]}
+    return {
+        "weight_version": outputs[-1]["meta_info"]["weight_version"],
+        "weight_versions": [o["meta_info"].get("weight_versions", []) for o in outputs],
+    }
 
 
 def _chat_prompt(engine: ServedEngine, messages: Any) -> list[int]:
@@ -175,22 +204,34 @@ def _sse(obj: Any) -> bytes:
     return b"data: " + json.dumps(obj, ensure_ascii=False).encode() + b"\n\n"
 
 
-async def _stream(engine: ServedEngine, params: list[GenerateParams], head: dict[str, Any], *, chat: bool,
-                  include_usage: bool) -> AsyncIterator[bytes]:
+async def _stream(
+    engine: ServedEngine, params: list[GenerateParams], head: dict[str, Any], *, chat: bool, include_usage: bool
+) -> AsyncIterator[bytes]:
     sent_text = {p.index: 0 for p in params}
     sent_tokens = {p.index: 0 for p in params}
     finals: list[dict[str, Any]] = []
     if chat:
         for p in params:
-            yield _sse(dict(head, choices=[{"index": p.index, "delta": {"role": "assistant", "content": ""},
-                                            "logprobs": None, "finish_reason": None}]))
+            yield _sse(
+                dict(
+                    head,
+                    choices=[
+                        {
+                            "index": p.index,
+                            "delta": {"role": "assistant", "content": ""},
+                            "logprobs": None,
+                            "finish_reason": None,
+                        }
+                    ],
+                )
+            )
     async for out in interleaved(engine, params):
         if "error" in out:
             yield _sse(out)
             continue
         i = out["index"]
         text, start = out["text"], sent_tokens[i]
-        delta, sent_text[i], sent_tokens[i] = text[sent_text[i]:], len(text), len(out["output_ids"])
+        delta, sent_text[i], sent_tokens[i] = text[sent_text[i] :], len(text), len(out["output_ids"])
         reason, matched = _finish(out)
         logprobs = None
         if params[0].return_logprob:
@@ -206,30 +247,48 @@ async def _stream(engine: ServedEngine, params: list[GenerateParams], head: dict
 
 
 def _head(params: list[GenerateParams], body: dict[str, Any], engine: ServedEngine, obj: str) -> dict[str, Any]:
-    return {"id": params[0].rid, "object": obj, "created": int(time.time()),
-            "model": body.get("model") or engine.model_path}
+    return {
+        "id": params[0].rid,
+        "object": obj,
+        "created": int(time.time()),
+        "model": body.get("model") or engine.model_path,
+    }
 
 
-async def _run(engine: ServedEngine, body: dict[str, Any], prompt: list[int], max_tokens: Any, *, chat: bool,
-               top: int, logprobs: bool) -> Any:
+async def _run(
+    engine: ServedEngine,
+    body: dict[str, Any],
+    prompt: list[int],
+    max_tokens: Any,
+    *,
+    chat: bool,
+    top: int,
+    logprobs: bool,
+) -> Any:
     params = _params(engine, body, prompt, max_tokens, top, logprobs)
     kind = "chat.completion" if chat else "text_completion"
     if body.get("stream"):
         if chat and any(body.get(k) for k in ("return_token_ids", "return_prompt_token_ids", "return_meta_info")):
-            raise ServeError("return_token_ids / return_prompt_token_ids / return_meta_info cannot be used with "
-                             "stream=true.")
+            raise ServeError(
+                "return_token_ids / return_prompt_token_ids / return_meta_info cannot be used with stream=true."
+            )
         head = _head(params, body, engine, kind + ".chunk" if chat else kind)
         include = bool((body.get("stream_options") or {}).get("include_usage"))
-        return StreamingResponse(_stream(engine, params, head, chat=chat, include_usage=include),
-                                 media_type="text/event-stream")
+        return StreamingResponse(
+            _stream(engine, params, head, chat=chat, include_usage=include), media_type="text/event-stream"
+        )
     outputs = await asyncio.gather(*[engine.generate(p) for p in params])
     choices = []
     for p, out in zip(params, outputs):
         reason, matched = _finish(out)
         choice: dict[str, Any] = {"index": p.index, "finish_reason": reason, "matched_stop": matched}
         if chat:
-            choice["message"] = {"role": "assistant", "content": out["text"], "reasoning_content": None,
-                                 "tool_calls": None}
+            choice["message"] = {
+                "role": "assistant",
+                "content": out["text"],
+                "reasoning_content": None,
+                "tool_calls": None,
+            }
             choice["logprobs"] = _chat_logprobs(engine, out) if logprobs else None
         else:
             choice["text"] = out["text"]
@@ -238,8 +297,12 @@ async def _run(engine: ServedEngine, body: dict[str, Any], prompt: list[int], ma
             choice["token_ids" if not chat else "response_token_ids"] = out["output_ids"]
             choice["prompt_token_ids"] = list(p.input_ids)
         choices.append(choice)
-    return dict(_head(params, body, engine, kind), choices=choices, usage=_usage(list(outputs)),
-                metadata=_metadata(list(outputs)))
+    return dict(
+        _head(params, body, engine, kind),
+        choices=choices,
+        usage=_usage(list(outputs)),
+        metadata=_metadata(list(outputs)),
+    )
 
 
 @router.post("/v1/completions")
@@ -258,16 +321,20 @@ async def completions(request: Request) -> Any:
     logprobs = body.get("logprobs")
     if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int) or logprobs < 0):
         raise ServeError(f"logprobs={logprobs!r}: allowed null or an integer >= 0 (how many top log-probs).")
-    return await _run(engine, body, ids, body.get("max_tokens", 16), chat=False, top=logprobs or 0,
-                      logprobs=logprobs is not None)
+    return await _run(
+        engine, body, ids, body.get("max_tokens", 16), chat=False, top=logprobs or 0, logprobs=logprobs is not None
+    )
 
 
 @router.post("/v1/chat/completions")
 async def chat_completions(request: Request) -> Any:
     engine: ServedEngine = request.app.state.engine
     body = await _body(request)
-    ids = check_ids(engine, list(body["input_ids"])) if body.get("input_ids") else \
-        _chat_prompt(engine, body.get("messages"))
+    ids = (
+        check_ids(engine, list(body["input_ids"]))
+        if body.get("input_ids")
+        else _chat_prompt(engine, body.get("messages"))
+    )
     top = body.get("top_logprobs") or 0
     if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= 20:
         raise ServeError(f"top_logprobs={top!r}: allowed an integer 0..20.")
@@ -278,6 +345,16 @@ async def chat_completions(request: Request) -> Any:
 @router.get("/v1/models")
 async def models(request: Request) -> dict[str, Any]:
     engine: ServedEngine = request.app.state.engine
-    return {"object": "list", "data": [{"id": engine.model_path, "object": "model", "created": 0,
-                                        "owned_by": "miles-harness", "root": engine.model_path,
-                                        "max_model_len": engine.max_seq_len}]}
+    return {
+        "object": "list",
+        "data": [
+            {
+                "id": engine.model_path,
+                "object": "model",
+                "created": 0,
+                "owned_by": "miles-harness",
+                "root": engine.model_path,
+                "max_model_len": engine.max_seq_len,
+            }
+        ],
+    }

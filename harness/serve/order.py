@@ -19,8 +19,14 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 TRANSFERS = ("/update_weights_from_tensor", "/update_weights_from_disk", "/update_weights_from_distributed")
-CONTROL = ("/pause_generation", "/continue_generation", "/flush_cache", "/begin_weight_update",
-           "/end_weight_update", "/update_weight_version") + TRANSFERS
+CONTROL = (
+    "/pause_generation",
+    "/continue_generation",
+    "/flush_cache",
+    "/begin_weight_update",
+    "/end_weight_update",
+    "/update_weight_version",
+) + TRANSFERS
 
 
 def _ok(entry: dict[str, Any]) -> bool:
@@ -54,8 +60,15 @@ def _expected(mode: str, calls: list[str]) -> list[str]:
     transfers = [c for c in calls if c in TRANSFERS] or ["/update_weights_from_tensor"]
     if calls[1:] and calls[-2:-1] == ["/update_weights_from_disk"] and "/begin_weight_update" not in calls:
         return ["/pause_generation", *flush, *transfers, "/continue_generation"]  # disk-delta path
-    return ["/pause_generation", *flush, "/begin_weight_update", *transfers, "/update_weight_version",
-            "/end_weight_update", "/continue_generation"]
+    return [
+        "/pause_generation",
+        *flush,
+        "/begin_weight_update",
+        *transfers,
+        "/update_weight_version",
+        "/end_weight_update",
+        "/continue_generation",
+    ]
 
 
 def check_update_order(log: Iterable[dict[str, Any]]) -> list[str]:
@@ -69,7 +82,9 @@ def check_update_order(log: Iterable[dict[str, Any]]) -> list[str]:
             problems.append(f"episode {n} (mode={ep['mode']}): never continued; calls {calls}")
             continue
         if ep["mode"] == "in_place" and "/flush_cache" in calls:
-            problems.append(f"episode {n}: flush_cache after an in_place pause (SGLang refuses it with frozen requests)")
+            problems.append(
+                f"episode {n}: flush_cache after an in_place pause (SGLang refuses it with frozen requests)"
+            )
             continue
         if not any(c in TRANSFERS or c == "/update_weight_version" for c in calls):
             continue  # a pause that updated nothing (e.g. around an evaluation) is not an update

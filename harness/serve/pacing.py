@@ -33,11 +33,15 @@ class Pacing:
     prefill_tokens_per_s: float | None = None
 
     def __post_init__(self) -> None:
-        for flag, value in (("--pace-decode-tokens-per-s", self.decode_tokens_per_s),
-                            ("--pace-prefill-tokens-per-s", self.prefill_tokens_per_s)):
+        for flag, value in (
+            ("--pace-decode-tokens-per-s", self.decode_tokens_per_s),
+            ("--pace-prefill-tokens-per-s", self.prefill_tokens_per_s),
+        ):
             if value is not None and not (math.isfinite(value) and value > 0):
-                raise ConfigError(f"{flag}={value}: allowed a positive number of tokens per second. Fix: pass "
-                                  "e.g. 300 (decode) or 20000 (prefill), or leave it out to run unpaced.")
+                raise ConfigError(
+                    f"{flag}={value}: allowed a positive number of tokens per second. Fix: pass "
+                    "e.g. 300 (decode) or 20000 (prefill), or leave it out to run unpaced."
+                )
 
     @property
     def enabled(self) -> bool:
@@ -57,8 +61,13 @@ class Pacer:
     """Holds each step to ``Pacing``'s budget on the engine thread (``clock`` and
     ``sleep`` are the real ones in the server; tests pass a fake pair)."""
 
-    def __init__(self, pacing: Pacing, *, clock: Callable[[], float] = time.perf_counter,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+    def __init__(
+        self,
+        pacing: Pacing,
+        *,
+        clock: Callable[[], float] = time.perf_counter,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
         self.pacing = pacing
         self._clock = clock
         self._sleep = sleep

@@ -26,8 +26,9 @@ from miles_async_core.types import Status
 from .sampling import SamplingOptions
 
 
-def finish_reason(status: Status | None, *, matched: Any = None, length: int = 0,
-                  message: str = "Aborted") -> dict[str, Any] | None:
+def finish_reason(
+    status: Status | None, *, matched: Any = None, length: int = 0, message: str = "Aborted"
+) -> dict[str, Any] | None:
     if status is None:
         return None
     if status is Status.COMPLETED:
@@ -37,15 +38,16 @@ def finish_reason(status: Status | None, *, matched: Any = None, length: int = 0
     return {"type": "abort", "message": message, "status_code": None, "err_type": None}
 
 
-def output_text(decode: Callable[..., str] | None, tokens: list[int], options: SamplingOptions,
-                matched: Any = None) -> str:
+def output_text(
+    decode: Callable[..., str] | None, tokens: list[int], options: SamplingOptions, matched: Any = None
+) -> str:
     if decode is None:
         return ""
     if isinstance(matched, int) and not isinstance(matched, bool) and not options.no_stop_trim and tokens:
         tokens = tokens[:-1]
     text = decode(tokens, skip_special_tokens=options.skip_special_tokens)
     if isinstance(matched, str) and matched in text:
-        text = text[:text.index(matched) + (len(matched) if options.no_stop_trim else 0)]
+        text = text[: text.index(matched) + (len(matched) if options.no_stop_trim else 0)]
     return text
 
 
@@ -63,14 +65,32 @@ def version_spans(runs: list[list[int]], label: Callable[[int], str]) -> list[di
     return spans
 
 
-def generate_output(*, rid: str, prompt_tokens: int, tokens: list[int], log_probs: list[float],
-                    runs: list[list[int]] | None, finish: dict[str, Any] | None, weight_version: str,
-                    num_retractions: int, text: str, return_logprob: bool, label: Callable[[int], str],
-                    e2e_latency: float | None = None, index: int | None = None,
-                    top_logprobs: list[list[tuple[float, int]]] | None = None) -> dict[str, Any]:
-    meta: dict[str, Any] = {"id": rid, "finish_reason": finish, "prompt_tokens": prompt_tokens,
-                            "completion_tokens": len(tokens), "cached_tokens": 0, "weight_version": weight_version,
-                            "num_retractions": num_retractions}
+def generate_output(
+    *,
+    rid: str,
+    prompt_tokens: int,
+    tokens: list[int],
+    log_probs: list[float],
+    runs: list[list[int]] | None,
+    finish: dict[str, Any] | None,
+    weight_version: str,
+    num_retractions: int,
+    text: str,
+    return_logprob: bool,
+    label: Callable[[int], str],
+    e2e_latency: float | None = None,
+    index: int | None = None,
+    top_logprobs: list[list[tuple[float, int]]] | None = None,
+) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "id": rid,
+        "finish_reason": finish,
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": len(tokens),
+        "cached_tokens": 0,
+        "weight_version": weight_version,
+        "num_retractions": num_retractions,
+    }
     if return_logprob:
         meta["output_token_logprobs"] = [[float(lp), int(t), None] for lp, t in zip(log_probs, tokens)]
         if top_logprobs is not None:
@@ -110,10 +130,10 @@ class IncrementalText:
         self.read = 0  # tokens whose text is in ``self.text``
 
     def update(self, tokens: list[int]) -> str:
-        before = self.decode(tokens[self.prefix:self.read])
-        after = self.decode(tokens[self.prefix:])
+        before = self.decode(tokens[self.prefix : self.read])
+        after = self.decode(tokens[self.prefix :])
         if len(after) > len(before) and not after.endswith("\ufffd"):
-            self.text += after[len(before):]
+            self.text += after[len(before) :]
             self.prefix, self.read = self.read, len(tokens)
         return self.text
 

@@ -30,9 +30,27 @@ import torch
 
 from .served_errors import ServeError
 
-MODELLED = ("max_new_tokens", "min_new_tokens", "temperature", "top_p", "top_k", "min_p", "frequency_penalty",
-            "presence_penalty", "repetition_penalty", "stop", "stop_token_ids", "ignore_eos", "sampling_seed", "n",
-            "logit_bias", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim", "stream_interval")
+MODELLED = (
+    "max_new_tokens",
+    "min_new_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "frequency_penalty",
+    "presence_penalty",
+    "repetition_penalty",
+    "stop",
+    "stop_token_ids",
+    "ignore_eos",
+    "sampling_seed",
+    "n",
+    "logit_bias",
+    "skip_special_tokens",
+    "spaces_between_special_tokens",
+    "no_stop_trim",
+    "stream_interval",
+)
 UNMODELLED = ("json_schema", "regex", "ebnf", "structural_tag", "stop_regex", "custom_params")
 
 
@@ -61,8 +79,13 @@ class SamplingOptions:
 
     @property
     def penalised(self) -> bool:
-        return bool(self.logit_bias) or self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0 \
-            or self.presence_penalty != 0.0 or self.min_new_tokens > 0
+        return (
+            bool(self.logit_bias)
+            or self.repetition_penalty != 1.0
+            or self.frequency_penalty != 0.0
+            or self.presence_penalty != 0.0
+            or self.min_new_tokens > 0
+        )
 
     @property
     def truncated(self) -> bool:
@@ -94,17 +117,33 @@ def parse_sampling(params: dict[str, Any] | None, *, eos_token_id: int | None, v
     params = dict(params or {})
     unknown = sorted(k for k in params if k not in MODELLED and k not in UNMODELLED)
     if unknown:
-        raise ServeError(f"sampling_params has unknown keys {unknown}; allowed: {sorted(MODELLED + UNMODELLED)}.",
-                         schema=True)
+        raise ServeError(
+            f"sampling_params has unknown keys {unknown}; allowed: {sorted(MODELLED + UNMODELLED)}.", schema=True
+        )
     for key in UNMODELLED:
         if params.get(key) not in (None, "", {}, []):
-            raise ServeError(f"sampling_params.{key} is set: constrained or custom decoding ({key}) is not modelled "
-                             "by this server (docs/serve.md lists what is). Fix: drop the field.")
-    o: dict[str, Any] = {key: _number(params, key, default) for key, default in (
-        ("temperature", 1.0), ("top_p", 1.0), ("min_p", 0.0), ("frequency_penalty", 0.0),
-        ("presence_penalty", 0.0), ("repetition_penalty", 1.0))}
-    for key, default in (("max_new_tokens", 128), ("min_new_tokens", 0), ("top_k", -1), ("n", 1),
-                         ("stream_interval", 1)):
+            raise ServeError(
+                f"sampling_params.{key} is set: constrained or custom decoding ({key}) is not modelled "
+                "by this server (docs/serve.md lists what is). Fix: drop the field."
+            )
+    o: dict[str, Any] = {
+        key: _number(params, key, default)
+        for key, default in (
+            ("temperature", 1.0),
+            ("top_p", 1.0),
+            ("min_p", 0.0),
+            ("frequency_penalty", 0.0),
+            ("presence_penalty", 0.0),
+            ("repetition_penalty", 1.0),
+        )
+    }
+    for key, default in (
+        ("max_new_tokens", 128),
+        ("min_new_tokens", 0),
+        ("top_k", -1),
+        ("n", 1),
+        ("stream_interval", 1),
+    ):
         o[key] = _number(params, key, default, integer=True)
     _check(o["temperature"] >= 0, "temperature", o["temperature"], ">= 0 (0 = greedy)")
     _check(0 < o["top_p"] <= 1, "top_p", o["top_p"], "0 < top_p <= 1")
@@ -114,8 +153,12 @@ def parse_sampling(params: dict[str, Any] | None, *, eos_token_id: int | None, v
         _check(-2 <= o[key] <= 2, key, o[key], "-2 <= value <= 2")
     _check(0 < o["repetition_penalty"] <= 2, "repetition_penalty", o["repetition_penalty"], "0 < value <= 2")
     _check(o["max_new_tokens"] >= 0, "max_new_tokens", o["max_new_tokens"], ">= 0")
-    _check(0 <= o["min_new_tokens"] <= o["max_new_tokens"], "min_new_tokens", o["min_new_tokens"],
-           f"0 <= min_new_tokens <= max_new_tokens ({o['max_new_tokens']})")
+    _check(
+        0 <= o["min_new_tokens"] <= o["max_new_tokens"],
+        "min_new_tokens",
+        o["min_new_tokens"],
+        f"0 <= min_new_tokens <= max_new_tokens ({o['max_new_tokens']})",
+    )
     _check(o["n"] >= 1, "n", o["n"], ">= 1")
     _check(o["stream_interval"] >= 1, "stream_interval", o["stream_interval"], ">= 1")
     if o["top_k"] >= vocab_size:
@@ -126,7 +169,8 @@ def parse_sampling(params: dict[str, Any] | None, *, eos_token_id: int | None, v
         raise _schema("stop", params.get("stop"), "a string or a list of strings")
     stop_token_ids = params.get("stop_token_ids") or ()
     if not isinstance(stop_token_ids, (list, tuple)) or not all(
-            isinstance(t, int) and not isinstance(t, bool) for t in stop_token_ids):
+        isinstance(t, int) and not isinstance(t, bool) for t in stop_token_ids
+    ):
         raise _schema("stop_token_ids", stop_token_ids, "a list of integers")
     bad = [t for t in stop_token_ids if not 0 <= t < vocab_size]
     _check(not bad, "stop_token_ids", list(stop_token_ids), f"token ids in [0, {vocab_size})")
@@ -142,27 +186,47 @@ def parse_sampling(params: dict[str, Any] | None, *, eos_token_id: int | None, v
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise _schema("sampling_seed", seed, "an integer")
     flags = {}
-    for key, default in (("ignore_eos", False), ("skip_special_tokens", True), ("no_stop_trim", False),
-                         ("spaces_between_special_tokens", True)):
+    for key, default in (
+        ("ignore_eos", False),
+        ("skip_special_tokens", True),
+        ("no_stop_trim", False),
+        ("spaces_between_special_tokens", True),
+    ):
         value = params.get(key, default)
         if not isinstance(value, bool):
             raise _schema(key, value, "true or false")
         flags[key] = value
-    stop_ids = frozenset() if flags["ignore_eos"] else frozenset(
-        list(stop_token_ids) + ([eos_token_id] if eos_token_id is not None else []))
-    return SamplingOptions(max_new_tokens=o["max_new_tokens"], min_new_tokens=o["min_new_tokens"],
-                           temperature=float(o["temperature"]), top_p=float(o["top_p"]), top_k=o["top_k"],
-                           min_p=float(o["min_p"]), frequency_penalty=float(o["frequency_penalty"]),
-                           presence_penalty=float(o["presence_penalty"]),
-                           repetition_penalty=float(o["repetition_penalty"]), stop=tuple(s for s in stop if s),
-                           stop_token_ids=tuple(stop_token_ids), ignore_eos=flags["ignore_eos"], seed=seed,
-                           n=o["n"], logit_bias=bias_items, skip_special_tokens=flags["skip_special_tokens"],
-                           no_stop_trim=flags["no_stop_trim"], stream_interval=o["stream_interval"],
-                           stop_ids=stop_ids)
+    stop_ids = (
+        frozenset()
+        if flags["ignore_eos"]
+        else frozenset(list(stop_token_ids) + ([eos_token_id] if eos_token_id is not None else []))
+    )
+    return SamplingOptions(
+        max_new_tokens=o["max_new_tokens"],
+        min_new_tokens=o["min_new_tokens"],
+        temperature=float(o["temperature"]),
+        top_p=float(o["top_p"]),
+        top_k=o["top_k"],
+        min_p=float(o["min_p"]),
+        frequency_penalty=float(o["frequency_penalty"]),
+        presence_penalty=float(o["presence_penalty"]),
+        repetition_penalty=float(o["repetition_penalty"]),
+        stop=tuple(s for s in stop if s),
+        stop_token_ids=tuple(stop_token_ids),
+        ignore_eos=flags["ignore_eos"],
+        seed=seed,
+        n=o["n"],
+        logit_bias=bias_items,
+        skip_special_tokens=flags["skip_special_tokens"],
+        no_stop_trim=flags["no_stop_trim"],
+        stream_interval=o["stream_interval"],
+        stop_ids=stop_ids,
+    )
 
 
-def _penalise(row: torch.Tensor, opts: SamplingOptions, prompt: list[int], output: list[int],
-              eos_token_id: int | None) -> None:
+def _penalise(
+    row: torch.Tensor, opts: SamplingOptions, prompt: list[int], output: list[int], eos_token_id: int | None
+) -> None:
     """Logit bias and penalties on one row of logits, in place."""
     for tok, bias in opts.logit_bias:
         row[tok] += bias
@@ -193,8 +257,9 @@ def _truncate(probs: torch.Tensor, opts: SamplingOptions) -> torch.Tensor:
     return torch.where(keep, probs, torch.zeros_like(probs))
 
 
-def choose_tokens(logits: torch.Tensor, reqs: list[Any], generators: list[torch.Generator], *,
-                  eos_token_id: int | None) -> tuple[list[int], list[float], torch.Tensor]:
+def choose_tokens(
+    logits: torch.Tensor, reqs: list[Any], generators: list[torch.Generator], *, eos_token_id: int | None
+) -> tuple[list[int], list[float], torch.Tensor]:
     """One token per row for ``reqs`` (each with ``options``, ``prompt_tokens``,
     ``output_tokens``); returns (tokens, their log-probs, every token's log-prob) under
     the penalised, temperature-scaled distribution."""

@@ -48,14 +48,23 @@ class ServedCore(EngineCore):
         self.top_logprobs: dict[Any, list] = {}
         self._kv_bound = 0  # the most positions any request added so far can need
 
-    def add_request(self, req_id: Any, prompt_tokens: list[int], max_new_tokens: int, temperature: float = 1.0,
-                    seed: int = 0, options: SamplingOptions | None = None) -> None:
+    def add_request(
+        self,
+        req_id: Any,
+        prompt_tokens: list[int],
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        seed: int = 0,
+        options: SamplingOptions | None = None,
+    ) -> None:
         super().add_request(req_id, prompt_tokens, max_new_tokens, temperature, seed)
         self._kv_bound = max(self._kv_bound, len(prompt_tokens) + max_new_tokens)
         req = self._waiting[-1]
         req.options = options or SamplingOptions(
-            max_new_tokens=max_new_tokens, temperature=temperature,
-            stop_ids=frozenset([self.eos_token_id]) if self.eos_token_id is not None else frozenset())
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            stop_ids=frozenset([self.eos_token_id]) if self.eos_token_id is not None else frozenset(),
+        )
         req.top_logprobs = []  # per token: [(logprob, token id)] of the most likely, when asked
 
     def live(self) -> Iterator[tuple[Request, str]]:
@@ -96,8 +105,9 @@ class ServedCore(EngineCore):
         return super()._finish(req, status)
 
     def _choose(self, logits: torch.Tensor, reqs: list[Request]) -> tuple[list[int], list[float]]:
-        tokens, logps, all_logp = choose_tokens(logits, reqs, [r.generator for r in reqs],
-                                                eos_token_id=self.eos_token_id)
+        tokens, logps, all_logp = choose_tokens(
+            logits, reqs, [r.generator for r in reqs], eos_token_id=self.eos_token_id
+        )
         for i, req in enumerate(reqs):
             if req.options.top_logprobs_num > 0:
                 top = torch.topk(all_logp[i], min(req.options.top_logprobs_num, all_logp.shape[-1]))

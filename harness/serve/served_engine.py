@@ -147,8 +147,9 @@ def check_context(prompt_tokens: int, max_new_tokens: int, context_length: int) 
     """SGLang's length check (``tokenizer_manager.py`` ``_validate_one_request``): the
     prompt must be shorter than the context, and prompt plus ``max_new_tokens`` too."""
     if prompt_tokens >= context_length:
-        raise ContextLengthError(f"The input ({prompt_tokens} tokens) is longer than the model's context length "
-                                 f"({context_length} tokens).")
+        raise ContextLengthError(
+            f"The input ({prompt_tokens} tokens) is longer than the model's context length ({context_length} tokens)."
+        )
     total = prompt_tokens + max_new_tokens
     if total >= context_length:
         raise ContextLengthError(
@@ -156,7 +157,8 @@ def check_context(prompt_tokens: int, max_new_tokens: int, context_length: int) 
             f"requested a total of {total} tokens: {prompt_tokens} tokens from the input messages and "
             f"{max_new_tokens} tokens for the completion. Please reduce the number of tokens in the input messages "
             f"or the completion to fit within the limit (sampling_params.max_new_tokens; the server's "
-            f"--context-length).")
+            f"--context-length)."
+        )
 
 
 def version_int(label: str, previous: int) -> int:
@@ -165,9 +167,17 @@ def version_int(label: str, previous: int) -> int:
 
 
 class ServedEngine:
-    def __init__(self, core: ServedCore, *, tokenizer: Any = None, model_path: str = "tiny",
-                 weight_version: str = "default", seed: int = 0, clock: Callable[[], float] = time.monotonic,
-                 pacer: Pacer | None = None) -> None:
+    def __init__(
+        self,
+        core: ServedCore,
+        *,
+        tokenizer: Any = None,
+        model_path: str = "tiny",
+        weight_version: str = "default",
+        seed: int = 0,
+        clock: Callable[[], float] = time.monotonic,
+        pacer: Pacer | None = None,
+    ) -> None:
         self.core = core
         self.pacer = pacer if pacer is not None and pacer.pacing.enabled else None
         self.tokenizer = tokenizer
@@ -192,8 +202,13 @@ class ServedEngine:
         self._idle: asyncio.Event | None = None
         self._budget: int | None = None  # None: run freely; n: at most n more steps (test hook)
         self._budget_waiters: list[asyncio.Future] = []
-        self._thread = EngineThread("serve-engine", can_step=self._can_step, step=self._step,
-                                    on_error=self._on_thread_error, on_idle=self._check_budget)
+        self._thread = EngineThread(
+            "serve-engine",
+            can_step=self._can_step,
+            step=self._step,
+            on_error=self._on_thread_error,
+            on_idle=self._check_budget,
+        )
         core.set_event_hook(self._on_core_event)
 
     # --- life cycle (call start() inside the serving loop) ----------------------------------
@@ -245,8 +260,9 @@ class ServedEngine:
 
     def check_rid(self, rid: str) -> None:
         if rid in self._rids:
-            raise ServeError(f"Duplicate request ID: rid={rid!r} is still running. Fix: give each live request "
-                             "its own rid.")
+            raise ServeError(
+                f"Duplicate request ID: rid={rid!r} is still running. Fix: give each live request its own rid."
+            )
 
     # --- generate ---------------------------------------------------------------------------
     async def generate(self, params: GenerateParams) -> dict[str, Any]:
@@ -281,11 +297,20 @@ class ServedEngine:
                 if stops and stop_prefix_pending(text, stops):
                     continue
                 sent = len(progress.tokens)
-                yield generate_output(rid=params.rid, prompt_tokens=len(params.input_ids), tokens=progress.tokens,
-                                      log_probs=progress.log_probs, runs=None, finish=None,
-                                      weight_version=self._label(progress.version),
-                                      num_retractions=pending.num_retractions, text=text,
-                                      return_logprob=params.return_logprob, label=self._label, index=params.index)
+                yield generate_output(
+                    rid=params.rid,
+                    prompt_tokens=len(params.input_ids),
+                    tokens=progress.tokens,
+                    log_probs=progress.log_probs,
+                    runs=None,
+                    finish=None,
+                    weight_version=self._label(progress.version),
+                    num_retractions=pending.num_retractions,
+                    text=text,
+                    return_logprob=params.return_logprob,
+                    label=self._label,
+                    index=params.index,
+                )
             yield pending.future.result()
         except (asyncio.CancelledError, GeneratorExit):
             if not pending.future.done():  # the client went away mid-stream
@@ -294,11 +319,21 @@ class ServedEngine:
 
     def _empty_output(self, params: GenerateParams) -> dict[str, Any]:
         """``max_new_tokens=0`` (SGLang's warm-up request): nothing to generate."""
-        return generate_output(rid=params.rid, prompt_tokens=len(params.input_ids), tokens=[], log_probs=[],
-                               runs=[], finish=finish_reason(Status.TRUNCATED, length=0),
-                               weight_version=self.weight_version, num_retractions=0, text="",
-                               return_logprob=params.return_logprob, label=self._label, e2e_latency=0.0,
-                               index=params.index)
+        return generate_output(
+            rid=params.rid,
+            prompt_tokens=len(params.input_ids),
+            tokens=[],
+            log_probs=[],
+            runs=[],
+            finish=finish_reason(Status.TRUNCATED, length=0),
+            weight_version=self.weight_version,
+            num_retractions=0,
+            text="",
+            return_logprob=params.return_logprob,
+            label=self._label,
+            e2e_latency=0.0,
+            index=params.index,
+        )
 
     def validate(self, params: GenerateParams) -> None:
         """Refuse (``ServeError``) a request that cannot run: a prompt that leaves no room
@@ -306,8 +341,12 @@ class ServedEngine:
         check_context(len(params.input_ids), params.options.max_new_tokens, self.context_length)
         if params.options.max_new_tokens > 0:
             try:
-                check_request(params.input_ids, params.options.max_new_tokens, params.options.temperature,
-                              max_seq_len=self.max_seq_len)
+                check_request(
+                    params.input_ids,
+                    params.options.max_new_tokens,
+                    params.options.temperature,
+                    max_seq_len=self.max_seq_len,
+                )
             except ConfigError as exc:
                 raise ServeError(str(exc)) from None
         self.check_rid(params.rid)
@@ -333,8 +372,9 @@ class ServedEngine:
             self.sink.emit(ev.SUBMITTED, index=index, group_index=index, version=self.core.version, rid=params.rid)
             opts = params.options
             try:
-                self.core.add_request(index, params.input_ids, opts.max_new_tokens, opts.temperature, params.seed,
-                                      options=opts)
+                self.core.add_request(
+                    index, params.input_ids, opts.max_new_tokens, opts.temperature, params.seed, options=opts
+                )
             except Exception as exc:  # checked above; never let a request kill the engine thread
                 self._drop(index)
                 self._loop.call_soon_threadsafe(set_exception, pending.future, ServeError(str(exc)))
@@ -366,9 +406,11 @@ class ServedEngine:
         except ConfigError as exc:
             raise ServeError(str(exc)) from None
         if self.pause_mode is not None:
-            raise ServeError(f"pause_generation(mode={mode!r}) while generation is already paused "
-                             f"(mode={self.pause_mode!r}); allowed: one pause, then /continue_generation. "
-                             "Fix: call /continue_generation before pausing again.")
+            raise ServeError(
+                f"pause_generation(mode={mode!r}) while generation is already paused "
+                f"(mode={self.pause_mode!r}); allowed: one pause, then /continue_generation. "
+                "Fix: call /continue_generation before pausing again."
+            )
         self.pause_mode = mode  # new requests wait from now on
 
         def cmd() -> None:
@@ -427,13 +469,20 @@ class ServedEngine:
             raise ServeError("the update carries no tensors. Fix: send at least one (name, tensor) pair.")
         unknown = sorted(k for k in named if k not in expected)
         if unknown:
-            raise ServeError(f"unknown parameter names {unknown[:5]}; allowed: the model's own names, e.g. "
-                             f"{sorted(expected)[:3]} (GET /model_info lists them). Fix: rename or drop them.")
-        wrong = [f"{k}: got {tuple(v.shape)}, model has {tuple(expected[k].shape)}"
-                 for k, v in named.items() if tuple(v.shape) != tuple(expected[k].shape)]
+            raise ServeError(
+                f"unknown parameter names {unknown[:5]}; allowed: the model's own names, e.g. "
+                f"{sorted(expected)[:3]} (GET /model_info lists them). Fix: rename or drop them."
+            )
+        wrong = [
+            f"{k}: got {tuple(v.shape)}, model has {tuple(expected[k].shape)}"
+            for k, v in named.items()
+            if tuple(v.shape) != tuple(expected[k].shape)
+        ]
         if wrong:
-            raise ServeError(f"tensor shapes do not match the model ({'; '.join(wrong[:5])}); nothing was loaded. "
-                             "Fix: send tensors of the model's shapes.")
+            raise ServeError(
+                f"tensor shapes do not match the model ({'; '.join(wrong[:5])}); nothing was loaded. "
+                "Fix: send tensors of the model's shapes."
+            )
         not_float = [k for k, v in named.items() if not torch.is_floating_point(v)]
         if not_float:
             raise ServeError(f"tensors {not_float[:5]} are not floating point; nothing was loaded.")
@@ -452,6 +501,7 @@ class ServedEngine:
     async def scheduler_state(self) -> dict[str, Any]:
         """What the engine holds now (read between steps): running and waiting rids, the
         retracted ones among the waiting, KV tokens used and total, whether paused."""
+
         def read() -> dict[str, Any]:
             running, waiting, retracted = [], [], 0
             for req, where in self.core.live():
@@ -461,13 +511,20 @@ class ServedEngine:
                 retracted += where == "waiting" and bool(req.output_tokens)
             used, total = self.core.kv_tokens()
             counters = self.core.counters
-            return {"running_rids": running, "waiting_rids": waiting, "retracted": retracted, "kv_used": used,
-                    "kv_total": total, "paused": self.core.paused,
-                    "gen_throughput": counters.tokens_generated / counters.busy_s if counters.busy_s else 0.0}
+            return {
+                "running_rids": running,
+                "waiting_rids": waiting,
+                "retracted": retracted,
+                "kv_used": used,
+                "kv_total": total,
+                "paused": self.core.paused,
+                "gen_throughput": counters.tokens_generated / counters.busy_s if counters.busy_s else 0.0,
+            }
 
         state = await self.call(read)
-        state.update(pause_mode=self.pause_mode, held_at_admission=self._held,
-                     max_running_requests=self.core.max_running)
+        state.update(
+            pause_mode=self.pause_mode, held_at_admission=self._held, max_running_requests=self.core.max_running
+        )
         return state
 
     async def step(self, n: int | None) -> None:
@@ -491,8 +548,9 @@ class ServedEngine:
         if self.pause_mode is not None or self._pending or self._writers:
             return True  # busy or paused: SGLang answers from its last receive time
         opts = SamplingOptions(max_new_tokens=1, temperature=0.0)
-        out = await self.generate(GenerateParams(input_ids=[0], options=opts, seed=0,
-                                                 rid=f"HEALTH_CHECK_{next(self._ids)}"))
+        out = await self.generate(
+            GenerateParams(input_ids=[0], options=opts, seed=0, rid=f"HEALTH_CHECK_{next(self._ids)}")
+        )
         return out["meta_info"]["finish_reason"]["type"] in ("length", "stop")
 
     async def abort_everything(self) -> None:
@@ -573,8 +631,17 @@ class ServedEngine:
         if found is None:
             if pending.in_core:  # it finished in the step that just ran: its answer is on its way
                 return 0
-            done, where = FinishedRequest(req_id=index, output_tokens=[], log_probs=[], token_versions=VersionRuns(),
-                                          weight_version=self.core.version, status=Status.ABORTED), "waiting"
+            done, where = (
+                FinishedRequest(
+                    req_id=index,
+                    output_tokens=[],
+                    log_probs=[],
+                    token_versions=VersionRuns(),
+                    weight_version=self.core.version,
+                    status=Status.ABORTED,
+                ),
+                "waiting",
+            )
         else:
             done, where = found
             self.sink.emit(ev.FAULT, what="abort_request", index=index, reason=reason)
@@ -595,9 +662,14 @@ class ServedEngine:
             if pending is None:
                 continue
             if pending.in_core:
-                merge_result(pending.sample, tokens=done.output_tokens, log_probs=done.log_probs,
-                             token_runs=done.token_versions.runs, weight_version=done.weight_version,
-                             status=done.status)
+                merge_result(
+                    pending.sample,
+                    tokens=done.output_tokens,
+                    log_probs=done.log_probs,
+                    token_runs=done.token_versions.runs,
+                    weight_version=done.weight_version,
+                    status=done.status,
+                )
                 tokens = pending.sample.prompt_tokens + pending.sample.response_tokens
                 emit_finished(self.sink, pending.sample, tokens_digest=tokens_digest(tokens))
             out = self._response(pending, done, message)
@@ -610,14 +682,22 @@ class ServedEngine:
         params, tokens = pending.params, list(done.output_tokens)
         matched = self.core.matched.pop(done.req_id, None)
         finish = finish_reason(done.status, matched=matched, length=params.options.max_new_tokens, message=message)
-        return generate_output(rid=params.rid, prompt_tokens=len(params.input_ids), tokens=tokens,
-                               log_probs=list(done.log_probs), runs=[list(r) for r in done.token_versions.runs],
-                               finish=finish, weight_version=self._label(done.weight_version),
-                               num_retractions=pending.num_retractions,
-                               text=output_text(self.decode, tokens, params.options, matched),
-                               return_logprob=params.return_logprob, label=self._label,
-                               e2e_latency=self._clock() - pending.t0, index=params.index,
-                               top_logprobs=self.core.top_logprobs.pop(done.req_id, None))
+        return generate_output(
+            rid=params.rid,
+            prompt_tokens=len(params.input_ids),
+            tokens=tokens,
+            log_probs=list(done.log_probs),
+            runs=[list(r) for r in done.token_versions.runs],
+            finish=finish,
+            weight_version=self._label(done.weight_version),
+            num_retractions=pending.num_retractions,
+            text=output_text(self.decode, tokens, params.options, matched),
+            return_logprob=params.return_logprob,
+            label=self._label,
+            e2e_latency=self._clock() - pending.t0,
+            index=params.index,
+            top_logprobs=self.core.top_logprobs.pop(done.req_id, None),
+        )
 
     def _can_step(self) -> bool:
         core = self.core
@@ -636,8 +716,9 @@ class ServedEngine:
         else:  # the step's tokens are handed out once it has lasted its paced budget
             started, steps, prefilled = pacer.now(), counters.decode_steps, counters.prefill_tokens
             finished = self.core.step()
-            counters.busy_s += pacer.hold(started, decoded=counters.decode_steps > steps,
-                                          prefill_tokens=counters.prefill_tokens - prefilled)
+            counters.busy_s += pacer.hold(
+                started, decoded=counters.decode_steps > steps, prefill_tokens=counters.prefill_tokens - prefilled
+            )
         if self._budget is not None:
             self._budget -= 1
         self._report_progress()

@@ -52,17 +52,31 @@ def check_context_length(context_length: int | None, own: int | None, model: str
     if context_length is None:
         return
     if context_length < 2:
-        raise ConfigError(f"--context-length={context_length}: allowed is an integer >= 2 (a prompt token and "
-                          "a new token). Fix: pass a larger value, or leave it out for the model's own context.")
+        raise ConfigError(
+            f"--context-length={context_length}: allowed is an integer >= 2 (a prompt token and "
+            "a new token). Fix: pass a larger value, or leave it out for the model's own context."
+        )
     if own is not None and context_length > own:
-        raise ConfigError(f"--context-length={context_length} is longer than the model's own context ({own} "
-                          f"tokens, max_position_embeddings of --model={model!r}); allowed: 2..{own}. "
-                          "Fix: pass at most that, or leave it out.")
+        raise ConfigError(
+            f"--context-length={context_length} is longer than the model's own context ({own} "
+            f"tokens, max_position_embeddings of --model={model!r}); allowed: 2..{own}. "
+            "Fix: pass at most that, or leave it out."
+        )
 
 
-def build_engine(model: str = "tiny", *, seed: int = 0, max_running: int = 16, eos_token_id: Any = _DEFAULT,
-                 weight_version: str = "default", device: str = "cpu", tiny_config: Any = None,
-                 tokenizer: Any = None, context_length: int | None = None, pacing: Pacing | None = None) -> ServedEngine:
+def build_engine(
+    model: str = "tiny",
+    *,
+    seed: int = 0,
+    max_running: int = 16,
+    eos_token_id: Any = _DEFAULT,
+    weight_version: str = "default",
+    device: str = "cpu",
+    tiny_config: Any = None,
+    tokenizer: Any = None,
+    context_length: int | None = None,
+    pacing: Pacing | None = None,
+) -> ServedEngine:
     """A ``ServedEngine`` over ``model``: ``tiny`` (``TinyLM`` seeded by ``seed`` over
     ``tokenizer``, by default the character vocabulary with a byte fallback, so any text
     works; pass ``harness.backends.tasks.TINY_TOKENIZER`` for the 30-id character model
@@ -81,7 +95,10 @@ def build_engine(model: str = "tiny", *, seed: int = 0, max_running: int = 16, e
         cfg = tiny_config or tiny_model_config(seed, tokenizer, context_length)
         engine_model = tm.build_tiny_lm(cfg, device=device)
     elif model == "smollm2":
-        engine_model, tokenizer = tm.load_smollm2(device=device, max_seq_len=None), tokenizer or tm.load_smollm2_tokenizer()
+        engine_model, tokenizer = (
+            tm.load_smollm2(device=device, max_seq_len=None),
+            tokenizer or tm.load_smollm2_tokenizer(),
+        )
     else:
         engine_model = tm.load_hf_dir(model, device=device)
     if model != "tiny" and context_length is not None:
@@ -99,8 +116,9 @@ def build_engine(model: str = "tiny", *, seed: int = 0, max_running: int = 16, e
     decode = None if tokenizer is None else (lambda ids: tokenizer.decode(ids))
     core = ServedCore(engine_model, decode_text=decode, max_running=max_running, eos_token_id=eos, version=initial)
     pacer = Pacer(pacing) if pacing is not None and pacing.enabled else None
-    return ServedEngine(core, tokenizer=tokenizer, model_path=model, weight_version=weight_version, seed=seed,
-                        pacer=pacer)
+    return ServedEngine(
+        core, tokenizer=tokenizer, model_path=model, weight_version=weight_version, seed=seed, pacer=pacer
+    )
 
 
 # The interpreter's GIL switch interval while a server runs. The engine thread gives up
@@ -119,8 +137,15 @@ class RunningServer:
     runs, the interpreter's GIL switch interval is ``switch_interval_s`` (restored by
     ``stop``; ``None`` leaves it alone)."""
 
-    def __init__(self, engine: ServedEngine, *, bind: str = "127.0.0.1", port: int = 0,
-                 log_level: str = "warning", switch_interval_s: float | None = SWITCH_INTERVAL_S) -> None:
+    def __init__(
+        self,
+        engine: ServedEngine,
+        *,
+        bind: str = "127.0.0.1",
+        port: int = 0,
+        log_level: str = "warning",
+        switch_interval_s: float | None = SWITCH_INTERVAL_S,
+    ) -> None:
         self.engine = engine
         self.http = UvicornThread(create_app(engine), bind=bind, port=port, name="serve-http", log_level=log_level)
         self.switch_interval_s = switch_interval_s
@@ -186,7 +211,8 @@ class RunningServer:
         self.stop()
 
 
-def serve_in_thread(model: str = "tiny", *, bind: str = "127.0.0.1", port: int = 0,
-                    **engine_kwargs: Any) -> RunningServer:
+def serve_in_thread(
+    model: str = "tiny", *, bind: str = "127.0.0.1", port: int = 0, **engine_kwargs: Any
+) -> RunningServer:
     """A started ``RunningServer`` (use it as a context manager to stop it)."""
     return RunningServer(build_engine(model, **engine_kwargs), bind=bind, port=port).start()

@@ -20,8 +20,10 @@ from typing import Any, Iterable
 
 from harness.backends.tasks import TINY_TOKENIZER
 
-TINY_CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
-                      "{% if add_generation_prompt %}assistant: {% endif %}")
+TINY_CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant: {% endif %}"
+)
 
 
 class ByteFallbackTokenizer:
@@ -57,8 +59,9 @@ class ByteFallbackTokenizer:
         return bytes([tok - self.byte_offset])
 
     def decode(self, ids: Iterable[int], *, skip_special_tokens: bool = True) -> str:
-        return b"".join(self.token_bytes(int(t), skip_special_tokens=skip_special_tokens)
-                        for t in ids).decode("utf-8", "replace")
+        return b"".join(self.token_bytes(int(t), skip_special_tokens=skip_special_tokens) for t in ids).decode(
+            "utf-8", "replace"
+        )
 
     def convert_ids_to_tokens(self, ids: Iterable[int]) -> list[str]:
         return [self.token_bytes(int(t), skip_special_tokens=False).decode("utf-8", "replace") for t in ids]

@@ -104,14 +104,20 @@ class E2EConfig:
             raise ConfigError(f"pause_mode={self.pause_mode!r}; allowed: abort, retract, in_place.")
         if self.fully_async and self.pause_mode == "abort":
             # upstream: arguments.py:L61
-            raise ConfigError("fully_async with pause_mode='abort' is refused by upstream (arguments.py). "
-                              "Fix: pass retract or in_place.")
+            raise ConfigError(
+                "fully_async with pause_mode='abort' is refused by upstream (arguments.py). "
+                "Fix: pass retract or in_place."
+            )
         if not 1 <= self.servers <= 4 or self.steps < 1 or self.buckets < 1:
-            raise ConfigError(f"servers={self.servers} (1..4), steps={self.steps} (>= 1) and buckets="
-                              f"{self.buckets} (>= 1) are out of range.")
+            raise ConfigError(
+                f"servers={self.servers} (1..4), steps={self.steps} (>= 1) and buckets="
+                f"{self.buckets} (>= 1) are out of range."
+            )
         if self.train_extra_s < 0:
-            raise ConfigError(f"train_extra_s={self.train_extra_s!r}: must be >= 0 (seconds added to each "
-                              "training step); fix: use 0 or a positive number.")
+            raise ConfigError(
+                f"train_extra_s={self.train_extra_s!r}: must be >= 0 (seconds added to each "
+                "training step); fix: use 0 or a positive number."
+            )
 
 
 # The three runs the results file holds (at least 5 steps each: one-step, and fully async with
@@ -120,19 +126,38 @@ class E2EConfig:
 # at most updates; stopping at EOS staggers the groups, so the pause meets some of them
 # mid-response (with equal lengths they run in lockstep and often all end just before it).
 STANDARD_RUNS = (
-    E2EConfig(name="one-step-retract-disk", fully_async=False, pause_mode="retract", transfer="disk",
-              over_sampling_batch_size=6),
-    E2EConfig(name="fully-async-retract-tensor", fully_async=True, pause_mode="retract", transfer="tensor",
-              max_weight_staleness=1, max_concurrent_samples=8),
-    E2EConfig(name="fully-async-in_place-tensor", fully_async=True, pause_mode="in_place", transfer="tensor",
-              max_weight_staleness=1, max_concurrent_samples=8),
+    E2EConfig(
+        name="one-step-retract-disk",
+        fully_async=False,
+        pause_mode="retract",
+        transfer="disk",
+        over_sampling_batch_size=6,
+    ),
+    E2EConfig(
+        name="fully-async-retract-tensor",
+        fully_async=True,
+        pause_mode="retract",
+        transfer="tensor",
+        max_weight_staleness=1,
+        max_concurrent_samples=8,
+    ),
+    E2EConfig(
+        name="fully-async-in_place-tensor",
+        fully_async=True,
+        pause_mode="in_place",
+        transfer="tensor",
+        max_weight_staleness=1,
+        max_concurrent_samples=8,
+    ),
 )
 
 
 # --------------------------------------------------------------------------- local assets
 
-def write_tiny_assets(root: Path, *, n_prompts: int = 256, seed: int = 0, n_symbols: int = N_SYMBOLS,
-                      length: int = 2) -> tuple[Path, Path]:
+
+def write_tiny_assets(
+    root: Path, *, n_prompts: int = 256, seed: int = 0, n_symbols: int = N_SYMBOLS, length: int = 2
+) -> tuple[Path, Path]:
     """A Hugging Face directory for the tiny model (``tokenizer.json`` etc. from the
     harness's ``CharTokenizer`` vocabulary, and a Llama-shaped ``config.json``) and a JSONL
     of copy-task prompts (``text``, ``label``). Nothing is downloaded."""
@@ -148,18 +173,35 @@ def write_tiny_assets(root: Path, *, n_prompts: int = 256, seed: int = 0, n_symb
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")  # one token per character
     tok.decoder = decoders.Fuse()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>",
-                                   unk_token="<pad>")
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>", unk_token="<pad>"
+    )
     fast.save_pretrained(hf_dir)
     cfg = TinyLMConfig(vocab_size=char.vocab_size, seed=seed)
-    (hf_dir / "config.json").write_text(json.dumps({
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": cfg.vocab_size,
-        "hidden_size": cfg.d_model, "intermediate_size": cfg.d_ff, "num_hidden_layers": cfg.n_layers,
-        "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.n_heads,
-        "max_position_embeddings": cfg.max_seq_len, "rope_theta": cfg.rope_theta, "rms_norm_eps": cfg.norm_eps,
-        "hidden_act": "silu", "tie_word_embeddings": False, "torch_dtype": cfg.dtype,
-        "pad_token_id": char.pad_token_id, "bos_token_id": char.bos_token_id, "eos_token_id": char.eos_token_id,
-    }, indent=1))
+    (hf_dir / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["LlamaForCausalLM"],
+                "model_type": "llama",
+                "vocab_size": cfg.vocab_size,
+                "hidden_size": cfg.d_model,
+                "intermediate_size": cfg.d_ff,
+                "num_hidden_layers": cfg.n_layers,
+                "num_attention_heads": cfg.n_heads,
+                "num_key_value_heads": cfg.n_heads,
+                "max_position_embeddings": cfg.max_seq_len,
+                "rope_theta": cfg.rope_theta,
+                "rms_norm_eps": cfg.norm_eps,
+                "hidden_act": "silu",
+                "tie_word_embeddings": False,
+                "torch_dtype": cfg.dtype,
+                "pad_token_id": char.pad_token_id,
+                "bos_token_id": char.bos_token_id,
+                "eos_token_id": char.eos_token_id,
+            },
+            indent=1,
+        )
+    )
     task = CopyTask(n_symbols=n_symbols, length=length)
     rows = task.sample_prompts(random.Random(seed), n_prompts)
     prompts = root / "copy_prompts.jsonl"
@@ -174,7 +216,7 @@ async def copy_task_rm(args: Any, sample: Any, **_: Any) -> float:
     model's samples differ in reward and every GRPO step changes the weights."""
     from harness.backends.tasks import TINY_TOKENIZER
 
-    response = list(sample.tokens[len(sample.tokens) - sample.response_length:]) if sample.response_length else []
+    response = list(sample.tokens[len(sample.tokens) - sample.response_length :]) if sample.response_length else []
     target = TINY_TOKENIZER.encode(str(sample.label))
     symbols = set(TINY_TOKENIZER.encode("abcdefgh"[:N_SYMBOLS]))
     positional = sum(1 for a, b in zip(response, target) if a == b) / len(target)
@@ -183,6 +225,7 @@ async def copy_task_rm(args: Any, sample: Any, **_: Any) -> float:
 
 
 # --------------------------------------------------------------------------- observing /generate
+
 
 class _Observer:
     """Upstream's lifecycle sink (which sample a task is generating) and a wrapper around
@@ -209,10 +252,14 @@ class _Observer:
         out = await self.real_post(url, payload, *args, **kwargs)
         if sample is not None and url.endswith("/generate") and isinstance(out, dict):
             meta = out.get("meta_info", {})
-            record = {"weight_version": meta.get("weight_version"), "spans": meta.get("weight_versions"),
-                      "runs": meta.get("token_versions"), "finish": (meta.get("finish_reason") or {}).get("type"),
-                      "output_ids": [int(e[1]) for e in meta.get("output_token_logprobs") or []],
-                      "num_retractions": meta.get("num_retractions", 0)}
+            record = {
+                "weight_version": meta.get("weight_version"),
+                "spans": meta.get("weight_versions"),
+                "runs": meta.get("token_versions"),
+                "finish": (meta.get("finish_reason") or {}).get("type"),
+                "output_ids": [int(e[1]) for e in meta.get("output_token_logprobs") or []],
+                "num_retractions": meta.get("num_retractions", 0),
+            }
             with self.lock:
                 self.calls.setdefault(sample.index, []).append(record)
         return out
@@ -243,9 +290,13 @@ class _Seams:
 
         lifecycle = TrajectoryLifecycle()
         quiet = getattr(train_mod.tqdm, "func", train_mod.tqdm)  # the one-step progress bar, off
-        for obj, name, value in ((single_turn, "post", self.observer.post), (train_mod, "post", http_utils.post),
-                                 (train_mod, "get", http_utils.get), (lifecycle, "sink", self.observer),
-                                 (train_mod, "tqdm", functools.partial(quiet, disable=True))):
+        for obj, name, value in (
+            (single_turn, "post", self.observer.post),
+            (train_mod, "post", http_utils.post),
+            (train_mod, "get", http_utils.get),
+            (lifecycle, "sink", self.observer),
+            (train_mod, "tqdm", functools.partial(quiet, disable=True)),
+        ):
             self.saved.append((obj, name, getattr(obj, name)))
             setattr(obj, name, value)
         return self
@@ -256,6 +307,7 @@ class _Seams:
 
 
 # --------------------------------------------------------------------------- the run
+
 
 @dataclass
 class E2EResult:
@@ -283,7 +335,9 @@ class E2EResult:
         out["trained"] = len(self.trained)  # per-sample rows are summarised in "ages"
         out["spanning_examples"] = [  # up to 8 trained samples whose tokens span an update
             {k: r[k] for k in ("rollout_id", "index", "recorded", "token_versions", "kv_versions")}
-            for r in self.trained if r["token_versions"] and len(set(r["token_versions"])) > 1][:8]
+            for r in self.trained
+            if r["token_versions"] and len(set(r["token_versions"])) > 1
+        ][:8]
         return out
 
 
@@ -292,21 +346,40 @@ def _args(cfg: E2EConfig, hf_dir: Path, prompts: Path, router_port: int) -> argp
     from harness.sim.scenario import Scenario
     from harness.upstream.runner import upstream_args
 
-    config = AsyncConfig(rollout_batch_size=cfg.rollout_batch_size, n_samples_per_prompt=cfg.n_samples_per_prompt,
-                         fully_async=cfg.fully_async, pause_generation_mode=cfg.pause_mode, num_rollout=cfg.steps,
-                         max_weight_staleness=cfg.max_weight_staleness, seed=cfg.seed,
-                         async_unused_samples_handler=cfg.unused_samples_handler,
-                         over_sampling_batch_size=cfg.over_sampling_batch_size,
-                         async_max_concurrent_samples=cfg.max_concurrent_samples)
+    config = AsyncConfig(
+        rollout_batch_size=cfg.rollout_batch_size,
+        n_samples_per_prompt=cfg.n_samples_per_prompt,
+        fully_async=cfg.fully_async,
+        pause_generation_mode=cfg.pause_mode,
+        num_rollout=cfg.steps,
+        max_weight_staleness=cfg.max_weight_staleness,
+        seed=cfg.seed,
+        async_unused_samples_handler=cfg.unused_samples_handler,
+        over_sampling_batch_size=cfg.over_sampling_batch_size,
+        async_max_concurrent_samples=cfg.max_concurrent_samples,
+    )
     args = upstream_args(Scenario(name=cfg.name, config=config, max_new_tokens=cfg.max_new_tokens))
     vars(args).update(
-        hf_checkpoint=str(hf_dir), prompt_data=str(prompts), input_key="text", label_key="label",
-        custom_rm_path="harness.serve.upstream_e2e.copy_task_rm", custom_async_data_buffer_path=None,
-        sglang_router_ip="127.0.0.1", sglang_router_port=router_port, use_miles_router=True,
-        sglang_server_concurrency=64, rollout_num_gpus=cfg.servers, rollout_num_gpus_per_engine=1,
-        eval_num_gpus=0, use_distributed_post=False, miles_router_max_connections=None, miles_router_timeout=None,
-        rollout_health_check_interval=5.0, miles_router_health_check_failure_threshold=3,
-        rollout_function_path=FULLY_ASYNC_FN if cfg.fully_async else ONE_STEP_FN, rollout_external=True,
+        hf_checkpoint=str(hf_dir),
+        prompt_data=str(prompts),
+        input_key="text",
+        label_key="label",
+        custom_rm_path="harness.serve.upstream_e2e.copy_task_rm",
+        custom_async_data_buffer_path=None,
+        sglang_router_ip="127.0.0.1",
+        sglang_router_port=router_port,
+        use_miles_router=True,
+        sglang_server_concurrency=64,
+        rollout_num_gpus=cfg.servers,
+        rollout_num_gpus_per_engine=1,
+        eval_num_gpus=0,
+        use_distributed_post=False,
+        miles_router_max_connections=None,
+        miles_router_timeout=None,
+        rollout_health_check_interval=5.0,
+        miles_router_health_check_failure_threshold=3,
+        rollout_function_path=FULLY_ASYNC_FN if cfg.fully_async else ONE_STEP_FN,
+        rollout_external=True,
         update_weight_local_checkpoint_dir=None,
     )
     return args
@@ -317,10 +390,17 @@ def _core_sample(us: Any) -> Any:
 
     n = int(us.response_length)
     tokens = list(us.tokens)
-    return Sample(prompt=str(us.prompt), prompt_tokens=tokens[: len(tokens) - n],
-                  response_tokens=tokens[len(tokens) - n:],
-                  rollout_log_probs=list(us.rollout_log_probs or []), reward=float(us.reward), index=us.index,
-                  group_index=us.group_index, label=us.label, weight_versions=list(us.weight_versions))
+    return Sample(
+        prompt=str(us.prompt),
+        prompt_tokens=tokens[: len(tokens) - n],
+        response_tokens=tokens[len(tokens) - n :],
+        rollout_log_probs=list(us.rollout_log_probs or []),
+        reward=float(us.reward),
+        index=us.index,
+        group_index=us.group_index,
+        label=us.label,
+        weight_versions=list(us.weight_versions),
+    )
 
 
 class _Run:
@@ -364,9 +444,10 @@ class _Run:
             size = -(-len(names) // cfg.buckets)
             results = []
             for i in range(0, len(names), size):
-                payload = [encode_named_tensors({k: weights[k] for k in names[i:i + size]})]
-                results += await each("update_weights_from_tensor", serialized_named_tensors=payload,
-                                      load_format=None, flush_cache=False)
+                payload = [encode_named_tensors({k: weights[k] for k in names[i : i + size]})]
+                results += await each(
+                    "update_weights_from_tensor", serialized_named_tensors=payload, load_format=None, flush_cache=False
+                )
             await each("update_weight_version", weight_version=label)
             await each("end_weight_update")
         await each("continue_generation")
@@ -374,8 +455,9 @@ class _Run:
         if any(not r.get("success", False) for r in results if isinstance(r, dict)):
             raise RuntimeError(f"a weight update was refused: {results}")
         self.manager_version = self.weight_version
-        self.result.updates.append({"version": label, "read_back": read_back, "max_abs_weight_change": change,
-                                    "wall_s": time.monotonic() - t0})
+        self.result.updates.append(
+            {"version": label, "read_back": read_back, "max_abs_weight_change": change, "wall_s": time.monotonic() - t0}
+        )
 
     # --- the rollout manager's generate --------------------------------------------------------
     async def generate(self, rollout_id: int) -> dict[str, Any]:
@@ -383,8 +465,9 @@ class _Run:
         from miles.rollout.inference_rollout.compatibility import call_rollout_function
 
         version = self.manager_version
-        out = await asyncio.to_thread(call_rollout_function, self.rollout_fn,
-                                      RolloutFnTrainInput(rollout_id=rollout_id, weight_version=version))
+        out = await asyncio.to_thread(
+            call_rollout_function, self.rollout_fn, RolloutFnTrainInput(rollout_id=rollout_id, weight_version=version)
+        )
         groups = [[_core_sample(s) for s in g] for g in out.samples]
         for g in out.samples:
             for s in g:
@@ -393,7 +476,7 @@ class _Run:
 
     def _row(self, rollout_id: int, version: int | None, s: Any) -> dict[str, Any]:
         n = int(s.response_length)
-        response = [int(t) for t in s.tokens[len(s.tokens) - n:]] if n else []
+        response = [int(t) for t in s.tokens[len(s.tokens) - n :]] if n else []
         calls = self.observer.calls_for(s.index, response)
         true_versions: list[int] | None = None
         kv_versions: list[int] = []
@@ -405,18 +488,29 @@ class _Run:
                     kv_versions += [int(kv)] * int(count)
         kv_older = sum(1 for v, kv in zip(true_versions or [], kv_versions) if kv < v)
         recorded = [int(v) for v in s.weight_versions if str(v).isdigit()]
-        return {"rollout_id": rollout_id, "current_version": version, "index": s.index, "group_index": s.group_index,
-                "recorded": list(s.weight_versions), "recorded_oldest": min(recorded) if recorded else None,
-                "true_oldest": min(true_versions) if true_versions else None,
-                "true_newest": max(true_versions) if true_versions else None,
-                "tokens": n, "tokens_older_than_recorded": (sum(1 for v in true_versions if v < min(recorded))
-                                                            if true_versions and recorded else 0),
-                "kv_older_tokens": kv_older, "calls_matched": calls is not None,
-                "token_versions": true_versions, "kv_versions": kv_versions,
-                "prompt_tokens": list(s.tokens[:len(s.tokens) - n]),
-                "response_tokens": response, "rollout_log_probs": list(s.rollout_log_probs or []),
-                "recorded_matches_calls": calls is not None and [c["weight_version"] for c in calls]
-                == list(s.weight_versions)}
+        return {
+            "rollout_id": rollout_id,
+            "current_version": version,
+            "index": s.index,
+            "group_index": s.group_index,
+            "recorded": list(s.weight_versions),
+            "recorded_oldest": min(recorded) if recorded else None,
+            "true_oldest": min(true_versions) if true_versions else None,
+            "true_newest": max(true_versions) if true_versions else None,
+            "tokens": n,
+            "tokens_older_than_recorded": (
+                sum(1 for v in true_versions if v < min(recorded)) if true_versions and recorded else 0
+            ),
+            "kv_older_tokens": kv_older,
+            "calls_matched": calls is not None,
+            "token_versions": true_versions,
+            "kv_versions": kv_versions,
+            "prompt_tokens": list(s.tokens[: len(s.tokens) - n]),
+            "response_tokens": response,
+            "rollout_log_probs": list(s.rollout_log_probs or []),
+            "recorded_matches_calls": calls is not None
+            and [c["weight_version"] for c in calls] == list(s.weight_versions),
+        }
 
     async def train(self, rollout_id: int, ref: Any) -> None:
         metrics = await self.trainer.train(rollout_id, ref["groups"])
@@ -437,8 +531,12 @@ class _Run:
         from harness.upstream.ray_names import rebind_ray_names
 
         # generate starts at once and returns a future, as a Ray call does
-        return rebind_ray_names(mod, generate=lambda *a, **k: asyncio.ensure_future(self.generate(*a, **k)),
-                                update_weights=self.update_weights, train=self.train)
+        return rebind_ray_names(
+            mod,
+            generate=lambda *a, **k: asyncio.ensure_future(self.generate(*a, **k)),
+            update_weights=self.update_weights,
+            train=self.train,
+        )
 
     # --- set-up and tear-down --------------------------------------------------------------------
     def execute(self) -> E2EResult:
@@ -462,15 +560,21 @@ class _Run:
         t0 = time.monotonic()
         hf_dir, prompts = write_tiny_assets(self.workdir, seed=cfg.seed)
         eos: dict[str, Any] = {} if cfg.stop_at_eos else {"eos_token_id": None}
-        self.served = [serve_in_thread("tiny", seed=cfg.seed, tokenizer=TINY_TOKENIZER, **eos)
-                       for _ in range(cfg.servers)]
+        self.served = [
+            serve_in_thread("tiny", seed=cfg.seed, tokenizer=TINY_TOKENIZER, **eos) for _ in range(cfg.servers)
+        ]
         router = None
         self.trained_rows: list[dict[str, Any]] = []
         try:
-            router_args = argparse.Namespace(sglang_server_concurrency=64, rollout_num_gpus=cfg.servers,
-                                             rollout_num_gpus_per_engine=1, miles_router_max_connections=None,
-                                             miles_router_timeout=None, rollout_health_check_interval=5.0,
-                                             miles_router_health_check_failure_threshold=3)
+            router_args = argparse.Namespace(
+                sglang_server_concurrency=64,
+                rollout_num_gpus=cfg.servers,
+                rollout_num_gpus_per_engine=1,
+                miles_router_max_connections=None,
+                miles_router_timeout=None,
+                rollout_health_check_interval=5.0,
+                miles_router_health_check_failure_threshold=3,
+            )
             miles_router = MilesRouter(router_args)
             router = UvicornThread(miles_router.app, name="miles-router").start()
             assert router.port is not None, "the router thread binds its port on start()"
@@ -490,7 +594,8 @@ class _Run:
             with _Seams(self.observer):
                 data_source = RolloutDataSourceWithBuffer(args)
                 self.rollout_fn = load_rollout_function(
-                    RolloutFnConstructorInput(args=args, data_source=data_source), args.rollout_function_path)
+                    RolloutFnConstructorInput(args=args, data_source=data_source), args.rollout_function_path
+                )
                 try:
                     asyncio.run(self.driver().train(args))
                 except StandInCalled as exc:  # a stand-in upstream reached beyond what it has
@@ -530,17 +635,29 @@ class _Run:
             counts: dict[str, int] = {}
             for e in log:
                 counts[e["path"]] = counts.get(e["path"], 0) + 1
-            res.servers.append({
-                "server": n, "events": len(events), "invariants": report,
-                "update_order": {"problems": check_update_order(log), "episodes": len(episodes),
-                                 "modes": sorted({str(ep["mode"]) for ep in episodes}),
-                                 "calls_first_episode": episodes[0]["calls"] if episodes else []},
-                "requests": counts})
+            res.servers.append(
+                {
+                    "server": n,
+                    "events": len(events),
+                    "invariants": report,
+                    "update_order": {
+                        "problems": check_update_order(log),
+                        "episodes": len(episodes),
+                        "modes": sorted({str(ep["mode"]) for ep in episodes}),
+                        "calls_first_episode": episodes[0]["calls"] if episodes else [],
+                    },
+                    "requests": counts,
+                }
+            )
             retractions += sum(1 for e in events if e.kind == ev.RETRACTED)
             paused_in_place += sum(1 for e in events if e.kind == ev.PAUSED_REQ)
             finished += sum(1 for e in events if e.kind == ev.FINISHED)
-        res.engine = {"retracted": retractions, "paused_in_place": paused_in_place, "finished": finished,
-                      "router_outstanding_after_stop": self.router_counts}
+        res.engine = {
+            "retracted": retractions,
+            "paused_in_place": paused_in_place,
+            "finished": finished,
+            "router_outstanding_after_stop": self.router_counts,
+        }
         res.trained = self.trained_rows
         res.ages = age_summary(self.trained_rows, max_weight_staleness=cfg.max_weight_staleness)
         res.engine["log_probs"] = logprob_check(self.trained_rows, self.version_weights, seed=cfg.seed)
@@ -549,12 +666,14 @@ class _Run:
 def age_summary(rows: list[dict[str, Any]], *, max_weight_staleness: int | None) -> dict[str, Any]:
     """Miles' recorded ``weight_versions`` next to the server's per-token versions, over
     the trained samples of a run."""
-    matched = [r for r in rows if r["calls_matched"] and r["true_oldest"] is not None
-               and r["recorded_oldest"] is not None]
+    matched = [
+        r for r in rows if r["calls_matched"] and r["true_oldest"] is not None and r["recorded_oldest"] is not None
+    ]
     younger = [r for r in matched if r["recorded_oldest"] > r["true_oldest"]]
     spanning = [r for r in matched if r["true_newest"] != r["true_oldest"]]
     out: dict[str, Any] = {
-        "samples_trained": len(rows), "samples_matched": len(matched),
+        "samples_trained": len(rows),
+        "samples_matched": len(matched),
         "recorded_equals_calls": sum(1 for r in rows if r["recorded_matches_calls"]),
         "samples_spanning_an_update": len(spanning),
         "samples_recorded_younger_than_oldest_token": len(younger),
@@ -570,16 +689,20 @@ def age_summary(rows: list[dict[str, Any]], *, max_weight_staleness: int | None)
         for r in matched:
             if r["current_version"] is not None:
                 groups.setdefault((r["rollout_id"], r["group_index"]), []).append(r)
-        over = [g for g in groups.values()
-                if g[0]["current_version"] - min(r["true_oldest"] for r in g) > max_weight_staleness]
+        over = [
+            g
+            for g in groups.values()
+            if g[0]["current_version"] - min(r["true_oldest"] for r in g) > max_weight_staleness
+        ]
         out["groups_trained"] = len(groups)
         out["groups_truly_staler_than_limit"] = len(over)
         out["max_weight_staleness"] = max_weight_staleness
     return out
 
 
-def logprob_check(rows: list[dict[str, Any]], version_weights: dict[int, dict[str, Any]], *, seed: int = 0,
-                  tol: float = 1e-3) -> dict[str, Any]:
+def logprob_check(
+    rows: list[dict[str, Any]], version_weights: dict[int, dict[str, Any]], *, seed: int = 0, tol: float = 1e-3
+) -> dict[str, Any]:
     """Each trained token's rollout log-prob next to a fresh forward pass (prompt +
     response, no KV cache) under the weights of the version the server says sampled it.
     A token sampled on KV of its own version must match (retract re-prefills under the
@@ -666,13 +789,20 @@ def main(argv: list[str] | None = None) -> int:
         cfg = E2EConfig(**{**asdict(base), "steps": ns.steps, "servers": ns.servers, "seed": ns.seed})
         res = run_upstream_e2e(cfg, miles_src=ns.miles_src)
         runs.append(res.to_json())
-        print(f"{cfg.name}: steps={res.steps_trained} error={res.error} violations={len(res.violations)} "
-              f"order_problems={len(res.order_problems)} ages={res.ages} engine={res.engine} wall={res.wall_s:.1f}s",
-              flush=True)
+        print(
+            f"{cfg.name}: steps={res.steps_trained} error={res.error} violations={len(res.violations)} "
+            f"order_problems={len(res.order_problems)} ages={res.ages} engine={res.engine} wall={res.wall_s:.1f}s",
+            flush=True,
+        )
     from harness.results.schema import git_info, machine_info
 
-    report = {"command": "python -m harness.serve.upstream_e2e " + " ".join(argv if argv is not None else sys.argv[1:]),
-              "git": git_info(), "machine": machine_info(), "python": platform.python_version(), "runs": runs}
+    report = {
+        "command": "python -m harness.serve.upstream_e2e " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "git": git_info(),
+        "machine": machine_info(),
+        "python": platform.python_version(),
+        "runs": runs,
+    }
     if ns.out:
         os.makedirs(os.path.dirname(ns.out) or ".", exist_ok=True)
         Path(ns.out).write_text(json.dumps(report, indent=1, default=str) + "\n")

@@ -16,14 +16,16 @@ from miles_async_core.errors import ConfigError
 
 
 class UvicornThread:
-    def __init__(self, app: Any, *, bind: str = "127.0.0.1", port: int = 0, name: str = "serve-http",
-                 log_level: str = "warning") -> None:
+    def __init__(
+        self, app: Any, *, bind: str = "127.0.0.1", port: int = 0, name: str = "serve-http", log_level: str = "warning"
+    ) -> None:
         import uvicorn
 
         self.bind = bind
         self.name = name
-        self.config = uvicorn.Config(app, host=bind, port=port, log_level=log_level, lifespan="on",
-                                     access_log=False, timeout_graceful_shutdown=5)
+        self.config = uvicorn.Config(
+            app, host=bind, port=port, log_level=log_level, lifespan="on", access_log=False, timeout_graceful_shutdown=5
+        )
         self.server = uvicorn.Server(self.config)
         self.thread: threading.Thread | None = None
         self.port: int | None = None
@@ -49,8 +51,10 @@ class UvicornThread:
         while not self.server.started:  # bounded wait for uvicorn's own readiness flag
             if not self.thread.is_alive() or time.monotonic() > deadline:
                 self.stop()
-                raise ConfigError(f"{self.name} did not start within {timeout_s} s on {self.bind}:{self.config.port} "
-                                  "(port taken? see the log above). Fix: pass another --port or 0 for a free one.")
+                raise ConfigError(
+                    f"{self.name} did not start within {timeout_s} s on {self.bind}:{self.config.port} "
+                    "(port taken? see the log above). Fix: pass another --port or 0 for a free one."
+                )
             self.thread.join(0.01)
         self.port = self.server.servers[0].sockets[0].getsockname()[1]
         self.startup_s = time.perf_counter() - t0

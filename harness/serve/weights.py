@@ -65,9 +65,11 @@ class _RestrictedUnpickler(pickle.Unpickler):
         if module == "torch" and name in _DTYPE_NAMES:
             return getattr(torch, name)
         if (module, name) not in _ALLOWED:
-            raise ServeError(f"serialized_named_tensors refers to {module}.{name}, which this server does not load; "
-                             "allowed: tensors pickled as SGLang's MultiprocessingSerializer or "
-                             "harness.serve.weights.encode_named_tensors writes them.")
+            raise ServeError(
+                f"serialized_named_tensors refers to {module}.{name}, which this server does not load; "
+                "allowed: tensors pickled as SGLang's MultiprocessingSerializer or "
+                "harness.serve.weights.encode_named_tensors writes them."
+            )
         replacement = _ALLOWED[(module, name)]
         return replacement if replacement is not None else super().find_class(module, name)
 
@@ -82,23 +84,37 @@ def encode_named_tensors(named: Iterable[tuple[str, torch.Tensor]] | dict[str, t
 
 def decode_named_tensors(serialized: Any, load_format: str | None) -> dict[str, torch.Tensor]:
     if load_format not in (None, "direct"):
-        raise ServeError(f"load_format={load_format!r} is not supported by this server; allowed: null (a pickled "
-                         "list of (name, tensor) pairs, SGLang's default). Fix: send unflattened named tensors.")
+        raise ServeError(
+            f"load_format={load_format!r} is not supported by this server; allowed: null (a pickled "
+            "list of (name, tensor) pairs, SGLang's default). Fix: send unflattened named tensors."
+        )
     if isinstance(serialized, str):
         serialized = [serialized]
     if not isinstance(serialized, list) or not serialized or not all(isinstance(s, (str, bytes)) for s in serialized):
-        raise ServeError("serialized_named_tensors must be a non-empty list of base64 strings, one per "
-                         "tensor-parallel rank. Fix: send [encode_named_tensors(named)].")
+        raise ServeError(
+            "serialized_named_tensors must be a non-empty list of base64 strings, one per "
+            "tensor-parallel rank. Fix: send [encode_named_tensors(named)]."
+        )
     data = serialized[0]
     try:
         raw = base64.b64decode(data, validate=True) if isinstance(data, str) else data
         obj = _RestrictedUnpickler(io.BytesIO(raw)).load()
     except ServeError:
         raise
-    except (binascii.Error, pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError,
-            RuntimeError, OSError) as exc:
-        raise ServeError(f"serialized_named_tensors[0] is not a base64 pickle of named tensors ({exc}). "
-                         "Fix: build it with harness.serve.weights.encode_named_tensors.") from None
+    except (
+        binascii.Error,
+        pickle.UnpicklingError,
+        EOFError,
+        ValueError,
+        TypeError,
+        AttributeError,
+        RuntimeError,
+        OSError,
+    ) as exc:
+        raise ServeError(
+            f"serialized_named_tensors[0] is not a base64 pickle of named tensors ({exc}). "
+            "Fix: build it with harness.serve.weights.encode_named_tensors."
+        ) from None
     items = obj.items() if isinstance(obj, dict) else obj
     out: dict[str, torch.Tensor] = {}
     try:
@@ -123,8 +139,10 @@ def save_weights_dir(state_dict: dict[str, torch.Tensor], path: str | os.PathLik
 
 def load_weights_dir(path: str) -> dict[str, torch.Tensor]:
     if not isinstance(path, str) or not os.path.isdir(path):
-        raise ServeError(f"model_path={path!r} is not a directory; allowed: a directory of *.safetensors "
-                         "(or *.bin / *.pt state dicts) with the model's parameter names.")
+        raise ServeError(
+            f"model_path={path!r} is not a directory; allowed: a directory of *.safetensors "
+            "(or *.bin / *.pt state dicts) with the model's parameter names."
+        )
     files = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
     out: dict[str, torch.Tensor] = {}
     if files:
@@ -135,8 +153,10 @@ def load_weights_dir(path: str) -> dict[str, torch.Tensor]:
         return out
     files = sorted(f for f in os.listdir(path) if f.endswith((".bin", ".pt")))
     if not files:
-        raise ServeError(f"model_path={path!r} holds no *.safetensors, *.bin or *.pt file. Fix: write one with "
-                         "harness.serve.weights.save_weights_dir.")
+        raise ServeError(
+            f"model_path={path!r} holds no *.safetensors, *.bin or *.pt file. Fix: write one with "
+            "harness.serve.weights.save_weights_dir."
+        )
     for f in files:
         try:
             out.update(torch.load(os.path.join(path, f), map_location="cpu", weights_only=True))

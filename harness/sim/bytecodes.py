@@ -33,7 +33,7 @@ def _where(filename: str) -> str:
     parts = Path(filename).parts
     for root in ("harness", "miles_async_core", "fixtures"):
         if root in parts:
-            return "/".join(parts[parts.index(root):])
+            return "/".join(parts[parts.index(root) :])
     return Path(filename).name
 
 
@@ -64,8 +64,9 @@ def _count(run: Callable[[int], Any], steps: int) -> tuple[Counter, Counter]:
     return ops, calls
 
 
-def bytecode_profile(run: Callable[[int], Any], short: int, long: int, samples_per_step: int,
-                     top: int = 25) -> dict[str, Any]:
+def bytecode_profile(
+    run: Callable[[int], Any], short: int, long: int, samples_per_step: int, top: int = 25
+) -> dict[str, Any]:
     """Bytecodes and Python calls per sample, in all and for the ``top`` functions by
     bytecodes: ``run(long)`` minus ``run(short)``, over ``(long - short) * samples_per_step``."""
     if not 0 < short < long:
@@ -82,9 +83,19 @@ def bytecode_profile(run: Callable[[int], Any], short: int, long: int, samples_p
         if ops or calls:
             rows[key] = (ops / n, calls / n)
     ranked = sorted(rows.items(), key=lambda kv: (-kv[1][0], kv[0]))
-    return {"short_steps": short, "long_steps": long, "samples_per_step": samples_per_step,
-            "bytecodes_per_sample": sum(o for o, _ in rows.values()),
-            "python_calls_per_sample": sum(c for _, c in rows.values()),
-            "python": sys.version.split()[0],
-            "functions": [{"function": f"{_where(f)}:{name}:{line}", "bytecodes_per_sample": round(o, 2),
-                           "calls_per_sample": round(c, 3)} for (f, name, line), (o, c) in ranked[:top]]}
+    return {
+        "short_steps": short,
+        "long_steps": long,
+        "samples_per_step": samples_per_step,
+        "bytecodes_per_sample": sum(o for o, _ in rows.values()),
+        "python_calls_per_sample": sum(c for _, c in rows.values()),
+        "python": sys.version.split()[0],
+        "functions": [
+            {
+                "function": f"{_where(f)}:{name}:{line}",
+                "bytecodes_per_sample": round(o, 2),
+                "calls_per_sample": round(c, 3),
+            }
+            for (f, name, line), (o, c) in ranked[:top]
+        ],
+    }

@@ -70,19 +70,39 @@ class Contention:
     """The coupling: engines report how many of them decode (``engine_busy``), the trainer
     runs its steps through ``train``; each side's rate follows the other's state."""
 
-    def __init__(self, *, engine: float, trainer: float, engine_slots: float = 0.0, engine_cores: float = 0.0,
-                 main_cores: float = 0.0, host_cores: float = 0.0) -> None:
-        for name, value in (("contention_engine", engine), ("contention_trainer", trainer),
-                            ("engine_slots", engine_slots), ("engine_cores", engine_cores),
-                            ("main_cores", main_cores), ("host_cores", host_cores)):
+    def __init__(
+        self,
+        *,
+        engine: float,
+        trainer: float,
+        engine_slots: float = 0.0,
+        engine_cores: float = 0.0,
+        main_cores: float = 0.0,
+        host_cores: float = 0.0,
+    ) -> None:
+        for name, value in (
+            ("contention_engine", engine),
+            ("contention_trainer", trainer),
+            ("engine_slots", engine_slots),
+            ("engine_cores", engine_cores),
+            ("main_cores", main_cores),
+            ("host_cores", host_cores),
+        ):
             if not value >= 0:
-                source = "harness.advise.host_share" if name.endswith("_cores") else \
-                    "harness.advise.costs.fit_contention / fit_engine_sharing"
-                raise ConfigError(f"{name} = {value!r}: must be >= 0 (0: no slow-down); fix: use 0 or a positive "
-                                  f"value from {source}")
+                source = (
+                    "harness.advise.host_share"
+                    if name.endswith("_cores")
+                    else "harness.advise.costs.fit_contention / fit_engine_sharing"
+                )
+                raise ConfigError(
+                    f"{name} = {value!r}: must be >= 0 (0: no slow-down); fix: use 0 or a positive value from {source}"
+                )
         self.engine, self.trainer, self.slots = float(engine), float(trainer), float(engine_slots)
-        self.cores = {"engine_cores": float(engine_cores), "main_cores": float(main_cores),
-                      "host_cores": float(host_cores)}
+        self.cores = {
+            "engine_cores": float(engine_cores),
+            "main_cores": float(main_cores),
+            "host_cores": float(host_cores),
+        }
         self.engines: list[Any] = []  # objects with set_slowdown(factor)
         self.busy = 0  # engines decoding now
         self.training = False

@@ -31,7 +31,6 @@ from statistics import NormalDist
 from typing import Any, Iterable, Sequence
 
 
-
 from miles_async_core import events as ev
 from harness.backends.engine_io import emit_finished
 from harness.sim.draws import BLOCK_BITS, BLOCK_MASK, MAX_BLOCKS, uniform3, uniform_block
@@ -85,16 +84,22 @@ class SimEngineConfig:
 
     def __post_init__(self) -> None:
         if not self.decode_base_s > 0:
-            raise ConfigError(f"engine.decode_base_s = {self.decode_base_s!r}: must be > 0 (a decode step takes time); "
-                              "fix: give a positive number of seconds, e.g. 0.02")
+            raise ConfigError(
+                f"engine.decode_base_s = {self.decode_base_s!r}: must be > 0 (a decode step takes time); "
+                "fix: give a positive number of seconds, e.g. 0.02"
+            )
         for name in ("decode_per_seq_s", "prefill_per_token_s", "prefill_base_s", "request_failure_rate"):
             if getattr(self, name) < 0:
-                raise ConfigError(f"engine.{name} = {getattr(self, name)!r}: must be >= 0; fix: use 0 or a positive value")
+                raise ConfigError(
+                    f"engine.{name} = {getattr(self, name)!r}: must be >= 0; fix: use 0 or a positive value"
+                )
         if self.max_running < 1:
             raise ConfigError(f"engine.max_running = {self.max_running!r}: must be >= 1; fix: e.g. 1024")
         if self.response_length.kind not in ("lognormal", "uniform", "fixed"):
-            raise ConfigError(f"engine.response_length.kind = {self.response_length.kind!r}: allowed lognormal, "
-                              "uniform, fixed; fix: pick one of them")
+            raise ConfigError(
+                f"engine.response_length.kind = {self.response_length.kind!r}: allowed lognormal, "
+                "uniform, fixed; fix: pick one of them"
+            )
 
 
 _WAITING, _RUNNING, _DONE = 0, 1, 2
@@ -110,8 +115,21 @@ class _Req:
     own callbacks run. The engine removes it before it ends the future itself, so a request
     that completes normally schedules only the caller's callbacks."""
 
-    __slots__ = ("sample", "target", "truncated", "base", "join_step", "kv_floor", "finish_step", "state",
-                 "fail", "engine", "index", "prompt_len", "fut")
+    __slots__ = (
+        "sample",
+        "target",
+        "truncated",
+        "base",
+        "join_step",
+        "kv_floor",
+        "finish_step",
+        "state",
+        "fail",
+        "engine",
+        "index",
+        "prompt_len",
+        "fut",
+    )
 
     sample: Sample
     target: int
@@ -242,8 +260,9 @@ class SimEngine:
 
     async def update_weights(self, version: int, weights: Any) -> None:
         if not self.paused:
-            raise RuntimeError(f"update_weights(version={version}) while the engine is generating: "
-                               "call pause_generation(mode) first")
+            raise RuntimeError(
+                f"update_weights(version={version}) while the engine is generating: call pause_generation(mode) first"
+            )
         self.weight_version = version
 
     async def continue_generation(self) -> None:
@@ -383,9 +402,11 @@ class SimEngine:
             # that step): at the same step, each joins again where it left and keeps its place
             # in the finish heap; one step later, each would finish a step late
             if step != self._retract_step:
-                raise RuntimeError(f"SimEngine: the retracted batch resumes at step {step}, not {self._retract_step}: "
-                                   "an engine step ran while the engine was paused (a bug of the engine or of a "
-                                   "subclass); its requests would finish later than their place in the finish heap")
+                raise RuntimeError(
+                    f"SimEngine: the retracted batch resumes at step {step}, not {self._retract_step}: "
+                    "an engine step ran while the engine was paused (a bug of the engine or of a "
+                    "subclass); its requests would finish later than their place in the finish heap"
+                )
             readmitted = len(running)
             for req in running.values():
                 prefix = req.prompt_len + req.base
@@ -510,8 +531,9 @@ class SimEngine:
             sink = self.sink
             if sink.enabled:
                 for req in self.running.values():
-                    sink.emit(ev.RETRACTED, index=req.sample.index, version=self.weight_version,
-                              generated_tokens=req.base)
+                    sink.emit(
+                        ev.RETRACTED, index=req.sample.index, version=self.weight_version, generated_tokens=req.base
+                    )
             self._retracted = True
         else:  # in_place: keep KV and batch; freeze
             self._account_all(self.running.values())

@@ -58,17 +58,25 @@ class FaultSchedule:
 
     @property
     def may_end_early(self) -> bool:
-        return (self.request_failure_rate > 0 or self.trainer_fail_at_step is not None
-                or self.worker_crash_after_requests is not None or self.cancel_at_s is not None)
+        return (
+            self.request_failure_rate > 0
+            or self.trainer_fail_at_step is not None
+            or self.worker_crash_after_requests is not None
+            or self.cancel_at_s is not None
+        )
 
     def check_applies(self, config: AsyncConfig) -> None:
         if self.worker_crash_after_requests is not None and not config.fully_async:
-            raise ConfigError(f"faults.worker_crash_after_requests = {self.worker_crash_after_requests}: only with "
-                              "fully_async=True (the one-step loop resubmits to a dead engine forever); fix: leave it "
-                              "None or use request_failure_rate")
+            raise ConfigError(
+                f"faults.worker_crash_after_requests = {self.worker_crash_after_requests}: only with "
+                "fully_async=True (the one-step loop resubmits to a dead engine forever); fix: leave it "
+                "None or use request_failure_rate"
+            )
         if self.dynamic_filter_reject_rate and not config.fully_async:
-            raise ConfigError(f"faults.dynamic_filter_reject_rate = {self.dynamic_filter_reject_rate}: only with "
-                              "fully_async=True (the filter is injected through the data buffer); fix: set it to 0")
+            raise ConfigError(
+                f"faults.dynamic_filter_reject_rate = {self.dynamic_filter_reject_rate}: only with "
+                "fully_async=True (the filter is injected through the data buffer); fix: set it to 0"
+            )
 
 
 NO_FAULTS = FaultSchedule()
@@ -76,8 +84,12 @@ NO_FAULTS = FaultSchedule()
 
 def fault_engine_class(base: type, faults: FaultSchedule) -> type:
     """A subclass of ``base`` (``SimEngine`` or a variant) that injects ``faults``."""
-    if not (faults.injected_abort_rate or faults.abort_storm_times_s or faults.worker_crash_after_requests is not None
-            or faults.engine_stall_after_requests is not None):
+    if not (
+        faults.injected_abort_rate
+        or faults.abort_storm_times_s
+        or faults.worker_crash_after_requests is not None
+        or faults.engine_stall_after_requests is not None
+    ):
         return base
 
     class FaultEngine(base):
@@ -95,8 +107,9 @@ def fault_engine_class(base: type, faults: FaultSchedule) -> type:
             if crash is not None and self._fault_requests > crash:
                 if self.sink.enabled:
                     self.sink.emit(ev.FAULT, what="worker_crash", group_index=sample.group_index)
-                raise WorkerCrash(f"injected engine worker crash at request {self._fault_requests} "
-                                  f"(index={sample.index})")
+                raise WorkerCrash(
+                    f"injected engine worker crash at request {self._fault_requests} (index={sample.index})"
+                )
             stall = faults.engine_stall_after_requests
             if stall is not None and self._fault_requests > stall:
                 if self.sink.enabled:
@@ -105,8 +118,11 @@ def fault_engine_class(base: type, faults: FaultSchedule) -> type:
             return super().generate(sample, sampling)
 
         def _finish(self, req, *, aborted):
-            if not aborted and faults.injected_abort_rate and uniform(
-                    faults.seed + 3, req.sample.index, req.sample.retry_count) < faults.injected_abort_rate:
+            if (
+                not aborted
+                and faults.injected_abort_rate
+                and uniform(faults.seed + 3, req.sample.index, req.sample.retry_count) < faults.injected_abort_rate
+            ):
                 if self.sink.enabled:
                     self.sink.emit(ev.FAULT, what="injected_abort", index=req.sample.index)
                 aborted = True

@@ -26,8 +26,15 @@ from harness.sim.scenario import Scenario
 from harness.sim.trainer import TrainerStepError
 from harness.trace import Event
 
-__all__ = ["EXPECTED_ERRORS", "NO_FAULTS", "FaultSchedule", "RunOutcome", "WorkerCrash", "fault_engine_class",
-           "run_with_faults"]
+__all__ = [
+    "EXPECTED_ERRORS",
+    "NO_FAULTS",
+    "FaultSchedule",
+    "RunOutcome",
+    "WorkerCrash",
+    "fault_engine_class",
+    "run_with_faults",
+]
 
 
 EXPECTED_ERRORS = (EngineRequestError, TrainerStepError, WorkerCrash, WorkerDiedError, asyncio.CancelledError)
@@ -76,8 +83,14 @@ class _ArgsWithFilter:
         return FilterOutput(keep=not reject, reason="fault" if reject else None)
 
 
-def run_with_faults(scenario: Scenario, faults: FaultSchedule = NO_FAULTS, *, engine_cls: type = SimEngine,
-                    buffer_cls: type = DefaultDataBuffer, hooks: Callable | None = None) -> RunOutcome:
+def run_with_faults(
+    scenario: Scenario,
+    faults: FaultSchedule = NO_FAULTS,
+    *,
+    engine_cls: type = SimEngine,
+    buffer_cls: type = DefaultDataBuffer,
+    hooks: Callable | None = None,
+) -> RunOutcome:
     """Run ``scenario`` with ``faults`` injected; ``engine_cls``/``buffer_cls`` let a suite
     run a variant (a seeded bug) under the same faults."""
     cfg = scenario.config
@@ -85,13 +98,17 @@ def run_with_faults(scenario: Scenario, faults: FaultSchedule = NO_FAULTS, *, en
     sc = dataclasses.replace(
         scenario,
         engine=dataclasses.replace(scenario.engine, request_failure_rate=faults.request_failure_rate),
-        trainer=dataclasses.replace(scenario.trainer, fail_at_step=faults.trainer_fail_at_step))
+        trainer=dataclasses.replace(scenario.trainer, fail_at_step=faults.trainer_fail_at_step),
+    )
     holder: dict[str, Any] = {}
     engine = fault_engine_class(engine_cls, faults)
 
     def buffer_factory(ci: DataBufferConstructorInput) -> Any:
-        args = _ArgsWithFilter(cfg, faults.dynamic_filter_reject_rate, faults.seed) \
-            if faults.dynamic_filter_reject_rate else ci.args
+        args = (
+            _ArgsWithFilter(cfg, faults.dynamic_filter_reject_rate, faults.seed)
+            if faults.dynamic_filter_reject_rate
+            else ci.args
+        )
         return buffer_cls(DataBufferConstructorInput(args, ci.unused_handler_fn), sink=holder["ctx"].sink)
 
     def hook(ctx: Any) -> None:

@@ -47,8 +47,16 @@ from miles_async_core.errors import ConfigError
 from miles_async_core.types import SamplingParams
 
 # Where a crash can happen, relative to rollout ``rollout_id`` (StopWatcher says which event).
-STOP_LABELS = ("save_boundary", "between_model_and_data_source", "mid_generation", "mid_drain", "during_pause",
-               "mid_update", "mid_train", "planned_exit")
+STOP_LABELS = (
+    "save_boundary",
+    "between_model_and_data_source",
+    "mid_generation",
+    "mid_drain",
+    "during_pause",
+    "mid_update",
+    "mid_train",
+    "planned_exit",
+)
 
 
 @dataclass(frozen=True)
@@ -59,11 +67,14 @@ class StopPoint:
 
     def __post_init__(self) -> None:
         if self.at not in STOP_LABELS:
-            raise ConfigError(f"stop point at={self.at!r} is not one of {', '.join(STOP_LABELS)}. "
-                              "Fix: pass one of them")
+            raise ConfigError(
+                f"stop point at={self.at!r} is not one of {', '.join(STOP_LABELS)}. Fix: pass one of them"
+            )
         if (self.how == "planned") != (self.at == "planned_exit") or self.how not in ("crash", "planned"):
-            raise ConfigError(f"stop point how={self.how!r} at={self.at!r}: a planned stop is at planned_exit, "
-                              "every other stop is a crash. Fix: pass how='planned' with at='planned_exit', else crash")
+            raise ConfigError(
+                f"stop point how={self.how!r} at={self.at!r}: a planned stop is at planned_exit, "
+                "every other stop is a crash. Fix: pass how='planned' with at='planned_exit', else crash"
+            )
 
     @property
     def label(self) -> str:
@@ -97,13 +108,18 @@ class StopWatcher:
             return kind == ev.CHECKPOINT_SAVED and fields.get("rollout_id") == rid and fields.get("part") == part
         if at == "mid_train":
             return kind == ev.TRAINED and fields.get("rollout_id") == rid
-        anchor = {"mid_generation": (ev.GENERATE_START, ev.DRAIN_START), "mid_drain": (ev.DRAIN_START,)}.get(at,
-                                                                                                          (ev.TRAINED,))
+        anchor = {"mid_generation": (ev.GENERATE_START, ev.DRAIN_START), "mid_drain": (ev.DRAIN_START,)}.get(
+            at, (ev.TRAINED,)
+        )
         if not self.anchored:
             self.anchored = kind in anchor and fields.get("rollout_id") == rid
             return False
-        target = {"mid_generation": ev.FINISHED, "mid_drain": ev.GOT, "during_pause": ev.ENGINE_PAUSE,
-                  "mid_update": ev.ENGINE_VERSION}.get(at)
+        target = {
+            "mid_generation": ev.FINISHED,
+            "mid_drain": ev.GOT,
+            "during_pause": ev.ENGINE_PAUSE,
+            "mid_update": ev.ENGINE_VERSION,
+        }.get(at)
         if kind == target:
             self.count += 1
             return at != "mid_generation" or self.count >= self.half
@@ -119,8 +135,13 @@ class LifeSink:
 
     enabled = True
 
-    def __init__(self, recorder: TraceRecorder, life: int, watcher: StopWatcher | None, ckpt: CheckpointDir,
-                 ) -> None:
+    def __init__(
+        self,
+        recorder: TraceRecorder,
+        life: int,
+        watcher: StopWatcher | None,
+        ckpt: CheckpointDir,
+    ) -> None:
         self.recorder = recorder
         self.events = recorder.events  # the watchdog reads the trace so far
         self.life = life
@@ -163,14 +184,21 @@ class DataSourceFactory(Protocol):
     def __call__(self, n_samples_per_prompt: int, prompt_fn: Callable[[int], Any], /, *, sink: Any) -> Any: ...
 
 
-def run_lives(scenario: Scenario, stops: Sequence[StopPoint], *, data_source_factory: DataSourceFactory | None = None,
-              hooks: Callable[[RunContext], None] | None = None) -> LivesResult:
+def run_lives(
+    scenario: Scenario,
+    stops: Sequence[StopPoint],
+    *,
+    data_source_factory: DataSourceFactory | None = None,
+    hooks: Callable[[RunContext], None] | None = None,
+) -> LivesResult:
     """Run ``scenario`` as ``len(stops) + 1`` lives; see the module docstring.
     ``data_source_factory(n, prompt_fn, sink)`` and ``hooks(ctx)`` let suites swap in variants."""
     cfg = scenario.config
     if cfg.save_interval is None and not any(s.how == "planned" for s in stops):
-        raise ConfigError("run_lives: config.save_interval is None, so no life ever saves and every resume starts "
-                          "over. Fix: set save_interval (--save-interval) to 1 or more")
+        raise ConfigError(
+            "run_lives: config.save_interval is None, so no life ever saves and every resume starts "
+            "over. Fix: set save_interval (--save-interval) to 1 or more"
+        )
     ckpt, clock = CheckpointDir(), {"offset": 0.0, "loop": None}
     recorder = TraceRecorder(lambda: clock["offset"] + clock["loop"].time())  # type: ignore[union-attr]
     reached: list[bool] = []
@@ -189,9 +217,16 @@ def _exited(events: list[Event], life: int) -> bool:
     return any(e.kind == ev.LIFE_END and e["life"] == life and e["how"] == "planned" for e in events)
 
 
-def _life(scenario: Scenario, life: int, stop: StopPoint | None, ckpt: CheckpointDir, recorder: TraceRecorder,
-          clock: dict[str, Any], data_source_factory: DataSourceFactory | None,
-          hooks: Callable[[RunContext], None] | None) -> tuple[LifeSink, BaseException | None]:
+def _life(
+    scenario: Scenario,
+    life: int,
+    stop: StopPoint | None,
+    ckpt: CheckpointDir,
+    recorder: TraceRecorder,
+    clock: dict[str, Any],
+    data_source_factory: DataSourceFactory | None,
+    hooks: Callable[[RunContext], None] | None,
+) -> tuple[LifeSink, BaseException | None]:
     cfg = scenario.config
     crash = stop is not None and stop.how == "crash"
     sink = LifeSink(recorder, life, StopWatcher(stop, cfg) if crash and stop is not None else None, ckpt)
@@ -205,14 +240,23 @@ def _life(scenario: Scenario, life: int, stop: StopPoint | None, ckpt: Checkpoin
         clock["loop"], sink.loop = loop, loop
         engine = SimEngine(scenario.engine, sink=sink)
         install(for_scenario(scenario, sink=sink, engine=engine))
+
         def prompt_fn(k: int) -> tuple[str, Any, int]:
             return (f"prompt-{k}", prompt, k)
 
         source = (data_source_factory or RolloutDataSourceWithBuffer)(cfg.n_samples_per_prompt, prompt_fn, sink=sink)
         source.track_sources, source.exactly_once = True, cfg.exactly_once_resume
-        ctx = make_context(cfg, engine, SimTrainer(scenario.trainer), prompt_fn,
-                           sampling=SamplingParams(max_new_tokens=scenario.max_new_tokens),
-                           reward_fn=sim_reward(cfg.seed), sink=sink, observer=AgeRecorder(), data_source=source)
+        ctx = make_context(
+            cfg,
+            engine,
+            SimTrainer(scenario.trainer),
+            prompt_fn,
+            sampling=SamplingParams(max_new_tokens=scenario.max_new_tokens),
+            reward_fn=sim_reward(cfg.seed),
+            sink=sink,
+            observer=AgeRecorder(),
+            data_source=source,
+        )
         ctx.checkpoint = ckpt
         holder["ctx"] = ctx
         if hooks is not None:
@@ -220,13 +264,18 @@ def _life(scenario: Scenario, life: int, stop: StopPoint | None, ckpt: Checkpoin
         start_life(ctx, life)
         if stop is not None and stop.how == "planned":
             ctx.save_sentinel = lambda rid: rid == stop.rollout_id
-            ctx.args = dataclasses.replace(ctx.args, debug_exit_after_rollout=stop.rollout_id -
-                                           ctx.args.start_rollout_id + 1)
+            ctx.args = dataclasses.replace(
+                ctx.args, debug_exit_after_rollout=stop.rollout_id - ctx.args.start_rollout_id + 1
+            )
         await run(ctx)
         emit_run_end(ctx)
         planned = stop is not None and stop.how == "planned"
-        sink.emit(ev.LIFE_END, life=life, how="planned" if planned else "completed",
-                  at=stop.at if planned and stop is not None else "num_rollout")
+        sink.emit(
+            ev.LIFE_END,
+            life=life,
+            how="planned" if planned else "completed",
+            at=stop.at if planned and stop is not None else "num_rollout",
+        )
 
     try:
         run_virtual(main())

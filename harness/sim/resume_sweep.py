@@ -56,12 +56,21 @@ def core_host(case: ResumeCase) -> LivesResult:
 
 
 def _scenario(name: str, **config: Any) -> Scenario:
-    base: dict[str, Any] = {"rollout_batch_size": 4, "n_samples_per_prompt": 2, "num_rollout": NUM_ROLLOUT,
-                            "save_interval": SAVE_INTERVAL}
+    base: dict[str, Any] = {
+        "rollout_batch_size": 4,
+        "n_samples_per_prompt": 2,
+        "num_rollout": NUM_ROLLOUT,
+        "save_interval": SAVE_INTERVAL,
+    }
     # long responses vary (a heavy tail), so what is in flight at a stop is the long part
     engine = SimEngineConfig(response_length=LengthDist(kind="lognormal", median=40.0, sigma=0.8))
-    return Scenario(name=name, config=AsyncConfig(**{**base, **config}), engine=engine,
-                    trainer=SimTrainerConfig(step_base_s=3.0), max_new_tokens=128)
+    return Scenario(
+        name=name,
+        config=AsyncConfig(**{**base, **config}),
+        engine=engine,
+        trainer=SimTrainerConfig(step_base_s=3.0),
+        max_new_tokens=128,
+    )
 
 
 def settings(exactly_once: bool = False) -> list[tuple[str, Scenario]]:
@@ -72,22 +81,41 @@ def settings(exactly_once: bool = False) -> list[tuple[str, Scenario]]:
         for partial in (False, True):
             tag = ("+os" if over else "") + ("+partial" if partial else "")
             extra = {"over_sampling_batch_size": 8} if over else {}
-            out.append((f"sync{tag}", _scenario(f"sync{tag}", driver="train", partial_rollout=partial,
-                                                **extra, **ext)))
+            out.append((f"sync{tag}", _scenario(f"sync{tag}", driver="train", partial_rollout=partial, **extra, **ext)))
             for mode in ("retract", "abort", "in_place"):
                 name = f"one-step/{mode}{tag}"
-                out.append((name, _scenario(name, pause_generation_mode=mode, partial_rollout=partial, **extra,
-                                            **ext)))
+                out.append((name, _scenario(name, pause_generation_mode=mode, partial_rollout=partial, **extra, **ext)))
     for mode in ("retract", "abort", "in_place"):
         for handler in ("drop", "retry"):
             name = f"fully-async/{mode}/{handler}"
-            out.append((name, _scenario(name, fully_async=True, pause_generation_mode=mode, max_weight_staleness=1,
-                                        async_unused_samples_handler=handler, **ext)))
+            out.append(
+                (
+                    name,
+                    _scenario(
+                        name,
+                        fully_async=True,
+                        pause_generation_mode=mode,
+                        max_weight_staleness=1,
+                        async_unused_samples_handler=handler,
+                        **ext,
+                    ),
+                )
+            )
     # --update-weights-interval 2: the look-ahead generate is awaited only every other step
     out.append(("one-step/retract+k2", _scenario("one-step/retract+k2", update_weights_interval=2, **ext)))
-    out.append(("fully-async/retract/retry+k2", _scenario("fully-async/retract/retry+k2", fully_async=True,
-                                                          max_weight_staleness=2, update_weights_interval=2,
-                                                          async_unused_samples_handler="retry", **ext)))
+    out.append(
+        (
+            "fully-async/retract/retry+k2",
+            _scenario(
+                "fully-async/retract/retry+k2",
+                fully_async=True,
+                max_weight_staleness=2,
+                update_weights_interval=2,
+                async_unused_samples_handler="retry",
+                **ext,
+            ),
+        )
+    )
     return out
 
 
@@ -134,10 +162,18 @@ class SweepRow:
     failed_checks: list[str] = field(default_factory=list)  # every checker with a violation
 
     def to_dict(self) -> dict[str, Any]:
-        return {"setting": self.case.setting, "stops": [s.label for s in self.case.stops], "reached": self.reached,
-                "error": self.error, "lost": self.lost, "duplicated": self.duplicated, "mechanisms": self.mechanisms,
-                "lost_length_mean": self.lost_length, "trained_length_mean": self.trained_length,
-                "failed_checks": self.failed_checks}
+        return {
+            "setting": self.case.setting,
+            "stops": [s.label for s in self.case.stops],
+            "reached": self.reached,
+            "error": self.error,
+            "lost": self.lost,
+            "duplicated": self.duplicated,
+            "mechanisms": self.mechanisms,
+            "lost_length_mean": self.lost_length,
+            "trained_length_mean": self.trained_length,
+            "failed_checks": self.failed_checks,
+        }
 
 
 def run_case(case: ResumeCase, host: Host = core_host) -> SweepRow:
@@ -147,8 +183,9 @@ def run_case(case: ResumeCase, host: Host = core_host) -> SweepRow:
     if report is not None:
         row.lost, row.duplicated, row.mechanisms = len(report.lost), len(report.duplicated), report.mechanisms()
         row.lost_length, row.trained_length = report.lost_length_mean, report.trained_length_mean
-    row.failed_checks = sorted({v.invariant for v in check_all(result.events, case.scenario.config,
-                                                              complete=result.error is None)})
+    row.failed_checks = sorted(
+        {v.invariant for v in check_all(result.events, case.scenario.config, complete=result.error is None)}
+    )
     return row
 
 
@@ -173,15 +210,24 @@ def summarize(rows: list[SweepRow]) -> list[dict[str, Any]]:
         lost_len = sum((r.lost_length or 0.0) * r.lost for r in rs) / lost if lost else None
         trained = [r.trained_length for r in rs if r.trained_length is not None]
         trained_len = sum(trained) / len(trained) if trained else None
-        out.append({"setting": setting, "resumes": len(rs), "lost": lost, "duplicated": sum(r.duplicated for r in rs),
-                    "lost_per_resume": lost / len(rs), "dup_per_resume": sum(r.duplicated for r in rs) / len(rs),
-                    "mechanisms": dict(sorted(mech.items())), "lost_length_mean": lost_len,
-                    "trained_length_mean": trained_len,
-                    "length_bias": (lost_len / trained_len) if lost_len is not None and trained_len else None,
-                    "resume_checks_failed": sorted({c for r in rs for c in r.failed_checks if c in RESUME_CHECKS}),
-                    "other_checks_failed": sorted({c for r in rs for c in r.failed_checks if c not in RESUME_CHECKS}),
-                    "not_reached": [r.case.name for r in rs if not r.reached],
-                    "errors": [r.case.name for r in rs if r.error]})
+        out.append(
+            {
+                "setting": setting,
+                "resumes": len(rs),
+                "lost": lost,
+                "duplicated": sum(r.duplicated for r in rs),
+                "lost_per_resume": lost / len(rs),
+                "dup_per_resume": sum(r.duplicated for r in rs) / len(rs),
+                "mechanisms": dict(sorted(mech.items())),
+                "lost_length_mean": lost_len,
+                "trained_length_mean": trained_len,
+                "length_bias": (lost_len / trained_len) if lost_len is not None and trained_len else None,
+                "resume_checks_failed": sorted({c for r in rs for c in r.failed_checks if c in RESUME_CHECKS}),
+                "other_checks_failed": sorted({c for r in rs for c in r.failed_checks if c not in RESUME_CHECKS}),
+                "not_reached": [r.case.name for r in rs if not r.reached],
+                "errors": [r.case.name for r in rs if r.error],
+            }
+        )
     return out
 
 
@@ -201,16 +247,34 @@ def summarize_by_stop(rows: list[SweepRow]) -> list[dict[str, Any]]:
         for r in rs:
             for k, v in r.mechanisms.items():
                 mech[k] = mech.get(k, 0) + v
-        out.append({"driver": driver, "stop": at, "resumes": len(rs), "lost": sum(r.lost for r in rs),
-                    "duplicated": sum(r.duplicated for r in rs), "lost_per_resume": sum(r.lost for r in rs) / len(rs),
-                    "dup_per_resume": sum(r.duplicated for r in rs) / len(rs), "mechanisms": dict(sorted(mech.items()))})
+        out.append(
+            {
+                "driver": driver,
+                "stop": at,
+                "resumes": len(rs),
+                "lost": sum(r.lost for r in rs),
+                "duplicated": sum(r.duplicated for r in rs),
+                "lost_per_resume": sum(r.lost for r in rs) / len(rs),
+                "dup_per_resume": sum(r.duplicated for r in rs) / len(rs),
+                "mechanisms": dict(sorted(mech.items())),
+            }
+        )
     return out
 
 
 def format_by_stop(summary: list[dict[str, Any]]) -> str:
     header = ("driver", "stop", "resumes", "lost/resume", "dup/resume", "mechanisms")
-    lines = [(s["driver"], s["stop"], str(s["resumes"]), f"{s['lost_per_resume']:.2f}", f"{s['dup_per_resume']:.2f}",
-              " ".join(f"{k}:{v}" for k, v in s["mechanisms"].items()) or "-") for s in summary]
+    lines = [
+        (
+            s["driver"],
+            s["stop"],
+            str(s["resumes"]),
+            f"{s['lost_per_resume']:.2f}",
+            f"{s['dup_per_resume']:.2f}",
+            " ".join(f"{k}:{v}" for k, v in s["mechanisms"].items()) or "-",
+        )
+        for s in summary
+    ]
     widths = [max(len(r[i]) for r in [header, *lines]) for i in range(len(header))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in [header, *lines])
 
@@ -219,14 +283,27 @@ def format_table(summary: list[dict[str, Any]]) -> str:
     header = ("setting", "resumes", "lost", "dup", "lost/resume", "mechanisms", "len lost/trained", "failed checks")
     lines = []
     for s in summary:
-        bias = "-" if s["length_bias"] is None else (f"{s['lost_length_mean']:.1f}/{s['trained_length_mean']:.1f} "
-                                                      f"= x{s['length_bias']:.2f}")
+        bias = (
+            "-"
+            if s["length_bias"] is None
+            else (f"{s['lost_length_mean']:.1f}/{s['trained_length_mean']:.1f} = x{s['length_bias']:.2f}")
+        )
         mech = " ".join(f"{k}:{v}" for k, v in s["mechanisms"].items()) or "-"
         failed = ", ".join(s["resume_checks_failed"] + s["other_checks_failed"]) or "none"
         if s["errors"] or s["not_reached"]:
             failed += f" [{len(s['errors'])} errors, {len(s['not_reached'])} stops not reached]"
-        lines.append((s["setting"], str(s["resumes"]), str(s["lost"]), str(s["duplicated"]),
-                      f"{s['lost_per_resume']:.2f}", mech, bias, failed))
+        lines.append(
+            (
+                s["setting"],
+                str(s["resumes"]),
+                str(s["lost"]),
+                str(s["duplicated"]),
+                f"{s['lost_per_resume']:.2f}",
+                mech,
+                bias,
+                failed,
+            )
+        )
     widths = [max(len(r[i]) for r in [header, *lines]) for i in range(len(header))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in [header, *lines])
 

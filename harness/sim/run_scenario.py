@@ -63,27 +63,35 @@ def sim_reward(seed: int) -> Callable[[Sample], float]:
             if rewards is None:
                 if len(blocks) >= MAX_BLOCKS:
                     del blocks[next(iter(blocks))]  # the oldest block
-                rewards = blocks[index >> BLOCK_BITS] = [1.0 if u < 0.5 else 0.0
-                                                          for u in uniform_block((key0, index >> BLOCK_BITS))]
+                rewards = blocks[index >> BLOCK_BITS] = [
+                    1.0 if u < 0.5 else 0.0 for u in uniform_block((key0, index >> BLOCK_BITS))
+                ]
             return rewards[index & BLOCK_MASK]
         return 1.0 if uniform(key0, index) < 0.5 else 0.0
 
     return reward
 
 
-def simulate(scenario: Scenario, *, trace: bool = True, buffer_factory: Callable | None = None,
-             engine_factory: Callable | None = None, trainer_factory: Callable | None = None,
-             hooks: Callable[[RunContext], None] | None = None) -> SimResult:
+def simulate(
+    scenario: Scenario,
+    *,
+    trace: bool = True,
+    buffer_factory: Callable | None = None,
+    engine_factory: Callable | None = None,
+    trainer_factory: Callable | None = None,
+    hooks: Callable[[RunContext], None] | None = None,
+) -> SimResult:
     """``engine_factory(cfg, sink)`` / ``trainer_factory(cfg)`` let suites swap in variants.
     A scenario's own faults (its ``[faults]`` table) are injected as ``run_with_faults`` does."""
     if scenario.faults is not None:
-
         f = scenario.faults
         engine_factory = fault_engine_class(engine_factory or SimEngine, f)
         scenario = dataclasses.replace(
-            scenario, faults=None,
+            scenario,
+            faults=None,
             engine=dataclasses.replace(scenario.engine, request_failure_rate=f.request_failure_rate),
-            trainer=dataclasses.replace(scenario.trainer, fail_at_step=f.trainer_fail_at_step))
+            trainer=dataclasses.replace(scenario.trainer, fail_at_step=f.trainer_fail_at_step),
+        )
     cfg = scenario.config
     prompt = [0] * scenario.engine.prompt_tokens
     holder: dict[str, Any] = {}
@@ -96,9 +104,17 @@ def simulate(scenario: Scenario, *, trace: bool = True, buffer_factory: Callable
         trainer = (trainer_factory or SimTrainer)(scenario.trainer)
         holder["engine"] = engine
         install(for_scenario(scenario, sink=sink, engine=engine))
-        ctx = make_context(cfg, engine, trainer, lambda k: (f"prompt-{k}", prompt, k),
-                           sampling=SamplingParams(max_new_tokens=scenario.max_new_tokens),
-                           reward_fn=sim_reward(cfg.seed), sink=sink, observer=AgeRecorder(), buffer_factory=buffer_factory)
+        ctx = make_context(
+            cfg,
+            engine,
+            trainer,
+            lambda k: (f"prompt-{k}", prompt, k),
+            sampling=SamplingParams(max_new_tokens=scenario.max_new_tokens),
+            reward_fn=sim_reward(cfg.seed),
+            sink=sink,
+            observer=AgeRecorder(),
+            buffer_factory=buffer_factory,
+        )
         holder["ctx"] = ctx
         if hooks is not None:
             hooks(ctx)
@@ -115,9 +131,15 @@ def simulate(scenario: Scenario, *, trace: bool = True, buffer_factory: Callable
         error = exc
     ctx = holder.get("ctx")
     sink = holder.get("sink")
-    return SimResult(scenario=scenario, history=ctx.history if ctx else [], wall_s=holder.get("t_end", 0.0),
-                     events=sink.events if isinstance(sink, TraceRecorder) else [],
-                     engine_stats=dict(holder["engine"].stats) if "engine" in holder else {}, error=error, ctx=ctx)
+    return SimResult(
+        scenario=scenario,
+        history=ctx.history if ctx else [],
+        wall_s=holder.get("t_end", 0.0),
+        events=sink.events if isinstance(sink, TraceRecorder) else [],
+        engine_stats=dict(holder["engine"].stats) if "engine" in holder else {},
+        error=error,
+        ctx=ctx,
+    )
 
 
 def emit_run_end(ctx: RunContext) -> None:
@@ -198,8 +220,10 @@ def format_summary(s: dict[str, Any]) -> str:
         ("groups taken / trained", f"{s['groups_taken']} / {s['groups_trained']}"),
         ("dropped share", f"{s['dropped_share']:.1%}  {hist(s['drop_reasons'])}"),
         ("retried share", f"{s['retried_share']:.1%}"),
-        ("queue size mean / max", "-" if s["queue_size_mean"] is None else
-         f"{s['queue_size_mean']:.1f} / {s['queue_size_max']:.0f}"),
+        (
+            "queue size mean / max",
+            "-" if s["queue_size_mean"] is None else f"{s['queue_size_mean']:.1f} / {s['queue_size_max']:.0f}",
+        ),
         ("trainer waiting", f"{s['train_waiting_s']:.2f} s ({s['wait_time_ratio']:.1%} of window)"),
         ("trainer training / weight sync", f"{s['train_training_s']:.2f} s / {s['weight_sync_s']:.2f} s"),
         ("trainer idle", f"{s['train_idle_ratio']:.1%} of window"),

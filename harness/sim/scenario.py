@@ -45,15 +45,26 @@ class Scenario:
     faults: Any = None  # a harness.sim.faults.FaultSchedule, applied by simulate()
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "config": self.config.to_dict(), "engine": dataclasses.asdict(self.engine),
-                "trainer": dataclasses.asdict(self.trainer), "max_new_tokens": self.max_new_tokens,
-                "watchdog": dataclasses.asdict(self.watchdog)}
+        return {
+            "name": self.name,
+            "config": self.config.to_dict(),
+            "engine": dataclasses.asdict(self.engine),
+            "trainer": dataclasses.asdict(self.trainer),
+            "max_new_tokens": self.max_new_tokens,
+            "watchdog": dataclasses.asdict(self.watchdog),
+        }
 
 
 DEFAULT_SCENARIO = Scenario(
     name="default: fully-async B=16 n=4, rollout-bound engine",
-    config=AsyncConfig(rollout_batch_size=16, n_samples_per_prompt=4, fully_async=True, num_rollout=20,
-                       max_weight_staleness=2, async_unused_samples_handler="retry"),
+    config=AsyncConfig(
+        rollout_batch_size=16,
+        n_samples_per_prompt=4,
+        fully_async=True,
+        num_rollout=20,
+        max_weight_staleness=2,
+        async_unused_samples_handler="retry",
+    ),
     trainer=SimTrainerConfig(step_base_s=3.0),
 )
 
@@ -106,14 +117,14 @@ def scenario_from_dict(data: dict[str, Any], source: str = "<scenario>") -> Scen
         raise ConfigError(f"{source}: field config: {exc}") from None
     engine_data = dict(data.get("engine", {}) or {})
     if "response_length" in engine_data:
-        engine_data["response_length"] = _build(LengthDist, engine_data["response_length"], "engine.response_length",
-                                                source)
+        engine_data["response_length"] = _build(
+            LengthDist, engine_data["response_length"], "engine.response_length", source
+        )
     engine = _build(SimEngineConfig, engine_data, "engine", source) if engine_data else SimEngineConfig()
     trainer = _build(SimTrainerConfig, data.get("trainer", {}), "trainer", source)
     watchdog = _build(WatchdogLimits, data.get("watchdog", {}), "watchdog", source)
     faults = None
     if "faults" in data:
-
         faults = _build(FaultSchedule, data["faults"], "faults", source)
         try:
             faults.check_applies(config)
@@ -121,14 +132,23 @@ def scenario_from_dict(data: dict[str, Any], source: str = "<scenario>") -> Scen
             raise ConfigError(f"{source}: {exc}") from None
         for name in ("cancel_at_s", "dynamic_filter_reject_rate"):
             if getattr(faults, name):
-                raise ConfigError(f"{source}: field faults.{name} = {getattr(faults, name)!r}: a scenario file "
-                                  "injects only engine and trainer faults; fix: leave it out (the property suites "
-                                  "draw it, through harness.sim.faults.run_with_faults)")
+                raise ConfigError(
+                    f"{source}: field faults.{name} = {getattr(faults, name)!r}: a scenario file "
+                    "injects only engine and trainer faults; fix: leave it out (the property suites "
+                    "draw it, through harness.sim.faults.run_with_faults)"
+                )
     max_new = data.get("max_new_tokens", 512)
     if not isinstance(max_new, int) or isinstance(max_new, bool) or max_new < 1:
         raise ConfigError(f"{source}: field max_new_tokens = {max_new!r}: expected an integer >= 1")
-    return Scenario(name=str(data.get("name", Path(source).stem)), config=config, engine=engine, trainer=trainer,
-                    max_new_tokens=max_new, watchdog=watchdog, faults=faults)
+    return Scenario(
+        name=str(data.get("name", Path(source).stem)),
+        config=config,
+        engine=engine,
+        trainer=trainer,
+        max_new_tokens=max_new,
+        watchdog=watchdog,
+        faults=faults,
+    )
 
 
 def load_scenario(path: str | Path) -> Scenario:
@@ -136,10 +156,14 @@ def load_scenario(path: str | Path) -> Scenario:
     try:
         text = path.read_text()
     except OSError as exc:
-        raise ConfigError(f"scenario file {path}: cannot read it ({exc.strerror}); fix: pass an existing "
-                          ".toml or .json file to --scenario") from None
+        raise ConfigError(
+            f"scenario file {path}: cannot read it ({exc.strerror}); fix: pass an existing "
+            ".toml or .json file to --scenario"
+        ) from None
     try:
         data = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
     except (json.JSONDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"scenario file {path}: not valid {'JSON' if path.suffix == '.json' else 'TOML'}: {exc}") from None
+        raise ConfigError(
+            f"scenario file {path}: not valid {'JSON' if path.suffix == '.json' else 'TOML'}: {exc}"
+        ) from None
     return scenario_from_dict(data, str(path))

@@ -27,8 +27,9 @@ class SimTrainerConfig:
     def __post_init__(self) -> None:
         for name in ("step_base_s", "per_token_s"):
             if getattr(self, name) < 0:
-                raise ConfigError(f"trainer.{name} = {getattr(self, name)!r}: must be >= 0 seconds; "
-                                  "fix: use 0 or a positive number")
+                raise ConfigError(
+                    f"trainer.{name} = {getattr(self, name)!r}: must be >= 0 seconds; fix: use 0 or a positive number"
+                )
 
 
 class SimTrainer:

@@ -36,8 +36,9 @@ def loop_class() -> type[VirtualTimeLoop]:
         return VirtualTimeLoop
     if speed == "fast":
         return FastVirtualTimeLoop
-    raise ValueError(f"{SPEED_ENV}={speed!r}: allowed {', '.join(SPEEDS)}; fix: set it to one of those, or unset "
-                     "it for fast")
+    raise ValueError(
+        f"{SPEED_ENV}={speed!r}: allowed {', '.join(SPEEDS)}; fix: set it to one of those, or unset it for fast"
+    )
 
 
 def run_virtual(main: Awaitable[T]) -> T:

@@ -78,8 +78,10 @@ class _VirtualSelector(selectors.BaseSelector):
         if timeout is None:
             tasks = [t for t in asyncio.all_tasks(self.loop) if not t.done()] if self.loop else []
             names = ", ".join(sorted(getattr(t.get_coro(), "__qualname__", t.get_name()) for t in tasks)[:12])
-            raise VirtualDeadlock(f"virtual time t={self.now:.6f}s: every task is blocked and no timer is "
-                                  f"pending ({len(tasks)} tasks: {names})")
+            raise VirtualDeadlock(
+                f"virtual time t={self.now:.6f}s: every task is blocked and no timer is "
+                f"pending ({len(tasks)} tasks: {names})"
+            )
         self.now += timeout
         return []
 

@@ -72,8 +72,10 @@ class WatchdogLimits:
         for name in ("hang_after_s", "max_events", "max_events_per_step", "max_rss_growth_mb", "max_tasks"):
             value = getattr(self, name)
             if value is not None and not value > 0:
-                raise ValueError(f"watchdog.{name} = {value!r}: must be > 0; fix: give a positive number, or leave "
-                                 "it out to derive it from the scenario")
+                raise ValueError(
+                    f"watchdog.{name} = {value!r}: must be > 0; fix: give a positive number, or leave "
+                    "it out to derive it from the scenario"
+                )
 
 
 def quiet_stretch_s(scenario: Any) -> float:
@@ -85,8 +87,11 @@ def quiet_stretch_s(scenario: Any) -> float:
     tokens = samples * (eng.prompt_tokens + scenario.max_new_tokens)
     train = tr.step_base_s + tr.per_token_s * tokens
     batch = min(eng.max_running, samples * 2)
-    generate = (eng.prefill_base_s + eng.prefill_per_token_s * eng.prompt_tokens * batch
-                + (eng.decode_base_s + eng.decode_per_seq_s * batch) * scenario.max_new_tokens)
+    generate = (
+        eng.prefill_base_s
+        + eng.prefill_per_token_s * eng.prompt_tokens * batch
+        + (eng.decode_base_s + eng.decode_per_seq_s * batch) * scenario.max_new_tokens
+    )
     return train + generate
 
 
@@ -97,10 +102,11 @@ def resolve(limits: WatchdogLimits, scenario: Any) -> WatchdogLimits:
     return WatchdogLimits(
         hang_after_s=limits.hang_after_s or max(300.0, 20.0 * quiet_stretch_s(scenario)),
         max_events=limits.max_events or max(50_000, 500 * samples),
-        max_events_per_step=limits.max_events_per_step or max(10_000, 1_000 * cfg.rollout_batch_size
-                                                             * cfg.n_samples_per_prompt),
+        max_events_per_step=limits.max_events_per_step
+        or max(10_000, 1_000 * cfg.rollout_batch_size * cfg.n_samples_per_prompt),
         max_rss_growth_mb=limits.max_rss_growth_mb,
-        max_tasks=limits.max_tasks or max(10_000, 50 * cfg.rollout_batch_size * cfg.n_samples_per_prompt))
+        max_tasks=limits.max_tasks or max(10_000, 50 * cfg.rollout_batch_size * cfg.n_samples_per_prompt),
+    )
 
 
 def rss_mb() -> float:
@@ -108,7 +114,7 @@ def rss_mb() -> float:
     is no ``/proc`` (``getrusage``)."""
     try:
         with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2 ** 20
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
     except (OSError, ValueError, IndexError):
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
@@ -118,14 +124,23 @@ class Watchdog:
     ``check(now)`` every ``WATCHDOG_STRIDE`` iterations. ``progress()`` counts what the run has done (trace
     events); ``events()`` returns the trace so far, for the budget and the report."""
 
-    def __init__(self, limits: WatchdogLimits, *, progress: Callable[[], int],
-                 events: Callable[[], list] | None = None) -> None:
-        hang, max_events, per_step, max_tasks = (limits.hang_after_s, limits.max_events, limits.max_events_per_step,
-                                                 limits.max_tasks)
+    def __init__(
+        self, limits: WatchdogLimits, *, progress: Callable[[], int], events: Callable[[], list] | None = None
+    ) -> None:
+        hang, max_events, per_step, max_tasks = (
+            limits.hang_after_s,
+            limits.max_events,
+            limits.max_events_per_step,
+            limits.max_tasks,
+        )
         if hang is None or max_events is None or per_step is None or max_tasks is None:
             raise ValueError("Watchdog needs resolved limits: pass resolve(limits, scenario)")
         self._hang_after_s, self._max_events, self._max_events_per_step, self._max_tasks = (
-            hang, max_events, per_step, max_tasks)
+            hang,
+            max_events,
+            per_step,
+            max_tasks,
+        )
         self.limits = limits
         self.progress = progress
         self.events = events
@@ -151,8 +166,11 @@ class Watchdog:
             elif now - self._last_progress_t > self._hang_after_s:
                 events = self.events() if self.events is not None else []
                 since = f"the last trace event (t={events[-1].t:.3f}s)" if events else "the last progress"
-                self._trip("hang", f"virtual time is t={now:.3f}s, more than watchdog.hang_after_s = "
-                                   f"{self.limits.hang_after_s:g} s after {since}, and nothing happened since")
+                self._trip(
+                    "hang",
+                    f"virtual time is t={now:.3f}s, more than watchdog.hang_after_s = "
+                    f"{self.limits.hang_after_s:g} s after {since}, and nothing happened since",
+                )
         if self._iterations >= self._next_check:
             self._next_check = self._iterations + CHECK_EVERY
             self._check_budgets(now)
@@ -163,19 +181,27 @@ class Watchdog:
             self._last_progress, self._last_progress_t = p, now
             self._last_progress_iteration = self._iterations
         elif self._iterations - self._last_progress_iteration > MAX_QUIET_ITERATIONS:
-            self._trip("hang", f"the loop ran {self._iterations - self._last_progress_iteration} iterations at "
-                               f"t={now:.3f}s with no trace event and no clock movement")
+            self._trip(
+                "hang",
+                f"the loop ran {self._iterations - self._last_progress_iteration} iterations at "
+                f"t={now:.3f}s with no trace event and no clock movement",
+            )
         if self.events is not None:
             self._check_event_budgets(now, self.events())
         grown = rss_mb() - self._rss_start
         if grown > self.limits.max_rss_growth_mb:
-            self._trip("runaway", f"resident memory grew by {grown:.0f} MB by t={now:.3f}s (over "
-                                  f"watchdog.max_rss_growth_mb = {self.limits.max_rss_growth_mb:g})")
+            self._trip(
+                "runaway",
+                f"resident memory grew by {grown:.0f} MB by t={now:.3f}s (over "
+                f"watchdog.max_rss_growth_mb = {self.limits.max_rss_growth_mb:g})",
+            )
         if self.loop is not None:
             tasks = len(asyncio.all_tasks(self.loop))
             if tasks > self._max_tasks:
-                self._trip("runaway", f"{tasks} tasks alive at t={now:.3f}s (over watchdog.max_tasks = "
-                                      f"{self.limits.max_tasks})")
+                self._trip(
+                    "runaway",
+                    f"{tasks} tasks alive at t={now:.3f}s (over watchdog.max_tasks = {self.limits.max_tasks})",
+                )
 
     def _check_event_budgets(self, now: float, events: list[Any]) -> None:
         for i in range(self._scanned, len(events)):
@@ -183,19 +209,29 @@ class Watchdog:
                 self._last_trained = i + 1
         self._scanned = len(events)
         if len(events) > self._max_events:
-            self._trip("runaway", f"{len(events)} trace events by t={now:.3f}s (over watchdog.max_events = "
-                                  f"{self.limits.max_events})")
+            self._trip(
+                "runaway",
+                f"{len(events)} trace events by t={now:.3f}s (over watchdog.max_events = {self.limits.max_events})",
+            )
         if len(events) - self._last_trained > self._max_events_per_step:
-            self._trip("runaway", f"{len(events) - self._last_trained} trace events by t={now:.3f}s since the last "
-                                  f"training step (over watchdog.max_events_per_step = "
-                                  f"{self.limits.max_events_per_step}): work that never reaches the trainer")
+            self._trip(
+                "runaway",
+                f"{len(events) - self._last_trained} trace events by t={now:.3f}s since the last "
+                f"training step (over watchdog.max_events_per_step = "
+                f"{self.limits.max_events_per_step}): work that never reaches the trainer",
+            )
 
     def _trip(self, kind: str, reason: str) -> None:
         report = self.report(kind, reason)
         # re-armed from here: the cancellation that follows gets the same bounds
         self._last_progress_t, self._last_progress_iteration = self._now, self._iterations
-        self.limits = WatchdogLimits(hang_after_s=self.limits.hang_after_s, max_events=1 << 62,
-                                     max_events_per_step=1 << 62, max_rss_growth_mb=float("inf"), max_tasks=1 << 62)
+        self.limits = WatchdogLimits(
+            hang_after_s=self.limits.hang_after_s,
+            max_events=1 << 62,
+            max_events_per_step=1 << 62,
+            max_rss_growth_mb=float("inf"),
+            max_tasks=1 << 62,
+        )
         raise WatchdogTripped(kind, reason, report)
 
     def report(self, kind: str, reason: str) -> str:
@@ -216,7 +252,7 @@ def format_task(task: asyncio.Task) -> str:
     """The task's name, then its await chain, outermost first: each coroutine's file, line,
     function and source line, down to the future it waits on."""
     text = repr(task)  # asyncio's repr names the future the task waits on
-    waits = text[text.index(" wait_for=") + 10:].rstrip(">") if " wait_for=" in text else "nothing (ready to run)"
+    waits = text[text.index(" wait_for=") + 10 :].rstrip(">") if " wait_for=" in text else "nothing (ready to run)"
     lines = [f"  {task.get_name()} ({_qualname(task.get_coro())}), waiting on {_short(waits)}:"]
     coro: Any = task.get_coro()
     for _ in range(STACK_FRAMES):

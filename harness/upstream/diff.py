@@ -40,8 +40,18 @@ from harness.trace import Event
 # The core's own accounting, not Miles metrics: the fully-async handler counters and the
 # one-step drop counters (nothing is lost silently). Upstream reports neither.
 EXTENSION_METRICS = ("rollout/fully_async/handler_", "rollout/dropped_groups/")
-ASPECTS = ("generate", "updates", "trained", "ages", "weight_versions", "get_samples", "recycles", "pauses",
-           "metrics", "end")
+ASPECTS = (
+    "generate",
+    "updates",
+    "trained",
+    "ages",
+    "weight_versions",
+    "get_samples",
+    "recycles",
+    "pauses",
+    "metrics",
+    "end",
+)
 
 
 @dataclass(frozen=True)
@@ -60,8 +70,9 @@ class DiffCase:
     known: str | None = None
 
     def scenario(self) -> Scenario:
-        cfg = AsyncConfig(**{"rollout_batch_size": 4, "n_samples_per_prompt": 2, "num_rollout": 5, "seed": 3,
-                             **self.config})
+        cfg = AsyncConfig(
+            **{"rollout_batch_size": 4, "n_samples_per_prompt": 2, "num_rollout": 5, "seed": 3, **self.config}
+        )
         eng = SimEngineConfig(**{"seed": 3, **self.engine})
         if self.faults is not None:
             eng = dataclasses.replace(eng, request_failure_rate=self.faults.request_failure_rate)
@@ -100,13 +111,20 @@ class DiffReport:
                 rows.append(f"  > [{i}] (none: this side has only {len(items)} items)")
             return "\n".join(rows)
 
-        return (f"{self.case.name}: first divergence in {aspect!r} at item {i}"
-                + (f" (known: {self.case.known})" if self.case.known else "")
-                + f"\ncore:\n{show(self.core[aspect])}\nupstream:\n{show(self.upstream[aspect])}")
+        return (
+            f"{self.case.name}: first divergence in {aspect!r} at item {i}"
+            + (f" (known: {self.case.known})" if self.case.known else "")
+            + f"\ncore:\n{show(self.core[aspect])}\nupstream:\n{show(self.upstream[aspect])}"
+        )
 
 
-def observables(events: list[Event], history: list[dict], wall_s: float, error: BaseException | None,
-                finished: dict[int, list] | None = None) -> dict[str, list]:
+def observables(
+    events: list[Event],
+    history: list[dict],
+    wall_s: float,
+    error: BaseException | None,
+    finished: dict[int, list] | None = None,
+) -> dict[str, list]:
     out: dict[str, list] = {a: [] for a in ASPECTS}
     calls: dict[int, list] = {}
     wv: dict[int, tuple] = {}
@@ -131,15 +149,19 @@ def observables(events: list[Event], history: list[dict], wall_s: float, error: 
         elif k == ev.ENGINE_PAUSE:
             out["pauses"].append((t, (e["mode"], e["in_flight"])))
         elif k == ev.METRICS:
-            m = {key: round(float(v), 9) for key, v in e["metrics"].items()
-                 if key.startswith("rollout/") and not key.startswith(EXTENSION_METRICS)}
+            m = {
+                key: round(float(v), 9)
+                for key, v in e["metrics"].items()
+                if key.startswith("rollout/") and not key.startswith(EXTENSION_METRICS)
+            }
             out["metrics"].append((t, (e["rollout_id"], tuple(sorted(m.items())))))
     for c in sorted(calls):
         items = calls[c]
         out["get_samples"].append((items[0][0], tuple(v for _, v in items)))
     for r in history:
-        out["ages"].append((0.0, (r.get("rollout_id"), tuple(r.get("age_versions", ())),
-                                  tuple(r.get("token_age_versions", ())))))
+        out["ages"].append(
+            (0.0, (r.get("rollout_id"), tuple(r.get("age_versions", ())), tuple(r.get("token_age_versions", ()))))
+        )
     out["end"].append((wall_s, (round(wall_s, 9), type(error).__name__ if error is not None else None)))
     return out
 
@@ -177,8 +199,9 @@ def _core_run(case: DiffCase, sc: Scenario) -> Any:
     def buffer_factory(ci: DataBufferConstructorInput) -> Any:
         from miles_async_core.buffer import DefaultDataBuffer
 
-        return DefaultDataBuffer(DataBufferConstructorInput(_Args(sc.config), ci.unused_handler_fn),
-                                 sink=holder["ctx"].sink)
+        return DefaultDataBuffer(
+            DataBufferConstructorInput(_Args(sc.config), ci.unused_handler_fn), sink=holder["ctx"].sink
+        )
 
     holder: dict[str, Any] = {}
 
@@ -204,8 +227,9 @@ def _upstream_run(case: DiffCase, sc: Scenario, *, set_order: str = "index") -> 
         from harness.upstream.generate_fns import FORMS
 
         gen = FORMS[case.generate_function][1]  # upstream loads it: --custom-generate-function-path
-    return run_upstream(sc, engine_factory=engine, dynamic_filter_path=path, generate_function_path=gen,
-                         set_order=set_order)
+    return run_upstream(
+        sc, engine_factory=engine, dynamic_filter_path=path, generate_function_path=gen, set_order=set_order
+    )
 
 
 def run_case(case: DiffCase, *, set_order: str = "index") -> DiffReport:
@@ -217,13 +241,13 @@ def run_case(case: DiffCase, *, set_order: str = "index") -> DiffReport:
     up = _upstream_run(case, sc, set_order=set_order)
     a = observables(core.events, core.history, core.wall_s, core.error)
     b = observables(up.events, up.history, up.wall_s, up.error)
-    return DiffReport(case=case, core=a, upstream=b, first=_first_divergence(a, b), core_result=core,
-                      upstream_result=up)
+    return DiffReport(
+        case=case, core=a, upstream=b, first=_first_divergence(a, b), core_result=core, upstream_result=up
+    )
 
 
 def _c(name: str, known: str | None = None, **kw: Any) -> DiffCase:
     return DiffCase(name=name, known=known, **kw)
-
 
 
 def matrix() -> list[DiffCase]:
@@ -250,26 +274,46 @@ def matrix() -> list[DiffCase]:
         # data source; the next rollout resumes them (inference_rollout_train.py:L40-L53,
         # inference_rollout_common.py:L225)
         _c("one-step-partial-rollout", config={"partial_rollout": True, "over_sampling_batch_size": 6}),
-        _c("one-step-partial-rollout-k2", config={"partial_rollout": True, "over_sampling_batch_size": 6,
-                                                  "update_weights_interval": 2, "num_rollout": 6}),
-        _c("sync-partial-rollout", config={"driver": "train", "partial_rollout": True,
-                                           "over_sampling_batch_size": 6}),
+        _c(
+            "one-step-partial-rollout-k2",
+            config={
+                "partial_rollout": True,
+                "over_sampling_batch_size": 6,
+                "update_weights_interval": 2,
+                "num_rollout": 6,
+            },
+        ),
+        _c("sync-partial-rollout", config={"driver": "train", "partial_rollout": True, "over_sampling_batch_size": 6}),
     ]
     for mode in ("retract", "in_place"):
         for gran, gname in ((G, "group"), (S, "sample")):
             cases.append(_c(f"fa-{mode}-{gname}", config={**FA, "pause_generation_mode": mode, **gran}))
     cases += [
         _c("fa-group-staleness0-drop", config={**FA, **G, "max_weight_staleness": 0}),
-        _c("fa-group-staleness0-retry", config={**FA, **G, "max_weight_staleness": 0,
-                                                "async_unused_samples_handler": "retry"}),
-        _c("fa-group-staleness1-retry", config={**FA, **G, "max_weight_staleness": 1,
-                                                "async_unused_samples_handler": "retry"}),
-        _c("fa-sample-staleness1-retry", config={**FA, **S, "max_weight_staleness": 1,
-                                                 "async_unused_samples_handler": "retry"}),
+        _c(
+            "fa-group-staleness0-retry",
+            config={**FA, **G, "max_weight_staleness": 0, "async_unused_samples_handler": "retry"},
+        ),
+        _c(
+            "fa-group-staleness1-retry",
+            config={**FA, **G, "max_weight_staleness": 1, "async_unused_samples_handler": "retry"},
+        ),
+        _c(
+            "fa-sample-staleness1-retry",
+            config={**FA, **S, "max_weight_staleness": 1, "async_unused_samples_handler": "retry"},
+        ),
         _c("fa-group-cap-concurrency", config={**FA, **G, "async_max_concurrent_samples": 4}),
         _c("fa-sample-cap-concurrency", config={**FA, **S, "async_max_concurrent_samples": 4}),
-        _c("fa-sample-small-buffer-retry", config={**FA, **S, "async_data_buffer_capacity_factor": 0.5,
-                                                   "max_weight_staleness": 0, "async_unused_samples_handler": "retry"}),
+        _c(
+            "fa-sample-small-buffer-retry",
+            config={
+                **FA,
+                **S,
+                "async_data_buffer_capacity_factor": 0.5,
+                "max_weight_staleness": 0,
+                "async_unused_samples_handler": "retry",
+            },
+        ),
         _c("fa-sample-fast-trainer", config={**FA, **S}, trainer={"step_base_s": 0.2}),
         _c("fa-group-small-buffer", config={**FA, **G, "async_data_buffer_capacity_factor": 0.5}),
         _c("fa-group-k2", config={**FA, **G, "update_weights_interval": 2, "num_rollout": 6}),
@@ -279,29 +323,44 @@ def matrix() -> list[DiffCase]:
         _c("fa-group-filter-none", config={**FA, **G}, dynamic_filter="none_rejects"),
         _c("fa-group-n1", config={**FA, **G, "n_samples_per_prompt": 1, "rollout_batch_size": 6}),
         _c("fa-group-fast-trainer", config={**FA, **G}, trainer={"step_base_s": 0.2}),
-        _c("fa-group-abort-storm-retry", config={**FA, **G, "async_unused_samples_handler": "retry"},
-           faults=FaultSchedule(abort_storm_times_s=(1.0, 4.5), seed=1)),
-        _c("fa-group-injected-aborts-drop", config={**FA, **G},
-           faults=FaultSchedule(injected_abort_rate=0.2, seed=2)),
+        _c(
+            "fa-group-abort-storm-retry",
+            config={**FA, **G, "async_unused_samples_handler": "retry"},
+            faults=FaultSchedule(abort_storm_times_s=(1.0, 4.5), seed=1),
+        ),
+        _c("fa-group-injected-aborts-drop", config={**FA, **G}, faults=FaultSchedule(injected_abort_rate=0.2, seed=2)),
         _c("fa-group-trainer-fails", config={**FA, **G}, faults=FaultSchedule(trainer_fail_at_step=2)),
         _c("one-step-trainer-fails", config={}, faults=FaultSchedule(trainer_fail_at_step=2)),
         # orphaned-group-tasks: the worker dies on a failed request after the last drain; upstream leaves its
         # sibling group tasks running (fully_async_rollout.py:L128-L136), so they are still
         # generating at the last weight update's pause
-        _c("fa-group-request-fails", config={**FA, **G}, engine={"seed": 11},
-           faults=FaultSchedule(request_failure_rate=0.03, seed=1)),
+        _c(
+            "fa-group-request-fails",
+            config={**FA, **G},
+            engine={"seed": 11},
+            faults=FaultSchedule(request_failure_rate=0.03, seed=1),
+        ),
         # same-wakeup-failure: a group whose request fails ends in the loop step the waiter resumes in, one
         # after a finished group: upstream's asyncio.wait collects both (f.done() on resume),
         # so the fully-async worker dies before it puts (fully_async_rollout.py:L134-L136) and
         # one-step logs and skips the failed group (inference_rollout_train.py:L117-L121)
-        _c("fa-group-request-fails-with-finish", config={**FA, **G},
-           faults=FaultSchedule(request_failure_rate=0.025, seed=1)),
-        _c("one-step-request-fails-with-finish", config={"over_sampling_batch_size": 8},
-           faults=FaultSchedule(request_failure_rate=0.15, seed=1)),
+        _c(
+            "fa-group-request-fails-with-finish",
+            config={**FA, **G},
+            faults=FaultSchedule(request_failure_rate=0.025, seed=1),
+        ),
+        _c(
+            "one-step-request-fails-with-finish",
+            config={"over_sampling_batch_size": 8},
+            faults=FaultSchedule(request_failure_rate=0.15, seed=1),
+        ),
         # failure-at-abort: an over-sampled group still pending at the end of a rollout fails during the
         # abort; upstream's as_completed_async loop (inference_rollout_train.py:L40) raises it
-        _c("one-step-request-fails-at-abort", config={"over_sampling_batch_size": 6},
-           faults=FaultSchedule(request_failure_rate=0.15, seed=1)),
+        _c(
+            "one-step-request-fails-at-abort",
+            config={"over_sampling_batch_size": 6},
+            faults=FaultSchedule(request_failure_rate=0.15, seed=1),
+        ),
         # async-refusals: train_async.py:L23-L24 refuses these before anything runs
         _c("one-step-colocate", config={"colocate": True}),
         _c("fa-colocate", config={**FA, **G, "colocate": True}),
@@ -314,13 +373,23 @@ def matrix() -> list[DiffCase]:
         # level by the buffer (fully_async_data_buffer.py:L28-L43)
         _c("fa-group-nested", config={**FA, **G}, generate_function="multi_sample"),
         _c("fa-sample-nested", config={**FA, **S}, generate_function="multi_sample"),
-        _c("fa-group-nested-staleness1-retry", config={**FA, **G, "max_weight_staleness": 1,
-                                                       "async_unused_samples_handler": "retry"},
-           generate_function="multi_sample"),
-        _c("fa-group-nested-abort-storm-retry", config={**FA, **G, "async_unused_samples_handler": "retry"},
-           faults=FaultSchedule(abort_storm_times_s=(1.0, 4.5), seed=1), generate_function="multi_sample"),
-        _c("fa-group-nested-filter-reason", config={**FA, **G}, dynamic_filter="with_reason",
-           generate_function="multi_sample"),
+        _c(
+            "fa-group-nested-staleness1-retry",
+            config={**FA, **G, "max_weight_staleness": 1, "async_unused_samples_handler": "retry"},
+            generate_function="multi_sample",
+        ),
+        _c(
+            "fa-group-nested-abort-storm-retry",
+            config={**FA, **G, "async_unused_samples_handler": "retry"},
+            faults=FaultSchedule(abort_storm_times_s=(1.0, 4.5), seed=1),
+            generate_function="multi_sample",
+        ),
+        _c(
+            "fa-group-nested-filter-reason",
+            config={**FA, **G},
+            dynamic_filter="with_reason",
+            generate_function="multi_sample",
+        ),
         _c("one-step-nested", config={}, generate_function="multi_sample"),
         _c("one-step-nested-over-sampling", config={"over_sampling_batch_size": 6}, generate_function="multi_sample"),
         _c("sync-nested", config={"driver": "train"}, generate_function="multi_sample"),
@@ -377,8 +446,16 @@ HOOKS = ("dynamic_filter", "generate_function")
 def _valid(driver: str, row: dict) -> bool:
     from miles_async_core.rules import PINNED_MILES_COMMIT, validate
 
-    cfg = AsyncConfig(**{"rollout_batch_size": 4, "n_samples_per_prompt": 2, "num_rollout": 5, "seed": 3,
-                         **DRIVER_BASE[driver], **{k: v for k, v in row.items() if k not in HOOKS}})
+    cfg = AsyncConfig(
+        **{
+            "rollout_batch_size": 4,
+            "n_samples_per_prompt": 2,
+            "num_rollout": 5,
+            "seed": 3,
+            **DRIVER_BASE[driver],
+            **{k: v for k, v in row.items() if k not in HOOKS},
+        }
+    )
     return not [v for v in validate(cfg, f"miles-{PINNED_MILES_COMMIT}") if v.severity == "error"]
 
 
@@ -391,7 +468,7 @@ def pairwise_rows(driver: str) -> list[dict]:
     def pair(a: str, x: Any, b: str, y: Any) -> tuple:
         return ((a, x), (b, y)) if names.index(a) < names.index(b) else ((b, y), (a, x))
 
-    todo = [pair(a, x, b, y) for i, a in enumerate(names) for b in names[i + 1:] for x in flags[a] for y in flags[b]]
+    todo = [pair(a, x, b, y) for i, a in enumerate(names) for b in names[i + 1 :] for x in flags[a] for y in flags[b]]
     uncovered = set(todo)
     rows: list[dict] = []
     while uncovered:
@@ -399,15 +476,17 @@ def pairwise_rows(driver: str) -> list[dict]:
         row = {a: x, b: y}
         for n in names:
             if n not in row:
-                row[n] = max(flags[n], key=lambda v: (sum(pair(m, w, n, v) in uncovered for m, w in row.items()),
-                                                      -flags[n].index(v)))
+                row[n] = max(
+                    flags[n],
+                    key=lambda v: (sum(pair(m, w, n, v) in uncovered for m, w in row.items()), -flags[n].index(v)),
+                )
         row = {n: row[n] for n in names}
         if not _valid(driver, row):  # this completion is refused: the pair with every other flag at its default
             row = {**{n: vs[0] for n, vs in flags.items()}, a: x, b: y}
             if not _valid(driver, row):
                 uncovered.discard(pair(a, x, b, y))  # the profile refuses the pair itself
                 continue
-        uncovered -= {pair(m, row[m], n, row[n]) for i, m in enumerate(names) for n in names[i + 1:]}
+        uncovered -= {pair(m, row[m], n, row[n]) for i, m in enumerate(names) for n in names[i + 1 :]}
         rows.append(row)
     return rows
 
@@ -420,7 +499,9 @@ def pairwise_cases() -> list[DiffCase]:
         rows = [r for r in pairwise_rows(driver) if r != defaults]  # the plain case is in the matrix already
         for i, row in enumerate(rows):
             config = {**DRIVER_BASE[driver], **{k: v for k, v in row.items() if k not in HOOKS}}
-            out.append(_c(f"{prefix[driver]}-pairwise-{i:02d}", config=config, dynamic_filter=row.get("dynamic_filter")))
+            out.append(
+                _c(f"{prefix[driver]}-pairwise-{i:02d}", config=config, dynamic_filter=row.get("dynamic_filter"))
+            )
     return out
 
 
@@ -430,31 +511,49 @@ def extension_cases() -> list[DiffCase]:
     (``known`` = ``EXT <name>: ...``). Each is the matrix case named by its prefix with one
     extension set; that matrix case, with the extension off (the default), is identical."""
     return [
-        _c("fa-group-staleness0-retry+max-retries0", config={"fully_async": True, "rollout_submission_granularity":
-                                                              "group", "max_weight_staleness": 0,
-                                                              "async_unused_samples_handler": "retry",
-                                                              "async_max_retries": 0},
-           known="EXT async_max_retries: a stale group past the retry cap is dropped, upstream recycles it forever"),
-        _c("fa-colocate+allow-async-colocate", config={"fully_async": True, "rollout_submission_granularity": "group",
-                                                       "colocate": True, "allow_async_colocate": True},
-           # upstream: train_async.py:L23
-           known="EXT allow_async_colocate: Miles' manual's colocated fully-async mode runs; upstream's "
-                 "train_async.py refuses --colocate"),
-        _c("fa-group-request-fails+cancel-orphaned-tasks", config={"fully_async": True,
-                                                                   "rollout_submission_granularity": "group",
-                                                                   "cancel_orphaned_tasks": True},
-           engine={"seed": 11}, faults=FaultSchedule(request_failure_rate=0.03, seed=1),
-           # upstream: fully_async_rollout.py:L128-L136
-           known="EXT cancel_orphaned_tasks: a dead fully-async worker's sibling group tasks are cancelled; "
-                 "upstream's fully_async_rollout.py leaves them running"),
+        _c(
+            "fa-group-staleness0-retry+max-retries0",
+            config={
+                "fully_async": True,
+                "rollout_submission_granularity": "group",
+                "max_weight_staleness": 0,
+                "async_unused_samples_handler": "retry",
+                "async_max_retries": 0,
+            },
+            known="EXT async_max_retries: a stale group past the retry cap is dropped, upstream recycles it forever",
+        ),
+        _c(
+            "fa-colocate+allow-async-colocate",
+            config={
+                "fully_async": True,
+                "rollout_submission_granularity": "group",
+                "colocate": True,
+                "allow_async_colocate": True,
+            },
+            # upstream: train_async.py:L23
+            known="EXT allow_async_colocate: Miles' manual's colocated fully-async mode runs; upstream's "
+            "train_async.py refuses --colocate",
+        ),
+        _c(
+            "fa-group-request-fails+cancel-orphaned-tasks",
+            config={"fully_async": True, "rollout_submission_granularity": "group", "cancel_orphaned_tasks": True},
+            engine={"seed": 11},
+            faults=FaultSchedule(request_failure_rate=0.03, seed=1),
+            # upstream: fully_async_rollout.py:L128-L136
+            known="EXT cancel_orphaned_tasks: a dead fully-async worker's sibling group tasks are cancelled; "
+            "upstream's fully_async_rollout.py leaves them running",
+        ),
     ]
 
 
 def format_summary(reports: list[DiffReport]) -> str:
     rows = []
     for r in reports:
-        status = "identical" if r.identical else (f"diverges ({r.case.known.split(':')[0]})" if r.case.known
-                                                  else "DIVERGES (unexplained)")
+        status = (
+            "identical"
+            if r.identical
+            else (f"diverges ({r.case.known.split(':')[0]})" if r.case.known else "DIVERGES (unexplained)")
+        )
         rows.append(f"{r.case.name:<36} {status}" + ("" if r.identical else f"  first: {r.first[0]}[{r.first[1]}]"))
     return "\n".join(rows)
 
@@ -468,5 +567,17 @@ def case_named(name: str) -> DiffCase:
     raise KeyError(f"no case {name!r} in the matrix; cases: {', '.join(c.name for c in cases)}")
 
 
-__all__ = ["ASPECTS", "PAIRWISE_FLAGS", "case_named", "DiffCase", "DiffReport", "extension_cases", "matrix",
-           "observables", "pairwise_cases", "pairwise_rows", "run_case", "format_summary"]
+__all__ = [
+    "ASPECTS",
+    "PAIRWISE_FLAGS",
+    "case_named",
+    "DiffCase",
+    "DiffReport",
+    "extension_cases",
+    "matrix",
+    "observables",
+    "pairwise_cases",
+    "pairwise_rows",
+    "run_case",
+    "format_summary",
+]

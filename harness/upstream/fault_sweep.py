@@ -83,18 +83,29 @@ REAL_TIME_LIMIT_S = 60.0
 RESULTS = Path(__file__).resolve().parents[2] / "results" / "upstream"
 FINDINGS_FILE = RESULTS / "fault_findings.json"
 # the upstream files whose behaviour the findings describe; their hash pins the file
-TREE_FILES = ("train.py", "train_async.py", "miles/rollout/fully_async_rollout.py",
-              "miles/rollout/fully_async_data_buffer.py", "miles/rollout/submission_scheduler.py",
-              "miles/rollout/data_source.py", "miles/rollout/inference_rollout/inference_rollout_train.py",
-              "miles/rollout/inference_rollout/inference_rollout_common.py")
+TREE_FILES = (
+    "train.py",
+    "train_async.py",
+    "miles/rollout/fully_async_rollout.py",
+    "miles/rollout/fully_async_data_buffer.py",
+    "miles/rollout/submission_scheduler.py",
+    "miles/rollout/data_source.py",
+    "miles/rollout/inference_rollout/inference_rollout_train.py",
+    "miles/rollout/inference_rollout/inference_rollout_common.py",
+)
 # what a task still running at the end is, by its coroutine: the fully-async worker, the
 # sample-backfill scheduler's waiter, group tasks (a group and its sample tasks), a
 # generate the driver launched (``generate.remote``), the drain's buffer get, an HTTP call
-TASK_ROLES = {"FullyAsyncRolloutFn._worker_loop": "fully_async_worker", "Event.wait": "scheduler_waiter",
-              "http_post": "http_request",
-              "FullyAsyncRolloutFn._generate_group": "group_tasks", "generate_and_rm_group": "group_tasks",
-              "generate_and_rm": "group_tasks", "RolloutManager._generate": "launched_generate",
-              "UpstreamRunner.observe_buffer.<locals>.observed_get": "buffer_get"}
+TASK_ROLES = {
+    "FullyAsyncRolloutFn._worker_loop": "fully_async_worker",
+    "Event.wait": "scheduler_waiter",
+    "http_post": "http_request",
+    "FullyAsyncRolloutFn._generate_group": "group_tasks",
+    "generate_and_rm_group": "group_tasks",
+    "generate_and_rm": "group_tasks",
+    "RolloutManager._generate": "launched_generate",
+    "UpstreamRunner.observe_buffer.<locals>.observed_get": "buffer_get",
+}
 # after a normal end these may still run: upstream's worker lives as long as the rollout manager
 AFTER_NORMAL_END = frozenset({"fully_async_worker", "scheduler_waiter", "group_tasks"})
 
@@ -179,6 +190,7 @@ def case_digest(seed: int) -> str:
 
 # --------------------------------------------------------------------------- running
 
+
 @dataclass
 class RunnerOutcome:
     seed: int | None
@@ -234,15 +246,23 @@ def fault_filter(args: Any, group: Any) -> Any:
     return DynamicFilterOutput(keep=not reject, reason="fault" if reject else None)
 
 
-def runner_run_with_faults(case: RunCase, *, seed: int | None = None, vtime_limit_s: float = VTIME_LIMIT_S,
-                         real_time_limit_s: float = REAL_TIME_LIMIT_S, set_order: str = "index") -> RunnerOutcome:
+def runner_run_with_faults(
+    case: RunCase,
+    *,
+    seed: int | None = None,
+    vtime_limit_s: float = VTIME_LIMIT_S,
+    real_time_limit_s: float = REAL_TIME_LIMIT_S,
+    set_order: str = "index",
+) -> RunnerOutcome:
     """``case`` on upstream's code with its faults injected (the tree must be activated)."""
     faults = case.faults
     faults.check_applies(case.scenario.config)
     sc = dataclasses.replace(
         case.scenario,
         engine=dataclasses.replace(case.scenario.engine, request_failure_rate=faults.request_failure_rate),
-        trainer=dataclasses.replace(case.scenario.trainer, fail_at_step=faults.trainer_fail_at_step))
+        trainer=dataclasses.replace(case.scenario.trainer, fail_at_step=faults.trainer_fail_at_step),
+    )
+
     def hooks(run: Any) -> None:
         run.fault_schedule = faults
         task, loop = asyncio.current_task(), asyncio.get_running_loop()
@@ -255,18 +275,35 @@ def runner_run_with_faults(case: RunCase, *, seed: int | None = None, vtime_limi
             loop.call_at(faults.cancel_at_s, cancel)
 
     t0 = time.perf_counter()
-    res, hang = guarded_upstream_run(sc, vtime_limit_s=vtime_limit_s, real_time_limit_s=real_time_limit_s, hooks=hooks,
-                                 engine_factory=fault_engine_class(SimEngine, faults), set_order=set_order,
-                                 dynamic_filter_path="harness.upstream.fault_sweep.fault_filter"
-                                 if faults.dynamic_filter_reject_rate else None)
-    return RunnerOutcome(seed=seed, case=case, events=res.events, history=res.history, error=res.error,
-                       live_tasks=list(res.extra.get("live_tasks", [])), hang=hang,
-                       wall_s=time.perf_counter() - t0)
+    res, hang = guarded_upstream_run(
+        sc,
+        vtime_limit_s=vtime_limit_s,
+        real_time_limit_s=real_time_limit_s,
+        hooks=hooks,
+        engine_factory=fault_engine_class(SimEngine, faults),
+        set_order=set_order,
+        dynamic_filter_path="harness.upstream.fault_sweep.fault_filter" if faults.dynamic_filter_reject_rate else None,
+    )
+    return RunnerOutcome(
+        seed=seed,
+        case=case,
+        events=res.events,
+        history=res.history,
+        error=res.error,
+        live_tasks=list(res.extra.get("live_tasks", [])),
+        hang=hang,
+        wall_s=time.perf_counter() - t0,
+    )
 
 
-def guarded_upstream_run(scenario: Any, *, vtime_limit_s: float = VTIME_LIMIT_S,
-                     real_time_limit_s: float = REAL_TIME_LIMIT_S, hooks: Any = None, **runner_kwargs: Any
-                     ) -> tuple[Any, str | None]:
+def guarded_upstream_run(
+    scenario: Any,
+    *,
+    vtime_limit_s: float = VTIME_LIMIT_S,
+    real_time_limit_s: float = REAL_TIME_LIMIT_S,
+    hooks: Any = None,
+    **runner_kwargs: Any,
+) -> tuple[Any, str | None]:
     """``UpstreamRunner(scenario, **runner_kwargs).run()`` under the watchdog: returns the
     ``UpstreamRunResult`` and ``None``, or a description of the hang (virtual-time deadlock,
     virtual or real time limit)."""
@@ -299,6 +336,7 @@ def guarded_upstream_run(scenario: Any, *, vtime_limit_s: float = VTIME_LIMIT_S,
 
 # --------------------------------------------------------------------------- findings
 
+
 @dataclass(frozen=True)
 class Finding:
     category: str  # invariant | run_error | hang | runaway | orphaned_task | silent_drop
@@ -327,8 +365,11 @@ def findings(out: RunnerOutcome) -> list[Finding]:
             seen.add(v.invariant)
             found.append(Finding("invariant", v.invariant, m, v.message))
     err = out.error
-    if out.hang is None and err is not None and (not isinstance(err, EXPECTED_ERRORS)
-                                                 or not out.case.faults.may_end_early):
+    if (
+        out.hang is None
+        and err is not None
+        and (not isinstance(err, EXPECTED_ERRORS) or not out.case.faults.may_end_early)
+    ):
         found.append(Finding("run_error", type(err).__name__, m, repr(err)[:300]))
     ended_normally = out.error is None and out.hang is None
     roles: dict[str, list[str]] = {}
@@ -337,19 +378,37 @@ def findings(out: RunnerOutcome) -> list[Finding]:
         if not (ended_normally and role in AFTER_NORMAL_END):
             roles.setdefault(role, []).append(t)
     for role, names in sorted(roles.items()):
-        found.append(Finding("orphaned_task", role, m,
-                             f"the driver {'returned' if ended_normally else 'ended with ' + type(err).__name__} "
-                             f"and {len(names)} such tasks still run: {sorted(set(names))}"))
+        found.append(
+            Finding(
+                "orphaned_task",
+                role,
+                m,
+                f"the driver {'returned' if ended_normally else 'ended with ' + type(err).__name__} "
+                f"and {len(names)} such tasks still run: {sorted(set(names))}",
+            )
+        )
     failed = {e["group_index"] for e in out.events if e.kind == ev.GROUP_DONE and not e["ok"]}
-    lost = sorted({e["group_index"] for e in out.events
-                   if e.kind == ev.DROPPED and e["reason"] == "not_returned" and e["group_index"] in failed})
+    lost = sorted(
+        {
+            e["group_index"]
+            for e in out.events
+            if e.kind == ev.DROPPED and e["reason"] == "not_returned" and e["group_index"] in failed
+        }
+    )
     if lost:
-        found.append(Finding("silent_drop", "failed_group_discarded", m,
-                             f"groups {lost[:8]} failed during generation and were discarded: no retry, no metric"))
+        found.append(
+            Finding(
+                "silent_drop",
+                "failed_group_discarded",
+                m,
+                f"groups {lost[:8]} failed during generation and were discarded: no retry, no metric",
+            )
+        )
     return found
 
 
 # --------------------------------------------------------------------------- sweeps
+
 
 @contextmanager
 def _quiet_upstream_logs() -> Iterator[None]:
@@ -400,12 +459,23 @@ def _row(seed: int) -> dict:
     c = out.case
     injected = sum(1 for e in out.events if e.kind == ev.FAULT)
     rejects = sum(1 for e in out.events if e.kind == ev.PUT_REJECTED and e["reason"] == "dynamic_filter:fault")
-    return {"seed": seed, "mode": mode(c), "fault": fault_kind(c.faults), "error": type(out.error).__name__
-            if out.error is not None else None, "complete": out.complete, "trained": len(out.history),
-            "fault_events": injected, "filter_rejects": rejects, "events": len(out.events),
-            "silent_drops": sum(1 for f in found if f.category == "silent_drop"), "real_s": round(out.wall_s, 4),
-            "findings": [{"kind": f.kind, "category": f.category, "detail": f.detail, "mode": f.mode,
-                          "message": f.message} for f in found]}
+    return {
+        "seed": seed,
+        "mode": mode(c),
+        "fault": fault_kind(c.faults),
+        "error": type(out.error).__name__ if out.error is not None else None,
+        "complete": out.complete,
+        "trained": len(out.history),
+        "fault_events": injected,
+        "filter_rejects": rejects,
+        "events": len(out.events),
+        "silent_drops": sum(1 for f in found if f.category == "silent_drop"),
+        "real_s": round(out.wall_s, 4),
+        "findings": [
+            {"kind": f.kind, "category": f.category, "detail": f.detail, "mode": f.mode, "message": f.message}
+            for f in found
+        ],
+    }
 
 
 def sweep(seeds: Iterable[int], *, jobs: int = 1, progress: bool = False) -> list[dict]:
@@ -437,8 +507,9 @@ def tree_digest(tree: Path) -> str:
     return h.hexdigest()[:16]
 
 
-def summarize(rows: list[dict], *, tree: Path, seeds: str, seconds: float | None = None,
-              example_seeds: int = 5) -> dict:
+def summarize(
+    rows: list[dict], *, tree: Path, seeds: str, seconds: float | None = None, example_seeds: int = 5
+) -> dict:
     """The findings file's content: per kind, the count, fault kinds and first seeds."""
     kinds: dict[str, dict] = {}
     by_fault: dict[str, int] = {}
@@ -449,9 +520,19 @@ def summarize(rows: list[dict], *, tree: Path, seeds: str, seconds: float | None
         by_fault[r["fault"]] = by_fault.get(r["fault"], 0) + 1
         by_mode[r["mode"]] = by_mode.get(r["mode"], 0) + 1
         for f in r["findings"]:
-            k = kinds.setdefault(f["kind"], {"category": f["category"], "detail": f["detail"], "mode": f["mode"],
-                                             "runs": 0, "faults": {}, "seeds": [], "case_digests": [],
-                                             "example": f["message"]})
+            k = kinds.setdefault(
+                f["kind"],
+                {
+                    "category": f["category"],
+                    "detail": f["detail"],
+                    "mode": f["mode"],
+                    "runs": 0,
+                    "faults": {},
+                    "seeds": [],
+                    "case_digests": [],
+                    "example": f["message"],
+                },
+            )
             k["runs"] += 1
             k["faults"][r["fault"]] = k["faults"].get(r["fault"], 0) + 1
             if len(k["seeds"]) < example_seeds:
@@ -459,10 +540,15 @@ def summarize(rows: list[dict], *, tree: Path, seeds: str, seconds: float | None
                 k["case_digests"].append(case_digest(r["seed"]))
     with_findings = sum(1 for r in rows if r.get("findings"))
     return {
-        "upstream_tree": tree.name, "tree_digest": tree_digest(tree), "tree_files": list(TREE_FILES),
-        "seeds": seeds, "runs": len(rows), "harness_errors": [r for r in rows if "harness_error" in r][:20],
+        "upstream_tree": tree.name,
+        "tree_digest": tree_digest(tree),
+        "tree_files": list(TREE_FILES),
+        "seeds": seeds,
+        "runs": len(rows),
+        "harness_errors": [r for r in rows if "harness_error" in r][:20],
         "refused_runs": sum(1 for r in rows if "refused" in r),
-        "runs_with_findings": with_findings, "runs_by_fault": dict(sorted(by_fault.items())),
+        "runs_with_findings": with_findings,
+        "runs_by_fault": dict(sorted(by_fault.items())),
         "runs_by_mode": dict(sorted(by_mode.items())),
         "complete_runs": sum(1 for r in rows if r.get("complete")),
         "real_seconds": None if seconds is None else round(seconds, 1),
@@ -479,13 +565,23 @@ def format_md(doc: dict) -> str:
         f"Seeds `{doc['seeds']}`: {doc['runs']} runs"
         + (f" in {doc['real_seconds']} s" if doc.get("real_seconds") else "")
         + f", {doc['complete_runs']} complete, {doc['runs_with_findings']} with at least one finding"
-        + (f", {doc['refused_runs']} not run (the tree lacks a seam their driver needs)" if doc.get("refused_runs")
-           else "") + ".",
+        + (
+            f", {doc['refused_runs']} not run (the tree lacks a seam their driver needs)"
+            if doc.get("refused_runs")
+            else ""
+        )
+        + ".",
         "",
-        *([f"Harness errors (runs the harness could not host faithfully; no finding is made of them): "
-           f"{len(doc['harness_errors'])}{'+' if len(doc['harness_errors']) >= 20 else ''}, the first: seed "
-           f"{doc['harness_errors'][0]['seed']}: {doc['harness_errors'][0]['harness_error'][:300]}", ""]
-          if doc.get("harness_errors") else []),
+        *(
+            [
+                f"Harness errors (runs the harness could not host faithfully; no finding is made of them): "
+                f"{len(doc['harness_errors'])}{'+' if len(doc['harness_errors']) >= 20 else ''}, the first: seed "
+                f"{doc['harness_errors'][0]['seed']}: {doc['harness_errors'][0]['harness_error'][:300]}",
+                "",
+            ]
+            if doc.get("harness_errors")
+            else []
+        ),
         "Runs by fault kind: " + ", ".join(f"{k} {v}" for k, v in doc["runs_by_fault"].items()) + ".",
         "Runs by mode: " + ", ".join(f"{k} {v}" for k, v in doc["runs_by_mode"].items()) + ".",
         "",
@@ -497,16 +593,20 @@ def format_md(doc: dict) -> str:
     ]
     for k in doc["kinds"].values():
         ex = k["example"].replace("|", "\\|").replace("\n", " ")[:160]
-        lines.append(f"| {k['category']}: `{k['detail']}` | {k['mode']} | {k['runs']} | "
-                     + ", ".join(f"{f} {n}" for f, n in sorted(k["faults"].items()))
-                     + f" | {', '.join(map(str, k['seeds']))} | {ex} |")
+        lines.append(
+            f"| {k['category']}: `{k['detail']}` | {k['mode']} | {k['runs']} | "
+            + ", ".join(f"{f} {n}" for f, n in sorted(k["faults"].items()))
+            + f" | {', '.join(map(str, k['seeds']))} | {ex} |"
+        )
     if not doc["kinds"]:
         lines.append("| (none) | | | | | |")
     lines += ["", "Reading the kinds (upstream code at the pinned tree):", ""] + [f"* {line}" for line in READING]
     if not any(k["category"] in ("invariant", "run_error", "hang", "runaway") for k in doc["kinds"].values()):
-        lines.append("* No invariant violation, unexplained error or hang was found: on every schedule upstream's "
-                     "buffer, drains, versions, pauses and accounting satisfy every applicable checker (relaxed to "
-                     "the prefix when a fault ends the run).")
+        lines.append(
+            "* No invariant violation, unexplained error or hang was found: on every schedule upstream's "
+            "buffer, drains, versions, pauses and accounting satisfy every applicable checker (relaxed to "
+            "the prefix when a fault ends the run)."
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -537,9 +637,12 @@ def replay(seed: int, *, verbose: bool = False) -> str:
     log: list[str] = []
     out, found = run_seed(seed, keep_log=log)
     c = out.case
-    lines = [f"seed {seed}: {mode(c)}, fault {fault_kind(c.faults)}", c.describe(),
-             f"error: {out.error!r}  hang: {out.hang}  trained steps: {len(out.history)}  "
-             f"live tasks at end: {out.live_tasks}"]
+    lines = [
+        f"seed {seed}: {mode(c)}, fault {fault_kind(c.faults)}",
+        c.describe(),
+        f"error: {out.error!r}  hang: {out.hang}  trained steps: {len(out.history)}  "
+        f"live tasks at end: {out.live_tasks}",
+    ]
     if not found:
         lines.append("no findings")
     for f in found:
@@ -577,8 +680,9 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--runs", type=int, default=200)
     s.add_argument("--start", type=int, default=0)
     s.add_argument("--jobs", type=int, default=1)
-    s.add_argument("--write", action="store_true", help=f"write {FINDINGS_FILE.relative_to(RESULTS.parents[1])} "
-                                                        "and its .md")
+    s.add_argument(
+        "--write", action="store_true", help=f"write {FINDINGS_FILE.relative_to(RESULTS.parents[1])} and its .md"
+    )
     r = sub.add_parser("replay", help="run one seed and print its case, outcome and findings")
     r.add_argument("seed", type=int)
     r.add_argument("-v", "--verbose", action="store_true", help="print upstream's captured log of the run too")

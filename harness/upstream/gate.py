@@ -35,8 +35,14 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 VERDICTS = ("new_violation", "harness_error", "changed", "fixed", "not_run", "unchanged")
-LABELS = {"new_violation": "new violation", "harness_error": "harness error", "changed": "changed",
-          "fixed": "violation fixed", "not_run": "not run (missing seam)", "unchanged": "unchanged"}
+LABELS = {
+    "new_violation": "new violation",
+    "harness_error": "harness error",
+    "changed": "changed",
+    "fixed": "violation fixed",
+    "not_run": "not run (missing seam)",
+    "unchanged": "unchanged",
+}
 
 
 @dataclass
@@ -72,7 +78,7 @@ def broken(rec: dict) -> dict[str, str]:
 
 def _short(value: Any, limit: int = 90) -> str:
     text = str(value)
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def first_change(head: dict, base: dict) -> str | None:
@@ -139,8 +145,9 @@ def base_kinds(base: list[dict]) -> dict[str, str]:
     return out
 
 
-def classify(head: dict, base: dict, known: dict[str, str] | None = None,
-             head_known: dict[str, str] | None = None) -> CaseVerdict:
+def classify(
+    head: dict, base: dict, known: dict[str, str] | None = None, head_known: dict[str, str] | None = None
+) -> CaseVerdict:
     """The verdict on one case from its HEAD and BASE records (pure). ``known`` /
     ``head_known``: what BASE / HEAD breaks under any drawn fault schedule, per driver
     (``base_kinds``): a bug a drawn case shows on one tree only, which the other tree shows
@@ -149,14 +156,22 @@ def classify(head: dict, base: dict, known: dict[str, str] | None = None,
     if head["status"] == "harness_error":
         return CaseVerdict(name, "harness_error", f"on HEAD: {head.get('message', '')}", log=head.get("log", ""))
     if head["status"] == "not_run" and base["status"] == "ran":
-        return CaseVerdict(name, "harness_error", f"HEAD lacks seam {_seams_with_lines(head)}, which BASE "
-                           "has: the harness cannot host the pull request's code in this case (the pull request "
-                           "goes unchecked here; `miles-harness doctor` names each member and the line reading it)")
+        return CaseVerdict(
+            name,
+            "harness_error",
+            f"HEAD lacks seam {_seams_with_lines(head)}, which BASE "
+            "has: the harness cannot host the pull request's code in this case (the pull request "
+            "goes unchecked here; `miles-harness doctor` names each member and the line reading it)",
+        )
     if head["status"] == "not_run":
         return CaseVerdict(name, "not_run", f"HEAD lacks seam {', '.join(head.get('seams', []))} (BASE does too)")
     if base["status"] == "harness_error":
-        return CaseVerdict(name, "harness_error", f"on BASE (nothing to compare with): {base.get('message', '')}",
-                           log=base.get("log", ""))
+        return CaseVerdict(
+            name,
+            "harness_error",
+            f"on BASE (nothing to compare with): {base.get('message', '')}",
+            log=base.get("log", ""),
+        )
     h, b = broken(head), broken(base)
     sweep = _drawn_kinds(head)
     known = known or {}
@@ -166,27 +181,44 @@ def classify(head: dict, base: dict, known: dict[str, str] | None = None,
     still = [k for k in b if k not in h and base_sweep.get(k) in head_known]
     fixed = [k for k in b if k not in h and k not in still]
     old = [k for k in h if k in b]
-    base_note = "" if base["status"] == "ran" else f" (BASE could not run it: lacks seam {', '.join(base.get('seams', []))})"
+    base_note = (
+        "" if base["status"] == "ran" else f" (BASE could not run it: lacks seam {', '.join(base.get('seams', []))})"
+    )
     change = first_change(head, base) if base["status"] == "ran" else "BASE did not run"
     if new:
-        return CaseVerdict(name, "new_violation", f"HEAD breaks {', '.join(new)}, BASE does not{base_note}",
-                           new=new, fixed=fixed, old=old, first_change=change, details=[h[k] for k in new],
-                           log=head.get("log", ""))
+        return CaseVerdict(
+            name,
+            "new_violation",
+            f"HEAD breaks {', '.join(new)}, BASE does not{base_note}",
+            new=new,
+            fixed=fixed,
+            old=old,
+            first_change=change,
+            details=[h[k] for k in new],
+            log=head.get("log", ""),
+        )
     if fixed:
         rest = f"; still breaks {', '.join(old)} (old)" if old else ""
-        return CaseVerdict(name, "fixed", f"BASE breaks {', '.join(fixed)}, HEAD does not{rest}",
-                           fixed=fixed, old=old, first_change=change)
+        return CaseVerdict(
+            name,
+            "fixed",
+            f"BASE breaks {', '.join(fixed)}, HEAD does not{rest}",
+            fixed=fixed,
+            old=old,
+            first_change=change,
+        )
     holds = _holds(head) if not old else f"breaks only what BASE breaks too: {', '.join(old)} (old)"
     if elsewhere:
-        holds = (f"{holds}; shows "
-                 + ", ".join(f"{k} (old: BASE shows it in {known[sweep[k]]})" for k in elsewhere))
+        holds = f"{holds}; shows " + ", ".join(f"{k} (old: BASE shows it in {known[sweep[k]]})" for k in elsewhere)
     if still:
-        holds = (f"{holds}; no longer shows "
-                 + ", ".join(f"{k} (not fixed: HEAD shows it in {head_known[base_sweep[k]]})" for k in still))
+        holds = f"{holds}; no longer shows " + ", ".join(
+            f"{k} (not fixed: HEAD shows it in {head_known[base_sweep[k]]})" for k in still
+        )
     if change is None:
         return CaseVerdict(name, "unchanged", holds, old=old, elsewhere=elsewhere)
-    return CaseVerdict(name, "changed", f"{holds}{base_note}; first change {change}", old=old, first_change=change,
-                       elsewhere=elsewhere)
+    return CaseVerdict(
+        name, "changed", f"{holds}{base_note}; first change {change}", old=old, first_change=change, elsewhere=elsewhere
+    )
 
 
 def classify_all(head: list[dict], base: list[dict]) -> list[CaseVerdict]:
@@ -215,9 +247,12 @@ def exit_code(verdicts: list[CaseVerdict], *, strict: bool = False) -> int:
 
 def headline(verdicts: list[CaseVerdict], code: int, strict: bool = False) -> str:
     counts = Counter(v.verdict for v in verdicts)
-    what = {0: "nothing new is violated", 1: ("a new invariant violation" if counts["new_violation"]
-                                             else "behaviour changed (--strict)"),
-            2: "the harness could not run every case faithfully", 3: "refused"}[code]
+    what = {
+        0: "nothing new is violated",
+        1: ("a new invariant violation" if counts["new_violation"] else "behaviour changed (--strict)"),
+        2: "the harness could not run every case faithfully",
+        3: "refused",
+    }[code]
     return f"exit {code}: {what}"
 
 
@@ -240,24 +275,44 @@ def _names(names: list[str], limit: int = 12) -> str:
     return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
-def summary_markdown(verdicts: list[CaseVerdict], *, head: str, base: str, code: int, wall_s: float, cpu_s: float,
-                     strict: bool = False, log_lines: int = 40) -> str:
+def summary_markdown(
+    verdicts: list[CaseVerdict],
+    *,
+    head: str,
+    base: str,
+    code: int,
+    wall_s: float,
+    cpu_s: float,
+    strict: bool = False,
+    log_lines: int = 40,
+) -> str:
     """The pull-request comment: the verdict, the counts, then every case that is not
     unchanged (grouped by message), with HEAD's log for a new violation."""
     c = Counter(v.verdict for v in verdicts)
     icon = {0: "passed", 1: "FAILED", 2: "harness error", 3: "refused"}[code]
-    out = [f"## Miles async gate: {icon}", "",
-           (f"{headline(verdicts, code, strict)}. HEAD `{head}` against BASE `{base}`: {len(verdicts)} cases in "
+    out = [
+        f"## Miles async gate: {icon}",
+        "",
+        (
+            f"{headline(verdicts, code, strict)}. HEAD `{head}` against BASE `{base}`: {len(verdicts)} cases in "
             f"{wall_s:.0f} s wall, {cpu_s:.0f} s CPU. Each case runs on both trees and each run is judged by every "
-            "applicable invariant checker on its own trace."), "",
-           "| verdict | cases |", "|---|---|"]
+            "applicable invariant checker on its own trace."
+        ),
+        "",
+        "| verdict | cases |",
+        "|---|---|",
+    ]
     out += [f"| {LABELS[k]} | {c[k]} |" for k in VERDICTS]
-    for kind, title in (("new_violation", "New violations (HEAD breaks, BASE does not)"),
-                        ("harness_error", ("Harness errors (the harness could not run these faithfully; not a "
-                                           "finding about the pull request)")),
-                        ("fixed", "Violations fixed"),
-                        ("changed", "Behaviour changed, nothing new violated"),
-                        ("not_run", "Not run (HEAD lacks a seam: `miles-harness doctor`)")):
+    for kind, title in (
+        ("new_violation", "New violations (HEAD breaks, BASE does not)"),
+        (
+            "harness_error",
+            ("Harness errors (the harness could not run these faithfully; not a finding about the pull request)"),
+        ),
+        ("fixed", "Violations fixed"),
+        ("changed", "Behaviour changed, nothing new violated"),
+        ("not_run", "Not run (HEAD lacks a seam: `miles-harness doctor`)"),
+    ):
         chosen = [v for v in verdicts if v.verdict == kind]
         if not chosen:
             continue
@@ -268,8 +323,17 @@ def summary_markdown(verdicts: list[CaseVerdict], *, head: str, base: str, code:
                 out += [f"  - `{k}`: {d.splitlines()[0] if d else ''}" for k, d in zip(v.new, v.details)]
                 if v.log.strip():
                     tail = "\n".join(v.log.splitlines()[-log_lines:])
-                    out += ["", "<details><summary>upstream's log (end)</summary>", "", "```", tail, "```", "",
-                            "</details>", ""]
+                    out += [
+                        "",
+                        "<details><summary>upstream's log (end)</summary>",
+                        "",
+                        "```",
+                        tail,
+                        "```",
+                        "",
+                        "</details>",
+                        "",
+                    ]
         elif kind == "changed":
             out += [f"- `{v.name}`: {v.message}" for v in chosen[:60]]
             if len(chosen) > 60:
@@ -281,11 +345,28 @@ def summary_markdown(verdicts: list[CaseVerdict], *, head: str, base: str, code:
     return "\n".join(out) + "\n"
 
 
-def summary_json(verdicts: list[CaseVerdict], *, head: str, base: str, code: int, wall_s: float, cpu_s: float,
-                 strict: bool, trees: dict[str, Any]) -> dict[str, Any]:
-    return {"head": head, "base": base, "exit": code, "strict": strict, "wall_s": round(wall_s, 3),
-            "cpu_s": round(cpu_s, 3), "counts": dict(Counter(v.verdict for v in verdicts)), "trees": trees,
-            "cases": [{k: val for k, val in asdict(v).items() if k != "log"} for v in verdicts]}
+def summary_json(
+    verdicts: list[CaseVerdict],
+    *,
+    head: str,
+    base: str,
+    code: int,
+    wall_s: float,
+    cpu_s: float,
+    strict: bool,
+    trees: dict[str, Any],
+) -> dict[str, Any]:
+    return {
+        "head": head,
+        "base": base,
+        "exit": code,
+        "strict": strict,
+        "wall_s": round(wall_s, 3),
+        "cpu_s": round(cpu_s, 3),
+        "counts": dict(Counter(v.verdict for v in verdicts)),
+        "trees": trees,
+        "cases": [{k: val for k, val in asdict(v).items() if k != "log"} for v in verdicts],
+    }
 
 
 __all__ = [

@@ -63,8 +63,11 @@ def _fault_run(seed: int) -> tuple[Any, Any, list[dict], float]:
 
     case = fault_sweep.case_from_seed(seed)
     out = fault_sweep.runner_run_with_faults(case, seed=seed)
-    other = [{"kind": f"{f.category}:{f.detail}", "sweep_kind": f.kind, "message": f.message[:500]}
-             for f in fault_sweep.findings(out) if f.category != "invariant"]
+    other = [
+        {"kind": f"{f.category}:{f.detail}", "sweep_kind": f.kind, "message": f.message[:500]}
+        for f in fault_sweep.findings(out)
+        if f.category != "invariant"
+    ]
     # ``out.wall_s`` is real time; the run's virtual end is its last event
     out.mode = fault_sweep.mode(case)  # the driver: the gate compares a drawn case's bugs per driver
     return out, case.scenario.config, other, out.events[-1].t if out.events else 0.0
@@ -96,8 +99,13 @@ def case_record(name: str, run: Any, tree: Path) -> dict:
             obs = observables(result.events, result.history, end_s, result.error)
             if getattr(result, "mode", None):
                 rec["mode"] = result.mode
-            rec.update(status="ran", error=type(result.error).__name__ if result.error is not None else None,
-                       judgement=verdict.to_json(), findings=other, observables=_jsonable(obs))
+            rec.update(
+                status="ran",
+                error=type(result.error).__name__ if result.error is not None else None,
+                judgement=verdict.to_json(),
+                findings=other,
+                observables=_jsonable(obs),
+            )
     rec["seconds"] = round(time.perf_counter() - t0, 4)
     text = out.getvalue()
     rows = text.splitlines()
@@ -140,16 +148,21 @@ def main(argv: list[str] | None = None) -> int:
             error = exc
     log.add("(importing the tree)", import_log.getvalue())
     if error is not None:
-        Path(a.out).write_text(json.dumps({"tree": str(tree), "refused": str(error),
-                                           "seams": list(getattr(error, "seams", []))}))
+        Path(a.out).write_text(
+            json.dumps({"tree": str(tree), "refused": str(error), "seams": list(getattr(error, "seams", []))})
+        )
         return 3
     records = []
     for name, run in cases(a.scenario, a.fault_seeds):
         rec = case_record(name, run, tree)
         log.add(name, rec.pop("_full_log"), rec["status"])
         records.append(rec)
-    doc = {"tree": str(tree), "wall_s": round(time.perf_counter() - t0, 3),
-           "cpu_s": round(time.process_time() - cpu0, 3), "cases": records}
+    doc = {
+        "tree": str(tree),
+        "wall_s": round(time.perf_counter() - t0, 3),
+        "cpu_s": round(time.process_time() - cpu0, 3),
+        "cases": records,
+    }
     Path(a.out).write_text(json.dumps(doc))
     return 0
 

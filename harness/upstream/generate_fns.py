@@ -56,8 +56,15 @@ async def multi_sample(input: Any) -> Any:
     for turn in range(turns(parent.index)):
         s = parent if turn == 0 else _added(template, parent.index, turn)
         input.gen_start(s)
-        out = await generate(GenerateFnInput(engine=input.engine, sample=s, sampling_params=input.sampling_params,
-                                             evaluation=input.evaluation, sink=input.sink))
+        out = await generate(
+            GenerateFnInput(
+                engine=input.engine,
+                sample=s,
+                sampling_params=input.sampling_params,
+                evaluation=input.evaluation,
+                sink=input.sink,
+            )
+        )
         samples.append(out.samples)
         if out.samples.status is Status.ABORTED:
             break
@@ -81,9 +88,14 @@ async def multi_sample_upstream(input: Any) -> Any:
         sink = None if input.evaluation else TrajectoryLifecycle().sink
         if sink is not None:
             sink.gen_start(s)
-        out = await generate(GenerateFnInput(state=input.state, sample=s,
-                                             sampling_params=copy.deepcopy(input.sampling_params),
-                                             evaluation=input.evaluation))
+        out = await generate(
+            GenerateFnInput(
+                state=input.state,
+                sample=s,
+                sampling_params=copy.deepcopy(input.sampling_params),
+                evaluation=input.evaluation,
+            )
+        )
         samples.append(out.samples)
         if out.samples.status == Sample.Status.ABORTED:
             break

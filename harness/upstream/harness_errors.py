@@ -26,8 +26,10 @@ class RunnerSeamError(HarnessError):
     def __init__(self, raised: list, result: object) -> None:
         seams = sorted({getattr(e, "seam", "stand-in") for e in raised})
         first = "; ".join(f"[{getattr(e, 'seam', 'stand-in')}] {e}" for e in raised[:3])
-        super().__init__(f"harness_error: seam {', '.join(seams)} failed inside upstream's code "
-                         f"({len(raised)} time(s)): {first}", seams)
+        super().__init__(
+            f"harness_error: seam {', '.join(seams)} failed inside upstream's code ({len(raised)} time(s)): {first}",
+            seams,
+        )
         self.raised = raised
         self.result = result
 

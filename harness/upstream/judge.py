@@ -56,8 +56,13 @@ class Judgement:
         return f"breaks {', '.join(f'{n} ({self.checkers[n]}x)' for n in self.broken)}{scope}"
 
     def to_json(self) -> dict[str, Any]:
-        return {"complete": self.complete, "checkers": dict(self.checkers), "broken": self.broken,
-                "violations": list(self.violations), "violations_total": self.violations_total}
+        return {
+            "complete": self.complete,
+            "checkers": dict(self.checkers),
+            "broken": self.broken,
+            "violations": list(self.violations),
+            "violations_total": self.violations_total,
+        }
 
 
 def judge(result: Any, config: Any = None, *, complete: bool | None = None, max_stored: int = 20) -> Judgement:
@@ -69,8 +74,13 @@ def judge(result: Any, config: Any = None, *, complete: bool | None = None, max_
     cfg = config if config is not None else result.scenario.config
     complete = result.error is None if complete is None else complete
     rep = check_report(result.events, cfg, complete=complete, max_stored=max_stored)
-    return Judgement(complete=complete, checkers=dict(rep["checkers"]), violations=list(rep["violations"]),
-                     violations_total=int(rep["violations_total"]), shown=list(rep["_violations"]))
+    return Judgement(
+        complete=complete,
+        checkers=dict(rep["checkers"]),
+        violations=list(rep["violations"]),
+        violations_total=int(rep["violations_total"]),
+        shown=list(rep["_violations"]),
+    )
 
 
 def _is_stand_in(obj: Any) -> bool:
@@ -109,15 +119,19 @@ def stand_in_failure(exc: BaseException | None, tree: Path | None = None) -> str
         if isinstance(exc, AttributeError) and getattr(exc, "obj", None) is not None and _is_stand_in(exc.obj):
             at = _upstream_line(exc, tree)
             if isinstance(exc.obj, argparse.Namespace):
-                return (f"harness_error: upstream reads `args.{exc.name}` (at {at}), a flag the harness' args "
-                        "namespace (harness.upstream.runner.upstream_args) does not set: the runner does not "
-                        f"host this tree's code faithfully. Fix: give `{exc.name}` Miles' default there")
+                return (
+                    f"harness_error: upstream reads `args.{exc.name}` (at {at}), a flag the harness' args "
+                    "namespace (harness.upstream.runner.upstream_args) does not set: the runner does not "
+                    f"host this tree's code faithfully. Fix: give `{exc.name}` Miles' default there"
+                )
             kind = exc.obj if isinstance(exc.obj, type) else type(exc.obj)
             name = exc.obj.__name__ if isinstance(exc.obj, types.ModuleType) else None
             what = name or f"{kind.__module__}.{kind.__qualname__}"
-            return (f"harness_error: upstream calls `{exc.name}` on the harness' stand-in {what}, which lacks it "
-                    f"(at {at}): the runner does not host this tree's code faithfully. "
-                    f"Fix: the stand-in must implement `{exc.name}` (see `miles-harness doctor`)")
+            return (
+                f"harness_error: upstream calls `{exc.name}` on the harness' stand-in {what}, which lacks it "
+                f"(at {at}): the runner does not host this tree's code faithfully. "
+                f"Fix: the stand-in must implement `{exc.name}` (see `miles-harness doctor`)"
+            )
         exc = exc.__cause__ or exc.__context__
     return None
 

@@ -66,8 +66,13 @@ LIFE_START, LIFE_END = ev.LIFE_START, ev.LIFE_END
 CHECKPOINT_SAVED, CHECKPOINT_LOADED = ev.CHECKPOINT_SAVED, ev.CHECKPOINT_LOADED
 # where a crash can come between two save boundaries: the first ``nth`` event of the kind
 # after the checkpoint of rollout ``after`` was saved
-BETWEEN = {"mid_generation": ev.GROUP_DONE, "mid_drain": ev.GOT, "during_pause": ev.ENGINE_PAUSE,
-           "mid_update": ev.PHASE_START, "after_train": ev.TRAINED}
+BETWEEN = {
+    "mid_generation": ev.GROUP_DONE,
+    "mid_drain": ev.GOT,
+    "during_pause": ev.ENGINE_PAUSE,
+    "mid_update": ev.PHASE_START,
+    "after_train": ev.TRAINED,
+}
 AT_SAVE = ("save", "between_saves", "mid_data_save")
 
 
@@ -92,8 +97,10 @@ class Stop:
 
     def __post_init__(self) -> None:
         if self.after < 0:
-            raise ConfigError(f"Stop.after = {self.after}: must be a rollout id >= 0; fix: name the rollout whose "
-                              "checkpoint the next life loads")
+            raise ConfigError(
+                f"Stop.after = {self.after}: must be a rollout id >= 0; fix: name the rollout whose "
+                "checkpoint the next life loads"
+            )
         if not self.planned and self.at not in AT_SAVE and self.at not in BETWEEN and self.point is None:
             raise ConfigError(f"Stop.at = {self.at!r}; allowed: {', '.join((*AT_SAVE, *BETWEEN))}. Fix: use one")
         if self.nth < 1:
@@ -285,8 +292,12 @@ class _Life:
         runner = self.runner
         assert runner is not None
         ctx = runner.ctx
-        state = {"rollout_id": rollout_id, "optimizer_step": ctx.trainer_steps, "lr_step": ctx.trainer_steps,
-                 "version": ctx.weight_version}
+        state = {
+            "rollout_id": rollout_id,
+            "optimizer_step": ctx.trainer_steps,
+            "lr_step": ctx.trainer_steps,
+            "version": ctx.weight_version,
+        }
         it = self.ckpt / f"iter_{rollout_id:07d}"
         it.mkdir(parents=True, exist_ok=True)
         (it / "trainer.json").write_text(json.dumps(state))
@@ -330,8 +341,7 @@ class _Life:
         one saved (``look_ahead``: a one-step generate, or a fully-async drain that got it)."""
         runner = self.runner
         assert runner is not None
-        out: dict[str, list[int]] = {"recycled": [], "leftover": [], "buffered": [], "in_flight": [],
-                                     "look_ahead": []}
+        out: dict[str, list[int]] = {"recycled": [], "leftover": [], "buffered": [], "in_flight": [], "look_ahead": []}
         for g in getattr(runner.data_source, "buffer", ()):
             partial = any(getattr(s, "response_length", 0) or getattr(s, "response", "") for s in g)
             out["recycled" if partial else "leftover"].append(g[0].group_index)
@@ -368,8 +378,14 @@ class _Life:
         ctx.steps_base = state["optimizer_step"]
         runner.ctx.trainer.steps = state["optimizer_step"]  # the weights the first update pushes
         self.loaded_version = state["version"]
-        self._emit(CHECKPOINT_LOADED, rollout_id=loaded, part="model", optimizer_step=state["optimizer_step"],
-                   lr_step=state["lr_step"], version=state["version"])
+        self._emit(
+            CHECKPOINT_LOADED,
+            rollout_id=loaded,
+            part="model",
+            optimizer_step=state["optimizer_step"],
+            lr_step=state["lr_step"],
+            version=state["version"],
+        )
         return loaded + 1
 
 
@@ -382,13 +398,23 @@ class _Remote:
 
 
 def _cursor(ds: Any) -> dict[str, int]:
-    return {"sample_offset": ds.sample_offset, "epoch_id": ds.epoch_id,
-            "sample_group_index": ds.sample_group_index, "sample_index": ds.sample_index,
-            "recycle_buffer": len(getattr(ds, "buffer", ()))}
+    return {
+        "sample_offset": ds.sample_offset,
+        "epoch_id": ds.epoch_id,
+        "sample_group_index": ds.sample_group_index,
+        "sample_index": ds.sample_index,
+        "recycle_buffer": len(getattr(ds, "buffer", ())),
+    }
 
 
-def run_lives(scenario: Scenario, stops: list[Stop], *, save_interval: int | None = 1,
-              ckpt_dir: str | Path | None = None, **runner_kwargs: Any) -> LivesResult:
+def run_lives(
+    scenario: Scenario,
+    stops: list[Stop],
+    *,
+    save_interval: int | None = 1,
+    ckpt_dir: str | Path | None = None,
+    **runner_kwargs: Any,
+) -> LivesResult:
     """Run ``scenario`` on upstream's code (the tree must be activated) as ``len(stops) + 1``
     lives; life ``i`` ends at ``stops[i]``. ``save_interval``: upstream's ``--save-interval``
     in every life. The checkpoint folder is a fresh temporary one unless ``ckpt_dir``."""
@@ -419,22 +445,38 @@ def run_lives(scenario: Scenario, stops: list[Stop], *, save_interval: int | Non
             ended.append(how)
             last = stop is None or how.startswith("error") or how == "completed"
             start = getattr(getattr(life.runner, "args", None), "start_rollout_id", None)
-            offset = _join(joined, res.events, number, how, offset, last=last,
-                           start={"start_rollout_id": start, "loaded_version": life.loaded_version})
+            offset = _join(
+                joined,
+                res.events,
+                number,
+                how,
+                offset,
+                last=last,
+                start={"start_rollout_id": start, "loaded_version": life.loaded_version},
+            )
             if last:
                 break
     finally:
         if own:
             shutil.rmtree(ckpt, ignore_errors=True)
-    return LivesResult(scenario=scenario, stops=list(stops), events=joined, lives=results, ended=ended,
-                       save_interval=save_interval, error=error)
+    return LivesResult(
+        scenario=scenario,
+        stops=list(stops),
+        events=joined,
+        lives=results,
+        ended=ended,
+        save_interval=save_interval,
+        error=error,
+    )
 
 
-def _join(out: list[Event], events: list[Event], life: int, how: str, offset: float, *, last: bool,
-          start: dict[str, Any]) -> float:
+def _join(
+    out: list[Event], events: list[Event], life: int, how: str, offset: float, *, last: bool, start: dict[str, Any]
+) -> float:
     """Append one life's events with its number, its times moved past the previous life's
     end; a life that does not end the run ends with ``life_end`` instead of ``run_end``
     (``how``: crash, planned or completed; a life that raised is a crash ``at`` its error)."""
+
     def add(t: float, kind: str, fields: dict[str, Any]) -> None:
         out.append(Event(len(out), t, kind, {**fields, "life": life}))
 
@@ -463,11 +505,17 @@ def run_points(scenario: Scenario, points: Any, **kwargs: Any) -> Any:
     Returns the sweep's ``LivesResult``."""
     from harness.sim.lives import LivesResult as SweepResult
 
-    stops = [Stop(after=p.rollout_id, planned=True) if p.how == "planned" else Stop(after=p.rollout_id, at="watched",
-                                                                                     point=p) for p in points]
+    stops = [
+        Stop(after=p.rollout_id, planned=True)
+        if p.how == "planned"
+        else Stop(after=p.rollout_id, at="watched", point=p)
+        for p in points
+    ]
     res = run_lives(scenario, stops, save_interval=scenario.config.save_interval, **kwargs)
-    reached = [i < len(res.ended) and (res.ended[i].startswith("crash:") or res.ended[i] == "planned")
-               for i in range(len(stops))]
+    reached = [
+        i < len(res.ended) and (res.ended[i].startswith("crash:") or res.ended[i] == "planned")
+        for i in range(len(stops))
+    ]
     return SweepResult(scenario=scenario, stops=tuple(points), events=res.events, reached=reached, error=res.error)
 
 
@@ -489,16 +537,30 @@ def upstream_host(miles_src: str | None = None) -> Any:
         argument checks), or a driver the tree lacks a seam for."""
         cfg = case.scenario.config
         return source.refused_reason(cfg) or next(
-            (msg for r in (rules.miles_fully_async_no_abort, rules.miles_colocate_not_async,
-                           rules.miles_fully_async_no_colocate) if (msg := r.check(cfg))), None)
+            (
+                msg
+                for r in (
+                    rules.miles_fully_async_no_abort,
+                    rules.miles_colocate_not_async,
+                    rules.miles_fully_async_no_colocate,
+                )
+                if (msg := r.check(cfg))
+            ),
+            None,
+        )
 
     def host(case: Any) -> Any:
         reason = refuses(case)
         if reason:
             from harness.sim.lives import LivesResult as SweepResult
 
-            return SweepResult(scenario=case.scenario, stops=tuple(case.stops), events=[],
-                               reached=[False] * len(case.stops), error=source.UpstreamUnavailable(reason))
+            return SweepResult(
+                scenario=case.scenario,
+                stops=tuple(case.stops),
+                events=[],
+                reached=[False] * len(case.stops),
+                error=source.UpstreamUnavailable(reason),
+            )
         return run_points(case.scenario, case.stops)
 
     host.miles_tree = path.name  # type: ignore[attr-defined]

@@ -69,7 +69,8 @@ def patched_text(mutant: UpstreamMutant, patch: Patch, tree: Path) -> str:
     if n != 1:
         raise PatchDoesNotApply(
             f"mutant {mutant.name!r}: {patch.path}: the snippet to replace occurs {n} times (expected exactly once; "
-            f"upstream changed?). Snippet:\n{patch.old}")
+            f"upstream changed?). Snippet:\n{patch.old}"
+        )
     return text.replace(patch.old, patch.new)
 
 
@@ -89,10 +90,15 @@ def _swap(old: types.FunctionType, new: types.FunctionType, undo: list, where: s
     if old.__code__ == new.__code__:
         return False
     if old.__code__.co_freevars != new.__code__.co_freevars:
-        raise PatchDoesNotApply(f"{where}: the patch changes the closure of {old.__qualname__} "
-                                f"({old.__code__.co_freevars} -> {new.__code__.co_freevars}); patch its body only")
-    changed = old.__code__.co_code != new.__code__.co_code or old.__code__.co_consts != new.__code__.co_consts \
+        raise PatchDoesNotApply(
+            f"{where}: the patch changes the closure of {old.__qualname__} "
+            f"({old.__code__.co_freevars} -> {new.__code__.co_freevars}); patch its body only"
+        )
+    changed = (
+        old.__code__.co_code != new.__code__.co_code
+        or old.__code__.co_consts != new.__code__.co_consts
         or old.__code__.co_names != new.__code__.co_names
+    )
     undo.append((old, old.__code__, old.__defaults__, old.__kwdefaults__))
     old.__code__, old.__defaults__, old.__kwdefaults__ = new.__code__, new.__defaults__, new.__kwdefaults__
     return changed
@@ -103,8 +109,11 @@ def _transplant(mod: types.ModuleType, ns: dict, undo: list, consts: list, where
     changed = 0
     for name, new in ns.items():
         old = mod.__dict__.get(name)
-        if isinstance(new, types.FunctionType) and isinstance(old, types.FunctionType) \
-                and new.__module__ == mod.__name__:
+        if (
+            isinstance(new, types.FunctionType)
+            and isinstance(old, types.FunctionType)
+            and new.__module__ == mod.__name__
+        ):
             changed += _swap(old, new, undo, where)
         elif isinstance(new, type) and isinstance(old, type) and new.__module__ == mod.__name__:
             for attr, value in new.__dict__.items():
@@ -138,8 +147,12 @@ def applied(mutant: UpstreamMutant, tree: Path | None = None) -> Iterator[None]:
             mod = sys.modules.get(name)
             if mod is None:
                 raise PatchDoesNotApply(f"{where}: module {name} is not imported (activate the tree first)")
-            ns: dict[str, Any] = {"__name__": name, "__file__": str(tree / patch.path),
-                                  "__package__": name.rpartition(".")[0], "__builtins__": builtins}
+            ns: dict[str, Any] = {
+                "__name__": name,
+                "__file__": str(tree / patch.path),
+                "__package__": name.rpartition(".")[0],
+                "__builtins__": builtins,
+            }
             exec(code, ns)
             if not _transplant(mod, ns, undo, consts, where):
                 raise PatchDoesNotApply(f"{where}: the patch changes no code")
@@ -155,6 +168,7 @@ def applied(mutant: UpstreamMutant, tree: Path | None = None) -> Iterator[None]:
 
 
 # --------------------------------------------------------------------------- the search
+
 
 @dataclass
 class Catch:
@@ -188,12 +202,15 @@ def _check(case: Any, core_cache: dict, mutant: UpstreamMutant | None) -> tuple[
         gen = FORMS[case.generate_function][1]
     with applied(mutant) if mutant is not None else nullcontext():
         up, hang = guarded_upstream_run(
-            sc, vtime_limit_s=max(60.0, 20 * core_wall), real_time_limit_s=REAL_TIME_LIMIT_S,
-            engine_factory=engine, dynamic_filter_path=f"harness.upstream.filters.{case.dynamic_filter}"
-            if case.dynamic_filter else None, generate_function_path=gen)
+            sc,
+            vtime_limit_s=max(60.0, 20 * core_wall),
+            real_time_limit_s=REAL_TIME_LIMIT_S,
+            engine_factory=engine,
+            dynamic_filter_path=f"harness.upstream.filters.{case.dynamic_filter}" if case.dynamic_filter else None,
+            generate_function_path=gen,
+        )
     caught = ["hang"] if hang else []
-    caught += sorted({v.invariant for v in check_all(up.events, sc.config,
-                                                      complete=up.error is None and hang is None)})
+    caught += sorted({v.invariant for v in check_all(up.events, sc.config, complete=up.error is None and hang is None)})
     detail = hang or (f"upstream error {up.error!r}"[:200] if up.error is not None else "")
     if case.known is None:  # where core and upstream agree unmutated
         first = _first_divergence(core_obs, observables(up.events, up.history, up.wall_s, up.error))

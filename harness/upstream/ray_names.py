@@ -76,8 +76,9 @@ class ActorModelStand(_StandIn):
 
     role = "actor_model"
 
-    def __init__(self, update_weights: Callable[[], Awaitable[None]],
-                 train: Callable[[int, Any], Awaitable[None]]) -> None:
+    def __init__(
+        self, update_weights: Callable[[], Awaitable[None]], train: Callable[[int, Any], Awaitable[None]]
+    ) -> None:
         self._update_weights, self._train = update_weights, train
 
     async def update_weights(self, rollout_id: int | None = None) -> None:
@@ -110,13 +111,27 @@ class ObjectStoreStand(_StandIn):
 
 
 # role -> the stand-in class; ``critic_model`` is ``None`` (the runs set no --use-critic)
-STAND_INS: dict[str, type | None] = {"rollout_manager": RolloutManagerStand, "actor_model": ActorModelStand,
-                                     "critic_model": None, "eval_dispatcher": EvalDispatcherStand,
-                                     "object_store": ObjectStoreStand}
+STAND_INS: dict[str, type | None] = {
+    "rollout_manager": RolloutManagerStand,
+    "actor_model": ActorModelStand,
+    "critic_model": None,
+    "eval_dispatcher": EvalDispatcherStand,
+    "object_store": ObjectStoreStand,
+}
 # the driver module's names the harness rebinds (the real ones never run)
-REBOUND = ("create_placement_groups", "create_rollout_manager", "create_training_models", "object_store",
-           "init_tracking", "configure_logger", "maybe_start_periodic_pyspy_dump", "start_control_server",
-           "maybe_start_mini_ft_controller", "remove_rollout_data_refs", "EvalDispatcher")
+REBOUND = (
+    "create_placement_groups",
+    "create_rollout_manager",
+    "create_training_models",
+    "object_store",
+    "init_tracking",
+    "configure_logger",
+    "maybe_start_periodic_pyspy_dump",
+    "start_control_server",
+    "maybe_start_mini_ft_controller",
+    "remove_rollout_data_refs",
+    "EvalDispatcher",
+)
 
 
 def members(role: str) -> frozenset[str]:
@@ -127,8 +142,13 @@ def members(role: str) -> frozenset[str]:
     return frozenset(n for n in dir(cls) if not n.startswith("_") and n != "role")
 
 
-def rebind_ray_names(mod: Any, *, generate: Callable[[int], Any], update_weights: Callable[[], Awaitable[None]],
-                     train: Callable[[int, Any], Awaitable[None]]) -> Any:
+def rebind_ray_names(
+    mod: Any,
+    *,
+    generate: Callable[[int], Any],
+    update_weights: Callable[[], Awaitable[None]],
+    train: Callable[[int, Any], Awaitable[None]],
+) -> Any:
     """Rebind ``mod``'s Ray names in place and return it."""
     actor = ActorModelStand(update_weights, train)
 
@@ -140,9 +160,13 @@ def rebind_ray_names(mod: Any, *, generate: Callable[[int], Any], update_weights
         create_placement_groups=lambda a: {"rollout": None, "actor": None},
         create_rollout_manager=lambda a, pg: (RolloutManagerStand(generate), None),
         create_training_models=create_training_models,
-        object_store=ObjectStoreStand(), init_tracking=lambda a: None, configure_logger=lambda *a, **k: None,
-        maybe_start_periodic_pyspy_dump=lambda: None, start_control_server=lambda **k: None,
-        maybe_start_mini_ft_controller=lambda a: None, remove_rollout_data_refs=lambda *a: None,
+        object_store=ObjectStoreStand(),
+        init_tracking=lambda a: None,
+        configure_logger=lambda *a, **k: None,
+        maybe_start_periodic_pyspy_dump=lambda: None,
+        start_control_server=lambda **k: None,
+        maybe_start_mini_ft_controller=lambda a: None,
+        remove_rollout_data_refs=lambda *a: None,
     )
     if "EvalDispatcher" in g:
         g["EvalDispatcher"] = EvalDispatcherStand

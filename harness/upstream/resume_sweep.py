@@ -43,9 +43,15 @@ from harness.upstream.lives import (
     run_lives,
 )
 
-BASE_ENGINE = {"max_running": 8, "decode_base_s": 0.05, "decode_per_seq_s": 0.0002, "prefill_per_token_s": 2e-05,
-               "prompt_tokens": 32, "response_length": {"kind": "lognormal", "median": 12.0, "sigma": 0.6, "low": 2,
-                                                        "high": 64}, "seed": 7}
+BASE_ENGINE = {
+    "max_running": 8,
+    "decode_base_s": 0.05,
+    "decode_per_seq_s": 0.0002,
+    "prefill_per_token_s": 2e-05,
+    "prompt_tokens": 32,
+    "response_length": {"kind": "lognormal", "median": 12.0, "sigma": 0.6, "low": 2, "high": 64},
+    "seed": 7,
+}
 
 
 @dataclass(frozen=True)
@@ -55,27 +61,61 @@ class Setting:
     config: dict[str, Any]
 
     def scenario(self, num_rollout: int, seed: int) -> Scenario:
-        cfg = {"rollout_batch_size": 4, "n_samples_per_prompt": 2, "num_rollout": num_rollout, "seed": seed,
-               "driver": self.driver, **self.config}
-        return scenario_from_dict({"name": f"resume-{self.name}", "config": cfg, "engine": BASE_ENGINE,
-                                   "trainer": {"step_base_s": 1.0, "per_token_s": 0.0}, "max_new_tokens": 48})
+        cfg = {
+            "rollout_batch_size": 4,
+            "n_samples_per_prompt": 2,
+            "num_rollout": num_rollout,
+            "seed": seed,
+            "driver": self.driver,
+            **self.config,
+        }
+        return scenario_from_dict(
+            {
+                "name": f"resume-{self.name}",
+                "config": cfg,
+                "engine": BASE_ENGINE,
+                "trainer": {"step_base_s": 1.0, "per_token_s": 0.0},
+                "max_new_tokens": 48,
+            }
+        )
 
 
 SETTINGS: tuple[Setting, ...] = (
     Setting("sync", "train", {}),
     Setting("one-step", "train_async", {}),
     Setting("one-step+over-sampling", "train_async", {"over_sampling_batch_size": 8}),
-    Setting("one-step+over-sampling+partial", "train_async", {"over_sampling_batch_size": 8,
-                                                              "partial_rollout": True}),
-    Setting("fully-async retract drop", "train_async", {"fully_async": True, "pause_generation_mode": "retract",
-                                                        "max_weight_staleness": 1,
-                                                        "async_unused_samples_handler": "drop"}),
-    Setting("fully-async retract retry", "train_async", {"fully_async": True, "pause_generation_mode": "retract",
-                                                         "max_weight_staleness": 1,
-                                                         "async_unused_samples_handler": "retry"}),
-    Setting("fully-async in_place retry+partial", "train_async",
-            {"fully_async": True, "pause_generation_mode": "in_place", "max_weight_staleness": 1,
-             "async_unused_samples_handler": "retry", "partial_rollout": True}),
+    Setting("one-step+over-sampling+partial", "train_async", {"over_sampling_batch_size": 8, "partial_rollout": True}),
+    Setting(
+        "fully-async retract drop",
+        "train_async",
+        {
+            "fully_async": True,
+            "pause_generation_mode": "retract",
+            "max_weight_staleness": 1,
+            "async_unused_samples_handler": "drop",
+        },
+    ),
+    Setting(
+        "fully-async retract retry",
+        "train_async",
+        {
+            "fully_async": True,
+            "pause_generation_mode": "retract",
+            "max_weight_staleness": 1,
+            "async_unused_samples_handler": "retry",
+        },
+    ),
+    Setting(
+        "fully-async in_place retry+partial",
+        "train_async",
+        {
+            "fully_async": True,
+            "pause_generation_mode": "in_place",
+            "max_weight_staleness": 1,
+            "async_unused_samples_handler": "retry",
+            "partial_rollout": True,
+        },
+    ),
 )
 
 
@@ -130,16 +170,29 @@ def account(res: LivesResult) -> dict[str, Any]:
     fns = (check_resume_exactly_once, check_resume_rollout_once, check_resume_versions)
     checks = {name: len(fn(res.events, cfg)) for name, fn in zip(RESUME_CHECKS, fns)} if report else {}
     counted = [r for r in doc["resumes"] if r["lost"] is not None]
-    doc.update(lives=len(ends), ended=res.ended, error=None if res.error is None else repr(res.error)[:300],
-               resume_failed=bool(failed), checks=checks, lost=sum(r["lost"] for r in counted),
-               duplicated=sum(r["duplicated"] for r in counted))
+    doc.update(
+        lives=len(ends),
+        ended=res.ended,
+        error=None if res.error is None else repr(res.error)[:300],
+        resume_failed=bool(failed),
+        checks=checks,
+        lost=sum(r["lost"] for r in counted),
+        duplicated=sum(r["duplicated"] for r in counted),
+    )
     return doc
 
 
 # --------------------------------------------------------------------------- the sweep
 
-def sweep(*, fast: bool = False, seed: int = 0, save_interval: int = 2, num_rollout: int = 8,
-          settings: tuple[Setting, ...] = SETTINGS) -> list[dict[str, Any]]:
+
+def sweep(
+    *,
+    fast: bool = False,
+    seed: int = 0,
+    save_interval: int = 2,
+    num_rollout: int = 8,
+    settings: tuple[Setting, ...] = SETTINGS,
+) -> list[dict[str, Any]]:
     """One row per (setting, stop plan). The tree must be activated first."""
     from harness.upstream import source
 
@@ -168,8 +221,10 @@ the resume checkers with violations. `n/a`: the resume itself failed (upstream r
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    head = ("| setting | stop | lives ended | lost | duplicated | lost by mechanism | length bias (lost/trained) "
-            "| resume checkers failing (violations) |\n|---|---|---|---|---|---|---|---|\n")
+    head = (
+        "| setting | stop | lives ended | lost | duplicated | lost by mechanism | length bias (lost/trained) "
+        "| resume checkers failing (violations) |\n|---|---|---|---|---|---|---|---|\n"
+    )
     out = []
     for r in rows:
         if "refused" in r:
@@ -180,15 +235,21 @@ def table(rows: list[dict[str, Any]]) -> str:
             mech.update(x["mechanisms"])
         per = " / ".join("n/a" if x["lost"] is None else f"{x['lost']}" for x in r["resumes"])
         dper = " / ".join("n/a" if x["duplicated"] is None else f"{x['duplicated']}" for x in r["resumes"])
-        bias = "-" if r.get("length_bias") is None or r["resume_failed"] else \
-            f"{r['length_bias']:.2f} ({r['lost_length_mean']:.1f}/{r['trained_length_mean']:.1f})"
+        bias = (
+            "-"
+            if r.get("length_bias") is None or r["resume_failed"]
+            else f"{r['length_bias']:.2f} ({r['lost_length_mean']:.1f}/{r['trained_length_mean']:.1f})"
+        )
         failing = ", ".join(f"{k} {v}" for k, v in r["checks"].items() if v) or "-"
-        ended = ", ".join(e.split(":")[0] + (f" ({e.split(':')[1]})" if e.startswith("crash") else "")
-                          for e in r["ended"])
+        ended = ", ".join(
+            e.split(":")[0] + (f" ({e.split(':')[1]})" if e.startswith("crash") else "") for e in r["ended"]
+        )
         if r["resume_failed"]:
             ended += f"; resume failed: {r['error'][:90]}"
-        out.append(f"| {r['setting']} | {r['stop']} | {ended} | {per} | {dper} | "
-                   f"{', '.join(f'{k} {v}' for k, v in sorted(mech.items())) or '-'} | {bias} | {failing} |")
+        out.append(
+            f"| {r['setting']} | {r['stop']} | {ended} | {per} | {dper} | "
+            f"{', '.join(f'{k} {v}' for k, v in sorted(mech.items())) or '-'} | {bias} | {failing} |"
+        )
     return head + "\n".join(out) + "\n"
 
 
@@ -215,12 +276,13 @@ def main(argv: list[str] | None = None) -> int:
         out = Path(ns.out)
         out.parent.mkdir(parents=True, exist_ok=True)
         cmd = "python -m harness.upstream.resume_sweep " + " ".join(
-            a for a in (argv if argv is not None else sys.argv[1:]))
-        doc = {"command": cmd, "git": git_info(), "machine": machine_info(), "miles_tree": path.name,
-               "rows": rows}
+            a for a in (argv if argv is not None else sys.argv[1:])
+        )
+        doc = {"command": cmd, "git": git_info(), "machine": machine_info(), "miles_tree": path.name, "rows": rows}
         out.with_suffix(".json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
-        out.with_suffix(".md").write_text(f"# Resume sweep on upstream Miles ({path.name})\n\n`{cmd}`\n\n" + LEGEND
-                                          + "\n" + md)
+        out.with_suffix(".md").write_text(
+            f"# Resume sweep on upstream Miles ({path.name})\n\n`{cmd}`\n\n" + LEGEND + "\n" + md
+        )
     return 0
 
 

@@ -94,16 +94,24 @@ def _local_assets() -> tuple[Path, Path]:
         vocab = {"[UNK]": 0, "[EOS]": 1, **{f"w{i}": i + 2 for i in range(64)}}
         tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
         tok.pre_tokenizer = pre_tokenizers.Whitespace()
-        PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", eos_token="[EOS]").save_pretrained(root / "tok")
+        PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", eos_token="[EOS]").save_pretrained(
+            root / "tok"
+        )
         prompts = root / "prompts.jsonl"
-        prompts.write_text("".join(json.dumps({"text": f"w{k % 64} w{(k * 7) % 64}", "label": str(k)}) + "\n"
-                                   for k in range(256)))
+        prompts.write_text(
+            "".join(json.dumps({"text": f"w{k % 64} w{(k * 7) % 64}", "label": str(k)}) + "\n" for k in range(256))
+        )
         _TOKENIZER_DIR, _PROMPTS_FILE = root / "tok", prompts
     return _TOKENIZER_DIR, _PROMPTS_FILE  # type: ignore[return-value]
 
 
-def upstream_args(scenario: Scenario, *, dynamic_filter_path: str | None = None,
-                  generate_function_path: str | None = None, partial_rollout: bool | None = None) -> argparse.Namespace:
+def upstream_args(
+    scenario: Scenario,
+    *,
+    dynamic_filter_path: str | None = None,
+    generate_function_path: str | None = None,
+    partial_rollout: bool | None = None,
+) -> argparse.Namespace:
     """The ``args`` upstream reads on the runner's code paths: the scenario's Miles flags,
     Miles' defaults for the rest (``miles/utils/arguments.py``), and the runner's wiring."""
     cfg = scenario.config
@@ -113,30 +121,73 @@ def upstream_args(scenario: Scenario, *, dynamic_filter_path: str | None = None,
         over_sampling_batch_size=cfg.resolved_over_sampling_batch_size,
         partial_rollout=cfg.partial_rollout if partial_rollout is None else partial_rollout,
         # the runner's wiring
-        hf_checkpoint=str(tok), chat_template_path=None, prompt_data=str(prompts), input_key="text",
-        label_key="label", metadata_key="metadata", tool_key=None, multimodal_keys=None,
-        apply_chat_template=False, apply_chat_template_kwargs=None, rollout_max_prompt_len=None,
-        rollout_seed=cfg.seed, rollout_shuffle=False, rollout_global_dataset=True, dump_details=None,
-        buffer_filter_path=None, custom_rm_path="harness.upstream.runner.sim_reward_rm", harness_seed=cfg.seed,
-        rm_type=None, group_rm=False, reward_key=None,
+        hf_checkpoint=str(tok),
+        chat_template_path=None,
+        prompt_data=str(prompts),
+        input_key="text",
+        label_key="label",
+        metadata_key="metadata",
+        tool_key=None,
+        multimodal_keys=None,
+        apply_chat_template=False,
+        apply_chat_template_kwargs=None,
+        rollout_max_prompt_len=None,
+        rollout_seed=cfg.seed,
+        rollout_shuffle=False,
+        rollout_global_dataset=True,
+        dump_details=None,
+        buffer_filter_path=None,
+        custom_rm_path="harness.upstream.runner.sim_reward_rm",
+        harness_seed=cfg.seed,
+        rm_type=None,
+        group_rm=False,
+        reward_key=None,
         custom_async_data_buffer_path="harness.upstream.runner.observed_default_buffer",
-        dynamic_sampling_filter_path=dynamic_filter_path, rollout_sample_filter_path=None,
-        rollout_all_samples_process_path=None, custom_generate_function_path=generate_function_path,
-        custom_agent_function_path=None, recompute_logprobs_via_prefill=False,
+        dynamic_sampling_filter_path=dynamic_filter_path,
+        rollout_sample_filter_path=None,
+        rollout_all_samples_process_path=None,
+        custom_generate_function_path=generate_function_path,
+        custom_agent_function_path=None,
+        recompute_logprobs_via_prefill=False,
         mask_offpolicy_in_partial_rollout=False,
         # generation
-        sglang_server_concurrency=1 << 20, rollout_num_gpus=1, rollout_num_gpus_per_engine=1,
-        rollout_temperature=1.0, rollout_top_p=1.0, rollout_top_k=-1, rollout_max_response_len=scenario.max_new_tokens,
-        rollout_max_context_len=None, rollout_stop=None, rollout_stop_token_ids=None, rollout_skip_special_tokens=False,
-        sglang_router_ip=ROUTER[0], sglang_router_port=ROUTER[1], sglang_router_policy=None, use_miles_router=False,
-        sglang_enable_deterministic_inference=False, sglang_speculative_algorithm=None,
-        use_rollout_routing_replay=False, use_rollout_indexer_replay=False, lora_rank=0, lora_adapter_path=None,
+        sglang_server_concurrency=1 << 20,
+        rollout_num_gpus=1,
+        rollout_num_gpus_per_engine=1,
+        rollout_temperature=1.0,
+        rollout_top_p=1.0,
+        rollout_top_k=-1,
+        rollout_max_response_len=scenario.max_new_tokens,
+        rollout_max_context_len=None,
+        rollout_stop=None,
+        rollout_stop_token_ids=None,
+        rollout_skip_special_tokens=False,
+        sglang_router_ip=ROUTER[0],
+        sglang_router_port=ROUTER[1],
+        sglang_router_policy=None,
+        use_miles_router=False,
+        sglang_enable_deterministic_inference=False,
+        sglang_speculative_algorithm=None,
+        use_rollout_routing_replay=False,
+        use_rollout_indexer_replay=False,
+        lora_rank=0,
+        lora_adapter_path=None,
         num_layers=1,
         # driver
-        save_interval=None, save_trigger_sentinel=None, eval_interval=None, skip_eval_before_train=True,
-        debug_exit_after_rollout=None, control_server_port=None, ft_components=None,
-        check_weight_update_equal=False, offload_train=False, offload_rollout=False, num_critic_only_steps=0,
-        dumper_enable=False, dumper_dir=None, dumper_inference=None,
+        save_interval=None,
+        save_trigger_sentinel=None,
+        eval_interval=None,
+        skip_eval_before_train=True,
+        debug_exit_after_rollout=None,
+        control_server_port=None,
+        ft_components=None,
+        check_weight_update_equal=False,
+        offload_train=False,
+        offload_rollout=False,
+        num_critic_only_steps=0,
+        dumper_enable=False,
+        dumper_dir=None,
+        dumper_inference=None,
     )
     return stand_ins.ArgsStand(**d)  # an argument the harness did not set: StandInMissing
 
@@ -161,7 +212,9 @@ DRIVER_SOURCES: dict[str, str] = {}
 
 def _current() -> "UpstreamRunner":
     if _CURRENT is None:
-        raise StandInCalled("an upstream HTTP call was made outside a running upstream run", seam="http_post(single_turn)")
+        raise StandInCalled(
+            "an upstream HTTP call was made outside a running upstream run", seam="http_post(single_turn)"
+        )
     return _CURRENT
 
 
@@ -172,7 +225,9 @@ async def http_post(url: str, payload: dict, *args: Any, **kwargs: Any) -> dict:
         return await current.serve_generate(payload)
     if url.endswith("/abort_request"):
         return await current.serve_abort(payload)
-    raise StandInCalled(f"POST {url}: the runner serves only /generate and /abort_request", seam="http_post(single_turn)")
+    raise StandInCalled(
+        f"POST {url}: the runner serves only /generate and /abort_request", seam="http_post(single_turn)"
+    )
 
 
 async def http_get(url: str, *args: Any, **kwargs: Any) -> dict:
@@ -201,8 +256,9 @@ class _LifecycleSink:
         task = asyncio.current_task()
         root = current.task_root.get(task)
         if root is not None and sample is not root:
-            current._emit(ev.TRAJECTORY_SAMPLE, index=sample.index, group_index=sample.group_index,
-                       trajectory=root.index)
+            current._emit(
+                ev.TRAJECTORY_SAMPLE, index=sample.index, group_index=sample.group_index, trajectory=root.index
+            )
         current.task_sample[task] = sample
 
     def attempt_end(self, sample: Any) -> None:
@@ -423,8 +479,12 @@ class RunnerAccountingError(HarnessError):
     a ``harness_error`` (``harness.upstream.fault_sweep._row``) and the differential fails."""
 
     def __init__(self, problems: list[str], result: "UpstreamRunResult") -> None:
-        super().__init__("harness_error: runner accounting: " + "; ".join(problems[:8])
-                         + (f" (and {len(problems) - 8} more)" if len(problems) > 8 else ""), ["runner accounting"])
+        super().__init__(
+            "harness_error: runner accounting: "
+            + "; ".join(problems[:8])
+            + (f" (and {len(problems) - 8} more)" if len(problems) > 8 else ""),
+            ["runner accounting"],
+        )
         self.problems = problems
         self.result = result
 
@@ -449,10 +509,18 @@ class UpstreamRunner:
     ctx: Any
     driver_mod: Any
 
-    def __init__(self, scenario: Scenario, *, engine_factory: Callable | None = None,
-                 trainer_factory: Callable | None = None, dynamic_filter_path: str | None = None,
-                 generate_function_path: str | None = None, trace: bool = True,
-                 hooks: Callable[["UpstreamRunner"], None] | None = None, set_order: str = "index") -> None:
+    def __init__(
+        self,
+        scenario: Scenario,
+        *,
+        engine_factory: Callable | None = None,
+        trainer_factory: Callable | None = None,
+        dynamic_filter_path: str | None = None,
+        generate_function_path: str | None = None,
+        trace: bool = True,
+        hooks: Callable[["UpstreamRunner"], None] | None = None,
+        set_order: str = "index",
+    ) -> None:
         self.scenario = scenario
         self.engine_factory = engine_factory or SimEngine
         self.trainer_factory = trainer_factory or SimTrainer
@@ -492,8 +560,11 @@ class UpstreamRunner:
         usample = self.task_sample.get(asyncio.current_task())
         if usample is None:
             seam = "lifecycle_sink" if _ANNOUNCED_BY == "sink" else "generate_and_rm"
-            raise StandInCalled(f"/generate called from a task the {seam} seam did not announce "
-                                f"(payload of {len(payload.get('input_ids') or [])} token ids)", seam=seam)
+            raise StandInCalled(
+                f"/generate called from a task the {seam} seam did not announce "
+                f"(payload of {len(payload.get('input_ids') or [])} token ids)",
+                seam=seam,
+            )
         prompt = [0] * self.scenario.engine.prompt_tokens
         m = self.mirrors.get(usample.index)
         # a new attempt: a fresh sample, or one reset for retry (no response, no weight
@@ -506,18 +577,29 @@ class UpstreamRunner:
                 retry = rm.retry_count if rm is not None else 0
             else:
                 retry = 0 if m is None else m.retry_count + 1
-            m = CoreSample(prompt=str(usample.prompt), prompt_tokens=prompt, index=usample.index,
-                           group_index=usample.group_index, retry_count=retry)
+            m = CoreSample(
+                prompt=str(usample.prompt),
+                prompt_tokens=prompt,
+                index=usample.index,
+                group_index=usample.group_index,
+                retry_count=retry,
+            )
             self.mirrors[usample.index] = m
         base = len(m.response_tokens)
         remaining = payload["sampling_params"]["max_new_tokens"]
         await self.engine.generate(m, SamplingParams(max_new_tokens=base + remaining))
         toks, lps = m.response_tokens[base:], m.rollout_log_probs[base:]
         kind = {Status.ABORTED: "abort", Status.TRUNCATED: "length"}.get(m.status, "stop")
-        return {"text": "t" * len(toks),
-                "meta_info": {"output_token_logprobs": [[lp, tok] for lp, tok in zip(lps, toks)],
-                              "finish_reason": {"type": kind}, "weight_version": m.weight_versions[-1],
-                              "prompt_tokens": len(prompt), "cached_tokens": 0}}
+        return {
+            "text": "t" * len(toks),
+            "meta_info": {
+                "output_token_logprobs": [[lp, tok] for lp, tok in zip(lps, toks)],
+                "finish_reason": {"type": kind},
+                "weight_version": m.weight_versions[-1],
+                "prompt_tokens": len(prompt),
+                "cached_tokens": 0,
+            },
+        }
 
     async def serve_abort(self, payload: dict) -> dict:
         self.abort_posts.append(asyncio.get_running_loop().time())
@@ -606,8 +688,9 @@ class UpstreamRunner:
         A group task's first step is no sighting: a task the worker forgot still runs."""
         if gi in self.lost:
             now = asyncio.get_running_loop().time()
-            self.accounting_problems.append(f"group {gi} declared lost ({self.lost_why.get(gi, '?')}) "
-                                            f"and then at t={now:g}: {where}")
+            self.accounting_problems.append(
+                f"group {gi} declared lost ({self.lost_why.get(gi, '?')}) and then at t={now:g}: {where}"
+            )
 
     def _queued(self) -> set[int]:
         """The groups in upstream's data source or buffer."""
@@ -637,8 +720,13 @@ class UpstreamRunner:
                 self.seen(gi, "taken from the data source")
                 self.live[gi] = "live"
                 self.taken_this_generate.append(gi)
-                self._emit(ev.TAKEN, group_index=gi, indices=[s.index for s in g], recycled=id(g) in recycled_before,
-                           call=calls[0])
+                self._emit(
+                    ev.TAKEN,
+                    group_index=gi,
+                    indices=[s.index for s in g],
+                    recycled=id(g) in recycled_before,
+                    call=calls[0],
+                )
             return groups
 
         def observed_add_samples(groups: list) -> None:
@@ -663,8 +751,12 @@ class UpstreamRunner:
             # ever set while that call runs; any other call is get's stale filter.
             cause = "aborted" if self._aborting else "stale"
             if cause == "stale":
-                self._emit(ev.STALE_REJECTED, group_index=gi, staleness=_staleness(prompt_group, self._get_version),
-                           current_version=self._get_version)
+                self._emit(
+                    ev.STALE_REJECTED,
+                    group_index=gi,
+                    staleness=_staleness(prompt_group, self._get_version),
+                    current_version=self._get_version,
+                )
             self._emit(ev.HANDLER, group_index=gi, handler=handler, cause=cause)
             handle(prompt_group)
             if handler == "drop":
@@ -697,8 +789,9 @@ class UpstreamRunner:
                 finally:
                     self._aborting = False
                 return
-            drops_before = dict(buf._metric_gatherer._dynamic_filter_drop_reason_count) \
-                if hasattr(buf, "_metric_gatherer") else {}
+            drops_before = (
+                dict(buf._metric_gatherer._dynamic_filter_drop_reason_count) if hasattr(buf, "_metric_gatherer") else {}
+            )
             full = len(buf._buffer) >= buf._capacity
             t_call = asyncio.get_running_loop().time()
             await put(entry)
@@ -719,9 +812,13 @@ class UpstreamRunner:
             finally:
                 self._in_get = False
             self.seen(entry.prompt_group[0].group_index, "got from the buffer")
-            self._emit(ev.GOT, group_index=entry.prompt_group[0].group_index,
-                       staleness=_staleness(entry.group, current_version), current_version=current_version,
-                       queue_size=len(buf._buffer))
+            self._emit(
+                ev.GOT,
+                group_index=entry.prompt_group[0].group_index,
+                staleness=_staleness(entry.group, current_version),
+                current_version=current_version,
+                queue_size=len(buf._buffer),
+            )
             return entry
 
         buf.put, buf.get = observed_put, observed_get
@@ -730,10 +827,17 @@ class UpstreamRunner:
     # --- conversion (the rollout manager's post-processing) ---------------------------
     def to_core(self, usample: Any) -> CoreSample:
         m = self.mirrors.get(usample.index)
-        s = CoreSample(prompt=str(usample.prompt), index=usample.index, group_index=usample.group_index,
-                       label=usample.label, reward=usample.reward, metadata=dict(usample.metadata or {}),
-                       weight_versions=list(usample.weight_versions), remove_sample=usample.remove_sample,
-                       retry_count=m.retry_count if m else 0)
+        s = CoreSample(
+            prompt=str(usample.prompt),
+            index=usample.index,
+            group_index=usample.group_index,
+            label=usample.label,
+            reward=usample.reward,
+            metadata=dict(usample.metadata or {}),
+            weight_versions=list(usample.weight_versions),
+            remove_sample=usample.remove_sample,
+            retry_count=m.retry_count if m else 0,
+        )
         s.status = Status[_status_name(usample)]
         if m is not None:
             s.prompt_tokens = m.prompt_tokens
@@ -743,8 +847,7 @@ class UpstreamRunner:
         return s
 
     def convert(self, data: list) -> list:
-        return [[self.to_core(x) if not isinstance(x, list) else [self.to_core(y) for y in x] for x in g]
-                for g in data]
+        return [[self.to_core(x) if not isinstance(x, list) else [self.to_core(y) for y in x] for x in g] for g in data]
 
     # --- the rollout function as the core's RolloutManager calls it --------------------
     async def call_rollout(self, rollout_id: int, version: int | None) -> tuple[list, dict]:
@@ -812,8 +915,12 @@ class UpstreamRunner:
             data, metrics = ref
             await train_step(ctx, rollout_id, data, metrics)
 
-        return rebind_ray_names(mod, generate=ctx.rollout_manager.launch,
-                                update_weights=functools.partial(update_weights, ctx), train=_train)
+        return rebind_ray_names(
+            mod,
+            generate=ctx.rollout_manager.launch,
+            update_weights=functools.partial(update_weights, ctx),
+            train=_train,
+        )
 
     # --- a run ------------------------------------------------------------------------
     def run(self) -> UpstreamRunResult:
@@ -821,8 +928,11 @@ class UpstreamRunner:
         source.report().require(driver_of(self.scenario.config))  # SeamMissing, before anything runs
         _install_seams()
         raised_before = len(stand_ins.RAISED)
-        args = upstream_args(self.scenario, dynamic_filter_path=self.dynamic_filter_path,
-                             generate_function_path=self.generate_function_path)
+        args = upstream_args(
+            self.scenario,
+            dynamic_filter_path=self.dynamic_filter_path,
+            generate_function_path=self.generate_function_path,
+        )
         holder: dict[str, Any] = {}
         sc = self.scenario
 
@@ -834,8 +944,14 @@ class UpstreamRunner:
             trainer = self.trainer_factory(sc.trainer)
             self._make_rollout_fn(args)
             rm = RolloutManager(self.call_rollout, sink=self.sink)
-            ctx = RunContext(args=sc.config, engine=self.engine, trainer=trainer, rollout_manager=rm, sink=self.sink,
-                             observer=AgeRecorder())
+            ctx = RunContext(
+                args=sc.config,
+                engine=self.engine,
+                trainer=trainer,
+                rollout_manager=rm,
+                sink=self.sink,
+                observer=AgeRecorder(),
+            )
             holder["ctx"] = ctx
             me = asyncio.current_task()
             # a stand-in reached inside upstream's code: this run cannot be faithful, so
@@ -853,9 +969,11 @@ class UpstreamRunner:
                 # what upstream leaves running when its driver returns or raises (before
                 # run_virtual cancels it; tasks already being cancelled are not counted):
                 # the fault sweep (harness.upstream.fault_sweep) tells orphans from the worker
-                holder["live_tasks"] = sorted(getattr(t.get_coro(), "__qualname__", repr(t.get_coro()))
-                                              for t in asyncio.all_tasks()
-                                              if t is not me and not t.done() and not t.cancelling())
+                holder["live_tasks"] = sorted(
+                    getattr(t.get_coro(), "__qualname__", repr(t.get_coro()))
+                    for t in asyncio.all_tasks()
+                    if t is not me and not t.done() and not t.cancelling()
+                )
                 self.unaccounted()
                 self._emit(ev.RUN_END, pending_groups=sorted(gi for gi in self.live if gi not in self.lost))
 
@@ -881,13 +999,24 @@ class UpstreamRunner:
         # 3.11 possibly inside an ast.parse: harness/checking/py311_guard.py). Read it here
         # and report it with the result instead.
         worker = getattr(self.rollout_fn, "_worker", None)
-        worker_error = (worker.exception() if isinstance(worker, asyncio.Future) and worker.done()
-                        and not worker.cancelled() else None)
-        result = UpstreamRunResult(scenario=sc, history=ctx.history if ctx else [], wall_s=holder.get("t_end", 0.0),
-                            events=self.sink.events if isinstance(self.sink, TraceRecorder) else [], error=error,
-                            get_samples_calls=self.get_samples_calls,
-                            extra={"abort_posts": list(self.abort_posts), "live_tasks": holder.get("live_tasks", []),
-                                   "worker_error": worker_error})
+        worker_error = (
+            worker.exception()
+            if isinstance(worker, asyncio.Future) and worker.done() and not worker.cancelled()
+            else None
+        )
+        result = UpstreamRunResult(
+            scenario=sc,
+            history=ctx.history if ctx else [],
+            wall_s=holder.get("t_end", 0.0),
+            events=self.sink.events if isinstance(self.sink, TraceRecorder) else [],
+            error=error,
+            get_samples_calls=self.get_samples_calls,
+            extra={
+                "abort_posts": list(self.abort_posts),
+                "live_tasks": holder.get("live_tasks", []),
+                "worker_error": worker_error,
+            },
+        )
         raised = stand_ins.RAISED[raised_before:]
         if raised:
             raise RunnerSeamError(raised, result)

@@ -55,6 +55,7 @@ class SeamMissing(HarnessError):
 
 # --------------------------------------------------------------------------- source facts
 
+
 @dataclass
 class _Module:
     """What a file binds: module-level names, classes with their methods, the attribute
@@ -128,7 +129,7 @@ class _Tree:
         base = self.root / Path(*module.split("."))
         target = base.with_suffix(".py") if base.with_suffix(".py").is_file() else base / "__init__.py"
         if not target.is_file():
-            return (base.is_dir() and (base / f"{there}.py").is_file())  # a submodule imported by name
+            return base.is_dir() and (base / f"{there}.py").is_file()  # a submodule imported by name
         return self.name(str(target.relative_to(self.root)), there, depth - 1)
 
     def method(self, rel: str, cls: str, name: str) -> bool:
@@ -139,6 +140,7 @@ class _Tree:
 
 
 # --------------------------------------------------------------------------- the registry
+
 
 @dataclass(frozen=True)
 class Seam:
@@ -158,102 +160,219 @@ def _all(*checks: Callable[[_Tree], bool]) -> Callable[[_Tree], bool]:
 
 
 SEAMS: tuple[Seam, ...] = (
-    Seam("lifecycle_sink", COMMON, "`generate_and_rm` calls `TrajectoryLifecycle().sink.gen_start(sample)`",
-         "tells the runner which sample each /generate request is for (the payload carries only token ids)",
-         "the runner announces each sample from its own wrapper of `generate_and_rm` (seam generate_and_rm)",
-         ROLLING, lambda t: t.name(COMMON, "TrajectoryLifecycle") and t.reads(COMMON, "generate_and_rm", "gen_start"),
-         fallback="generate_and_rm"),
-    Seam("generate_and_rm", COMMON, "module-level `generate_and_rm`, called by `generate_and_rm_group`",
-         "rebound to announce each sample when the lifecycle sink does not",
-         "not needed while the lifecycle sink is found; without both, no /generate can be attributed: refused",
-         ROLLING, lambda t: t.name(COMMON, "generate_and_rm") and t.name(COMMON, "generate_and_rm_group"),
-         optional=True),
-    Seam("trajectory_lifecycle", LIFECYCLE, "class `TrajectoryLifecycle` with a `sink`",
-         "the runner's sink is installed there; the nested-group generate function announces its turns through it",
-         "no sink to install: refused", ROLLING,
-         lambda t: t.name(LIFECYCLE, "TrajectoryLifecycle") and t.reads(LIFECYCLE, "TrajectoryLifecycle.__init__", "sink")),
-    Seam("make_submission_scheduler(one-step)", TRAIN_MOD, "module-level `make_submission_scheduler`",
-         "wrapped: the `done` set of each `wait_for_progress` is walked in a pinned order (by first sample index)",
-         "upstream would walk `done` sets in memory-address order: runs not reproducible, refused",
-         INFERENCE, lambda t: t.name(TRAIN_MOD, "make_submission_scheduler")),
-    Seam("make_submission_scheduler(fully-async)", FULLY_MOD, "module-level `make_submission_scheduler`",
-         "wrapped: pinned `done` order, and the runner follows the worker's waits for its group accounting",
-         "set order not pinned and groups not accounted: refused", FULLY,
-         lambda t: t.name(FULLY_MOD, "make_submission_scheduler")),
-    Seam("generate_and_rm_group(one-step)", TRAIN_MOD, "module-level `generate_and_rm_group`",
-         "wrapped: the end of each group task is recorded (`group_done`), its task keyed for set order",
-         "group ends unrecorded, set order unkeyed: refused", INFERENCE,
-         lambda t: t.name(TRAIN_MOD, "generate_and_rm_group")),
-    Seam("generate_and_rm_group(fully-async)", FULLY_MOD, "module-level `generate_and_rm_group`",
-         "wrapped: the end of each group task is recorded (`group_done`), its task keyed for set order",
-         "group ends unrecorded, set order unkeyed: refused", FULLY,
-         lambda t: t.name(FULLY_MOD, "generate_and_rm_group")),
-    Seam("http_post(single_turn)", SINGLE_TURN, "module-level `post` (from `miles.utils.http_utils`)",
-         "rebound: /generate is served by the simulated engine", "no engine to talk to: refused", ROLLING,
-         lambda t: t.name(SINGLE_TURN, "post")),
-    Seam("http_post_get(one-step)", TRAIN_MOD, "module-level `post` and `get`",
-         "rebound: /abort_request and the router's worker list are served by the runner",
-         "the end-of-rollout abort would go to the network: refused", INFERENCE,
-         lambda t: t.name(TRAIN_MOD, "post") and t.name(TRAIN_MOD, "get")),
-    Seam("as_completed_async", TRAIN_MOD, "module-level `as_completed_async`",
-         "rebound: the groups already done at the end-of-rollout abort are taken in the pinned set order",
-         "that order would follow memory addresses: refused", INFERENCE,
-         lambda t: t.name(TRAIN_MOD, "as_completed_async")),
-    Seam("submit_generate_tasks", TRAIN_MOD, "module-level `submit_generate_tasks`",
-         "wrapped: each group task holds its group from creation (the runner's group accounting)",
-         "groups between creation and first step would be counted lost (false conservation findings): refused",
-         INFERENCE, lambda t: t.name(TRAIN_MOD, "submit_generate_tasks")),
-    Seam("call_dynamic_filter", TRAIN_MOD, "module-level `call_dynamic_filter`",
-         "wrapped: a group the dynamic filter rejects is recorded as dropped when upstream drops it",
-         "filter rejects would read as lost groups: refused", INFERENCE,
-         lambda t: t.name(TRAIN_MOD, "call_dynamic_filter")),
-    Seam("tqdm", TRAIN_MOD, "module-level `tqdm`", "rebound with `disable=True` (the progress bar)",
-         "the one-step progress bar prints on every rollout", INFERENCE, lambda t: t.name(TRAIN_MOD, "tqdm"),
-         optional=True),
-    Seam("weight_version_source", BASE_TYPES, "field `weight_version` of `RolloutFnTrainInput`",
-         "the trainer passes the engine weight version to the drain (the staleness filter reads it)",
-         "upstream polls the router's /model_info on a real-time cache instead: the drain's version would not "
-         "be the trainer's, and the runner has no virtual-time router: fully-async refused", FULLY,
-         lambda t: "weight_version" in t.mod(BASE_TYPES).fields.get("RolloutFnTrainInput", set())),
-    Seam("data_buffer", BUFFER_MOD, "class `DefaultDataBuffer` (`put`, `get`, `self._buffer`, `self._capacity`) "
-         "and `group_oldest_weight_version`",
-         "built through `--custom-async-data-buffer-path`; `put`/`get` wrapped to record events; its queue read "
-         "for the group accounting", "no buffer to observe: fully-async refused", FULLY,
-         _all(lambda t: t.method(BUFFER_MOD, "DefaultDataBuffer", "put"),
-              lambda t: t.method(BUFFER_MOD, "DefaultDataBuffer", "get"),
-              lambda t: t.reads(BUFFER_MOD, "DefaultDataBuffer.__init__", "_buffer"),
-              lambda t: t.reads(BUFFER_MOD, "DefaultDataBuffer.__init__", "_capacity"),
-              lambda t: t.name(BUFFER_MOD, "group_oldest_weight_version"))),
-    Seam("unused_samples_handler", FULLY_MOD, "attribute `FullyAsyncRolloutFn._handle_unused` (set in `__init__`)",
-         "wrapped: the groups the buffer rejects (stale or aborted) are recorded with the handler's choice",
-         "stale and aborted groups would read as lost: fully-async refused", FULLY,
-         lambda t: t.reads(FULLY_MOD, "FullyAsyncRolloutFn.__init__", "_handle_unused")),
-    Seam("submit_one_group", FULLY_MOD, "method `FullyAsyncRolloutFn._submit_one_group`",
-         "wrapped: each group task holds its group from creation (the runner's group accounting)",
-         "a group between creation and first step would be counted lost: fully-async refused", FULLY,
-         lambda t: t.method(FULLY_MOD, "FullyAsyncRolloutFn", "_submit_one_group")),
-    Seam("worker_task", FULLY_MOD, "attribute `FullyAsyncRolloutFn._worker`",
-         "read after the run: a worker that died after the last drain has its exception reported with the result",
-         "that exception is left to the garbage collector's log", FULLY,
-         lambda t: t.reads(FULLY_MOD, "FullyAsyncRolloutFn.__init__", "_worker"), optional=True),
-    Seam("data_source", DATA_SOURCE, "class `RolloutDataSourceWithBuffer` (`get_samples`, `add_samples`, `buffer`)",
-         "instance methods wrapped: taken and recycled groups are recorded; its queue read for the accounting",
-         "no prompt source: refused", ROLLING,
-         _all(lambda t: t.name(DATA_SOURCE, "RolloutDataSourceWithBuffer"),
-              lambda t: t.method(DATA_SOURCE, "RolloutDataSourceWithBuffer", "add_samples"))),
-    Seam("train_async.py", "train_async.py", "module-level `train` and the Ray names it calls",
-         "executed as a module; `create_rollout_manager`, `create_training_models`, ... rebound to in-process "
-         "objects", "no one-step or fully-async driver: refused", frozenset({"one-step", "fully-async"}),
-         lambda t: t.name("train_async.py", "train") and t.name("train_async.py", "create_rollout_manager")),
-    Seam("train.py", "train.py", "module-level `train` and the Ray names it calls",
-         "executed as a module; its Ray names rebound to in-process objects", "no sync driver: refused",
-         frozenset({"sync"}), lambda t: t.name("train.py", "train") and t.name("train.py", "create_rollout_manager")),
+    Seam(
+        "lifecycle_sink",
+        COMMON,
+        "`generate_and_rm` calls `TrajectoryLifecycle().sink.gen_start(sample)`",
+        "tells the runner which sample each /generate request is for (the payload carries only token ids)",
+        "the runner announces each sample from its own wrapper of `generate_and_rm` (seam generate_and_rm)",
+        ROLLING,
+        lambda t: t.name(COMMON, "TrajectoryLifecycle") and t.reads(COMMON, "generate_and_rm", "gen_start"),
+        fallback="generate_and_rm",
+    ),
+    Seam(
+        "generate_and_rm",
+        COMMON,
+        "module-level `generate_and_rm`, called by `generate_and_rm_group`",
+        "rebound to announce each sample when the lifecycle sink does not",
+        "not needed while the lifecycle sink is found; without both, no /generate can be attributed: refused",
+        ROLLING,
+        lambda t: t.name(COMMON, "generate_and_rm") and t.name(COMMON, "generate_and_rm_group"),
+        optional=True,
+    ),
+    Seam(
+        "trajectory_lifecycle",
+        LIFECYCLE,
+        "class `TrajectoryLifecycle` with a `sink`",
+        "the runner's sink is installed there; the nested-group generate function announces its turns through it",
+        "no sink to install: refused",
+        ROLLING,
+        lambda t: (
+            t.name(LIFECYCLE, "TrajectoryLifecycle") and t.reads(LIFECYCLE, "TrajectoryLifecycle.__init__", "sink")
+        ),
+    ),
+    Seam(
+        "make_submission_scheduler(one-step)",
+        TRAIN_MOD,
+        "module-level `make_submission_scheduler`",
+        "wrapped: the `done` set of each `wait_for_progress` is walked in a pinned order (by first sample index)",
+        "upstream would walk `done` sets in memory-address order: runs not reproducible, refused",
+        INFERENCE,
+        lambda t: t.name(TRAIN_MOD, "make_submission_scheduler"),
+    ),
+    Seam(
+        "make_submission_scheduler(fully-async)",
+        FULLY_MOD,
+        "module-level `make_submission_scheduler`",
+        "wrapped: pinned `done` order, and the runner follows the worker's waits for its group accounting",
+        "set order not pinned and groups not accounted: refused",
+        FULLY,
+        lambda t: t.name(FULLY_MOD, "make_submission_scheduler"),
+    ),
+    Seam(
+        "generate_and_rm_group(one-step)",
+        TRAIN_MOD,
+        "module-level `generate_and_rm_group`",
+        "wrapped: the end of each group task is recorded (`group_done`), its task keyed for set order",
+        "group ends unrecorded, set order unkeyed: refused",
+        INFERENCE,
+        lambda t: t.name(TRAIN_MOD, "generate_and_rm_group"),
+    ),
+    Seam(
+        "generate_and_rm_group(fully-async)",
+        FULLY_MOD,
+        "module-level `generate_and_rm_group`",
+        "wrapped: the end of each group task is recorded (`group_done`), its task keyed for set order",
+        "group ends unrecorded, set order unkeyed: refused",
+        FULLY,
+        lambda t: t.name(FULLY_MOD, "generate_and_rm_group"),
+    ),
+    Seam(
+        "http_post(single_turn)",
+        SINGLE_TURN,
+        "module-level `post` (from `miles.utils.http_utils`)",
+        "rebound: /generate is served by the simulated engine",
+        "no engine to talk to: refused",
+        ROLLING,
+        lambda t: t.name(SINGLE_TURN, "post"),
+    ),
+    Seam(
+        "http_post_get(one-step)",
+        TRAIN_MOD,
+        "module-level `post` and `get`",
+        "rebound: /abort_request and the router's worker list are served by the runner",
+        "the end-of-rollout abort would go to the network: refused",
+        INFERENCE,
+        lambda t: t.name(TRAIN_MOD, "post") and t.name(TRAIN_MOD, "get"),
+    ),
+    Seam(
+        "as_completed_async",
+        TRAIN_MOD,
+        "module-level `as_completed_async`",
+        "rebound: the groups already done at the end-of-rollout abort are taken in the pinned set order",
+        "that order would follow memory addresses: refused",
+        INFERENCE,
+        lambda t: t.name(TRAIN_MOD, "as_completed_async"),
+    ),
+    Seam(
+        "submit_generate_tasks",
+        TRAIN_MOD,
+        "module-level `submit_generate_tasks`",
+        "wrapped: each group task holds its group from creation (the runner's group accounting)",
+        "groups between creation and first step would be counted lost (false conservation findings): refused",
+        INFERENCE,
+        lambda t: t.name(TRAIN_MOD, "submit_generate_tasks"),
+    ),
+    Seam(
+        "call_dynamic_filter",
+        TRAIN_MOD,
+        "module-level `call_dynamic_filter`",
+        "wrapped: a group the dynamic filter rejects is recorded as dropped when upstream drops it",
+        "filter rejects would read as lost groups: refused",
+        INFERENCE,
+        lambda t: t.name(TRAIN_MOD, "call_dynamic_filter"),
+    ),
+    Seam(
+        "tqdm",
+        TRAIN_MOD,
+        "module-level `tqdm`",
+        "rebound with `disable=True` (the progress bar)",
+        "the one-step progress bar prints on every rollout",
+        INFERENCE,
+        lambda t: t.name(TRAIN_MOD, "tqdm"),
+        optional=True,
+    ),
+    Seam(
+        "weight_version_source",
+        BASE_TYPES,
+        "field `weight_version` of `RolloutFnTrainInput`",
+        "the trainer passes the engine weight version to the drain (the staleness filter reads it)",
+        "upstream polls the router's /model_info on a real-time cache instead: the drain's version would not "
+        "be the trainer's, and the runner has no virtual-time router: fully-async refused",
+        FULLY,
+        lambda t: "weight_version" in t.mod(BASE_TYPES).fields.get("RolloutFnTrainInput", set()),
+    ),
+    Seam(
+        "data_buffer",
+        BUFFER_MOD,
+        "class `DefaultDataBuffer` (`put`, `get`, `self._buffer`, `self._capacity`) and `group_oldest_weight_version`",
+        "built through `--custom-async-data-buffer-path`; `put`/`get` wrapped to record events; its queue read "
+        "for the group accounting",
+        "no buffer to observe: fully-async refused",
+        FULLY,
+        _all(
+            lambda t: t.method(BUFFER_MOD, "DefaultDataBuffer", "put"),
+            lambda t: t.method(BUFFER_MOD, "DefaultDataBuffer", "get"),
+            lambda t: t.reads(BUFFER_MOD, "DefaultDataBuffer.__init__", "_buffer"),
+            lambda t: t.reads(BUFFER_MOD, "DefaultDataBuffer.__init__", "_capacity"),
+            lambda t: t.name(BUFFER_MOD, "group_oldest_weight_version"),
+        ),
+    ),
+    Seam(
+        "unused_samples_handler",
+        FULLY_MOD,
+        "attribute `FullyAsyncRolloutFn._handle_unused` (set in `__init__`)",
+        "wrapped: the groups the buffer rejects (stale or aborted) are recorded with the handler's choice",
+        "stale and aborted groups would read as lost: fully-async refused",
+        FULLY,
+        lambda t: t.reads(FULLY_MOD, "FullyAsyncRolloutFn.__init__", "_handle_unused"),
+    ),
+    Seam(
+        "submit_one_group",
+        FULLY_MOD,
+        "method `FullyAsyncRolloutFn._submit_one_group`",
+        "wrapped: each group task holds its group from creation (the runner's group accounting)",
+        "a group between creation and first step would be counted lost: fully-async refused",
+        FULLY,
+        lambda t: t.method(FULLY_MOD, "FullyAsyncRolloutFn", "_submit_one_group"),
+    ),
+    Seam(
+        "worker_task",
+        FULLY_MOD,
+        "attribute `FullyAsyncRolloutFn._worker`",
+        "read after the run: a worker that died after the last drain has its exception reported with the result",
+        "that exception is left to the garbage collector's log",
+        FULLY,
+        lambda t: t.reads(FULLY_MOD, "FullyAsyncRolloutFn.__init__", "_worker"),
+        optional=True,
+    ),
+    Seam(
+        "data_source",
+        DATA_SOURCE,
+        "class `RolloutDataSourceWithBuffer` (`get_samples`, `add_samples`, `buffer`)",
+        "instance methods wrapped: taken and recycled groups are recorded; its queue read for the accounting",
+        "no prompt source: refused",
+        ROLLING,
+        _all(
+            lambda t: t.name(DATA_SOURCE, "RolloutDataSourceWithBuffer"),
+            lambda t: t.method(DATA_SOURCE, "RolloutDataSourceWithBuffer", "add_samples"),
+        ),
+    ),
+    Seam(
+        "train_async.py",
+        "train_async.py",
+        "module-level `train` and the Ray names it calls",
+        "executed as a module; `create_rollout_manager`, `create_training_models`, ... rebound to in-process objects",
+        "no one-step or fully-async driver: refused",
+        frozenset({"one-step", "fully-async"}),
+        lambda t: t.name("train_async.py", "train") and t.name("train_async.py", "create_rollout_manager"),
+    ),
+    Seam(
+        "train.py",
+        "train.py",
+        "module-level `train` and the Ray names it calls",
+        "executed as a module; its Ray names rebound to in-process objects",
+        "no sync driver: refused",
+        frozenset({"sync"}),
+        lambda t: t.name("train.py", "train") and t.name("train.py", "create_rollout_manager"),
+    ),
 )
 
 BY_NAME = {s.name: s for s in SEAMS}
 
 
 # --------------------------------------------------------------------------- probing
+
 
 @dataclass(frozen=True)
 class Probe:
@@ -289,8 +408,7 @@ class TreeReport:
         """The table: seam, found / missing (MISSING: needed), where it looked, and what
         the harness does without it; then the verdict per driver."""
         w = max(len(p.seam.name) for p in self.probes)
-        lines = [f"upstream Miles tree: {self.tree}", "",
-                 f"{'seam':<{w}}  {'state':<7}  where it looked / without it"]
+        lines = [f"upstream Miles tree: {self.tree}", "", f"{'seam':<{w}}  {'state':<7}  where it looked / without it"]
         for p in self.probes:
             s = p.seam
             if s.name.startswith(STAND_IN_PREFIX):
@@ -303,18 +421,23 @@ class TreeReport:
         lines += ["", f"verdict: {self.verdict}"]
         for d in DRIVERS:
             miss = self.missing_for(d)
-            lines.append(f"  {d:<12} " + ("runs" if not miss else
-                                          "REFUSED: missing " + ", ".join(_named(s) for s in miss)))
+            lines.append(
+                f"  {d:<12} " + ("runs" if not miss else "REFUSED: missing " + ", ".join(_named(s) for s in miss))
+            )
         return "\n".join(lines)
 
     def refusal(self, driver: str | None = None) -> SeamMissing:
         """``SeamMissing`` naming what ``driver`` lacks (``None``: every needed seam)."""
         miss = self.missing_for(driver) if driver else [p.seam for p in self.probes if p.needed]
-        text = "; ".join(f"seam {s.name} missing in {self.tree / s.file} (looked for {s.looks_for}, following imports to where they are defined): {s.without}"
-                         for s in miss)
-        return SeamMissing(f"the harness cannot run {driver or 'any driver'} on upstream Miles at {self.tree} faithfully: {text}. "
-                           f"Run `miles-harness doctor --miles-src {self.tree}` for the whole table.",
-                           list(dict.fromkeys(s.name for s in miss)))
+        text = "; ".join(
+            f"seam {s.name} missing in {self.tree / s.file} (looked for {s.looks_for}, following imports to where they are defined): {s.without}"
+            for s in miss
+        )
+        return SeamMissing(
+            f"the harness cannot run {driver or 'any driver'} on upstream Miles at {self.tree} faithfully: {text}. "
+            f"Run `miles-harness doctor --miles-src {self.tree}` for the whole table.",
+            list(dict.fromkeys(s.name for s in miss)),
+        )
 
     def require(self, driver: str) -> None:
         """Raise ``SeamMissing`` naming the seams ``driver`` lacks on this tree."""
@@ -346,10 +469,16 @@ def _stand_in_probes(uses: list) -> list[Probe]:
     for (role, member, driver_file), us in sorted(by_member.items()):
         drivers = DRIVER_FILES[driver_file]
         places = ", ".join(u.where + (" (.remote)" if u.remote else "") for u in us[:4])
-        seam = Seam(f"{STAND_IN_PREFIX}{role}.{member}", us[0].file, f"`{role}.{member}` read at {places}",
-                    f"the harness' stand-in for `{role}` answers it", f"the stand-in for `{role}` has no `{member}`: "
-                    f"the run would stop at {us[0].where} with a harness error; refused", drivers,
-                    lambda t: False)
+        seam = Seam(
+            f"{STAND_IN_PREFIX}{role}.{member}",
+            us[0].file,
+            f"`{role}.{member}` read at {places}",
+            f"the harness' stand-in for `{role}` answers it",
+            f"the stand-in for `{role}` has no `{member}`: "
+            f"the run would stop at {us[0].where} with a harness error; refused",
+            drivers,
+            lambda t: False,
+        )
         out.append(Probe(seam=seam, found=False, needed=True))
     return out
 
@@ -360,19 +489,26 @@ def _format_stand_ins(uses: list) -> list[str]:
 
     if not uses:
         return []
-    lines = ["", ("stand-ins: members the drivers use on the objects the harness puts in their place "
-                  "(harness/upstream/ray_names.py)")]
+    lines = [
+        "",
+        (
+            "stand-ins: members the drivers use on the objects the harness puts in their place "
+            "(harness/upstream/ray_names.py)"
+        ),
+    ]
     by: dict[tuple[str, str], list] = {}
     for u in uses:
         by.setdefault((u.role, u.member), []).append(u)
     w = max(len(f"{r}.{m}") for r, m in by)
     for (role, member), us in sorted(by.items()):
-        state = ("None" if role == "critic_model" else "found" if member in members(role) else "MISSING")
+        state = "None" if role == "critic_model" else "found" if member in members(role) else "MISSING"
         places = ", ".join(u.where for u in us[:3]) + (f" (+{len(us) - 3})" if len(us) > 3 else "")
         lines.append(f"{role + '.' + member:<{w}}  {state:<7}  {places}")
     if any(u.role == "critic_model" for u in uses):
-        lines.append("(None: the harness passes `critic_model=None`, as Miles does without --use-critic, which "
-                     "its runs never set)")
+        lines.append(
+            "(None: the harness passes `critic_model=None`, as Miles does without --use-critic, which "
+            "its runs never set)"
+        )
     return lines
 
 

@@ -41,8 +41,10 @@ def find_miles_src(explicit: str | None = None) -> tuple[Path | None, str]:
         return Path(os.environ[ENV]).resolve(), f"{ENV}={os.environ[ENV]}"
     if (DEFAULT_TREE / MARKER).is_file():
         return DEFAULT_TREE, f"the pinned tree beside the repository ({DEFAULT_TREE})"
-    return None, (f"no upstream Miles tree: pass {OPTION}=PATH or set {ENV}=PATH to a Miles checkout "
-                  f"(the pinned one is expected at {DEFAULT_TREE})")
+    return None, (
+        f"no upstream Miles tree: pass {OPTION}=PATH or set {ENV}=PATH to a Miles checkout "
+        f"(the pinned one is expected at {DEFAULT_TREE})"
+    )
 
 
 _active: Path | None = None
@@ -61,8 +63,9 @@ def activate(path: Path) -> Path:
         raise tree_report.refusal()
     if _active is not None:
         if _active != path:
-            raise UpstreamUnavailable(f"upstream Miles is already imported from {_active} in this process; "
-                                      f"cannot switch to {path}")
+            raise UpstreamUnavailable(
+                f"upstream Miles is already imported from {_active} in this process; cannot switch to {path}"
+            )
         return path
     loaded = sys.modules.get("miles")
     if loaded is not None and not str(getattr(loaded, "__file__", "")).startswith(str(path)):
@@ -77,8 +80,10 @@ def activate(path: Path) -> Path:
         import miles.rollout.data_source  # noqa: F401
     except ImportError as exc:
         sys.path.remove(str(path))
-        raise UpstreamUnavailable(f"upstream Miles at {path} does not import here: {exc!r}. Fix: "
-                                  "pip install -e '.[upstream]' (or `make test`, which installs it)") from exc
+        raise UpstreamUnavailable(
+            f"upstream Miles at {path} does not import here: {exc!r}. Fix: "
+            "pip install -e '.[upstream]' (or `make test`, which installs it)"
+        ) from exc
     _active, _report = path, tree_report
     return path
 
@@ -111,5 +116,18 @@ def active() -> Path:
     return _active
 
 
-__all__ = ["DEFAULT_TREE", "ENV", "OPTION", "PINNED_MILES_COMMIT", "PINNED_TREE_NAME", "SeamMissing",
-           "UpstreamUnavailable", "activate", "active", "find_miles_src", "refused_files", "refused_reason", "report"]
+__all__ = [
+    "DEFAULT_TREE",
+    "ENV",
+    "OPTION",
+    "PINNED_MILES_COMMIT",
+    "PINNED_TREE_NAME",
+    "SeamMissing",
+    "UpstreamUnavailable",
+    "activate",
+    "active",
+    "find_miles_src",
+    "refused_files",
+    "refused_reason",
+    "report",
+]

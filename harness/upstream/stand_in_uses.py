@@ -34,8 +34,11 @@ from pathlib import Path
 from harness.upstream.ray_names import REBOUND
 
 DRIVER_FILES = {"train.py": frozenset({"sync"}), "train_async.py": frozenset({"one-step", "fully-async"})}
-_SEED_CALLS = {"create_rollout_manager": ("rollout_manager",), "create_training_models": ("actor_model", "critic_model"),
-               "EvalDispatcher": ("eval_dispatcher",)}
+_SEED_CALLS = {
+    "create_rollout_manager": ("rollout_manager",),
+    "create_training_models": ("actor_model", "critic_model"),
+    "EvalDispatcher": ("eval_dispatcher",),
+}
 
 
 @dataclass(frozen=True)
@@ -102,8 +105,12 @@ def _module_file(root: Path, module: str) -> str | None:
 
 def _matches(node: ast.AST, key: str) -> bool:
     if key.startswith("self."):
-        return (isinstance(node, ast.Attribute) and node.attr == key[5:] and isinstance(node.value, ast.Name)
-                and node.value.id == "self")
+        return (
+            isinstance(node, ast.Attribute)
+            and node.attr == key[5:]
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "self"
+        )
     return isinstance(node, ast.Name) and node.id == key
 
 
@@ -169,8 +176,11 @@ class _Walker:
     def returns(self, f: _File, cls: ast.ClassDef, method: str, role: str, driver: str) -> None:
         """``self.method(...)`` returns the object: each name it is assigned to in the class."""
         for node in ast.walk(cls):
-            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) \
-                    and _matches(node.value.func, f"self.{method}"):
+            if (
+                isinstance(node, ast.Assign)
+                and isinstance(node.value, ast.Call)
+                and _matches(node.value.func, f"self.{method}")
+            ):
                 scope = f.parent.get(node)
                 while scope is not None and not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
                     scope = f.parent.get(scope)
@@ -179,9 +189,14 @@ class _Walker:
 
     def call(self, f: _File, node: ast.Call, key: str, role: str, driver: str, cls: ast.ClassDef | None) -> None:
         func = node.func
-        if isinstance(func, ast.Name) and func.id in ("getattr", "hasattr") and len(node.args) >= 2 \
-                and _matches(node.args[0], key) and isinstance(node.args[1], ast.Constant) \
-                and isinstance(node.args[1].value, str):
+        if (
+            isinstance(func, ast.Name)
+            and func.id in ("getattr", "hasattr")
+            and len(node.args) >= 2
+            and _matches(node.args[0], key)
+            and isinstance(node.args[1], ast.Constant)
+            and isinstance(node.args[1].value, str)
+        ):
             self.out.add(Use(role, node.args[1].value, f.rel, node.lineno, driver, probe=True))
             return
         bound: list[tuple[int | None, str | None]] = [(i, None) for i, a in enumerate(node.args) if _matches(a, key)]
@@ -203,8 +218,10 @@ class _Walker:
         """The function a call runs (``__init__`` for a class), its file, and whether its
         first parameter is ``self``."""
         if cls is not None and isinstance(func, ast.Attribute) and _matches(func, f"self.{func.attr}"):
-            m = next((n for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
-                      and n.name == func.attr), None)
+            m = next(
+                (n for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == func.attr),
+                None,
+            )
             return (f, m, True) if m is not None else None
         if not isinstance(func, ast.Name) or (f.rel in DRIVER_FILES and func.id in REBOUND):
             return None
@@ -220,8 +237,14 @@ class _Walker:
             name = origin[1]
         node = tf.defs.get(name)
         if isinstance(node, ast.ClassDef):
-            init = next((n for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
-                         and n.name == "__init__"), None)
+            init = next(
+                (
+                    n
+                    for n in node.body
+                    if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == "__init__"
+                ),
+                None,
+            )
             return (tf, init, True) if init is not None else None
         if node is None:
             return None
@@ -232,8 +255,7 @@ class _Walker:
         for node in ast.walk(f.tree):
             if isinstance(node, ast.Assign):
                 call = node.value.value if isinstance(node.value, ast.Await) else node.value
-                if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name)
-                        and call.func.id in _SEED_CALLS):
+                if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id in _SEED_CALLS):
                     continue
                 roles = _SEED_CALLS[call.func.id]
                 for t in node.targets:
@@ -241,8 +263,9 @@ class _Walker:
                     for role, n in zip(roles, names):
                         if isinstance(n, ast.Name):
                             self.add(f, f.tree, n.id, role, driver)
-        if "object_store" in f.imported or any(isinstance(n, ast.alias) and (n.asname or n.name) == "object_store"
-                                               for n in ast.walk(f.tree)):
+        if "object_store" in f.imported or any(
+            isinstance(n, ast.alias) and (n.asname or n.name) == "object_store" for n in ast.walk(f.tree)
+        ):
             self.add(f, f.tree, "object_store", "object_store", driver)
 
 

@@ -52,10 +52,12 @@ class StandInMissing(StandInCalled, AttributeError):
 
     def __init__(self, role: str, member: str, filename: str, lineno: int) -> None:
         self.role, self.member, self.where = role, member, f"{_tree_relative(filename)}:L{lineno}"
-        super().__init__(f"the harness' stand-in for `{role}` has no member `{member}`, which upstream reads at "
-                         f"{self.where}: the harness cannot run this code path faithfully (a harness error, not an "
-                         f"upstream finding{_DOCTOR if role != 'args' else ''})",
-                         seam=f"stand-in {role}.{member}")
+        super().__init__(
+            f"the harness' stand-in for `{role}` has no member `{member}`, which upstream reads at "
+            f"{self.where}: the harness cannot run this code path faithfully (a harness error, not an "
+            f"upstream finding{_DOCTOR if role != 'args' else ''})",
+            seam=f"stand-in {role}.{member}",
+        )
         self.name = member
 
 
@@ -91,8 +93,10 @@ def _tree_relative(filename: str) -> str:
 
 def _raising(qualname: str, reason: str) -> Any:
     def call(*args: Any, **kwargs: Any) -> Any:
-        raise StandInCalled(f"{qualname} is an import stand-in ({reason}); the harness runner does not support the "
-                            "code path that called it")
+        raise StandInCalled(
+            f"{qualname} is an import stand-in ({reason}); the harness runner does not support the "
+            "code path that called it"
+        )
 
     call.__qualname__ = call.__name__ = qualname.rpartition(".")[2]
     return call
@@ -122,8 +126,9 @@ def _dumper_config(qualname: str, reason: str) -> type:
             return {}
         raise StandInCalled(f"{qualname}._kv_pairs_to_dict({raw!r}): {reason}")
 
-    return type("DumperConfig", (_RaisingClass,), {"_what": qualname,
-                                                    "_kv_pairs_to_dict": staticmethod(kv_pairs_to_dict)})
+    return type(
+        "DumperConfig", (_RaisingClass,), {"_what": qualname, "_kv_pairs_to_dict": staticmethod(kv_pairs_to_dict)}
+    )
 
 
 def _cls(qualname: str) -> type:
@@ -139,44 +144,62 @@ STAND_INS: dict[str, tuple[str, dict[str, Any]]] = {
     "sglang.srt.debug_utils.dumper": (
         "SGLang's debug dumper; the sglang package pins a CUDA torch and is not installed on CPU; "
         "used only with --dumper-* flags",
-        {"DumperConfig": _dumper_config, "_get_rank": _raising, "dumper": lambda q, r: _cls(q)}),
+        {"DumperConfig": _dumper_config, "_get_rank": _raising, "dumper": lambda q, r: _cls(q)},
+    ),
     # `miles/utils/chat_template_utils/template.py` and `deepseek.py` import the OpenAI protocol
     # `Tool` model for tool-calling chat templates; the runner's prompts are plain strings.
     "sglang.srt.entrypoints.openai.protocol": (
         "SGLang's OpenAI protocol models (sglang is not installed on CPU); used only for tool-calling "
         "chat templates, which the runner's plain-string prompts never apply",
-        {"Tool": lambda q, r: _cls(q)}),
+        {"Tool": lambda q, r: _cls(q)},
+    ),
     # `encoding_dsv4` exists only on Miles' SGLang fork (branch sglang-miles), which is not
     # public at the pinned commit; `deepseek.py` imports it for DeepSeek-V4 chat templates.
     "sglang.srt.entrypoints.openai.encoding_dsv4": (
-        "exists only on Miles' SGLang fork (sglang-miles), not public; used only by the DeepSeek-V4 "
-        "chat template",
-        {"encode_messages": _raising}),
+        "exists only on Miles' SGLang fork (sglang-miles), not public; used only by the DeepSeek-V4 chat template",
+        {"encode_messages": _raising},
+    ),
     # `train.py` imports SGLang's memory-type tags for --offload-rollout; `miles/ray/rollout/*`
     # (imported through the drivers' `miles.ray.placement_group`) imports them too. The runner
     # replaces the Ray rollout manager, so the tags are only names here.
     "sglang.srt.constants": (
         "SGLang memory-type tags (sglang is not installed on CPU); only passed to the Ray rollout manager, "
         "which the runner replaces",
-        {"GPU_MEMORY_TYPE_CUDA_GRAPH": lambda q, r: "cuda_graph", "GPU_MEMORY_TYPE_KV_CACHE": lambda q, r: "kv_cache",
-         "GPU_MEMORY_TYPE_WEIGHTS": lambda q, r: "weights"}),
+        {
+            "GPU_MEMORY_TYPE_CUDA_GRAPH": lambda q, r: "cuda_graph",
+            "GPU_MEMORY_TYPE_KV_CACHE": lambda q, r: "kv_cache",
+            "GPU_MEMORY_TYPE_WEIGHTS": lambda q, r: "weights",
+        },
+    ),
     # `miles/utils/arguments.py` (imported by both drivers) builds SGLang's server arguments;
     # the runner builds its own args namespace and never calls upstream's parser.
     "sglang.srt.server_args": (
         "SGLang's ServerArgs (sglang is not installed on CPU); used by upstream's argument parser, which the "
         "runner does not call",
-        {"ServerArgs": lambda q, r: _cls(q)}),
+        {"ServerArgs": lambda q, r: _cls(q)},
+    ),
     # Request tracing hooks imported by the router/engine launch code under `miles/ray`.
     "sglang.srt.tracing.trace": (
         "SGLang request tracing (sglang is not installed on CPU); used only by the real engine/router "
         "launch code, which the runner replaces",
-        {name: _raising for name in ("process_tracing_init", "trace_get_remote_propagate_context",
-                                     "trace_req_finish", "trace_req_start", "trace_set_thread_info",
-                                     "trace_slice_end", "trace_slice_start")}),
+        {
+            name: _raising
+            for name in (
+                "process_tracing_init",
+                "trace_get_remote_propagate_context",
+                "trace_req_finish",
+                "trace_req_start",
+                "trace_set_thread_info",
+                "trace_slice_end",
+                "trace_slice_start",
+            )
+        },
+    ),
     "sglang.srt.utils": (
         "SGLang utilities (sglang is not installed on CPU); kill_process_tree is used only to stop real "
         "engine processes",
-        {"kill_process_tree": _raising}),
+        {"kill_process_tree": _raising},
+    ),
 }
 
 APPLIED: dict[str, str] = {}
@@ -206,7 +229,7 @@ def _ensure_parents(name: str) -> None:
             mod.__miles_harness_stand_in__ = True  # type: ignore[attr-defined]
             sys.modules[parent] = mod
         if i > 1:
-            setattr(sys.modules[".".join(parts[:i - 1])], parts[i - 1], sys.modules[parent])
+            setattr(sys.modules[".".join(parts[: i - 1])], parts[i - 1], sys.modules[parent])
 
 
 def install() -> dict[str, str]:

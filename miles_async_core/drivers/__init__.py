@@ -23,23 +23,54 @@ from miles_async_core.types import SamplingParams
 logger = logging.getLogger(__name__)
 
 
-def make_context(args: Any, engine: Any, trainer: Any, prompt_fn: Callable[..., Any], *, sampling: SamplingParams,
-                 reward_fn: Callable[..., Any] | None = None, sink: Any = None, observer: Any = None,
-                 buffer_factory: Callable[..., Any] | None = None, data_source: Any = None,
-                 generate_function: Callable[..., Any] | None = None) -> RunContext:
+def make_context(
+    args: Any,
+    engine: Any,
+    trainer: Any,
+    prompt_fn: Callable[..., Any],
+    *,
+    sampling: SamplingParams,
+    reward_fn: Callable[..., Any] | None = None,
+    sink: Any = None,
+    observer: Any = None,
+    buffer_factory: Callable[..., Any] | None = None,
+    data_source: Any = None,
+    generate_function: Callable[..., Any] | None = None,
+) -> RunContext:
     sink = sink or NullSink()
     data_source = data_source or RolloutDataSourceWithBuffer(args.n_samples_per_prompt, prompt_fn, sink=sink)
     rollout_fn: FullyAsyncRolloutFn | OneStepRollout
     if args.fully_async:
-        rollout_fn = FullyAsyncRolloutFn(args, engine, data_source, sampling=sampling, reward_fn=reward_fn,
-                                         buffer_factory=buffer_factory, sink=sink,
-                                         generate_function=generate_function)
+        rollout_fn = FullyAsyncRolloutFn(
+            args,
+            engine,
+            data_source,
+            sampling=sampling,
+            reward_fn=reward_fn,
+            buffer_factory=buffer_factory,
+            sink=sink,
+            generate_function=generate_function,
+        )
     else:
-        rollout_fn = OneStepRollout(args, engine, data_source, sampling=sampling, reward_fn=reward_fn, sink=sink,
-                                    generate_function=generate_function)
+        rollout_fn = OneStepRollout(
+            args,
+            engine,
+            data_source,
+            sampling=sampling,
+            reward_fn=reward_fn,
+            sink=sink,
+            generate_function=generate_function,
+        )
     rm = RolloutManager(rollout_fn, sink=sink)
-    return RunContext(args=args, engine=engine, trainer=trainer, rollout_manager=rm, sink=sink, observer=observer,
-                      data_source=data_source)
+    return RunContext(
+        args=args,
+        engine=engine,
+        trainer=trainer,
+        rollout_manager=rm,
+        sink=sink,
+        observer=observer,
+        data_source=data_source,
+    )
 
 
 async def run(ctx: RunContext) -> list[dict[str, Any]]:

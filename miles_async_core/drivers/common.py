@@ -65,7 +65,7 @@ def weight_version_metrics(groups: list[Any]) -> dict[str, float]:
         oldest.sort()
         m["rollout/weight_version/mean"] = sum(oldest) / len(oldest)
         mid = len(oldest) // 2
-        m["rollout/weight_version/median"] = (oldest[mid] if len(oldest) % 2 else (oldest[mid - 1] + oldest[mid]) / 2)
+        m["rollout/weight_version/median"] = oldest[mid] if len(oldest) % 2 else (oldest[mid - 1] + oldest[mid]) / 2
         m["rollout/weight_version/max"] = float(oldest[-1])
         m["rollout/weight_version/min"] = float(oldest[0])
         m["rollout/weight_version/mixed_version_ratio"] = mixed / count
@@ -175,8 +175,14 @@ async def train_step(ctx: RunContext, rollout_id: int, data: list[Any], metrics:
     group_indices = [next(iter_samples(g)).group_index for g in data]
     if ctx.sink.enabled:
         steps = {} if ctx.checkpoint is None else {"optimizer_step": ctx.optimizer_step, "lr_step": ctx.lr_step}
-        ctx.sink.emit(ev.TRAINED, rollout_id=rollout_id, group_indices=group_indices,
-                      trainer_version=ctx.weight_version, trainer_steps=ctx.trainer_steps, **steps)
+        ctx.sink.emit(
+            ev.TRAINED,
+            rollout_id=rollout_id,
+            group_indices=group_indices,
+            trainer_version=ctx.weight_version,
+            trainer_steps=ctx.trainer_steps,
+            **steps,
+        )
     steps_before = ctx.trainer_steps
     train_metrics = await ctx.trainer.train(rollout_id, data)
     ctx.optimizer_step += 1
@@ -186,8 +192,14 @@ async def train_step(ctx: RunContext, rollout_id: int, data: list[Any], metrics:
     ctx.phase("train", "training", False, rollout_id=rollout_id)
     if colocate_pause:
         await ctx.engine.continue_generation()
-    record = {"rollout_id": rollout_id, "trainer_version": ctx.weight_version, "trainer_steps": steps_before,
-              **observed, **metrics, **(train_metrics or {})}
+    record = {
+        "rollout_id": rollout_id,
+        "trainer_version": ctx.weight_version,
+        "trainer_steps": steps_before,
+        **observed,
+        **metrics,
+        **(train_metrics or {}),
+    }
     ctx.history.append(record)
     return record
 
@@ -214,8 +226,7 @@ def start_life(ctx: RunContext, life: int) -> ck.Loaded:
         ctx.data_source.load(loaded.data_source)
     ctx.args = dataclasses.replace(ctx.args, start_rollout_id=loaded.start_rollout_id)
     if ctx.sink.enabled:
-        ctx.sink.emit(ev.LIFE_START, life=life, start_rollout_id=loaded.start_rollout_id,
-                      loaded_version=loaded.version)
+        ctx.sink.emit(ev.LIFE_START, life=life, start_rollout_id=loaded.start_rollout_id, loaded_version=loaded.version)
     ck.emit_loaded(loaded, ctx.sink)
     return loaded
 
@@ -228,11 +239,21 @@ async def maybe_save(ctx: RunContext, rollout_id: int) -> None:
     if not ck.should_save(ctx.args, rollout_id, sentinel):
         return
     state = getattr(ctx.trainer, "state_dict", None)
-    model = {"rollout_id": rollout_id, "optimizer_step": ctx.optimizer_step, "lr_step": ctx.lr_step,
-             "version": ck.saved_version(ctx.weight_version, ctx.trainer_steps > ctx.steps_at_update),
-             "trainer": state() if state is not None else None}
-    await ck.save(ctx.checkpoint, rollout_id, model=model, data_source=ctx.data_source, sink=ctx.sink,
-            exactly_once=bool(getattr(ctx.args, "exactly_once_resume", False)))
+    model = {
+        "rollout_id": rollout_id,
+        "optimizer_step": ctx.optimizer_step,
+        "lr_step": ctx.lr_step,
+        "version": ck.saved_version(ctx.weight_version, ctx.trainer_steps > ctx.steps_at_update),
+        "trainer": state() if state is not None else None,
+    }
+    await ck.save(
+        ctx.checkpoint,
+        rollout_id,
+        model=model,
+        data_source=ctx.data_source,
+        sink=ctx.sink,
+        exactly_once=bool(getattr(ctx.args, "exactly_once_resume", False)),
+    )
 
 
 def debug_exit(ctx: RunContext, rollout_id: int) -> bool:

@@ -22,8 +22,9 @@ from typing import Any
 from miles_async_core.drivers.common import RunContext, debug_exit, maybe_save, train_step, update_weights
 
 
-async def _await_generate(ctx: RunContext, task: asyncio.Future[tuple[list[Any], dict[str, Any]]],
-                          rollout_id: int) -> tuple[list[Any], dict[str, Any]]:
+async def _await_generate(
+    ctx: RunContext, task: asyncio.Future[tuple[list[Any], dict[str, Any]]], rollout_id: int
+) -> tuple[list[Any], dict[str, Any]]:
     ctx.phase("train", "waiting", True, rollout_id=rollout_id)
     try:
         return await task
@@ -38,8 +39,10 @@ def check_async_args(args: Any) -> None:
     if args.colocate and not getattr(args, "allow_async_colocate", False):
         raise AssertionError("Colocation is not supported for async training.")
     if args.use_critic and not (args.use_rollout_logprobs or args.use_tis or args.keep_old_actor):
-        raise AssertionError("Async PPO training requires an explicit behavior-policy correction: pass one of "
-                             "--use-rollout-logprobs, --use-tis or --keep-old-actor.")
+        raise AssertionError(
+            "Async PPO training requires an explicit behavior-policy correction: pass one of "
+            "--use-rollout-logprobs, --use-tis or --keep-old-actor."
+        )
 
 
 async def train_async(ctx: RunContext) -> list[dict[str, Any]]:

@@ -108,15 +108,29 @@ def torch_engine(recorder: Recorder):
 def process_engine(recorder: Recorder):
     from harness.backends.process_engine import ProcessEngine
 
-    return ProcessEngine(functools.partial(TinyLM, CFG), TinyLM(CFG).weights_copy(), max_running=1, seed=5,
-                         sink=recorder, max_seq_len=CFG.max_seq_len, core_cls=HoldsAfterSteps)
+    return ProcessEngine(
+        functools.partial(TinyLM, CFG),
+        TinyLM(CFG).weights_copy(),
+        max_running=1,
+        seed=5,
+        sink=recorder,
+        max_seq_len=CFG.max_seq_len,
+        core_cls=HoldsAfterSteps,
+    )
 
 
 def ray_engines(recorder: Recorder):
     from harness.backends.ray_engine import RayEngineGroup
 
-    return RayEngineGroup(functools.partial(TinyLM, CFG), num_engines=2, max_running=1, seed=5, sink=recorder,
-                          max_seq_len=CFG.max_seq_len, core_cls=HoldsAfterSteps)
+    return RayEngineGroup(
+        functools.partial(TinyLM, CFG),
+        num_engines=2,
+        max_running=1,
+        seed=5,
+        sink=recorder,
+        max_seq_len=CFG.max_seq_len,
+        core_cls=HoldsAfterSteps,
+    )
 
 
 # name -> (factory, engines, max_new_tokens, over-sampled groups): with MAX_STEPS=14 the
@@ -143,8 +157,9 @@ async def _rollout_on_held_engine(name: str):
         held = AbortsWhenHeld(engine, recorder, engines=engines)
         config = AsyncConfig(rollout_batch_size=B, n_samples_per_prompt=N, over_sampling_batch_size=over_sampling)
         source = RolloutDataSource(N, lambda k: (f"p{k}", [4 + k, 9, 2 + k], None), sink=recorder)
-        rollout = OneStepRollout(config, held, source, sampling=SamplingParams(max_new_tokens=max_new_tokens),
-                                 sink=recorder)
+        rollout = OneStepRollout(
+            config, held, source, sampling=SamplingParams(max_new_tokens=max_new_tokens), sink=recorder
+        )
         data, metrics = await rollout(0, 1)
         events_after_rollout = len(recorder.trace.events)
         await engine.abort_requests()  # nothing left in flight: again nothing

@@ -90,8 +90,11 @@ def test_every_engine_refuses_an_unknown_pause_mode_with_that_same_message():
 # --- requests ---------------------------------------------------------------------------------------
 BAD_REQUESTS = [
     (Sample(prompt_tokens=[]), SamplingParams(max_new_tokens=4), "prompt_tokens is empty"),
-    (Sample(prompt_tokens=[1], response_tokens=[2, 3]), SamplingParams(max_new_tokens=2),
-     "max_new_tokens=2 leaves 0 new tokens"),
+    (
+        Sample(prompt_tokens=[1], response_tokens=[2, 3]),
+        SamplingParams(max_new_tokens=2),
+        "max_new_tokens=2 leaves 0 new tokens",
+    ),
     (Sample(prompt_tokens=[1]), SamplingParams(max_new_tokens=4, temperature=-1.0), "temperature=-1.0"),
 ]
 
@@ -102,8 +105,11 @@ def test_every_engine_refuses_a_bad_request_in_the_caller_with_the_same_message(
     prefix, budget = request_for(sample, sampling)
 
     def checked(max_seq_len):
-        return message(lambda: check_request(prefix, budget, sampling.temperature, max_seq_len=max_seq_len,
-                                             generated=len(sample.response_tokens)))
+        return message(
+            lambda: check_request(
+                prefix, budget, sampling.temperature, max_seq_len=max_seq_len, generated=len(sample.response_tokens)
+            )
+        )
 
     text, sized = checked(None), checked(CFG.max_seq_len)  # sglang leaves the length to the server
     assert expected in text and expected in sized and "Fix:" in text
@@ -147,15 +153,28 @@ def test_the_model_length_is_checked_where_the_engine_knows_it():
 
 # --- results ----------------------------------------------------------------------------------------
 def partial() -> Sample:
-    return Sample(prompt_tokens=[1, 2], response_tokens=[5, 6], rollout_log_probs=[-0.5, -0.25],
-                  token_versions=VersionRuns([[0, 0, 2]]), weight_versions=["0"], index=7, group_index=3)
+    return Sample(
+        prompt_tokens=[1, 2],
+        response_tokens=[5, 6],
+        rollout_log_probs=[-0.5, -0.25],
+        token_versions=VersionRuns([[0, 0, 2]]),
+        weight_versions=["0"],
+        index=7,
+        group_index=3,
+    )
 
 
 def test_merge_result_appends_and_merges_a_continuing_run_into_new_lists():
     sample = partial()
     tokens_before = sample.response_tokens
-    merged = merge_result(sample, tokens=[7, 8, 9], log_probs=[-1, -2, -3], token_runs=[[0, 0, 1], [1, 0, 2]],
-                          weight_version=1, status=Status.TRUNCATED)
+    merged = merge_result(
+        sample,
+        tokens=[7, 8, 9],
+        log_probs=[-1, -2, -3],
+        token_runs=[[0, 0, 1], [1, 0, 2]],
+        weight_version=1,
+        status=Status.TRUNCATED,
+    )
     assert merged is sample
     assert sample.response_tokens == [5, 6, 7, 8, 9] and tokens_before == [5, 6]
     assert sample.rollout_log_probs == [-0.5, -0.25, -1.0, -2.0, -3.0]
@@ -163,8 +182,19 @@ def test_merge_result_appends_and_merges_a_continuing_run_into_new_lists():
     assert sample.weight_versions == ["0", "1"] and sample.status is Status.TRUNCATED
     sink = RecordingSink()
     emit_finished(sink, sample)
-    assert sink.events == [("finished", {"index": 7, "group_index": 3, "status": "truncated", "response_length": 5,
-                                         "token_versions": [[0, 0, 3], [1, 0, 2]], "weight_versions": ["0", "1"]})]
+    assert sink.events == [
+        (
+            "finished",
+            {
+                "index": 7,
+                "group_index": 3,
+                "status": "truncated",
+                "response_length": 5,
+                "token_versions": [[0, 0, 3], [1, 0, 2]],
+                "weight_versions": ["0", "1"],
+            },
+        )
+    ]
 
 
 @pytest.mark.model
@@ -177,8 +207,14 @@ def test_the_same_result_through_every_engine_gives_the_same_sample_and_finished
     # torch: the engine thread's FinishedRequest, resolved on the loop
     torch_engine = TorchEngine(EngineCore(TinyLM(CFG)), sink=RecordingSink())
     torch_sink = torch_engine.sink
-    done = FinishedRequest(req_id=0, output_tokens=tokens, log_probs=log_probs, token_versions=VersionRuns(runs),
-                           weight_version=1, status=Status.TRUNCATED)
+    done = FinishedRequest(
+        req_id=0,
+        output_tokens=tokens,
+        log_probs=log_probs,
+        token_versions=VersionRuns(runs),
+        weight_version=1,
+        status=Status.TRUNCATED,
+    )
 
     async def torch_resolve() -> Sample:
         fut = asyncio.get_running_loop().create_future()
@@ -201,14 +237,19 @@ def test_the_same_result_through_every_engine_gives_the_same_sample_and_finished
     by_process = asyncio.run(process_resolve())
 
     # sglang: the server's output dict, spans over the output tokens
-    output = {"output_ids": tokens, "meta_info": {
-        "finish_reason": {"type": "length", "length": 3}, "weight_version": "1",
-        "output_token_logprobs": [(lp, t, None) for lp, t in zip(log_probs, tokens)],
-        "weight_versions": [{"version": "0", "start": 0, "end": 1}, {"version": "1", "start": 1, "end": 3}]}}
-    by_sglang = apply_generate_output(partial(), output, engine_version_at_submit=0,
-                                      updates=[UpdateRecord(version=1, pause_mode="retract")])
-    expected = ([5, 6, 7, 8, 9], [-0.5, -0.25, -1.0, -2.0, -3.0], [[0, 0, 3], [1, 1, 2]], ["0", "1"],
-                Status.TRUNCATED)
+    output = {
+        "output_ids": tokens,
+        "meta_info": {
+            "finish_reason": {"type": "length", "length": 3},
+            "weight_version": "1",
+            "output_token_logprobs": [(lp, t, None) for lp, t in zip(log_probs, tokens)],
+            "weight_versions": [{"version": "0", "start": 0, "end": 1}, {"version": "1", "start": 1, "end": 3}],
+        },
+    }
+    by_sglang = apply_generate_output(
+        partial(), output, engine_version_at_submit=0, updates=[UpdateRecord(version=1, pause_mode="retract")]
+    )
+    expected = ([5, 6, 7, 8, 9], [-0.5, -0.25, -1.0, -2.0, -3.0], [[0, 0, 3], [1, 1, 2]], ["0", "1"], Status.TRUNCATED)
     assert fields(by_torch) == fields(by_process) == fields(by_sglang) == expected
     sglang_sink = RecordingSink()
     emit_finished(sglang_sink, by_sglang)

@@ -68,8 +68,15 @@ def test_two_engines_run_every_mode_and_every_checker_passes(ray_cluster, mode: 
     assert result.checks["passed"]
     for name in ("engine_versions_monotonic", "all_engines_updated_before_resume", "all_engines_paused_for_update"):
         assert name in result.checks["checkers"]
-    engine_kinds = (ev.ADMITTED, ev.DECODE_STEP, ev.ENGINE_PAUSE, ev.ENGINE_RESUME, ev.ENGINE_LOADED, ev.SUBMITTED,
-                    ev.FINISHED)
+    engine_kinds = (
+        ev.ADMITTED,
+        ev.DECODE_STEP,
+        ev.ENGINE_PAUSE,
+        ev.ENGINE_RESUME,
+        ev.ENGINE_LOADED,
+        ev.SUBMITTED,
+        ev.FINISHED,
+    )
     assert all(e.get("engine") in (0, 1) for e in result.events if e.kind in engine_kinds)
     updates = [e["version"] for e in result.events if e.kind == ev.ENGINE_VERSION]
     for k in (0, 1):
@@ -112,8 +119,9 @@ class _KillsEngineOne(RayEngineGroup):
 def _dead_engine_run(monkeypatch: pytest.MonkeyPatch, on_engine_death: str, steps: int = 4):
     import harness.backends.ray_engine as ray_engine
 
-    monkeypatch.setattr(ray_engine, "RayEngineGroup", functools.partial(_KillsEngineOne,
-                                                                        on_engine_death=on_engine_death))
+    monkeypatch.setattr(
+        ray_engine, "RayEngineGroup", functools.partial(_KillsEngineOne, on_engine_death=on_engine_death)
+    )
     return run_ray("one-step", steps=steps, base=RAY_BASE)
 
 
@@ -122,7 +130,7 @@ def _lost_and_where_they_went(result) -> tuple[dict, set[int]]:
     assert len(faults) == 1 and faults[0]["engine"] == 1 and faults[0]["live_engines"] == [0]
     fault = faults[0]
     assert fault["lost"], "engine 1 had requests in flight when it died"
-    after = result.events[fault.seq:]
+    after = result.events[fault.seq :]
     dropped = {e["group_index"] for e in after if e.kind == ev.DROPPED and e["reason"] == "generate_error"}
     pending = {g for e in after if e.kind == ev.RUN_END for g in e["pending_groups"]}
     for gi in fault["lost_groups"]:
@@ -141,8 +149,9 @@ def test_a_dead_engine_fails_the_run_at_the_next_pause_and_keeps_finished_steps(
     assert dropped, "the one-step rollout drops a group whose request was lost (upstream skips a failed group)"
     trained = [e["rollout_id"] for e in result.events if e.kind == ev.TRAINED]
     assert [h["rollout_id"] for h in result.history] == trained and trained  # every finished step is kept
-    assert result.engine_stats["dead"].keys() == {1} and result.engine_stats["per_engine"][1]["lost"] == \
-        len(fault["lost"])
+    assert result.engine_stats["dead"].keys() == {1} and result.engine_stats["per_engine"][1]["lost"] == len(
+        fault["lost"]
+    )
     assert len(engine_pool().acquire(2)[0]) == 2  # the pool replaces the dead actor for later runs
 
 
@@ -153,8 +162,11 @@ def test_a_dead_engine_with_continue_finishes_on_the_live_engine(ray_cluster, mo
     assert len(result.history) == 4 and result.checks["complete"]
     assert not violations, "\n\n".join(v.format() for v in violations[:3])
     _lost_and_where_they_went(result)
-    loads_after = [e for e in result.events if e.kind == ev.ENGINE_LOADED and e.seq > next(
-        f.seq for f in result.events if f.kind == ev.FAULT)]
+    loads_after = [
+        e
+        for e in result.events
+        if e.kind == ev.ENGINE_LOADED and e.seq > next(f.seq for f in result.events if f.kind == ev.FAULT)
+    ]
     assert loads_after and {e["engine"] for e in loads_after} == {0}
 
 

@@ -103,8 +103,11 @@ def test_a_split_runs_child_clock_is_checked_and_aligned() -> None:
     assert violations == [] and engines
     assert engines[0].clock_shared is True and engines[0].child_offset_s == 0.0
     events = result.events
-    syncs = [(e.t, events[i + 1:]) for i, e in enumerate(events)
-             if e.kind == ev.PHASE_START and e["side"] == "train" and e["phase"] == "weight_sync"]
+    syncs = [
+        (e.t, events[i + 1 :])
+        for i, e in enumerate(events)
+        if e.kind == ev.PHASE_START and e["side"] == "train" and e["phase"] == "weight_sync"
+    ]
     assert len(syncs) == 4 + 1  # the initial load and one per step
     for t0, rest in syncs:
         end = next(e for e in rest if e.kind == ev.PHASE_END and e["phase"] == "weight_sync")
@@ -135,21 +138,26 @@ def _trace(rows: list[tuple[float, str, dict]]) -> list[Event]:
 
 
 def _training(t0: float, t1: float) -> list[tuple[float, str, dict]]:
-    return [(t0, ev.PHASE_START, {"side": "train", "phase": "training"}),
-            (t1, ev.PHASE_END, {"side": "train", "phase": "training"})]
+    return [
+        (t0, ev.PHASE_START, {"side": "train", "phase": "training"}),
+        (t1, ev.PHASE_END, {"side": "train", "phase": "training"}),
+    ]
 
 
 def _decode(t: float, dur: float) -> tuple[float, str, dict]:
     return (t, ev.DECODE_STEP, {"indices": [0], "version": 1, "dur_s": dur})
 
 
-@pytest.mark.parametrize("step,caught", [
-    ((1.0, 0.5), False),  # ends before training starts at 2.0
-    ((2.0, 1.0), False),  # ends exactly as training starts
-    ((2.1, 0.2), True),  # ends inside training
-    ((5.0, 4.0), True),  # spans the whole training interval
-    ((4.5, 0.5), False),  # starts exactly as training ends at 4.0
-])
+@pytest.mark.parametrize(
+    "step,caught",
+    [
+        ((1.0, 0.5), False),  # ends before training starts at 2.0
+        ((2.0, 1.0), False),  # ends exactly as training starts
+        ((2.1, 0.2), True),  # ends inside training
+        ((5.0, 4.0), True),  # spans the whole training interval
+        ((4.5, 0.5), False),  # starts exactly as training ends at 4.0
+    ],
+)
 def test_no_decode_while_training_compares_times_not_trace_order(step: tuple[float, float], caught: bool) -> None:
     # the decode step is recorded after training in trace order: only its times decide
     events = _trace(_training(2.0, 4.0) + [_decode(*step)])
@@ -160,7 +168,11 @@ def test_no_decode_while_training_compares_times_not_trace_order(step: tuple[flo
 
 
 def test_a_decode_step_between_pause_and_resume_is_generation_while_paused() -> None:
-    rows = [(0.0, ev.ENGINE_PAUSE, {"mode": "retract", "in_flight": 1}), _decode(0.5, 0.1),
-            (1.0, ev.ENGINE_RESUME, {}), _decode(1.5, 0.1)]
+    rows = [
+        (0.0, ev.ENGINE_PAUSE, {"mode": "retract", "in_flight": 1}),
+        _decode(0.5, 0.1),
+        (1.0, ev.ENGINE_RESUME, {}),
+        _decode(1.5, 0.1),
+    ]
     found: list[Violation] = check_no_generation_while_paused(_trace(rows), AsyncConfig())
     assert [(v.invariant, v.events[-1].t) for v in found] == [("no_generation_while_paused", 0.5)]

@@ -38,7 +38,8 @@ def fresh_sample(case: dict, index: int = 0) -> Sample:
 def apply_case(case: dict, sample: Sample | None = None) -> Sample:
     adapter = case["adapter"]
     return apply_generate_output(
-        sample or fresh_sample(case), case["output"],
+        sample or fresh_sample(case),
+        case["output"],
         engine_version_at_submit=adapter["engine_version_at_submit"],
         updates=[UpdateRecord(**u) for u in adapter["updates"]],
         initial_version=adapter["initial_version"],
@@ -47,8 +48,14 @@ def apply_case(case: dict, sample: Sample | None = None) -> Sample:
 
 # --- translation layer --------------------------------------------------------------------------
 def test_every_hand_written_case_is_covered():
-    assert set(CASES) >= {"completed", "truncated", "aborted_mid_pause", "retract_across_update",
-                          "in_place_across_update", "default_initial_version"}
+    assert set(CASES) >= {
+        "completed",
+        "truncated",
+        "aborted_mid_pause",
+        "retract_across_update",
+        "in_place_across_update",
+        "default_initial_version",
+    }
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -84,8 +91,9 @@ def test_a_request_spanning_a_retract_update_looks_fresh_to_miles_but_not_per_to
 
 def test_an_update_the_adapter_did_not_record_makes_the_split_inexact():
     case = load("in_place_across_update")
-    sample = apply_generate_output(fresh_sample(case), case["output"], engine_version_at_submit=1,
-                                   updates=[], initial_version=0)
+    sample = apply_generate_output(
+        fresh_sample(case), case["output"], engine_version_at_submit=1, updates=[], initial_version=0
+    )
     assert sample.metadata["token_versions_exact"] is False
     assert sample.token_versions.to_json() == [[1, 1, 4], [2, 2, 3]]
 
@@ -127,11 +135,14 @@ def test_an_output_without_log_probs_is_refused():
         apply_case(case)
 
 
-@pytest.mark.parametrize("reason, status", [
-    ({"type": "stop", "matched": 2}, Status.COMPLETED),
-    ({"type": "length", "length": 8}, Status.TRUNCATED),
-    ({"type": "abort", "message": "Aborted"}, Status.ABORTED),
-])
+@pytest.mark.parametrize(
+    "reason, status",
+    [
+        ({"type": "stop", "matched": 2}, Status.COMPLETED),
+        ({"type": "length", "length": 8}, Status.TRUNCATED),
+        ({"type": "abort", "message": "Aborted"}, Status.ABORTED),
+    ],
+)
 def test_finish_reason_type_maps_to_status(reason, status):
     assert status_from_finish_reason(reason) == status
 
@@ -152,8 +163,12 @@ def test_generate_request_sends_token_ids_with_log_probs_and_the_remaining_budge
     request = build_generate_request(sample, SamplingParams(max_new_tokens=6, temperature=0.7), rid="r")
     assert request == {
         "input_ids": [1, 2, 3, 4, 5],
-        "sampling_params": {"max_new_tokens": 4, "temperature": 0.7, "skip_special_tokens": False,
-                            "no_stop_trim": True},
+        "sampling_params": {
+            "max_new_tokens": 4,
+            "temperature": 0.7,
+            "skip_special_tokens": False,
+            "no_stop_trim": True,
+        },
         "return_logprob": True,
         "rid": "r",
     }
@@ -161,19 +176,23 @@ def test_generate_request_sends_token_ids_with_log_probs_and_the_remaining_budge
 
 def test_sampling_overrides_add_sglang_parameters_but_not_the_owned_ones():
     sample = Sample(prompt_tokens=[1])
-    request = build_generate_request(sample, SamplingParams(max_new_tokens=3),
-                                     sampling_overrides={"ignore_eos": True, "stop_token_ids": [2]})
+    request = build_generate_request(
+        sample, SamplingParams(max_new_tokens=3), sampling_overrides={"ignore_eos": True, "stop_token_ids": [2]}
+    )
     assert request["sampling_params"]["ignore_eos"] is True
     assert request["sampling_params"]["stop_token_ids"] == [2]
     with pytest.raises(ConfigError, match=r"sampling_overrides sets \['temperature'\]"):
         build_generate_request(sample, SamplingParams(), sampling_overrides={"temperature": 0.0})
 
 
-@pytest.mark.parametrize("sample, sampling, field", [
-    (Sample(prompt_tokens=[]), SamplingParams(), "prompt_tokens"),
-    (Sample(prompt_tokens=[1], response_tokens=[2, 3]), SamplingParams(max_new_tokens=2), "max_new_tokens=2"),
-    (Sample(prompt_tokens=[1]), SamplingParams(temperature=-1.0), "temperature=-1.0"),
-])
+@pytest.mark.parametrize(
+    "sample, sampling, field",
+    [
+        (Sample(prompt_tokens=[]), SamplingParams(), "prompt_tokens"),
+        (Sample(prompt_tokens=[1], response_tokens=[2, 3]), SamplingParams(max_new_tokens=2), "max_new_tokens=2"),
+        (Sample(prompt_tokens=[1]), SamplingParams(temperature=-1.0), "temperature=-1.0"),
+    ],
+)
 def test_a_bad_request_raises_a_config_error_naming_the_field(sample, sampling, field):
     with pytest.raises(ConfigError, match=field) as info:
         build_generate_request(sample, sampling)
@@ -243,8 +262,10 @@ class FakeEngine:
 def fake_io_struct():
     def request(**fields):
         return SimpleNamespace(**fields)
-    return SimpleNamespace(PauseGenerationReqInput=request, ContinueGenerationReqInput=request,
-                           UpdateWeightsFromTensorReqInput=request)
+
+    return SimpleNamespace(
+        PauseGenerationReqInput=request, ContinueGenerationReqInput=request, UpdateWeightsFromTensorReqInput=request
+    )
 
 
 class RecordingSink:
@@ -412,8 +433,14 @@ def test_abort_requests_sends_abort_all_and_returns_when_every_call_came_back_ab
     for s in samples:
         assert s.status is Status.ABORTED and s.response_tokens == case["output"]["output_ids"]  # partial output
         assert s.token_versions.to_json() == case["expected"]["token_versions"]
-    assert [kind for kind, _ in sink.events] == ["submitted", "submitted", "engine_pause", "finished", "finished",
-                                                "engine_resume"]
+    assert [kind for kind, _ in sink.events] == [
+        "submitted",
+        "submitted",
+        "engine_pause",
+        "finished",
+        "finished",
+        "engine_resume",
+    ]
     assert sink.events[2][1] == {"mode": "abort", "in_flight": 2}
 
 

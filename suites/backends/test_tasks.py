@@ -64,14 +64,17 @@ def test_arithmetic_reward_checks_the_last_integer_of_the_response():
         a, b = map(int, s.prompt.removeprefix("What is ").removesuffix("? Answer:").split("+"))
         assert s.label == str(a + b) and 0 <= a <= 9 and 0 <= b <= 9
     s = prompts[0]
-    scored = [Sample(label=s.label, response_tokens=task.tokenizer.encode(text))
-              for text in (f" {s.label}.", f"1 + 2 = {s.label}", f" {s.label}0", " no idea", f"{s.label} or 1")]
+    scored = [
+        Sample(label=s.label, response_tokens=task.tokenizer.encode(text))
+        for text in (f" {s.label}.", f"1 + 2 = {s.label}", f" {s.label}0", " no idea", f"{s.label} or 1")
+    ]
     assert [task.reward(x) for x in scored] == [1.0, 1.0, 0.0, 0.0, 0.0]
 
 
 def test_make_groups_gives_n_fresh_samples_per_prompt_with_running_indices():
-    groups = make_groups(CopyTask(), random.Random(0), rollout_batch_size=3, n_samples_per_prompt=2,
-                         first_index=10, first_group_index=4)
+    groups = make_groups(
+        CopyTask(), random.Random(0), rollout_batch_size=3, n_samples_per_prompt=2, first_index=10, first_group_index=4
+    )
     assert [[s.index for s in g] for g in groups] == [[10, 11], [12, 13], [14, 15]]
     assert [g[0].group_index for g in groups] == [4, 5, 6]
     assert all(g[0].prompt == g[1].prompt and g[0] is not g[1] for g in groups)

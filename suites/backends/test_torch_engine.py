@@ -186,7 +186,9 @@ def test_torch_engine_generates_pauses_updates_and_records_versions():
         model = TinyLM(CFG)
         engine = TorchEngine(EngineCore(model, max_running=4), seed=5)
         try:
-            first = await asyncio.gather(*[engine.generate(s, SamplingParams(max_new_tokens=6)) for s in make_samples(4)])
+            first = await asyncio.gather(
+                *[engine.generate(s, SamplingParams(max_new_tokens=6)) for s in make_samples(4)]
+            )
             await engine.pause_generation("abort")
             await engine.update_weights(1, perturbed(model, seed=2))
             await engine.continue_generation()
@@ -329,9 +331,16 @@ def hf_llama(*, n_kv_heads: int, fast_decode: bool):
     transformers = pytest.importorskip("transformers", reason="the HF wrapper needs transformers (model extra)")
     from harness.backends.torch_models import HFCausalLM
 
-    cfg = transformers.LlamaConfig(vocab_size=32, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=n_kv_heads,
-                                   max_position_embeddings=64, tie_word_embeddings=True)
+    cfg = transformers.LlamaConfig(
+        vocab_size=32,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=n_kv_heads,
+        max_position_embeddings=64,
+        tie_word_embeddings=True,
+    )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(4)
         return HFCausalLM(transformers.LlamaForCausalLM(cfg), fast_decode=fast_decode)
@@ -351,8 +360,10 @@ def test_hf_models_decode_like_their_own_full_forward_in_both_decode_paths(fast_
 
 def test_hf_model_retract_continues_under_the_new_weights():
     model = hf_llama(n_kv_heads=2, fast_decode=True)
-    new_weights = {k: v + 0.05 * torch.randn(v.shape, generator=torch.Generator().manual_seed(1))
-                   for k, v in model.weights_copy().items()}
+    new_weights = {
+        k: v + 0.05 * torch.randn(v.shape, generator=torch.Generator().manual_seed(1))
+        for k, v in model.weights_copy().items()
+    }
     core = EngineCore(model, max_running=2)
     core.add_request(0, PROMPTS[2], 8, 1.0, seed=7)
     for _ in range(3):

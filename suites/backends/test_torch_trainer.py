@@ -111,8 +111,13 @@ def test_train_runs_in_a_worker_thread_so_the_event_loop_keeps_turning():
 
     ticks, metrics = asyncio.run(main())
     assert ticks > 1 and metrics["train/rollout_id"] == 7.0
-    assert {"train/loss", "train/reward_mean", "train/train_rollout_logprob_abs_diff", "train/lr",
-            "train/grad_norm"} <= set(metrics)
+    assert {
+        "train/loss",
+        "train/reward_mean",
+        "train/train_rollout_logprob_abs_diff",
+        "train/lr",
+        "train/grad_norm",
+    } <= set(metrics)
 
 
 def test_bad_trainer_inputs_raise_clear_errors():

@@ -80,17 +80,26 @@ def run_hf_generate(hf, reqs: list[dict], eos: int | None) -> int:
     produced = 0
     torch.manual_seed(0)
     for lo in range(0, len(reqs), MAX_RUNNING):  # static batches in arrival order
-        batch = reqs[lo:lo + MAX_RUNNING]
+        batch = reqs[lo : lo + MAX_RUNNING]
         width = max(len(r["prompt"]) for r in batch)
         ids = torch.zeros(len(batch), width, dtype=torch.long)
         mask = torch.zeros(len(batch), width, dtype=torch.long)
         for row, r in enumerate(batch):  # left padding, as generate expects for decoder-only models
-            ids[row, width - len(r["prompt"]):] = torch.tensor(r["prompt"])
-            mask[row, width - len(r["prompt"]):] = 1
+            ids[row, width - len(r["prompt"]) :] = torch.tensor(r["prompt"])
+            mask[row, width - len(r["prompt"]) :] = 1
         longest = max(r["budget"] for r in batch)
         kw = {"eos_token_id": eos} if eos is not None else {"eos_token_id": None, "min_new_tokens": longest}
-        out = hf.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
-                          max_new_tokens=longest, pad_token_id=0, **kw)
+        out = hf.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=longest,
+            pad_token_id=0,
+            **kw,
+        )
         produced += sum(useful(out[row, width:].tolist(), r["budget"], eos) for row, r in enumerate(batch))
     return produced
 
@@ -108,9 +117,11 @@ def test_engine_continuous_batching_vs_hf_generate_useful_tokens_per_s(capsys):
     try:
         hf_model = build_hf_tiny_llama(CFG)
         mixes = {"mixed": (requests("mixed"), EOS), "uniform": (requests("uniform"), None)}
-        runners = {(mix, side): (lambda fn=fn, r=r, e=e: fn(hf_model if fn is run_engine else hf_model.hf, r, e))
-                   for mix, (r, e) in mixes.items()
-                   for side, fn in (("engine", run_engine), ("hf generate", run_hf_generate))}
+        runners = {
+            (mix, side): (lambda fn=fn, r=r, e=e: fn(hf_model if fn is run_engine else hf_model.hf, r, e))
+            for mix, (r, e) in mixes.items()
+            for side, fn in (("engine", run_engine), ("hf generate", run_hf_generate))
+        }
         walls: dict = {key: [] for key in runners}
         tokens: dict = {key: [] for key in runners}
         with torch.no_grad():
@@ -133,23 +144,49 @@ def test_engine_continuous_batching_vs_hf_generate_useful_tokens_per_s(capsys):
             assert all(0 < t <= budget for t in toks), (mix, side, toks)
             if eos is None:  # no EOS: every request decodes exactly its budget on both sides
                 assert toks == [budget] * ROUNDS, (mix, side, toks)
-            row[side] = {"useful_tokens": toks, "wall_s": w,
-                         "tokens_per_s_median": statistics.median(t / s for t, s in zip(toks, w))}
-        row["ratio_engine_over_hf_generate"] = (row["engine"]["tokens_per_s_median"]
-                                                / row["hf generate"]["tokens_per_s_median"])
+            row[side] = {
+                "useful_tokens": toks,
+                "wall_s": w,
+                "tokens_per_s_median": statistics.median(t / s for t, s in zip(toks, w)),
+            }
+        row["ratio_engine_over_hf_generate"] = (
+            row["engine"]["tokens_per_s_median"] / row["hf generate"]["tokens_per_s_median"]
+        )
         rows[mix] = row
     doc = {
         "schema_version": 2,
         "bench": "engine_throughput",
-        "machine": {**machine_info(), "platform": platform.platform(), "python": platform.python_version(),
-                    "torch": torch.__version__, "torch_threads": 1},
-        "git": git_info(), "recorded_utc": utc_now(),
-        "config": {"model": {"vocab_size": CFG.vocab_size, "d_model": CFG.d_model, "n_layers": CFG.n_layers,
-                             "n_heads": CFG.n_heads, "attn_impl": CFG.attn_impl, "dtype": CFG.dtype},
-                   "max_running": MAX_RUNNING, "eos_token_id": EOS, "rounds": ROUNDS,
-                   "mixes": {m: {"requests": len(r), "prompt_lens": [len(x["prompt"]) for x in r],
-                                 "budgets": [x["budget"] for x in r], "eos": e is not None}
-                             for m, (r, e) in mixes.items()}},
+        "machine": {
+            **machine_info(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "torch_threads": 1,
+        },
+        "git": git_info(),
+        "recorded_utc": utc_now(),
+        "config": {
+            "model": {
+                "vocab_size": CFG.vocab_size,
+                "d_model": CFG.d_model,
+                "n_layers": CFG.n_layers,
+                "n_heads": CFG.n_heads,
+                "attn_impl": CFG.attn_impl,
+                "dtype": CFG.dtype,
+            },
+            "max_running": MAX_RUNNING,
+            "eos_token_id": EOS,
+            "rounds": ROUNDS,
+            "mixes": {
+                m: {
+                    "requests": len(r),
+                    "prompt_lens": [len(x["prompt"]) for x in r],
+                    "budgets": [x["budget"] for x in r],
+                    "eos": e is not None,
+                }
+                for m, (r, e) in mixes.items()
+            },
+        },
         "rows": rows,
     }
     if os.environ.get("MILES_HARNESS_WRITE_RESULTS") == "1":
@@ -161,7 +198,9 @@ def test_engine_continuous_batching_vs_hf_generate_useful_tokens_per_s(capsys):
         for mix, row in rows.items():
             for side in ("engine", "hf generate"):
                 r = row[side]
-                print(f"{mix:<9}{side:<13}{statistics.median(r['useful_tokens']):>14.0f}"
-                      f"{statistics.median(r['wall_s']):>14.4f}{r['tokens_per_s_median']:>13.0f}")
+                print(
+                    f"{mix:<9}{side:<13}{statistics.median(r['useful_tokens']):>14.0f}"
+                    f"{statistics.median(r['wall_s']):>14.4f}{r['tokens_per_s_median']:>13.0f}"
+                )
             print(f"{mix:<9}ratio engine / hf generate = {row['ratio_engine_over_hf_generate']:.2f}x")
         print(json.dumps(doc))

@@ -70,8 +70,12 @@ def _timed(mode: str, base, spec: RunSpec, measure: bool) -> dict:
         assert r.events == [] and r.checks is None and r.gap_summary is None
     if measure:
         assert r.self_cost is not None and r.self_cost["calls"] > 0
-        return {"run_s": r.run_s, "after_s": call_s - r.run_s, "self_cost_share": r.self_cost["share_of_run"],
-                "run_cpu_s": r.run_cpu_s}
+        return {
+            "run_s": r.run_s,
+            "after_s": call_s - r.run_s,
+            "self_cost_share": r.self_cost["share_of_run"],
+            "run_cpu_s": r.run_cpu_s,
+        }
     return {"run_s": r.run_s, "after_s": call_s - r.run_s, "run_cpu_s": r.run_cpu_s}
 
 
@@ -94,36 +98,59 @@ def test_the_harness_measurement_costs_the_timed_run_little():
     rows = {}
     for mode, pairs in rounds.items():
         ratios = [p["ratio"] for p in pairs]
-        rows[mode] = {"rounds": pairs, "ratio_median": statistics.median(ratios), "ratio_min": min(ratios),
-                      "ratio_max": max(ratios),
-                      "measured_run_s_median": statistics.median(p["measured"]["run_s"] for p in pairs),
-                      "unmeasured_run_s_median": statistics.median(p["unmeasured"]["run_s"] for p in pairs),
-                      "after_s_median": statistics.median(p["measured"]["after_s"] for p in pairs),
-                      "self_cost_share_median": statistics.median(p["measured"]["self_cost_share"] for p in pairs)}
+        rows[mode] = {
+            "rounds": pairs,
+            "ratio_median": statistics.median(ratios),
+            "ratio_min": min(ratios),
+            "ratio_max": max(ratios),
+            "measured_run_s_median": statistics.median(p["measured"]["run_s"] for p in pairs),
+            "unmeasured_run_s_median": statistics.median(p["unmeasured"]["run_s"] for p in pairs),
+            "after_s_median": statistics.median(p["measured"]["after_s"] for p in pairs),
+            "self_cost_share_median": statistics.median(p["measured"]["self_cost_share"] for p in pairs),
+        }
         cpu = [p for p in pairs if "cpu_ratio" in p]
         if cpu:
             extra = [p["extra_cpu_share_of_wall"] for p in cpu]
-            rows[mode].update(cpu_ratio_median=statistics.median(p["cpu_ratio"] for p in cpu),
-                              cpu_ratio_min=min(p["cpu_ratio"] for p in cpu),
-                              cpu_ratio_max=max(p["cpu_ratio"] for p in cpu),
-                              extra_cpu_share_of_wall_median=statistics.median(extra),
-                              extra_cpu_share_of_wall_min=min(extra), extra_cpu_share_of_wall_max=max(extra))
-    report = {"bench": "measurement_cost", "steps": STEPS, "rounds": ROUNDS, "spec": spec.__dict__,
-              "miles_args": DEFAULT_MILES_ARGS,
-              "measured": "trace + age observer + gap decomposition (replayed after t1) + invariant checkers",
-              "rows": rows}
+            rows[mode].update(
+                cpu_ratio_median=statistics.median(p["cpu_ratio"] for p in cpu),
+                cpu_ratio_min=min(p["cpu_ratio"] for p in cpu),
+                cpu_ratio_max=max(p["cpu_ratio"] for p in cpu),
+                extra_cpu_share_of_wall_median=statistics.median(extra),
+                extra_cpu_share_of_wall_min=min(extra),
+                extra_cpu_share_of_wall_max=max(extra),
+            )
+    report = {
+        "bench": "measurement_cost",
+        "steps": STEPS,
+        "rounds": ROUNDS,
+        "spec": spec.__dict__,
+        "miles_args": DEFAULT_MILES_ARGS,
+        "measured": "trace + age observer + gap decomposition (replayed after t1) + invariant checkers",
+        "rows": rows,
+    }
     if os.environ.get("MILES_HARNESS_WRITE_RESULTS") == "1":
         git = git_info()
-        report.update(created_utc=utc_now(), git_commit=git["commit"] if git else None,
-                      git_dirty=git["dirty"] if git else None, machine=machine_info())
+        report.update(
+            created_utc=utc_now(),
+            git_commit=git["commit"] if git else None,
+            git_dirty=git["dirty"] if git else None,
+            machine=machine_info(),
+        )
         RESULT_PATH.parent.mkdir(parents=True, exist_ok=True)
         RESULT_PATH.write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
-    print(f"\n{'mode':<10}{'measured run_s':>16}{'unmeasured run_s':>18}{'cost ratio (min-max)':>26}"
-          f"{'after t1 s':>12}{'in-run recording':>18}{'CPU ratio (min-max)':>24}")
+    print(
+        f"\n{'mode':<10}{'measured run_s':>16}{'unmeasured run_s':>18}{'cost ratio (min-max)':>26}"
+        f"{'after t1 s':>12}{'in-run recording':>18}{'CPU ratio (min-max)':>24}"
+    )
     for mode, row in rows.items():
-        print(f"{mode:<10}{row['measured_run_s_median']:>16.2f}{row['unmeasured_run_s_median']:>18.2f}"
-              f"{row['ratio_median']:>11.3f} ({row['ratio_min']:.3f}-{row['ratio_max']:.3f})"
-              f"{row['after_s_median']:>12.2f}{100 * row['self_cost_share_median']:>17.2f}%"
-              + (f"{row['cpu_ratio_median']:>11.3f} ({row['cpu_ratio_min']:.3f}-{row['cpu_ratio_max']:.3f})"
-                 if "cpu_ratio_median" in row else ""))
+        print(
+            f"{mode:<10}{row['measured_run_s_median']:>16.2f}{row['unmeasured_run_s_median']:>18.2f}"
+            f"{row['ratio_median']:>11.3f} ({row['ratio_min']:.3f}-{row['ratio_max']:.3f})"
+            f"{row['after_s_median']:>12.2f}{100 * row['self_cost_share_median']:>17.2f}%"
+            + (
+                f"{row['cpu_ratio_median']:>11.3f} ({row['cpu_ratio_min']:.3f}-{row['cpu_ratio_max']:.3f})"
+                if "cpu_ratio_median" in row
+                else ""
+            )
+        )
     print(json.dumps(report))

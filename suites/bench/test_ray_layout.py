@@ -63,9 +63,16 @@ def measure(name: str, overrides: dict) -> dict:
     engines = per_engine_rows(r.events, r.window)
     tokens = sum(len(e["indices"]) for e in r.events if e.kind == "decode_step" and r.window[0] <= e.t <= r.window[1])
     wall = r.overlap["wall_s"]
-    row = {"run_s": r.run_s, "wall_s": wall, "step_s": wall / len(r.history), "rollout_tokens": tokens,
-           "rollout_tokens_per_s": tokens / wall, "rollout_busy_s": r.overlap["rollout_busy_s"],
-           "both_busy_fraction": r.overlap["both_busy_fraction"], "per_engine": engines}
+    row = {
+        "run_s": r.run_s,
+        "wall_s": wall,
+        "step_s": wall / len(r.history),
+        "rollout_tokens": tokens,
+        "rollout_tokens_per_s": tokens / wall,
+        "rollout_busy_s": r.overlap["rollout_busy_s"],
+        "both_busy_fraction": r.overlap["both_busy_fraction"],
+        "per_engine": engines,
+    }
     if r.engine_stats is not None:
         sync = r.engine_stats["sync_s"][1:]  # the first update also warms the object store
         row["startup"] = r.engine_stats["startup"]
@@ -95,7 +102,7 @@ def broadcast_times(rounds: int = BROADCAST_ROUNDS) -> tuple[dict[str, list[floa
         await group.pause_generation("retract")
         version = 0
         for r in range(rounds + 1):  # round 0 warms both paths up and is not kept
-            for method in (BROADCASTS if r % 2 else BROADCASTS[::-1]):
+            for method in BROADCASTS if r % 2 else BROADCASTS[::-1]:
                 group.broadcast = method
                 version += 1
                 await group.update_weights(version, weights)
@@ -119,24 +126,42 @@ def test_ray_layout_engines_and_broadcast_ratios(ray_cluster, capsys) -> None:
         "two_over_one_engine_rollout_tokens_per_s": two["rollout_tokens_per_s"] / one["rollout_tokens_per_s"],
         "ray_1_engine_over_split_step_time": one["step_s"] / split["step_s"],
         "ray_2_engines_over_split_step_time": two["step_s"] / split["step_s"],
-        "per_engine_over_put_once_update_time_in_runs": (rows["ray_2_engines_per_engine"]["update_total_s_median"]
-                                                         / two["update_total_s_median"]),
-        "per_engine_over_put_once_broadcast_alone": (statistics.median(broadcast["per_engine"])
-                                                     / statistics.median(broadcast["put_once"])),
+        "per_engine_over_put_once_update_time_in_runs": (
+            rows["ray_2_engines_per_engine"]["update_total_s_median"] / two["update_total_s_median"]
+        ),
+        "per_engine_over_put_once_broadcast_alone": (
+            statistics.median(broadcast["per_engine"]) / statistics.median(broadcast["put_once"])
+        ),
     }
     assert all(math.isfinite(v) and v > 0 for v in ratios.values()), ratios
     doc = {
-        "schema_version": 1, "bench": "ray_layout",
+        "schema_version": 1,
+        "bench": "ray_layout",
         "machine": {**machine_info(), "platform": platform.platform(), "python": platform.python_version()},
-        "git": git_info(), "recorded_utc": utc_now(),
-        "config": {"mode": MODE, "steps": STEPS, "rollout_batch_size": BASE.rollout_batch_size,
-                   "n_samples_per_prompt": BASE.n_samples_per_prompt, "spec": {k: v for k, v in vars(
-                       RunSpec(steps=STEPS)).items() if k in ("model", "task", "tiny_d_model", "tiny_layers",
-                                                                "max_running", "threads", "seed")},
-                   "runs": RUNS, "cluster": ray_cluster},
-        "rows": rows, "ratios": ratios,
-        "broadcast_alone": {"engines": 2, "parameters": n_params, "rounds": BROADCAST_ROUNDS, "seconds": broadcast,
-                            "median_s": {k: statistics.median(v) for k, v in broadcast.items()}},
+        "git": git_info(),
+        "recorded_utc": utc_now(),
+        "config": {
+            "mode": MODE,
+            "steps": STEPS,
+            "rollout_batch_size": BASE.rollout_batch_size,
+            "n_samples_per_prompt": BASE.n_samples_per_prompt,
+            "spec": {
+                k: v
+                for k, v in vars(RunSpec(steps=STEPS)).items()
+                if k in ("model", "task", "tiny_d_model", "tiny_layers", "max_running", "threads", "seed")
+            },
+            "runs": RUNS,
+            "cluster": ray_cluster,
+        },
+        "rows": rows,
+        "ratios": ratios,
+        "broadcast_alone": {
+            "engines": 2,
+            "parameters": n_params,
+            "rounds": BROADCAST_ROUNDS,
+            "seconds": broadcast,
+            "median_s": {k: statistics.median(v) for k, v in broadcast.items()},
+        },
         "note": "one run each on a shared 2-core machine: engines, trainer and driver contend for two cores",
     }
     if os.environ.get("MILES_HARNESS_WRITE_RESULTS") == "1":
@@ -146,10 +171,14 @@ def test_ray_layout_engines_and_broadcast_ratios(ray_cluster, capsys) -> None:
     with capsys.disabled():
         print(f"\n{'run':<26}{'step s':>8}{'rollout tok/s':>14}{'update s':>10}{'both busy':>10}")
         for name, r in rows.items():
-            print(f"{name:<26}{r['step_s']:>8.3f}{r['rollout_tokens_per_s']:>14.0f}"
-                  f"{r['update_total_s_median']:>10.4f}{r['both_busy_fraction']:>10.1%}")
-        print("broadcast alone, 2 engines, median s: " + ", ".join(
-            f"{k} {statistics.median(v):.4f}" for k, v in broadcast.items()))
+            print(
+                f"{name:<26}{r['step_s']:>8.3f}{r['rollout_tokens_per_s']:>14.0f}"
+                f"{r['update_total_s_median']:>10.4f}{r['both_busy_fraction']:>10.1%}"
+            )
+        print(
+            "broadcast alone, 2 engines, median s: "
+            + ", ".join(f"{k} {statistics.median(v):.4f}" for k, v in broadcast.items())
+        )
         for k, v in ratios.items():
             print(f"{k} = {v:.2f}")
         print(json.dumps(doc))

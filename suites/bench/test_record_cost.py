@@ -102,6 +102,7 @@ def test_recorder_share_of_step_time_and_bytes_per_sample(miles_src, monkeypatch
         out = (ends[-1] - ends[0]) / (len(ends) - 1)
         ends.clear()
         return out
+
     # the first run in a process pays for imports and first calls: one run before the pairs, not counted
     assert run_upstream_e2e(cfg, miles_src=str(miles_src)).steps_trained == STEPS
     ends.clear()
@@ -119,12 +120,16 @@ def test_recorder_share_of_step_time_and_bytes_per_sample(miles_src, monkeypatch
             rec = run_recorded(cfg, directory, miles_src=str(miles_src))
             assert rec.e2e.steps_trained == STEPS, rec.e2e.error
             framework = sorted(directory.glob("rollout-*.jsonl"))
-            row.update(step_s_with=step_s(), run_s_with=rec.e2e.wall_s, recorder_wall_s_per_step=spent[0] / STEPS,
-                       recorder_cpu_s_per_step=spent[1] / STEPS,
-                       framework_events=sum(1 for p in framework for _ in p.open()) - len(framework),
-                       samples_trained=sum(e.fields.get("samples", 0) for e in rec.merged.events
-                                           if e.kind == "trained"),
-                       framework_bytes=sum(p.stat().st_size for p in framework), all_bytes=rec.merged.bytes_total)
+            row.update(
+                step_s_with=step_s(),
+                run_s_with=rec.e2e.wall_s,
+                recorder_wall_s_per_step=spent[0] / STEPS,
+                recorder_cpu_s_per_step=spent[1] / STEPS,
+                framework_events=sum(1 for p in framework for _ in p.open()) - len(framework),
+                samples_trained=sum(e.fields.get("samples", 0) for e in rec.merged.events if e.kind == "trained"),
+                framework_bytes=sum(p.stat().st_size for p in framework),
+                all_bytes=rec.merged.bytes_total,
+            )
             shutil.rmtree(directory, ignore_errors=True)
         row["ratio"] = row["step_s_with"] / row["step_s_without"]
         row["run_ratio"] = row["run_s_with"] / row["run_s_without"]
@@ -134,20 +139,34 @@ def test_recorder_share_of_step_time_and_bytes_per_sample(miles_src, monkeypatch
     per_event = _isolated_emit_cost(writer, real_emit)
     cpu_share = statistics.median(r["recorder_cpu_s_per_step"] / r["step_s_with"] for r in rows)
     doc = {
-        "schema_version": 2, "bench": "record_cost", "utc": utc_now(), "git": git_info(), "machine": machine_info(),
-        "python": platform.python_version(), "torch": torch.__version__,
+        "schema_version": 2,
+        "bench": "record_cost",
+        "utc": utc_now(),
+        "git": git_info(),
+        "machine": machine_info(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
         "command": "MILES_HARNESS_WRITE_RESULTS=1 pytest -m bench suites/bench/test_record_cost.py",
-        "config": {"run": cfg.name, "steps": STEPS, "pairs": ROUNDS, "servers": cfg.servers,
-                   "rollout_batch_size": cfg.rollout_batch_size, "n_samples_per_prompt": cfg.n_samples_per_prompt},
+        "config": {
+            "run": cfg.name,
+            "steps": STEPS,
+            "pairs": ROUNDS,
+            "servers": cfg.servers,
+            "rollout_batch_size": cfg.rollout_batch_size,
+            "n_samples_per_prompt": cfg.n_samples_per_prompt,
+        },
         "samples": rows,
-        "median_step_s_without": med["step_s_without"], "median_step_s_with": med["step_s_with"],
+        "median_step_s_without": med["step_s_without"],
+        "median_step_s_with": med["step_s_with"],
         "step_time_ratio_median": statistics.median(ratios),
-        "step_time_ratio_min": min(ratios), "step_time_ratio_max": max(ratios),
+        "step_time_ratio_min": min(ratios),
+        "step_time_ratio_max": max(ratios),
         "step_time_ratio_quartiles": statistics.quantiles(ratios, n=4),
         "run_time_ratio_median": statistics.median(r["run_ratio"] for r in rows),
         "recorder_cpu_share_of_step": cpu_share,
-        "recorder_wall_share_of_step": statistics.median(r["recorder_wall_s_per_step"] / r["step_s_with"]
-                                                         for r in rows),
+        "recorder_wall_share_of_step": statistics.median(
+            r["recorder_wall_s_per_step"] / r["step_s_with"] for r in rows
+        ),
         "framework_events_per_step": med["framework_events"] / STEPS,
         "isolated_emit_s": per_event,
         "isolated_share_of_step": per_event * med["framework_events"] / STEPS / med["step_s_with"],
@@ -156,16 +175,24 @@ def test_recorder_share_of_step_time_and_bytes_per_sample(miles_src, monkeypatch
     }
     print(f"\nrecorder cost ({cfg.name}, {STEPS} steps, {ROUNDS} pairs, order alternating)")
     print("  per-pair step time ratio with/without: " + " ".join(f"{x:.3f}" for x in ratios))
-    print(f"  median {doc['step_time_ratio_median']:.3f}, quartiles "
-          f"{' / '.join(f'{q:.3f}' for q in doc['step_time_ratio_quartiles'])}, range {min(ratios):.3f} .. "
-          f"{max(ratios):.3f} (step time without {doc['median_step_s_without']:.3f} s, with "
-          f"{doc['median_step_s_with']:.3f} s); whole runs: median ratio {doc['run_time_ratio_median']:.3f}")
-    print(f"  recorder's CPU time: {med['recorder_cpu_s_per_step'] * 1e3:.2f} ms/step = {100 * cpu_share:.3f} % of a "
-          f"step; wall time inside the writes (GIL waits included) {100 * doc['recorder_wall_share_of_step']:.2f} %")
-    print(f"  one event written alone: {per_event * 1e6:.1f} us; x {doc['framework_events_per_step']:.0f} events/step "
-          f"= {100 * doc['isolated_share_of_step']:.3f} % of a step")
-    print(f"  bytes per trained sample: framework {doc['framework_bytes_per_trained_sample']:.0f}, "
-          f"with server traces {doc['all_bytes_per_trained_sample']:.0f}")
+    print(
+        f"  median {doc['step_time_ratio_median']:.3f}, quartiles "
+        f"{' / '.join(f'{q:.3f}' for q in doc['step_time_ratio_quartiles'])}, range {min(ratios):.3f} .. "
+        f"{max(ratios):.3f} (step time without {doc['median_step_s_without']:.3f} s, with "
+        f"{doc['median_step_s_with']:.3f} s); whole runs: median ratio {doc['run_time_ratio_median']:.3f}"
+    )
+    print(
+        f"  recorder's CPU time: {med['recorder_cpu_s_per_step'] * 1e3:.2f} ms/step = {100 * cpu_share:.3f} % of a "
+        f"step; wall time inside the writes (GIL waits included) {100 * doc['recorder_wall_share_of_step']:.2f} %"
+    )
+    print(
+        f"  one event written alone: {per_event * 1e6:.1f} us; x {doc['framework_events_per_step']:.0f} events/step "
+        f"= {100 * doc['isolated_share_of_step']:.3f} % of a step"
+    )
+    print(
+        f"  bytes per trained sample: framework {doc['framework_bytes_per_trained_sample']:.0f}, "
+        f"with server traces {doc['all_bytes_per_trained_sample']:.0f}"
+    )
     if os.environ.get("MILES_HARNESS_WRITE_RESULTS") == "1":
         out = ROOT / "results" / "bench" / "record_cost.json"
         out.write_text(json.dumps(doc, indent=1) + "\n")

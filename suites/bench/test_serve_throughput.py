@@ -54,8 +54,9 @@ def body(i: int, stream: bool, new_tokens: int = NEW_TOKENS, stop: bool = False)
     return {"input_ids": PROMPT, "stream": stream, "sampling_params": params}
 
 
-async def http_round(url: str, stream: bool, concurrent: int = CONCURRENT, new_tokens: int = NEW_TOKENS,
-                     stop: bool = False) -> int:
+async def http_round(
+    url: str, stream: bool, concurrent: int = CONCURRENT, new_tokens: int = NEW_TOKENS, stop: bool = False
+) -> int:
     async def one(c: httpx.AsyncClient, i: int) -> int:
         if not stream:
             r = await c.post("/generate", json=body(i, False, new_tokens, stop))
@@ -69,7 +70,7 @@ async def http_round(url: str, stream: bool, concurrent: int = CONCURRENT, new_t
                 elif line.startswith("data: "):
                     last = line
         assert done and last is not None
-        return json.loads(last[len("data: "):])["meta_info"]["completion_tokens"]
+        return json.loads(last[len("data: ") :])["meta_info"]["completion_tokens"]
 
     limits = httpx.Limits(max_connections=concurrent)
     async with httpx.AsyncClient(base_url=url, timeout=300, limits=limits) as c:
@@ -95,13 +96,19 @@ def test_serve_throughput_streaming_and_not(one_torch_thread):
     cpu: dict[str, list[float]] = {}
     short, long = CONCURRENT * NEW_TOKENS, LONG_CONCURRENT * LONG_TOKENS
     with serve_in_thread("tiny", eos_token_id=None, max_running=CONCURRENT) as served:
-        ways = {"direct": (lambda: direct_round(core), short),
-                "http": (lambda: asyncio.run(http_round(served.url, False)), short),
-                "http_stream": (lambda: asyncio.run(http_round(served.url, True)), short),
-                "long_http_stop": (lambda: asyncio.run(http_round(served.url, False, LONG_CONCURRENT, LONG_TOKENS,
-                                                                  True)), long),
-                "long_http_stream_stop": (lambda: asyncio.run(http_round(served.url, True, LONG_CONCURRENT,
-                                                                         LONG_TOKENS, True)), long)}
+        ways = {
+            "direct": (lambda: direct_round(core), short),
+            "http": (lambda: asyncio.run(http_round(served.url, False)), short),
+            "http_stream": (lambda: asyncio.run(http_round(served.url, True)), short),
+            "long_http_stop": (
+                lambda: asyncio.run(http_round(served.url, False, LONG_CONCURRENT, LONG_TOKENS, True)),
+                long,
+            ),
+            "long_http_stream_stop": (
+                lambda: asyncio.run(http_round(served.url, True, LONG_CONCURRENT, LONG_TOKENS, True)),
+                long,
+            ),
+        }
         for fn, expected in ways.values():  # warm-up
             assert fn() == expected
         for _ in range(ROUNDS):
@@ -113,21 +120,40 @@ def test_serve_throughput_streaming_and_not(one_torch_thread):
                 assert tokens == expected
     med = {k: statistics.median(v) for k, v in samples.items()}
     med_cpu = {k: statistics.median(v) for k, v in cpu.items()}
-    ratios = {"http_stream_over_http": med["http_stream"] / med["http"], "http_over_direct": med["http"] / med["direct"],
-              "http_stream_over_direct": med["http_stream"] / med["direct"],
-              "cpu_http_stream_over_http": med_cpu["http_stream"] / med_cpu["http"],
-              "cpu_http_over_direct": med_cpu["http"] / med_cpu["direct"]}
-    print(f"\n{CONCURRENT} x {NEW_TOKENS} tokens ({LONG_CONCURRENT} x {LONG_TOKENS} for long_*), {ROUNDS} rounds, "
-          "median tokens/s (wall) and tokens per CPU second")
+    ratios = {
+        "http_stream_over_http": med["http_stream"] / med["http"],
+        "http_over_direct": med["http"] / med["direct"],
+        "http_stream_over_direct": med["http_stream"] / med["direct"],
+        "cpu_http_stream_over_http": med_cpu["http_stream"] / med_cpu["http"],
+        "cpu_http_over_direct": med_cpu["http"] / med_cpu["direct"],
+    }
+    print(
+        f"\n{CONCURRENT} x {NEW_TOKENS} tokens ({LONG_CONCURRENT} x {LONG_TOKENS} for long_*), {ROUNDS} rounds, "
+        "median tokens/s (wall) and tokens per CPU second"
+    )
     for name, value in med.items():
-        print(f"  {name:<22} {value:8.0f} tok/s {med_cpu[name]:8.0f} tok/cpu-s   "
-              f"(rounds: {', '.join(f'{s:.0f}' for s in samples[name])})")
+        print(
+            f"  {name:<22} {value:8.0f} tok/s {med_cpu[name]:8.0f} tok/cpu-s   "
+            f"(rounds: {', '.join(f'{s:.0f}' for s in samples[name])})"
+        )
     for name, value in ratios.items():
         print(f"  {name:<26} {value:6.3f}")
-    doc = {"name": "serve_throughput", "when": utc_now(), "git": git_info(), "machine": machine_info(),
-           "concurrent": CONCURRENT, "new_tokens": NEW_TOKENS, "long_concurrent": LONG_CONCURRENT,
-           "long_tokens": LONG_TOKENS, "rounds": ROUNDS, "tokens_per_s": samples, "tokens_per_cpu_s": cpu,
-           "median_tokens_per_s": med, "median_tokens_per_cpu_s": med_cpu, "ratios": ratios}
+    doc = {
+        "name": "serve_throughput",
+        "when": utc_now(),
+        "git": git_info(),
+        "machine": machine_info(),
+        "concurrent": CONCURRENT,
+        "new_tokens": NEW_TOKENS,
+        "long_concurrent": LONG_CONCURRENT,
+        "long_tokens": LONG_TOKENS,
+        "rounds": ROUNDS,
+        "tokens_per_s": samples,
+        "tokens_per_cpu_s": cpu,
+        "median_tokens_per_s": med,
+        "median_tokens_per_cpu_s": med_cpu,
+        "ratios": ratios,
+    }
     if os.environ.get("MILES_HARNESS_WRITE_RESULTS") == "1":
         out = ROOT / "results" / "bench" / "serve_throughput.json"
         out.parent.mkdir(parents=True, exist_ok=True)

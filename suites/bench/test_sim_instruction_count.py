@@ -35,15 +35,21 @@ PLAUSIBLE = (3_000.0, 3_000_000.0)
 
 def test_instructions_per_simulated_sample_are_measured():
     if shutil.which("valgrind") is None:
-        pytest.skip("valgrind is not on PATH (the count runs the simulation under cachegrind); "
-                    "fix: apt install valgrind")
+        pytest.skip(
+            "valgrind is not on PATH (the count runs the simulation under cachegrind); fix: apt install valgrind"
+        )
     with ThreadPoolExecutor(max_workers=2) as pool:
         short, long = pool.map(lambda steps: _count(ROOT, steps), (SHORT, LONG))
     assert long["instructions"] > short["instructions"] > 0 and long["ll_misses"] >= short["ll_misses"] >= 0
     got = per_sample(short, long, LONG - SHORT)
     committed = json.loads(RESULT_PATH.read_text())["per_sample"]["head"] if RESULT_PATH.exists() else None
-    against = f"the committed count (steps 8 to 40) is {committed['instructions']:,.1f}" if committed else \
-        "no committed count"
-    print(f"\n{got['instructions']:,.1f} instructions and {got['ll_misses']:,.1f} last-level misses per simulated "
-          f"sample (steps {SHORT} to {LONG}); {against}")
+    against = (
+        f"the committed count (steps 8 to 40) is {committed['instructions']:,.1f}"
+        if committed
+        else "no committed count"
+    )
+    print(
+        f"\n{got['instructions']:,.1f} instructions and {got['ll_misses']:,.1f} last-level misses per simulated "
+        f"sample (steps {SHORT} to {LONG}); {against}"
+    )
     assert PLAUSIBLE[0] < got["instructions"] < PLAUSIBLE[1], got

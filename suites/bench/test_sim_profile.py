@@ -38,8 +38,10 @@ PLAUSIBLE = (50.0, 50_000.0)
 
 
 def _run(steps: int) -> None:
-    scenario = Scenario(config=AsyncConfig(rollout_batch_size=B, n_samples_per_prompt=N, fully_async=True,
-                                           num_rollout=steps), trainer=SimTrainerConfig(step_base_s=5.0))
+    scenario = Scenario(
+        config=AsyncConfig(rollout_batch_size=B, n_samples_per_prompt=N, fully_async=True, num_rollout=steps),
+        trainer=SimTrainerConfig(step_base_s=5.0),
+    )
     result = simulate(scenario, trace=False)
     assert result.error is None and len(result.history) == steps
 
@@ -50,17 +52,21 @@ def _against_committed(profile: dict) -> str:
         return f"no committed {RESULT_PATH.name} to compare with"
     committed = json.loads(RESULT_PATH.read_text())
     change = profile["bytecodes_per_sample"] / committed["bytecodes_per_sample"] - 1
-    return (f"{change:+.1%} against the committed {committed['bytecodes_per_sample']:.1f} (Python "
-            f"{committed['python']}, commit {str(committed.get('git_commit'))[:7]})")
+    return (
+        f"{change:+.1%} against the committed {committed['bytecodes_per_sample']:.1f} (Python "
+        f"{committed['python']}, commit {str(committed.get('git_commit'))[:7]})"
+    )
 
 
 @pytest.mark.bench
 def test_the_bytecode_profile_of_a_simulated_sample_is_measured():
     profile = bytecode_profile(_run, SHORT, LONG, B * N)
     per_sample = profile["bytecodes_per_sample"]
-    print(f"\n{per_sample:.1f} bytecodes and {profile['python_calls_per_sample']:.2f} Python calls per "
-          f"simulated sample (steps {SHORT} to {LONG}, B = {B}, n = {N}, Python {profile['python']}); "
-          f"{_against_committed(profile)}")
+    print(
+        f"\n{per_sample:.1f} bytecodes and {profile['python_calls_per_sample']:.2f} Python calls per "
+        f"simulated sample (steps {SHORT} to {LONG}, B = {B}, n = {N}, Python {profile['python']}); "
+        f"{_against_committed(profile)}"
+    )
     for f in profile["functions"][:12]:
         print(f"{f['bytecodes_per_sample']:>9.1f} {f['calls_per_sample']:>7.3f}  {f['function']}")
     assert PLAUSIBLE[0] < per_sample < PLAUSIBLE[1], per_sample
@@ -71,7 +77,12 @@ def test_the_bytecode_profile_of_a_simulated_sample_is_measured():
     assert own, f"none of the top functions is the simulator's or the core's: {[f['function'] for f in top]}"
     if os.environ.get("MILES_HARNESS_WRITE_RESULTS") == "1":
         git = git_info()
-        profile.update(bench="sim_profile", created_utc=utc_now(), git_commit=git["commit"] if git else None,
-                       git_dirty=git["dirty"] if git else None, machine=machine_info())
+        profile.update(
+            bench="sim_profile",
+            created_utc=utc_now(),
+            git_commit=git["commit"] if git else None,
+            git_dirty=git["dirty"] if git else None,
+            machine=machine_info(),
+        )
         RESULT_PATH.parent.mkdir(parents=True, exist_ok=True)
         RESULT_PATH.write_text(json.dumps(profile, indent=1, sort_keys=True) + "\n")

@@ -45,8 +45,10 @@ def _write_result(report: dict) -> None:
 
 @pytest.mark.bench
 def test_simulation_speed_1000_fully_async_steps_b64_n8():
-    scenario = Scenario(config=AsyncConfig(rollout_batch_size=B, n_samples_per_prompt=N, fully_async=True,
-                                           num_rollout=STEPS), trainer=SimTrainerConfig(step_base_s=5.0))
+    scenario = Scenario(
+        config=AsyncConfig(rollout_batch_size=B, n_samples_per_prompt=N, fully_async=True, num_rollout=STEPS),
+        trainer=SimTrainerConfig(step_base_s=5.0),
+    )
     runs = []
     result = None
     for _ in range(REPEATS):
@@ -62,19 +64,37 @@ def test_simulation_speed_1000_fully_async_steps_b64_n8():
     cpu_s, wall_s = statistics.median(c for c, _ in runs), statistics.median(w for _, w in runs)
     rates = [trained / c for c, _ in runs]
     requests = result.engine_stats["requests"]
-    report = {"bench": "sim_speed", "steps": STEPS, "B": B, "n": N, "samples": trained, "repeats": REPEATS,
-              "cpu_s": round(cpu_s, 3), "cpu_s_runs": [round(c, 3) for c, _ in runs],
-              "wall_s": round(wall_s, 3), "samples_per_cpu_s": round(statistics.median(rates)),
-              "samples_per_cpu_s_min": round(min(rates)), "samples_per_cpu_s_max": round(max(rates)),
-              "requests": requests, "requests_per_cpu_s": round(requests / cpu_s),
-              "simulated_s": round(result.wall_s, 1), "simulated_tokens": result.engine_stats["tokens"]}
+    report = {
+        "bench": "sim_speed",
+        "steps": STEPS,
+        "B": B,
+        "n": N,
+        "samples": trained,
+        "repeats": REPEATS,
+        "cpu_s": round(cpu_s, 3),
+        "cpu_s_runs": [round(c, 3) for c, _ in runs],
+        "wall_s": round(wall_s, 3),
+        "samples_per_cpu_s": round(statistics.median(rates)),
+        "samples_per_cpu_s_min": round(min(rates)),
+        "samples_per_cpu_s_max": round(max(rates)),
+        "requests": requests,
+        "requests_per_cpu_s": round(requests / cpu_s),
+        "simulated_s": round(result.wall_s, 1),
+        "simulated_tokens": result.engine_stats["tokens"],
+    }
     if os.environ.get("MILES_HARNESS_WRITE_RESULTS") == "1":
         git = git_info()
-        report.update(created_utc=utc_now(), git_commit=git["commit"] if git else None,
-                      git_dirty=git["dirty"] if git else None, machine=machine_info())
+        report.update(
+            created_utc=utc_now(),
+            git_commit=git["commit"] if git else None,
+            git_dirty=git["dirty"] if git else None,
+            machine=machine_info(),
+        )
         _write_result(report)
     print(f"\n{'steps':>6} {'B':>4} {'n':>3} {'samples':>9} {'cpu_s':>8} {'samples/cpu-s':>14} {'simulated_s':>12}")
-    print(f"{STEPS:>6} {B:>4} {N:>3} {trained:>9} {cpu_s:>8.2f} {report['samples_per_cpu_s']:>14} "
-          f"{result.wall_s:>12.1f}   (median of {REPEATS} runs; samples/cpu-s {report['samples_per_cpu_s_min']}-"
-          f"{report['samples_per_cpu_s_max']})")
+    print(
+        f"{STEPS:>6} {B:>4} {N:>3} {trained:>9} {cpu_s:>8.2f} {report['samples_per_cpu_s']:>14} "
+        f"{result.wall_s:>12.1f}   (median of {REPEATS} runs; samples/cpu-s {report['samples_per_cpu_s_min']}-"
+        f"{report['samples_per_cpu_s_max']})"
+    )
     print(json.dumps(report, sort_keys=True))

@@ -49,7 +49,11 @@ def test_buffer_blocks_producer_when_full_and_keeps_fifo_order():
         got = await buf.get()
         await asyncio.sleep(0)
         assert third.done()
-        order = [got.group[0].group_index, (await buf.get()).group[0].group_index, (await buf.get()).group[0].group_index]
+        order = [
+            got.group[0].group_index,
+            (await buf.get()).group[0].group_index,
+            (await buf.get()).group[0].group_index,
+        ]
         return order
 
     assert run_virtual(main()) == [0, 1, 2]
@@ -98,8 +102,9 @@ def test_dynamic_filter_reject_is_dropped_without_the_handler_and_counted_by_rea
         keep, reason = False, "zero_std_1.0"
 
     async def main():
-        args = AsyncConfig(rollout_batch_size=2, n_samples_per_prompt=2, fully_async=True,
-                           async_unused_samples_handler="retry")
+        args = AsyncConfig(
+            rollout_batch_size=2, n_samples_per_prompt=2, fully_async=True, async_unused_samples_handler="retry"
+        )
         object.__setattr__(args, "dynamic_sampling_filter", lambda a, g: Out())
         buf = DefaultDataBuffer(DataBufferConstructorInput(args, handler))
         await buf.put(entry(0))

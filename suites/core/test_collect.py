@@ -73,6 +73,7 @@ def test_cancelling_the_waiter_cancels_the_children_and_waits_for_them():
 
 def test_a_child_that_refuses_cancellation_is_still_waited_for():
     """A task that catches its cancellation and goes on: the wait ends when it ends."""
+
     async def stubborn():
         try:
             await asyncio.sleep(5.0)

@@ -54,17 +54,13 @@ def test_config_is_frozen_and_keyword_only():
         AsyncConfig(4)  # type: ignore[misc]
 
 
-@pytest.mark.parametrize(
-    ("factor", "b", "capacity"), [(2.0, 8, 16), (1.5, 3, 4), (0.4, 2, 0), (0.5, 3, 1)]
-)
+@pytest.mark.parametrize(("factor", "b", "capacity"), [(2.0, 8, 16), (1.5, 3, 4), (0.4, 2, 0), (0.5, 3, 1)])
 def test_capacity_is_int_of_factor_times_batch(factor, b, capacity):
     c = AsyncConfig(async_data_buffer_capacity_factor=factor, rollout_batch_size=b)
     assert c.capacity == capacity
 
 
-@pytest.mark.parametrize(
-    ("x", "n", "b", "g"), [(None, 4, 8, 8), (10, 4, 8, 2), (3, 4, 8, 1), (128, 8, 2, 16)]
-)
+@pytest.mark.parametrize(("x", "n", "b", "g"), [(None, 4, 8, 8), (10, 4, 8, 2), (3, 4, 8, 1), (128, 8, 2, 16)])
 def test_group_budget_is_concurrent_samples_over_n_or_batch_size(x, n, b, g):
     c = AsyncConfig(async_max_concurrent_samples=x, n_samples_per_prompt=n, rollout_batch_size=b)
     assert c.group_budget == g
@@ -153,14 +149,31 @@ def test_parses_a_miles_command_line_verbatim():
 
 def test_every_field_but_the_driver_is_reachable_by_its_miles_flag():
     target = AsyncConfig(
-        rollout_batch_size=3, n_samples_per_prompt=2, update_weights_interval=4,
-        max_weight_staleness=-1, async_unused_samples_handler="retry",
-        async_max_concurrent_samples=6, pause_generation_mode="abort",
-        over_sampling_batch_size=5, async_data_buffer_capacity_factor=0.5,
-        rollout_submission_granularity="group", colocate=True, fully_async=True,
-        train_backend="fsdp", num_rollout=3, start_rollout_id=1, async_max_retries=2,
-        use_tis=True, tis_clip=3.0, tis_clip_low=0.1, partial_rollout=True,
-        use_rollout_logprobs=True, keep_old_actor=True, use_critic=True, seed=9, save_interval=2,
+        rollout_batch_size=3,
+        n_samples_per_prompt=2,
+        update_weights_interval=4,
+        max_weight_staleness=-1,
+        async_unused_samples_handler="retry",
+        async_max_concurrent_samples=6,
+        pause_generation_mode="abort",
+        over_sampling_batch_size=5,
+        async_data_buffer_capacity_factor=0.5,
+        rollout_submission_granularity="group",
+        colocate=True,
+        fully_async=True,
+        train_backend="fsdp",
+        num_rollout=3,
+        start_rollout_id=1,
+        async_max_retries=2,
+        use_tis=True,
+        tis_clip=3.0,
+        tis_clip_low=0.1,
+        partial_rollout=True,
+        use_rollout_logprobs=True,
+        keep_old_actor=True,
+        use_critic=True,
+        seed=9,
+        save_interval=2,
         debug_exit_after_rollout=5,
     )
     argv: list[str] = []
@@ -241,6 +254,7 @@ def test_a_presence_flag_takes_no_value():
 
 
 def test_negative_numbers_are_values_and_the_last_flag_wins():
-    config, _ = parse_miles_args(["--max-weight-staleness", "-1", "--rollout-batch-size", "2",
-                                  "--rollout-batch-size=3"])
+    config, _ = parse_miles_args(
+        ["--max-weight-staleness", "-1", "--rollout-batch-size", "2", "--rollout-batch-size=3"]
+    )
     assert (config.max_weight_staleness, config.rollout_batch_size) == (-1, 3)

@@ -42,4 +42,3 @@ def test_the_probe_sees_a_forbidden_import_when_one_is_there(tmp_path):
     probe = PROBE.replace("import miles_async_core\n", "import miles_async_core\nimport multiprocessing\n")
     out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True)
     assert "multiprocessing" in json.loads(out.stdout)
-

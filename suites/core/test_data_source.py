@@ -13,8 +13,9 @@ def test_fresh_samples_are_the_keyword_constructed_samples_with_their_own_lists(
     source.get_samples(1)
     [group] = source.get_samples(1)
     tokens = group[0].prompt_tokens
-    expected = [Sample(prompt="p1", prompt_tokens=tokens, label={"label": 1}, group_index=1, index=3 + i)
-                for i in range(3)]
+    expected = [
+        Sample(prompt="p1", prompt_tokens=tokens, label={"label": 1}, group_index=1, index=3 + i) for i in range(3)
+    ]
     for got, want in zip(group, expected, strict=True):
         for f in dataclasses.fields(Sample):
             assert getattr(got, f.name) == getattr(want, f.name), f.name

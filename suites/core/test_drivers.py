@@ -19,8 +19,12 @@ from miles_async_core.config import AsyncConfig
 
 def run(**cfg):
     config = AsyncConfig(**{"rollout_batch_size": 3, "n_samples_per_prompt": 2, "num_rollout": 7, **cfg})
-    scenario = Scenario(config=config, engine=SimEngineConfig(response_length=LengthDist(kind="uniform", low=4, high=40)),
-                        trainer=SimTrainerConfig(step_base_s=0.5), max_new_tokens=64)
+    scenario = Scenario(
+        config=config,
+        engine=SimEngineConfig(response_length=LengthDist(kind="uniform", low=4, high=40)),
+        trainer=SimTrainerConfig(step_base_s=0.5),
+        max_new_tokens=64,
+    )
     result = simulate(scenario)
     assert result.error is None, result.error
     return result
@@ -163,8 +167,12 @@ def test_a_one_step_rollout_that_fails_collects_every_sibling_group(caplog):
             raise EngineDeadError("engine process exited (exit code -9)")
 
     config = AsyncConfig(rollout_batch_size=4, n_samples_per_prompt=2)
-    rollout = OneStepRollout(config, DeadEngine(), RolloutDataSource(2, lambda k: (f"p{k}", [k], None)),
-                             sampling=SamplingParams(max_new_tokens=4))
+    rollout = OneStepRollout(
+        config,
+        DeadEngine(),
+        RolloutDataSource(2, lambda k: (f"p{k}", [k], None)),
+        sampling=SamplingParams(max_new_tokens=4),
+    )
 
     async def main():
         with pytest.raises(EngineDeadError):
@@ -211,8 +219,9 @@ def _one_step(engine, B, over_sampling):
     from miles_async_core.types import SamplingParams
 
     config = AsyncConfig(rollout_batch_size=B, n_samples_per_prompt=1, over_sampling_batch_size=over_sampling)
-    return OneStepRollout(config, engine, RolloutDataSource(1, lambda k: (f"p{k}", [k], None)),
-                          sampling=SamplingParams(max_new_tokens=4))
+    return OneStepRollout(
+        config, engine, RolloutDataSource(1, lambda k: (f"p{k}", [k], None)), sampling=SamplingParams(max_new_tokens=4)
+    )
 
 
 def test_a_group_that_fails_during_the_end_of_rollout_abort_fails_the_step(caplog):
@@ -264,7 +273,8 @@ def test_a_worker_that_dies_after_the_last_drain_is_reported_not_lost(caplog):
     assert isinstance(result.ctx.worker_error, EngineDeadError)
     assert [r.getMessage() for r in caplog.records] == [
         "the fully-async rollout worker died after the last drain: "
-        "EngineDeadError('engine process exited (exit code -9)')"]
+        "EngineDeadError('engine process exited (exit code -9)')"
+    ]
 
 
 def test_a_worker_error_a_drain_raised_is_not_reported_twice(caplog):
@@ -297,26 +307,32 @@ def test_one_step_filter_drops_are_reported_as_upstreams_drop_reason_metric():
         ctx.rollout_manager.rollout_fn.dynamic_filter = reject_odd
 
     config = AsyncConfig(rollout_batch_size=3, n_samples_per_prompt=2, num_rollout=3)
-    result = simulate(Scenario(config=config, trainer=SimTrainerConfig(step_base_s=0.5), max_new_tokens=16),
-                      hooks=hooks)
+    result = simulate(
+        Scenario(config=config, trainer=SimTrainerConfig(step_base_s=0.5), max_new_tokens=16), hooks=hooks
+    )
     assert result.error is None, result.error
     metrics = [e["metrics"] for e in result.events if e.kind == ev.METRICS]
-    dropped = [e["group_index"] for e in result.events if e.kind == ev.DROPPED
-               and e["reason"].startswith("dynamic_filter:")]
+    dropped = [
+        e["group_index"] for e in result.events if e.kind == ev.DROPPED and e["reason"].startswith("dynamic_filter:")
+    ]
     assert sum(m.get("rollout/dynamic_filter/drop_odd", 0) for m in metrics) == sum(gi % 4 == 1 for gi in dropped)
     assert any(gi % 4 == 3 for gi in dropped)
-    assert not any(k.startswith("rollout/dynamic_filter/") and k != "rollout/dynamic_filter/drop_odd"
-                   for m in metrics for k in m)
+    assert not any(
+        k.startswith("rollout/dynamic_filter/") and k != "rollout/dynamic_filter/drop_odd" for m in metrics for k in m
+    )
     trained = [gi for e in result.events if e.kind == ev.TRAINED for gi in e["group_indices"]]
     assert trained and all(gi % 2 == 0 for gi in trained)
 
 
-@pytest.mark.parametrize("fields, message", [
-    ({"colocate": True}, "Colocation is not supported"),
-    ({"colocate": True, "fully_async": True}, "Colocation is not supported"),
-    ({"use_critic": True}, "behavior-policy correction"),
-    ({"use_critic": True, "fully_async": True}, "behavior-policy correction"),
-])
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"colocate": True}, "Colocation is not supported"),
+        ({"colocate": True, "fully_async": True}, "Colocation is not supported"),
+        ({"use_critic": True}, "behavior-policy correction"),
+        ({"use_critic": True, "fully_async": True}, "behavior-policy correction"),
+    ],
+)
 def test_the_async_driver_refuses_what_upstream_train_async_asserts(fields, message):
     """``train_async.py:L23-L24`` asserts no colocation and an off-policy
     correction with a critic before anything starts; the core's driver does the same."""
@@ -327,14 +343,14 @@ def test_the_async_driver_refuses_what_upstream_train_async_asserts(fields, mess
 
 
 def test_colocated_async_training_runs_only_with_the_harness_extension():
-    base = {"rollout_batch_size": 2, "n_samples_per_prompt": 2, "num_rollout": 3, "fully_async": True,
-            "colocate": True}
+    base = {"rollout_batch_size": 2, "n_samples_per_prompt": 2, "num_rollout": 3, "fully_async": True, "colocate": True}
     assert AsyncConfig().allow_async_colocate is False
     result = run(**base, allow_async_colocate=True)
     assert len([e for e in result.events if e.kind == ev.TRAINED]) == 3
     assert sum(1 for e in result.events if e.kind == ev.ENGINE_PAUSE) > 3  # generation stops while training
-    result = run(**{"rollout_batch_size": 2, "n_samples_per_prompt": 2, "num_rollout": 3, "driver": "train",
-                    "colocate": True})  # train.py allows --colocate upstream too
+    result = run(
+        **{"rollout_batch_size": 2, "n_samples_per_prompt": 2, "num_rollout": 3, "driver": "train", "colocate": True}
+    )  # train.py allows --colocate upstream too
     assert len([e for e in result.events if e.kind == ev.TRAINED]) == 3
 
 
@@ -346,8 +362,9 @@ def test_a_drain_checks_a_nested_group_at_the_top_level():
 
     def nested(gi):
         prompt = [Sample(index=gi * 10 + i, group_index=gi, weight_versions=["1"]) for i in range(2)]
-        group = [[p, Sample(index=gi * 10 + 5 + i, group_index=gi, weight_versions=["1"])]
-                 for i, p in enumerate(prompt)]
+        group = [
+            [p, Sample(index=gi * 10 + 5 + i, group_index=gi, weight_versions=["1"])] for i, p in enumerate(prompt)
+        ]
         return DataBufferInput(prompt_group=prompt, group=group)
 
     class Buffer:
@@ -407,8 +424,9 @@ def test_a_dead_fully_async_workers_sibling_groups_run_on_unless_cancel_orphaned
                 raise RuntimeError("request 12 failed")
             return out
 
-    config = AsyncConfig(rollout_batch_size=2, n_samples_per_prompt=2, num_rollout=2, fully_async=True,
-                         cancel_orphaned_tasks=cancel)
+    config = AsyncConfig(
+        rollout_batch_size=2, n_samples_per_prompt=2, num_rollout=2, fully_async=True, cancel_orphaned_tasks=cancel
+    )
     scenario = Scenario(config=config, trainer=SimTrainerConfig(step_base_s=5.0))
     with caplog.at_level(logging.ERROR, logger="asyncio"):
         result = simulate(scenario, engine_factory=FailOne)
@@ -428,9 +446,12 @@ def test_a_drain_after_the_worker_was_cancelled_raises_cancelled_error():
     from miles_async_core.types import SamplingParams
 
     config = AsyncConfig(rollout_batch_size=1, n_samples_per_prompt=1, fully_async=True)
-    fn = FullyAsyncRolloutFn(config, _ScriptedEngine({i: 50 for i in range(100)}),
-                             RolloutDataSource(1, lambda k: (f"p{k}", [k], None)),
-                             sampling=SamplingParams(max_new_tokens=4))
+    fn = FullyAsyncRolloutFn(
+        config,
+        _ScriptedEngine({i: 50 for i in range(100)}),
+        RolloutDataSource(1, lambda k: (f"p{k}", [k], None)),
+        sampling=SamplingParams(max_new_tokens=4),
+    )
 
     async def main():
         drain = asyncio.ensure_future(fn(0, 1))
@@ -442,8 +463,9 @@ def test_a_drain_after_the_worker_was_cancelled_raises_cancelled_error():
         except asyncio.CancelledError as exc:
             return exc
         finally:
-            await asyncio.gather(*(t for t in asyncio.all_tasks() if t is not asyncio.current_task()),
-                                 return_exceptions=True)
+            await asyncio.gather(
+                *(t for t in asyncio.all_tasks() if t is not asyncio.current_task()), return_exceptions=True
+            )
 
     assert isinstance(asyncio.run(main()), asyncio.CancelledError)
 
@@ -461,8 +483,12 @@ def test_the_fully_async_worker_takes_exactly_one_group_per_pull():
             return super().get_samples(num_samples + 1)
 
     config = AsyncConfig(rollout_batch_size=1, n_samples_per_prompt=1, fully_async=True)
-    fn = FullyAsyncRolloutFn(config, _ScriptedEngine({}), TwoAtATime(1, lambda k: (f"p{k}", [k], None)),
-                             sampling=SamplingParams(max_new_tokens=4))
+    fn = FullyAsyncRolloutFn(
+        config,
+        _ScriptedEngine({}),
+        TwoAtATime(1, lambda k: (f"p{k}", [k], None)),
+        sampling=SamplingParams(max_new_tokens=4),
+    )
     with pytest.raises(ValueError, match="too many values to unpack"):
         asyncio.run(fn(0, 1))
 
@@ -480,8 +506,16 @@ def test_a_sample_wake_up_carries_the_group_its_sample_finished():
         scheduler = SampleBackfillSubmission(2)
         progress, active = Progress(scheduler), set()
         group = [Sample(index=0, group_index=0), Sample(index=1, group_index=0)]
-        task = submit_group(_ScriptedEngine({0: 2, 1: 2}), group, SamplingParams(max_new_tokens=4),
-                            scheduler=scheduler, progress=progress, active=active, reward_fn=None, sink=None)
+        task = submit_group(
+            _ScriptedEngine({0: 2, 1: 2}),
+            group,
+            SamplingParams(max_new_tokens=4),
+            scheduler=scheduler,
+            progress=progress,
+            active=active,
+            reward_fn=None,
+            sink=None,
+        )
         assert not scheduler.has_capacity(pending_groups=1, group_budget=1)  # arms the sample wake-up
         done, pending = await progress.wait_for_progress(active)
         return done == {task}, pending
@@ -549,8 +583,9 @@ def test_a_resumed_partial_group_generates_only_its_unfinished_samples():
     partial = Sample(index=1, group_index=0, response_tokens=[3], status=Status.ABORTED)
     spent = Sample(index=2, group_index=0, response_tokens=[4, 5, 6, 7], status=Status.ABORTED)
     engine = Recording()
-    group = asyncio.run(generate_and_rm_group(engine, [done, partial, spent], SamplingParams(max_new_tokens=4),
-                                              reward_fn=lambda s: 1.0))
+    group = asyncio.run(
+        generate_and_rm_group(engine, [done, partial, spent], SamplingParams(max_new_tokens=4), reward_fn=lambda s: 1.0)
+    )
     assert engine.generated == [1]
     assert [s.status for s in group] == [Status.COMPLETED, Status.COMPLETED, Status.TRUNCATED]
     assert [s.response_tokens for s in group] == [[1, 2], [3, 7], [4, 5, 6, 7]]
@@ -592,8 +627,9 @@ def test_one_step_hands_its_pending_groups_back_only_with_partial_rollout(partia
                 fut.set_result(sample)
             self.held = []
 
-    config = AsyncConfig(rollout_batch_size=2, n_samples_per_prompt=1, over_sampling_batch_size=4,
-                         partial_rollout=partial_rollout)
+    config = AsyncConfig(
+        rollout_batch_size=2, n_samples_per_prompt=1, over_sampling_batch_size=4, partial_rollout=partial_rollout
+    )
     source = RolloutDataSourceWithBuffer(1, lambda k: (f"p{k}", [k], None))
     rollout = OneStepRollout(config, Aborting(), source, sampling=SamplingParams(max_new_tokens=4))
     data, metrics = asyncio.run(rollout(3, 1))

@@ -19,8 +19,14 @@ from miles_async_core.data_source import RolloutDataSourceWithBuffer
 from miles_async_core.fully_async import FullyAsyncRolloutFn
 from miles_async_core.generate import GenerateFnInput, GenerateFnOutput, generate, generate_and_rm
 from miles_async_core.rollout import OneStepRollout, generate_and_rm_group
-from miles_async_core.types import (DataBufferConstructorInput, DataBufferInput, Sample, SamplingParams, Status,
-                                    samples_of)
+from miles_async_core.types import (
+    DataBufferConstructorInput,
+    DataBufferInput,
+    Sample,
+    SamplingParams,
+    Status,
+    samples_of,
+)
 from harness.trace import TraceRecorder
 
 SAMPLING = SamplingParams(max_new_tokens=4)
@@ -65,8 +71,7 @@ def test_a_list_output_rewards_only_its_unrewarded_samples():
     """``inference_rollout_common.py:L122-L124`` (upstream's ``test_multi_sample.py``: an
     existing reward is kept)."""
     s = Sample(index=1, group_index=0)
-    out = asyncio.run(generate_and_rm(two_turns(added_reward=0.5), FakeEngine(), s, SAMPLING,
-                                      reward_fn=lambda x: 1.0))
+    out = asyncio.run(generate_and_rm(two_turns(added_reward=0.5), FakeEngine(), s, SAMPLING, reward_fn=lambda x: 1.0))
     assert [x.index for x in out] == [1, 101]
     assert [x.reward for x in out] == [1.0, 0.5]
 
@@ -95,14 +100,26 @@ def test_a_finished_sample_is_kept_without_calling_the_generate_function():
 def test_a_group_of_list_returning_calls_is_n_trajectories_and_records_added_samples():
     group = [Sample(index=i, group_index=3) for i in range(2)]
     sink, done = TraceRecorder(lambda: 0.0, strict=True), []
-    out = asyncio.run(generate_and_rm_group(FakeEngine(), group, SAMPLING, reward_fn=lambda x: 1.0, sink=sink,
-                                            sample_done_callback=done.append, generate_function=two_turns()))
+    out = asyncio.run(
+        generate_and_rm_group(
+            FakeEngine(),
+            group,
+            SAMPLING,
+            reward_fn=lambda x: 1.0,
+            sink=sink,
+            sample_done_callback=done.append,
+            generate_function=two_turns(),
+        )
+    )
     assert len(out) == 2 and all(isinstance(t, list) for t in out)
     assert [[s.index for s in t] for t in out] == [[0, 100], [1, 101]]
     assert out[0][0] is group[0]  # turn 0 generated in place, as the single-turn generate
     assert len(done) == 2  # one scheduler credit per prompt sample (its generate_and_rm task)
     added = [e.fields for e in sink.of(ev.TRAJECTORY_SAMPLE)]
-    assert added == [{"index": 100, "group_index": 3, "trajectory": 0}, {"index": 101, "group_index": 3, "trajectory": 1}]
+    assert added == [
+        {"index": 100, "group_index": 3, "trajectory": 0},
+        {"index": 101, "group_index": 3, "trajectory": 1},
+    ]
     assert sink.events[-1].kind == ev.GROUP_DONE
 
 
@@ -114,8 +131,9 @@ def test_a_fully_async_drain_takes_nested_groups_by_trajectory_count():
     """B nested groups of n trajectories (4 samples each) make a batch, not B*n samples'
     worth of groups; the flattened batch is 2x the single-turn one."""
     config = AsyncConfig(rollout_batch_size=2, n_samples_per_prompt=2, fully_async=True, num_rollout=2)
-    fn = FullyAsyncRolloutFn(config, FakeEngine(), _data_source(2), sampling=SAMPLING, reward_fn=lambda s: 1.0,
-                             generate_function=two_turns())
+    fn = FullyAsyncRolloutFn(
+        config, FakeEngine(), _data_source(2), sampling=SAMPLING, reward_fn=lambda s: 1.0, generate_function=two_turns()
+    )
 
     async def main():
         data, metrics = await fn(0, 1)
@@ -152,8 +170,9 @@ def test_a_fully_async_drain_raises_on_a_group_of_the_wrong_top_level_length():
 
 def test_a_one_step_rollout_returns_nested_groups():
     config = AsyncConfig(rollout_batch_size=2, n_samples_per_prompt=2)
-    roll = OneStepRollout(config, FakeEngine(), _data_source(2), sampling=SAMPLING, reward_fn=lambda s: 1.0,
-                          generate_function=two_turns())
+    roll = OneStepRollout(
+        config, FakeEngine(), _data_source(2), sampling=SAMPLING, reward_fn=lambda s: 1.0, generate_function=two_turns()
+    )
     data, _ = asyncio.run(roll(0, 1))
     assert len(data) == 2 and all(len(g) == 2 and all(len(t) == 2 for t in g) for g in data)
     assert all(s.reward == 1.0 for g in data for s in samples_of(g))
@@ -173,8 +192,7 @@ def _nested_entry(later_turn: Sample) -> DataBufferInput:
 def test_the_buffer_rejects_a_nested_group_aborted_in_a_later_turn():
     """``fully_async_data_buffer.py:L127``: ABORTED is looked for in every turn (one level)."""
     buf, calls = _buffer()
-    asyncio.run(buf.put(_nested_entry(Sample(index=100, group_index=0, weight_versions=["3"],
-                                             status=Status.ABORTED))))
+    asyncio.run(buf.put(_nested_entry(Sample(index=100, group_index=0, weight_versions=["3"], status=Status.ABORTED))))
     assert len(buf) == 0 and calls == ["aborted"]
 
 

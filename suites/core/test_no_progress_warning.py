@@ -34,7 +34,9 @@ def test_a_drain_warns_once_per_timeout_without_progress_then_takes_the_group(ca
     with caplog.at_level(logging.WARNING, logger="miles_async_core.fully_async"):
         data, t, timers_left = run_virtual(main())
     assert data == [group] and t == 2.5 * NO_PROGRESS_WARN_SECS
-    assert [r.getMessage() for r in caplog.records] == [f"No completed rollout groups for {NO_PROGRESS_WARN_SECS:.1f}s"] * 2
+    assert [r.getMessage() for r in caplog.records] == [
+        f"No completed rollout groups for {NO_PROGRESS_WARN_SECS:.1f}s"
+    ] * 2
     assert timers_left == 0  # the drain's warning timer went with it
 
 

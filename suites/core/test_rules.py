@@ -16,10 +16,12 @@ FA = {"fully_async": True}
 TRIGGERS: list[tuple[str, str, dict]] = [
     ("manual", "manual-colocate-needs-fully-async", {"colocate": True}),
     ("manual", "manual-fully-async-no-abort", {**FA, "pause_generation_mode": "abort"}),
-    ("manual", "manual-fully-async-colocate-no-in-place",
-     {**FA, "colocate": True, "pause_generation_mode": "in_place"}),
-    ("manual", "manual-colocated-fully-async-needs-megatron",
-     {**FA, "colocate": True, "train_backend": "fsdp"}),
+    (
+        "manual",
+        "manual-fully-async-colocate-no-in-place",
+        {**FA, "colocate": True, "pause_generation_mode": "in_place"},
+    ),
+    ("manual", "manual-colocated-fully-async-needs-megatron", {**FA, "colocate": True, "train_backend": "fsdp"}),
     ("manual", "manual-fully-async-over-sampling-no-effect", {**FA, "over_sampling_batch_size": 16}),
     ("manual", "rollout-batch-size-positive", {"rollout_batch_size": 0}),
     ("manual", "n-samples-per-prompt-positive", {"n_samples_per_prompt": 0}),
@@ -38,8 +40,11 @@ for _profile in PROFILES:
         (_profile, "fully-async-no-partial-rollout", {**FA, "partial_rollout": True}),
         (_profile, "update-weights-interval-positive", {"update_weights_interval": 0}),
         (_profile, "max-weight-staleness-non-negative", {"max_weight_staleness": -1}),
-        (_profile, "async-max-concurrent-samples-at-least-n",
-         {"async_max_concurrent_samples": 3, "n_samples_per_prompt": 4}),
+        (
+            _profile,
+            "async-max-concurrent-samples-at-least-n",
+            {"async_max_concurrent_samples": 3, "n_samples_per_prompt": 4},
+        ),
         (_profile, "over-sampling-at-least-batch", {"over_sampling_batch_size": 4, "rollout_batch_size": 8}),
         (_profile, "async-max-retries-non-negative", {"async_max_retries": -1}),
         (_profile, "rollout-logprobs-tis-exclusive", {"use_rollout_logprobs": True, "use_tis": True}),
@@ -50,9 +55,15 @@ for _profile in PROFILES:
 VALID: list[dict] = [
     {},
     {**FA},
-    {**FA, "pause_generation_mode": "in_place", "max_weight_staleness": 0,
-     "async_unused_samples_handler": "retry", "async_max_concurrent_samples": 4,
-     "n_samples_per_prompt": 4, "async_max_retries": 0},
+    {
+        **FA,
+        "pause_generation_mode": "in_place",
+        "max_weight_staleness": 0,
+        "async_unused_samples_handler": "retry",
+        "async_max_concurrent_samples": 4,
+        "n_samples_per_prompt": 4,
+        "async_max_retries": 0,
+    },
     {"driver": "train", "colocate": True, "pause_generation_mode": "abort"},
     {"over_sampling_batch_size": 8, "rollout_batch_size": 8, "update_weights_interval": 3},
     {"use_critic": True, "keep_old_actor": True},
@@ -149,9 +160,7 @@ def test_upstream_messages_are_quoted_verbatim():
     def message(rule_id: str, **fields) -> str:
         return next(v.message for v in validate(AsyncConfig(**fields), MILES_PROFILE) if v.rule_id == rule_id)
 
-    assert '"Colocation is not supported for async training."' in message(
-        "miles-colocate-not-async", colocate=True
-    )
+    assert '"Colocation is not supported for async training."' in message("miles-colocate-not-async", colocate=True)
     assert '"--fully-async cannot colocate: rollout must keep generating while training runs"' in message(
         "miles-fully-async-no-colocate", **FA, colocate=True
     )

@@ -20,12 +20,17 @@ _runs = st.lists(st.tuples(st.integers(0, 6), st.integers(0, 6), st.integers(1, 
 @st.composite
 def _samples(draw) -> Sample:
     runs = draw(_runs)
-    return Sample(weight_versions=draw(st.lists(_recorded, max_size=3)), token_versions=VersionRuns([list(r) for r in runs]),
-                  response_tokens=[0] * (sum(r[2] for r in runs) + draw(st.integers(0, 2))))
+    return Sample(
+        weight_versions=draw(st.lists(_recorded, max_size=3)),
+        token_versions=VersionRuns([list(r) for r in runs]),
+        response_tokens=[0] * (sum(r[2] for r in runs) + draw(st.integers(0, 2))),
+    )
 
 
-_groups = st.one_of(st.lists(_samples(), min_size=1, max_size=4),
-                    st.lists(st.one_of(_samples(), st.lists(_samples(), min_size=1, max_size=3)), min_size=1, max_size=3))
+_groups = st.one_of(
+    st.lists(_samples(), min_size=1, max_size=4),
+    st.lists(st.one_of(_samples(), st.lists(_samples(), min_size=1, max_size=3)), min_size=1, max_size=3),
+)
 
 
 def _by_definition(groups: list) -> dict[str, float]:
@@ -37,14 +42,16 @@ def _by_definition(groups: list) -> dict[str, float]:
         m["rollout/weight_version/median"] = statistics.median(oldest)
         m["rollout/weight_version/max"] = float(max(oldest))
         m["rollout/weight_version/min"] = float(min(oldest))
-        m["rollout/weight_version/mixed_version_ratio"] = \
-            sum(len(set(s.weight_versions)) > 1 for s in samples) / len(samples)
+        m["rollout/weight_version/mixed_version_ratio"] = sum(len(set(s.weight_versions)) > 1 for s in samples) / len(
+            samples
+        )
     runs = [s.token_versions for s in samples if s.token_versions.runs]
     if runs:
         m["rollout/token_version/min"] = float(min(r.oldest for r in runs))
         m["rollout/token_version/mixed_ratio"] = sum(r.oldest != r.newest for r in runs) / len(samples)
-        m["rollout/token_version/old_kv_token_share"] = \
-            sum(r.old_kv_token_count() for r in runs) / max(1, sum(len(s.response_tokens) for s in samples))
+        m["rollout/token_version/old_kv_token_share"] = sum(r.old_kv_token_count() for r in runs) / max(
+            1, sum(len(s.response_tokens) for s in samples)
+        )
     return m
 
 

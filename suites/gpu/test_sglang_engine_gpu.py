@@ -27,8 +27,10 @@ N_REQUESTS = 4
 def make_samples(tokenizer, n: int, *, first_index: int) -> list[Sample]:
     prompt = "Count from one to one thousand, writing every number as a word:"
     tokens = tokenizer(prompt)["input_ids"]
-    return [Sample(prompt=prompt, prompt_tokens=list(tokens), index=first_index + i, group_index=first_index)
-            for i in range(n)]
+    return [
+        Sample(prompt=prompt, prompt_tokens=list(tokens), index=first_index + i, group_index=first_index)
+        for i in range(n)
+    ]
 
 
 async def generate(engine, sample, sampling):
@@ -73,7 +75,9 @@ async def _pause_update_continue(engine, samples, mode, weights):
         del engine.sampling_overrides["ignore_eos"]
 
 
-def test_abort_pause_finishes_requests_with_partial_output_and_the_old_version(engine, run, tokenizer, original_weights):
+def test_abort_pause_finishes_requests_with_partial_output_and_the_old_version(
+    engine, run, tokenizer, original_weights
+):
     samples = make_samples(tokenizer, N_REQUESTS, first_index=100)
     old, done = run(_pause_update_continue(engine, samples, "abort", original_weights))
     for s in done:
@@ -113,8 +117,12 @@ def test_update_weights_from_tensor_changes_outputs_and_the_version(engine, run,
 
     before, after, restored = make_samples(tokenizer, 3, first_index=400)
     generator = torch.Generator(device="cuda").manual_seed(0)
-    perturbed = {name: w + 0.5 * w.float().std() * torch.randn(w.shape, generator=generator, device="cuda").to(w.dtype)
-                 if w.dim() >= 2 else w for name, w in original_weights.items()}
+    perturbed = {
+        name: w + 0.5 * w.float().std() * torch.randn(w.shape, generator=generator, device="cuda").to(w.dtype)
+        if w.dim() >= 2
+        else w
+        for name, w in original_weights.items()
+    }
 
     async def scenario():
         # Start from an empty prefix cache so `before` and `restored` prefill alike.
@@ -126,7 +134,11 @@ def test_update_weights_from_tensor_changes_outputs_and_the_version(engine, run,
 
     run(scenario())
     version = engine.weight_version
-    assert [s.weight_versions for s in (before, after, restored)] == [[str(version - 2)], [str(version - 1)], [str(version)]]
+    assert [s.weight_versions for s in (before, after, restored)] == [
+        [str(version - 2)],
+        [str(version - 1)],
+        [str(version)],
+    ]
     assert after.response_tokens != before.response_tokens
     assert restored.response_tokens == before.response_tokens  # the original weights load back exactly
     assert restored.rollout_log_probs == pytest.approx(before.rollout_log_probs, abs=2e-2)  # bf16, same batch shape

@@ -11,8 +11,14 @@ import json
 
 import pytest
 
-from harness.advise.costs import CostModel, fit_costs, load_costs, mode_rows, observations_from_events, \
-    observations_from_results
+from harness.advise.costs import (
+    CostModel,
+    fit_costs,
+    load_costs,
+    mode_rows,
+    observations_from_events,
+    observations_from_results,
+)
 from harness.advise.predict import Layout, RoutedEngines, calibrated_units, predict, simulate_layout
 from harness.sim.contention import Contention
 from harness.sim.engine import LengthDist, SimEngine, SimEngineConfig
@@ -23,9 +29,18 @@ from miles_async_core.config import AsyncConfig
 from miles_async_core.errors import ConfigError
 from miles_async_core.types import Sample, SamplingParams
 
-ALONE = CostModel(decode_base_s=0.004, decode_per_seq_s=0.0, prefill_per_token_s=0.0, max_running=16,
-                  prompt_tokens=5, max_new_tokens=6, response_length={"kind": "fixed", "median": 6.0},
-                  train_base_s=0.0, train_per_token_s=0.0004, weight_sync_s=0.02)
+ALONE = CostModel(
+    decode_base_s=0.004,
+    decode_per_seq_s=0.0,
+    prefill_per_token_s=0.0,
+    max_running=16,
+    prompt_tokens=5,
+    max_new_tokens=6,
+    response_length={"kind": "fixed", "median": 6.0},
+    train_base_s=0.0,
+    train_per_token_s=0.0004,
+    weight_sync_s=0.02,
+)
 CONTENDED = dataclasses.replace(ALONE, contention_engine=0.25, contention_trainer=0.12)
 SYNC = AsyncConfig(rollout_batch_size=8, n_samples_per_prompt=4, driver="train", num_rollout=16, seed=3)
 ONE_STEP = dataclasses.replace(SYNC, driver="train_async")
@@ -35,9 +50,16 @@ MODES = {"sync": SYNC, "one-step": ONE_STEP, "fully-async": FULLY_ASYNC}
 
 def test_an_engine_step_in_progress_keeps_its_done_part_when_the_rate_changes():
     """Ten steps of 0.1 s; at 0.25 s the rate halves: 0.75 s of work left takes 1.5 s."""
+
     async def main():
-        eng = SimEngine(SimEngineConfig(decode_base_s=0.1, decode_per_seq_s=0.0, prefill_per_token_s=0.0,
-                                        response_length=LengthDist(kind="fixed", median=10)))
+        eng = SimEngine(
+            SimEngineConfig(
+                decode_base_s=0.1,
+                decode_per_seq_s=0.0,
+                prefill_per_token_s=0.0,
+                response_length=LengthDist(kind="fixed", median=10),
+            )
+        )
         loop = asyncio.get_running_loop()
         fut = eng.generate(Sample(index=0, group_index=0, prompt_tokens=[0]), SamplingParams(max_new_tokens=100))
         await asyncio.sleep(0.25)
@@ -52,6 +74,7 @@ def test_an_engine_step_in_progress_keeps_its_done_part_when_the_rate_changes():
 def test_a_training_step_runs_slower_only_while_an_engine_decodes():
     """Work 1 s, trainer factor 1 (half speed) while an engine is busy from 0.2 s to
     0.6 s: 0.4 s of overlap costs 0.2 s of extra time, so the step ends at 1.2 s."""
+
     async def main():
         c = Contention(engine=0.0, trainer=1.0)
         loop = asyncio.get_running_loop()
@@ -72,9 +95,14 @@ def _observations(costs: CostModel):
     """What a results file gives the fit, made from simulated runs of the three modes."""
     runs = {m: simulate_layout(costs, cfg, Layout(), detail=(m == "sync")) for m, cfg in MODES.items()}
     assert all(r.error is None for r in runs.values())
-    obs = observations_from_events(runs["sync"].events, mode="sync", samples_per_step=32,
-                                   max_running=costs.max_running, prompt_tokens=None,
-                                   max_new_tokens=costs.max_new_tokens)
+    obs = observations_from_events(
+        runs["sync"].events,
+        mode="sync",
+        samples_per_step=32,
+        max_running=costs.max_running,
+        prompt_tokens=None,
+        max_new_tokens=costs.max_new_tokens,
+    )
     obs.repeats = {m: [mode_rows(r)] for m, r in runs.items()}
     obs.configs = {m: cfg.to_dict() for m, cfg in MODES.items()}
     return obs
@@ -99,8 +127,13 @@ def test_each_overlapped_mode_gets_its_own_factors_when_the_modes_contend_differ
     """Truth: one-step contends lightly, fully-async heavily (as the CPU main job does).
     The joint fit lands between them; the per-mode fit recovers each, and predictions of a
     mode use its own."""
-    truth = dataclasses.replace(ALONE, contention_by_mode={"one-step": {"engine": 0.05, "trainer": 0.03},
-                                                           "fully-async": {"engine": 0.40, "trainer": 0.20}})
+    truth = dataclasses.replace(
+        ALONE,
+        contention_by_mode={
+            "one-step": {"engine": 0.05, "trainer": 0.03},
+            "fully-async": {"engine": 0.40, "trainer": 0.20},
+        },
+    )
     assert truth.contention_for(ONE_STEP) == (0.05, 0.03) and truth.contention_for(FULLY_ASYNC) == (0.40, 0.20)
     assert truth.contention_for(SYNC) == (0.0, 0.0)  # no own factors: the joint ones
     fitted = fit_costs(_observations(truth))
@@ -108,8 +141,9 @@ def test_each_overlapped_mode_gets_its_own_factors_when_the_modes_contend_differ
         want = truth.contention_by_mode[mode]
         assert fitted.contention_by_mode[mode]["engine"] == pytest.approx(want["engine"], rel=1e-6)
         assert fitted.contention_by_mode[mode]["trainer"] == pytest.approx(want["trainer"], rel=1e-6)
-        assert predict(fitted, cfg, Layout())["step_s"] == pytest.approx(predict(truth, cfg, Layout())["step_s"],
-                                                                         rel=1e-6)
+        assert predict(fitted, cfg, Layout())["step_s"] == pytest.approx(
+            predict(truth, cfg, Layout())["step_s"], rel=1e-6
+        )
     assert 0.05 < fitted.contention_engine < 0.40
     # the joint factors alone predict fully-async too fast: the per-mode ones are what fix it
     joint = dataclasses.replace(fitted, contention_by_mode={})
@@ -176,11 +210,15 @@ def test_the_fit_scales_the_costs_to_the_median_repeat(tmp_path):
 
     row = mode_rows(res)
     slower = dataclasses.replace(row, rollout_busy_s=row.rollout_busy_s * 1.2, train_busy_s=row.train_busy_s * 1.1)
-    doc = {"kind": "run", "config": {"spec": {"max_running": 16}, "modes": {"sync": SYNC.to_dict()}},
-           "extra": {"modes": {"sync": {"phases": phase_spans(res.events, measurement_window(res.events, 0.0,
-                                                                                              res.wall_s))}},
-                     "per_step": {"sync": [{"tokens": 6 * 32} for _ in res.history]},
-                     "repeats": {"sync": [r.to_dict() for r in (row, slower, slower)]}}}
+    doc = {
+        "kind": "run",
+        "config": {"spec": {"max_running": 16}, "modes": {"sync": SYNC.to_dict()}},
+        "extra": {
+            "modes": {"sync": {"phases": phase_spans(res.events, measurement_window(res.events, 0.0, res.wall_s))}},
+            "per_step": {"sync": [{"tokens": 6 * 32} for _ in res.history]},
+            "repeats": {"sync": [r.to_dict() for r in (row, slower, slower)]},
+        },
+    }
     path = tmp_path / "results.json"
     _write_run(path, doc)
     fitted = fit_costs(observations_from_results(path))
@@ -195,10 +233,18 @@ def test_validation_predicts_a_ray_run_with_its_engine_count_and_flags_rows_beyo
 
     assert layout_of({"layout": "ray", "num_engines": 2}) == Layout(engines=2)
     assert layout_of({"layout": "split", "num_engines": 2}) == Layout(engines=1)
-    row = {"file": "runs/x/results.json", "calibration": False, "mode": "one-step", "layout": "split",
-           "step_error": 0.04, "speedup_error": -0.03}
-    report = {"calibration": "runs/a/results.json",
-              "rows": [row, dict(row, layout="ray", engines=2, step_error=-0.3, speedup_error=0.12)]}
+    row = {
+        "file": "runs/x/results.json",
+        "calibration": False,
+        "mode": "one-step",
+        "layout": "split",
+        "step_error": 0.04,
+        "speedup_error": -0.03,
+    }
+    report = {
+        "calibration": "runs/a/results.json",
+        "rows": [row, dict(row, layout="ray", engines=2, step_error=-0.3, speedup_error=0.12)],
+    }
     s = summary(report)
     assert s["split"]["within_target"] and s["split"]["worst_step_error"] == 0.04
     assert not s["ray"]["within_target"] and s["ray"]["worst_speedup_error"] == 0.12

@@ -20,9 +20,18 @@ from miles_async_core.config import AsyncConfig
 from miles_async_core.errors import ConfigError
 from miles_async_core.types import Sample, SamplingParams
 
-ALONE = CostModel(decode_base_s=0.004, decode_per_seq_s=0.0, prefill_per_token_s=0.0, max_running=16,
-                  prompt_tokens=5, max_new_tokens=6, response_length={"kind": "fixed", "median": 6.0},
-                  train_base_s=0.0, train_per_token_s=0.0004, weight_sync_s=0.02)
+ALONE = CostModel(
+    decode_base_s=0.004,
+    decode_per_seq_s=0.0,
+    prefill_per_token_s=0.0,
+    max_running=16,
+    prompt_tokens=5,
+    max_new_tokens=6,
+    response_length={"kind": "fixed", "median": 6.0},
+    train_base_s=0.0,
+    train_per_token_s=0.0004,
+    weight_sync_s=0.02,
+)
 SYNC = AsyncConfig(rollout_batch_size=8, n_samples_per_prompt=4, driver="train", num_rollout=12, seed=3)
 FULLY_ASYNC = dataclasses.replace(SYNC, driver="train_async", fully_async=True)
 
@@ -31,8 +40,12 @@ def _decode_times(slots: float, starts: list[float]) -> list[float]:
     """Each engine gets one request of 10 steps of 0.1 s at its start time (through the
     router: each earlier request is still outstanding, so request i goes to engine i);
     returns when each finishes."""
-    cfg = SimEngineConfig(decode_base_s=0.1, decode_per_seq_s=0.0, prefill_per_token_s=0.0,
-                          response_length=LengthDist(kind="fixed", median=10))
+    cfg = SimEngineConfig(
+        decode_base_s=0.1,
+        decode_per_seq_s=0.0,
+        prefill_per_token_s=0.0,
+        response_length=LengthDist(kind="fixed", median=10),
+    )
 
     async def main():
         group = RoutedEngines(cfg, len(starts), contention=Contention(engine=0.0, trainer=0.0, engine_slots=slots))
@@ -41,8 +54,7 @@ def _decode_times(slots: float, starts: list[float]) -> list[float]:
 
         async def one(i: int, t0: float) -> None:
             await asyncio.sleep(t0)
-            fut = group.generate(Sample(index=i, group_index=i, prompt_tokens=[0]),
-                                 SamplingParams(max_new_tokens=100))
+            fut = group.generate(Sample(index=i, group_index=i, prompt_tokens=[0]), SamplingParams(max_new_tokens=100))
             await fut
             done[i] = loop.time()
 
@@ -72,9 +84,11 @@ def _two_engine_results(tmp_path, truth: CostModel) -> str:
     for seed in (3, 4, 5):
         res = simulate_layout(truth, dataclasses.replace(SYNC, seed=seed), Layout(engines=2))
         rows.append(mode_rows(res))
-    doc = {"kind": "run", "config": {"spec": {"layout": "ray", "num_engines": 2, "max_running": 16},
-                                     "modes": {"sync": SYNC.to_dict()}},
-           "extra": {"repeats": {"sync": [r.to_dict() for r in rows]}}}
+    doc = {
+        "kind": "run",
+        "config": {"spec": {"layout": "ray", "num_engines": 2, "max_running": 16}, "modes": {"sync": SYNC.to_dict()}},
+        "extra": {"repeats": {"sync": [r.to_dict() for r in rows]}},
+    }
     path = tmp_path / "two.json"
     _write_run(path, doc)
     return str(path)
@@ -89,7 +103,8 @@ def test_the_fit_recovers_known_slots_and_per_engine_weight_sync(tmp_path, slots
     assert fitted.fit["engine_sharing"]["engines"] == 2
     # and the fitted model predicts the truth's fully-async run
     assert predict(fitted, FULLY_ASYNC, Layout(engines=2))["step_s"] == pytest.approx(
-        predict(truth, FULLY_ASYNC, Layout(engines=2))["step_s"], rel=0.03)
+        predict(truth, FULLY_ASYNC, Layout(engines=2))["step_s"], rel=0.03
+    )
 
 
 def test_engines_that_do_not_slow_each_other_fit_as_no_sharing(tmp_path):
@@ -106,8 +121,14 @@ def test_sharing_slows_a_two_engine_prediction_and_leaves_one_engine_alone():
 def test_the_fit_refuses_a_run_with_one_engine(tmp_path):
     path = tmp_path / "one.json"
     row = mode_rows(simulate_layout(ALONE, SYNC, Layout()))
-    _write_run(path, {"kind": "run", "config": {"spec": {"layout": "split"}, "modes": {"sync": SYNC.to_dict()}},
-                      "extra": {"repeats": {"sync": [row.to_dict()]}}})
+    _write_run(
+        path,
+        {
+            "kind": "run",
+            "config": {"spec": {"layout": "split"}, "modes": {"sync": SYNC.to_dict()}},
+            "extra": {"repeats": {"sync": [row.to_dict()]}},
+        },
+    )
     with pytest.raises(ConfigError, match="--num-engines >= 2"):
         fit_engine_sharing(ALONE, path)
 
@@ -123,10 +144,18 @@ def test_engine_step_factors_against_the_model():
     of the mode under training; a file without step times gives no entry."""
     from harness.advise.validate import _engine_steps, _steps_table
 
-    costs = dataclasses.replace(ALONE, engine_slots=1.25, contention_by_mode={
-        "fully-async": {"engine": 0.5, "trainer": 0.1}, "one-step": {"engine": 0.2, "trainer": 0.1}})
-    engines = [{"step_ms": 20.0, "step_ms_training": 30.0, "step_ms_not_training": 15.0},
-               {"step_ms": 22.0, "step_ms_training": 34.0, "step_ms_not_training": None}]
+    costs = dataclasses.replace(
+        ALONE,
+        engine_slots=1.25,
+        contention_by_mode={
+            "fully-async": {"engine": 0.5, "trainer": 0.1},
+            "one-step": {"engine": 0.2, "trainer": 0.1},
+        },
+    )
+    engines = [
+        {"step_ms": 20.0, "step_ms_training": 30.0, "step_ms_not_training": 15.0},
+        {"step_ms": 22.0, "step_ms_training": 34.0, "step_ms_not_training": None},
+    ]
     s = _engine_steps(engines, costs, FULLY_ASYNC, 2)
     assert s["step_ms"] == pytest.approx(21.0) and s["step_ms_training"] == pytest.approx(32.0)
     assert s["step_ms_not_training"] == pytest.approx(15.0)
@@ -134,11 +163,21 @@ def test_engine_step_factors_against_the_model():
     assert s["model_factor_training"] == pytest.approx(2 / 1.25 * 1.5)
     assert _engine_steps(engines, costs, FULLY_ASYNC, 1)["model_factor_training"] == pytest.approx(1.5)
     assert _engine_steps([{"tokens": 3}], costs, FULLY_ASYNC, 2) is None
-    ref = {"file": "a", "mode": "sync", "calibration": True, "engines": 1, "layout": "ray",
-           "engine_steps": {"step_ms": 10.0, "step_ms_training": None, "step_ms_not_training": 10.0,
-                            "model_factor_training": 1.0, "model_factor_not_training": 1.0}}
-    held = {"file": "b", "mode": "fully-async", "calibration": False, "engines": 2, "layout": "ray",
-            "engine_steps": s}
+    ref = {
+        "file": "a",
+        "mode": "sync",
+        "calibration": True,
+        "engines": 1,
+        "layout": "ray",
+        "engine_steps": {
+            "step_ms": 10.0,
+            "step_ms_training": None,
+            "step_ms_not_training": 10.0,
+            "model_factor_training": 1.0,
+            "model_factor_not_training": 1.0,
+        },
+    }
+    held = {"file": "b", "mode": "fully-async", "calibration": False, "engines": 2, "layout": "ray", "engine_steps": s}
     table = "\n".join(_steps_table([ref, held]))
     assert "32.00 (x3.20) | x2.40 | 15.00 (x1.50) | x1.60" in table
     assert _steps_table([held]) == []  # no one-engine sync reference: no table
@@ -148,11 +187,19 @@ def test_the_reading_uses_the_calibration_runs_step_times_where_recorded():
     from harness.advise.validate import _why_fully_async
 
     def row(mode, train, other):
-        return {"file": "cal", "mode": mode, "calibration": mode == "sync", "engines": 1, "layout": "ray",
-                "engine_steps": {"step_ms": 10.0, "step_ms_training": train, "step_ms_not_training": other}}
+        return {
+            "file": "cal",
+            "mode": mode,
+            "calibration": mode == "sync",
+            "engines": 1,
+            "layout": "ray",
+            "engine_steps": {"step_ms": 10.0, "step_ms_training": train, "step_ms_not_training": other},
+        }
 
-    report = {"calibration": "cal", "rows": [row("sync", None, 10.0), row("one-step", 12.0, 11.0),
-                                             row("fully-async", 16.0, 12.0)]}
+    report = {
+        "calibration": "cal",
+        "rows": [row("sync", None, 10.0), row("one-step", 12.0, 11.0), row("fully-async", 16.0, 12.0)],
+    }
     text = _why_fully_async(report)
     assert "x1.20 of its sync step under training and x1.10 otherwise in one-step, x1.60 and x1.20" in text
     for r in report["rows"]:
@@ -164,8 +211,7 @@ def test_measured_host_cores_are_the_median_over_repeats_and_unknown_if_one_lack
     from harness.advise.validate import measured
 
     def doc(cores):
-        reps = [{"mode": "sync", "steps": 10, "wall_s": 5.0, "cpu_cores_total": c, "host_cpu_count": 2}
-                for c in cores]
+        reps = [{"mode": "sync", "steps": 10, "wall_s": 5.0, "cpu_cores_total": c, "host_cpu_count": 2} for c in cores]
         return {"kind": "run", "extra": {"repeats": {"sync": reps}, "per_step": {}}}
 
     assert measured(doc([1.2, 1.8, 1.5]), "sync")["cpu_cores_total"] == pytest.approx(1.5)

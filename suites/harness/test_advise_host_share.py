@@ -18,9 +18,18 @@ from harness.sim.contention import Contention, host_growth
 from miles_async_core.config import AsyncConfig
 from miles_async_core.errors import ConfigError
 
-ALONE = CostModel(decode_base_s=0.004, decode_per_seq_s=0.0, prefill_per_token_s=0.0, max_running=16,
-                  prompt_tokens=5, max_new_tokens=6, response_length={"kind": "fixed", "median": 6.0},
-                  train_base_s=0.0, train_per_token_s=0.0004, weight_sync_s=0.02)
+ALONE = CostModel(
+    decode_base_s=0.004,
+    decode_per_seq_s=0.0,
+    prefill_per_token_s=0.0,
+    max_running=16,
+    prompt_tokens=5,
+    max_new_tokens=6,
+    response_length={"kind": "fixed", "median": 6.0},
+    train_base_s=0.0,
+    train_per_token_s=0.0004,
+    weight_sync_s=0.02,
+)
 SYNC = AsyncConfig(rollout_batch_size=8, n_samples_per_prompt=4, driver="train", num_rollout=12, seed=3)
 FULLY_ASYNC = dataclasses.replace(SYNC, driver="train_async", fully_async=True)
 ONE_STEP = dataclasses.replace(SYNC, driver="train_async")
@@ -61,27 +70,41 @@ def test_the_main_process_demand_is_inferred_from_the_cores_the_lone_engine_kept
     """Alone in sync the engine took 1.2 cores; two took 1.8. In fully-async it kept 0.9:
     shared in proportion to demand, 1.2 * 1.8 / (1.2 + main) = 0.9, so main = 1.2. In
     one-step it kept all it takes in sync: no sign of sharing, 0 (off)."""
-    costs = dataclasses.replace(ALONE, engine_cores_by_mode={"sync": 1.2, "fully-async": 0.9, "one-step": 1.2},
-                                host_engine_cores=1.8)
+    costs = dataclasses.replace(
+        ALONE, engine_cores_by_mode={"sync": 1.2, "fully-async": 0.9, "one-step": 1.2}, host_engine_cores=1.8
+    )
     assert host_share.main_cores(costs, "fully-async") == pytest.approx(1.2)
     assert host_share.main_cores(costs, "one-step") == 0.0
     assert host_share.figures(costs, "one-step") == {"engine_cores": 0.0, "main_cores": 0.0, "host_cores": 0.0}
-    assert host_share.figures(costs, "fully-async") == {"engine_cores": 1.2, "main_cores": pytest.approx(1.2),
-                                                         "host_cores": 1.8}
+    assert host_share.figures(costs, "fully-async") == {
+        "engine_cores": 1.2,
+        "main_cores": pytest.approx(1.2),
+        "host_cores": 1.8,
+    }
     assert host_share.main_cores(dataclasses.replace(costs, host_engine_cores=0.0), "fully-async") == 0.0
     assert host_growth(2, **host_share.figures(costs, "fully-async")) == pytest.approx((3.6 / 2.4) / (2.4 / 1.8))
 
 
 def _rows(cores_per_engine, engines=1):
-    return [ModeRow(mode="sync", steps=10, wall_s=5.0, rollout_busy_s=2.5, cpu_cores_engines=c * engines,
-                    cpu_cores_per_engine=[c] * engines) for c in cores_per_engine]
+    return [
+        ModeRow(
+            mode="sync",
+            steps=10,
+            wall_s=5.0,
+            rollout_busy_s=2.5,
+            cpu_cores_engines=c * engines,
+            cpu_cores_per_engine=[c] * engines,
+        )
+        for c in cores_per_engine
+    ]
 
 
 def test_engine_cores_are_per_engine_while_generating_over_one_engine_runs_only():
     """0.5 cores over the run while generating half of it: 1.0 while generating; median over
     the repeats; a mode run with two engines, or a repeat without the cores, is left out."""
-    got = host_share.engine_cores_by_mode({"sync": _rows([0.5, 0.6, 0.55]), "fully-async": _rows([0.45]),
-                                           "one-step": _rows([0.5], engines=2)})
+    got = host_share.engine_cores_by_mode(
+        {"sync": _rows([0.5, 0.6, 0.55]), "fully-async": _rows([0.45]), "one-step": _rows([0.5], engines=2)}
+    )
     assert got == {"sync": pytest.approx(1.1), "fully-async": pytest.approx(0.9)}
     assert host_share.engine_cores_by_mode({"sync": _rows([0.5]) + [ModeRow(mode="sync", steps=10, wall_s=5.0)]}) == {}
     assert host_share.host_cores(_rows([0.45, 0.5], engines=2), 2) == pytest.approx(2 * 0.95)
@@ -92,9 +115,11 @@ def test_the_sharing_fit_reads_the_host_cores_off_the_several_engine_sync_mode(t
     for seed in (3, 4):
         row = mode_rows(simulate_layout(ALONE, dataclasses.replace(SYNC, seed=seed), Layout(engines=2)))
         rows.append(dataclasses.replace(row, cpu_cores_engines=0.6, cpu_cores_per_engine=[0.3, 0.3]))
-    doc = {"kind": "run", "config": {"spec": {"layout": "ray", "num_engines": 2, "max_running": 16},
-                                     "modes": {"sync": SYNC.to_dict()}},
-           "extra": {"repeats": {"sync": [r.to_dict() for r in rows]}}}
+    doc = {
+        "kind": "run",
+        "config": {"spec": {"layout": "ray", "num_engines": 2, "max_running": 16}, "modes": {"sync": SYNC.to_dict()}},
+        "extra": {"repeats": {"sync": [r.to_dict() for r in rows]}},
+    }
     path = tmp_path / "two.json"
     _write_run(path, doc)
     expected = 2 * statistics.median(0.3 * r.wall_s / r.rollout_busy_s for r in rows)  # 2 engines
@@ -106,13 +131,22 @@ def test_the_sharing_fit_reads_the_host_cores_off_the_several_engine_sync_mode(t
 def test_the_growth_slows_an_overlapped_two_engine_prediction_and_nothing_else():
     """The same costs with and without the host's cores: two engines in fully-async are
     slower with them; sync with two engines, and one engine in any mode, are the same run."""
-    shared = dataclasses.replace(ALONE, engine_slots=1.5, contention_by_mode={
-        "fully-async": {"engine": 0.5, "trainer": 0.1}, "one-step": {"engine": 0.3, "trainer": 0.1}})
-    cores = dataclasses.replace(shared, engine_cores_by_mode={"sync": 1.2, "fully-async": 0.9, "one-step": 0.9},
-                                host_engine_cores=1.8)
+    shared = dataclasses.replace(
+        ALONE,
+        engine_slots=1.5,
+        contention_by_mode={
+            "fully-async": {"engine": 0.5, "trainer": 0.1},
+            "one-step": {"engine": 0.3, "trainer": 0.1},
+        },
+    )
+    cores = dataclasses.replace(
+        shared, engine_cores_by_mode={"sync": 1.2, "fully-async": 0.9, "one-step": 0.9}, host_engine_cores=1.8
+    )
     two, one = Layout(engines=2), Layout()
-    assert predict(cores, FULLY_ASYNC, two)["busy_per_step_s"]["generating"] > \
-        predict(shared, FULLY_ASYNC, two)["busy_per_step_s"]["generating"]
+    assert (
+        predict(cores, FULLY_ASYNC, two)["busy_per_step_s"]["generating"]
+        > predict(shared, FULLY_ASYNC, two)["busy_per_step_s"]["generating"]
+    )
     assert predict(cores, SYNC, two)["step_s"] == predict(shared, SYNC, two)["step_s"]
     for cfg in (SYNC, ONE_STEP, FULLY_ASYNC):
         assert predict(cores, cfg, one)["step_s"] == predict(shared, cfg, one)["step_s"]
@@ -122,11 +156,18 @@ def test_mode_vs_sync_reads_the_models_growth_off_the_rows_factors():
     from harness.advise.validate import mode_vs_sync
 
     def row(engines, mode, step_ms, factor):
-        return {"engines": engines, "mode": mode,
-                "engine_steps": {"step_ms": step_ms, "model_factor_not_training": factor}}
+        return {
+            "engines": engines,
+            "mode": mode,
+            "engine_steps": {"step_ms": step_ms, "model_factor_not_training": factor},
+        }
 
-    rows = [row(1, "sync", 10.0, 1.0), row(1, "fully-async", 15.0, 1.0),
-            row(2, "sync", 14.0, 1.4), row(2, "fully-async", 28.0, 1.4 * 1.2)]
+    rows = [
+        row(1, "sync", 10.0, 1.0),
+        row(1, "fully-async", 15.0, 1.0),
+        row(2, "sync", 14.0, 1.4),
+        row(2, "fully-async", 28.0, 1.4 * 1.2),
+    ]
     got = mode_vs_sync(rows)["fully-async"]
     assert got["growth"] == pytest.approx(4 / 3) and got["growth_model"] == pytest.approx(1.2)
 

@@ -20,17 +20,26 @@ _runs = st.lists(st.tuples(st.integers(0, 6), st.integers(0, 6), st.integers(1, 
 @st.composite
 def _samples(draw) -> Sample:
     runs = draw(_runs)
-    return Sample(weight_versions=draw(st.lists(_recorded, max_size=3)), token_versions=VersionRuns([list(r) for r in runs]),
-                  response_tokens=[0] * sum(r[2] for r in runs))
+    return Sample(
+        weight_versions=draw(st.lists(_recorded, max_size=3)),
+        token_versions=VersionRuns([list(r) for r in runs]),
+        response_tokens=[0] * sum(r[2] for r in runs),
+    )
 
 
 # a flat group, or a nested one (trajectories of samples, as a generate function returns)
-_groups = st.one_of(st.lists(_samples(), min_size=1, max_size=4),
-                    st.lists(st.one_of(_samples(), st.lists(_samples(), min_size=1, max_size=3)), min_size=1, max_size=3))
+_groups = st.one_of(
+    st.lists(_samples(), min_size=1, max_size=4),
+    st.lists(st.one_of(_samples(), st.lists(_samples(), min_size=1, max_size=3)), min_size=1, max_size=3),
+)
 
 
-@given(st.lists(_groups, max_size=4), st.integers(6, 9), st.integers(0, 20),
-       st.dictionaries(st.integers(0, 6), st.integers(0, 20)))
+@given(
+    st.lists(_groups, max_size=4),
+    st.integers(6, 9),
+    st.integers(0, 20),
+    st.dictionaries(st.integers(0, 6), st.integers(0, 20)),
+)
 def test_the_one_pass_gives_what_the_definitions_give(data, version, steps, version_steps):
     recorder = AgeRecorder()
     recorder.version_steps = dict(version_steps)

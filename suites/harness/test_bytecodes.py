@@ -29,8 +29,7 @@ def test_the_profile_is_the_long_run_minus_the_short_one_per_sample():
     assert work["bytecodes_per_sample"] > 0
     # the same run counted again gives the same figures: nothing in it depends on timing
     assert bytecode_profile(_run, 3, 8, samples_per_step=4) == p
-    assert p["bytecodes_per_sample"] == pytest.approx(sum(f["bytecodes_per_sample"] for f in p["functions"]),
-                                                      abs=0.01)
+    assert p["bytecodes_per_sample"] == pytest.approx(sum(f["bytecodes_per_sample"] for f in p["functions"]), abs=0.01)
 
 
 def test_a_tracer_already_set_is_put_back():

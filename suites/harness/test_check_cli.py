@@ -42,8 +42,19 @@ def test_one_step_colocate_fails_both_profiles(capsys):
 
 def test_resolved_values_and_ignored_flags_are_printed(capsys):
     rc, out, _ = run(
-        capsys, "--", "python", "train_async.py", "--fully-async", "--rollout-batch-size", "4",
-        "--n-samples-per-prompt", "2", "--async-max-concurrent-samples", "6", "--lr", "1e-6",
+        capsys,
+        "--",
+        "python",
+        "train_async.py",
+        "--fully-async",
+        "--rollout-batch-size",
+        "4",
+        "--n-samples-per-prompt",
+        "2",
+        "--async-max-concurrent-samples",
+        "6",
+        "--lr",
+        "1e-6",
     )
     assert rc == 0
     lines = set(out.splitlines())
@@ -84,8 +95,9 @@ def test_an_undefined_group_budget_is_printed_not_raised(capsys):
 
 
 def test_json_output_is_one_document_with_config_and_violations(capsys):
-    rc, out, _ = run(capsys, "--json", "--profile", UPSTREAM, "--", "--fully-async",
-                     "--update-weights-interval", "0", "--seed", "3")
+    rc, out, _ = run(
+        capsys, "--json", "--profile", UPSTREAM, "--", "--fully-async", "--update-weights-interval", "0", "--seed", "3"
+    )
     assert rc == 2
     doc = json.loads(out)
     assert doc["ok"] is False and doc["profile"] == UPSTREAM

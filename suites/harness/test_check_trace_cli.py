@@ -40,7 +40,7 @@ def test_a_doctored_trace_fails_naming_the_invariant(trace, tmp_path, capsys):
     lines = trace.read_text().splitlines()
     first_taken = next(i for i, x in enumerate(lines) if json.loads(x)["kind"] == "taken")
     bad = tmp_path / "bad.jsonl"
-    bad.write_text("\n".join(lines[:first_taken] + lines[first_taken + 1:]) + "\n")
+    bad.write_text("\n".join(lines[:first_taken] + lines[first_taken + 1 :]) + "\n")
     shutil.copy(config_path(trace), config_path(bad))
     rc, out, _ = _check(capsys, bad)
     assert rc == 1
@@ -55,21 +55,36 @@ def test_miles_flags_are_the_config_when_no_config_file_is_stored(trace, tmp_pat
     rc, _, err = _check(capsys, bare)
     assert rc == 2 and str(config_path(bare)) in err and "-- <miles args>" in err
     # the default scenario's command line: the trace passes under it
-    miles = ["train_async.py", "--fully-async", "--rollout-batch-size", "16", "--n-samples-per-prompt", "4",
-             "--max-weight-staleness", "2", "--async-unused-samples-handler", "retry", "--num-rollout", "4"]
+    miles = [
+        "train_async.py",
+        "--fully-async",
+        "--rollout-batch-size",
+        "16",
+        "--n-samples-per-prompt",
+        "4",
+        "--max-weight-staleness",
+        "2",
+        "--async-unused-samples-handler",
+        "retry",
+        "--num-rollout",
+        "4",
+    ]
     rc, out, _ = _check(capsys, bare, "--", *miles)
     assert rc == 0 and "config: the Miles flags given" in out
     rc, out, _ = _check(capsys, bare, "--", *miles[:1], *miles[2:])  # not --fully-async: a one-step run's rules
     assert rc == 1 and "FAIL" in out
 
 
-@pytest.mark.parametrize("content,needle", [
-    ("not json\n", "line 1: not JSON"),
-    ('{"seq": 0, "t": 0.0}\n', "lacks seq/t/kind"),
-    ('{"seq": 0, "t": 0.0, "kind": "teleported"}\n', "unknown event kind 'teleported'"),
-    ('{"seq": 0, "t": 0.0, "kind": "taken"}\n', "lacks fields"),
-    ("", "no events"),
-])
+@pytest.mark.parametrize(
+    "content,needle",
+    [
+        ("not json\n", "line 1: not JSON"),
+        ('{"seq": 0, "t": 0.0}\n', "lacks seq/t/kind"),
+        ('{"seq": 0, "t": 0.0, "kind": "teleported"}\n', "unknown event kind 'teleported'"),
+        ('{"seq": 0, "t": 0.0, "kind": "taken"}\n', "lacks fields"),
+        ("", "no events"),
+    ],
+)
 def test_bad_traces_are_exit_2_naming_the_file_and_line(tmp_path, capsys, content, needle):
     path = tmp_path / "t.jsonl"
     path.write_text(content)

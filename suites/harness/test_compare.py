@@ -96,7 +96,10 @@ def test_block_means_drop_the_warm_up_and_average_contiguous_blocks():
     means, what = block_means(samples[:30], warmup_steps=2, blocks=4)
     assert means == [np.mean(samples[2:9]), np.mean(samples[9:16]), np.mean(samples[16:23]), np.mean(samples[23:30])]
     assert what == "4 block means of 7 steps each, first 2 steps dropped as warm-up"
-    assert block_means([5.0, 6.0, 7.0], warmup_steps=0) == ([5.0, 6.0, 7.0], "3 block means of 1 step, no warm-up step dropped")
+    assert block_means([5.0, 6.0, 7.0], warmup_steps=0) == (
+        [5.0, 6.0, 7.0],
+        "3 block means of 1 step, no warm-up step dropped",
+    )
     # a single run-level value is not a per-step series: nothing to drop
     assert block_means([0.97]) == ([0.97], "1 block mean of 1 step, no warm-up step dropped")
 
@@ -115,8 +118,9 @@ def test_a_slowly_drifting_series_no_longer_gives_a_tiny_p_value(tmp_path, capsy
     base, new = 1000.0 + 2.0 * t, 1020.0 + 2.0 * t
     per_step = mann_whitney_u(list(base[1:]), list(new[1:]))
     assert per_step.p_value < 1e-3  # what comparing raw per-step samples claimed
-    code, out, _ = _cli(capsys, _series(base, tmp_path, "base"), _series(new, tmp_path, "new"),
-                        "--threshold", "tokens_per_s:-10%")
+    code, out, _ = _cli(
+        capsys, _series(base, tmp_path, "base"), _series(new, tmp_path, "new"), "--threshold", "tokens_per_s:-10%"
+    )
     row = _row(out, "tokens_per_s")
     assert code == 0 and row[-1] == "~" and float(row[6]) > 0.2
     assert "compared on each side: 5 block means of 6 steps each, first 1 step dropped as warm-up" in out
@@ -147,18 +151,28 @@ def test_on_autocorrelated_runs_of_one_process_the_false_alarm_rate_is_near_alph
 def test_warm_up_steps_are_left_out_of_the_medians_and_the_test(tmp_path, capsys):
     steady = [1000.0 + (i * 7) % 11 for i in range(13)]
     cold_start = [200.0] + steady[1:]  # only step 0 differs: a slower warm-up
-    code, out, _ = _cli(capsys, _series(steady, tmp_path, "a"), _series(cold_start, tmp_path, "b"),
-                        "--threshold", "tokens_per_s:-10%")
+    code, out, _ = _cli(
+        capsys, _series(steady, tmp_path, "a"), _series(cold_start, tmp_path, "b"), "--threshold", "tokens_per_s:-10%"
+    )
     row = _row(out, "tokens_per_s")
     assert code == 0 and row[2] == row[3] and row[5] == "+0.0%" and row[6] == "1" and row[-1] == "~"
-    code, out, _ = _cli(capsys, _series(steady, tmp_path, "a"), _series(cold_start, tmp_path, "b"),
-                        "--warmup-steps", "0", "--blocks", "4", "--markdown")
+    code, out, _ = _cli(
+        capsys,
+        _series(steady, tmp_path, "a"),
+        _series(cold_start, tmp_path, "b"),
+        "--warmup-steps",
+        "0",
+        "--blocks",
+        "4",
+        "--markdown",
+    )
     assert "compared on each side: 4 block means of 3-4 steps each, no warm-up step dropped" in out
     assert "4 contiguous blocks per run" in out.splitlines()[-1]
 
 
-@pytest.mark.parametrize(("argv", "needle"), [(["--warmup-steps", "-1"], "--warmup-steps -1"),
-                                              (["--blocks", "1"], "--blocks 1")])
+@pytest.mark.parametrize(
+    ("argv", "needle"), [(["--warmup-steps", "-1"], "--warmup-steps -1"), (["--blocks", "1"], "--blocks 1")]
+)
 def test_bad_warm_up_or_block_settings_are_errors(files, capsys, argv, needle):
     code, _, err = _cli(capsys, files["base"], files["slow"], *argv)
     assert code == 2 and needle in err
@@ -184,8 +198,9 @@ def test_noise_level_change_passes_the_threshold(files, capsys):
 
 
 def test_improvement_is_marked_better_and_direction_follows_higher_is_better(files, capsys):
-    code, out, _ = _cli(capsys, files["base"], files["fast"], "--threshold", "tokens_per_s:-10%",
-                        "--threshold", "wall_s:-10%")
+    code, out, _ = _cli(
+        capsys, files["base"], files["fast"], "--threshold", "tokens_per_s:-10%", "--threshold", "wall_s:-10%"
+    )
     assert code == 0 and _row(out, "tokens_per_s")[-1] == "better"
     # the same data read as a lower-is-better metric is a regression
     code, out, _ = _cli(capsys, files["fast"], files["base"], "--threshold", "tokens_per_s:-10%")
@@ -248,8 +263,15 @@ def test_a_large_but_not_significant_drop_passes_the_threshold(tmp_path, capsys)
         res.add_benchmark("tokens_per_s", samples, "tokens/s", True)
         return str(res.write(tmp_path / f"{samples[0]}.json"))
 
-    code, out, _ = _cli(capsys, one([100, 60, 140, 90]), one([85, 50, 130, 70]), "--threshold", "tokens_per_s:-10%",
-                        "--warmup-steps", "0")
+    code, out, _ = _cli(
+        capsys,
+        one([100, 60, 140, 90]),
+        one([85, 50, 130, 70]),
+        "--threshold",
+        "tokens_per_s:-10%",
+        "--warmup-steps",
+        "0",
+    )
     assert code == 0
     row = _row(out, "tokens_per_s")
     assert row[5] == "-18.4%" and row[6] == "0.486" and row[7] == "~"
@@ -305,8 +327,10 @@ def test_history_mode_compares_with_the_last_runs_of_the_same_machine_and_kind(t
     code, out, _ = _cli(capsys, new_ok, "--history", str(hist), "--last", "3", "--threshold", "tokens_per_s:-10%")
     assert code == 0, out
     assert "(means of last 3 of 5 runs)" in out
-    assert ("compared base 3 run means, first 1 step of each run dropped as warm-up; "
-            "new 5 block means of 2-3 steps each, first 1 step dropped as warm-up") in out
+    assert (
+        "compared base 3 run means, first 1 step of each run dropped as warm-up; "
+        "new 5 block means of 2-3 steps each, first 1 step dropped as warm-up"
+    ) in out
     assert 990 < float(_row(out, "tokens_per_s")[2]) < 1010  # the half-speed other machine is excluded
     code, out, _ = _cli(capsys, new_slow, "--history", str(hist), "--last", "3", "--threshold", "tokens_per_s:-10%")
     assert code == 1 and _row(out, "tokens_per_s")[-1] == "worse"

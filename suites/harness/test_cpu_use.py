@@ -45,8 +45,10 @@ def test_run_prints_the_cores_per_mode_with_the_hosts_count_as_a_whole_number(ca
     from harness.main_job.rows import aggregate_repeats
     from harness.results.mode_rows import ModeRow
 
-    reps = [ModeRow(mode="one-step", cpu_cores_main=m, cpu_cores_engines=0.8, cpu_cores_total=m + 0.8,
-                    host_cpu_count=2) for m in (0.8, 0.9)]
+    reps = [
+        ModeRow(mode="one-step", cpu_cores_main=m, cpu_cores_engines=0.8, cpu_cores_total=m + 0.8, host_cpu_count=2)
+        for m in (0.8, 0.9)
+    ]
     _print_cpu_use([aggregate_repeats(reps)])
     out = capsys.readouterr().out
     assert "cores of this host's 2 (" in out

@@ -39,12 +39,16 @@ def _trace_digest(name: str, tmp_path: Path) -> tuple[str, int]:
 def test_every_run_gives_the_stored_trace_on_this_python(tmp_path):
     got = {name: _trace_digest(name, tmp_path) for name in RUNS}
     if os.environ.get("UPDATE_GOLDEN"):
-        DIGESTS.write_text(json.dumps({n: {"sha256": d, "events": k} for n, (d, k) in got.items()},
-                                      indent=1, sort_keys=True) + "\n")
+        DIGESTS.write_text(
+            json.dumps({n: {"sha256": d, "events": k} for n, (d, k) in got.items()}, indent=1, sort_keys=True) + "\n"
+        )
     stored = json.loads(DIGESTS.read_text())
     assert set(stored) == set(RUNS), "regenerate the digests: UPDATE_GOLDEN=1 (see the module docstring)"
-    differ = [f"{n}: {k} events, sha256 {d[:12]} (stored {stored[n]['events']} events, {stored[n]['sha256'][:12]})"
-              for n, (d, k) in got.items() if d != stored[n]["sha256"]]
+    differ = [
+        f"{n}: {k} events, sha256 {d[:12]} (stored {stored[n]['events']} events, {stored[n]['sha256'][:12]})"
+        for n, (d, k) in got.items()
+        if d != stored[n]["sha256"]
+    ]
     assert not differ, "traces differ from the stored ones on this Python:\n" + "\n".join(differ)
 
 

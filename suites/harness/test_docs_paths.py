@@ -63,4 +63,6 @@ def test_the_scan_sees_a_stale_path_and_a_stale_module():
     assert stale_paths(text) == ["harness/realrun.py"]
     assert stale_modules(text) == ["harness.gap.decompose_gap"]
     assert stale_modules("harness.checking.buffer_machine.check_buffer") == []
-    assert stale_modules("harness.checking.buffer_machine.no_such_name") == ["harness.checking.buffer_machine.no_such_name"]
+    assert stale_modules("harness.checking.buffer_machine.no_such_name") == [
+        "harness.checking.buffer_machine.no_such_name"
+    ]

@@ -42,8 +42,14 @@ def _trace() -> list:
     at(2.00, ev.PHASE_END, side="train", phase="training")
     at(3.00, ev.DECODE_STEP, indices=[1], version=0, dur_s=0.010, engine=0)  # after the window
     # each engine's own generating phases (engine 0's second one runs past the window's end)
-    for t, kind, engine in ((0.05, ev.PHASE_START, 0), (0.60, ev.PHASE_END, 0), (1.55, ev.PHASE_START, 1),
-                            (1.75, ev.PHASE_END, 1), (1.00, ev.PHASE_START, 0), (3.10, ev.PHASE_END, 0)):
+    for t, kind, engine in (
+        (0.05, ev.PHASE_START, 0),
+        (0.60, ev.PHASE_END, 0),
+        (1.55, ev.PHASE_START, 1),
+        (1.75, ev.PHASE_END, 1),
+        (1.00, ev.PHASE_START, 0),
+        (3.10, ev.PHASE_END, 0),
+    ):
         at(t, kind, side="rollout", phase="generating", engine=engine)
     return rec.events
 
@@ -79,8 +85,11 @@ def test_table_shows_the_split_and_dashes_for_none():
 
 
 @settings(max_examples=300, deadline=None, derandomize=True)
-@given(st.lists(st.tuples(st.floats(0, 50, allow_nan=False), st.floats(0, 5, allow_nan=False)), max_size=30),
-       st.floats(-1, 60, allow_nan=False), st.floats(0, 10, allow_nan=False))
+@given(
+    st.lists(st.tuples(st.floats(0, 50, allow_nan=False), st.floats(0, 5, allow_nan=False)), max_size=30),
+    st.floats(-1, 60, allow_nan=False),
+    st.floats(0, 10, allow_nan=False),
+)
 def test_training_overlap_by_bisection_is_the_full_sum(raw, t0, width):
     """A decode step's time under training, found from the intervals that reach into the
     step alone, is the sum over every interval (``overlap.total``), to the bit."""

@@ -70,8 +70,12 @@ def one_step_ahead(k: int, *, steps: int, seed: int = 0) -> list:
     pending = generate()
     for step in range(steps):
         batch, pending = pending, generate()  # one step ahead: the next batch is made first
-        metrics = tracker.observe(step, [s for g in batch for s in g], current_weights=trainer.get_weights(),
-                                  optimizer_steps=trainer.optimizer_steps)
+        metrics = tracker.observe(
+            step,
+            [s for g in batch for s in g],
+            current_weights=trainer.get_weights(),
+            optimizer_steps=trainer.optimizer_steps,
+        )
         assert metrics["gap/num_tokens"] == sum(s.response_length for g in batch for s in g)
         trainer.train_step(batch)
         if trainer.optimizer_steps % k == 0:
@@ -192,7 +196,9 @@ def test_the_store_evicts_the_oldest_version_and_says_how_to_keep_it():
 
 
 def test_a_sample_newer_than_the_current_version_is_refused():
-    s = Sample(prompt_tokens=[3], response_tokens=[4], rollout_log_probs=[-1.0], token_versions=VersionRuns([[2, 2, 1]]))
+    s = Sample(
+        prompt_tokens=[3], response_tokens=[4], rollout_log_probs=[-1.0], token_versions=VersionRuns([[2, 2, 1]])
+    )
     with pytest.raises(ConfigError, match="current_version=1"):
         decompose_samples([s], VersionStore(2), build().weights_copy(), build, 1.0, current_version=1)
 
@@ -200,7 +206,12 @@ def test_a_sample_newer_than_the_current_version_is_refused():
 def test_the_tracker_refuses_a_sample_from_an_unreported_engine_version():
     tracker = GapTracker(capacity=2, model_builder=build, temperature=1.0)
     tracker.on_engine_update(1, 0, build().weights_copy())
-    s = Sample(prompt_tokens=[3], response_tokens=[4], rollout_log_probs=[-1.0], token_versions=VersionRuns([[2, 2, 1]]),
-               index=5)
+    s = Sample(
+        prompt_tokens=[3],
+        response_tokens=[4],
+        rollout_log_probs=[-1.0],
+        token_versions=VersionRuns([[2, 2, 1]]),
+        index=5,
+    )
     with pytest.raises(ConfigError, match=r"sample 5 .*engine version 2.*known: \[1\].*on_engine_update"):
         tracker.observe(0, [s], current_weights=build().weights_copy(), optimizer_steps=0)

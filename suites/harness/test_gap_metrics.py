@@ -240,8 +240,14 @@ def test_mis_bounds_hold_on_random_batches(seed, mode):
 def test_rs_rejects_tokens_outside_rs_bounds():
     train, rollout = with_raw(RAW)
     _, masks, _ = gap.compute_mis_weights(
-        [train], [rollout], [MASK], use_rs=True, rs_lower_bound=0.2, rs_upper_bound=3.0,
-        rs_veto_threshold=None, tis_batch_normalize=False,
+        [train],
+        [rollout],
+        [MASK],
+        use_rs=True,
+        rs_lower_bound=0.2,
+        rs_upper_bound=3.0,
+        rs_veto_threshold=None,
+        tis_batch_normalize=False,
     )
     assert masks[0].tolist() == [0.0, 1.0, 1.0, 0.0]  # 4.0 > 3.0 rejected; 0.25 kept
 
@@ -252,15 +258,27 @@ def test_veto_zeroes_the_whole_sequence_iff_a_masked_token_is_catastrophic():
     masks = [[1.0, 1.0, 1.0], [1.0, 0.0, 1.0], [1.0, 1.0, 1.0]]
     train, rollout = zip(*(with_raw(r) for r in raws))
     _, new_masks, metrics = gap.compute_mis_weights(
-        list(train), list(rollout), masks, use_rs=True, rs_lower_bound=0.0, rs_upper_bound=math.inf,
-        rs_veto_threshold=veto, tis_batch_normalize=False,
+        list(train),
+        list(rollout),
+        masks,
+        use_rs=True,
+        rs_lower_bound=0.0,
+        rs_upper_bound=math.inf,
+        rs_veto_threshold=veto,
+        tis_batch_normalize=False,
     )
     assert new_masks[0].tolist() == [0.0, 0.0, 0.0]  # catastrophic counted token
     assert new_masks[1].tolist() == [1.0, 0.0, 1.0]  # the catastrophic token is padding
     assert new_masks[2].tolist() == [1.0, 1.0, 1.0]  # -9 is above log(1e-4)
     m = gap.mis_metrics(
-        list(train), list(rollout), masks, use_rs=True, rs_lower_bound=0.0, rs_upper_bound=math.inf,
-        rs_veto_threshold=veto, tis_batch_normalize=False,
+        list(train),
+        list(rollout),
+        masks,
+        use_rs=True,
+        rs_lower_bound=0.0,
+        rs_upper_bound=math.inf,
+        rs_veto_threshold=veto,
+        tis_batch_normalize=False,
     )
     assert m["mis_rs_catastrophic_seq_fraction"] == pytest.approx(1 / 3)
     assert m["mis_rs_catastrophic_token_fraction"] == pytest.approx((1 / 3 + 0 + 0) / 3)
@@ -290,7 +308,12 @@ def test_sequence_batch_normalisation_gives_mean_of_sequence_means_one(seed):
 def test_sequence_level_weight_is_exp_of_the_masked_log_ratio_sum():
     train, rollout = with_raw([0.5, 0.25, 3.0])
     weights, _, _ = gap.compute_mis_weights(
-        [train], [rollout], [[1, 1, 0]], tis_level="sequence", tis_upper_bound=10.0, use_rs=False,
+        [train],
+        [rollout],
+        [[1, 1, 0]],
+        tis_level="sequence",
+        tis_upper_bound=10.0,
+        use_rs=False,
         tis_batch_normalize=False,
     )
     assert weights[0].tolist() == pytest.approx([math.exp(0.75), math.exp(0.75), 0.0])
@@ -308,8 +331,11 @@ def test_geometric_level_weight_is_exp_of_the_masked_mean_and_cannot_be_normalis
 
 @pytest.mark.parametrize(
     ("param", "value", "allowed"),
-    [("tis_level", "tokens", "token, sequence, geometric"), ("tis_mode", "cap", "truncate, clip, mask"),
-     ("rs_level", "seq", "token, sequence, geometric")],
+    [
+        ("tis_level", "tokens", "token, sequence, geometric"),
+        ("tis_mode", "cap", "truncate, clip, mask"),
+        ("rs_level", "seq", "token, sequence, geometric"),
+    ],
 )
 def test_unknown_level_or_mode_is_a_config_error_naming_param_value_and_choices(param, value, allowed):
     with pytest.raises(ConfigError) as info:
@@ -362,11 +388,31 @@ def test_k3_kl_equals_mis_k3_kl_and_tis_quantiles_are_ordered():
 def test_gap_report_keys_are_stable():
     m = gap.gap_metrics(*random_batch(0))
     headline = {
-        "train_rollout_logprob_abs_diff", "train_rollout_kl", "abs_diff_mean", "abs_diff_max", "k3_kl", "tis",
-        "tis_p01", "tis_p10", "tis_p50", "tis_p90", "tis_p99", "tis_max", "tis_clipfrac", "tis_abs",
-        "icepop_clipfrac", "mis_k3_kl", "mis_chi2_token", "mis_chi2_seq", "mis_ppl_ratio",
-        "mis_tis_truncate_fraction", "mis_rs_catastrophic_seq_fraction", "mis_is_ratio_mean_final",
-        "mis_is_ratio_min_final", "mis_is_ratio_max_final", "mis_batch_norm_factor",
+        "train_rollout_logprob_abs_diff",
+        "train_rollout_kl",
+        "abs_diff_mean",
+        "abs_diff_max",
+        "k3_kl",
+        "tis",
+        "tis_p01",
+        "tis_p10",
+        "tis_p50",
+        "tis_p90",
+        "tis_p99",
+        "tis_max",
+        "tis_clipfrac",
+        "tis_abs",
+        "icepop_clipfrac",
+        "mis_k3_kl",
+        "mis_chi2_token",
+        "mis_chi2_seq",
+        "mis_ppl_ratio",
+        "mis_tis_truncate_fraction",
+        "mis_rs_catastrophic_seq_fraction",
+        "mis_is_ratio_mean_final",
+        "mis_is_ratio_min_final",
+        "mis_is_ratio_max_final",
+        "mis_batch_norm_factor",
     }
     assert headline <= set(m)
     assert all(isinstance(v, (int, float)) for v in m.values())

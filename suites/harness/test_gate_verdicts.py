@@ -18,15 +18,31 @@ def obs(trained: tuple = (0, 1, 2, 3)) -> dict:
     return {"trained": [[1.5, [0, list(trained)]]], "end": [[9.0, [9.0, None]]]}
 
 
-def ran(name: str = "case", *, broken: tuple = (), trained: tuple = (0, 1, 2, 3), findings: tuple = (),
-        complete: bool = True) -> dict:
+def ran(
+    name: str = "case",
+    *,
+    broken: tuple = (),
+    trained: tuple = (0, 1, 2, 3),
+    findings: tuple = (),
+    complete: bool = True,
+) -> dict:
     checkers = {"conservation": 0, "buffer_capacity": 0, "drain_shape": 0}
     for b in broken:
         checkers[b] = 2
-    return {"name": name, "status": "ran", "error": None, "observables": obs(trained), "findings": list(findings),
-            "judgement": {"complete": complete, "checkers": checkers, "broken": list(broken),
-                          "violations": [{"invariant": b, "message": f"{b} broken at t=3"} for b in broken]},
-            "log": "INFO:miles:a line of upstream's log"}
+    return {
+        "name": name,
+        "status": "ran",
+        "error": None,
+        "observables": obs(trained),
+        "findings": list(findings),
+        "judgement": {
+            "complete": complete,
+            "checkers": checkers,
+            "broken": list(broken),
+            "violations": [{"invariant": b, "message": f"{b} broken at t=3"} for b in broken],
+        },
+        "log": "INFO:miles:a line of upstream's log",
+    }
 
 
 def harness_error(name: str = "case", message: str = "harness_error: upstream calls `x` on a stand-in") -> dict:
@@ -78,22 +94,32 @@ def test_harness_errors_and_missing_seams_are_never_findings():
     assert base_broke.verdict == "harness_error" and base_broke.message.startswith("on BASE")
     # a seam HEAD lost (a member upstream now calls on a stand-in): the pull request goes unchecked there
     lost = gate.classify(not_run(), ran())
-    assert lost.verdict == "harness_error" and "HEAD lacks seam make_submission_scheduler(fully-async), which BASE" \
-        in lost.message
+    assert (
+        lost.verdict == "harness_error"
+        and "HEAD lacks seam make_submission_scheduler(fully-async), which BASE" in lost.message
+    )
     assert gate.classify(not_run(), not_run()).verdict == "not_run"
-    member = dict(not_run(), seams=["stand-in rollout_manager.acquire_train_admission_hold"],
-                  message="seam ... missing (looked for `rollout_manager.acquire_train_admission_hold` read at "
-                          "train_async.py:L84, following imports)")
-    assert "stand-in rollout_manager.acquire_train_admission_hold (read at train_async.py:L84)" \
+    member = dict(
+        not_run(),
+        seams=["stand-in rollout_manager.acquire_train_admission_hold"],
+        message="seam ... missing (looked for `rollout_manager.acquire_train_admission_hold` read at "
+        "train_async.py:L84, following imports)",
+    )
+    assert (
+        "stand-in rollout_manager.acquire_train_admission_hold (read at train_async.py:L84)"
         in gate.classify(member, ran()).message
+    )
     # BASE cannot run the driver: HEAD is judged on its own trace alone
     assert gate.classify(ran(), not_run()).verdict == "changed"
     assert gate.classify(ran(broken=("conservation",)), not_run()).verdict == "new_violation"
 
 
 def test_a_fault_sweep_finding_base_shows_under_another_schedule_is_old():
-    drop = {"kind": "silent_drop:failed_group_discarded", "sweep_kind": "silent_drop:failed_group_discarded@sync",
-            "message": "groups [3] failed and were discarded"}
+    drop = {
+        "kind": "silent_drop:failed_group_discarded",
+        "sweep_kind": "silent_drop:failed_group_discarded@sync",
+        "message": "groups [3] failed and were discarded",
+    }
     head = [ran("fault-seed-1", findings=(drop,), trained=(1, 2, 4, 5)), ran("fault-seed-2")]
     base = [ran("fault-seed-1"), ran("fault-seed-2", findings=(drop,))]
     first = gate.classify_all(head, base)[0]
@@ -102,22 +128,30 @@ def test_a_fault_sweep_finding_base_shows_under_another_schedule_is_old():
     # an invariant a drawn schedule breaks on HEAD only, which BASE breaks under another schedule of the same
     # driver, is old; under another driver, or in a matrix case (no driver recorded), it is new
     cap = dict(ran("fault-seed-3", broken=("buffer_capacity",)), mode="fully_async")
-    base_cap = [dict(ran("fault-seed-3"), mode="fully_async"), dict(ran("fault-seed-4", broken=("buffer_capacity",)),
-                                                                    mode="fully_async")]
+    base_cap = [
+        dict(ran("fault-seed-3"), mode="fully_async"),
+        dict(ran("fault-seed-4", broken=("buffer_capacity",)), mode="fully_async"),
+    ]
     assert gate.classify_all([cap], base_cap)[0].elsewhere == ["buffer_capacity"]
     assert gate.classify_all([dict(cap, mode="one_step")], base_cap)[0].verdict == "new_violation"
-    assert gate.classify_all([ran("fault-seed-3", broken=("buffer_capacity",))], base_cap)[0].verdict \
-        == "new_violation"
+    assert gate.classify_all([ran("fault-seed-3", broken=("buffer_capacity",))], base_cap)[0].verdict == "new_violation"
     # the other way round: gone from one drawn schedule but shown under another on HEAD is not fixed
-    moved = gate.classify_all([dict(ran("fault-seed-3", trained=(0, 2)), mode="fully_async"),
-                               dict(ran("fault-seed-4", broken=("buffer_capacity",)), mode="fully_async")],
-                              [dict(ran("fault-seed-3", broken=("buffer_capacity",)), mode="fully_async"),
-                               dict(ran("fault-seed-4", broken=("buffer_capacity",)), mode="fully_async")])
+    moved = gate.classify_all(
+        [
+            dict(ran("fault-seed-3", trained=(0, 2)), mode="fully_async"),
+            dict(ran("fault-seed-4", broken=("buffer_capacity",)), mode="fully_async"),
+        ],
+        [
+            dict(ran("fault-seed-3", broken=("buffer_capacity",)), mode="fully_async"),
+            dict(ran("fault-seed-4", broken=("buffer_capacity",)), mode="fully_async"),
+        ],
+    )
     assert moved[0].verdict == "changed" and "not fixed: HEAD shows it in fault-seed-4" in moved[0].message
     # a finding kind BASE never shows is new
     hang = {"kind": "hang:watchdog hang", "sweep_kind": "hang:watchdog hang@sync", "message": "no progress"}
-    assert gate.classify_all([ran("fault-seed-1", findings=(hang,))], [ran("fault-seed-1")])[0].verdict \
-        == "new_violation"
+    assert (
+        gate.classify_all([ran("fault-seed-1", findings=(hang,))], [ran("fault-seed-1")])[0].verdict == "new_violation"
+    )
 
 
 def test_times_alone_changing_is_a_change_said_as_such():
@@ -128,8 +162,9 @@ def test_times_alone_changing_is_a_change_said_as_such():
 
 
 def test_exit_codes():
-    new, err, changed, same = (gate.CaseVerdict("a", k, "") for k in ("new_violation", "harness_error", "changed",
-                                                                       "unchanged"))
+    new, err, changed, same = (
+        gate.CaseVerdict("a", k, "") for k in ("new_violation", "harness_error", "changed", "unchanged")
+    )
     assert gate.exit_code([same, changed]) == 0
     assert gate.exit_code([same, changed], strict=True) == 1
     assert gate.exit_code([same, err]) == 2
@@ -147,8 +182,9 @@ def test_summary_groups_repeated_harness_errors_and_shows_a_new_violation_with_i
     assert "| new violation | 1 |" in md and "| harness error | 2 |" in md and "| unchanged | 1 |" in md
     assert "`b`, `c`: on HEAD: harness_error: upstream calls `x` on a stand-in" in md
     assert "`conservation`: conservation broken at t=3" in md and "a line of upstream's log" in md
-    doc = gate.summary_json(verdicts, head="pr", base="main", code=code, wall_s=12.0, cpu_s=20.0, strict=False,
-                            trees={})
+    doc = gate.summary_json(
+        verdicts, head="pr", base="main", code=code, wall_s=12.0, cpu_s=20.0, strict=False, trees={}
+    )
     assert doc["exit"] == 1 and doc["counts"] == {"new_violation": 1, "harness_error": 2, "unchanged": 1}
     assert {c["name"]: c["verdict"] for c in doc["cases"]}["a"] == "new_violation"
 

@@ -20,7 +20,9 @@ yaml = pytest.importorskip("yaml", reason="needs PyYAML to read the workflow: pi
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKFLOW = ROOT / "docs" / "examples" / "miles-gate.yml"
-ZIZMOR_CONFIG = 'rules:\n  unpinned-uses:\n    config:\n      policies:\n        "actions/*": ref-pin\n        "*": hash-pin\n'
+ZIZMOR_CONFIG = (
+    'rules:\n  unpinned-uses:\n    config:\n      policies:\n        "actions/*": ref-pin\n        "*": hash-pin\n'
+)
 
 
 def steps() -> dict[str, dict]:
@@ -32,8 +34,13 @@ def steps() -> dict[str, dict]:
 def test_the_example_validates_against_githubs_workflow_schema():
     if importlib.util.find_spec("check_jsonschema") is None:
         pytest.skip("check-jsonschema is not installed; add `check-jsonschema>=0.29` to the test extra")
-    done = subprocess.run([sys.executable, "-m", "check_jsonschema", "--builtin-schema", "vendor.github-workflows",
-                           str(WORKFLOW)], capture_output=True, text=True, timeout=120, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "check_jsonschema", "--builtin-schema", "vendor.github-workflows", str(WORKFLOW)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
 
 
@@ -44,8 +51,13 @@ def test_the_example_passes_zizmors_offline_audit(tmp_path):
         pytest.skip("zizmor is not installed; add `zizmor>=1.0` to the test extra")
     config = tmp_path / "zizmor.yml"
     config.write_text(ZIZMOR_CONFIG)
-    done = subprocess.run([exe, "--offline", "--no-progress", "--config", str(config), str(WORKFLOW)],
-                          capture_output=True, text=True, timeout=120, check=False)
+    done = subprocess.run(
+        [exe, "--offline", "--no-progress", "--config", str(config), str(WORKFLOW)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
 
 
@@ -70,8 +82,8 @@ def test_the_summary_is_posted_and_only_a_new_violation_fails_the_check():
     assert "gate-out/summary.md" in s["comment"]["with"]["script"]
     assert "pull_request.head.repo.full_name == github.repository" in s["comment"]["if"]
     verdict = s["Verdict"]["run"]
-    assert "1) echo \"::error::a new invariant violation" in verdict and verdict.count("exit 1") == 2
-    assert "2) echo \"::warning::" in verdict
+    assert '1) echo "::error::a new invariant violation' in verdict and verdict.count("exit 1") == 2
+    assert '2) echo "::warning::' in verdict
     names = list(s)
     assert names.index("gate") < names.index("comment") < names.index("Verdict")
 

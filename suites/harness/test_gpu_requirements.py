@@ -25,14 +25,29 @@ def _pytest(args: list[str], *, require: bool, cwd: Path) -> subprocess.Complete
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     if require:
         env[REQUIRE_GPU_ENV] = "1"
-    return subprocess.run([sys.executable, "-m", "pytest", "-rs", "-p", "no:cacheprovider", *args],
-                          cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-rs", "-p", "no:cacheprovider", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
-@pytest.mark.parametrize(("value", "required"), [
-    (None, False), ("", False), ("0", False), ("false", False), ("off", False),
-    ("1", True), ("true", True), ("yes", True),
-])
+@pytest.mark.parametrize(
+    ("value", "required"),
+    [
+        (None, False),
+        ("", False),
+        ("0", False),
+        ("false", False),
+        ("off", False),
+        ("1", True),
+        ("true", True),
+        ("yes", True),
+    ],
+)
 def test_the_variable_is_read_as_a_switch(value, required):
     env = {} if value is None else {REQUIRE_GPU_ENV: value}
     assert gpu_required(env) is required

@@ -22,11 +22,23 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.timeout(900)
 def test_the_gpu_scripts_cpu_dry_run_runs_every_stage_and_exits_0(tmp_path, miles_src):
     out = tmp_path / "gpu-checks"
-    env = {**os.environ, "DEVICE": "cpu", "PY": sys.executable, "MILES_SRC": str(miles_src),
-           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "DEVICE": "cpu",
+        "PY": sys.executable,
+        "MILES_SRC": str(miles_src),
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
     env.pop("MILES_CMD", None)
-    proc = subprocess.run(["bash", str(ROOT / "suites/gpu/run_gpu_checks.sh"), str(out)], cwd=ROOT, env=env, check=False,
-                          capture_output=True, text=True, timeout=850)
+    proc = subprocess.run(
+        ["bash", str(ROOT / "suites/gpu/run_gpu_checks.sh"), str(out)],
+        cwd=ROOT,
+        env=env,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=850,
+    )
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-6000:]
     assert "all checks passed" in log and "Traceback" not in log

@@ -33,7 +33,7 @@ def _targets(module: str, is_package: bool, node: ast.Import | ast.ImportFrom) -
     base = node.module or ""
     if node.level:  # relative: from the module's package, one level up per extra dot
         package = module.split(".") if is_package else module.split(".")[:-1]
-        package = package[:len(package) - node.level + 1]
+        package = package[: len(package) - node.level + 1]
         base = ".".join(package + ([base] if base else []))
     return [base] + [f"{base}.{alias.name}" for alias in node.names]
 
@@ -122,6 +122,9 @@ def test_harness_and_the_core_import_without_cycles(graph):
 
 
 def test_the_core_never_imports_the_harness(graph):
-    leaks = {m: sorted(t for t in targets if t.startswith("harness"))
-             for m, targets in graph.items() if m.startswith("miles_async_core")}
+    leaks = {
+        m: sorted(t for t in targets if t.startswith("harness"))
+        for m, targets in graph.items()
+        if m.startswith("miles_async_core")
+    }
     assert {m: t for m, t in leaks.items() if t} == {}

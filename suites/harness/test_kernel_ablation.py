@@ -11,7 +11,13 @@ import torch
 
 from harness.cli import main
 from harness.measure.kernel_ablation import (
-    Ablation, AblationConfig, TinySource, engine_generate, format_table, gap_row, replay_log_probs,
+    Ablation,
+    AblationConfig,
+    TinySource,
+    engine_generate,
+    format_table,
+    gap_row,
+    replay_log_probs,
 )
 from harness.results.schema import load_results
 from miles_async_core.errors import ConfigError
@@ -85,8 +91,23 @@ def test_a_single_differing_token_breaks_bitwise_equality():
 
 def test_the_gap_command_writes_a_loadable_results_file(tmp_path, capsys):
     out = tmp_path / "gap"
-    rc = main(["gap", "--dtypes", "fp32", "--num-seqs", "3", "--max-new-tokens", "4", "--d-model", "32",
-               "--layers", "1", "--out", str(out)])
+    rc = main(
+        [
+            "gap",
+            "--dtypes",
+            "fp32",
+            "--num-seqs",
+            "3",
+            "--max-new-tokens",
+            "4",
+            "--d-model",
+            "32",
+            "--layers",
+            "1",
+            "--out",
+            str(out),
+        ]
+    )
     stdout = capsys.readouterr().out
     assert rc == 0
     res = load_results(out / "results.json")
@@ -99,12 +120,15 @@ def test_the_gap_command_writes_a_loadable_results_file(tmp_path, capsys):
     assert (out / "gap_table.md").read_text().count("| true_on_policy |") == 1
 
 
-@pytest.mark.parametrize(("argv", "needle"), [
-    (["--dtypes", "fp32,fp8"], "--dtypes"),
-    (["--device", "tpu"], "--device"),
-    (["--num-seqs", "1"], "--num-seqs"),
-    (["--model", "no/such/dir"], "--model"),
-])
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--dtypes", "fp32,fp8"], "--dtypes"),
+        (["--device", "tpu"], "--device"),
+        (["--num-seqs", "1"], "--num-seqs"),
+        (["--model", "no/such/dir"], "--model"),
+    ],
+)
 def test_bad_flags_exit_2_naming_the_flag(tmp_path, capsys, argv, needle):
     assert main(["gap", *argv, "--out", str(tmp_path)]) == 2
     assert needle in capsys.readouterr().err

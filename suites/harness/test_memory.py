@@ -11,8 +11,10 @@ import pytest
 
 from harness.measure.memory import read_peak_rss_bytes, reset_peak_rss
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
-                                reason="VmHWM and clear_refs are Linux /proc features; elsewhere figures are None")
+pytestmark = pytest.mark.skipif(
+    not sys.platform.startswith("linux"),
+    reason="VmHWM and clear_refs are Linux /proc features; elsewhere figures are None",
+)
 MIB = 2**20
 
 
@@ -41,8 +43,13 @@ print(json.dumps(peaks.stop()))
 def test_each_phase_gets_its_own_peak_after_a_reset():
     # a fresh single-threaded interpreter: in a long test process, threads' cached RSS counters and
     # the allocator's retained memory make the figures depend on what ran before
-    out = subprocess.run([sys.executable, "-c", _PHASES], capture_output=True, text=True, check=True,
-                         cwd=Path(__file__).resolve().parents[2]).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", _PHASES],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).resolve().parents[2],
+    ).stdout
     got = json.loads(out)
     assert got["big"] - got["small"] > 64 * MIB  # the big phase's 96 MiB is not in the small phase's peak
 

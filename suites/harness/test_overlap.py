@@ -44,10 +44,16 @@ def _trace() -> list[Event]:
     return [Event(i, t, kind, fields) for i, (t, kind, fields) in enumerate(rows)]
 
 
-def _both_reports(events: list[Event], config: AsyncConfig, history: list[dict], wall_s: float
-                  ) -> tuple[dict, dict]:
-    sim = summarize(SimResult(scenario=dataclasses.replace(DEFAULT_SCENARIO, config=config), history=history,
-                              wall_s=wall_s, events=events, engine_stats={}))
+def _both_reports(events: list[Event], config: AsyncConfig, history: list[dict], wall_s: float) -> tuple[dict, dict]:
+    sim = summarize(
+        SimResult(
+            scenario=dataclasses.replace(DEFAULT_SCENARIO, config=config),
+            history=history,
+            wall_s=wall_s,
+            events=events,
+            engine_stats={},
+        )
+    )
     run = summarize_mode(ModeResult.from_trace("one-step", config, history, events, 0.0, wall_s), None)
     return sim, run
 
@@ -55,8 +61,7 @@ def _both_reports(events: list[Event], config: AsyncConfig, history: list[dict],
 def test_one_hand_built_trace_gives_the_same_ratios_in_simulate_and_run():
     sim, run = _both_reports(_trace(), AsyncConfig(), [], 12.0)
     # window [1, 11]: generating [1, 10]; training [5, 8] + [10, 11]; sync [8, 9]; waiting [1, 5] + [9, 10]
-    expected = {"rollout_idle_ratio": 0.1, "train_idle_ratio": 0.5, "both_busy_fraction": 0.3,
-                "wait_time_ratio": 0.5}
+    expected = {"rollout_idle_ratio": 0.1, "train_idle_ratio": 0.5, "both_busy_fraction": 0.3, "wait_time_ratio": 0.5}
     for key, value in expected.items():
         assert sim[key] == pytest.approx(value), key
         assert getattr(run, key) == sim[key], key
@@ -65,8 +70,7 @@ def test_one_hand_built_trace_gives_the_same_ratios_in_simulate_and_run():
 
 
 def test_one_simulated_trace_gives_the_same_ratios_and_printed_figures_in_simulate_and_run():
-    scenario = dataclasses.replace(DEFAULT_SCENARIO, config=dataclasses.replace(DEFAULT_SCENARIO.config,
-                                                                               num_rollout=4))
+    scenario = dataclasses.replace(DEFAULT_SCENARIO, config=dataclasses.replace(DEFAULT_SCENARIO.config, num_rollout=4))
     result = simulate(scenario)
     assert result.error is None
     sim, run = _both_reports(result.events, scenario.config, result.history, result.wall_s)

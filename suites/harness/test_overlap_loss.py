@@ -24,7 +24,8 @@ def _parts(R, T, W, P, extra):
 
 @given(times, times, times, times, times, times, times, times, times, times, times)
 def test_the_parts_sum_exactly_to_measured_minus_ideal_step_and_to_one_minus_efficiency(
-        Rs, Ts, Ws, Ps, Os, Ra, Ta, Wa, Pa, extra, slack):
+    Rs, Ts, Ws, Ps, Os, Ra, Ta, Wa, Pa, extra, slack
+):
     busy = Rs + Ts + Ws + Ps
     if busy < 1e-3:
         return
@@ -45,15 +46,29 @@ def test_each_part_names_its_cause():
     mode = {"R": 5.0, "T": 3.0, "W": 0.5, "P": 0.5, "S": 6.5, "O": 0.0}
     t = loss_table(sync, mode)
     assert t["ideal_step_s"] == pytest.approx(4.0)
-    assert t["parts_s"] == pytest.approx({"rollout slower": 1.0, "train slower": 0.0, "weight sync": 0.5,
-                                          "pause and resume": 0.5, "waiting and other": 0.5})
+    assert t["parts_s"] == pytest.approx(
+        {
+            "rollout slower": 1.0,
+            "train slower": 0.0,
+            "weight sync": 0.5,
+            "pause and resume": 0.5,
+            "waiting and other": 0.5,
+        }
+    )
     # train-bound: the ideal already charges sync's weight sync and pause on the trainer side
     sync = {"R": 2.0, "T": 3.0, "W": 0.5, "P": 0.5, "S": 6.0, "O": 0.0}
     mode = {"R": 2.0, "T": 3.5, "W": 0.5, "P": 0.75, "S": 4.75, "O": 0.0}
     t = loss_table(sync, mode)
     assert t["ideal_step_s"] == pytest.approx(4.0)
-    assert t["parts_s"] == pytest.approx({"rollout slower": 0.0, "train slower": 0.5, "weight sync": 0.0,
-                                          "pause and resume": 0.25, "waiting and other": 0.0})
+    assert t["parts_s"] == pytest.approx(
+        {
+            "rollout slower": 0.0,
+            "train slower": 0.5,
+            "weight sync": 0.0,
+            "pause and resume": 0.25,
+            "waiting and other": 0.0,
+        }
+    )
     text = format_loss_table({"one-step": t})
     assert all(name in text for name in PARTS) and "= measured - ideal" in text
 
@@ -81,8 +96,17 @@ def test_step_parts_split_each_weight_sync_at_the_engines_pause_and_version_even
 
 
 def _row(eff, wall, ages, losses_tag=None, passed=True):
-    return ModeRow(mode="one-step", steps=4, wall_s=wall, speedup=eff * 1.5, overlap_efficiency=eff, age_hist=ages,
-                   lag_hist={}, checks={"passed": passed}, losses={"tag": losses_tag})
+    return ModeRow(
+        mode="one-step",
+        steps=4,
+        wall_s=wall,
+        speedup=eff * 1.5,
+        overlap_efficiency=eff,
+        age_hist=ages,
+        lag_hist={},
+        checks={"passed": passed},
+        losses={"tag": losses_tag},
+    )
 
 
 def test_repeats_aggregate_to_medians_with_their_spread_and_the_median_repeats_loss_table():

@@ -55,8 +55,14 @@ def test_a_users_own_profile_selected_by_the_variable_works_with_the_plugin(tmp_
     env = {**os.environ, "PYTHONPATH": str(REPO), "HYPOTHESIS_PROFILE": "mine"}
     installed = any(ep.value == "harness.checking.pytest_plugin" for ep in entry_points(group="pytest11"))
     load = [] if installed else ["-p", "harness.checking.pytest_plugin"]
-    out = subprocess.run([sys.executable, "-m", "pytest", *load, "-p", "no:cacheprovider", "-q", "test_user.py"],
-                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", *load, "-p", "no:cacheprovider", "-q", "test_user.py"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     report = out.stdout + out.stderr
     assert out.returncode == 0, report
     assert "3 passed" in report

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # A failed task that only the collector can reach, then a parse during which the
 # collector runs (threshold 200 lands it inside the AST constructor), 20 frames deep so
 # the finalizer's nested parse starts at another depth.
-REPRO = textwrap.dedent('''
+REPRO = textwrap.dedent("""
     import ast, asyncio, gc, logging, sys
     logging.basicConfig(stream=sys.stdout)
     if sys.argv[1] == "guard":
@@ -58,22 +58,30 @@ REPRO = textwrap.dedent('''
         print("PARSED")
     except SystemError as exc:
         print("SYSTEMERROR", exc)
-''')
+""")
 
 
 def _repro(mode: str, tmp_path: Path) -> str:
     script = tmp_path / "repro.py"  # a file, so tracebacks have source lines (and carets)
     script.write_text(REPRO)
-    out = subprocess.run([sys.executable, str(script), mode], capture_output=True, text=True, timeout=60,
-                         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    out = subprocess.run(
+        [sys.executable, str(script), mode],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert out.returncode == 0, out.stderr
     return out.stdout
 
 
 @pytest.mark.process
-@pytest.mark.skipif(sys.version_info[:3] > (3, 11, 7) or sys.version_info[:2] != (3, 11),
-                    reason="the bug is only confirmed on CPython 3.11.0-3.11.7 (CI's 3.11.7); 3.12 keeps "
-                           "the recursion counter per call")
+@pytest.mark.skipif(
+    sys.version_info[:3] > (3, 11, 7) or sys.version_info[:2] != (3, 11),
+    reason="the bug is only confirmed on CPython 3.11.0-3.11.7 (CI's 3.11.7); 3.12 keeps "
+    "the recursion counter per call",
+)
 def test_the_cpython_bug_reproduces_without_the_guard(tmp_path):
     out = _repro("plain", tmp_path)
     assert "SYSTEMERROR AST constructor recursion depth mismatch" in out

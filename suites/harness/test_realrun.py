@@ -79,13 +79,16 @@ def test_a_worker_error_from_after_the_last_drain_reaches_the_row(monkeypatch):
     assert row.worker_error == "RuntimeError: worker died late"
 
 
-@pytest.mark.parametrize("argv,needle", [
-    (["--layout", "colocate", "--modes", "one-step"], "--colocate"),
-    (["--model", "/nonexistent/model-dir"], "--model"),
-    (["--task", "poetry"], "--task"),
-    (["--layout", "mesh"], "--layout"),
-    (["--modes", "sync,turbo"], "--modes"),
-])
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (["--layout", "colocate", "--modes", "one-step"], "--colocate"),
+        (["--model", "/nonexistent/model-dir"], "--model"),
+        (["--task", "poetry"], "--task"),
+        (["--layout", "mesh"], "--layout"),
+        (["--modes", "sync,turbo"], "--modes"),
+    ],
+)
 def test_bad_main_job_input_is_a_clear_error_not_a_traceback(argv, needle, capsys, tmp_path):
     rc = cli(["run", "--steps", "2", "--out", str(tmp_path), *argv])
     err = capsys.readouterr().err
@@ -100,8 +103,24 @@ def test_the_main_job_records_telemetry_exactly_as_far_as_this_machine_has_nvml(
     from harness.measure.telemetry import nvml_status
 
     has_nvml, reason = nvml_status()
-    rc = cli(["run", "--steps", "2", "--repeats", "1", "--modes", "sync", "--d-model", "32", "--layers", "1",
-              "--no-plots", "--out", str(tmp_path)])
+    rc = cli(
+        [
+            "run",
+            "--steps",
+            "2",
+            "--repeats",
+            "1",
+            "--modes",
+            "sync",
+            "--d-model",
+            "32",
+            "--layers",
+            "1",
+            "--no-plots",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     captured = capsys.readouterr()
     assert rc == 0
     said = (captured.out + captured.err).count("no telemetry:")
@@ -161,14 +180,30 @@ SMALL = ["--steps", "3", "--d-model", "32", "--layers", "1", "--no-plots", "--no
 def test_the_run_command_checks_every_repeat_stores_the_verdicts_and_prints_chance(tmp_path, capsys):
     import json
 
-    rc = cli(["run", *SMALL, "--modes", "sync,one-step", "--repeats", "2", "--out", str(tmp_path),
-              "--", "--rollout-batch-size", "4", "--n-samples-per-prompt", "4"])
+    rc = cli(
+        [
+            "run",
+            *SMALL,
+            "--modes",
+            "sync,one-step",
+            "--repeats",
+            "2",
+            "--out",
+            str(tmp_path),
+            "--",
+            "--rollout-batch-size",
+            "4",
+            "--n-samples-per-prompt",
+            "4",
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 0, out
     doc = json.loads((tmp_path / "results.json").read_text())
     checks = doc["extra"]["checks"]
-    assert set(checks) == {"sync", "one-step"} and all(len(v) == 2 and all(c["passed"] for c in v)
-                                                       for v in checks.values())
+    assert set(checks) == {"sync", "one-step"} and all(
+        len(v) == 2 and all(c["passed"] for c in v) for v in checks.values()
+    )
     assert all(len(v) == 2 for v in doc["extra"]["repeats"].values())
     one = doc["extra"]["table"]["one-step"]  # keyed by mode name
     assert one["repeats"] == 2 and one["chance_level"] == 0.25
@@ -189,8 +224,19 @@ def test_a_trace_violation_fails_the_run_command_unless_violations_are_allowed(t
     import harness.main_job.job as job
 
     monkeypatch.setattr(job, "emit_run_end", lambda ctx: None)
-    argv = ["run", *SMALL, "--modes", "sync", "--repeats", "1", "--",
-            "--rollout-batch-size", "4", "--n-samples-per-prompt", "4"]
+    argv = [
+        "run",
+        *SMALL,
+        "--modes",
+        "sync",
+        "--repeats",
+        "1",
+        "--",
+        "--rollout-batch-size",
+        "4",
+        "--n-samples-per-prompt",
+        "4",
+    ]
     rc = cli([*argv[:-5], "--out", str(tmp_path / "strict"), *argv[-5:]])
     out = capsys.readouterr().out
     assert rc == 1
@@ -209,9 +255,30 @@ def test_the_speedup_is_against_the_sync_run_of_the_repeat_whichever_order_the_m
     mode still gets its speedup (table, results file and the JSON last line)."""
     import json
 
-    rc = cli(["run", "--steps", "2", "--d-model", "32", "--layers", "1", "--no-plots", "--no-gap",
-              "--modes", "fully-async,sync", "--repeats", "1", "--out", str(tmp_path),
-              "--", "--rollout-batch-size", "2", "--n-samples-per-prompt", "2"])
+    rc = cli(
+        [
+            "run",
+            "--steps",
+            "2",
+            "--d-model",
+            "32",
+            "--layers",
+            "1",
+            "--no-plots",
+            "--no-gap",
+            "--modes",
+            "fully-async,sync",
+            "--repeats",
+            "1",
+            "--out",
+            str(tmp_path),
+            "--",
+            "--rollout-batch-size",
+            "2",
+            "--n-samples-per-prompt",
+            "2",
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 0, out
     last = json.loads(out.strip().splitlines()[-1])

@@ -12,9 +12,13 @@ INTEL = {"cpu_count": 2, "cpu_model": "Intel(R) Xeon(R) Processor", "driver_vers
 
 
 def _run(commit, machine, *names):
-    return {"schema_version": 1, "started_utc": "t", "git": {"commit": commit, "dirty": False}, "machine": machine,
-            "steps": [{"name": n, "argv": [n], "env": {}, "outputs": [f"{n}.json"], "wall_s": 1.0, "rc": 0}
-                      for n in names]}
+    return {
+        "schema_version": 1,
+        "started_utc": "t",
+        "git": {"commit": commit, "dirty": False},
+        "machine": machine,
+        "steps": [{"name": n, "argv": [n], "env": {}, "outputs": [f"{n}.json"], "wall_s": 1.0, "rc": 0} for n in names],
+    }
 
 
 def test_a_rerun_step_records_its_machine_and_the_others_keep_theirs(tmp_path):
@@ -32,8 +36,17 @@ def test_a_rerun_step_records_its_machine_and_the_others_keep_theirs(tmp_path):
 def test_a_step_kept_from_before_steps_had_a_machine_gets_none_invented(tmp_path):
     path = tmp_path / "MANIFEST.json"
     old = _run("a" * 40, AMD)
-    old["steps"] = [{"name": "ray_layout", "argv": ["x"], "env": {}, "outputs": ["r.json"], "wall_s": 1.0, "rc": 0,
-                     "git": {"commit": "c" * 40, "dirty": False}}]
+    old["steps"] = [
+        {
+            "name": "ray_layout",
+            "argv": ["x"],
+            "env": {},
+            "outputs": ["r.json"],
+            "wall_s": 1.0,
+            "rc": 0,
+            "git": {"commit": "c" * 40, "dirty": False},
+        }
+    ]
     path.write_text(json.dumps(old))
     _merge_manifest(_run("b" * 40, INTEL, "sim_speed"), path)
     steps = {s["name"]: s for s in json.loads(path.read_text())["steps"]}

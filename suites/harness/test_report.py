@@ -38,13 +38,27 @@ def _full(seed: int = 0) -> Results:
     res.add_benchmark("tokens_per_s", rng.normal(1000.0, 20.0, 8), "tokens/s", True)
     res.add_benchmark("wall_s", rng.normal(30.0, 1.0, 8), "s", False)
     res.extra["modes"] = {
-        "sync": {"phases": _phases(2.0, 1.5, sync=True), "sample_ages": [0] * 64,
-                 "speedup": 1.0, "overlap_efficiency": 0.0, "wall_s": 15.2},
-        "one_step": {"phases": _phases(2.0, 1.5, sync=False), "sample_ages": [1] * 60 + [0] * 4,
-                     "speedup": 1.61, "overlap_efficiency": 0.82, "wall_s": 9.4},
-        "fully_async": {"phases": _phases(1.8, 1.5, sync=False),
-                        "sample_ages": [int(a) for a in rng.integers(0, 4, 64)],
-                        "speedup": 1.74, "overlap_efficiency": 0.91, "wall_s": 8.7},
+        "sync": {
+            "phases": _phases(2.0, 1.5, sync=True),
+            "sample_ages": [0] * 64,
+            "speedup": 1.0,
+            "overlap_efficiency": 0.0,
+            "wall_s": 15.2,
+        },
+        "one_step": {
+            "phases": _phases(2.0, 1.5, sync=False),
+            "sample_ages": [1] * 60 + [0] * 4,
+            "speedup": 1.61,
+            "overlap_efficiency": 0.82,
+            "wall_s": 9.4,
+        },
+        "fully_async": {
+            "phases": _phases(1.8, 1.5, sync=False),
+            "sample_ages": [int(a) for a in rng.integers(0, 4, 64)],
+            "speedup": 1.74,
+            "overlap_efficiency": 0.91,
+            "wall_s": 8.7,
+        },
     }
     res.extra["gap_steps"] = [
         {"step": s, "kernel": k, "staleness": 0.002 * s, "total": k + 0.002 * s}
@@ -68,8 +82,11 @@ def test_report_draws_every_plot_from_a_document_with_all_extras(tmp_path, capsy
     out = tmp_path / "png"
     assert cli(["report", str(full), str(later_path), "--out", str(out)]) == 0
     stdout = capsys.readouterr().out
-    expected = [f"{stem}_{kind}.png" for stem in ("full", "later")
-                for kind in ("phase_timeline", "sample_ages", "mode_summary", "gap_steps")]
+    expected = [
+        f"{stem}_{kind}.png"
+        for stem in ("full", "later")
+        for kind in ("phase_timeline", "sample_ages", "mode_summary", "gap_steps")
+    ]
     expected.append("metric_history.png")
     assert sorted(p.name for p in out.iterdir()) == sorted(expected)
     for name in expected:

@@ -56,8 +56,16 @@ def test_document_records_machine_software_git_and_merged_definition():
 
 def test_summary_stats_match_hand_computed_values():
     s = summarize([1.0, 2.0, 3.0, 4.0])
-    assert s == {"min": 1.0, "max": 4.0, "median": 2.5, "mean": 2.5, "stddev": pytest.approx(1.2909944),
-                 "q1": 1.75, "q3": 3.25, "n": 4}
+    assert s == {
+        "min": 1.0,
+        "max": 4.0,
+        "median": 2.5,
+        "mean": 2.5,
+        "stddev": pytest.approx(1.2909944),
+        "q1": 1.75,
+        "q3": 3.25,
+        "n": 4,
+    }
     assert summarize([5.0])["stddev"] == 0.0
 
 
@@ -109,8 +117,16 @@ def _mutated(mutate) -> dict:
         (lambda d: d.update(config=[1]), "config", "is array"),
         (lambda d: d.update(created_utc="yesterday"), "created_utc", "ISO 8601"),
         (lambda d: d["machine"].pop("cpu_model"), "machine.cpu_model", "is missing"),
-        (lambda d: d["benchmarks"]["wall_s"].update(higher_is_better=1), "benchmarks.wall_s.higher_is_better", "true or false"),
-        (lambda d: d["benchmarks"]["wall_s"]["samples"].__setitem__(1, "3"), "benchmarks.wall_s.samples[1]", "finite number"),
+        (
+            lambda d: d["benchmarks"]["wall_s"].update(higher_is_better=1),
+            "benchmarks.wall_s.higher_is_better",
+            "true or false",
+        ),
+        (
+            lambda d: d["benchmarks"]["wall_s"]["samples"].__setitem__(1, "3"),
+            "benchmarks.wall_s.samples[1]",
+            "finite number",
+        ),
         (lambda d: d["benchmarks"]["wall_s"]["stats"].pop("q3"), "benchmarks.wall_s.stats.q3", "is missing"),
         (lambda d: d["benchmarks"]["wall_s"].update(samples=[]), "benchmarks.wall_s.samples", "is empty"),
     ],
@@ -167,15 +183,39 @@ def test_strict_loader_points_pytest_benchmark_files_to_the_converter():
 
 
 def _run_doc(table):
-    row = {"mode": "one-step", "steps": 40, "wall_s": 12.5, "speedup": 1.69, "overlap_efficiency": 0.95,
-           "overlap_efficiency_min": 0.92, "overlap_efficiency_max": 0.97, "age_hist": {"0": 3, "1": 37},
-           "lag_hist": {}, "error": None, "worker_error": None, "repeats": 2}
-    sync = {"mode": "sync", "steps": 40, "wall_s": 21.0, "age_hist": {"0": 40}, "lag_hist": {}, "error": None,
-            "worker_error": None, "repeats": 2}
+    row = {
+        "mode": "one-step",
+        "steps": 40,
+        "wall_s": 12.5,
+        "speedup": 1.69,
+        "overlap_efficiency": 0.95,
+        "overlap_efficiency_min": 0.92,
+        "overlap_efficiency_max": 0.97,
+        "age_hist": {"0": 3, "1": 37},
+        "lag_hist": {},
+        "error": None,
+        "worker_error": None,
+        "repeats": 2,
+    }
+    sync = {
+        "mode": "sync",
+        "steps": 40,
+        "wall_s": 21.0,
+        "age_hist": {"0": 40},
+        "lag_hist": {},
+        "error": None,
+        "worker_error": None,
+        "repeats": 2,
+    }
     rows = [sync, row]
-    return {"kind": "run", "schema_version": 1 if table == "list" else 2,
-            "extra": {"table": rows if table == "list" else {r["mode"]: r for r in rows},
-                      "repeats": {"one-step": [dict(row, repeats=None, checks={"passed": True})]}}}
+    return {
+        "kind": "run",
+        "schema_version": 1 if table == "list" else 2,
+        "extra": {
+            "table": rows if table == "list" else {r["mode"]: r for r in rows},
+            "repeats": {"one-step": [dict(row, repeats=None, checks={"passed": True})]},
+        },
+    }
 
 
 @pytest.mark.parametrize("layout", ["list", "keyed"])

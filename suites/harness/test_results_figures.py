@@ -34,7 +34,7 @@ def _bump(printed: str) -> str:
     """The printed number moved by one unit of its last digit."""
     mantissa, _, exponent = printed.partition("e")
     digits = len(mantissa.split(".")[1]) if "." in mantissa else 0
-    moved = f"{float(mantissa) + 10 ** -digits:.{digits}f}"
+    moved = f"{float(mantissa) + 10**-digits:.{digits}f}"
     return moved + ("e" + exponent if exponent else "")
 
 
@@ -44,7 +44,7 @@ def test_editing_any_number_of_a_figure_fails(row):
 
     for m in NUMBER.finditer(row.figure):
         number = m.group(1).replace(",", "")
-        edited = row.figure[:m.start(1)] + _bump(number) + row.figure[m.end(1):]
+        edited = row.figure[: m.start(1)] + _bump(number) + row.figure[m.end(1) :]
         assert check_figure(Figure(row.what, edited, row.source, row.keys), ROOT) != [], (row.what, edited)
 
 
@@ -72,8 +72,11 @@ def test_an_edited_figure_fails(tmp_path):
     (tmp_path / "r.json").write_text(json.dumps({"a": {"b": 0.9612}, "runs": [0.83, 0.95, 0.89], "share": 0.631}))
     good = Figure("x", "0.96 (runs 0.83-0.95), both busy 63.1%", "r.json", ("a.b", "runs", "share"))
     assert check_figure(good, tmp_path) == []
-    for edited in ("0.97 (runs 0.83-0.95), both busy 63.1%", "0.96 (runs 0.80-0.95), both busy 63.1%",
-                   "0.96 (runs 0.83-0.95), both busy 64%"):
+    for edited in (
+        "0.97 (runs 0.83-0.95), both busy 63.1%",
+        "0.96 (runs 0.80-0.95), both busy 63.1%",
+        "0.96 (runs 0.83-0.95), both busy 64%",
+    ):
         assert check_figure(Figure("x", edited, "r.json", good.keys), tmp_path) != [], edited
     (tmp_path / "k.json").write_text(json.dumps({"kl": 0.0017543, "n": 31277}))
     assert check_figure(Figure("x", "k3 KL 1.75e-03, 31,277 per s", "k.json", ("kl", "n")), tmp_path) == []
@@ -89,8 +92,13 @@ def test_a_number_no_key_accounts_for_fails(tmp_path):
 
 
 def test_records_are_cited_by_field_values_never_by_position(tmp_path):
-    doc = {"rows": [{"mode": "sync", "B": 8, "e": 0.1}, {"mode": "one-step", "B": 8, "e": -0.093},
-                    {"mode": "one-step", "B": 16, "e": 0.02, "cfg": {"name": "x.y"}}]}
+    doc = {
+        "rows": [
+            {"mode": "sync", "B": 8, "e": 0.1},
+            {"mode": "one-step", "B": 8, "e": -0.093},
+            {"mode": "one-step", "B": 16, "e": 0.02, "cfg": {"name": "x.y"}},
+        ]
+    }
     (tmp_path / "v.json").write_text(json.dumps(doc))
     assert lookup(doc, "rows[B=8,mode=one-step].e") == -0.093
     assert lookup(doc, "rows[cfg.name=x.y].B") == 16

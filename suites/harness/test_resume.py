@@ -28,8 +28,11 @@ RESUME_CHECKS = {"resume_exactly_once", "resume_rollout_once", "resume_versions"
 def test_exactly_once_extension_loses_and_duplicates_nothing_on_the_fast_sweep() -> None:
     rows = sweep(cases(True, only=FAST))
     assert rows and all(r.reached and r.error is None for r in rows)
-    bad = [(r.case.name, r.lost, r.duplicated, r.failed_checks) for r in rows
-           if r.lost or r.duplicated or set(r.failed_checks) & RESUME_CHECKS]
+    bad = [
+        (r.case.name, r.lost, r.duplicated, r.failed_checks)
+        for r in rows
+        if r.lost or r.duplicated or set(r.failed_checks) & RESUME_CHECKS
+    ]
     assert not bad, bad
 
 
@@ -103,8 +106,11 @@ def test_check_trace_runs_the_resume_checkers_on_a_stored_trace_with_lives(tmp_p
 def test_exactly_once_holds_across_three_stops_in_one_run() -> None:
     """A run stopped three times (a crash mid-step before its second save, a crash between a
     model's and a data source's save, a planned exit) and resumed each time."""
-    stops = [StopPoint("mid_train", 2), StopPoint("between_model_and_data_source", 5),
-             StopPoint("planned_exit", 6, "planned")]
+    stops = [
+        StopPoint("mid_train", 2),
+        StopPoint("between_model_and_data_source", 5),
+        StopPoint("planned_exit", 6, "planned"),
+    ]
     for name, scenario in settings(True):
         if name not in FAST:
             continue

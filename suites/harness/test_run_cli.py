@@ -42,11 +42,14 @@ def test_switches_turn_their_default_over():
     assert spec_from_args(_parse("--use-tis")).use_tis is True
 
 
-@pytest.mark.parametrize("argv,flag,allowed", [
-    (("--layout", "mesh"), "--layout 'mesh'", "split, colocate, ray"),
-    (("--broadcast", "gossip"), "--broadcast 'gossip'", "put_once, per_engine"),
-    (("--lr-scaling", "cosine"), "--lr-scaling 'cosine'", "none, interval, staleness"),
-])
+@pytest.mark.parametrize(
+    "argv,flag,allowed",
+    [
+        (("--layout", "mesh"), "--layout 'mesh'", "split, colocate, ray"),
+        (("--broadcast", "gossip"), "--broadcast 'gossip'", "put_once, per_engine"),
+        (("--lr-scaling", "cosine"), "--lr-scaling 'cosine'", "none, interval, staleness"),
+    ],
+)
 def test_a_value_outside_a_fields_choices_names_the_flag_and_what_is_allowed(argv, flag, allowed):
     with pytest.raises(ConfigError, match=f"{flag}: allowed {allowed}; fix"):
         spec_from_args(_parse(*argv))
@@ -62,8 +65,22 @@ def test_the_defaults_are_the_run_that_learns_above_chance():
 
 
 def test_flags_reach_the_spec_and_task_length_and_symbols_are_for_the_copy_task_only():
-    spec = spec_from_args(_parse("--d-model", "32", "--layers", "1", "--max-running", "4", "--steps", "5",
-                                 "--task-symbols", "3", "--repeats", "2"))
+    spec = spec_from_args(
+        _parse(
+            "--d-model",
+            "32",
+            "--layers",
+            "1",
+            "--max-running",
+            "4",
+            "--steps",
+            "5",
+            "--task-symbols",
+            "3",
+            "--repeats",
+            "2",
+        )
+    )
     assert (spec.tiny_d_model, spec.tiny_layers, spec.max_running, spec.steps) == (32, 1, 4, 5)
     assert (spec.task_symbols, spec.repeats) == (3, 2)
     assert spec.task_kwargs() == {"length": 2, "n_symbols": 3}

@@ -19,19 +19,22 @@ def test_committed_scenarios_load(name):
     assert scenario.config.num_rollout >= 1
 
 
-@pytest.mark.parametrize("data,field", [
-    ({"engine": {"decode_base_s": "fast"}}, "engine.decode_base_s"),
-    ({"engine": {"decode_base_s": 0}}, "engine.decode_base_s"),
-    ({"engine": {"warp": 9}}, "engine.warp"),
-    ({"engine": {"response_length": {"kind": "zipf"}}}, "engine.response_length.kind"),
-    ({"trainer": {"step_base_s": -1.0}}, "trainer.step_base_s"),
-    ({"config": {"rollout_batch_size": "8"}}, "rollout_batch_size"),
-    ({"config": {"bogus": 1}}, "config.bogus"),
-    ({"miles_args": "--fully-async"}, "miles_args"),
-    ({"miles_args": ["--rollout-batch-size", "x"]}, "--rollout-batch-size"),
-    ({"max_new_tokens": 0}, "max_new_tokens"),
-    ({"turbo": True}, "turbo"),
-])
+@pytest.mark.parametrize(
+    "data,field",
+    [
+        ({"engine": {"decode_base_s": "fast"}}, "engine.decode_base_s"),
+        ({"engine": {"decode_base_s": 0}}, "engine.decode_base_s"),
+        ({"engine": {"warp": 9}}, "engine.warp"),
+        ({"engine": {"response_length": {"kind": "zipf"}}}, "engine.response_length.kind"),
+        ({"trainer": {"step_base_s": -1.0}}, "trainer.step_base_s"),
+        ({"config": {"rollout_batch_size": "8"}}, "rollout_batch_size"),
+        ({"config": {"bogus": 1}}, "config.bogus"),
+        ({"miles_args": "--fully-async"}, "miles_args"),
+        ({"miles_args": ["--rollout-batch-size", "x"]}, "--rollout-batch-size"),
+        ({"max_new_tokens": 0}, "max_new_tokens"),
+        ({"turbo": True}, "turbo"),
+    ],
+)
 def test_malformed_scenario_names_the_field(data, field):
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
         scenario_from_dict(data, "s.toml")

@@ -25,7 +25,8 @@ def test_the_timed_sink_forwards_every_event_and_counts_each_call():
     sink.emit("finished", index=0, status="completed")
     assert [(e.kind, e.t, e.fields) for e in recorder.events] == [
         ("submitted", 1.5, {"index": 0, "group_index": 0, "version": 1}),
-        ("finished", 1.5, {"index": 0, "status": "completed"})]
+        ("finished", 1.5, {"index": 0, "status": "completed"}),
+    ]
     assert cost.calls == 2 and cost.in_run_s > 0.0
 
 
@@ -33,8 +34,12 @@ def test_the_timed_observer_returns_what_the_observer_returns_and_counts_a_faili
     cost = SelfCost()
     obs = cost.observer(AgeRecorder())
     obs.on_weights_updated(_Ctx(), 3)
-    assert obs.on_train_batch(_Ctx(), 0, []) == {"age_versions": [], "token_age_versions": [], "lag_steps": [],
-                                                  "tokens": 0}
+    assert obs.on_train_batch(_Ctx(), 0, []) == {
+        "age_versions": [],
+        "token_age_versions": [],
+        "lag_steps": [],
+        "tokens": 0,
+    }
     failing = cost.sink(TraceRecorder(lambda: 0.0, strict=True))
     with pytest.raises(ValueError, match="unknown event kind"):
         failing.emit("no_such_kind")

@@ -15,8 +15,10 @@ def test_a_commit_against_itself_does_the_same_work_and_reports_every_run():
     assert len(report["pair_ratios"]) == 2 and report["ratio_head_over_base"] > 0
 
 
-@pytest.mark.parametrize("kw, message", [({"base": "no-such-commit"}, "--base 'no-such-commit'"),
-                                         ({"base": "HEAD", "pairs": 0}, "--pairs 0")])
+@pytest.mark.parametrize(
+    "kw, message",
+    [({"base": "no-such-commit"}, "--base 'no-such-commit'"), ({"base": "HEAD", "pairs": 0}, "--pairs 0")],
+)
 def test_bad_arguments_name_the_flag(kw, message):
     with pytest.raises(SystemExit, match=message):
         compare(**{"pairs": 1, "steps": 1, **kw})

@@ -16,8 +16,15 @@ BASE, PER_SEQ, PREFILL = 0.01, 0.001, 0.0001
 
 
 def engine(length: int = 10, **kw) -> SimEngine:
-    return SimEngine(SimEngineConfig(decode_base_s=BASE, decode_per_seq_s=PER_SEQ, prefill_per_token_s=PREFILL,
-                                     response_length=LengthDist(kind="fixed", median=length), **kw))
+    return SimEngine(
+        SimEngineConfig(
+            decode_base_s=BASE,
+            decode_per_seq_s=PER_SEQ,
+            prefill_per_token_s=PREFILL,
+            response_length=LengthDist(kind="fixed", median=length),
+            **kw,
+        )
+    )
 
 
 def sample(i: int, prompt: int = 20) -> Sample:
@@ -56,6 +63,7 @@ def test_two_requests_share_steps_and_the_batch_shrinks_when_one_leaves():
 def test_admitting_steps_count_the_steps_that_ran_a_prefill_batch():
     """Two requests submitted together join in one step; one submitted while they decode
     joins at the next boundary, in a second admitting step; the other steps only decode."""
+
     async def main():
         eng = engine(10)
         first = [eng.generate(sample(i), SamplingParams(max_new_tokens=100)) for i in (0, 1)]
@@ -141,8 +149,11 @@ def _retracted_batch_run(then):
                 out.append("cancelled")
         kinds = ("admitted", "retracted", "paused_req", "finished", "aborted")
         events = [(e.kind, e["index"]) for e in eng.sink.events if e.kind in kinds]
-        readmitted = [(e["index"], e["version"], e["prefix_tokens"]) for e in eng.sink.events
-                      if e.kind == "admitted" and e["version"] == 1]
+        readmitted = [
+            (e["index"], e["version"], e["prefix_tokens"])
+            for e in eng.sink.events
+            if e.kind == "admitted" and e["version"] == 1
+        ]
         return out, events, readmitted, dict(eng.stats)
 
     return run_virtual(main())
@@ -156,13 +167,22 @@ _RETRACT = [("admitted", 0), ("admitted", 1), ("admitted", 2), ("retracted", 0),
 def test_a_retracted_batch_is_admitted_again_first_in_batch_order(again):
     """Resumed, the batch joins again in batch order ahead of the queue, prefilling prompt
     plus tokens so far under version 1; a second pause while paused changes nothing."""
+
     async def then(eng, futs):
         if again is not None:
             await eng.pause_generation(again)
 
     out, events, readmitted, stats = _retracted_batch_run(then)
-    assert events == _RETRACT + [("admitted", 0), ("admitted", 1), ("admitted", 2), ("finished", 0), ("finished", 1),
-                                 ("finished", 2), ("admitted", 3), ("finished", 3)]
+    assert events == _RETRACT + [
+        ("admitted", 0),
+        ("admitted", 1),
+        ("admitted", 2),
+        ("finished", 0),
+        ("finished", 1),
+        ("finished", 2),
+        ("admitted", 3),
+        ("finished", 3),
+    ]
     assert readmitted == [(0, 1, 25), (1, 1, 25), (2, 1, 25), (3, 1, 20)]
     assert [s.token_versions.runs for s in out] == [[[0, 0, 5], [1, 1, 5]]] * 3 + [[[1, 1, 9]]]
     assert all(len(s.response_tokens) == len(s.rollout_log_probs) == len(s.token_versions) for s in out)
@@ -176,14 +196,21 @@ def test_a_retracted_request_cancelled_while_paused_is_not_admitted_again():
 
     out, events, readmitted, stats = _retracted_batch_run(cancel_one)
     assert out[1] == "cancelled"
-    assert events == _RETRACT + [("admitted", 0), ("admitted", 2), ("admitted", 3), ("finished", 0), ("finished", 2),
-                                 ("finished", 3)]
+    assert events == _RETRACT + [
+        ("admitted", 0),
+        ("admitted", 2),
+        ("admitted", 3),
+        ("finished", 0),
+        ("finished", 2),
+        ("finished", 3),
+    ]
     assert stats == {"tokens": 34, "steps": 14, "prefill_tokens": 130, "requests": 4, "admitting_steps": 2}
 
 
 def test_a_step_counted_while_a_retracted_batch_waits_fails_the_resume_loudly():
     """The batch keeps its place in the finish heap because no step runs while paused; an
     engine (or subclass) that counts one anyway is stopped, not left finishing requests late."""
+
     async def step_while_paused(eng, futs):
         eng._step += 1
 
@@ -223,8 +250,16 @@ def test_an_abort_of_a_retracted_engine_aborts_the_batch_first_then_the_queue():
         await eng.pause_generation("abort")
 
     out, events, readmitted, stats = _retracted_batch_run(abort)
-    assert events == _RETRACT + [("aborted", 0), ("finished", 0), ("aborted", 1), ("finished", 1), ("aborted", 2),
-                                 ("finished", 2), ("aborted", 3), ("finished", 3)]
+    assert events == _RETRACT + [
+        ("aborted", 0),
+        ("finished", 0),
+        ("aborted", 1),
+        ("finished", 1),
+        ("aborted", 2),
+        ("finished", 2),
+        ("aborted", 3),
+        ("finished", 3),
+    ]
     assert [s.status for s in out] == [Status.ABORTED] * 4 and [s.response_length for s in out] == [5, 5, 5, 0]
     assert readmitted == [] and stats["steps"] == 5
 
@@ -233,6 +268,7 @@ def test_an_abort_of_a_retracted_engine_aborts_the_batch_first_then_the_queue():
 def test_a_pause_waiting_for_a_boundary_completes_when_the_last_request_is_cancelled(mode):
     """Found by a fully-async run whose worker died during a weight update: the pause
     waited for a step boundary that the cancelled request would never reach."""
+
     async def main():
         eng = engine(10)
         fut = eng.generate(sample(0), SamplingParams(max_new_tokens=100))

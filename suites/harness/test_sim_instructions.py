@@ -29,12 +29,17 @@ def test_a_summary_without_the_counts_says_what_is_missing():
 
 
 def test_per_sample_is_the_difference_over_the_samples_of_the_extra_steps():
-    short, long = {"instructions": 1_000, "ll_misses": 10}, {"instructions": 1_000 + 4 * 512 * 250, "ll_misses": 10 + 512}
+    short, long = (
+        {"instructions": 1_000, "ll_misses": 10},
+        {"instructions": 1_000 + 4 * 512 * 250, "ll_misses": 10 + 512},
+    )
     assert per_sample(short, long, 4) == {"instructions": 250.0, "ll_misses": 0.2}
 
 
-@pytest.mark.parametrize("kw, message", [({"short": 40, "long": 8}, "--short 40 --long 8"),
-                                         ({"base": "no-such-commit"}, "--base 'no-such-commit'")])
+@pytest.mark.parametrize(
+    "kw, message",
+    [({"short": 40, "long": 8}, "--short 40 --long 8"), ({"base": "no-such-commit"}, "--base 'no-such-commit'")],
+)
 def test_bad_arguments_name_the_flag(kw, message):
     with pytest.raises(SystemExit, match=message):
         compare(**{"base": "HEAD", "short": 1, "long": 2, **kw})

@@ -149,13 +149,24 @@ def test_two_gpus_give_one_record_each_with_the_phase_of_the_moment():
     fake.tick, phase.value = 3, "training"
     second = sampler.sample_once()
     assert [(r["gpu"], r["phase"]) for r in first + second] == [
-        (0, "generating"), (1, "generating"), (0, "training"), (1, "training"),
+        (0, "generating"),
+        (1, "generating"),
+        (0, "training"),
+        (1, "training"),
     ]
     r = second[1]
     assert r == {
-        "t_s": 1.0, "gpu": 1, "util_gpu_pct": 23.0, "util_mem_pct": 6.0, "sm_active_pct": None,
-        "sm_occupancy_pct": None, "mem_used_bytes": 2 * 2**30, "power_w": 103.0, "clock_sm_mhz": 1501.0,
-        "clock_mem_mhz": 2600.0, "phase": "training",
+        "t_s": 1.0,
+        "gpu": 1,
+        "util_gpu_pct": 23.0,
+        "util_mem_pct": 6.0,
+        "sm_active_pct": None,
+        "sm_occupancy_pct": None,
+        "mem_used_bytes": 2 * 2**30,
+        "power_w": 103.0,
+        "clock_sm_mhz": 1501.0,
+        "clock_mem_mhz": 2600.0,
+        "phase": "training",
     }
     assert [kind for kind, _ in sink.events] == ["telemetry"] * 4
     assert sink.events[3][1] == r
@@ -279,8 +290,10 @@ def test_thread_samples_until_stopped_and_releases_nvml():
 
 @pytest.mark.parametrize(
     ("fake", "reason"),
-    [(FakeNVML(init_error=FakeNVMLError("Driver Not Loaded")), "NVML init failed (Driver Not Loaded)"),
-     (FakeNVML(0), "NVML reports zero GPUs")],
+    [
+        (FakeNVML(init_error=FakeNVMLError("Driver Not Loaded")), "NVML init failed (Driver Not Loaded)"),
+        (FakeNVML(0), "NVML reports zero GPUs"),
+    ],
 )
 def test_unavailable_nvml_says_so_once_and_everything_is_a_no_op(fake, reason):
     sampler, messages = make(fake)
@@ -297,7 +310,9 @@ def test_nvml_status_probes_quietly_and_releases_nvml():
     assert nvml_status(fake) == (True, None)
     assert fake.shutdowns == 1
     assert nvml_status(FakeNVML(init_error=FakeNVMLError("Driver Not Loaded"))) == (
-        False, "NVML init failed (Driver Not Loaded)")
+        False,
+        "NVML init failed (Driver Not Loaded)",
+    )
     assert nvml_status(FakeNVML(0)) == (False, "NVML reports zero GPUs")
 
 

@@ -9,17 +9,23 @@ from harness.advise.validate_runs import ranges
 
 
 def _run(os_step, os_speed, fa_step, fa_speed):
-    rows = [{"mode": "one-step", "step_error": os_step, "speedup_error": os_speed},
-            {"mode": "fully-async", "step_error": fa_step, "speedup_error": fa_speed}]
+    rows = [
+        {"mode": "one-step", "step_error": os_step, "speedup_error": os_speed},
+        {"mode": "fully-async", "step_error": fa_step, "speedup_error": fa_speed},
+    ]
     within = all(abs(x) <= 0.10 for x in (os_step, os_speed, fa_step, fa_speed))
     return {"rows": rows, "summary": {"within_target": within}}
 
 
 def test_ranges_span_every_run_and_count_the_runs_within_target():
     r = ranges([_run(-0.05, 0.01, -0.139, 0.231), _run(-0.091, 0.011, 0.002, -0.023)])
-    assert r["fully-async/step_error"] == {"min": pytest.approx(-0.139), "max": pytest.approx(0.002),
-                                           "mean": pytest.approx(-0.0685), "sd": pytest.approx(0.0997021),
-                                           "n": 2}
+    assert r["fully-async/step_error"] == {
+        "min": pytest.approx(-0.139),
+        "max": pytest.approx(0.002),
+        "mean": pytest.approx(-0.0685),
+        "sd": pytest.approx(0.0997021),
+        "n": 2,
+    }
     assert r["fully-async/speedup_error"]["max"] == pytest.approx(0.231)
     assert r["one-step/step_error"]["min"] == pytest.approx(-0.091)
     assert r["runs_within_10pct"] == 1 and r["runs"] == 2
@@ -29,12 +35,21 @@ def test_a_held_out_row_says_how_far_its_own_repeats_spread_and_if_the_predictio
     from harness.advise.validate_runs import _noise
 
     row = {"measured_step_s_range": [0.427, 0.527], "measured_step_s": 0.485, "predicted_step_s": 0.409}
-    assert _noise(row) == {"measured_step_s_range": [0.427, 0.527], "repeat_spread": pytest.approx(0.2061856),
-                           "predicted_within_repeats": False}
+    assert _noise(row) == {
+        "measured_step_s_range": [0.427, 0.527],
+        "repeat_spread": pytest.approx(0.2061856),
+        "predicted_within_repeats": False,
+    }
     assert _noise({**row, "predicted_step_s": 0.45})["predicted_within_repeats"] is True
-    runs = [{"rows": [{"mode": "fully-async", "step_error": -0.157, **_noise(row)},
-                      {"mode": "one-step", "step_error": 0.01, **_noise({**row, "predicted_step_s": 0.5})}],
-             "summary": {"within_target": False}}]
+    runs = [
+        {
+            "rows": [
+                {"mode": "fully-async", "step_error": -0.157, **_noise(row)},
+                {"mode": "one-step", "step_error": 0.01, **_noise({**row, "predicted_step_s": 0.5})},
+            ],
+            "summary": {"within_target": False},
+        }
+    ]
     r = ranges(runs)
     assert r["fully-async/predicted_within_repeats"] == {"rows": 0, "of": 1}
     assert r["one-step/predicted_within_repeats"] == {"rows": 1, "of": 1}
@@ -51,8 +66,14 @@ def test_mode_vs_sync_growth_is_1_where_a_mode_slows_as_much_with_2_engines_as_w
     x2.0: growth 4/3)."""
     from harness.advise.validate_runs import mode_vs_sync
 
-    rows = [_row(1, "sync", 10.0), _row(1, "one-step", 15.0), _row(1, "fully-async", 15.0, cores=0.9),
-            _row(2, "sync", 14.0), _row(2, "one-step", 21.0), _row(2, "fully-async", 28.0, cores=0.5)]
+    rows = [
+        _row(1, "sync", 10.0),
+        _row(1, "one-step", 15.0),
+        _row(1, "fully-async", 15.0, cores=0.9),
+        _row(2, "sync", 14.0),
+        _row(2, "one-step", 21.0),
+        _row(2, "fully-async", 28.0, cores=0.5),
+    ]
     got = mode_vs_sync(rows)
     assert got["one-step"]["growth"] == pytest.approx(1.0)
     assert got["fully-async"]["step_vs_sync_1_engine"] == pytest.approx(1.5)
@@ -63,8 +84,13 @@ def test_mode_vs_sync_growth_is_1_where_a_mode_slows_as_much_with_2_engines_as_w
     rows[4] = {**rows[4], "engine_steps": None}
     assert set(mode_vs_sync(rows)) == {"fully-async"}
     r = ranges([{**_run(0, 0, 0, 0), "mode_vs_sync": got}, {**_run(0, 0, 0, 0), "mode_vs_sync": {}}])
-    assert r["fully-async/engine_step_vs_sync_growth"] == {"min": pytest.approx(4 / 3), "max": pytest.approx(4 / 3),
-                                                           "mean": pytest.approx(4 / 3), "sd": None, "n": 1}
+    assert r["fully-async/engine_step_vs_sync_growth"] == {
+        "min": pytest.approx(4 / 3),
+        "max": pytest.approx(4 / 3),
+        "mean": pytest.approx(4 / 3),
+        "sd": None,
+        "n": 1,
+    }
 
 
 def test_rescore_without_kept_pairs_names_the_flag_and_the_fix(tmp_path):

@@ -24,12 +24,14 @@ STALL = ROOT / "fixtures/scenarios/seeded_hang_engine_stall.toml"
 
 
 def _limits(**kw) -> WatchdogLimits:
-    return WatchdogLimits(**{"hang_after_s": 100.0, "max_events": 10_000, "max_events_per_step": 1 << 40,
-                             "max_tasks": 1_000, **kw})
+    return WatchdogLimits(
+        **{"hang_after_s": 100.0, "max_events": 10_000, "max_events_per_step": 1 << 40, "max_tasks": 1_000, **kw}
+    )
 
 
 def test_a_retry_loop_on_a_timer_with_no_event_is_a_hang_with_the_waiting_stack():
     """Upstream's drain shape: wait 30 s, warn, wait again, forever."""
+
     async def drain(never: asyncio.Future) -> None:
         while True:
             try:
@@ -51,8 +53,10 @@ def test_a_retry_loop_on_a_timer_with_no_event_is_a_hang_with_the_waiting_stack(
     err = info.value
     assert err.kind == "hang" and "hang_after_s = 100" in err.reason
     assert '"kind": "run_start"' in err.report
-    assert "the-drain (test_a_retry_loop_on_a_timer_with_no_event_is_a_hang_with_the_waiting_stack.<locals>.drain)" \
+    assert (
+        "the-drain (test_a_retry_loop_on_a_timer_with_no_event_is_a_hang_with_the_waiting_stack.<locals>.drain)"
         in err.report
+    )
     assert "await asyncio.wait_for(asyncio.shield(never), timeout=30.0)" in err.report
 
 
@@ -119,8 +123,9 @@ def test_memory_growth_is_a_runaway_by_the_memory_budget():
     async def main():
         loop = asyncio.get_running_loop()
         sink = TraceRecorder(loop.time)
-        install(Watchdog(_limits(max_rss_growth_mb=64.0), progress=lambda: len(sink.events),
-                         events=lambda: sink.events))
+        install(
+            Watchdog(_limits(max_rss_growth_mb=64.0), progress=lambda: len(sink.events), events=lambda: sink.events)
+        )
         hoard = []
         while True:
             hoard.append(bytearray(32 << 10))  # zero-filled, so resident
@@ -165,12 +170,12 @@ def test_without_the_stall_the_same_scenario_runs_to_its_end():
 
 
 def test_the_scenario_states_its_bounds_and_the_defaults_follow_its_scale():
-    sc = scenario_from_dict({"watchdog": {"hang_after_s": 50, "max_events": 1234, "max_events_per_step": 99}},
-                            "s.toml")
+    sc = scenario_from_dict({"watchdog": {"hang_after_s": 50, "max_events": 1234, "max_events_per_step": 99}}, "s.toml")
     r = resolve(sc.watchdog, sc)
     assert (r.hang_after_s, r.max_events, r.max_events_per_step) == (50.0, 1234, 99)
-    slow = dataclasses.replace(DEFAULT_SCENARIO, trainer=dataclasses.replace(DEFAULT_SCENARIO.trainer,
-                                                                             step_base_s=600.0))
+    slow = dataclasses.replace(
+        DEFAULT_SCENARIO, trainer=dataclasses.replace(DEFAULT_SCENARIO.trainer, step_base_s=600.0)
+    )
     assert resolve(WatchdogLimits(), slow).hang_after_s > resolve(WatchdogLimits(), DEFAULT_SCENARIO).hang_after_s
     with pytest.raises(ConfigError, match="watchdog.*hang_after_s = -1"):
         scenario_from_dict({"watchdog": {"hang_after_s": -1}}, "s.toml")
@@ -178,8 +183,9 @@ def test_the_scenario_states_its_bounds_and_the_defaults_follow_its_scale():
         scenario_from_dict({"watchdog": {"hang_s": 1}}, "s.toml")
     with pytest.raises(ConfigError, match="faults.cancel_at_s"):
         scenario_from_dict({"faults": {"cancel_at_s": 3.0}}, "s.toml")
-    assert scenario_from_dict({"faults": {"engine_stall_after_requests": 3}, "config": {"fully_async": True}},
-                              "s.toml").faults == FaultSchedule(engine_stall_after_requests=3)
+    assert scenario_from_dict(
+        {"faults": {"engine_stall_after_requests": 3}, "config": {"fully_async": True}}, "s.toml"
+    ).faults == FaultSchedule(engine_stall_after_requests=3)
 
 
 def test_a_healthy_run_with_a_tight_bound_still_passes():

@@ -48,8 +48,12 @@ jobs:
 def check_jsonschema(path: Path) -> subprocess.CompletedProcess:
     if importlib.util.find_spec("check_jsonschema") is None:
         pytest.skip("check-jsonschema is not installed; add `check-jsonschema>=0.29` to the test extra")
-    return subprocess.run([sys.executable, "-m", "check_jsonschema", "--builtin-schema", "vendor.github-workflows",
-                           str(path)], capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "check_jsonschema", "--builtin-schema", "vendor.github-workflows", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def zizmor(path: Path, tmp_path: Path) -> subprocess.CompletedProcess:
@@ -58,8 +62,12 @@ def zizmor(path: Path, tmp_path: Path) -> subprocess.CompletedProcess:
         pytest.skip("zizmor is not installed; add `zizmor>=1.0` to the test extra")
     config = tmp_path / "zizmor.yml"
     config.write_text(ZIZMOR_CONFIG)
-    return subprocess.run([exe, "--offline", "--no-progress", "--config", str(config), str(path)],
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [exe, "--offline", "--no-progress", "--config", str(config), str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def load_workflow() -> dict:
@@ -128,15 +136,23 @@ def test_the_job_runs_on_self_hosted_gpu_runners_and_may_comment_on_prs():
 
 def test_steps_install_test_benchmark_compare_and_plot_in_order():
     checkout, (i_venv, venv), (i_test, tests), (i_bench, bench), (i_cmp, compare), (i_plot, plots) = (
-        steps()[0], step("venv"), step("tests"), step("bench"), step("compare"), step("plots"))
+        steps()[0],
+        step("venv"),
+        step("tests"),
+        step("bench"),
+        step("compare"),
+        step("plots"),
+    )
     assert checkout["uses"] == "actions/checkout@v4"
     assert "python3 -m venv .venv" in venv["run"]
     assert "pytest suites/ -rs" in tests["run"]
     assert bench["run"].strip() == 'bash suites/gpu/run_gpu_checks.sh "$RUNNER_TEMP/gpu-results"'
     flat = " ".join(compare["run"].replace("\\\n", " ").split())
-    assert ('miles-harness compare results/gpu/baseline.json "$RUNNER_TEMP/gpu-results/run.json" '
-            "--threshold one-step/overlap_efficiency:-5% --threshold one-step/tokens_per_s:-10% --markdown "
-            "> comparison.md") in flat
+    assert (
+        'miles-harness compare results/gpu/baseline.json "$RUNNER_TEMP/gpu-results/run.json" '
+        "--threshold one-step/overlap_efficiency:-5% --threshold one-step/tokens_per_s:-10% --markdown "
+        "> comparison.md"
+    ) in flat
     assert "if [ ! -f results/gpu/baseline.json ]" in flat  # the first GPU run has no baseline yet
     assert compare["continue-on-error"] is False
     assert plots["run"].startswith("miles-harness report ") and plots["run"].rstrip().endswith("--out plots")

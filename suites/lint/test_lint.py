@@ -33,8 +33,11 @@ def test_ruff(command):
 
 
 # the strict run keeps its own cache: options differ, so one shared cache would be rebuilt each time
-@pytest.mark.parametrize("args", [["--strict", "--cache-dir", ".mypy_cache/core-strict", "miles_async_core"], ["harness"]],
-                         ids=["core-strict", "harness"])
+@pytest.mark.parametrize(
+    "args",
+    [["--strict", "--cache-dir", ".mypy_cache/core-strict", "miles_async_core"], ["harness"]],
+    ids=["core-strict", "harness"],
+)
 def test_mypy(args, monkeypatch):
     try:
         from mypy import api

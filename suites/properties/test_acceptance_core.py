@@ -37,8 +37,9 @@ def run_checked(case: RunCase):
 
 
 def with_config(case: RunCase, **changes: object) -> RunCase:
-    return dataclasses.replace(case, scenario=dataclasses.replace(
-        case.scenario, config=dataclasses.replace(case.scenario.config, **changes)))
+    return dataclasses.replace(
+        case, scenario=dataclasses.replace(case.scenario, config=dataclasses.replace(case.scenario.config, **changes))
+    )
 
 
 @property_settings(60)
@@ -69,8 +70,11 @@ def test_one_step_lag_in_optimizer_steps_cycles_one_to_k(case: RunCase) -> None:
 
 
 def test_one_step_k3_lag_cycles_1_2_3() -> None:
-    sc = Scenario(config=AsyncConfig(rollout_batch_size=4, n_samples_per_prompt=2, update_weights_interval=3,
-                                     num_rollout=10), trainer=SimTrainerConfig(step_base_s=1.0), max_new_tokens=64)
+    sc = Scenario(
+        config=AsyncConfig(rollout_batch_size=4, n_samples_per_prompt=2, update_weights_interval=3, num_rollout=10),
+        trainer=SimTrainerConfig(step_base_s=1.0),
+        max_new_tokens=64,
+    )
     outcome = run_checked(RunCase(sc, FaultSchedule()))
     assert [r["lag_steps"][0] for r in outcome.history] == [0, 1, 2, 3, 1, 2, 3, 1, 2, 3]
 
@@ -80,10 +84,12 @@ def test_one_step_k3_lag_cycles_1_2_3() -> None:
 MEASURED: dict[str, dict] = {}
 
 FULLY_ASYNC_RUNS = {
-    "rollout-bound (slow engine)": dict(trainer=SimTrainerConfig(step_base_s=0.5),
-                                        engine=SimEngineConfig(decode_base_s=0.05)),
-    "train-bound (slow trainer)": dict(trainer=SimTrainerConfig(step_base_s=8.0),
-                                       engine=SimEngineConfig(decode_base_s=0.02)),
+    "rollout-bound (slow engine)": dict(
+        trainer=SimTrainerConfig(step_base_s=0.5), engine=SimEngineConfig(decode_base_s=0.05)
+    ),
+    "train-bound (slow trainer)": dict(
+        trainer=SimTrainerConfig(step_base_s=8.0), engine=SimEngineConfig(decode_base_s=0.02)
+    ),
 }
 
 
@@ -95,12 +101,20 @@ def _histogram(values: list[int]) -> str:
 @pytest.mark.parametrize("s", [0, 1, 2, 3])
 @pytest.mark.parametrize("mode", ["retract", "in_place"])
 def test_fully_async_staleness_bound_holds_and_true_token_age_is_measured(s: int, mode: str, regime: str) -> None:
-    cfg = AsyncConfig(fully_async=True, rollout_batch_size=8, n_samples_per_prompt=4, num_rollout=12,
-                      max_weight_staleness=s, async_unused_samples_handler="retry", pause_generation_mode=mode)
+    cfg = AsyncConfig(
+        fully_async=True,
+        rollout_batch_size=8,
+        n_samples_per_prompt=4,
+        num_rollout=12,
+        max_weight_staleness=s,
+        async_unused_samples_handler="retry",
+        pause_generation_mode=mode,
+    )
     parts = FULLY_ASYNC_RUNS[regime]
     engine = dataclasses.replace(parts["engine"], response_length=LengthDist(kind="lognormal", median=64, sigma=0.8))
-    outcome = run_checked(RunCase(Scenario(config=cfg, engine=engine, trainer=parts["trainer"], max_new_tokens=512),
-                                  FaultSchedule()))
+    outcome = run_checked(
+        RunCase(Scenario(config=cfg, engine=engine, trainer=parts["trainer"], max_new_tokens=512), FaultSchedule())
+    )
     got = [e["staleness"] for e in outcome.events if e.kind == ev.GOT]
     miles = [a for r in outcome.history for a in r["age_versions"]]
     token = [a for r in outcome.history for a in r["token_age_versions"]]
@@ -108,7 +122,9 @@ def test_fully_async_staleness_bound_holds_and_true_token_age_is_measured(s: int
     assert len(miles) == len(token) and all(t >= m for m, t in zip(miles, token))
     taken = sum(1 for e in outcome.events if e.kind == ev.TAKEN)
     MEASURED[f"{regime:28s} {mode:8s} s={s}"] = {
-        "got staleness": _histogram(got), "Miles age": _histogram(miles), "token age": _histogram(token),
+        "got staleness": _histogram(got),
+        "Miles age": _histogram(miles),
+        "token age": _histogram(token),
         "stale rejects / taken": f"{sum(1 for e in outcome.events if e.kind == ev.STALE_REJECTED)}/{taken}",
     }
 

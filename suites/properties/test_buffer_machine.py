@@ -18,8 +18,13 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 import pytest
-from harness.checking.buffer_machine import (BufferMachine, check_buffer, default_settings, machine_for,
-                                 replay_buffer_failure)
+from harness.checking.buffer_machine import (
+    BufferMachine,
+    check_buffer,
+    default_settings,
+    machine_for,
+    replay_buffer_failure,
+)
 from miles_async_core.buffer import DefaultDataBuffer, call_dynamic_filter
 from miles_async_core.staleness import group_oldest_weight_version
 from miles_async_core.types import DataBufferInput, Sample, Status, iter_samples
@@ -29,12 +34,16 @@ NO_EXPLAIN = [Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.s
 
 @pytest.mark.slow
 def test_buffer_keeps_every_guarantee_under_random_interleavings(data_buffer_factory):
-    run_state_machine_as_test(machine_for(data_buffer_factory),
-                              settings=settings(deadline=None, report_multiple_bugs=False, phases=NO_EXPLAIN,
-                                                suppress_health_check=[HealthCheck.too_slow]))
+    run_state_machine_as_test(
+        machine_for(data_buffer_factory),
+        settings=settings(
+            deadline=None, report_multiple_bugs=False, phases=NO_EXPLAIN, suppress_health_check=[HealthCheck.too_slow]
+        ),
+    )
 
 
 # ---- the machine reaches what it is meant to check ------------------------------------------
+
 
 @pytest.mark.slow
 def test_machine_reaches_blocked_puts_stale_rejects_cancellations_and_every_put_kind():
@@ -51,8 +60,17 @@ def test_machine_reaches_blocked_puts_stale_rejects_cancellations_and_every_put_
             super().teardown()
 
     run_state_machine_as_test(Counting, settings=settings(default_settings(60), derandomize=True))
-    for key in ("got", "aborted", "filtered", "stale", "cancelled", "blocked_put_seen", "blocked_get_cancelled",
-                "metrics_checked", "nested"):
+    for key in (
+        "got",
+        "aborted",
+        "filtered",
+        "stale",
+        "cancelled",
+        "blocked_put_seen",
+        "blocked_get_cancelled",
+        "metrics_checked",
+        "nested",
+    ):
         assert seen[key] > 0, f"the machine never reached {key!r} in {seen['examples']} examples: {dict(seen)}"
 
 
@@ -76,6 +94,7 @@ def test_registered_sample_strategy_gives_samples_miles_can_age(sample):
 
 
 # ---- wrong buffers: the machine names what they break ----------------------------------------
+
 
 class PutNeverBlocks(DefaultDataBuffer):
     async def put(self, input):
@@ -118,12 +137,15 @@ class MetricsNeverReset(DefaultDataBuffer):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("factory, invariant", [
-    (PutNeverBlocks, "capacity"),
-    (GetsNewestFirst, "fifo"),
-    (HandsFilterRejectsToHandler, "filter_not_handled"),
-    (MetricsNeverReset, "metrics_window"),
-])
+@pytest.mark.parametrize(
+    "factory, invariant",
+    [
+        (PutNeverBlocks, "capacity"),
+        (GetsNewestFirst, "fifo"),
+        (HandsFilterRejectsToHandler, "filter_not_handled"),
+        (MetricsNeverReset, "metrics_window"),
+    ],
+)
 def test_check_buffer_names_the_invariant_a_wrong_buffer_breaks(factory, invariant):
     failure = check_buffer(factory, max_examples=200, seed=0)
     assert failure is not None, f"{factory.__name__} passed the conformance machine"
@@ -147,8 +169,7 @@ def test_print_blob_replays_the_identical_failure_of_a_wrong_buffer():
     assert isinstance(blob, bytes) and version
     replayed = replay_buffer_failure(GetsNewestFirst, first)
     assert replayed is not None
-    assert (replayed.invariant, replayed.message, replayed.timeline) == (first.invariant, first.message,
-                                                                        first.timeline)
+    assert (replayed.invariant, replayed.message, replayed.timeline) == (first.invariant, first.message, first.timeline)
     assert replayed.steps_text == first.steps_text
 
 

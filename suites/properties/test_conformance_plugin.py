@@ -41,7 +41,7 @@ CORRECT = textwrap.dedent('''
         return TracedBuffer(constructor_input)
 ''')
 
-NEWEST_FIRST = textwrap.dedent('''
+NEWEST_FIRST = textwrap.dedent("""
     from miles_async_core.buffer import DefaultDataBuffer
 
     class NewestFirst(DefaultDataBuffer):
@@ -54,18 +54,37 @@ NEWEST_FIRST = textwrap.dedent('''
 
     def make(constructor_input):
         return NewestFirst(constructor_input)
-''')
+""")
 
 
 def run_suite(tmp_path: Path, module: str, source: str | None, spec: str) -> subprocess.CompletedProcess:
     if source is not None:
         (tmp_path / f"{module}.py").write_text(source)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)]), "HYPOTHESIS_PROFILE": "miles-harness-ci"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)]),
+        "HYPOTHESIS_PROFILE": "miles-harness-ci",
+    }
     return subprocess.run(
-        [sys.executable, "-m", "pytest", str(SUITE), f"--data-buffer={spec}", "-p", "no:cacheprovider", "-q",
-         # only the test that uses the factory; the rest of the file checks the machine itself
-         "-k", "keeps_every_guarantee"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            str(SUITE),
+            f"--data-buffer={spec}",
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            # only the test that uses the factory; the rest of the file checks the machine itself
+            "-k",
+            "keeps_every_guarantee",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 @pytest.mark.process
@@ -97,13 +116,16 @@ def test_a_bad_data_buffer_value_is_a_usage_error_naming_option_value_and_form(t
     assert "Expected --data-buffer=package.module:factory" in out.stderr
 
 
-@pytest.mark.parametrize("value, problem", [
-    ("just_a_module", "not of the form package.module:factory"),
-    (":make", "not of the form package.module:factory"),
-    ("mod:", "not of the form package.module:factory"),
-    ("json:no_such_factory", "json has no attribute 'no_such_factory'"),
-    ("json:__doc__", "not callable"),
-])
+@pytest.mark.parametrize(
+    "value, problem",
+    [
+        ("just_a_module", "not of the form package.module:factory"),
+        (":make", "not of the form package.module:factory"),
+        ("mod:", "not of the form package.module:factory"),
+        ("json:no_such_factory", "json has no attribute 'no_such_factory'"),
+        ("json:__doc__", "not callable"),
+    ],
+)
 def test_resolve_factory_rejects_bad_values_with_the_expected_form(value, problem):
     with pytest.raises(pytest.UsageError) as err:
         resolve_factory(value)
@@ -114,7 +136,9 @@ def test_resolve_factory_rejects_bad_values_with_the_expected_form(value, proble
 
 
 def test_resolve_factory_imports_from_the_current_directory_and_follows_dotted_names(tmp_path, monkeypatch):
-    (tmp_path / "cwd_buffer_mod.py").write_text("class Holder:\n    @staticmethod\n    def make(ci):\n        return ci\n")
+    (tmp_path / "cwd_buffer_mod.py").write_text(
+        "class Holder:\n    @staticmethod\n    def make(ci):\n        return ci\n"
+    )
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
     monkeypatch.delitem(sys.modules, "cwd_buffer_mod", raising=False)
@@ -135,7 +159,8 @@ def test_the_plugin_registers_the_buffer_input_strategy_for_any_test(tmp_path):
     # A user's test module that never imports harness.checking.buffer_machine still gets the
     # registered strategy (one prompt group, one group_index), not hypothesis' guess
     # from the annotations (which draws empty and mixed groups).
-    (tmp_path / "test_user.py").write_text(textwrap.dedent('''
+    (tmp_path / "test_user.py").write_text(
+        textwrap.dedent("""
         from hypothesis import given, settings, strategies as st
         from miles_async_core.types import DataBufferInput
 
@@ -144,10 +169,26 @@ def test_the_plugin_registers_the_buffer_input_strategy_for_any_test(tmp_path):
         def test_groups_are_well_formed(entry):
             assert entry.prompt_group
             assert len({s.group_index for s in entry.prompt_group}) == 1
-    '''))
+    """)
+    )
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    out = subprocess.run([sys.executable, "-m", "pytest", str(tmp_path / "test_user.py"), "-q", "-p", "no:cacheprovider",
-                          "--rootdir", str(tmp_path)], cwd=tmp_path, env=env, capture_output=True, text=True,
-                         timeout=120)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            str(tmp_path / "test_user.py"),
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--rootdir",
+            str(tmp_path),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "1 passed" in out.stdout

@@ -60,14 +60,24 @@ def test_runs_with_faults_end_cleanly_and_their_traces_hold_on_the_prefix(case: 
 
 # --- each fault schedule really injects its fault -------------------------------------------------
 
-FA = AsyncConfig(rollout_batch_size=4, n_samples_per_prompt=2, fully_async=True, num_rollout=5,
-                 async_unused_samples_handler="retry", max_weight_staleness=1)
+FA = AsyncConfig(
+    rollout_batch_size=4,
+    n_samples_per_prompt=2,
+    fully_async=True,
+    num_rollout=5,
+    async_unused_samples_handler="retry",
+    max_weight_staleness=1,
+)
 ONE_STEP = AsyncConfig(rollout_batch_size=4, n_samples_per_prompt=2, num_rollout=5)
 
 
 def _scenario(config: AsyncConfig) -> Scenario:
-    return Scenario(config=config, engine=SimEngineConfig(response_length=LengthDist(kind="uniform", low=4, high=40)),
-                    trainer=SimTrainerConfig(step_base_s=0.5), max_new_tokens=32)
+    return Scenario(
+        config=config,
+        engine=SimEngineConfig(response_length=LengthDist(kind="uniform", low=4, high=40)),
+        trainer=SimTrainerConfig(step_base_s=0.5),
+        max_new_tokens=32,
+    )
 
 
 def _kinds(outcome, kind: str, **match: object) -> list:
@@ -106,8 +116,9 @@ def test_a_worker_crash_fails_the_next_drain() -> None:
 
 @given(st.floats(0.0, 4.0).map(lambda t: round(t, 3)), st.sampled_from([FA, ONE_STEP]))
 @property_settings(30)
-def test_cancellation_at_any_time_ends_with_cancelled_error_and_a_consistent_trace(t: float,
-                                                                                    config: AsyncConfig) -> None:
+def test_cancellation_at_any_time_ends_with_cancelled_error_and_a_consistent_trace(
+    t: float, config: AsyncConfig
+) -> None:
     case = RunCase(_scenario(config), FaultSchedule(cancel_at_s=t))
     outcome = run_case(case)
     assert outcome.cancelled or outcome.error is None
@@ -128,6 +139,7 @@ def test_worker_crash_is_refused_outside_fully_async() -> None:
     import pytest
 
     from miles_async_core.errors import ConfigError
+
     with pytest.raises(ConfigError, match="worker_crash_after_requests"):
         run_with_faults(_scenario(ONE_STEP), FaultSchedule(worker_crash_after_requests=3))
 
@@ -140,14 +152,26 @@ def _trained(outcome) -> list[list[int]]:
 
 
 @property_settings(60)
-@given(b=st.integers(1, 8), n=st.integers(1, 4), num=st.integers(3, 8), engine=engines(),
-       step_s=st.sampled_from([0.02, 0.5, 2.0]), granularity=st.sampled_from([None, "group"]))
-def test_sync_and_one_step_consume_the_same_prompt_groups_when_nothing_is_dropped(b, n, num, engine, step_s,
-                                                                                 granularity) -> None:
+@given(
+    b=st.integers(1, 8),
+    n=st.integers(1, 4),
+    num=st.integers(3, 8),
+    engine=engines(),
+    step_s=st.sampled_from([0.02, 0.5, 2.0]),
+    granularity=st.sampled_from([None, "group"]),
+)
+def test_sync_and_one_step_consume_the_same_prompt_groups_when_nothing_is_dropped(
+    b, n, num, engine, step_s, granularity
+) -> None:
     outs = []
     for driver in ("train", "train_async"):
-        cfg = AsyncConfig(driver=driver, rollout_batch_size=b, n_samples_per_prompt=n, num_rollout=num,
-                          rollout_submission_granularity=granularity)
+        cfg = AsyncConfig(
+            driver=driver,
+            rollout_batch_size=b,
+            n_samples_per_prompt=n,
+            num_rollout=num,
+            rollout_submission_granularity=granularity,
+        )
         sc = Scenario(config=cfg, engine=engine, trainer=SimTrainerConfig(step_base_s=step_s), max_new_tokens=64)
         outs.append(run_case(RunCase(sc, FaultSchedule())))
     assume(not any(_kinds(o, ev.DROPPED) for o in outs))
@@ -164,8 +188,9 @@ def _finish_times(cfg: SimEngineConfig, max_new: list[int]) -> list[float]:
         times: list[float] = [0.0] * len(max_new)
 
         async def one(i: int, m: int) -> None:
-            await engine.generate(Sample(index=i, group_index=i, prompt_tokens=[0] * cfg.prompt_tokens),
-                                  SamplingParams(max_new_tokens=m))
+            await engine.generate(
+                Sample(index=i, group_index=i, prompt_tokens=[0] * cfg.prompt_tokens), SamplingParams(max_new_tokens=m)
+            )
             times[i] = loop.time()
 
         await asyncio.gather(*(one(i, m) for i, m in enumerate(max_new)))
@@ -178,22 +203,42 @@ LONG = LengthDist(kind="fixed", median=10_000)
 
 
 @property_settings(50)
-@given(length=st.integers(1, 200), prompt=st.integers(1, 256), base=st.sampled_from([0.001, 0.02, 0.05]),
-       per_seq=st.sampled_from([0.0, 0.0002, 0.003]), prefill=st.sampled_from([0.0, 0.00002, 0.001]))
+@given(
+    length=st.integers(1, 200),
+    prompt=st.integers(1, 256),
+    base=st.sampled_from([0.001, 0.02, 0.05]),
+    per_seq=st.sampled_from([0.0, 0.0002, 0.003]),
+    prefill=st.sampled_from([0.0, 0.00002, 0.001]),
+)
 def test_one_request_alone_finishes_after_prefill_plus_length_steps(length, prompt, base, per_seq, prefill) -> None:
-    cfg = SimEngineConfig(decode_base_s=base, decode_per_seq_s=per_seq, prefill_per_token_s=prefill,
-                          prompt_tokens=prompt, response_length=LONG)
+    cfg = SimEngineConfig(
+        decode_base_s=base,
+        decode_per_seq_s=per_seq,
+        prefill_per_token_s=prefill,
+        prompt_tokens=prompt,
+        response_length=LONG,
+    )
     (t,) = _finish_times(cfg, [length])
     assert abs(t - (prompt * prefill + length * (base + per_seq))) < 1e-9
 
 
 @property_settings(50)
-@given(l1=st.integers(1, 100), extra=st.integers(0, 100), prompt=st.integers(1, 64),
-       base=st.sampled_from([0.001, 0.02]), per_seq=st.sampled_from([0.0, 0.0002, 0.003]))
+@given(
+    l1=st.integers(1, 100),
+    extra=st.integers(0, 100),
+    prompt=st.integers(1, 64),
+    base=st.sampled_from([0.001, 0.02]),
+    per_seq=st.sampled_from([0.0, 0.0002, 0.003]),
+)
 def test_two_requests_share_steps_until_the_shorter_one_finishes(l1, extra, prompt, base, per_seq) -> None:
     l2, prefill = l1 + extra, 0.00002
-    cfg = SimEngineConfig(decode_base_s=base, decode_per_seq_s=per_seq, prefill_per_token_s=prefill,
-                          prompt_tokens=prompt, response_length=LONG)
+    cfg = SimEngineConfig(
+        decode_base_s=base,
+        decode_per_seq_s=per_seq,
+        prefill_per_token_s=prefill,
+        prompt_tokens=prompt,
+        response_length=LONG,
+    )
     t1, t2 = _finish_times(cfg, [l1, l2])
     first = 2 * prompt * prefill + l1 * (base + 2 * per_seq)
     assert abs(t1 - first) < 1e-9

@@ -27,39 +27,91 @@ from harness.trace import Event, read_jsonl
 
 ENGINE = SimEngineConfig(response_length=LengthDist(kind="uniform", low=1, high=40))
 
-FULLY_ASYNC = Scenario(config=AsyncConfig(rollout_batch_size=4, n_samples_per_prompt=2, fully_async=True, num_rollout=5,
-                                          max_weight_staleness=0, async_unused_samples_handler="retry",
-                                          async_data_buffer_capacity_factor=1.0),
-                       engine=ENGINE, trainer=SimTrainerConfig(step_base_s=2.0), max_new_tokens=32)
-ONE_STEP_ABORT = Scenario(config=AsyncConfig(rollout_batch_size=3, n_samples_per_prompt=2, num_rollout=4,
-                                             pause_generation_mode="abort", over_sampling_batch_size=5),
-                          engine=dataclasses.replace(ENGINE, max_running=4), trainer=SimTrainerConfig(step_base_s=0.5),
-                          max_new_tokens=32)
-IN_PLACE = Scenario(config=AsyncConfig(rollout_batch_size=4, n_samples_per_prompt=2, fully_async=True, num_rollout=5,
-                                       pause_generation_mode="in_place", async_max_concurrent_samples=4),
-                    engine=ENGINE, trainer=SimTrainerConfig(step_base_s=0.3), max_new_tokens=32)
-GROUP_FULLY_ASYNC = Scenario(config=dataclasses.replace(FULLY_ASYNC.config, rollout_submission_granularity="group"),
-                             engine=ENGINE, trainer=SimTrainerConfig(step_base_s=2.0), max_new_tokens=32)
-COLOCATED = Scenario(config=AsyncConfig(rollout_batch_size=4, n_samples_per_prompt=2, fully_async=True, num_rollout=4,
-                                        colocate=True, allow_async_colocate=True), engine=ENGINE, trainer=SimTrainerConfig(step_base_s=0.3),
-                     max_new_tokens=32)
+FULLY_ASYNC = Scenario(
+    config=AsyncConfig(
+        rollout_batch_size=4,
+        n_samples_per_prompt=2,
+        fully_async=True,
+        num_rollout=5,
+        max_weight_staleness=0,
+        async_unused_samples_handler="retry",
+        async_data_buffer_capacity_factor=1.0,
+    ),
+    engine=ENGINE,
+    trainer=SimTrainerConfig(step_base_s=2.0),
+    max_new_tokens=32,
+)
+ONE_STEP_ABORT = Scenario(
+    config=AsyncConfig(
+        rollout_batch_size=3,
+        n_samples_per_prompt=2,
+        num_rollout=4,
+        pause_generation_mode="abort",
+        over_sampling_batch_size=5,
+    ),
+    engine=dataclasses.replace(ENGINE, max_running=4),
+    trainer=SimTrainerConfig(step_base_s=0.5),
+    max_new_tokens=32,
+)
+IN_PLACE = Scenario(
+    config=AsyncConfig(
+        rollout_batch_size=4,
+        n_samples_per_prompt=2,
+        fully_async=True,
+        num_rollout=5,
+        pause_generation_mode="in_place",
+        async_max_concurrent_samples=4,
+    ),
+    engine=ENGINE,
+    trainer=SimTrainerConfig(step_base_s=0.3),
+    max_new_tokens=32,
+)
+GROUP_FULLY_ASYNC = Scenario(
+    config=dataclasses.replace(FULLY_ASYNC.config, rollout_submission_granularity="group"),
+    engine=ENGINE,
+    trainer=SimTrainerConfig(step_base_s=2.0),
+    max_new_tokens=32,
+)
+COLOCATED = Scenario(
+    config=AsyncConfig(
+        rollout_batch_size=4,
+        n_samples_per_prompt=2,
+        fully_async=True,
+        num_rollout=4,
+        colocate=True,
+        allow_async_colocate=True,
+    ),
+    engine=ENGINE,
+    trainer=SimTrainerConfig(step_base_s=0.3),
+    max_new_tokens=32,
+)
 
 # A recorded two-engine trace of the ray layout (fully-async, B=4, n=2, 3 steps, retract):
 # every engine event carries ``engine``; each engine records ``engine_loaded``.
-RAY_TWO_ENGINES = Scenario(name="ray_two_engines_fully_async",
-                           config=AsyncConfig(rollout_batch_size=4, n_samples_per_prompt=2, fully_async=True,
-                                              num_rollout=3), max_new_tokens=2)
-RECORDED = {RAY_TWO_ENGINES.name: Path(__file__).resolve().parents[2] / "fixtures" / "golden"
-            / "ray_two_engines_fully_async.jsonl"}
+RAY_TWO_ENGINES = Scenario(
+    name="ray_two_engines_fully_async",
+    config=AsyncConfig(rollout_batch_size=4, n_samples_per_prompt=2, fully_async=True, num_rollout=3),
+    max_new_tokens=2,
+)
+RECORDED = {
+    RAY_TWO_ENGINES.name: Path(__file__).resolve().parents[2]
+    / "fixtures"
+    / "golden"
+    / "ray_two_engines_fully_async.jsonl"
+}
 
 _traces: dict[str, list[Event]] = {}
 
 
 # a run that crashes right after its checkpoint of rollout 3 and resumes, exactly once
-LIVES = Scenario(name="lives: one-step, exactly-once resume after a crash at a save",
-                 config=AsyncConfig(rollout_batch_size=4, n_samples_per_prompt=2, num_rollout=8, save_interval=2,
-                                    exactly_once_resume=True),
-                 trainer=SimTrainerConfig(step_base_s=3.0), max_new_tokens=64)
+LIVES = Scenario(
+    name="lives: one-step, exactly-once resume after a crash at a save",
+    config=AsyncConfig(
+        rollout_batch_size=4, n_samples_per_prompt=2, num_rollout=8, save_interval=2, exactly_once_resume=True
+    ),
+    trainer=SimTrainerConfig(step_base_s=3.0),
+    max_new_tokens=64,
+)
 
 
 def trace(scenario: Scenario) -> list[Event]:
@@ -81,10 +133,11 @@ def names(violations: list[Violation]) -> set[str]:
     return {v.invariant for v in violations}
 
 
-@pytest.mark.parametrize("scenario", [FULLY_ASYNC, GROUP_FULLY_ASYNC, ONE_STEP_ABORT, IN_PLACE, COLOCATED,
-                                      RAY_TWO_ENGINES],
-                         ids=["fully_async", "group_fully_async", "one_step_abort", "in_place", "colocated",
-                              "ray_two_engines"])
+@pytest.mark.parametrize(
+    "scenario",
+    [FULLY_ASYNC, GROUP_FULLY_ASYNC, ONE_STEP_ABORT, IN_PLACE, COLOCATED, RAY_TWO_ENGINES],
+    ids=["fully_async", "group_fully_async", "one_step_abort", "in_place", "colocated", "ray_two_engines"],
+)
 def test_real_traces_satisfy_every_applicable_invariant(scenario: Scenario) -> None:
     violations = check_all(trace(scenario), scenario.config)
     assert not violations, "\n\n".join(v.format() for v in violations)
@@ -277,8 +330,9 @@ def leave_a_slot_idle(events: list[Event]) -> None:
     puts = [i for i, e in enumerate(events) if e.kind in (ev.PUT_ACCEPTED, ev.PUT_REJECTED)]
     for p1, p2 in zip(puts, puts[1:]):
         gi = events[p2]["group_index"]
-        if first(events, ev.GROUP_DONE, lambda e, gi=gi: e["group_index"] == gi) > p1 \
-                and any(e.kind == ev.TAKEN for e in events[p1:p2]):
+        if first(events, ev.GROUP_DONE, lambda e, gi=gi: e["group_index"] == gi) > p1 and any(
+            e.kind == ev.TAKEN for e in events[p1:p2]
+        ):
             del events[first(events, ev.TAKEN, start=p1)]
             return
     raise AssertionError("no scheduling step ends in this trace")
@@ -406,11 +460,22 @@ def test_sim_engine_abort_gives_waiting_requests_no_tokens() -> None:
 
 
 def test_sim_engine_admits_waiting_requests_after_a_cancellation() -> None:
-    sc = Scenario(config=AsyncConfig(rollout_batch_size=2, n_samples_per_prompt=3, num_rollout=3,
-                                     pause_generation_mode="abort", over_sampling_batch_size=10),
-                  engine=SimEngineConfig(max_running=2, decode_base_s=0.005, prompt_tokens=5,
-                                         response_length=LengthDist(kind="uniform", low=3, high=5)),
-                  trainer=SimTrainerConfig(step_base_s=0.3), max_new_tokens=32)
+    sc = Scenario(
+        config=AsyncConfig(
+            rollout_batch_size=2,
+            n_samples_per_prompt=3,
+            num_rollout=3,
+            pause_generation_mode="abort",
+            over_sampling_batch_size=10,
+        ),
+        engine=SimEngineConfig(
+            max_running=2,
+            decode_base_s=0.005,
+            prompt_tokens=5,
+            response_length=LengthDist(kind="uniform", low=3, high=5),
+        ),
+        trainer=SimTrainerConfig(step_base_s=0.3),
+        max_new_tokens=32,
+    )
     outcome = run_with_faults(sc, FaultSchedule(request_failure_rate=0.2, seed=491), engine_cls=SimEngine)
     assert outcome.error is None, repr(outcome.error)
-

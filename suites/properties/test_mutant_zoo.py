@@ -48,8 +48,14 @@ MACHINE_EXAMPLES = 100
 
 
 def search_settings(max_examples: int) -> settings:
-    return settings(max_examples=max_examples, derandomize=True, database=None, deadline=None,
-                    phases=[Phase.generate], suppress_health_check=list(HealthCheck))
+    return settings(
+        max_examples=max_examples,
+        derandomize=True,
+        database=None,
+        deadline=None,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
 
 
 def first_real_catch(mutant: Mutant) -> tuple[int, tuple[str, str] | None, list[Violation]]:
@@ -140,9 +146,11 @@ def _machine_settings() -> settings:
 # the zoo in three parts: the simulated kinds in the fast tier, the real and the Ray engine
 # mutants (real runs) in the slow tier; between them every checker but one is made to fail
 SIMULATED = tuple(k for k in KINDS if k not in ("real_engine", "ray_engine"))
-PARTS = [pytest.param(SIMULATED, id="simulated"),
-         pytest.param(("real_engine",), id="real_engine", marks=pytest.mark.model),
-         pytest.param(("ray_engine",), id="ray_engine", marks=pytest.mark.ray)]
+PARTS = [
+    pytest.param(SIMULATED, id="simulated"),
+    pytest.param(("real_engine",), id="real_engine", marks=pytest.mark.model),
+    pytest.param(("ray_engine",), id="ray_engine", marks=pytest.mark.ray),
+]
 
 
 def expected_of(kinds: tuple[str, ...]) -> set[str]:
@@ -165,8 +173,9 @@ def test_the_parts_of_the_zoo_cover_every_kind_and_together_every_checker() -> N
 
 
 @pytest.mark.parametrize("kinds", PARTS)
-def test_every_seeded_bug_is_caught_by_an_expected_invariant(kinds: tuple[str, ...], capsys: pytest.CaptureFixture,
-                                                             request: pytest.FixtureRequest) -> None:
+def test_every_seeded_bug_is_caught_by_an_expected_invariant(
+    kinds: tuple[str, ...], capsys: pytest.CaptureFixture, request: pytest.FixtureRequest
+) -> None:
     if "ray_engine" in kinds:
         request.getfixturevalue("ray_cluster")
     mutants = [m for m in MUTANTS if m.kind in kinds]
@@ -191,7 +200,9 @@ def test_every_seeded_bug_is_caught_by_an_expected_invariant(kinds: tuple[str, .
     widths = [max(len(r[i]) for r in rows + [header]) for i in range(len(header))]
     table = "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in [header, *rows])
     with capsys.disabled():
-        print(f"\n{table}\nkill rate: {killed}/{len(mutants)} = {killed / len(mutants):.0%} "
-              f"({time.perf_counter() - start:.1f} s)")
+        print(
+            f"\n{table}\nkill rate: {killed}/{len(mutants)} = {killed / len(mutants):.0%} "
+            f"({time.perf_counter() - start:.1f} s)"
+        )
     assert not survivors, f"surviving mutants: {survivors}\n{table}"
     assert fired >= must_fire(kinds), f"checkers no seeded bug made fail: {sorted(must_fire(kinds) - fired)}"

@@ -52,8 +52,9 @@ def test_partial_rollout_runs_lose_no_group_and_no_token(case: RunCase) -> None:
     assert not found, f"{case.describe()}\n\n{format_violations(found)}"
     for index, calls in _generate_calls(outcome.events).items():
         for (before_len, before_wv), (after_len, after_wv) in zip(calls, calls[1:]):
-            assert after_len >= before_len and after_wv[:len(before_wv)] == before_wv, (
-                f"{case.describe()}\nsample {index} lost what it had when it resumed: {calls}")
+            assert after_len >= before_len and after_wv[: len(before_wv)] == before_wv, (
+                f"{case.describe()}\nsample {index} lost what it had when it resumed: {calls}"
+            )
 
 
 class _RecordingTrainer(SimTrainer):
@@ -65,16 +66,32 @@ class _RecordingTrainer(SimTrainer):
 
 
 def test_resumed_groups_are_trained_later_with_tokens_of_two_weight_versions() -> None:
-    config = AsyncConfig(rollout_batch_size=4, n_samples_per_prompt=2, over_sampling_batch_size=6, num_rollout=5,
-                         partial_rollout=True, seed=3)
-    scenario = Scenario(name="partial-rollout", config=config, engine=SimEngineConfig(seed=3),
-                        trainer=SimTrainerConfig(step_base_s=2.0), max_new_tokens=96)
+    config = AsyncConfig(
+        rollout_batch_size=4,
+        n_samples_per_prompt=2,
+        over_sampling_batch_size=6,
+        num_rollout=5,
+        partial_rollout=True,
+        seed=3,
+    )
+    scenario = Scenario(
+        name="partial-rollout",
+        config=config,
+        engine=SimEngineConfig(seed=3),
+        trainer=SimTrainerConfig(step_base_s=2.0),
+        max_new_tokens=96,
+    )
     _RecordingTrainer.batches = []
     result = simulate(scenario, trainer_factory=_RecordingTrainer)
     assert result.error is None
     assert not check_all(result.events, config, complete=True)
-    resumed = [(rid, s) for rid, groups in _RecordingTrainer.batches for g in groups for s in g
-               if "start_rollout_id" in s.metadata]
+    resumed = [
+        (rid, s)
+        for rid, groups in _RecordingTrainer.batches
+        for g in groups
+        for s in g
+        if "start_rollout_id" in s.metadata
+    ]
     assert resumed, "no handed-back group was trained"
     assert all(s.metadata["start_rollout_id"] < rid for rid, s in resumed)
     mixed = [s for _, s in resumed if len(set(s.weight_versions)) > 1]

@@ -17,12 +17,23 @@ import pytest
 
 import hypothesis.strategies as st
 from hypothesis import HealthCheck, Phase, settings
-from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, precondition, rule,
-                                 run_state_machine_as_test)
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 from harness.sim.vtime import VirtualTimeLoop
 from miles_async_core.rollout import generate_and_rm_group
-from miles_async_core.scheduler import GroupLevelSubmission, Progress, SampleBackfillSubmission, make_submission_scheduler
+from miles_async_core.scheduler import (
+    GroupLevelSubmission,
+    Progress,
+    SampleBackfillSubmission,
+    make_submission_scheduler,
+)
 from miles_async_core.types import Sample, SamplingParams, Status
 
 
@@ -93,30 +104,40 @@ class SchedulerMachine(RuleBasedStateMachine):
         pending = len(self.active)
         if self.backfill and pending == 0:
             self.leaked = 0  # with nothing pending the count resyncs to 0 first
-        expected = (self.submitted - self.completed + self.leaked + self.n <= group_budget * self.n
-                    if self.backfill else pending < group_budget)
+        expected = (
+            self.submitted - self.completed + self.leaked + self.n <= group_budget * self.n
+            if self.backfill
+            else pending < group_budget
+        )
         got = self.scheduler.has_capacity(pending_groups=pending, group_budget=group_budget)
-        assert got == expected, (f"has_capacity(pending_groups={pending}, group_budget={group_budget}) = {got}; "
-                                 f"expected {expected} (samples_in_flight={getattr(self.scheduler, 'samples_in_flight', None)})")
+        assert got == expected, (
+            f"has_capacity(pending_groups={pending}, group_budget={group_budget}) = {got}; "
+            f"expected {expected} (samples_in_flight={getattr(self.scheduler, 'samples_in_flight', None)})"
+        )
         if not got:
             if self.backfill:
                 self.sample_signal = False  # only later completions wake the waiter
             return
-        group = [Sample(index=self.next_index + i, group_index=self.next_index, status=Status.PENDING)
-                 for i in range(self.n)]
+        group = [
+            Sample(index=self.next_index + i, group_index=self.next_index, status=Status.PENDING) for i in range(self.n)
+        ]
         self.next_index += self.n
         self.scheduler.on_submit([group])
         self.submitted += self.n
         before = len(self.sample_futures)
-        task = self.loop.create_task(generate_and_rm_group(
-            self.engine, group, SamplingParams(), sample_done_callback=self.scheduler.sample_done_callback))
+        task = self.loop.create_task(
+            generate_and_rm_group(
+                self.engine, group, SamplingParams(), sample_done_callback=self.scheduler.sample_done_callback
+            )
+        )
         self.progress.track(task)
         self.active.add(task)
         run_until_quiet(self.loop)
         self.group_futures[task] = self.sample_futures[before:]
         if self.backfill:  # never past the budget after a granted submission
             assert self.scheduler.samples_in_flight <= group_budget * self.n, (
-                f"samples_in_flight {self.scheduler.samples_in_flight} > budget {group_budget} x n {self.n}")
+                f"samples_in_flight {self.scheduler.samples_in_flight} > budget {group_budget} x n {self.n}"
+            )
 
     @precondition(lambda self: any(not f.done() for f in self.sample_futures))
     @rule(pick=st.integers(0, 15), outcome=st.sampled_from(["ok", "error", "cancel"]))
@@ -179,7 +200,8 @@ class SchedulerMachine(RuleBasedStateMachine):
             sif = self.scheduler.samples_in_flight
             assert sif == self.submitted - self.completed + self.leaked, (
                 f"samples_in_flight={sif}, submitted {self.submitted}, completed {self.completed}, "
-                f"orphaned {self.leaked}")
+                f"orphaned {self.leaked}"
+            )
             assert sif >= 0
 
     @invariant()
@@ -228,6 +250,7 @@ def test_backfill_resets_orphaned_credits_only_when_nothing_is_pending():
 
 # ---- the machine fails on wrong schedulers -----------------------------------------------------
 
+
 class NoResync(SampleBackfillSubmission):
     def has_capacity(self, *, pending_groups: int, group_budget: int) -> bool:
         return self.samples_in_flight + self.n <= group_budget * self.n
@@ -249,15 +272,28 @@ def _backfill(cls):
     return lambda granularity, n, *, default: cls(n)
 
 
-@pytest.mark.parametrize("scheduler, progress, message", [
-    (_backfill(NoResync), Progress, "has_capacity"),
-    (_backfill(StrictBudget), Progress, "has_capacity"),
-    (_backfill(SampleBackfillSubmission), SampleCompletionsDoNotWake, "a sample finished"),
-], ids=["no-resync", "strict-budget", "sample-completions-do-not-wake"])
+@pytest.mark.parametrize(
+    "scheduler, progress, message",
+    [
+        (_backfill(NoResync), Progress, "has_capacity"),
+        (_backfill(StrictBudget), Progress, "has_capacity"),
+        (_backfill(SampleBackfillSubmission), SampleCompletionsDoNotWake, "a sample finished"),
+    ],
+    ids=["no-resync", "strict-budget", "sample-completions-do-not-wake"],
+)
 def test_scheduler_machine_catches_a_wrong_scheduler(scheduler, progress, message):
-    machine = type("SchedulerMachine", (SchedulerMachine,),
-                   {"make_scheduler": staticmethod(scheduler), "make_progress": progress})
+    machine = type(
+        "SchedulerMachine", (SchedulerMachine,), {"make_scheduler": staticmethod(scheduler), "make_progress": progress}
+    )
     with pytest.raises(AssertionError, match=message):
-        run_state_machine_as_test(machine, settings=settings(max_examples=200, derandomize=True, database=None,
-                                                             deadline=None, report_multiple_bugs=False,
-                                                             phases=[Phase.generate, Phase.shrink]))
+        run_state_machine_as_test(
+            machine,
+            settings=settings(
+                max_examples=200,
+                derandomize=True,
+                database=None,
+                deadline=None,
+                report_multiple_bugs=False,
+                phases=[Phase.generate, Phase.shrink],
+            ),
+        )

@@ -80,8 +80,9 @@ def test_a_users_generate_function_runs_under_the_recorder(recording, monkeypatc
     monkeypatch.setenv("MILES_HARNESS_RECORD_INNER_GENERATE", f"{__name__}.my_generate")
     state = argparse.Namespace(args=argparse.Namespace())
     sample = Sample(index=3, group_index=1, tokens=[1, 2])
-    out = asyncio.run(record.generate(GenerateFnInput(state=state, sample=sample, sampling_params={},
-                                                      evaluation=False)))
+    out = asyncio.run(
+        record.generate(GenerateFnInput(state=state, sample=sample, sampling_params={}, evaluation=False))
+    )
     assert USED == ["generate"] and out.samples is sample and sample.tokens == [1, 2, 5, 6, 7]
     call = next(e for e in _events(recording) if e["kind"] == "generate_call")
     assert (call["index"], call["group_index"], call["added_tokens"], call["added_versions"]) == (3, 1, 3, ["7"])
@@ -112,8 +113,11 @@ def test_a_users_buffer_runs_under_the_recorder(recording, monkeypatch):
     events = _events(recording)
     got = [e for e in events if e["kind"] == "got"]
     assert [(e["group_index"], e["staleness"], e["queue_size"]) for e in got] == [(1, 1, None), (0, 1, None)]
-    assert [e["kind"] for e in events if e["kind"] in ("put_accepted", "drain_start")] == \
-        ["put_accepted", "put_accepted", "drain_start"]
+    assert [e["kind"] for e in events if e["kind"] in ("put_accepted", "drain_start")] == [
+        "put_accepted",
+        "put_accepted",
+        "drain_start",
+    ]
 
 
 def test_the_recorder_refuses_itself_as_the_inner(recording, monkeypatch):

@@ -28,8 +28,18 @@ def test_a_killed_run_resumes_through_load_and_the_lives_are_checked(tmp_path, m
     from harness.record.resume_run import kill_and_resume
     from harness.trace import read_jsonl
 
-    ns = argparse.Namespace(record_dir=tmp_path / "rec", ckpt=tmp_path / "ckpt", miles_src=str(miles_src), steps=6,
-                            save_interval=2, fully_async=False, servers=1, train_extra_s=0.3, seed=0, kill_after=1)
+    ns = argparse.Namespace(
+        record_dir=tmp_path / "rec",
+        ckpt=tmp_path / "ckpt",
+        miles_src=str(miles_src),
+        steps=6,
+        save_interval=2,
+        fully_async=False,
+        servers=1,
+        train_extra_s=0.3,
+        seed=0,
+        kill_after=1,
+    )
     out = kill_and_resume(ns)
     assert out["killed"] and out["life0_returncode"] == -9, out
     assert out["life1_returncode"] == 0, out["life1_stderr"]

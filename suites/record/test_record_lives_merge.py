@@ -77,4 +77,6 @@ def test_split_lives_assigns_each_file_to_the_life_running_when_it_started(tmp_p
 
     lives = split_lives(read_dir(tmp_path, incomplete=False))
     assert [sorted(pf.path.name for pf in life) for life in lives] == [
-        ["rollout-host-1001.jsonl"], ["rollout-host-1002.jsonl", "server-0-host-1002.jsonl"]]
+        ["rollout-host-1001.jsonl"],
+        ["rollout-host-1002.jsonl", "server-0-host-1002.jsonl"],
+    ]

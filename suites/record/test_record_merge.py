@@ -26,9 +26,19 @@ def _one_step_run(directory: Path, *, train_twice: bool = False) -> None:
     for i in (0, 1):
         rec.emit("generate_begin", index=i, group_index=0)
     for i in (0, 1):
-        rec.emit("generate_call", index=i, group_index=0, start_mono=0.0, start_wall=0.0, added_tokens=3,
-                 response_length=3, status="completed", weight_versions=["1"], added_versions=["1"],
-                 evaluation=False)
+        rec.emit(
+            "generate_call",
+            index=i,
+            group_index=0,
+            start_mono=0.0,
+            start_wall=0.0,
+            added_tokens=3,
+            response_length=3,
+            status="completed",
+            weight_versions=["1"],
+            added_versions=["1"],
+            evaluation=False,
+        )
     rec.emit(ev.GROUP_DONE, group_index=0, ok=True)
     rec.emit(ev.GENERATE_END, rollout_id=0)
     for _ in range(2 if train_twice else 1):
@@ -79,14 +89,34 @@ def test_a_bad_line_inside_a_file_is_an_error_naming_file_and_line(tmp_path):
 def test_processes_are_aligned_on_the_wall_clock(tmp_path):
     a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
     # two processes whose monotonic clocks differ by 1000 s; b's take happens 1 s after a's start
-    a.write_text("\n".join(json.dumps(d) for d in [
-        {"kind": "process", "pid": 1, "role": "rollout", "host": "h", "mono": 5.0, "wall": 100.0},
-        {"kind": ev.GENERATE_START, "rollout_id": 0, "version": 1, "mono": 5.0, "wall": 100.0},
-        {"kind": ev.GENERATE_END, "rollout_id": 0, "mono": 7.0, "wall": 102.0}]) + "\n")
-    b.write_text("\n".join(json.dumps(d) for d in [
-        {"kind": "process", "pid": 2, "role": "trainer", "host": "h2", "mono": 1000.0, "wall": 100.0},
-        {"kind": ev.TRAINED, "rollout_id": 0, "group_indices": [], "trainer_version": 1, "mono": 1001.0,
-         "wall": 101.0}]) + "\n")
+    a.write_text(
+        "\n".join(
+            json.dumps(d)
+            for d in [
+                {"kind": "process", "pid": 1, "role": "rollout", "host": "h", "mono": 5.0, "wall": 100.0},
+                {"kind": ev.GENERATE_START, "rollout_id": 0, "version": 1, "mono": 5.0, "wall": 100.0},
+                {"kind": ev.GENERATE_END, "rollout_id": 0, "mono": 7.0, "wall": 102.0},
+            ]
+        )
+        + "\n"
+    )
+    b.write_text(
+        "\n".join(
+            json.dumps(d)
+            for d in [
+                {"kind": "process", "pid": 2, "role": "trainer", "host": "h2", "mono": 1000.0, "wall": 100.0},
+                {
+                    "kind": ev.TRAINED,
+                    "rollout_id": 0,
+                    "group_indices": [],
+                    "trainer_version": 1,
+                    "mono": 1001.0,
+                    "wall": 101.0,
+                },
+            ]
+        )
+        + "\n"
+    )
     kinds = [e.kind for e in merge_dir(tmp_path).events]
     assert kinds == [ev.GENERATE_START, ev.TRAINED, ev.GENERATE_END]
 
@@ -124,19 +154,43 @@ def _lines(path: Path, role: str, rows: list[dict]) -> None:
 
 
 def _call(index, t0, t1, digest=None):
-    return [{"kind": "generate_begin", "index": index, "group_index": 0, "mono": t0},
-            {"kind": "generate_call", "index": index, "group_index": 0, "start_mono": t0, "start_wall": t0 + 1000.0,
-             "added_tokens": 4, "response_length": 4, "status": "completed", "weight_versions": ["1"],
-             "added_versions": ["1"], "evaluation": False, "tokens_digest": digest, "mono": t1}]
+    return [
+        {"kind": "generate_begin", "index": index, "group_index": 0, "mono": t0},
+        {
+            "kind": "generate_call",
+            "index": index,
+            "group_index": 0,
+            "start_mono": t0,
+            "start_wall": t0 + 1000.0,
+            "added_tokens": 4,
+            "response_length": 4,
+            "status": "completed",
+            "weight_versions": ["1"],
+            "added_versions": ["1"],
+            "evaluation": False,
+            "tokens_digest": digest,
+            "mono": t1,
+        },
+    ]
 
 
 def _request(index, t0, t1, *, version=1, digest=None):
-    done = {"kind": "finished", "index": index, "group_index": index, "status": "completed", "response_length": 4,
-            "token_versions": [[version, version, 4]], "weight_versions": [str(version)], "mono": t1}
-    return [{"kind": "submitted", "index": index, "group_index": index, "version": version, "mono": t0},
-            {"kind": "admitted", "index": index, "version": version, "prefix_tokens": 2, "mono": t0},
-            {"kind": "decode_step", "indices": [index], "version": version, "dur_s": 0.01, "mono": t1},
-            {**done, **({"tokens_digest": digest} if digest else {})}]
+    done = {
+        "kind": "finished",
+        "index": index,
+        "group_index": index,
+        "status": "completed",
+        "response_length": 4,
+        "token_versions": [[version, version, 4]],
+        "weight_versions": [str(version)],
+        "mono": t1,
+    }
+    return [
+        {"kind": "submitted", "index": index, "group_index": index, "version": version, "mono": t0},
+        {"kind": "admitted", "index": index, "version": version, "prefix_tokens": 2, "mono": t0},
+        {"kind": "decode_step", "indices": [index], "version": version, "dur_s": 0.01, "mono": t1},
+        {**done, **({"tokens_digest": digest} if digest else {})},
+    ]
 
 
 def test_server_requests_join_the_calls_they_answered(tmp_path):
@@ -144,17 +198,27 @@ def test_server_requests_join_the_calls_they_answered(tmp_path):
     # each answer reaches its caller just after the server finishes it: request 7 on
     # server 0 (ends 2.00) is sample 1's (call ends 2.01), request 4 on server 1 (ends
     # 1.96) sample 0's (call ends 1.97), though sample 0's call is also in request 7's window
-    _lines(tmp_path / "rollout.jsonl", "rollout", [
-        {"kind": ev.TAKEN, "group_index": 0, "indices": [0, 1], "recycled": False, "call": 1, "mono": 0.5},
-        *_call(0, 1.0, 1.97), *_call(1, 1.1, 2.01)])
-    _lines(tmp_path / "server0.jsonl", "server-0", [
-        {"kind": ev.ENGINE_VERSION, "version": 1, "mono": 0.1}, *_request(7, 1.2, 2.0),
-        *_request(3, 3.0, 3.1)])  # a health check: answers no recorded call
-    _lines(tmp_path / "server1.jsonl", "server-1", [
-        {"kind": ev.ENGINE_VERSION, "version": 1, "mono": 0.1}, *_request(4, 1.05, 1.96)])
+    _lines(
+        tmp_path / "rollout.jsonl",
+        "rollout",
+        [
+            {"kind": ev.TAKEN, "group_index": 0, "indices": [0, 1], "recycled": False, "call": 1, "mono": 0.5},
+            *_call(0, 1.0, 1.97),
+            *_call(1, 1.1, 2.01),
+        ],
+    )
+    _lines(
+        tmp_path / "server0.jsonl",
+        "server-0",
+        [{"kind": ev.ENGINE_VERSION, "version": 1, "mono": 0.1}, *_request(7, 1.2, 2.0), *_request(3, 3.0, 3.1)],
+    )  # a health check: answers no recorded call
+    _lines(
+        tmp_path / "server1.jsonl",
+        "server-1",
+        [{"kind": ev.ENGINE_VERSION, "version": 1, "mono": 0.1}, *_request(4, 1.05, 1.96)],
+    )
     merged = merge_dir(tmp_path)
-    assert merged.join == {"joined": 2, "exact": 0, "ambiguous": 0, "server_requests_unjoined": 1,
-                           "calls_unjoined": 0}
+    assert merged.join == {"joined": 2, "exact": 0, "ambiguous": 0, "server_requests_unjoined": 1, "calls_unjoined": 0}
     finished = [(e["index"], e["engine"]) for e in merged.events if e.kind == ev.FINISHED]
     assert finished == [(0, 1), (1, 0)]
     assert [(e["indices"], e["engine"]) for e in merged.events if e.kind == ev.DECODE_STEP] == [([0], 1), ([1], 0)]
@@ -179,15 +243,28 @@ def test_a_request_joins_the_call_with_its_tokens_digest_before_any_timing(tmp_p
     # same shape, overlapping; by timing request 7 (ends 2.00) would take sample 0's call
     # (ends 2.005), but its tokens are sample 1's; samples 2 and 3 got the same tokens
     # (one digest): timing tells them apart
-    _lines(tmp_path / "rollout.jsonl", "rollout", [
-        *_call(0, 1.0, 2.005, "d-zero"), *_call(1, 1.0, 2.02, "d-one"),
-        *_call(2, 3.0, 3.52, "d-same"), *_call(3, 3.0, 3.41, "d-same")])
-    _lines(tmp_path / "server0.jsonl", "server-0", [
-        *_request(7, 1.1, 2.0, digest="d-one"), *_request(8, 1.1, 2.01, digest="d-zero"),
-        *_request(9, 3.1, 3.4, digest="d-same"), *_request(10, 3.1, 3.5, digest="d-same")])
+    _lines(
+        tmp_path / "rollout.jsonl",
+        "rollout",
+        [
+            *_call(0, 1.0, 2.005, "d-zero"),
+            *_call(1, 1.0, 2.02, "d-one"),
+            *_call(2, 3.0, 3.52, "d-same"),
+            *_call(3, 3.0, 3.41, "d-same"),
+        ],
+    )
+    _lines(
+        tmp_path / "server0.jsonl",
+        "server-0",
+        [
+            *_request(7, 1.1, 2.0, digest="d-one"),
+            *_request(8, 1.1, 2.01, digest="d-zero"),
+            *_request(9, 3.1, 3.4, digest="d-same"),
+            *_request(10, 3.1, 3.5, digest="d-same"),
+        ],
+    )
     merged = merge_dir(tmp_path)
-    assert merged.join == {"joined": 4, "exact": 4, "ambiguous": 1, "server_requests_unjoined": 0,
-                           "calls_unjoined": 0}
+    assert merged.join == {"joined": 4, "exact": 4, "ambiguous": 1, "server_requests_unjoined": 0, "calls_unjoined": 0}
     assert [e["index"] for e in merged.events if e.kind == ev.FINISHED] == [1, 0, 3, 2]
     # a request whose digest names no call is not joined by timing to a call that has another
     _lines(tmp_path / "server0.jsonl", "server-0", [*_request(7, 1.1, 2.0, digest="d-other")])
@@ -197,11 +274,20 @@ def test_a_request_joins_the_call_with_its_tokens_digest_before_any_timing(tmp_p
 
 def test_several_servers_carry_engine_and_an_update_counts_when_all_loaded(tmp_path):
     _lines(tmp_path / "rollout.jsonl", "rollout", [{"kind": ev.SET_WEIGHT_VERSION, "version": 1, "mono": 0.5}])
-    _lines(tmp_path / "s0.jsonl", "server-0", [{"kind": ev.ENGINE_PAUSE, "mode": "retract", "in_flight": 0,
-                                                "mono": 0.1},
-                                               {"kind": ev.ENGINE_VERSION, "version": 1, "mono": 0.2}])
+    _lines(
+        tmp_path / "s0.jsonl",
+        "server-0",
+        [
+            {"kind": ev.ENGINE_PAUSE, "mode": "retract", "in_flight": 0, "mono": 0.1},
+            {"kind": ev.ENGINE_VERSION, "version": 1, "mono": 0.2},
+        ],
+    )
     _lines(tmp_path / "s1.jsonl", "server-1", [{"kind": ev.ENGINE_VERSION, "version": 1, "mono": 0.3}])
     events = merge_dir(tmp_path).events
     assert [(e.kind, e.get("engine")) for e in events] == [
-        (ev.ENGINE_PAUSE, 0), (ev.ENGINE_LOADED, 0), (ev.ENGINE_LOADED, 1), (ev.ENGINE_VERSION, None),
-        (ev.SET_WEIGHT_VERSION, None)]
+        (ev.ENGINE_PAUSE, 0),
+        (ev.ENGINE_LOADED, 0),
+        (ev.ENGINE_LOADED, 1),
+        (ev.ENGINE_VERSION, None),
+        (ev.SET_WEIGHT_VERSION, None),
+    ]

@@ -107,8 +107,12 @@ def test_a_killed_training_run_leaves_a_record_checkable_with_incomplete(tmp_pat
     from harness.record.served_run import async_config
 
     env = dict(os.environ, PYTHONPATH=os.getcwd())
-    proc = subprocess.Popen([sys.executable, "-c", KILLED_RUN, str(tmp_path), str(miles_src)], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KILLED_RUN, str(tmp_path), str(miles_src)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 300
     try:
         while time.monotonic() < deadline and proc.poll() is None:
@@ -124,8 +128,11 @@ def test_a_killed_training_run_leaves_a_record_checkable_with_incomplete(tmp_pat
     (tmp_path / "merged.config.json").write_text(json.dumps({"config": config.to_dict(), "complete": False}))
     assert main(["check-trace", "--merge", str(tmp_path), "--incomplete"]) == 0
     out = capsys.readouterr().out
-    verdicts = {line.split()[0]: line.split()[1] for line in out.splitlines() if line and not line.startswith(" ")
-                and len(line.split()) > 1}
+    verdicts = {
+        line.split()[0]: line.split()[1]
+        for line in out.splitlines()
+        if line and not line.startswith(" ") and len(line.split()) > 1
+    }
     assert verdicts.get("conservation_prefix") == "PASS" and verdicts.get("buffer_fifo") == "PASS"
     print(out)
     assert "NOT APPLICABLE: the trace has no decode_step" in out

@@ -30,12 +30,13 @@ def test_a_request_over_the_context_gets_sglangs_error_plain_and_streaming(serve
         assert r.json() == {"error": {"message": r.json()["error"]["message"]}}
         assert r.json()["error"]["message"].startswith(
             "Requested token count exceeds the model's maximum context length of 64 tokens. You requested a total "
-            "of 64 tokens: 10 tokens from the input messages and 54 tokens for the completion.")
+            "of 64 tokens: 10 tokens from the input messages and 54 tokens for the completion."
+        )
         r = c.post("/generate", json=dict(body, stream=True))
         assert r.status_code == 200  # SGLang checks inside the stream: one error event, then [DONE]
         lines = [line for line in r.text.splitlines() if line]
         assert lines[-1] == "data: [DONE]" and len(lines) == 2
-        err = json.loads(lines[0][len("data: "):])["error"]
+        err = json.loads(lines[0][len("data: ") :])["error"]
         assert err["code"] == 400 and err["message"].startswith("Requested token count exceeds")
         r = c.post("/generate", json={"input_ids": [5] * 64, "sampling_params": {"max_new_tokens": 1}})
         assert r.status_code == 400 and "The input (64 tokens) is longer" in r.json()["error"]["message"]
@@ -53,8 +54,9 @@ def test_the_default_tiny_context_fits_sglangs_long_requests(serve_factory):
     assert sys.getswitchinterval() == SWITCH_INTERVAL_S  # while it serves (restored by stop, below)
     with httpx.Client(base_url=served.url, timeout=120) as c:
         assert c.get("/model_info").json()["max_seq_len"] == TINY_CONTEXT_LENGTH >= 4096
-        out = c.post("/generate", json={"text": "Tell a long story.", "sampling_params": {
-            "max_new_tokens": 1500, "n": 3}}).json()
+        out = c.post(
+            "/generate", json={"text": "Tell a long story.", "sampling_params": {"max_new_tokens": 1500, "n": 3}}
+        ).json()
         assert [o["meta_info"]["completion_tokens"] for o in out] == [1500] * 3
     assert served.engine.core.model.cache_len() == 3 * KV_CHUNK  # widened in steps to the ~1,520 positions used
     served.stop()
@@ -91,8 +93,15 @@ def test_paced_decoding_holds_each_request_to_the_set_rate(serve_factory, rate):
     def one(i: int) -> float:
         times = []
         with httpx.Client(base_url=served.url, timeout=120) as c:
-            with c.stream("POST", "/generate", json={"input_ids": [5, 6, 7], "stream": True, "sampling_params": {
-                    "max_new_tokens": n_tokens, "ignore_eos": True, "sampling_seed": i}}) as r:
+            with c.stream(
+                "POST",
+                "/generate",
+                json={
+                    "input_ids": [5, 6, 7],
+                    "stream": True,
+                    "sampling_params": {"max_new_tokens": n_tokens, "ignore_eos": True, "sampling_seed": i},
+                },
+            ) as r:
                 for line in r.iter_lines():
                     if line.startswith("data: {"):
                         times.append((time.perf_counter(), json.loads(line[6:])["meta_info"]["completion_tokens"]))

@@ -26,7 +26,8 @@ def test_prompt_plus_max_new_tokens_must_stay_below_the_context():
         check_context(6, 4090, 4096)
     assert info.value.message.startswith(
         "Requested token count exceeds the model's maximum context length of 4096 tokens. You requested a total of "
-        "4096 tokens: 6 tokens from the input messages and 4090 tokens for the completion.")
+        "4096 tokens: 6 tokens from the input messages and 4090 tokens for the completion."
+    )
     assert "--context-length" in info.value.message
 
 
@@ -78,8 +79,12 @@ def test_unpaced_steps_never_wait_and_bad_rates_name_the_flag():
     clock = FakeClock()
     assert Pacer(Pacing(), clock=clock, sleep=clock.sleep).hold(clock(), decoded=True, prefill_tokens=9) == 0.0
     assert not Pacing().enabled and clock.sleeps == []
-    assert Pacer(Pacing(prefill_tokens_per_s=10), clock=clock, sleep=clock.sleep).hold(
-        clock(), decoded=True, prefill_tokens=0) == 0.0  # a decode step is free when only prefill is paced
+    assert (
+        Pacer(Pacing(prefill_tokens_per_s=10), clock=clock, sleep=clock.sleep).hold(
+            clock(), decoded=True, prefill_tokens=0
+        )
+        == 0.0
+    )  # a decode step is free when only prefill is paced
     with pytest.raises(ConfigError, match="--pace-decode-tokens-per-s=0"):
         Pacing(decode_tokens_per_s=0)
     with pytest.raises(ConfigError, match="--pace-prefill-tokens-per-s=nan"):

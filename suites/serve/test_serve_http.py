@@ -49,10 +49,20 @@ def fresh_logprobs(model, prompt: list[int], output: list[int], temperature: flo
 
 
 def gen_body(max_new: int, seed: int, prompt: list[int] = PROMPT, **extra) -> dict:
-    return {"input_ids": prompt, "return_logprob": True,
-            "sampling_params": {"max_new_tokens": max_new, "temperature": 1.0, "sampling_seed": seed,
-                                "top_p": 1.0, "top_k": -1, "skip_special_tokens": False, "no_stop_trim": True},
-            **extra}
+    return {
+        "input_ids": prompt,
+        "return_logprob": True,
+        "sampling_params": {
+            "max_new_tokens": max_new,
+            "temperature": 1.0,
+            "sampling_seed": seed,
+            "top_p": 1.0,
+            "top_k": -1,
+            "skip_special_tokens": False,
+            "no_stop_trim": True,
+        },
+        **extra,
+    }
 
 
 def events(served, kind: str) -> list:
@@ -103,8 +113,9 @@ def test_served_generate_matches_in_process_engine(served_engine):
 
 
 # --- pause modes -------------------------------------------------------------------------------------
-async def _update_across(c: httpx.AsyncClient, served, mode: str, *, k: int, max_new: int, seed: int,
-                         flush_first: bool) -> dict:
+async def _update_across(
+    c: httpx.AsyncClient, served, mode: str, *, k: int, max_new: int, seed: int, flush_first: bool
+) -> dict:
     """Generate; after exactly k tokens pause(mode), update to NEW_SEED weights as version 1
     in Miles' order, continue; return the response."""
     await c.post("/harness/step", json={"n": 0})  # hold the engine
@@ -115,12 +126,20 @@ async def _update_across(c: httpx.AsyncClient, served, mode: str, *, k: int, max
     if flush_first:
         assert (await c.get("/flush_cache")).status_code == 200
     assert (await c.post("/begin_weight_update", json={"selector": "all"})).json()["success"]
-    r = await c.post("/update_weights_from_tensor", json={
-        "serialized_named_tensors": [encode_named_tensors(tiny(NEW_SEED).state_dict())],
-        "load_format": None, "flush_cache": False, "selector": "all", "weight_version": "1"})
+    r = await c.post(
+        "/update_weights_from_tensor",
+        json={
+            "serialized_named_tensors": [encode_named_tensors(tiny(NEW_SEED).state_dict())],
+            "load_format": None,
+            "flush_cache": False,
+            "selector": "all",
+            "weight_version": "1",
+        },
+    )
     assert r.status_code == 200 and r.json()["success"], r.text
-    assert (await c.post("/update_weight_version", json={"new_version": "1", "abort_all_requests": False})
-            ).json()["new_version"] == "1"
+    assert (await c.post("/update_weight_version", json={"new_version": "1", "abort_all_requests": False})).json()[
+        "new_version"
+    ] == "1"
     assert (await c.post("/end_weight_update", json={})).json()["success"]
     assert (await c.post("/continue_generation", json={})).json()["status"] == "ok"
     await c.post("/harness/step", json={"n": None})  # run freely
@@ -136,8 +155,13 @@ def test_pause_abort_returns_old_version_tokens_only(served_engine):
             await c.post("/harness/step", json={"n": 6})
             assert (await c.post("/pause_generation", json={"mode": "abort"})).status_code == 200
             out = (await task).json()
-            r = await c.post("/update_weights_from_tensor", json={
-                "serialized_named_tensors": [encode_named_tensors(tiny(NEW_SEED).state_dict())], "weight_version": "1"})
+            r = await c.post(
+                "/update_weights_from_tensor",
+                json={
+                    "serialized_named_tensors": [encode_named_tensors(tiny(NEW_SEED).state_dict())],
+                    "weight_version": "1",
+                },
+            )
             assert r.json()["success"]
             await c.post("/continue_generation", json={})
             await c.post("/harness/step", json={"n": None})
@@ -187,8 +211,9 @@ def test_abort_request_abort_all_ends_every_request_with_its_partial_output(serv
     assert running["meta_info"]["weight_versions"] == [{"version": "default", "start": 0, "end": k}]
     assert logprobs(running) == pytest.approx(fresh_logprobs(tiny(OLD_SEED), PROMPT, running["output_ids"]), abs=1e-4)
     assert after["meta_info"]["finish_reason"] == {"type": "length", "length": 4}
-    kinds = [e.kind for e in served_engine.trace.events if e.kind in ("engine_pause", "aborted", "finished",
-                                                                        "engine_resume")]
+    kinds = [
+        e.kind for e in served_engine.trace.events if e.kind in ("engine_pause", "aborted", "finished", "engine_resume")
+    ]
     assert kinds == ["engine_pause", "aborted", "aborted", "finished", "finished", "engine_resume", "finished"]
     assert [(e["mode"], e["in_flight"]) for e in events(served_engine, "engine_pause")] == [("abort", 2)]
     assert served_engine.check()["violations"] == []
@@ -205,8 +230,10 @@ def test_pause_retract_reprefills_under_new_weights(served_engine):
     meta, tokens = out["meta_info"], out["output_ids"]
     assert meta["finish_reason"] == {"type": "length", "length": max_new}
     assert meta["weight_version"] == "1"
-    assert meta["weight_versions"] == [{"version": "default", "start": 0, "end": k},
-                                       {"version": "1", "start": k, "end": max_new}]
+    assert meta["weight_versions"] == [
+        {"version": "default", "start": 0, "end": k},
+        {"version": "1", "start": k, "end": max_new},
+    ]
     assert meta["token_versions"] == [[0, 0, k], [1, 1, max_new - k]]
     assert meta["num_retractions"] == 1
     lps = logprobs(out)
@@ -216,7 +243,10 @@ def test_pause_retract_reprefills_under_new_weights(served_engine):
     assert [(a["version"], a["prefix_tokens"]) for a in admitted] == [(0, len(PROMPT)), (1, len(PROMPT) + k)]
     assert len(events(served_engine, "retracted")) == 1
     assert served_engine.check(pause_generation_mode="retract") == {
-        "violations": [], "update_order": [], "events": len(served_engine.trace.events)}
+        "violations": [],
+        "update_order": [],
+        "events": len(served_engine.trace.events),
+    }
 
 
 def test_pause_in_place_keeps_old_kv(served_engine):
@@ -224,13 +254,14 @@ def test_pause_in_place_keeps_old_kv(served_engine):
 
     async def go():
         async with httpx.AsyncClient(base_url=served_engine.url, timeout=60) as c:
-            return await _update_across(c, served_engine, "in_place", k=k, max_new=max_new, seed=8,
-                                        flush_first=False)
+            return await _update_across(c, served_engine, "in_place", k=k, max_new=max_new, seed=8, flush_first=False)
 
     out = asyncio.run(go())
     meta, tokens, lps = out["meta_info"], out["output_ids"], logprobs(out)
-    assert meta["weight_versions"] == [{"version": "default", "start": 0, "end": k},
-                                       {"version": "1", "start": k, "end": max_new}]
+    assert meta["weight_versions"] == [
+        {"version": "default", "start": 0, "end": k},
+        {"version": "1", "start": k, "end": max_new},
+    ]
     assert meta["token_versions"] == [[0, 0, k], [1, 0, max_new - k]]  # new weights on version-0 KV
     assert meta["num_retractions"] == 0
     # measured: not what a fresh forward under the new weights gives ...
@@ -282,8 +313,9 @@ def test_request_during_pause_waits_for_continue(served_engine):
         async with httpx.AsyncClient(base_url=served_engine.url, timeout=60) as c:
             await c.post("/pause_generation", json={"mode": "retract"})
             task = asyncio.create_task(c.post("/generate", json=gen_body(3, 1)))
-            await wait_for(lambda: any(e["path"] == "/generate" for e in served_engine.request_log),
-                           "the generate call to arrive")
+            await wait_for(
+                lambda: any(e["path"] == "/generate" for e in served_engine.request_log), "the generate call to arrive"
+            )
             for _ in range(3):  # the server answers other calls meanwhile
                 assert (await c.get("/get_weight_version")).json() == {"weight_version": "default"}
             waiting = not task.done() and not events(served_engine, "submitted")
@@ -304,8 +336,9 @@ def test_update_weights_from_disk_and_version_endpoints(served_engine, tmp_path)
         async with httpx.AsyncClient(base_url=served_engine.url, timeout=60) as c:
             await c.post("/pause_generation", json={"mode": "retract"})
             assert (await c.get("/flush_cache")).status_code == 200
-            r = await c.post("/update_weights_from_disk", json={"model_path": str(tmp_path / "ckpt"),
-                                                                 "weight_version": "1"})
+            r = await c.post(
+                "/update_weights_from_disk", json={"model_path": str(tmp_path / "ckpt"), "weight_version": "1"}
+            )
             assert r.status_code == 200 and r.json()["success"] and r.json()["num_paused_requests"] == 0
             await c.post("/continue_generation", json={})
             out = (await c.post("/generate", json=gen_body(6, 2))).json()
@@ -325,33 +358,74 @@ def test_update_weights_from_disk_and_version_endpoints(served_engine, tmp_path)
 BAD = [
     ("missing input", "POST", "/generate", {"sampling_params": {"max_new_tokens": 2}}, 400, "error"),
     ("input_ids of the wrong type", "POST", "/generate", {"input_ids": "abc"}, 400, "object"),
-    ("max_new_tokens of the wrong type", "POST", "/generate",
-     {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": "x"}}, 400, "schema"),
+    (
+        "max_new_tokens of the wrong type",
+        "POST",
+        "/generate",
+        {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": "x"}},
+        400,
+        "schema",
+    ),
     ("token outside the vocabulary", "POST", "/generate", {"input_ids": [1, 999]}, 400, "error"),
-    ("prompt longer than the context", "POST", "/generate",
-     {"input_ids": [1] * (TINY_CONTEXT_LENGTH - 10), "sampling_params": {"max_new_tokens": 20}}, 400, "error"),
+    (
+        "prompt longer than the context",
+        "POST",
+        "/generate",
+        {"input_ids": [1] * (TINY_CONTEXT_LENGTH - 10), "sampling_params": {"max_new_tokens": 20}},
+        400,
+        "error",
+    ),
     ("top_p out of range", "POST", "/generate", {"input_ids": [1, 2], "sampling_params": {"top_p": 1.5}}, 400, "error"),
-    ("unmodelled json_schema", "POST", "/generate",
-     {"input_ids": [1, 2], "sampling_params": {"json_schema": "{}"}}, 400, "error"),
-    ("unknown sampling key", "POST", "/generate", {"input_ids": [1, 2], "sampling_params": {"top_q": 1}}, 400, "schema"),
+    (
+        "unmodelled json_schema",
+        "POST",
+        "/generate",
+        {"input_ids": [1, 2], "sampling_params": {"json_schema": "{}"}},
+        400,
+        "error",
+    ),
+    (
+        "unknown sampling key",
+        "POST",
+        "/generate",
+        {"input_ids": [1, 2], "sampling_params": {"top_q": 1}},
+        400,
+        "schema",
+    ),
     ("routed experts asked", "POST", "/generate", {"input_ids": [1, 2], "return_routed_experts": True}, 400, "error"),
     ("unknown endpoint", "POST", "/no_such_endpoint", {}, 404, "detail"),
     ("wrong method", "GET", "/generate", None, 405, "detail"),
     ("unknown pause mode", "POST", "/pause_generation", {"mode": "sideways"}, 400, "error"),
     ("end without begin", "POST", "/end_weight_update", {}, 400, "error"),
     ("version missing", "POST", "/update_weight_version", {"abort_all_requests": False}, 400, "object"),
-    ("tensor payload not base64", "POST", "/update_weights_from_tensor",
-     {"serialized_named_tensors": ["%%%"]}, 400, "success"),
-    ("flattened bucket", "POST", "/update_weights_from_tensor",
-     {"serialized_named_tensors": ["AA=="], "load_format": "flattened_bucket"}, 400, "success"),
+    (
+        "tensor payload not base64",
+        "POST",
+        "/update_weights_from_tensor",
+        {"serialized_named_tensors": ["%%%"]},
+        400,
+        "success",
+    ),
+    (
+        "flattened bucket",
+        "POST",
+        "/update_weights_from_tensor",
+        {"serialized_named_tensors": ["AA=="], "load_format": "flattened_bucket"},
+        400,
+        "success",
+    ),
     ("disk path missing", "POST", "/update_weights_from_disk", {"model_path": "/nonexistent/x"}, 400, "success"),
 ]
 
 
 def _message(body: dict, key: str) -> str:
-    return {"error": lambda: body["error"]["message"], "object": lambda: body["message"],
-            "schema": lambda: body["error"] if isinstance(body["error"], str) else "",
-            "detail": lambda: body["detail"], "success": lambda: body["message"]}[key]()
+    return {
+        "error": lambda: body["error"]["message"],
+        "object": lambda: body["message"],
+        "schema": lambda: body["error"] if isinstance(body["error"], str) else "",
+        "detail": lambda: body["detail"],
+        "success": lambda: body["message"],
+    }[key]()
 
 
 def test_bad_requests_get_errors_and_the_server_keeps_serving(served_engine):
@@ -361,9 +435,20 @@ def test_bad_requests_get_errors_and_the_server_keeps_serving(served_engine):
     unknown_name = {"not.a.param": torch.zeros(2)}
     with httpx.Client(base_url=served_engine.url, timeout=60) as c:
         cases = list(BAD)
-        for what, payload in (("update with a wrong shape", wrong_shape), ("update with an unknown name", unknown_name)):
-            cases.append((what, "POST", "/update_weights_from_tensor",
-                          {"serialized_named_tensors": [encode_named_tensors(payload)]}, 400, "success"))
+        for what, payload in (
+            ("update with a wrong shape", wrong_shape),
+            ("update with an unknown name", unknown_name),
+        ):
+            cases.append(
+                (
+                    what,
+                    "POST",
+                    "/update_weights_from_tensor",
+                    {"serialized_named_tensors": [encode_named_tensors(payload)]},
+                    400,
+                    "success",
+                )
+            )
         for what, method, path, body, status, key in cases:
             r = c.request(method, path, json=body) if body is not None else c.request(method, path)
             assert r.status_code == status, (what, r.status_code, r.text)
@@ -396,20 +481,35 @@ def _log(*calls) -> list[dict]:
     return out
 
 
-MILES = ["/begin_weight_update", "/update_weights_from_tensor", "/update_weights_from_tensor",
-         "/update_weight_version", "/end_weight_update", "/continue_generation"]
+MILES = [
+    "/begin_weight_update",
+    "/update_weights_from_tensor",
+    "/update_weights_from_tensor",
+    "/update_weight_version",
+    "/end_weight_update",
+    "/continue_generation",
+]
 
 
 def test_update_order_check():
     assert check_update_order(_log("/pause_generation:retract", "/flush_cache", *MILES)) == []
     assert check_update_order(_log("/pause_generation:in_place", *MILES)) == []
-    assert check_update_order(_log("/pause_generation:retract", "/flush_cache", "/update_weights_from_disk",
-                                   "/continue_generation")) == []
+    assert (
+        check_update_order(
+            _log("/pause_generation:retract", "/flush_cache", "/update_weights_from_disk", "/continue_generation")
+        )
+        == []
+    )
     assert check_update_order(_log("/pause_generation:retract", "/flush_cache", "/continue_generation")) == []
     assert check_update_order(_log("/pause_generation:retract", *MILES))  # no flush
     assert check_update_order(_log("/pause_generation:in_place", "/flush_cache", *MILES))
-    swapped = ["/begin_weight_update", "/update_weight_version", "/update_weights_from_tensor",
-               "/end_weight_update", "/continue_generation"]
+    swapped = [
+        "/begin_weight_update",
+        "/update_weight_version",
+        "/update_weights_from_tensor",
+        "/end_weight_update",
+        "/continue_generation",
+    ]
     assert check_update_order(_log("/pause_generation:abort", "/flush_cache", *swapped))
     assert check_update_order(_log("/update_weights_from_tensor"))  # outside a pause
     assert check_update_order(_log("/pause_generation:retract", "/flush_cache", *MILES[:-1]))  # never continued
@@ -422,17 +522,23 @@ def test_update_order_check():
 def test_cli_serve_starts_under_ten_seconds(tmp_path):
     trace = tmp_path / "served.jsonl"
     t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "harness.cli", "serve", "--port", "0", "--trace", str(trace)],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "harness.cli", "serve", "--port", "0", "--trace", str(trace)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     try:
         line = proc.stdout.readline()  # the command prints it once the server answers
         assert line.startswith("serving http://127.0.0.1:"), line
         url = line.split()[1]
         assert httpx.get(f"{url}/health", timeout=10).status_code == 200
         startup_s = time.perf_counter() - t0
-        out = httpx.post(f"{url}/generate", json={"text": "ab", "sampling_params": {"max_new_tokens": 3}},
-                         timeout=30).json()
+        out = httpx.post(
+            f"{url}/generate", json={"text": "ab", "sampling_params": {"max_new_tokens": 3}}, timeout=30
+        ).json()
         assert out["meta_info"]["prompt_tokens"] == 2 and isinstance(out["text"], str)
     finally:
         proc.terminate()
@@ -466,8 +572,11 @@ def test_loads_show_retract_empties_the_batch_and_in_place_keeps_it(served_engin
             return before, during
 
     before, during = asyncio.run(go())
-    assert (before["num_running_reqs"], before["harness"]["running_rids"], before["harness"]["paused"]) == \
-        (1, ["job-a"], False)
+    assert (before["num_running_reqs"], before["harness"]["running_rids"], before["harness"]["paused"]) == (
+        1,
+        ["job-a"],
+        False,
+    )
     assert before["num_used_tokens"] == len(PROMPT) + 3 - 1  # the KV holds prompt + output[:-1]
     assert during["num_running_reqs"] == running and during["harness"]["paused"]
     assert during["harness"]["pause_mode"] == mode
@@ -483,8 +592,10 @@ def test_abort_by_rid_returns_exactly_the_tokens_so_far_and_the_trace_checks(ser
     async def go():
         async with httpx.AsyncClient(base_url=served_engine.url, timeout=60) as c:
             await c.post("/harness/step", json={"n": 0})
-            tasks = [asyncio.create_task(c.post("/generate", json=gen_body(30, s, rid=rid)))
-                     for s, rid in ((1, "job-1"), (2, "job-10"), (3, "job-1_0"))]
+            tasks = [
+                asyncio.create_task(c.post("/generate", json=gen_body(30, s, rid=rid)))
+                for s, rid in ((1, "job-1"), (2, "job-10"), (3, "job-1_0"))
+            ]
             await wait_for(lambda: len(events(served_engine, "submitted")) == 3, "the requests to reach the engine")
             await c.post("/harness/step", json={"n": k})
             assert (await c.post("/abort_request", json={"rid": "job-1"})).status_code == 200

@@ -28,8 +28,9 @@ def model(seed: int = 0):
 
 
 def run(core, req_id="r", prompt=PROMPT, max_new=12, temperature=1.0, seed=3, **params):
-    opts = parse_sampling(dict(params, max_new_tokens=max_new, temperature=temperature), eos_token_id=core.eos_token_id,
-                          vocab_size=VOCAB)
+    opts = parse_sampling(
+        dict(params, max_new_tokens=max_new, temperature=temperature), eos_token_id=core.eos_token_id, vocab_size=VOCAB
+    )
     core.add_request(req_id, prompt, max_new, temperature, seed, options=opts)
     done = []
     while core.has_work():
@@ -60,8 +61,9 @@ def test_top_k_one_is_greedy_and_top_p_min_p_keep_only_likely_tokens():
 
     for params, allowed in (({"top_p": 0.7}, {0, 1}), ({"min_p": 0.5}, {0, 1}), ({"top_k": 3}, {0, 1, 2})):
         R.options = parse_sampling(params, eos_token_id=None, vocab_size=4)
-        seen = {choose_tokens(logits, [R], [torch.Generator().manual_seed(s)], eos_token_id=None)[0][0]
-                for s in range(200)}
+        seen = {
+            choose_tokens(logits, [R], [torch.Generator().manual_seed(s)], eos_token_id=None)[0][0] for s in range(200)
+        }
         assert seen == allowed, params
 
 
@@ -73,8 +75,9 @@ def test_penalties_move_the_logits_as_sglang_defines_them():
     R.options = parse_sampling({"temperature": 0, "repetition_penalty": 2.0}, eos_token_id=None, vocab_size=4)
     _, _, logp = choose_tokens(logits, [R], [torch.Generator()], eos_token_id=None)
     assert torch.allclose(logp[0], torch.log_softmax(torch.tensor([1.0, 0.5, -2.0, 0.5]), -1))
-    R.options = parse_sampling({"temperature": 0, "frequency_penalty": 1.0, "presence_penalty": 0.5},
-                               eos_token_id=None, vocab_size=4)
+    R.options = parse_sampling(
+        {"temperature": 0, "frequency_penalty": 1.0, "presence_penalty": 0.5}, eos_token_id=None, vocab_size=4
+    )
     _, _, logp = choose_tokens(logits, [R], [torch.Generator()], eos_token_id=None)
     assert torch.allclose(logp[0], torch.log_softmax(torch.tensor([2.0, -1.5, -2.5, 0.5]), -1))
     assert torch.equal(logits, torch.tensor([[2.0, 1.0, -1.0, 0.5]]))  # the model's output is untouched
@@ -97,12 +100,13 @@ def test_stop_token_ids_ignore_eos_and_stop_strings():
     tok = greedy[4]
     core = ServedCore(m)
     out = run(core, temperature=0.0, max_new=16, stop_token_ids=[tok])
-    assert out.output_tokens == greedy[:greedy.index(tok) + 1] and out.status is Status.COMPLETED
+    assert out.output_tokens == greedy[: greedy.index(tok) + 1] and out.status is Status.COMPLETED
     assert core.matched["r"] == tok
     eos_core = ServedCore(m, eos_token_id=tok)
     assert run(eos_core, temperature=0.0, max_new=16).status is Status.COMPLETED
-    assert run(eos_core, "x", temperature=0.0, max_new=16, ignore_eos=True,
-               stop_token_ids=[tok]).output_tokens == greedy
+    assert (
+        run(eos_core, "x", temperature=0.0, max_new=16, ignore_eos=True, stop_token_ids=[tok]).output_tokens == greedy
+    )
     text = TOK.decode(greedy)
     stop = text[5:7]
     core = ServedCore(m, decode_text=TOK.decode)
@@ -135,13 +139,25 @@ def test_a_retracted_request_aborts_from_the_waiting_queue_with_its_tokens():
     assert where == "waiting" and len(done.output_tokens) == 4 and done.token_versions.runs == [[0, 0, 4]]
 
 
-@pytest.mark.parametrize("params, field", [
-    ({"top_q": 1}, "top_q"), ({"top_p": 0}, "top_p"), ({"top_k": 0}, "top_k"), ({"min_p": 2}, "min_p"),
-    ({"max_new_tokens": 1.5}, "max_new_tokens"), ({"min_new_tokens": 9, "max_new_tokens": 2}, "min_new_tokens"),
-    ({"repetition_penalty": 0}, "repetition_penalty"), ({"frequency_penalty": 3}, "frequency_penalty"),
-    ({"stop_token_ids": [VOCAB]}, "stop_token_ids"), ({"stop": 3}, "stop"), ({"regex": "a+"}, "regex"),
-    ({"n": 0}, "n"), ({"ignore_eos": "yes"}, "ignore_eos"), ({"logit_bias": {"x": 1}}, "logit_bias"),
-])
+@pytest.mark.parametrize(
+    "params, field",
+    [
+        ({"top_q": 1}, "top_q"),
+        ({"top_p": 0}, "top_p"),
+        ({"top_k": 0}, "top_k"),
+        ({"min_p": 2}, "min_p"),
+        ({"max_new_tokens": 1.5}, "max_new_tokens"),
+        ({"min_new_tokens": 9, "max_new_tokens": 2}, "min_new_tokens"),
+        ({"repetition_penalty": 0}, "repetition_penalty"),
+        ({"frequency_penalty": 3}, "frequency_penalty"),
+        ({"stop_token_ids": [VOCAB]}, "stop_token_ids"),
+        ({"stop": 3}, "stop"),
+        ({"regex": "a+"}, "regex"),
+        ({"n": 0}, "n"),
+        ({"ignore_eos": "yes"}, "ignore_eos"),
+        ({"logit_bias": {"x": 1}}, "logit_bias"),
+    ],
+)
 def test_refused_sampling_fields_name_the_field(params, field):
     with pytest.raises(ServeError, match=field):
         parse_sampling(params, eos_token_id=2, vocab_size=VOCAB)
@@ -200,19 +216,24 @@ def test_max_new_tokens_is_clamped_only_when_not_given(engine):
     long_prompt = [5] * (engine.context_length - 10)
     params, _ = expand(engine, input_ids=long_prompt)
     assert params[0].options.max_new_tokens == 9  # SGLang: prompt + max_new_tokens < context length
-    assert expand(engine, input_ids=long_prompt, sampling_params={"max_new_tokens": 9})[0][0].options.max_new_tokens == 9
+    assert (
+        expand(engine, input_ids=long_prompt, sampling_params={"max_new_tokens": 9})[0][0].options.max_new_tokens == 9
+    )
     with pytest.raises(ServeError, match="max_new_tokens"):
         expand(engine, input_ids=long_prompt, sampling_params={"max_new_tokens": 10})
 
 
-@pytest.mark.parametrize("body, words", [
-    ({}, "text or input_ids"),
-    ({"input_ids": [[1], [2]], "rid": ["a"]}, "rid"),
-    ({"input_ids": [[1], [2]], "sampling_params": [{"n": 1}, {"n": 2}]}, "n differs"),
-    ({"input_ids": [1, 10_000]}, "outside the vocabulary"),
-    ({"input_ids": [1], "lora_path": "x"}, "lora_path"),
-    ({"input_ids": [[1], [2]], "rid": ["a", "a"]}, "rid repeats"),
-])
+@pytest.mark.parametrize(
+    "body, words",
+    [
+        ({}, "text or input_ids"),
+        ({"input_ids": [[1], [2]], "rid": ["a"]}, "rid"),
+        ({"input_ids": [[1], [2]], "sampling_params": [{"n": 1}, {"n": 2}]}, "n differs"),
+        ({"input_ids": [1, 10_000]}, "outside the vocabulary"),
+        ({"input_ids": [1], "lora_path": "x"}, "lora_path"),
+        ({"input_ids": [[1], [2]], "rid": ["a", "a"]}, "rid repeats"),
+    ],
+)
 def test_refused_generate_requests_say_why(engine, body, words):
     with pytest.raises(ServeError, match=words):
         expand(engine, **body)
@@ -263,10 +284,15 @@ def test_the_stop_window_finds_a_stop_string_at_the_same_token_as_the_whole_text
     rng = random.Random(7)
     for ids in _random_outputs(2):
         whole = TOK.decode(ids)
-        picks = [whole[i:i + n] for n in (1, 2, 5) for i in [rng.randrange(max(1, len(whole)))]]
+        picks = [whole[i : i + n] for n in (1, 2, 5) for i in [rng.randrange(max(1, len(whole)))]]
         stops = tuple(s for s in picks if s and "\ufffd" not in s) or ("zz",)
         first_whole = next((k for k in range(1, len(ids) + 1) if any(s in TOK.decode(ids[:k]) for s in stops)), None)
-        first_window = next((k for k in range(1, len(ids) + 1)
-                             if any(s in stop_window_text(TOK.decode, ids[:k], max(map(len, stops))) for s in stops)),
-                            None)
+        first_window = next(
+            (
+                k
+                for k in range(1, len(ids) + 1)
+                if any(s in stop_window_text(TOK.decode, ids[:k], max(map(len, stops))) for s in stops)
+            ),
+            None,
+        )
         assert first_window == first_whole, (ids, stops)

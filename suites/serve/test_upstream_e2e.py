@@ -26,8 +26,15 @@ from harness.serve.upstream_e2e import STANDARD_RUNS, E2EConfig, age_summary, wr
 pytestmark = [pytest.mark.http, pytest.mark.model]
 
 RUNS = {c.name: c for c in STANDARD_RUNS}
-ENGINE_CHECKS = {"no_generation_while_paused", "abort_semantics", "kv_versions", "token_versions", "version_steps",
-                 "update_outside_generate", "conservation_prefix"}
+ENGINE_CHECKS = {
+    "no_generation_while_paused",
+    "abort_semantics",
+    "kv_versions",
+    "token_versions",
+    "version_steps",
+    "update_outside_generate",
+    "conservation_prefix",
+}
 
 
 @pytest.fixture(scope="module")
@@ -45,8 +52,11 @@ def runs(miles_src):
 
 
 def test_standard_runs_cover_both_rollout_kinds_both_pause_modes_and_both_transfers():
-    assert {(c.fully_async, c.pause_mode) for c in STANDARD_RUNS} == {(False, "retract"), (True, "retract"),
-                                                                     (True, "in_place")}
+    assert {(c.fully_async, c.pause_mode) for c in STANDARD_RUNS} == {
+        (False, "retract"),
+        (True, "retract"),
+        (True, "in_place"),
+    }
     assert {c.transfer for c in STANDARD_RUNS} == {"disk", "tensor"}
     assert all(c.steps >= 5 and c.servers == 2 for c in STANDARD_RUNS)
     with pytest.raises(Exception, match="refused by upstream"):
@@ -75,14 +85,27 @@ def test_tiny_assets_are_the_char_tokenizer_and_a_llama_config(tmp_path):
 
 def test_age_summary_counts_a_request_spanning_an_update_as_recorded_younger():
     def row(index, group, recorded, versions, current=3):
-        return {"rollout_id": 0, "current_version": current, "index": index, "group_index": group,
-                "recorded": [str(recorded)], "recorded_oldest": recorded, "true_oldest": min(versions),
-                "true_newest": max(versions), "tokens": len(versions), "calls_matched": True,
-                "recorded_matches_calls": True, "kv_older_tokens": 0,
-                "tokens_older_than_recorded": sum(1 for v in versions if v < recorded)}
+        return {
+            "rollout_id": 0,
+            "current_version": current,
+            "index": index,
+            "group_index": group,
+            "recorded": [str(recorded)],
+            "recorded_oldest": recorded,
+            "true_oldest": min(versions),
+            "true_newest": max(versions),
+            "tokens": len(versions),
+            "calls_matched": True,
+            "recorded_matches_calls": True,
+            "kv_older_tokens": 0,
+            "tokens_older_than_recorded": sum(1 for v in versions if v < recorded),
+        }
 
-    rows = [row(0, 0, 3, [3, 3, 3]), row(1, 0, 3, [2, 2, 3]),   # spans 2 -> 3, recorded 3
-            row(2, 1, 3, [1, 2, 3])]                             # spans two updates, recorded 3
+    rows = [
+        row(0, 0, 3, [3, 3, 3]),
+        row(1, 0, 3, [2, 2, 3]),  # spans 2 -> 3, recorded 3
+        row(2, 1, 3, [1, 2, 3]),
+    ]  # spans two updates, recorded 3
     out = age_summary(rows, max_weight_staleness=1)
     assert out["samples_spanning_an_update"] == 2
     assert out["samples_recorded_younger_than_oldest_token"] == 2
@@ -124,9 +147,15 @@ def test_weight_update_order_in_the_request_log(runs, name):
     if cfg.transfer == "disk":
         expected = ["/pause_generation", *flush, "/update_weights_from_disk", "/continue_generation"]
     else:
-        expected = ["/pause_generation", *flush, "/begin_weight_update",
-                    *["/update_weights_from_tensor"] * cfg.buckets, "/update_weight_version", "/end_weight_update",
-                    "/continue_generation"]
+        expected = [
+            "/pause_generation",
+            *flush,
+            "/begin_weight_update",
+            *["/update_weights_from_tensor"] * cfg.buckets,
+            "/update_weight_version",
+            "/end_weight_update",
+            "/continue_generation",
+        ]
     for server in runs[name].servers:
         order, calls = server["update_order"], server["requests"]
         assert order["problems"] == []

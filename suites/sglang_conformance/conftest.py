@@ -33,8 +33,11 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption("--server-url", default=None,
-                     help="SGLang-compatible server to check (default: start the harness's CPU server in-process)")
+    parser.addoption(
+        "--server-url",
+        default=None,
+        help="SGLang-compatible server to check (default: start the harness's CPU server in-process)",
+    )
 
 
 class Api:
@@ -60,7 +63,7 @@ class Api:
             for line in r.iter_lines():
                 if line:
                     assert line.startswith("data: "), line
-                    yield line[len("data: "):]
+                    yield line[len("data: ") :]
 
     def stream(self, path: str, body: dict[str, Any]) -> list[Any]:
         """Every chunk as JSON, checking the stream ends with exactly one ``[DONE]``."""

@@ -16,8 +16,13 @@ _ids = itertools.count()
 
 
 def long_body(rid: str, **extra) -> dict:
-    return {"text": "Count: one two three", "rid": rid, "stream": True, **extra,
-            "sampling_params": {"max_new_tokens": LONG, "ignore_eos": True, "temperature": 0.7}}
+    return {
+        "text": "Count: one two three",
+        "rid": rid,
+        "stream": True,
+        **extra,
+        "sampling_params": {"max_new_tokens": LONG, "ignore_eos": True, "temperature": 0.7},
+    }
 
 
 def rid_of(what: str) -> str:
@@ -45,7 +50,7 @@ def test_abort_by_rid_returns_the_tokens_so_far(api):
     assert last["meta_info"]["finish_reason"]["type"] == "abort"
     assert 3 <= last["meta_info"]["completion_tokens"] < LONG
     assert len(last["output_ids"]) == last["meta_info"]["completion_tokens"]
-    assert last["output_ids"][:len(chunks[2]["output_ids"])] == chunks[2]["output_ids"]
+    assert last["output_ids"][: len(chunks[2]["output_ids"])] == chunks[2]["output_ids"]
 
 
 def test_abort_of_a_non_streaming_request_answers_200_with_abort(api):
@@ -77,8 +82,10 @@ def test_rids_match_exactly(api):
     workers = [threading.Thread(target=run, args=(rid,)) for rid in others]
     for w in workers:
         w.start()
-    api.wait_for(lambda: api.loads()["loads"][0]["num_running_reqs"] + api.loads()["loads"][0]["num_waiting_reqs"]
-                 >= 1, "the requests to reach the scheduler")
+    api.wait_for(
+        lambda: api.loads()["loads"][0]["num_running_reqs"] + api.loads()["loads"][0]["num_waiting_reqs"] >= 1,
+        "the requests to reach the scheduler",
+    )
     assert api.post("/abort_request", {"rid": f"{base}-1"}).status_code == 200
     for w in workers:
         w.join(120)

@@ -57,8 +57,11 @@ def long_api(request: pytest.FixtureRequest) -> Iterator[Api]:
 
 
 def _body(rid: str | None = None, *, stream: bool = True, n: int = LONG_N) -> dict[str, Any]:
-    body: dict[str, Any] = {"text": "Tell a long story.", "stream": stream,
-                            "sampling_params": {"max_new_tokens": LONG_TOKENS, "ignore_eos": True, "n": n}}
+    body: dict[str, Any] = {
+        "text": "Tell a long story.",
+        "stream": stream,
+        "sampling_params": {"max_new_tokens": LONG_TOKENS, "ignore_eos": True, "n": n},
+    }
     if rid is not None:
         body["rid"] = rid
     return body
@@ -175,12 +178,16 @@ def test_a_client_gone_mid_stream_ends_its_long_samples(long_api, full_long_s):
         assert r.status_code == 200
         for line in r.iter_lines():
             if line.startswith("data: {"):
-                seen.add(json.loads(line[len("data: "):]).get("index", 0))
+                seen.add(json.loads(line[len("data: ") :]).get("index", 0))
                 if len(seen) == LONG_N:
                     break
     t0 = time.monotonic()
     client.close()
-    idle = lambda: (lambda load: load["num_running_reqs"] + load["num_waiting_reqs"] == 0)(long_api.loads()["loads"][0])
+
+    def idle() -> bool:
+        load = long_api.loads()["loads"][0]
+        return load["num_running_reqs"] + load["num_waiting_reqs"] == 0
+
     long_api.wait_for(idle, "the server to drop the gone client's samples", timeout_s=full_long_s)
     gone_s = time.monotonic() - t0
     print(f"\nidle {gone_s:.2f} s after the client left (a whole generation: {full_long_s:.1f} s)")

@@ -43,9 +43,18 @@ def test_completion_n_gives_indexed_choices(api):
 
 def test_completion_stream_deltas_add_up(api):
     ref = completion(api)["choices"][0]["text"]
-    chunks = api.stream("/v1/completions", {"model": api.model_name(), "prompt": PROMPT, "max_tokens": 6,
-                                            "temperature": 0, "ignore_eos": True, "stream": True,
-                                            "stream_options": {"include_usage": True}})
+    chunks = api.stream(
+        "/v1/completions",
+        {
+            "model": api.model_name(),
+            "prompt": PROMPT,
+            "max_tokens": 6,
+            "temperature": 0,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        },
+    )
     texts = [c["choices"][0]["text"] for c in chunks if c["choices"]]
     assert "".join(texts) == ref
     finishes = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]]
@@ -66,8 +75,17 @@ def test_chat_completion_with_logprobs(api):
 
 def test_chat_stream_starts_with_the_role_and_adds_up(api):
     ref = chat(api)["choices"][0]["message"]["content"]
-    chunks = api.stream("/v1/chat/completions", {"model": api.model_name(), "messages": MESSAGES, "max_tokens": 6,
-                                                 "temperature": 0, "ignore_eos": True, "stream": True})
+    chunks = api.stream(
+        "/v1/chat/completions",
+        {
+            "model": api.model_name(),
+            "messages": MESSAGES,
+            "max_tokens": 6,
+            "temperature": 0,
+            "ignore_eos": True,
+            "stream": True,
+        },
+    )
     assert chunks[0]["choices"][0]["delta"].get("role") == "assistant"
     assert all(c["object"] == "chat.completion.chunk" for c in chunks)
     text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
@@ -76,8 +94,9 @@ def test_chat_stream_starts_with_the_role_and_adds_up(api):
 
 
 def test_openai_errors_have_the_openai_shape(api):
-    r = api.post("/v1/chat/completions", {"model": api.model_name(), "messages": MESSAGES, "top_logprobs": 99,
-                                          "logprobs": True})
+    r = api.post(
+        "/v1/chat/completions", {"model": api.model_name(), "messages": MESSAGES, "top_logprobs": 99, "logprobs": True}
+    )
     assert r.status_code == 400, r.text
     body = r.json()
     assert body["object"] == "error" and body["code"] == 400 and "top_logprobs" in body["message"]

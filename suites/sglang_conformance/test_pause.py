@@ -14,8 +14,12 @@ _ids = itertools.count()
 
 
 def body(rid: str) -> dict:
-    return {"text": "Count: one two three", "rid": rid, "stream": True,
-            "sampling_params": {"max_new_tokens": N, "ignore_eos": True, "temperature": 0.7}}
+    return {
+        "text": "Count: one two three",
+        "rid": rid,
+        "stream": True,
+        "sampling_params": {"max_new_tokens": N, "ignore_eos": True, "temperature": 0.7},
+    }
 
 
 def run_with(api, mode: str, *, abort_while_paused: bool = False) -> list[dict]:
@@ -47,7 +51,7 @@ def test_stream_survives_a_pause_and_goes_on_without_repeats(api, mode):
     last = chunks[-1]
     assert last["meta_info"]["finish_reason"] == {"type": "length", "length": N}
     for before, after in zip(chunks, chunks[1:]):
-        assert after["output_ids"][:len(before["output_ids"])] == before["output_ids"]
+        assert after["output_ids"][: len(before["output_ids"])] == before["output_ids"]
     assert (last["meta_info"]["num_retractions"] >= 1) == (mode == "retract")
 
 

@@ -8,8 +8,16 @@ import pytest
 
 pytestmark = pytest.mark.slow  # an HTTP server
 
-LOAD_FIELDS = {"dp_rank", "num_running_reqs", "num_waiting_reqs", "num_used_tokens", "max_total_num_tokens",
-               "max_running_requests", "token_usage", "gen_throughput"}
+LOAD_FIELDS = {
+    "dp_rank",
+    "num_running_reqs",
+    "num_waiting_reqs",
+    "num_used_tokens",
+    "max_total_num_tokens",
+    "max_running_requests",
+    "token_usage",
+    "gen_throughput",
+}
 
 
 def test_loads_has_sglangs_fields(api):

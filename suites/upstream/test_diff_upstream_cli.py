@@ -37,7 +37,9 @@ def test_prints_identical_and_known_divergence(miles_src, capsys):
 
 def test_an_unexpected_divergence_fails(miles_src, capsys, monkeypatch):
     if _fully_async_refused():
-        pytest.skip(f"the diverging extension case is fully-async, which this tree cannot run: {_fully_async_refused()}")
+        pytest.skip(
+            f"the diverging extension case is fully-async, which this tree cannot run: {_fully_async_refused()}"
+        )
     case = diff.case_named(EXT)
     monkeypatch.setattr(diff, "case_named", lambda name: dataclasses.replace(case, known=None))
     rc = cli.main(["diff-upstream", "--miles-src", str(miles_src), "--scenario", EXT])
@@ -89,6 +91,5 @@ def test_upstreams_log_is_kept_per_case_and_printed_only_with_v(miles_src, tmp_p
     assert "Traceback" not in out and f"upstream's log, per case: {log}" in out
     if rc == 0:  # identical to the core and every invariant holds: nothing of upstream's log on the terminal
         assert "EngineRequestError" not in out
-    assert cli.main(["diff-upstream", "--miles-src", str(miles_src), "--scenario", case, "--log", str(log),
-                     "-v"]) == rc
+    assert cli.main(["diff-upstream", "--miles-src", str(miles_src), "--scenario", case, "--log", str(log), "-v"]) == rc
     assert f"upstream's log for {case}:" in capsys.readouterr().out

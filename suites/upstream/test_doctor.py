@@ -52,7 +52,7 @@ def test_a_tree_without_the_scheduler_factory_is_refused_naming_seam_and_file(tr
     f = copy / "miles" / "rollout" / "submission_scheduler.py"
     text = f.read_text()
     assert "def make_submission_scheduler" in text
-    f.write_text(text[:text.index("def make_submission_scheduler")])
+    f.write_text(text[: text.index("def make_submission_scheduler")])
     report = seams.probe(copy)
     assert report.verdict == "refused" and report.runnable == ()
     assert {s.name for s in report.missing_for("one-step")} == {"make_submission_scheduler(one-step)"}

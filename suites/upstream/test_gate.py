@@ -35,8 +35,10 @@ def tree(pytestconfig) -> Path:
         pytest.skip(how)
     report = seams.probe(path)
     if report.missing_for("fully-async"):
-        pytest.skip(f"the seeded bug shows only in the fully-async driver, which {how} cannot run: "
-                    f"{report.refusal('fully-async')}")
+        pytest.skip(
+            f"the seeded bug shows only in the fully-async driver, which {how} cannot run: "
+            f"{report.refusal('fully-async')}"
+        )
     return path
 
 

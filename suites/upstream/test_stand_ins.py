@@ -106,12 +106,18 @@ def test_a_member_removed_by_hand_is_named_by_doctor(tree, monkeypatch, capsys):
 
 
 def _scenario(**cfg) -> Scenario:
-    return Scenario(name="stand-in", config=AsyncConfig(rollout_batch_size=2, n_samples_per_prompt=2, num_rollout=2,
-                                                        seed=1, **cfg),
-                    engine=SimEngineConfig(seed=1), trainer=SimTrainerConfig(), max_new_tokens=16)
+    return Scenario(
+        name="stand-in",
+        config=AsyncConfig(rollout_batch_size=2, n_samples_per_prompt=2, num_rollout=2, seed=1, **cfg),
+        engine=SimEngineConfig(seed=1),
+        trainer=SimTrainerConfig(),
+        max_new_tokens=16,
+    )
 
 
-@pytest.mark.parametrize("cfg", [{}, {"fully_async": True}, {"driver": "train"}], ids=["one-step", "fully-async", "sync"])
+@pytest.mark.parametrize(
+    "cfg", [{}, {"fully_async": True}, {"driver": "train"}], ids=["one-step", "fully-async", "sync"]
+)
 def test_a_member_removed_by_hand_stops_the_run_with_a_harness_error_naming_it(miles_src, monkeypatch, cfg):
     """The stand-in itself says so at run time (what the static reading cannot see, or a
     tree the harness was told to run anyway): ``RunnerSeamError`` names the member and
@@ -161,8 +167,12 @@ def test_pr_2289_tree_is_refused_naming_the_admission_hold_members(capsys):
         pytest.skip(f"{PR_2289} is not beside the pinned tree ({source.DEFAULT_TREE.parent})")
     report = seams.probe(tree)
     missing = {s.name for s in report.missing_for("one-step")}
-    for member in ("acquire_train_admission_hold", "wait_weight_update_admission", "record_train_weight_update",
-                   "release_train_admission_hold"):
+    for member in (
+        "acquire_train_admission_hold",
+        "wait_weight_update_admission",
+        "record_train_weight_update",
+        "release_train_admission_hold",
+    ):
         assert f"stand-in rollout_manager.{member}" in missing
     assert report.missing_for("fully-async") == report.missing_for("one-step")
     assert not report.missing_for("sync")
@@ -201,8 +211,15 @@ def test_pr_2289_run_past_the_refusal_stops_with_a_harness_error_naming_the_memb
     if not (tree / source.MARKER).is_file():
         pytest.skip(f"{PR_2289} is not beside the pinned tree ({source.DEFAULT_TREE.parent})")
     root = Path(__file__).resolve().parents[2]
-    out = subprocess.run([sys.executable, "-c", _FORCED_RUN, str(tree)], cwd=root, capture_output=True, text=True, check=False,
-                         timeout=300, env={**os.environ, "PYTHONPATH": str(root)})
+    out = subprocess.run(
+        [sys.executable, "-c", _FORCED_RUN, str(tree)],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(root)},
+    )
     line = _line_of(tree / "train_async.py", "rollout_manager.acquire_train_admission_hold.remote()")
     assert "SEAMS ['stand-in rollout_manager.acquire_train_admission_hold']" in out.stdout, out.stdout + out.stderr
     assert f"reads at train_async.py:L{line}" in out.stdout

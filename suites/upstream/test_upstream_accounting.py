@@ -30,27 +30,47 @@ def _fully_async_runs_here(miles_src):
 
 SEED_2668 = {
     "name": "fault-sweep-seed-2668",
-    "config": {"rollout_batch_size": 1, "n_samples_per_prompt": 1, "update_weights_interval": 3,
-               "max_weight_staleness": 1, "async_unused_samples_handler": "retry",
-               "async_data_buffer_capacity_factor": 1.0, "fully_async": True, "driver": "train_async",
-               "num_rollout": 6, "seed": 69},
-    "engine": {"max_running": 2, "decode_base_s": 0.05, "decode_per_seq_s": 0.0002, "prefill_per_token_s": 2e-05,
-               "prompt_tokens": 62, "response_length": {"kind": "lognormal", "median": 12.0, "sigma": 0.2, "low": 6,
-                                                        "high": 28}, "seed": 101},
+    "config": {
+        "rollout_batch_size": 1,
+        "n_samples_per_prompt": 1,
+        "update_weights_interval": 3,
+        "max_weight_staleness": 1,
+        "async_unused_samples_handler": "retry",
+        "async_data_buffer_capacity_factor": 1.0,
+        "fully_async": True,
+        "driver": "train_async",
+        "num_rollout": 6,
+        "seed": 69,
+    },
+    "engine": {
+        "max_running": 2,
+        "decode_base_s": 0.05,
+        "decode_per_seq_s": 0.0002,
+        "prefill_per_token_s": 2e-05,
+        "prompt_tokens": 62,
+        "response_length": {"kind": "lognormal", "median": 12.0, "sigma": 0.2, "low": 6, "high": 28},
+        "seed": 101,
+    },
     "trainer": {"step_base_s": 1.0, "per_token_s": 0.0},
     "max_new_tokens": 89,
 }
 
 FORGETS_A_GROUP_TASK = patching.UpstreamMutant(
-    "worker_forgets_a_group_task", "fully_async",
+    "worker_forgets_a_group_task",
+    "fully_async",
     "the worker creates its third group task and does not keep it: the group runs and is never put",
-    (patching.Patch("miles/rollout/fully_async_rollout.py",
-                    "                active.add(self._submit_one_group())\n",
-                    "                self._n_submitted = getattr(self, '_n_submitted', 0) + 1\n"
-                    "                task = self._submit_one_group()\n"
-                    "                if self._n_submitted != 3:\n"
-                    "                    active.add(task)\n"),),
-    frozenset({"conservation"}))
+    (
+        patching.Patch(
+            "miles/rollout/fully_async_rollout.py",
+            "                active.add(self._submit_one_group())\n",
+            "                self._n_submitted = getattr(self, '_n_submitted', 0) + 1\n"
+            "                task = self._submit_one_group()\n"
+            "                if self._n_submitted != 3:\n"
+            "                    active.add(task)\n",
+        ),
+    ),
+    frozenset({"conservation"}),
+)
 
 
 def _run(miles_src):
@@ -90,6 +110,7 @@ def test_a_group_task_the_worker_forgets_is_reported_lost(miles_src):
 
 # --- the accounting checks itself: a group declared lost never comes back ------------------------
 
+
 def _misses_the_buffer(monkeypatch):
     """Break the runner's accounting (in this test only): a group queued in upstream's buffer
     is not counted as held, so the accounting after a drain declares it lost."""
@@ -122,10 +143,13 @@ def test_a_lost_group_seen_again_is_a_harness_error_not_an_upstream_finding(mile
     from harness.upstream.runner import RunnerAccountingError
 
     _misses_the_buffer(monkeypatch)
-    with pytest.raises(RunnerAccountingError, match=r"^harness_error: runner accounting: group \d+ declared lost "
-                                                  r"\(t=[\d.]+: held by nothing after a rollout\) and then at "
-                                                  r"t=[\d.]+: (got from the buffer|queued in the data source "
-                                                  r"or the buffer)") as info:
+    with pytest.raises(
+        RunnerAccountingError,
+        match=r"^harness_error: runner accounting: group \d+ declared lost "
+        r"\(t=[\d.]+: held by nothing after a rollout\) and then at "
+        r"t=[\d.]+: (got from the buffer|queued in the data source "
+        r"or the buffer)",
+    ) as info:
         _run(miles_src)
     assert info.value.result.error is None and info.value.result.history  # upstream's run itself went fine
     row = _fault_free_row(monkeypatch)

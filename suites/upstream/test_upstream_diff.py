@@ -85,7 +85,7 @@ def test_every_pair_of_flag_values_is_in_the_matrix_or_refused(driver):
     names = list(flags)
     missing = []
     for i, a in enumerate(names):
-        for b in names[i + 1:]:
+        for b in names[i + 1 :]:
             for x in flags[a]:
                 for y in flags[b]:
                     if any(r[a] == x and r[b] == y for r in seen):
@@ -137,10 +137,14 @@ def test_upstream_run_fails_like_upstream_on_a_trainer_error(miles_src):
 
 def test_stand_in_only_when_the_real_import_fails(monkeypatch):
     monkeypatch.setattr(stand_ins, "APPLIED", {})
-    monkeypatch.setattr(stand_ins, "STAND_INS", {
-        "json": ("must not be used: json imports", {"loads": stand_ins._raising}),
-        "miles_harness_no_such_pkg.sub": ("test: this module does not exist", {"f": stand_ins._raising}),
-    })
+    monkeypatch.setattr(
+        stand_ins,
+        "STAND_INS",
+        {
+            "json": ("must not be used: json imports", {"loads": stand_ins._raising}),
+            "miles_harness_no_such_pkg.sub": ("test: this module does not exist", {"f": stand_ins._raising}),
+        },
+    )
     for name in ("miles_harness_no_such_pkg", "miles_harness_no_such_pkg.sub"):
         monkeypatch.delitem(sys.modules, name, raising=False)
     applied = stand_ins.install()

@@ -45,17 +45,21 @@ def _accepted() -> dict:
     """The finding kinds the project has accepted for upstream (the committed file)."""
     known = uf.load_known()
     if not known:
-        pytest.fail(f"{uf.FINDINGS_FILE} is missing: run `python -m harness.upstream.fault_sweep sweep --runs 10000 "
-                    "--jobs 2 --write`")
+        pytest.fail(
+            f"{uf.FINDINGS_FILE} is missing: run `python -m harness.upstream.fault_sweep sweep --runs 10000 "
+            "--jobs 2 --write`"
+        )
     return known
 
 
 def _known_for_this_tree(miles_src) -> dict:
     known = _accepted()
     if known["tree_digest"] != uf.tree_digest(miles_src):
-        pytest.skip(f"the findings file describes {known['upstream_tree']} (digest {known['tree_digest']}); the "
-                    f"active tree {miles_src} differs, so its listed seeds are not this tree's to replay (its "
-                    "finding kinds are judged by test_every_finding_kind_is_a_listed_one)")
+        pytest.skip(
+            f"the findings file describes {known['upstream_tree']} (digest {known['tree_digest']}); the "
+            f"active tree {miles_src} differs, so its listed seeds are not this tree's to replay (its "
+            "finding kinds are judged by test_every_finding_kind_is_a_listed_one)"
+        )
     return known
 
 
@@ -88,9 +92,11 @@ def test_the_sweep_runs_every_fault_kind_on_upstream(sweep_rows):
     clean = [r for r in rows if r["fault"] == "none"]
     assert all(r["complete"] and r["error"] is None for r in clean), "a fault-free upstream run did not complete"
     found = sum(len(r["findings"]) for r in rows)
-    print(f"\nupstream fault sweep: {len(rows)} schedules, {sum(1 for r in rows if r['complete'])} complete, "
-          f"{sum(1 for r in rows if r['findings'])} with findings ({found} findings), {len(refused)} not run "
-          f"(missing seams: {sorted({s for r in refused for s in r['refused']})})")
+    print(
+        f"\nupstream fault sweep: {len(rows)} schedules, {sum(1 for r in rows if r['complete'])} complete, "
+        f"{sum(1 for r in rows if r['findings'])} with findings ({found} findings), {len(refused)} not run "
+        f"(missing seams: {sorted({s for r in refused for s in r['refused']})})"
+    )
 
 
 @pytest.mark.slow
@@ -103,9 +109,11 @@ def test_every_finding_kind_is_a_listed_one(sweep_rows, miles_src):
             seen.setdefault(f["kind"], []).append(r["seed"])
     known = _accepted()
     new = {k: s[:5] for k, s in seen.items() if k not in known["kinds"]}
-    assert not new, (f"finding kinds on {miles_src} not accepted in results/upstream/fault_findings.json (kind: "
-                     f"first seeds; replay: python -m harness.upstream.fault_sweep --miles-src {miles_src} replay "
-                     f"SEED): {new}")
+    assert not new, (
+        f"finding kinds on {miles_src} not accepted in results/upstream/fault_findings.json (kind: "
+        f"first seeds; replay: python -m harness.upstream.fault_sweep --miles-src {miles_src} replay "
+        f"SEED): {new}"
+    )
 
 
 def test_listed_findings_replay_from_their_seeds(miles_src):
@@ -115,15 +123,18 @@ def test_listed_findings_replay_from_their_seeds(miles_src):
     for kind, k in known["kinds"].items():
         seed = k["seeds"][0]
         if uf.case_digest(seed) != k["case_digests"][0]:
-            pytest.skip(f"seed {seed} draws a different case than when the file was written (the strategy or "
-                        "the simulator changed): regenerate the file")
+            pytest.skip(
+                f"seed {seed} draws a different case than when the file was written (the strategy or "
+                "the simulator changed): regenerate the file"
+            )
         out, found = uf.run_seed(seed)
         assert kind in {f.kind for f in found}, f"seed {seed} no longer shows {kind}: {[f.kind for f in found]}"
 
 
 def _seed_that_runs_here(start: int) -> int:
-    return next(s for s in range(start, start + 100) if source.refused_reason(uf.case_from_seed(s).scenario.config)
-                is None)
+    return next(
+        s for s in range(start, start + 100) if source.refused_reason(uf.case_from_seed(s).scenario.config) is None
+    )
 
 
 def test_a_seed_replays_the_same_case_and_outcome(miles_src):
@@ -135,6 +146,7 @@ def test_a_seed_replays_the_same_case_and_outcome(miles_src):
 
 
 # --- the machinery can fail: each finding category is produced when the thing happens -------------
+
 
 def _fa_case(**faults):
     from harness.checking.strategies import RunCase

@@ -42,11 +42,22 @@ DEFAULT_LIMITS = WatchdogLimits()
 
 
 def _case(hm, watchdog: WatchdogLimits = DEFAULT_LIMITS) -> RunCase:
-    sc = Scenario(name=hm.mutant.name, config=AsyncConfig(
-        rollout_batch_size=4, n_samples_per_prompt=2, num_rollout=5, seed=3, fully_async=True,
-        max_weight_staleness=1, async_unused_samples_handler="retry"),
-        engine=SimEngineConfig(seed=3), trainer=SimTrainerConfig(step_base_s=2.0), max_new_tokens=96,
-        watchdog=watchdog)
+    sc = Scenario(
+        name=hm.mutant.name,
+        config=AsyncConfig(
+            rollout_batch_size=4,
+            n_samples_per_prompt=2,
+            num_rollout=5,
+            seed=3,
+            fully_async=True,
+            max_weight_staleness=1,
+            async_unused_samples_handler="retry",
+        ),
+        engine=SimEngineConfig(seed=3),
+        trainer=SimTrainerConfig(step_base_s=2.0),
+        max_new_tokens=96,
+        watchdog=watchdog,
+    )
     return RunCase(sc, FaultSchedule(**dict(hm.faults)))
 
 
@@ -106,8 +117,12 @@ def _candidate_seeds(hm, count: int = 8) -> list[int]:
     for seed in range(2_000):
         c = case_from_seed(seed)
         cfg = c.scenario.config
-        if (cfg.fully_async and fault_kind(c.faults) == want and cfg.async_unused_samples_handler == "retry"
-                and cfg.max_weight_staleness is not None):
+        if (
+            cfg.fully_async
+            and fault_kind(c.faults) == want
+            and cfg.async_unused_samples_handler == "retry"
+            and cfg.max_weight_staleness is not None
+        ):
             seeds.append(seed)
             if len(seeds) == count:
                 break
@@ -133,5 +148,6 @@ def test_the_fault_sweep_counts_it_as_a_finding_with_its_seed(miles_src, hm):
     doc = summarize(rows, tree=miles_src, seeds=",".join(str(r["seed"]) for r in rows))
     assert not doc["harness_errors"]
     assert any(found[0] in k["seeds"] for k in doc["kinds"].values() if k["category"] == hm.expected)
-    print(f"{hm.mutant.name}: {hm.expected} finding on sweep seed {found[0]} "
-          f"(seeds tried: {[r['seed'] for r in rows]})")
+    print(
+        f"{hm.mutant.name}: {hm.expected} finding on sweep seed {found[0]} (seeds tried: {[r['seed'] for r in rows]})"
+    )

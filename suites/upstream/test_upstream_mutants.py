@@ -44,12 +44,16 @@ def _not_here(mutant) -> str | None:
 
     runnable = [d for d in DRIVERS if not source.report().missing_for(d)]
     if not set(runnable) & mutant.observable_in:
-        return (f"{mutant.name} shows only in {', '.join(sorted(mutant.observable_in))} runs, which "
-                f"{source.active()} cannot run faithfully (missing seams: `miles-harness doctor`)")
+        return (
+            f"{mutant.name} shows only in {', '.join(sorted(mutant.observable_in))} runs, which "
+            f"{source.active()} cannot run faithfully (missing seams: `miles-harness doctor`)"
+        )
     behind = {p.path: source.refused_files()[p.path] for p in mutant.patches if p.path in source.refused_files()}
     if behind:
-        return (f"{mutant.name} patches {', '.join(behind)}, behind seam(s) {', '.join(sorted(set(behind.values())))} "
-                f"that {source.active()} lacks: the driver it would run under is refused on this tree")
+        return (
+            f"{mutant.name} patches {', '.join(behind)}, behind seam(s) {', '.join(sorted(set(behind.values())))} "
+            f"that {source.active()} lacks: the driver it would run under is refused on this tree"
+        )
     return None
 
 
@@ -74,8 +78,13 @@ def test_a_patch_that_no_longer_applies_fails_naming_the_mutant_and_the_file(tmp
     with pytest.raises(patching.PatchDoesNotApply, match="'buffer_lifo'.*fully_async_data_buffer.py.*0 times"):
         with patching.applied(m, tmp_path):
             pass
-    twice = patching.UpstreamMutant("twice", "scheduler", "x", (patching.Patch(
-        "miles/rollout/submission_scheduler.py", "    ", "  "),), frozenset({"differential"}))
+    twice = patching.UpstreamMutant(
+        "twice",
+        "scheduler",
+        "x",
+        (patching.Patch("miles/rollout/submission_scheduler.py", "    ", "  "),),
+        frozenset({"differential"}),
+    )
     with pytest.raises(patching.PatchDoesNotApply, match="'twice'.*occurs [0-9]+ times"):
         with patching.applied(twice):
             pass
@@ -85,8 +94,13 @@ def test_a_patch_that_changes_only_a_comment_is_refused(miles_src):
     m = next(m for m in UPSTREAM_MUTANTS if m.name == "buffer_lifo")
     if _not_here(m):
         pytest.skip(_not_here(m))
-    comment = patching.UpstreamMutant("comment_only", "buffer", "x", (patching.Patch(
-        m.patches[0].path, "# filters at retrieving sample: staleness filter", "# a comment"),), frozenset())
+    comment = patching.UpstreamMutant(
+        "comment_only",
+        "buffer",
+        "x",
+        (patching.Patch(m.patches[0].path, "# filters at retrieving sample: staleness filter", "# a comment"),),
+        frozenset(),
+    )
     with pytest.raises(patching.PatchDoesNotApply, match="'comment_only'.*changes no code"):
         with patching.applied(comment):
             pass
@@ -139,16 +153,25 @@ def test_every_upstream_mutant_is_caught(miles_src, capsys):
             # the runner's own checks must see it on upstream's run too; on a tree that
             # refuses a driver the cases a checker catches it on may be among those not run
             survivors.append(f"{m.name} (caught only by the differential: {c.caught_by})")
-        rows.append((m.name, m.area, ", ".join(c.caught_by) or "NOT CAUGHT", c.case or "-",
-                     str(c.runs) if c.case else f">{c.runs}"))
+        rows.append(
+            (
+                m.name,
+                m.area,
+                ", ".join(c.caught_by) or "NOT CAUGHT",
+                c.case or "-",
+                str(c.runs) if c.case else f">{c.runs}",
+            )
+        )
     header = ("mutant", "area", "caught by", "first catching case", "runs needed")
     widths = [max(len(r[i]) for r in rows + [header]) for i in range(len(header))]
     table = "\n".join("  ".join(x.ljust(w) for x, w in zip(r, widths)) for r in [header, *rows])
     killed = len(mutants) - len(survivors)
     with capsys.disabled():
-        print(f"\n{table}\nupstream kill rate: {killed}/{len(mutants)} on {len(cases)} cases "
-              f"({time.perf_counter() - start:.1f} s)"
-              + (f"; not tried (the tree lacks their driver's seams): {', '.join(skipped)}" if skipped else ""))
+        print(
+            f"\n{table}\nupstream kill rate: {killed}/{len(mutants)} on {len(cases)} cases "
+            f"({time.perf_counter() - start:.1f} s)"
+            + (f"; not tried (the tree lacks their driver's seams): {', '.join(skipped)}" if skipped else "")
+        )
     assert not survivors, f"surviving upstream mutants: {survivors}\n{table}"
     # the catching case is quiet without the mutant: the checks saw the bug, not the case
     for case_name in sorted({c.case for c in catches}):

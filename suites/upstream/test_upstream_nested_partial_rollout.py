@@ -30,11 +30,16 @@ import pytest
 from harness.upstream.diff import DiffCase, run_case
 
 CASES = [
-    DiffCase(name="one-step-nested-partial-rollout", config={"partial_rollout": True, "over_sampling_batch_size": 6},
-             generate_function="multi_sample"),
-    DiffCase(name="sync-nested-partial-rollout", config={"driver": "train", "partial_rollout": True,
-                                                         "over_sampling_batch_size": 6},
-             generate_function="multi_sample"),
+    DiffCase(
+        name="one-step-nested-partial-rollout",
+        config={"partial_rollout": True, "over_sampling_batch_size": 6},
+        generate_function="multi_sample",
+    ),
+    DiffCase(
+        name="sync-nested-partial-rollout",
+        config={"driver": "train", "partial_rollout": True, "over_sampling_batch_size": 6},
+        generate_function="multi_sample",
+    ),
 ]
 
 

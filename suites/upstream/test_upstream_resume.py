@@ -76,11 +76,18 @@ def test_every_lost_group_was_held_at_the_loaded_save(miles_src):
     res = _run("one-step+over-sampling+partial", [Stop(after=1)], miles_src)
     acc = account(res)
     [resume] = acc["resumes"]
-    save = next(e for e in res.events if e.kind == CHECKPOINT_SAVED and e["part"] == "data_source"
-                and e["life"] == 0 and e["rollout_id"] == resume["loaded_rollout_id"])
+    save = next(
+        e
+        for e in res.events
+        if e.kind == CHECKPOINT_SAVED
+        and e["part"] == "data_source"
+        and e["life"] == 0
+        and e["rollout_id"] == resume["loaded_rollout_id"]
+    )
     held = {gi for gis in save["held"].values() for gi in gis}
-    source = {e["group_index"]: (e["source_index"], e["epoch"]) for e in res.events
-              if e.kind == ev.TAKEN and e["life"] == 0}
+    source = {
+        e["group_index"]: (e["source_index"], e["epoch"]) for e in res.events if e.kind == ev.TAKEN and e["life"] == 0
+    }
     assert resume["lost"] > 0 and sum(resume["mechanisms"].values()) == resume["lost"]
     # two observations agree: the accounting (from the trace) and what the runner saw upstream hold
     assert set(map(tuple, resume["lost_groups"])) <= {source[gi] for gi in held}
@@ -110,8 +117,11 @@ def test_upstream_and_the_core_lose_and_repeat_the_same_groups_on_one_setting(mi
     from harness.upstream.lives import upstream_host
 
     host = upstream_host(str(miles_src))
-    todo = [c for c in cases(only=["one-step/retract"]) if c.stops[0].at in ("save_boundary", "mid_train",
-                                                                             "between_model_and_data_source")]
+    todo = [
+        c
+        for c in cases(only=["one-step/retract"])
+        if c.stops[0].at in ("save_boundary", "mid_train", "between_model_and_data_source")
+    ]
     assert len(todo) >= 3, [c.name for c in cases(only=["one-step/retract"])]  # the setting and its stops exist
     for case in todo:
         up, core = run_case(case, host), run_case(case, core_host)
@@ -124,8 +134,14 @@ def test_the_cli_runs_the_upstream_host_and_refuses_what_upstream_refuses(miles_
 
     from harness.commands import resume_sweep as cli
 
-    ns = argparse.Namespace(host="upstream", miles_src=str(miles_src), exactly_once=False, fast=False,
-                            setting=["sync", "fully-async/abort/drop"], json=None)
+    ns = argparse.Namespace(
+        host="upstream",
+        miles_src=str(miles_src),
+        exactly_once=False,
+        fast=False,
+        setting=["sync", "fully-async/abort/drop"],
+        json=None,
+    )
     assert cli.main(ns) == 0
     out = capsys.readouterr().out
     assert out.splitlines()[0].startswith("setting") and "\nsync " in out

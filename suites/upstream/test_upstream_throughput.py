@@ -34,10 +34,16 @@ MUTANTS = {m.name: m for m in UPSTREAM_MUTANTS + FULLY_ASYNC_CHECKED_MUTANTS}
 
 # (mutant, checker, matrix cases: one per mode the checker applies to)
 CATCHES = [
-    ("next_rollout_after_train", "one_step_overlap", ["one-step-k1", "one-step-k3", "fa-retract-group",
-                                                      "fa-in_place-sample"]),
-    ("worker_budget_one_group_short", "no_idle_slot", ["fa-retract-group", "fa-retract-sample",
-                                                       "fa-in_place-group", "fa-in_place-sample"]),
+    (
+        "next_rollout_after_train",
+        "one_step_overlap",
+        ["one-step-k1", "one-step-k3", "fa-retract-group", "fa-in_place-sample"],
+    ),
+    (
+        "worker_budget_one_group_short",
+        "no_idle_slot",
+        ["fa-retract-group", "fa-retract-sample", "fa-in_place-group", "fa-in_place-sample"],
+    ),
     ("sample_backfill_undercommit", "no_idle_slot", ["fa-sample-cap-concurrency"]),
 ]
 
@@ -64,8 +70,11 @@ def _runnable(case_name: str) -> None:
 
 
 # the first case of each in the fast tier, the other modes in the slow one
-PARAMS = [pytest.param(m, c, case, id=f"{m}-{case}", marks=() if i == 0 else pytest.mark.slow)
-          for m, c, cases in CATCHES for i, case in enumerate(cases)]
+PARAMS = [
+    pytest.param(m, c, case, id=f"{m}-{case}", marks=() if i == 0 else pytest.mark.slow)
+    for m, c, cases in CATCHES
+    for i, case in enumerate(cases)
+]
 
 
 @pytest.mark.parametrize("mutant,checker,case_name", PARAMS)
@@ -85,11 +94,22 @@ def test_a_drain_that_waits_on_a_dead_worker_is_caught_by_the_checker_not_only_t
     from harness.upstream.fault_sweep import findings, runner_run_with_faults
 
     hm = next(h for h in HANG_MUTANTS if h.mutant.name == "drain_waits_only_on_the_buffer")
-    sc = Scenario(name=hm.mutant.name, config=AsyncConfig(
-        rollout_batch_size=4, n_samples_per_prompt=2, num_rollout=5, seed=3, fully_async=True,
-        max_weight_staleness=1, async_unused_samples_handler="retry"),
-        engine=SimEngineConfig(seed=3), trainer=SimTrainerConfig(step_base_s=2.0), max_new_tokens=96,
-        watchdog=WatchdogLimits(hang_after_s=60.0, max_events=5_000))
+    sc = Scenario(
+        name=hm.mutant.name,
+        config=AsyncConfig(
+            rollout_batch_size=4,
+            n_samples_per_prompt=2,
+            num_rollout=5,
+            seed=3,
+            fully_async=True,
+            max_weight_staleness=1,
+            async_unused_samples_handler="retry",
+        ),
+        engine=SimEngineConfig(seed=3),
+        trainer=SimTrainerConfig(step_base_s=2.0),
+        max_new_tokens=96,
+        watchdog=WatchdogLimits(hang_after_s=60.0, max_events=5_000),
+    )
     case = RunCase(sc, FaultSchedule(**dict(hm.faults)))
     _runnable_config(sc.config)
     with patching.applied(hm.mutant):

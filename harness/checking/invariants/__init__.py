@@ -17,9 +17,21 @@ import dataclasses
 
 from miles_async_core import events as ev
 from miles_async_core.config import AsyncConfig
+
 # Each module registers its checkers on import; this order is the order they run and report in.
-from harness.checking.invariants import (buffer_checks, colocate, concurrency, conservation, multi_engine_checks,
-                                         metrics, pause, resume, staleness_checks, throughput, versions)
+from harness.checking.invariants import (
+    buffer_checks,
+    colocate,
+    concurrency,
+    conservation,
+    multi_engine_checks,
+    metrics,
+    pause,
+    resume,
+    staleness_checks,
+    throughput,
+    versions,
+)
 from harness.checking.invariants.base import REGISTRY, Check, Violation, format_event
 from harness.trace import Event
 
@@ -58,8 +70,7 @@ def _check_lives(events: list[Event], config: AsyncConfig, *, complete: bool) ->
     return out
 
 
-def check_report(events: list[Event], config: AsyncConfig, *, complete: bool = True,
-                 max_stored: int = 100) -> dict:
+def check_report(events: list[Event], config: AsyncConfig, *, complete: bool = True, max_stored: int = 100) -> dict:
     """Every applicable checker on ``events``: ``{"complete", "passed", "checkers":
     {name: violation count} (every checker run, 0 = pass), "not_applicable": [names],
     "violations": [{"invariant", "message"}] (the first ``max_stored``),
@@ -71,20 +82,44 @@ def check_report(events: list[Event], config: AsyncConfig, *, complete: bool = T
     for v in violations:
         counts[v.invariant] = counts.get(v.invariant, 0) + 1
     run = {c.name for c in checks}
-    return {"complete": complete, "passed": not violations, "checkers": counts,
-            "not_applicable": [name for name in ALL_CHECKS if name not in run],
-            "violations": [{"invariant": v.invariant, "message": v.message} for v in violations[:max_stored]],
-            "violations_total": len(violations), "_violations": violations}
+    return {
+        "complete": complete,
+        "passed": not violations,
+        "checkers": counts,
+        "not_applicable": [name for name in ALL_CHECKS if name not in run],
+        "violations": [{"invariant": v.invariant, "message": v.message} for v in violations[:max_stored]],
+        "violations_total": len(violations),
+        "_violations": violations,
+    }
 
 
 def format_violations(violations: list[Violation], *, limit: int = 5) -> str:
     shown = [v.format() for v in violations[:limit]]
     if len(violations) > limit:
-        shown.append(f"... and {len(violations) - limit} more violations "
-                     f"({sorted({v.invariant for v in violations[limit:]})})")
+        shown.append(
+            f"... and {len(violations) - limit} more violations ({sorted({v.invariant for v in violations[limit:]})})"
+        )
     return "\n\n".join(shown)
 
 
-__all__ = ["ALL_CHECKS", "Check", "Violation", "applicable", "check_all", "check_report", "format_event",
-           "format_violations", "buffer_checks", "colocate", "concurrency", "conservation", "metrics",
-           "multi_engine_checks", "pause", "resume", "staleness_checks", "throughput", "versions"]
+__all__ = [
+    "ALL_CHECKS",
+    "Check",
+    "Violation",
+    "applicable",
+    "check_all",
+    "check_report",
+    "format_event",
+    "format_violations",
+    "buffer_checks",
+    "colocate",
+    "concurrency",
+    "conservation",
+    "metrics",
+    "multi_engine_checks",
+    "pause",
+    "resume",
+    "staleness_checks",
+    "throughput",
+    "versions",
+]

@@ -45,7 +45,7 @@ def format_event(e: Event) -> str:
 
 def window(events: list[Event], pos: int, before: int = CONTEXT_EVENTS) -> list[Event]:
     """The offending event at ``pos`` and up to ``before`` events before it."""
-    return events[max(0, pos - before):pos + 1]
+    return events[max(0, pos - before) : pos + 1]
 
 
 def lifecycle(events: list[Event], group_index: int, upto: int | None = None) -> list[Event]:
@@ -67,10 +67,6 @@ def sample_indices(events: list[Event]) -> dict[int, set[int]]:
         if e.kind == ev.TAKEN:
             out.setdefault(e["group_index"], set()).update(e["indices"])
     return out
-
-
-
-
 
 
 def oldest_weight_version(fin: Event) -> int | None:
@@ -103,7 +99,7 @@ class GenerateCalls:
             skip -= count - take
             if take:
                 new_runs.append([version, kv, take])
-        return new_runs, wv[len(prev[1]):], wv[:len(prev[1])]
+        return new_runs, wv[len(prev[1]) :], wv[: len(prev[1])]
 
 
 def effective_pause_mode(config: AsyncConfig) -> str:
@@ -138,9 +134,13 @@ class Check:
 REGISTRY: list[Check] = []
 
 
-def invariant(name: str, *, applies: Callable[[AsyncConfig], bool] = lambda c: True,
-              complete_only: bool = False,
-              applies_to_trace: Callable[[list[Event]], bool] | None = None) -> Callable[[Checker], Checker]:
+def invariant(
+    name: str,
+    *,
+    applies: Callable[[AsyncConfig], bool] = lambda c: True,
+    complete_only: bool = False,
+    applies_to_trace: Callable[[list[Event]], bool] | None = None,
+) -> Callable[[Checker], Checker]:
     """Register ``fn`` under ``name``; ``Violation.invariant`` must be that name."""
 
     def wrap(fn: Checker) -> Checker:
@@ -152,10 +152,14 @@ def invariant(name: str, *, applies: Callable[[AsyncConfig], bool] = lambda c: T
     return wrap
 
 
-
-
-def violation(name: str, message: str, events: list[Event], pos: int, *, context: list[Event] | None = None,
-              ) -> Violation:
+def violation(
+    name: str,
+    message: str,
+    events: list[Event],
+    pos: int,
+    *,
+    context: list[Event] | None = None,
+) -> Violation:
     return Violation(invariant=name, message=message, events=context if context is not None else window(events, pos))
 
 

@@ -47,8 +47,15 @@ def check_buffer_fifo(events: list[Event], config: AsyncConfig) -> list[Violatio
         elif e.kind in (ev.GOT, ev.STALE_REJECTED):
             gi = e["group_index"]
             if not queue or queue[0] != gi:
-                out.append(violation("buffer_fifo", f"{e.kind} group {gi}, but the oldest accepted group is "
-                                     f"{queue[0] if queue else None} (queue {queue[:8]})", events, pos))
+                out.append(
+                    violation(
+                        "buffer_fifo",
+                        f"{e.kind} group {gi}, but the oldest accepted group is "
+                        f"{queue[0] if queue else None} (queue {queue[:8]})",
+                        events,
+                        pos,
+                    )
+                )
             if gi in queue:
                 queue.remove(gi)
     return out
@@ -56,7 +63,7 @@ def check_buffer_fifo(events: list[Event], config: AsyncConfig) -> list[Violatio
 
 def _handler_calls_until_retake(events: list[Event], pos: int, gi: int) -> list[Event]:
     calls = []
-    for e in events[pos + 1:]:
+    for e in events[pos + 1 :]:
         if e.kind == ev.TAKEN and e["group_index"] == gi:
             break
         if e.kind == ev.HANDLER and e["group_index"] == gi:
@@ -73,17 +80,38 @@ def check_aborted_never_stored(events: list[Event], config: AsyncConfig) -> list
             gi = e["group_index"]
             aborted = [i for i in members.get(gi, ()) if i in finished and finished[i]["status"] == "aborted"]
             if e.kind == ev.PUT_ACCEPTED and aborted:
-                out.append(violation(name, f"group {gi} stored with ABORTED samples {aborted}", events, pos,
-                                     context=lifecycle(events, gi, pos)))
+                out.append(
+                    violation(
+                        name,
+                        f"group {gi} stored with ABORTED samples {aborted}",
+                        events,
+                        pos,
+                        context=lifecycle(events, gi, pos),
+                    )
+                )
             if e.kind == ev.PUT_REJECTED and e["reason"] == "aborted":
                 if not aborted:
-                    out.append(violation(name, f"group {gi} rejected as aborted but no sample is ABORTED", events, pos,
-                                         context=lifecycle(events, gi, pos)))
+                    out.append(
+                        violation(
+                            name,
+                            f"group {gi} rejected as aborted but no sample is ABORTED",
+                            events,
+                            pos,
+                            context=lifecycle(events, gi, pos),
+                        )
+                    )
                 calls = _handler_calls_until_retake(events, pos, gi)
                 if len(calls) != 1 or calls[0]["cause"] != "aborted":
-                    out.append(violation(name, f"aborted group {gi} reached the unused handler {len(calls)} times "
-                                         f"(causes {[c['cause'] for c in calls]}), expected once with cause=aborted",
-                                         events, pos, context=lifecycle(events, gi)))
+                    out.append(
+                        violation(
+                            name,
+                            f"aborted group {gi} reached the unused handler {len(calls)} times "
+                            f"(causes {[c['cause'] for c in calls]}), expected once with cause=aborted",
+                            events,
+                            pos,
+                            context=lifecycle(events, gi),
+                        )
+                    )
     return out
 
 
@@ -95,12 +123,17 @@ def check_filter_rejects_not_handled(events: list[Event], config: AsyncConfig) -
         if e.kind == ev.PUT_REJECTED and str(e["reason"]).startswith("dynamic_filter"):
             gi = e["group_index"]
             calls = _handler_calls_until_retake(events, pos, gi)
-            stored = [x for x in events[pos + 1:] if x.kind == ev.PUT_ACCEPTED and x["group_index"] == gi]
+            stored = [x for x in events[pos + 1 :] if x.kind == ev.PUT_ACCEPTED and x["group_index"] == gi]
             if calls or stored:
-                out.append(violation("filter_rejects_not_handled",
-                                     f"dynamic-filter reject of group {gi} was "
-                                     f"{'handed to the handler' if calls else 'stored'}", events, pos,
-                                     context=lifecycle(events, gi)))
+                out.append(
+                    violation(
+                        "filter_rejects_not_handled",
+                        f"dynamic-filter reject of group {gi} was {'handed to the handler' if calls else 'stored'}",
+                        events,
+                        pos,
+                        context=lifecycle(events, gi),
+                    )
+                )
     return out
 
 
@@ -113,17 +146,31 @@ def check_stale_rejects_handled(events: list[Event], config: AsyncConfig) -> lis
         if e.kind == ev.STALE_REJECTED:
             gi = e["group_index"]
             if s_max is None or e["staleness"] is None or e["staleness"] <= s_max:
-                out.append(violation(name, f"group {gi} rejected as stale with staleness={e['staleness']} "
-                                     f"(max_weight_staleness={s_max})", events, pos))
+                out.append(
+                    violation(
+                        name,
+                        f"group {gi} rejected as stale with staleness={e['staleness']} (max_weight_staleness={s_max})",
+                        events,
+                        pos,
+                    )
+                )
             calls = _handler_calls_until_retake(events, pos, gi)
             if len(calls) != 1 or calls[0]["cause"] != "stale":
-                out.append(violation(name, f"stale group {gi} reached the unused handler {len(calls)} times "
-                                     f"(causes {[c['cause'] for c in calls]}), expected once with cause=stale",
-                                     events, pos, context=lifecycle(events, gi)))
+                out.append(
+                    violation(
+                        name,
+                        f"stale group {gi} reached the unused handler {len(calls)} times "
+                        f"(causes {[c['cause'] for c in calls]}), expected once with cause=stale",
+                        events,
+                        pos,
+                        context=lifecycle(events, gi),
+                    )
+                )
         elif e.kind == ev.HANDLER:
             gi = e["group_index"]
-            follow = next((x for x in events[pos + 1:] if x.kind in (ev.DROPPED, ev.RECYCLED)
-                           and x["group_index"] == gi), None)
+            follow = next(
+                (x for x in events[pos + 1 :] if x.kind in (ev.DROPPED, ev.RECYCLED) and x["group_index"] == gi), None
+            )
             if follow is None:
                 ok = False
             elif e["handler"] == "drop":
@@ -131,9 +178,15 @@ def check_stale_rejects_handled(events: list[Event], config: AsyncConfig) -> lis
             else:
                 ok = follow.kind == ev.RECYCLED or follow["reason"].startswith("retry_cap")
             if not ok:
-                out.append(violation(name, f"handler={e['handler']} for group {gi} was followed by "
-                                     f"{follow.kind if follow else 'nothing'}", events, pos,
-                                     context=lifecycle(events, gi)))
+                out.append(
+                    violation(
+                        name,
+                        f"handler={e['handler']} for group {gi} was followed by {follow.kind if follow else 'nothing'}",
+                        events,
+                        pos,
+                        context=lifecycle(events, gi),
+                    )
+                )
     return out
 
 
@@ -152,13 +205,26 @@ def check_drain_shape(events: list[Event], config: AsyncConfig) -> list[Violatio
                 out.append(violation(name, f"{e.kind} outside a drain", events, pos))
                 continue
             if e["current_version"] != start["current_version"]:
-                out.append(violation(name, f"{e.kind} of group {e['group_index']} used current_version="
-                                     f"{e['current_version']}, the drain started with {start['current_version']}",
-                                     events, pos))
+                out.append(
+                    violation(
+                        name,
+                        f"{e.kind} of group {e['group_index']} used current_version="
+                        f"{e['current_version']}, the drain started with {start['current_version']}",
+                        events,
+                        pos,
+                    )
+                )
             got += e.kind == ev.GOT
         elif e.kind == ev.DRAIN_END:
             if got != config.rollout_batch_size:
-                out.append(violation(name, f"drain rollout_id={e['rollout_id']} returned {got} groups, "
-                                     f"expected B={config.rollout_batch_size}", events, pos))
+                out.append(
+                    violation(
+                        name,
+                        f"drain rollout_id={e['rollout_id']} returned {got} groups, "
+                        f"expected B={config.rollout_batch_size}",
+                        events,
+                        pos,
+                    )
+                )
             start = None
     return out

@@ -30,8 +30,7 @@ def check_colocate_exclusive(events: list[Event], config: AsyncConfig) -> list[V
             continue
         open_phases.add(key)
         if {("rollout", "generating"), ("train", "training")} <= open_phases:
-            out.append(violation(name, "rollout generating and train training overlap under --colocate",
-                                 events, pos))
+            out.append(violation(name, "rollout generating and train training overlap under --colocate", events, pos))
     return out
 
 
@@ -48,7 +47,14 @@ def check_colocate_no_decode_while_training(events: list[Event], config: AsyncCo
         a, b = e.t - e["dur_s"], e.t
         hit = next(((lo, hi) for lo, hi in training if a < hi and lo < b), None)
         if hit is not None:
-            out.append(violation(name, f"the engine decoded samples {list(e['indices'])[:8]} (version {e['version']}) "
-                                 f"from t={a:.6f} to {b:.6f} s while the trainer trained ({hit[0]:.6f} to "
-                                 f"{hit[1]:.6f} s) under --colocate", events, pos))
+            out.append(
+                violation(
+                    name,
+                    f"the engine decoded samples {list(e['indices'])[:8]} (version {e['version']}) "
+                    f"from t={a:.6f} to {b:.6f} s while the trainer trained ({hit[0]:.6f} to "
+                    f"{hit[1]:.6f} s) under --colocate",
+                    events,
+                    pos,
+                )
+            )
     return out

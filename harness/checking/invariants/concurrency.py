@@ -51,8 +51,15 @@ def check_in_flight_cap(events: list[Event], config: AsyncConfig) -> list[Violat
             count = len(samples) if by_sample else len(groups)
             if count > cap:
                 unit = "samples" if by_sample else "groups"
-                out.append(violation(name, f"{count} {unit} in flight, cap is {cap} (G={g_budget}, n={n}, "
-                                     f"{config.resolved_rollout_submission_granularity} granularity)", events, pos))
+                out.append(
+                    violation(
+                        name,
+                        f"{count} {unit} in flight, cap is {cap} (G={g_budget}, n={n}, "
+                        f"{config.resolved_rollout_submission_granularity} granularity)",
+                        events,
+                        pos,
+                    )
+                )
         elif k == ev.FINISHED:
             samples.pop(e["index"], None)
         elif k == ev.GROUP_DONE:
@@ -79,11 +86,18 @@ def check_whole_group_submission(events: list[Event], config: AsyncConfig) -> li
             gi, traj = e["group_index"], e["trajectory"]
             pending = any(q[0] == gi and traj in q[1] for q in queue)
             if traj not in taken.get(gi, ()) or e["index"] in taken.get(gi, ()) or pending:
-                why = ("its trajectory is still waiting to be submitted" if pending else
-                       "it is a prompt sample of the group" if e["index"] in taken.get(gi, ()) else
-                       f"{traj} is not a prompt sample of group {gi}'s current take")
-                out.append(violation(name, f"sample {e['index']} added to trajectory {traj} of group {gi}, but "
-                                     + why, events, pos))
+                why = (
+                    "its trajectory is still waiting to be submitted"
+                    if pending
+                    else "it is a prompt sample of the group"
+                    if e["index"] in taken.get(gi, ())
+                    else f"{traj} is not a prompt sample of group {gi}'s current take"
+                )
+                out.append(
+                    violation(
+                        name, f"sample {e['index']} added to trajectory {traj} of group {gi}, but " + why, events, pos
+                    )
+                )
             else:
                 added[e["index"]] = gi
         elif k == ev.TAKEN:
@@ -97,14 +111,23 @@ def check_whole_group_submission(events: list[Event], config: AsyncConfig) -> li
             del added[e["index"]]  # announced for a trajectory of its group (above)
         elif k == ev.SUBMITTED:
             if partial:  # resumed samples with a spent budget send no request
-                while queue and queue[0][0] != e["group_index"] and all(
-                        i in last and last[i]["response_length"] > 0 for i in queue[0][1]):
+                while (
+                    queue
+                    and queue[0][0] != e["group_index"]
+                    and all(i in last and last[i]["response_length"] > 0 for i in queue[0][1])
+                ):
                     queue.pop(0)
             if not queue or queue[0][0] != e["group_index"] or e["index"] not in queue[0][1]:
                 head = queue[0][0] if queue else None
-                out.append(violation(name, f"sample {e['index']} of group {e['group_index']} submitted while group "
-                                     f"{head} is not fully submitted (groups are submitted whole, in take order)",
-                                     events, pos))
+                out.append(
+                    violation(
+                        name,
+                        f"sample {e['index']} of group {e['group_index']} submitted while group "
+                        f"{head} is not fully submitted (groups are submitted whole, in take order)",
+                        events,
+                        pos,
+                    )
+                )
                 for q in queue:
                     if q[0] == e["group_index"] and e["index"] in q[1]:
                         q[1].remove(e["index"])
@@ -144,9 +167,16 @@ def check_one_step_submission_budget(events: list[Event], config: AsyncConfig) -
                     room = len(pending) + accepted < B
                 if not room:
                     have = f"{len(in_flight)} samples in flight" if by_sample else f"{len(pending)} groups pending"
-                    out.append(violation(name, f"get_samples call {call} made with {have} and {accepted} of B={B} "
-                                         f"groups accepted: the {config.resolved_rollout_submission_granularity}-level "
-                                         "scheduler had no room", events, pos))
+                    out.append(
+                        violation(
+                            name,
+                            f"get_samples call {call} made with {have} and {accepted} of B={B} "
+                            f"groups accepted: the {config.resolved_rollout_submission_granularity}-level "
+                            "scheduler had no room",
+                            events,
+                            pos,
+                        )
+                    )
             pending.add(e["group_index"])
             for i in e["indices"]:  # a finished sample of a resumed group sends no request
                 if last.get(i) not in ("completed", "truncated"):
@@ -175,7 +205,14 @@ def check_one_group_per_pull(events: list[Event], config: AsyncConfig) -> list[V
         if e.kind == ev.TAKEN and e.get("call") is not None:
             seen[e["call"]] = seen.get(e["call"], 0) + 1
             if seen[e["call"]] == 2:
-                out.append(violation(name, f"get_samples call {e['call']} handed out more than one group under "
-                                     "--fully-async (the worker must pull one group at a time; "
-                                     "--over-sampling-batch-size has no effect there)", events, pos))
+                out.append(
+                    violation(
+                        name,
+                        f"get_samples call {e['call']} handed out more than one group under "
+                        "--fully-async (the worker must pull one group at a time; "
+                        "--over-sampling-batch-size has no effect there)",
+                        events,
+                        pos,
+                    )
+                )
     return out

@@ -71,8 +71,13 @@ def _walk(events: list[Event], name: str, *, closing: bool) -> list[Violation]:
 def check_conservation(events: list[Event], config: AsyncConfig) -> list[Violation]:
     """Each take ends exactly once; the run end accounts for what is still live."""
     if not any(e.kind == ev.RUN_END for e in events):
-        return [Violation(invariant="conservation", message="trace has no run_end event: cannot close the account",
-                          events=events[-10:])]
+        return [
+            Violation(
+                invariant="conservation",
+                message="trace has no run_end event: cannot close the account",
+                events=events[-10:],
+            )
+        ]
     return _walk(events, "conservation", closing=True)
 
 
@@ -95,13 +100,21 @@ def check_recycled_first_in_first_out(events: list[Event], config: AsyncConfig) 
             gi = e["group_index"]
             if e["recycled"]:
                 if queue and queue[0] != gi:
-                    out.append(violation(name, f"recycled group {gi} handed out while group {queue[0]}, recycled "
-                                         "before it, still waits", events, pos, context=lifecycle(events, gi, pos)))
+                    out.append(
+                        violation(
+                            name,
+                            f"recycled group {gi} handed out while group {queue[0]}, recycled before it, still waits",
+                            events,
+                            pos,
+                            context=lifecycle(events, gi, pos),
+                        )
+                    )
                 if gi in queue:
                     queue.remove(gi)
             elif queue:
-                out.append(violation(name, f"fresh group {gi} handed out while recycled groups {queue[:8]} wait",
-                                     events, pos))
+                out.append(
+                    violation(name, f"fresh group {gi} handed out while recycled groups {queue[:8]} wait", events, pos)
+                )
     return out
 
 
@@ -115,14 +128,33 @@ def check_trained_batch_shape(events: list[Event], config: AsyncConfig) -> list[
             continue
         gis = list(e["group_indices"])
         if len(gis) != config.rollout_batch_size:
-            out.append(violation("trained_batch_shape", f"rollout_id={e['rollout_id']} trained {len(gis)} groups, "
-                                 f"expected B={config.rollout_batch_size}", events, pos))
+            out.append(
+                violation(
+                    "trained_batch_shape",
+                    f"rollout_id={e['rollout_id']} trained {len(gis)} groups, expected B={config.rollout_batch_size}",
+                    events,
+                    pos,
+                )
+            )
         bad_n = [gi for gi in gis if len(groups.get(gi, ())) != config.n_samples_per_prompt]
         if bad_n:
-            out.append(violation("trained_batch_shape", f"rollout_id={e['rollout_id']}: groups {bad_n} do not have "
-                                 f"n={config.n_samples_per_prompt} samples", events, pos))
+            out.append(
+                violation(
+                    "trained_batch_shape",
+                    f"rollout_id={e['rollout_id']}: groups {bad_n} do not have n={config.n_samples_per_prompt} samples",
+                    events,
+                    pos,
+                )
+            )
         firsts = [min(groups.get(gi, {-1})) for gi in gis]
         if firsts != sorted(firsts):
-            out.append(violation("trained_batch_shape", f"rollout_id={e['rollout_id']}: batch not sorted by first "
-                                 f"sample index: groups {gis} first indices {firsts}", events, pos))
+            out.append(
+                violation(
+                    "trained_batch_shape",
+                    f"rollout_id={e['rollout_id']}: batch not sorted by first "
+                    f"sample index: groups {gis} first indices {firsts}",
+                    events,
+                    pos,
+                )
+            )
     return out

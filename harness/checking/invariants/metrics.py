@@ -72,9 +72,16 @@ def check_drain_metrics(events: list[Event], config: AsyncConfig) -> list[Violat
                 expect = {key: want for key, want in expect.items() if not key.startswith(P + "handler_")}
             bad = {key: (m.get(key), want) for key, want in expect.items() if not _close(m.get(key), want)}
             if bad:
-                detail = ", ".join(f"{key.removeprefix(P)}: reported {got}, trace says {want}"
-                                   for key, (got, want) in bad.items())
-                out.append(violation(name, f"rollout_id={e['rollout_id']} metrics disagree with the trace "
-                                     f"window: {detail}", events, pos))
+                detail = ", ".join(
+                    f"{key.removeprefix(P)}: reported {got}, trace says {want}" for key, (got, want) in bad.items()
+                )
+                out.append(
+                    violation(
+                        name,
+                        f"rollout_id={e['rollout_id']} metrics disagree with the trace window: {detail}",
+                        events,
+                        pos,
+                    )
+                )
             expect = None
     return out

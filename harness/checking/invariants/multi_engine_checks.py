@@ -66,17 +66,34 @@ def check_engine_versions_monotonic(events: list[Event], config: AsyncConfig) ->
         if e.kind == ev.ENGINE_LOADED:
             v = e["version"]
             if v <= loaded.get(key, 0):
-                out.append(violation(name, f"engine {key} loaded version {v} after version {loaded.get(key, 0)}: "
-                                     "its version went backwards or repeated", events, pos))
+                out.append(
+                    violation(
+                        name,
+                        f"engine {key} loaded version {v} after version {loaded.get(key, 0)}: "
+                        "its version went backwards or repeated",
+                        events,
+                        pos,
+                    )
+                )
             loaded[key] = v
         elif e.kind == ev.DECODE_STEP and key is not None:
             v = e["version"]
             if v < decoded.get(key, 0):
-                out.append(violation(name, f"engine {key} decoded with version {v} after decoding with "
-                                     f"{decoded[key]}", events, pos))
+                out.append(
+                    violation(
+                        name, f"engine {key} decoded with version {v} after decoding with {decoded[key]}", events, pos
+                    )
+                )
             if v != loaded.get(key, 0):
-                out.append(violation(name, f"engine {key} decoded samples {list(e['indices'])[:8]} with version {v}; "
-                                     f"it loaded version {loaded.get(key, 0)} last", events, pos))
+                out.append(
+                    violation(
+                        name,
+                        f"engine {key} decoded samples {list(e['indices'])[:8]} with version {v}; "
+                        f"it loaded version {loaded.get(key, 0)} last",
+                        events,
+                        pos,
+                    )
+                )
             decoded[key] = max(v, decoded.get(key, 0))
     return out
 
@@ -98,14 +115,28 @@ def check_all_engines_updated_before_resume(events: list[Event], config: AsyncCo
             current = e["version"]
             missing = [k for k in live.live() if loaded.get(k, 0) != current]
             if missing:
-                out.append(violation(name, f"the driver recorded version {current} while engine(s) "
-                                     f"{missing} hold version(s) {[loaded.get(k, 0) for k in missing]}", events, pos))
+                out.append(
+                    violation(
+                        name,
+                        f"the driver recorded version {current} while engine(s) "
+                        f"{missing} hold version(s) {[loaded.get(k, 0) for k in missing]}",
+                        events,
+                        pos,
+                    )
+                )
         elif e.kind == ev.ENGINE_RESUME and key is not None and current:
             missing = [k for k in live.live() if loaded.get(k, 0) != current]
             if missing:
-                out.append(violation(name, f"engine {key} resumed after the update to version {current} while "
-                                     f"engine(s) {missing} had not loaded it (they hold "
-                                     f"{[loaded.get(k, 0) for k in missing]})", events, pos))
+                out.append(
+                    violation(
+                        name,
+                        f"engine {key} resumed after the update to version {current} while "
+                        f"engine(s) {missing} had not loaded it (they hold "
+                        f"{[loaded.get(k, 0) for k in missing]})",
+                        events,
+                        pos,
+                    )
+                )
     return out
 
 
@@ -132,9 +163,21 @@ def check_all_engines_paused_for_update(events: list[Event], config: AsyncConfig
         elif e.kind == ev.ENGINE_VERSION:
             unpaused = [k for k in live.live() if k not in modes]
             if unpaused:
-                out.append(violation(name, f"the update to version {e['version']} paused engines {sorted(modes)} "
-                                     f"but not {unpaused}", events, pos))
+                out.append(
+                    violation(
+                        name,
+                        f"the update to version {e['version']} paused engines {sorted(modes)} but not {unpaused}",
+                        events,
+                        pos,
+                    )
+                )
             if len(set(modes.values())) > 1:
-                out.append(violation(name, f"the update to version {e['version']} paused the engines with different "
-                                     f"modes {modes}", events, pos))
+                out.append(
+                    violation(
+                        name,
+                        f"the update to version {e['version']} paused the engines with different modes {modes}",
+                        events,
+                        pos,
+                    )
+                )
     return out

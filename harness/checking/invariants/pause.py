@@ -46,8 +46,9 @@ def check_no_generation_while_paused(events: list[Event], config: AsyncConfig) -
         if k == ev.FAULT and e.fields.get("what") == "engine_died":
             engines.pop(key, None)
             continue
-        if k != ev.ENGINE_VERSION and (k in (ev.ENGINE_PAUSE, ev.ENGINE_RESUME, ev.ADMITTED, ev.DECODE_STEP,
-                                             ev.ENGINE_LOADED) or _is_generating(e)):
+        if k != ev.ENGINE_VERSION and (
+            k in (ev.ENGINE_PAUSE, ev.ENGINE_RESUME, ev.ADMITTED, ev.DECODE_STEP, ev.ENGINE_LOADED) or _is_generating(e)
+        ):
             engines.setdefault(key)
         who = _engine_name(key)
         if k == ev.ENGINE_PAUSE:
@@ -63,21 +64,39 @@ def check_no_generation_while_paused(events: list[Event], config: AsyncConfig) -
         elif k == ev.ADMITTED and paused.get(key):
             out.append(violation(name, f"request {e['index']} admitted while {who} is paused", events, pos))
         elif k == ev.DECODE_STEP and paused.get(key):
-            out.append(violation(name, f"a decode step (samples {list(e['indices'])[:8]}, version {e['version']}) ran "
-                                 f"while {who} is paused", events, pos))
+            out.append(
+                violation(
+                    name,
+                    f"a decode step (samples {list(e['indices'])[:8]}, version {e['version']}) ran "
+                    f"while {who} is paused",
+                    events,
+                    pos,
+                )
+            )
         elif k in (ev.ENGINE_VERSION, ev.ENGINE_LOADED):
             keys = [key] if k == ev.ENGINE_LOADED else (list(engines) or [None])
             for key2 in keys:
                 who2 = _engine_name(key2)
                 if not paused.get(key2):
-                    out.append(violation(name, f"weights of version {e['version']} loaded while {who2} is not "
-                                         "paused", events, pos))
+                    out.append(
+                        violation(
+                            name, f"weights of version {e['version']} loaded while {who2} is not paused", events, pos
+                        )
+                    )
                 elif generating.get(key2):
-                    out.append(violation(name, f"weights of version {e['version']} loaded while {who2} is still "
-                                         "generating (a decode step runs through the pause)", events, pos))
+                    out.append(
+                        violation(
+                            name,
+                            f"weights of version {e['version']} loaded while {who2} is still "
+                            "generating (a decode step runs through the pause)",
+                            events,
+                            pos,
+                        )
+                    )
         elif k == ev.FINISHED and paused.get(key) and e["status"] != "aborted":
-            out.append(violation(name, f"request {e['index']} completed ({e['status']}) while {who} is paused",
-                                 events, pos))
+            out.append(
+                violation(name, f"request {e['index']} completed ({e['status']}) while {who} is paused", events, pos)
+            )
     return out
 
 
@@ -121,18 +140,34 @@ def check_abort_semantics(events: list[Event], config: AsyncConfig) -> list[Viol
                 v, resumed = pending_abort.pop(i)
                 versions = {r[0] for r in new_runs}
                 if resumed or e["status"] != "aborted" or not versions <= {v} or added != [str(v)]:
-                    out.append(violation(name, f"request {i} in flight at the abort pause returned "
-                                         f"{'after the resume ' if resumed else ''}status={e['status']} token "
-                                         f"versions {sorted(versions)} weight_versions={e['weight_versions']}; "
-                                         f"expected ABORTED at the pause with version {v} only", events, pos,
-                                         context=events[abort_pos:pos + 1][-30:]))
+                    out.append(
+                        violation(
+                            name,
+                            f"request {i} in flight at the abort pause returned "
+                            f"{'after the resume ' if resumed else ''}status={e['status']} token "
+                            f"versions {sorted(versions)} weight_versions={e['weight_versions']}; "
+                            f"expected ABORTED at the pause with version {v} only",
+                            events,
+                            pos,
+                            context=events[abort_pos : pos + 1][-30:],
+                        )
+                    )
             elif e["status"] == "aborted" and i not in faulted:
-                out.append(violation(name, f"request {i} returned ABORTED without an abort pause or injected fault",
-                                     events, pos))
+                out.append(
+                    violation(
+                        name, f"request {i} returned ABORTED without an abort pause or injected fault", events, pos
+                    )
+                )
             faulted.discard(i)
     if pending_abort and not any(e.kind == ev.FAULT for e in events):
-        out.append(violation(name, f"requests {sorted(pending_abort)[:8]} were in flight at an abort pause and never "
-                             "returned", events, len(events) - 1))
+        out.append(
+            violation(
+                name,
+                f"requests {sorted(pending_abort)[:8]} were in flight at an abort pause and never returned",
+                events,
+                len(events) - 1,
+            )
+        )
     return out
 
 
@@ -145,10 +180,24 @@ def check_kv_versions(events: list[Event], config: AsyncConfig) -> list[Violatio
             continue
         for version, kv, count in e["token_versions"]:
             if kv > version:
-                out.append(violation(name, f"sample {e['index']}: {count} tokens of version {version} attended to "
-                                     f"KV of a newer version {kv}", events, pos))
+                out.append(
+                    violation(
+                        name,
+                        f"sample {e['index']}: {count} tokens of version {version} attended to "
+                        f"KV of a newer version {kv}",
+                        events,
+                        pos,
+                    )
+                )
             elif kv < version and not in_place_allowed:
-                out.append(violation(name, f"sample {e['index']}: {count} tokens of version {version} extend KV of "
-                                     f"version {kv}; only --pause-generation-mode in_place keeps old KV (mode here: "
-                                     f"{effective_pause_mode(config)})", events, pos))
+                out.append(
+                    violation(
+                        name,
+                        f"sample {e['index']}: {count} tokens of version {version} extend KV of "
+                        f"version {kv}; only --pause-generation-mode in_place keeps old KV (mode here: "
+                        f"{effective_pause_mode(config)})",
+                        events,
+                        pos,
+                    )
+                )
     return out

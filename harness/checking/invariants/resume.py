@@ -37,8 +37,17 @@ from harness.trace import Event
 from miles_async_core import events as ev
 from miles_async_core.config import AsyncConfig
 
-MECHANISMS = ("look_ahead", "in_flight", "buffered", "recycled_partial", "over_sampling_leftover",
-              "recycled_retry", "generated_not_trained", "trained_after_checkpoint", "never_taken")
+MECHANISMS = (
+    "look_ahead",
+    "in_flight",
+    "buffered",
+    "recycled_partial",
+    "over_sampling_leftover",
+    "recycled_retry",
+    "generated_not_trained",
+    "trained_after_checkpoint",
+    "never_taken",
+)
 
 SourceKey = tuple[int, int]  # (source_index, epoch)
 
@@ -68,6 +77,7 @@ class LostGroup:
 @dataclass
 class ResumeRow:
     """One resume: life ``life - 1`` stopped at ``at`` (``how``), life ``life`` started."""
+
     life: int
     how: str
     at: str
@@ -103,14 +113,30 @@ class ResumeReport:
         return dict(sorted(out.items()))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"lost": len(self.lost), "duplicated": len(self.duplicated), "dropped": len(self.dropped),
-                "pending_at_end": len(self.pending_at_end), "trained_groups": len(self.trained),
-                "final_cursor": self.final_cursor, "mechanisms": self.mechanisms(),
-                "lost_length_mean": self.lost_length_mean, "trained_length_mean": self.trained_length_mean,
-                "length_bias": self.length_bias,
-                "resumes": [{"life": r.life, "how": r.how, "at": r.at, "loaded_rollout_id": r.loaded_rollout_id,
-                             "lost": r.lost, "duplicated": r.duplicated, "mechanisms": r.mechanisms}
-                            for r in self.resumes]}
+        return {
+            "lost": len(self.lost),
+            "duplicated": len(self.duplicated),
+            "dropped": len(self.dropped),
+            "pending_at_end": len(self.pending_at_end),
+            "trained_groups": len(self.trained),
+            "final_cursor": self.final_cursor,
+            "mechanisms": self.mechanisms(),
+            "lost_length_mean": self.lost_length_mean,
+            "trained_length_mean": self.trained_length_mean,
+            "length_bias": self.length_bias,
+            "resumes": [
+                {
+                    "life": r.life,
+                    "how": r.how,
+                    "at": r.at,
+                    "loaded_rollout_id": r.loaded_rollout_id,
+                    "lost": r.lost,
+                    "duplicated": r.duplicated,
+                    "mechanisms": r.mechanisms,
+                }
+                for r in self.resumes
+            ],
+        }
 
 
 # ---- one life ----------------------------------------------------------------------------
@@ -183,8 +209,9 @@ class _Life:
                 draining = e["rollout_id"]
             gi = e.fields.get("group_index")
             if k == ev.TRAINED and gis & set(e["group_indices"]):
-                state = "trained_after_checkpoint" if checkpoint is not None and e["rollout_id"] > checkpoint \
-                    else "trained"
+                state = (
+                    "trained_after_checkpoint" if checkpoint is not None and e["rollout_id"] > checkpoint else "trained"
+                )
                 continue
             if gi not in gis:
                 if k == ev.FINISHED and taker is not None and e["index"] in self.members.get(taker, ()):
@@ -192,14 +219,21 @@ class _Life:
                 continue
             if k == ev.TAKEN:
                 state, taker, tokens = "in_flight", gi, 0
-                if (generating is not None and checkpoint is not None and generating > checkpoint
-                        and not self._fully_async()):
+                if (
+                    generating is not None
+                    and checkpoint is not None
+                    and generating > checkpoint
+                    and not self._fully_async()
+                ):
                     state = "look_ahead"
             elif k == ev.PUT_ACCEPTED:
                 state = "buffered"
             elif k == ev.GOT:  # drained for a rollout after the checkpoint: the look-ahead drain
-                state = "look_ahead" if checkpoint is not None and draining is not None and draining > checkpoint \
+                state = (
+                    "look_ahead"
+                    if checkpoint is not None and draining is not None and draining > checkpoint
                     else "generated_not_trained"
+                )
             elif k == ev.GROUP_DONE and state in ("in_flight",) and not self._fully_async():
                 state = "generated_not_trained"
             elif k == ev.RECYCLED:
@@ -253,8 +287,12 @@ def resume_report(events: list[Event], config: AsyncConfig | None = None) -> Res
     last = lives[-1]
     completed = last.end is not None and last.end["how"] == "completed"
     # still queued when the run ends: taken by the last life, or re-queued by its checkpoint and not handed out yet
-    queued = {(int(i), 0) for e in last.events if e.kind == ev.CHECKPOINT_LOADED and e["part"] == "data_source"
-              for i in (e.fields.get("state") or {}).get("pending", ())}
+    queued = {
+        (int(i), 0)
+        for e in last.events
+        if e.kind == ev.CHECKPOINT_LOADED and e["part"] == "data_source"
+        for i in (e.fields.get("state") or {}).get("pending", ())
+    }
     pending = {s for s in set(last.taken_at) | queued if s not in trained and s not in dropped} if completed else set()
     seen = set().union(*(life.taken_at for life in lives))
     final_cursor = _final_cursor(last)
@@ -270,10 +308,17 @@ def resume_report(events: list[Event], config: AsyncConfig | None = None) -> Res
     dup = {s: t for s, t in trained.items() if len(t) > 1}
     lost_lengths = [g.response_length for g in lost if g.response_length is not None]
     trained_lengths = [x for x in (_trained_length(s, t, lives) for s, t in trained.items()) if x is not None]
-    return ResumeReport(trained=trained, lost=lost, duplicated=dup, dropped=dropped, pending_at_end=pending,
-                        final_cursor=final_cursor, resumes=_rows(lives, lost, dup),
-                        lost_length_mean=sum(lost_lengths) / len(lost_lengths) if lost_lengths else None,
-                        trained_length_mean=sum(trained_lengths) / len(trained_lengths) if trained_lengths else None)
+    return ResumeReport(
+        trained=trained,
+        lost=lost,
+        duplicated=dup,
+        dropped=dropped,
+        pending_at_end=pending,
+        final_cursor=final_cursor,
+        resumes=_rows(lives, lost, dup),
+        lost_length_mean=sum(lost_lengths) / len(lost_lengths) if lost_lengths else None,
+        trained_length_mean=sum(trained_lengths) / len(trained_lengths) if trained_lengths else None,
+    )
 
 
 def _final_cursor(last: _Life) -> int:
@@ -309,9 +354,12 @@ def _rows(lives: list[_Life], lost: list[LostGroup], dup: dict[SourceKey, list[t
     for life in lives[1:]:
         prev = lives[life.number - 1]
         end = prev.end
-        row = ResumeRow(life=life.number, how=end["how"] if end is not None else "unknown",
-                        at=str(end["at"]) if end is not None else "unknown",
-                        loaded_rollout_id=life.loaded_model["rollout_id"] if life.loaded_model is not None else None)
+        row = ResumeRow(
+            life=life.number,
+            how=end["how"] if end is not None else "unknown",
+            at=str(end["at"]) if end is not None else "unknown",
+            loaded_rollout_id=life.loaded_model["rollout_id"] if life.loaded_model is not None else None,
+        )
         for g in lost:
             if g.life == prev.number:
                 row.lost += 1
@@ -332,8 +380,11 @@ def _slice(events: list[Event], src: SourceKey) -> list[Event]:
         life = int(e.fields.get("life", 0))
         if e.kind == ev.TAKEN and (e.fields.get("source_index"), e.fields.get("epoch", 0)) == src:
             gis.add((life, e["group_index"]))
-        if e.kind in (ev.LIFE_START, ev.LIFE_END, ev.CHECKPOINT_SAVED, ev.CHECKPOINT_LOADED) or (life, e.fields.get("group_index")) in gis or any((life, g) in gis for g in e.fields.get("group_indices")
-                                                               or ()):
+        if (
+            e.kind in (ev.LIFE_START, ev.LIFE_END, ev.CHECKPOINT_SAVED, ev.CHECKPOINT_LOADED)
+            or (life, e.fields.get("group_index")) in gis
+            or any((life, g) in gis for g in e.fields.get("group_indices") or ())
+        ):
             out.append(e)
     return out
 
@@ -346,13 +397,26 @@ def check_resume_exactly_once(events: list[Event], config: AsyncConfig) -> list[
         return []
     out = []
     for src, where in sorted(report.duplicated.items()):
-        out.append(Violation(invariant=name, message=f"source group {src[0]} (epoch {src[1]}) trained {len(where)} "
-                             f"times in the kept history: (life, rollout_id) {where}", events=_slice(events, src)))
+        out.append(
+            Violation(
+                invariant=name,
+                message=f"source group {src[0]} (epoch {src[1]}) trained {len(where)} "
+                f"times in the kept history: (life, rollout_id) {where}",
+                events=_slice(events, src),
+            )
+        )
     for g in report.lost:
-        out.append(Violation(invariant=name, message=(
-            f"source group {g.source[0]} (epoch {g.source[1]}) below the final cursor {report.final_cursor} was never "
-            f"trained: lost in life {g.life} ({g.mechanism} when the checkpoint's cursor was saved, {g.state_at_stop} "
-            f"at the stop)"), events=_slice(events, g.source)))
+        out.append(
+            Violation(
+                invariant=name,
+                message=(
+                    f"source group {g.source[0]} (epoch {g.source[1]}) below the final cursor {report.final_cursor} was never "
+                    f"trained: lost in life {g.life} ({g.mechanism} when the checkpoint's cursor was saved, {g.state_at_stop} "
+                    f"at the stop)"
+                ),
+                events=_slice(events, g.source),
+            )
+        )
     return out
 
 
@@ -371,10 +435,20 @@ def check_resume_rollout_once(events: list[Event], config: AsyncConfig) -> list[
     seen: dict[int, int] = {}
     for rid, _, lf in _kept(lives):
         if rid in seen:
-            ctx = [e for e in events if e.kind in (ev.LIFE_START, ev.LIFE_END, ev.CHECKPOINT_LOADED)
-                   or (e.kind == ev.TRAINED and e["rollout_id"] == rid)]
-            out.append(Violation(invariant=name, message=f"rollout_id {rid} trained in life {seen[rid]} (kept in the "
-                                 f"checkpoint) and again in life {lf}", events=ctx))
+            ctx = [
+                e
+                for e in events
+                if e.kind in (ev.LIFE_START, ev.LIFE_END, ev.CHECKPOINT_LOADED)
+                or (e.kind == ev.TRAINED and e["rollout_id"] == rid)
+            ]
+            out.append(
+                Violation(
+                    invariant=name,
+                    message=f"rollout_id {rid} trained in life {seen[rid]} (kept in the "
+                    f"checkpoint) and again in life {lf}",
+                    events=ctx,
+                )
+            )
         seen[rid] = lf
     for life in lives[1:]:
         out += _continuation(name, life, saved)
@@ -389,15 +463,27 @@ def _continuation(name: str, life: _Life, saved: dict[tuple[int, int], Event]) -
     ckpt = next((e for (lf, r), e in sorted(saved.items(), reverse=True) if r == rid and lf < life.number), None)
     out, ctx = [], [e for e in (life.start, life.loaded_model, ckpt) if e is not None]
     if life.start["start_rollout_id"] != rid + 1:
-        out.append(Violation(invariant=name, message=f"life {life.number} starts at rollout {life.start['start_rollout_id']}"
-                             f", its checkpoint is rollout {rid}: expected {rid + 1}", events=ctx))
+        out.append(
+            Violation(
+                invariant=name,
+                message=f"life {life.number} starts at rollout {life.start['start_rollout_id']}"
+                f", its checkpoint is rollout {rid}: expected {rid + 1}",
+                events=ctx,
+            )
+        )
     if ckpt is not None and life.trained:
         first = life.trained[0][2]
         for key in ("optimizer_step", "lr_step"):
             want, got = ckpt.fields.get(key), first.fields.get(key)
             if want is not None and got is not None and got != want:
-                out.append(Violation(invariant=name, message=f"life {life.number}'s first step has {key} {got}; the "
-                                     f"checkpoint of rollout {rid} saved {want}", events=ctx + [first]))
+                out.append(
+                    Violation(
+                        invariant=name,
+                        message=f"life {life.number}'s first step has {key} {got}; the "
+                        f"checkpoint of rollout {rid} saved {want}",
+                        events=ctx + [first],
+                    )
+                )
     return out
 
 
@@ -421,7 +507,7 @@ def _life_versions(name: str, number: int, evs: list[Event], served: dict[tuple[
     current, loaded, first_seen = 0, None, False
 
     def report(problem: str, message: str, pos: int) -> None:
-        found.setdefault(problem, Violation(invariant=name, message=message, events=evs[max(0, pos - 8):pos + 1]))
+        found.setdefault(problem, Violation(invariant=name, message=message, events=evs[max(0, pos - 8) : pos + 1]))
 
     for pos, e in enumerate(evs):
         k = e.kind
@@ -429,22 +515,33 @@ def _life_versions(name: str, number: int, evs: list[Event], served: dict[tuple[
             loaded = e["loaded_version"]
             floor = _served_at_save(served, number, evs)
             if loaded is not None and floor is not None and loaded < floor:
-                report("floor", f"life {number} loads version {loaded}, below the version {floor} served when "
-                                "its checkpoint was saved", pos)
+                report(
+                    "floor",
+                    f"life {number} loads version {loaded}, below the version {floor} served when "
+                    "its checkpoint was saved",
+                    pos,
+                )
         elif k == ev.ENGINE_VERSION:
             v = e["version"]
             if loaded is not None and not first_seen and v != loaded:
-                report("first", f"life {number}'s engines first serve version {v}; the checkpoint's weights are "
-                                f"version {loaded}", pos)
+                report(
+                    "first",
+                    f"life {number}'s engines first serve version {v}; the checkpoint's weights are version {loaded}",
+                    pos,
+                )
             elif loaded is not None and v < loaded:
                 report("below", f"life {number} serves version {v}, below its checkpoint's {loaded}", pos)
             first_seen, current = True, v
         elif k == ev.CHECKPOINT_SAVED and e["part"] == "model":
             served[(number, e["rollout_id"])] = current
         elif k == ev.TRAINED and loaded is not None and e["trainer_version"] < loaded:
-            report("age", f"life {number} trains rollout {e['rollout_id']} with trainer version "
-                          f"{e['trainer_version']}, below the checkpoint's {loaded}: sample ages are measured "
-                          "against the wrong version", pos)
+            report(
+                "age",
+                f"life {number} trains rollout {e['rollout_id']} with trainer version "
+                f"{e['trainer_version']}, below the checkpoint's {loaded}: sample ages are measured "
+                "against the wrong version",
+                pos,
+            )
     return list(found.values())
 
 

@@ -18,8 +18,15 @@ from __future__ import annotations
 
 from miles_async_core import events as ev
 from miles_async_core.config import AsyncConfig
-from harness.checking.invariants.base import (Violation, invariant, is_fully_async, lifecycle, oldest_weight_version, violation,
-                                     walk_groups)
+from harness.checking.invariants.base import (
+    Violation,
+    invariant,
+    is_fully_async,
+    lifecycle,
+    oldest_weight_version,
+    violation,
+    walk_groups,
+)
 from harness.trace import Event
 
 
@@ -37,14 +44,22 @@ def check_got_staleness(events: list[Event], config: AsyncConfig) -> list[Violat
             continue
         gi, s = e["group_index"], e["staleness"]
         if e.kind == ev.GOT and s is not None and s_max is not None and s > s_max:
-            out.append(violation(name, f"got group {gi} with staleness {s} > max_weight_staleness {s_max}",
-                                 events, pos))
+            out.append(
+                violation(name, f"got group {gi} with staleness {s} > max_weight_staleness {s_max}", events, pos)
+            )
         cur, oldest = e["current_version"], _oldest(gi, members, finished)
         expected = None if cur is None or oldest is None else cur - oldest
         if s != expected:
-            out.append(violation(name, f"{e.kind} group {gi}: staleness reported {s}, but current_version={cur} - "
-                                 f"oldest weight version {oldest} = {expected}", events, pos,
-                                 context=lifecycle(events, gi, pos)))
+            out.append(
+                violation(
+                    name,
+                    f"{e.kind} group {gi}: staleness reported {s}, but current_version={cur} - "
+                    f"oldest weight version {oldest} = {expected}",
+                    events,
+                    pos,
+                    context=lifecycle(events, gi, pos),
+                )
+            )
     return out
 
 
@@ -61,10 +76,17 @@ def check_trained_age_bound(events: list[Event], config: AsyncConfig) -> list[Vi
         for gi in e["group_indices"]:
             oldest = _oldest(gi, members, finished)
             if oldest is not None and e["trainer_version"] - oldest > bound:
-                out.append(violation(name, f"rollout_id={e['rollout_id']} trained group {gi} at age "
-                                     f"{e['trainer_version'] - oldest} versions (trainer version "
-                                     f"{e['trainer_version']}, oldest {oldest}) > s+1 = {bound}", events, pos,
-                                     context=lifecycle(events, gi, pos)))
+                out.append(
+                    violation(
+                        name,
+                        f"rollout_id={e['rollout_id']} trained group {gi} at age "
+                        f"{e['trainer_version'] - oldest} versions (trainer version "
+                        f"{e['trainer_version']}, oldest {oldest}) > s+1 = {bound}",
+                        events,
+                        pos,
+                        context=lifecycle(events, gi, pos),
+                    )
+                )
     return out
 
 
@@ -99,14 +121,24 @@ def check_batch_single_version(events: list[Event], config: AsyncConfig) -> list
                 tokens = {r[0] for r in fin["token_versions"]}
                 if partial:
                     recorded = [int(v) if str(v).isdigit() else -1 for v in fin["weight_versions"]]
-                    ok = (recorded == sorted(recorded) and all(0 <= v <= want for v in recorded)
-                          and tokens <= set(recorded))
+                    ok = (
+                        recorded == sorted(recorded)
+                        and all(0 <= v <= want for v in recorded)
+                        and tokens <= set(recorded)
+                    )
                 else:
                     ok = list(fin["weight_versions"]) == [str(want)] and tokens <= {want}
                 if not ok:
-                    out.append(violation(name, f"rollout_id={e['rollout_id']}: sample {i} of group {gi} has "
-                                         f"weight_versions={fin['weight_versions']} token versions {sorted(tokens)}, "
-                                         + ("expected versions up to " if partial else "expected only version ")
-                                         + f"{want}", events, pos,
-                                         context=lifecycle(events, gi, pos)))
+                    out.append(
+                        violation(
+                            name,
+                            f"rollout_id={e['rollout_id']}: sample {i} of group {gi} has "
+                            f"weight_versions={fin['weight_versions']} token versions {sorted(tokens)}, "
+                            + ("expected versions up to " if partial else "expected only version ")
+                            + f"{want}",
+                            events,
+                            pos,
+                            context=lifecycle(events, gi, pos),
+                        )
+                    )
     return out

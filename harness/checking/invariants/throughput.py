@@ -78,9 +78,16 @@ def check_one_step_overlap(events: list[Event], config: AsyncConfig) -> list[Vio
         elif e.kind == ev.TRAINED:
             n = e["rollout_id"]
             if n + 1 < config.num_rollout and n + 1 not in launched:
-                out.append(violation(name, f"rollout {n} trained before the generate of rollout {n + 1} started: "
-                                     "train_async launches the next rollout before training (one step ahead)",
-                                     events, pos, context=events[last_launch:pos + 1][-40:]))
+                out.append(
+                    violation(
+                        name,
+                        f"rollout {n} trained before the generate of rollout {n + 1} started: "
+                        "train_async launches the next rollout before training (one step ahead)",
+                        events,
+                        pos,
+                        context=events[last_launch : pos + 1][-40:],
+                    )
+                )
     return out
 
 
@@ -107,12 +114,18 @@ def check_no_idle_slot(events: list[Event], config: AsyncConfig) -> list[Violati
         elif k in _PUT_DONE:
             gi = e["group_index"]
             if last_put is not None and done_at.get(gi, -1) > last_put and peak < budget:
-                out.append(violation(
-                    name, f"the worker's scheduling step that ended at its put #{events[last_put].seq} left "
-                    f"{budget - peak} of G={budget} group slot(s) idle: at most {peak} groups were in flight "
-                    f"before group {gi}, which finished after that put, was put "
-                    f"({config.resolved_rollout_submission_granularity} granularity)", events, pos,
-                    context=events[last_put:pos + 1][-40:]))
+                out.append(
+                    violation(
+                        name,
+                        f"the worker's scheduling step that ended at its put #{events[last_put].seq} left "
+                        f"{budget - peak} of G={budget} group slot(s) idle: at most {peak} groups were in flight "
+                        f"before group {gi}, which finished after that put, was put "
+                        f"({config.resolved_rollout_submission_granularity} granularity)",
+                        events,
+                        pos,
+                        context=events[last_put : pos + 1][-40:],
+                    )
+                )
             counted.discard(gi)
             last_put, peak = pos, len(counted)
     return out
@@ -138,8 +151,11 @@ def _death(events: list[Event]) -> int | None:
 
 
 def _train_phase(e: Event) -> bool:
-    return e.kind in (ev.PHASE_START, ev.PHASE_END) and e.get("side") == "train" \
+    return (
+        e.kind in (ev.PHASE_START, ev.PHASE_END)
+        and e.get("side") == "train"
         and e.get("phase") in ("training", "weight_sync")
+    )
 
 
 def _ready(events: list[Event], start: int) -> float:
@@ -147,11 +163,11 @@ def _ready(events: list[Event], start: int) -> float:
     update in progress at ``start``, or else of the first one starting after it (the
     driver may enter its step just after launching the drain), or ``start``'s time."""
     open_phases: set[str] = set()
-    for e in events[:start + 1]:
+    for e in events[: start + 1]:
         if _train_phase(e):
             (open_phases.add if e.kind == ev.PHASE_START else open_phases.discard)(e["phase"])
     t = events[start].t
-    for e in events[start + 1:]:
+    for e in events[start + 1 :]:
         if not _train_phase(e):
             continue
         if e.kind == ev.PHASE_START and not open_phases:
@@ -169,7 +185,7 @@ def check_dead_worker_surfaces(events: list[Event], config: AsyncConfig) -> list
     name = "dead_worker_surfaces"
     out: list[Violation] = []
     end = next((p for p, e in enumerate(events) if e.kind == ev.RUN_END), len(events) - 1)
-    death = _death(events[:end + 1])
+    death = _death(events[: end + 1])
     if death is None:
         return out
     draining = None  # position of the drain_start of the drain in progress at the death, or the next one
@@ -192,14 +208,29 @@ def check_dead_worker_surfaces(events: list[Event], config: AsyncConfig) -> list
         gots += e.kind == ev.GOT
         if e.kind == ev.DRAIN_END or gots > 1:
             what = "ended" if e.kind == ev.DRAIN_END else f"got a second group ({e['group_index']}) from the buffer"
-            out.append(violation(name, f"the drain {what} after the rollout worker died (at event "
-                                 f"#{events[death].seq}, t={t_death:g}s): a dead worker must fail the drain at once, "
-                                 "not after its backlog", events, p, context=events[death:p + 1][-40:]))
+            out.append(
+                violation(
+                    name,
+                    f"the drain {what} after the rollout worker died (at event "
+                    f"#{events[death].seq}, t={t_death:g}s): a dead worker must fail the drain at once, "
+                    "not after its backlog",
+                    events,
+                    p,
+                    context=events[death : p + 1][-40:],
+                )
+            )
             return out
     limit = _ready(events, surface) + DEAD_WORKER_BOUND_S
     if events[end].t > limit:
-        out.append(violation(name, f"the run ended at t={events[end].t:g}s, {events[end].t - limit + DEAD_WORKER_BOUND_S:g}s "
-                             f"after the drain could have seen the dead worker (bound {DEAD_WORKER_BOUND_S:g}s): the "
-                             "drain kept waiting on a worker that had died", events, end,
-                             context=events[death:end + 1][-40:]))
+        out.append(
+            violation(
+                name,
+                f"the run ended at t={events[end].t:g}s, {events[end].t - limit + DEAD_WORKER_BOUND_S:g}s "
+                f"after the drain could have seen the dead worker (bound {DEAD_WORKER_BOUND_S:g}s): the "
+                "drain kept waiting on a worker that had died",
+                events,
+                end,
+                context=events[death : end + 1][-40:],
+            )
+        )
     return out

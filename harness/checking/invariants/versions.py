@@ -29,14 +29,18 @@ def check_version_steps(events: list[Event], config: AsyncConfig) -> list[Violat
             engine = e["loaded_version"] - 1  # the resumed engines serve the checkpoint's version first
         elif e.kind == ev.ENGINE_VERSION:
             if e["version"] != engine + 1:
-                out.append(violation(name, f"engine version went {engine} -> {e['version']}, expected {engine + 1}",
-                                     events, pos))
+                out.append(
+                    violation(
+                        name, f"engine version went {engine} -> {e['version']}, expected {engine + 1}", events, pos
+                    )
+                )
             engine = e["version"]
         elif e.kind == ev.SET_WEIGHT_VERSION:
             v = e["version"]
             if (manager is not None and v < manager) or v != engine:
-                out.append(violation(name, f"set_weight_version {v} after {manager}; engine holds {engine}",
-                                     events, pos))
+                out.append(
+                    violation(name, f"set_weight_version {v} after {manager}; engine holds {engine}", events, pos)
+                )
             manager = v
     return out
 
@@ -51,13 +55,26 @@ def check_token_versions(events: list[Event], config: AsyncConfig) -> list[Viola
             engine = e["version"]
         elif e.kind == ev.DECODE_STEP:
             if e["version"] != engine:
-                out.append(violation(name, f"decode step of samples {list(e['indices'])[:8]} stamped its tokens "
-                                     f"version {e['version']}; the engine holds {engine}", events, pos))
+                out.append(
+                    violation(
+                        name,
+                        f"decode step of samples {list(e['indices'])[:8]} stamped its tokens "
+                        f"version {e['version']}; the engine holds {engine}",
+                        events,
+                        pos,
+                    )
+                )
         elif e.kind == ev.SUBMITTED:
             submitted[e["index"]] = engine
             if e["version"] != engine:
-                out.append(violation(name, f"sample {e['index']} submitted with version {e['version']}, engine "
-                                     f"holds {engine}", events, pos))
+                out.append(
+                    violation(
+                        name,
+                        f"sample {e['index']} submitted with version {e['version']}, engine holds {engine}",
+                        events,
+                        pos,
+                    )
+                )
         elif e.kind == ev.FINISHED:
             i, runs = e["index"], e["token_versions"]
             lo = submitted.get(i)
@@ -70,14 +87,18 @@ def check_token_versions(events: list[Event], config: AsyncConfig) -> list[Viola
             if versions != sorted(versions):
                 problems.append(f"token versions go backwards: {versions}")
             if any(not lo <= r[0] <= engine for r in new_runs):
-                problems.append(f"token versions {[r[0] for r in new_runs]} outside the versions in force "
-                                f"[{lo}, {engine}]")
+                problems.append(
+                    f"token versions {[r[0] for r in new_runs]} outside the versions in force [{lo}, {engine}]"
+                )
             if sum(r[2] for r in runs) != e["response_length"]:
-                problems.append(f"token runs cover {sum(r[2] for r in runs)} tokens, response_length is "
-                                f"{e['response_length']}")
+                problems.append(
+                    f"token runs cover {sum(r[2] for r in runs)} tokens, response_length is {e['response_length']}"
+                )
             if added != [str(engine)]:
-                problems.append(f"weight_versions={e['weight_versions']}, expected {before + [str(engine)]} (the "
-                                "version at completion" + (", after those it had" if before else "") + ")")
+                problems.append(
+                    f"weight_versions={e['weight_versions']}, expected {before + [str(engine)]} (the "
+                    "version at completion" + (", after those it had" if before else "") + ")"
+                )
             if runs and runs[-1][0] != engine and e["status"] != "aborted":
                 problems.append(f"last token run has version {runs[-1][0]}, completion version is {engine}")
             if problems:
@@ -94,6 +115,13 @@ def check_update_outside_generate(events: list[Event], config: AsyncConfig) -> l
         elif e.kind == ev.GENERATE_END:
             open_ids.discard(e["rollout_id"])
         elif e.kind == ev.ENGINE_VERSION and open_ids:
-            out.append(violation(name, f"weights of version {e['version']} loaded while generate "
-                                 f"rollout_id={sorted(open_ids)} is in flight", events, pos))
+            out.append(
+                violation(
+                    name,
+                    f"weights of version {e['version']} loaded while generate "
+                    f"rollout_id={sorted(open_ids)} is in flight",
+                    events,
+                    pos,
+                )
+            )
     return out
