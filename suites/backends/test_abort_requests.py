@@ -155,7 +155,10 @@ async def _rollout_on_held_engine(name: str):
         recorder.emit(ev.ENGINE_VERSION, version=1)
         await engine.continue_generation()
         held = AbortsWhenHeld(engine, recorder, engines=engines)
-        config = AsyncConfig(rollout_batch_size=B, n_samples_per_prompt=N, over_sampling_batch_size=over_sampling)
+        # one rollout is the whole run: its account ends with rollout 0 trained
+        config = AsyncConfig(
+            rollout_batch_size=B, n_samples_per_prompt=N, over_sampling_batch_size=over_sampling, num_rollout=1
+        )
         source = RolloutDataSource(N, lambda k: (f"p{k}", [4 + k, 9, 2 + k], None), sink=recorder)
         rollout = OneStepRollout(
             config, held, source, sampling=SamplingParams(max_new_tokens=max_new_tokens), sink=recorder
