@@ -89,6 +89,16 @@ REQUIRES: dict[str, tuple[str, ...]] = {
     "resume_versions": (ev.LIFE_START, ev.ENGINE_VERSION),
 }
 
+# checkers that read an event in a sense a record does not have, with what the record lacks:
+# a recorded ``trained`` is written by ``log_rollout_data`` while the rollout manager finishes
+# rollout N's generate call, and ``train_async.py`` launches generate(N+1) only after it has
+# that batch (the ``await rollout_data_next_future`` before the next ``generate.remote``), so
+# in a record ``trained`` always precedes generate(N+1): the order says nothing about whether
+# the trainer's step overlapped the next rollout
+NOT_IN_A_RECORD: dict[str, list[str]] = {
+    "one_step_overlap": ["the trainer's start of training (a recorded trained is the batch handed over)"],
+}
+
 
 @dataclass
 class ProcessFile:
@@ -512,6 +522,9 @@ def verdict(merged: Merged, config: Any, *, complete: bool) -> dict[str, Any]:
     skipped: dict[str, dict[str, list[Any]]] = {}  # with lives: checker -> the lives it could not run on, why
     lives = _by_life(merged.events) if any(e.kind == ev.LIFE_START for e in merged.events) else [merged.events]
     for check in applicable(config, complete=complete, events=merged.events):
+        if check.name in NOT_IN_A_RECORD:
+            lacking[check.name] = NOT_IN_A_RECORD[check.name]
+            continue
         parts = (
             [(0, merged.events)]
             if len(lives) == 1 or check.applies_to_trace is not None

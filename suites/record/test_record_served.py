@@ -18,15 +18,17 @@ from dataclasses import asdict
 
 import pytest
 
+from harness.record.merge import NOT_IN_A_RECORD
 from harness.record.mutant_runs import REAL_TIME_CASES
 from harness.serve.upstream_e2e import STANDARD_RUNS, E2EConfig
 
 pytestmark = pytest.mark.slow
 
 # not applicable by the kinds they lack, and why: the run's end is not an extension point
-# (nothing records what is still live when train_async returns), and upstream refuses
-# --rollout-function-path with --fully-async, so no generate call brackets a drain
-EXPECTED_LACKING = {"conservation": ["run_end"]}
+# (nothing records what is still live when train_async returns), a recorded ``trained`` is
+# the batch handed over, not the trainer's step (harness.record.merge.NOT_IN_A_RECORD), and
+# upstream refuses --rollout-function-path with --fully-async, so no generate call brackets a drain
+EXPECTED_LACKING = {"conservation": ["run_end"], **NOT_IN_A_RECORD}
 FULLY_ASYNC_LACKING = {**EXPECTED_LACKING, "update_outside_generate": ["generate_start"]}
 
 
