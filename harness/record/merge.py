@@ -96,7 +96,7 @@ REQUIRES: dict[str, tuple[str, ...]] = {
 # in a record ``trained`` always precedes generate(N+1): the order says nothing about whether
 # the trainer's step overlapped the next rollout
 NOT_IN_A_RECORD: dict[str, list[str]] = {
-    "one_step_overlap": ["the trainer's start of training (a recorded trained is the batch handed over)"],
+    "one_step_overlap": ["train-start (a recorded trained is the batch handed over, not the trainer's step)"],
 }
 
 
