@@ -99,7 +99,7 @@ TREE_FILES = (
 TASK_ROLES = {
     "FullyAsyncRolloutFn._worker_loop": "fully_async_worker",
     "Event.wait": "scheduler_waiter",
-    "http_post": "http_request",
+    "UpstreamRunner.http_post": "http_request",
     "FullyAsyncRolloutFn._generate_group": "group_tasks",
     "generate_and_rm_group": "group_tasks",
     "generate_and_rm": "group_tasks",

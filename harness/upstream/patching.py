@@ -13,7 +13,7 @@ snippet, compiles the result under the file's own name and
   elsewhere (``from ... import``, the runner's wrappers, bound methods) therefore run the
   patched code; leaving the context puts every original back.
 * for ``train.py`` / ``train_async.py``: hands the patched text to the runner
-  (``harness.upstream.runner.DRIVER_SOURCES``), which compiles its driver from it per run.
+  (``harness.upstream.host.DRIVER_SOURCES``), from which each host loads its driver per run.
 
 A snippet that is not in the file, or is there more than once (upstream changed), raises
 ``PatchDoesNotApply`` naming the mutant, the file and the snippet; a patch that changes no
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from harness.upstream import source
+from harness.upstream import host, source
 
 DRIVERS = ("train.py", "train_async.py")
 REAL_TIME_LIMIT_S = 20.0  # per mutant run: a mutant may livelock
@@ -129,8 +129,6 @@ def _transplant(mod: types.ModuleType, ns: dict, undo: list, consts: list, where
 @contextmanager
 def applied(mutant: UpstreamMutant, tree: Path | None = None) -> Iterator[None]:
     """``mutant`` in effect on the active (imported) upstream tree; undone on exit."""
-    from harness.upstream import runner
-
     tree = source.active() if tree is None else tree
     undo: list = []
     consts: list = []
@@ -156,11 +154,11 @@ def applied(mutant: UpstreamMutant, tree: Path | None = None) -> Iterator[None]:
             exec(code, ns)
             if not _transplant(mod, ns, undo, consts, where):
                 raise PatchDoesNotApply(f"{where}: the patch changes no code")
-        runner.DRIVER_SOURCES.update(drivers)
+        host.DRIVER_SOURCES.update(drivers)
         yield
     finally:
         for path in drivers:
-            runner.DRIVER_SOURCES.pop(path, None)
+            host.DRIVER_SOURCES.pop(path, None)
         for fn, code, defaults, kwdefaults in reversed(undo):
             fn.__code__, fn.__defaults__, fn.__kwdefaults__ = code, defaults, kwdefaults
         for mod, name, value in reversed(consts):

@@ -37,7 +37,13 @@ Events are recorded from outside upstream's code: the engine (as for the core), 
 data source (instance methods wrapped: ``taken``, ``recycled``), the buffer (an upstream
 ``DefaultDataBuffer`` built through ``--custom-async-data-buffer-path`` whose instance
 methods are wrapped), the unused-samples handler, the drains, the trainer and the weight
-updates (the core's driver helpers), and the run end (what is still live).
+updates (the core's driver helpers), and the run end (what is still live). Where upstream
+holds each group it took is ``harness.upstream.group_accounting``, fed by these observations.
+
+Every upstream name the runner rebinds is a ``harness.upstream.host.Rebind``
+(``virtual_time_rebinds``), installed for one run and restored after it
+(``host.installed``); ``DRIVER_SOURCES`` is the host's (re-exported here for
+``harness.record.served_run``).
 """
 
 from __future__ import annotations
@@ -45,12 +51,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
-import importlib.util
 import json
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from miles_async_core import events as ev
 from miles_async_core.config import HARNESS_EXTENSIONS
@@ -66,8 +71,11 @@ from harness.sim.trainer import SimTrainer
 from harness.sim.vtime import run_virtual
 from harness.sim.watchdog import for_scenario, install
 from harness.trace import Event, TraceRecorder
-from harness.upstream import source, stand_ins
+from harness.upstream import host, source, stand_ins
+from harness.upstream.group_accounting import GroupAccounting
 from harness.upstream.harness_errors import HarnessError, RunnerSeamError
+from harness.upstream.host import DRIVER_SOURCES as DRIVER_SOURCES
+from harness.upstream.host import Rebind, _LifecycleSink
 from harness.upstream.ray_names import rebind_ray_names
 from harness.upstream.seams import driver_of
 from harness.upstream.stand_ins import StandInCalled
@@ -202,32 +210,17 @@ async def sim_reward_rm(args: Any, sample: Any, **_: Any) -> Any:
     return 1.0 if uniform(args.harness_seed + 7, sample.index) < 0.5 else 0.0
 
 
-# --------------------------------------------------------------------------- the runner
-
-_CURRENT: "UpstreamRunner | None" = None
-# ``train.py`` / ``train_async.py`` source to run instead of the file's (set only while an
-# upstream mutant is applied, ``harness.upstream.patching``); the driver is read per run
-DRIVER_SOURCES: dict[str, str] = {}
+# --------------------------------------------------------------------------- the runner's seams
 
 
 def _current() -> "UpstreamRunner":
-    if _CURRENT is None:
+    """The upstream run the host holds (for targets upstream loads by path from ``args``)."""
+    run = host.current()
+    if not isinstance(run, UpstreamRunner):
         raise StandInCalled(
-            "an upstream HTTP call was made outside a running upstream run", seam="http_post(single_turn)"
+            f"a virtual-time target was called while {type(run).__name__} holds the host", seam="http_post(single_turn)"
         )
-    return _CURRENT
-
-
-async def http_post(url: str, payload: dict, *args: Any, **kwargs: Any) -> dict:
-    """Stand-in for ``miles.utils.http_utils.post`` on the runner's URLs."""
-    current = _current()
-    if url.endswith("/generate"):
-        return await current.serve_generate(payload)
-    if url.endswith("/abort_request"):
-        return await current.serve_abort(payload)
-    raise StandInCalled(
-        f"POST {url}: the runner serves only /generate and /abort_request", seam="http_post(single_turn)"
-    )
+    return run
 
 
 async def http_get(url: str, *args: Any, **kwargs: Any) -> dict:
@@ -239,48 +232,14 @@ async def http_get(url: str, *args: Any, **kwargs: Any) -> dict:
     raise StandInCalled(f"GET {url}: the runner serves only the router's worker list", seam="http_post_get(one-step)")
 
 
-class _LifecycleSink:
-    """``TrajectoryLifecycle().sink``: remembers which sample each task is generating.
-    ``generate_and_rm`` announces its prompt sample (``attempt_start``, ``gen_start``,
-    ``inference_rollout_common.py:L78-L93``); a generate function that adds samples to the
-    trajectory announces each before its request (``gen_start``), recorded as
-    ``trajectory_sample`` (nested groups, ``harness.upstream.generate_fns``)."""
-
-    def attempt_start(self, sample: Any) -> None:
-        current = _CURRENT
-        if current is not None:
-            current.task_root[asyncio.current_task()] = sample
-
-    def gen_start(self, sample: Any) -> None:
-        current = _current()
-        task = asyncio.current_task()
-        root = current.task_root.get(task)
-        if root is not None and sample is not root:
-            current._emit(
-                ev.TRAJECTORY_SAMPLE, index=sample.index, group_index=sample.group_index, trajectory=root.index
-            )
-        current.task_sample[task] = sample
-
-    def attempt_end(self, sample: Any) -> None:
-        current = _CURRENT
-        if current is not None:
-            current.task_sample.pop(asyncio.current_task(), None)
-            current.task_root.pop(asyncio.current_task(), None)
-
-
-_PATCHED = False
-_ANNOUNCED_BY = "sink"  # "sink": upstream's lifecycle sink; "wrapper": the runner's generate_and_rm wrapper
-
-
-def _announced(generate_and_rm: Callable) -> Callable:
+def _announced(generate_and_rm: Callable, sink: _LifecycleSink) -> Callable:
     """Upstream's ``generate_and_rm``, called as is, with each sample announced to the
-    runner's sink first: for a tree whose ``generate_and_rm`` does not call the lifecycle
+    run's sink first: for a tree whose ``generate_and_rm`` does not call the lifecycle
     sink itself (seam ``lifecycle_sink`` missing, ``harness.upstream.seams``). The pinned
     tree announces after the semaphore and the ``state.aborted`` check
     (``inference_rollout_common.py:L78-L93``); the runner's semaphore never blocks
     (``sglang_server_concurrency`` is huge) and a sample returned at the aborted check
     makes no request, so where the announcement happens changes nothing the runner sees."""
-    sink = _LifecycleSink()
 
     @functools.wraps(generate_and_rm)
     async def announced(state: Any, sample: Any, *args: Any, **kwargs: Any) -> Any:
@@ -302,19 +261,20 @@ class _OrderedTasks(set):
     of one ``asyncio.wait`` return in set order, which follows memory addresses (``done-set-order``); the
     runner pins it: by first sample index (``index``, what the core does) or the reverse."""
 
-    order = "index"
+    def __init__(self, members: Any, keys: dict, order: str) -> None:
+        super().__init__(members)
+        self.keys, self.order = keys, order
 
-    def __iter__(self):
-        current = _CURRENT
-        keys = current.task_key if current is not None else {}
+    def __iter__(self) -> Iterator[Any]:
+        keys = self.keys
         return iter(sorted(set.__iter__(self), key=lambda t: keys.get(t, -1), reverse=self.order == "reverse"))
 
 
-def _ordered_scheduler(make: Callable, *, worker: bool = False) -> Callable:
+def _ordered_scheduler(make: Callable, run: "UpstreamRunner", *, worker: bool = False) -> Callable:
     """Upstream's ``make_submission_scheduler``; the scheduler's ``wait_for_progress``
     result is returned as ``_OrderedTasks`` (same members, pinned iteration order).
     ``worker``: the fully-async worker's scheduler, whose waits the runner's accounting
-    follows (``UpstreamRunner.worker_waits`` / ``worker_woke``)."""
+    follows (``GroupAccounting.worker_waits`` / ``worker_woke``)."""
 
     @functools.wraps(make)
     def wrapped(*args: Any, **kwargs: Any) -> Any:
@@ -322,14 +282,12 @@ def _ordered_scheduler(make: Callable, *, worker: bool = False) -> Callable:
         wait = scheduler.wait_for_progress
 
         async def ordered(pendings: set) -> tuple[set, set]:
-            if worker and _CURRENT is not None:
-                _CURRENT.worker_waits(pendings)
+            if worker:
+                run.accounting.worker_waits(pendings, run.now())
             done, pending = await wait(pendings)
-            current = _CURRENT
-            out = _OrderedTasks(done)
-            out.order = current.set_order if current is not None else "index"
-            if worker and current is not None:
-                current.worker_woke(done)
+            out = _OrderedTasks(done, run.task_key, run.set_order)
+            if worker:
+                run.accounting.worker_woke(done, run.now())
             return out, pending
 
         scheduler.wait_for_progress = ordered
@@ -338,44 +296,44 @@ def _ordered_scheduler(make: Callable, *, worker: bool = False) -> Callable:
     return wrapped
 
 
-async def _ordered_as_completed_async(tasks: Any) -> Any:
+def _ordered_as_completed_async(run: "UpstreamRunner") -> Callable:
     """Upstream's ``as_completed_async`` (``miles/utils/misc.py``: ``for coro in
     asyncio.as_completed(tasks): yield await coro``), with the tasks already done when it
     starts taken in the runner's pinned set order (``done-set-order``): asyncio registers their callbacks in
     set order. The loop steps are asyncio's (``rollout.as_completed_in_order``)."""
     from miles_async_core.rollout import as_completed_in_order
 
-    current = _CURRENT
-    keys = current.task_key if current is not None else {}
-    sign = -1 if current is not None and current.set_order == "reverse" else 1
-    for next_done in as_completed_in_order(tasks, key=lambda t: sign * keys.get(t, -1)):
-        task = await next_done
-        yield task.result()
+    async def ordered(tasks: Any) -> Any:
+        keys = run.task_key
+        sign = -1 if run.set_order == "reverse" else 1
+        for next_done in as_completed_in_order(tasks, key=lambda t: sign * keys.get(t, -1)):
+            task = await next_done
+            yield task.result()
+
+    return ordered
 
 
-def _observed_group(generate_and_rm_group: Callable) -> Callable:
+def _observed_group(generate_and_rm_group: Callable, run: "UpstreamRunner") -> Callable:
     """Upstream's ``generate_and_rm_group``, called as is; its end is recorded."""
 
     @functools.wraps(generate_and_rm_group)
     async def observed(state: Any, group: list, *args: Any, **kwargs: Any) -> Any:
         gi = group[0].group_index
-        if _CURRENT is not None:
-            _CURRENT.task_key[asyncio.current_task()] = group[0].index
-            _CURRENT.task_group[asyncio.current_task()] = gi
+        task = asyncio.current_task()
+        run.task_key[task] = group[0].index
+        run.accounting.task_started(task, gi)
         try:
             out = await generate_and_rm_group(state, group, *args, **kwargs)
         except BaseException:
-            if _CURRENT is not None:
-                _CURRENT._emit(ev.GROUP_DONE, group_index=gi, ok=False)
+            run._emit(ev.GROUP_DONE, group_index=gi, ok=False)
             raise
-        if _CURRENT is not None:
-            _CURRENT._emit(ev.GROUP_DONE, group_index=gi, ok=True)
+        run._emit(ev.GROUP_DONE, group_index=gi, ok=True)
         return out
 
     return observed
 
 
-def _observed_submit(submit_generate_tasks: Callable) -> Callable:
+def _observed_submit(submit_generate_tasks: Callable, run: "UpstreamRunner") -> Callable:
     """The one-step rollout's ``submit_generate_tasks`` (``inference_rollout_train.py:L66-L83``),
     called as is; each group task it creates is recorded as holding its group from creation
     (``UpstreamRunner.track_group_task``)."""
@@ -383,61 +341,80 @@ def _observed_submit(submit_generate_tasks: Callable) -> Callable:
     @functools.wraps(submit_generate_tasks)
     def observed(state: Any, samples: list, *args: Any, **kwargs: Any) -> list:
         tasks = submit_generate_tasks(state, samples, *args, **kwargs)
-        if _CURRENT is not None:
-            for group, task in zip(samples, tasks):
-                _CURRENT.track_group_task(task, group)
+        for group, task in zip(samples, tasks):
+            run.track_group_task(task, group)
         return tasks
 
     return observed
 
 
-def _observed_filter(call_dynamic_filter: Callable) -> Callable:
+def _observed_filter(call_dynamic_filter: Callable, run: "UpstreamRunner") -> Callable:
     """The one-step rollout's ``call_dynamic_filter``, called as is; a reject is recorded
     as the group's drop when upstream makes it (``inference_rollout_train.py:L140-L143``)."""
 
     @functools.wraps(call_dynamic_filter)
     def observed(fn: Any, args: Any, group: list, *rest: Any, **kwargs: Any) -> Any:
         out = call_dynamic_filter(fn, args, group, *rest, **kwargs)
-        current = _CURRENT
-        if current is not None and not out.keep:
+        if not out.keep:
             gi = next(_iter_upstream(group)).group_index
-            current.live.pop(gi, None)
-            current._emit(ev.DROPPED, group_index=gi, reason=f"dynamic_filter:{out.reason}")
+            run.accounting.dropped(gi)
+            run._emit(ev.DROPPED, group_index=gi, reason=f"dynamic_filter:{out.reason}")
         return out
 
     return observed
 
 
-def _install_seams() -> None:
-    """Point upstream's HTTP calls and lifecycle seam at the runner (idempotent). Which
-    seams the tree has was probed when it was activated (``source.report()``)."""
-    global _PATCHED, _ANNOUNCED_BY
-    if _PATCHED:
-        return
-    import miles.rollout.generate_hub.single_turn as single_turn
-    import miles.rollout.inference_rollout.inference_rollout_common as common_mod
-    import miles.rollout.inference_rollout.inference_rollout_train as train_mod
-    from miles.utils.lifecycle import TrajectoryLifecycle
+SINGLE_TURN_MOD = "miles.rollout.generate_hub.single_turn"
+COMMON_MOD = "miles.rollout.inference_rollout.inference_rollout_common"
+TRAIN_MOD = "miles.rollout.inference_rollout.inference_rollout_train"
+FULLY_MOD = "miles.rollout.fully_async_rollout"
 
-    single_turn.post = http_post
-    train_mod.post = http_post
-    # the one-step rollout's progress bar would print on every generate
-    if hasattr(train_mod, "tqdm"):
-        train_mod.tqdm = functools.partial(train_mod.tqdm, disable=True)
-    train_mod.get = http_get
-    train_mod.as_completed_async = _ordered_as_completed_async  # set order pinned (done-set-order)
-    TrajectoryLifecycle().sink = _LifecycleSink()
-    if not source.report().found("lifecycle_sink"):
-        common_mod.generate_and_rm = _announced(common_mod.generate_and_rm)
-        _ANNOUNCED_BY = "wrapper"
-    import miles.rollout.fully_async_rollout as fully_mod
 
-    for mod in (fully_mod, train_mod):  # the group task's end, recorded as `group_done`
-        mod.generate_and_rm_group = _observed_group(mod.generate_and_rm_group)
-        mod.make_submission_scheduler = _ordered_scheduler(mod.make_submission_scheduler, worker=mod is fully_mod)
-    train_mod.call_dynamic_filter = _observed_filter(train_mod.call_dynamic_filter)
-    train_mod.submit_generate_tasks = _observed_submit(train_mod.submit_generate_tasks)
-    _PATCHED = True
+def virtual_time_rebinds(run: "UpstreamRunner") -> list[Rebind]:
+    """What a virtual-time run rebinds in upstream (``host.installed``): its HTTP calls
+    served by ``run``, the lifecycle sink (or, on a tree without it, a wrapper announcing
+    each sample), the group tasks' ends, the submission schedulers and ``as_completed_async``
+    with the set order pinned (``done-set-order``), the one-step dynamic filter and task
+    submission observed, the one-step progress bar off."""
+    single_turn, common, train, fully = (
+        host.module(SINGLE_TURN_MOD),
+        host.module(COMMON_MOD),
+        host.module(TRAIN_MOD),
+        host.module(FULLY_MOD),
+    )
+    return [
+        Rebind("http_post(single_turn)", single_turn, "post", lambda _: run.http_post),
+        Rebind("http_post_get(one-step)", train, "post", lambda _: run.http_post),
+        # the one-step rollout's progress bar would print on every generate
+        Rebind("tqdm", train, "tqdm", lambda tqdm: functools.partial(tqdm, disable=True)),
+        Rebind("http_post_get(one-step)", train, "get", lambda _: http_get),
+        Rebind("as_completed_async", train, "as_completed_async", lambda _: _ordered_as_completed_async(run)),
+        host.sink_rebind(run.lifecycle),
+        Rebind(
+            "generate_and_rm",
+            common,
+            "generate_and_rm",
+            lambda fn: _announced(fn, run.lifecycle),
+            probe=lambda report: not report.found("lifecycle_sink"),
+        ),
+        # the group task's end, recorded as `group_done`
+        Rebind("generate_and_rm_group(fully-async)", fully, "generate_and_rm_group", lambda f: _observed_group(f, run)),
+        Rebind(
+            "make_submission_scheduler(fully-async)",
+            fully,
+            "make_submission_scheduler",
+            lambda make: _ordered_scheduler(make, run, worker=True),
+        ),
+        Rebind("generate_and_rm_group(one-step)", train, "generate_and_rm_group", lambda f: _observed_group(f, run)),
+        Rebind(
+            "make_submission_scheduler(one-step)",
+            train,
+            "make_submission_scheduler",
+            lambda make: _ordered_scheduler(make, run),
+        ),
+        Rebind("call_dynamic_filter", train, "call_dynamic_filter", lambda f: _observed_filter(f, run)),
+        Rebind("submit_generate_tasks", train, "submit_generate_tasks", lambda f: _observed_submit(f, run)),
+    ]
 
 
 def observed_default_buffer(ci: Any) -> Any:
@@ -528,22 +505,15 @@ class UpstreamRunner:
         self.generate_function_path = generate_function_path
         self.trace = trace
         self.hooks = hooks
-        self.task_sample: dict[asyncio.Task, Any] = {}
-        self.task_root: dict[asyncio.Task, Any] = {}  # generate_and_rm task -> its prompt sample
+        self.name = scenario.name
+        # which sample each task is generating (upstream's lifecycle seam)
+        self.lifecycle = _LifecycleSink(on_trajectory_sample=self._trajectory_sample)
         self.task_key: dict[asyncio.Task, int] = {}  # group task -> first sample index (done-set-order)
-        self.task_group: dict[asyncio.Task, int] = {}  # group task -> group index
-        # where upstream holds each live group, for the accounting after every rollout
-        # (``unaccounted``): returned by the worker's wait and not yet put, inside a put
-        self.held: set[int] = set()
-        self.putting: set[int] = set()
-        self.returned_tasks: set[asyncio.Task] = set()  # returned by a wait of the worker
-        self.lost: set[int] = set()  # live, but held by nothing: never listed as pending
-        self.lost_why: dict[int, str] = {}  # group -> when and why it was declared lost
-        self.accounting_problems: list[str] = []  # a lost group seen again (RunnerAccountingError)
+        # where upstream holds each group it took (``unaccounted`` after every rollout)
+        self.accounting = GroupAccounting(fully_async=scenario.config.fully_async)
         self._last_taken: list = []  # the groups of the latest get_samples call
         self.set_order = set_order
         self.mirrors: dict[int, CoreSample] = {}
-        self.live: dict[int, str] = {}  # group_index -> live | recycled
         self.taken_this_generate: list[int] = []
         self.get_samples_calls: list[tuple[float, int, list[int]]] = []
         self.abort_posts: list[float] = []
@@ -556,10 +526,21 @@ class UpstreamRunner:
         self.sink: Any = NullSink()
 
     # --- HTTP -------------------------------------------------------------------------
+    async def http_post(self, url: str, payload: dict, *args: Any, **kwargs: Any) -> dict:
+        """Stand-in for ``miles.utils.http_utils.post`` on the runner's URLs."""
+        if url.endswith("/generate"):
+            return await self.serve_generate(payload)
+        if url.endswith("/abort_request"):
+            return await self.serve_abort(payload)
+        raise StandInCalled(
+            f"POST {url}: the runner serves only /generate and /abort_request", seam="http_post(single_turn)"
+        )
+
     async def serve_generate(self, payload: dict) -> dict:
-        usample = self.task_sample.get(asyncio.current_task())
+        task = asyncio.current_task()
+        usample = self.lifecycle.sample_of(task)
         if usample is None:
-            seam = "lifecycle_sink" if _ANNOUNCED_BY == "sink" else "generate_and_rm"
+            seam = "lifecycle_sink" if source.report().found("lifecycle_sink") else "generate_and_rm"
             raise StandInCalled(
                 f"/generate called from a task the {seam} seam did not announce "
                 f"(payload of {len(payload.get('input_ids') or [])} token ids)",
@@ -571,7 +552,7 @@ class UpstreamRunner:
         # version); a --partial-rollout sample aborted before its first token keeps its
         # weight version and resumes on its mirror, as the core resumes the same Sample
         if m is None or (usample.response == "" and not usample.weight_versions):
-            root = self.task_root.get(asyncio.current_task())
+            root = self.lifecycle.root_of(task)
             if root is not None and root is not usample:  # a sample the generate function added:
                 rm = self.mirrors.get(root.index)  # its trajectory's attempt
                 retry = rm.retry_count if rm is not None else 0
@@ -609,15 +590,24 @@ class UpstreamRunner:
             await eng.continue_generation()
         return {}
 
-    # --- accounting: where upstream holds each live group ------------------------------
+    # --- accounting: where upstream holds each live group (GroupAccounting) -------------
+    def now(self) -> float:
+        return asyncio.get_running_loop().time()
+
+    def seen(self, gi: int, where: str) -> None:
+        self.accounting.seen(gi, where, self.now())
+
+    def _trajectory_sample(self, sample: Any, root: Any) -> None:
+        """A sample a generate function added to ``root``'s trajectory, announced before its request."""
+        self._emit(ev.TRAJECTORY_SAMPLE, index=sample.index, group_index=sample.group_index, trajectory=root.index)
+
     def track_group_task(self, task: asyncio.Task, group: list) -> None:
         """``task`` holds ``group`` from its creation, not from its first step: the drain
         (or the run's end) can come between the two, as in ``fully_async_rollout.py:L133``
         creating a group task right after a put and the drain returning before that task
         first runs."""
-        self.seen(group[0].group_index, "a group task was created for it")
+        self.accounting.task_created(task, group[0].group_index, self.now())
         self.task_key[task] = group[0].index
-        self.task_group[task] = group[0].group_index
 
     def observe_submit(self, fn: Any) -> None:
         """The fully-async worker's ``_submit_one_group`` (``fully_async_rollout.py:L112-L116``),
@@ -632,65 +622,17 @@ class UpstreamRunner:
 
         fn._submit_one_group = observed
 
-    def worker_waits(self, pendings: set) -> None:
-        """The fully-async worker is back at ``wait_for_progress``: every group its last
-        wait returned must have gone to ``put`` (``fully_async_rollout.py:L134-L136``), and
-        every group task it created and was not handed back must be in what it waits on
-        now (its ``active`` set, L132-L134): a task it forgot is a group lost."""
-        self._declare_lost(self.held, "returned by the worker's wait and not put before its next wait")
-        self.held = set()
-        forgotten = {gi for t, gi in self.task_group.items() if t not in pendings and t not in self.returned_tasks}
-        self._declare_lost(forgotten, "its group task is not among those the worker waits on")
-
-    def worker_woke(self, done: Any) -> None:
-        for task in done:
-            self.returned_tasks.add(task)
-            gi = self.task_group.get(task)
-            if gi is not None:
-                self.seen(gi, "the worker's wait returned its group task")
-                self.held.add(gi)
+    def _finished(self) -> set[asyncio.Task]:
+        return {t for t in self.accounting.task_group if t.done()}  # type: ignore[attr-defined]
 
     def holders(self) -> set[int]:
-        """The groups upstream holds now: queued in its data source or buffer, in a group
-        task (from its creation: one not yet started holds its group too) the fully-async
-        worker has not been handed yet (created, running, or finished since its last
-        wake-up) or the one-step rollout has not finished, handed to the worker and not yet
-        put, or inside a put."""
-        out = self._queued()
-        if self.scenario.config.fully_async:
-            out |= {gi for t, gi in self.task_group.items() if t not in self.returned_tasks}
-        else:
-            out |= {gi for t, gi in self.task_group.items() if not t.done()}
-        return out | self.held | self.putting
+        """The groups upstream holds now (``GroupAccounting.holders``)."""
+        return self.accounting.holders(self._queued(), self._finished())
 
     def unaccounted(self) -> set[int]:
-        """Conservation after a rollout (every taken group is trained, dropped, rejected or recycled): a group taken and not yet
-        trained, dropped, rejected or recycled that upstream no longer holds is lost. It is
-        left out of ``run_end.pending_groups``, so the conservation checker reports it."""
-        for gi in self.lost & self._queued():
-            self.seen(gi, "queued in the data source or the buffer")
-        missing = {gi for gi, state in self.live.items() if gi not in self.lost} - self.holders()
-        self._declare_lost(missing, "held by nothing after a rollout")
-        return missing
-
-    # --- the accounting's self-check: a lost group is gone for good --------------------
-    def _declare_lost(self, groups: set[int], why: str) -> None:
-        now = asyncio.get_running_loop().time()
-        for gi in groups - self.lost:
-            self.lost_why[gi] = f"t={now:g}: {why}"
-        self.lost |= groups
-
-    def seen(self, gi: int, where: str) -> None:
-        """``gi`` is in upstream's hands (``where``). If the runner declared it lost, the
-        declaration was wrong (a group held by nothing cannot come back): recorded, and
-        raised as ``RunnerAccountingError`` after the run. Not raised here: the caller is
-        upstream's code, which may catch it (a failed group task is logged and skipped).
-        A group task's first step is no sighting: a task the worker forgot still runs."""
-        if gi in self.lost:
-            now = asyncio.get_running_loop().time()
-            self.accounting_problems.append(
-                f"group {gi} declared lost ({self.lost_why.get(gi, '?')}) and then at t={now:g}: {where}"
-            )
+        """Conservation after a rollout (``GroupAccounting.unaccounted``): a live group
+        upstream no longer holds is lost, and left out of ``run_end.pending_groups``."""
+        return self.accounting.unaccounted(self._queued(), self._finished(), self.now())
 
     def _queued(self) -> set[int]:
         """The groups in upstream's data source or buffer."""
@@ -717,8 +659,7 @@ class UpstreamRunner:
             self.get_samples_calls.append((now, num, [g[0].group_index for g in groups]))
             for g in groups:
                 gi = g[0].group_index
-                self.seen(gi, "taken from the data source")
-                self.live[gi] = "live"
+                self.accounting.taken(gi, now)
                 self.taken_this_generate.append(gi)
                 self._emit(
                     ev.TAKEN,
@@ -733,8 +674,7 @@ class UpstreamRunner:
             add_samples(groups)
             for g in groups or []:
                 gi = g[0].group_index
-                self.seen(gi, "recycled to the data source")
-                self.live[gi] = "recycled"
+                self.accounting.recycled(gi, self.now())
                 self._emit(ev.RECYCLED, group_index=gi)
 
         ds.get_samples, ds.add_samples = observed_get_samples, observed_add_samples
@@ -760,7 +700,7 @@ class UpstreamRunner:
             self._emit(ev.HANDLER, group_index=gi, handler=handler, cause=cause)
             handle(prompt_group)
             if handler == "drop":
-                self.live.pop(gi, None)
+                self.accounting.dropped(gi)
                 self._emit(ev.DROPPED, group_index=gi, reason=f"handler_drop:{cause}")
 
         fn._handle_unused = observed
@@ -771,13 +711,11 @@ class UpstreamRunner:
 
         async def observed_put(entry: Any) -> None:
             gi = entry.prompt_group[0].group_index
-            self.seen(gi, "put to the buffer")
-            self.held.discard(gi)
-            self.putting.add(gi)
+            self.accounting.put_started(gi, self.now())
             try:
                 await _put(entry, gi)
             finally:
-                self.putting.discard(gi)
+                self.accounting.put_ended(gi)
 
         async def _put(entry: Any, gi: int) -> None:
             aborted = any(_status_name(s) == "ABORTED" for s in _iter_upstream(entry.group))
@@ -802,7 +740,7 @@ class UpstreamRunner:
             else:
                 after = getattr(getattr(buf, "_metric_gatherer", None), "_dynamic_filter_drop_reason_count", {})
                 reason = next((r for r, c in after.items() if c != drops_before.get(r, 0)), None)
-                self.live.pop(gi, None)
+                self.accounting.dropped(gi)
                 self._emit(ev.PUT_REJECTED, group_index=gi, reason=f"dynamic_filter:{reason}")
 
         async def observed_get(current_version: int | None = None, **context: Any) -> Any:
@@ -862,21 +800,16 @@ class UpstreamRunner:
         passed = {"weight_version": version} if source.report().found("weight_version_source") else {}
         out = await self.rollout_fn(RolloutFnTrainInput(rollout_id=rollout_id, **passed))
         returned = {g[0][0].group_index if isinstance(g[0], list) else g[0].group_index for g in out.samples}
-        for gi in sorted(returned):
-            self.seen(gi, f"returned by rollout {rollout_id} for training")
+        self.accounting.trained(returned, rollout_id, self.now())
         if fully:
             self._emit(ev.DRAIN_END, rollout_id=rollout_id)
         else:
             # what upstream discards by design: failed groups (logged), the pending ones at
             # the abort without --partial-rollout, finished ones beyond B; one whose group
             # task still runs is not discarded but unaccounted (abort awaits them all)
-            running = {gi for t, gi in self.task_group.items() if not t.done()}
-            for gi in self.taken_this_generate:
-                if gi not in returned and gi not in running and self.live.get(gi) == "live":
-                    self.live.pop(gi)
-                    self._emit(ev.DROPPED, group_index=gi, reason="not_returned")
-        for gi in returned:
-            self.live.pop(gi, None)
+            running = self.accounting.running(self._finished())
+            for gi in self.accounting.not_returned(self.taken_this_generate, returned, running):
+                self._emit(ev.DROPPED, group_index=gi, reason="not_returned")
         self.unaccounted()
         return self.convert(out.samples), dict(out.metrics or {})
 
@@ -902,14 +835,7 @@ class UpstreamRunner:
 
     def _driver_module(self, args: argparse.Namespace, ctx: RunContext) -> Any:
         name = "train_async" if self.scenario.config.driver == "train_async" else "train"
-        path = source.active() / f"{name}.py"
-        spec = importlib.util.spec_from_file_location(f"miles_harness_upstream_{name}", path)
-        mod = importlib.util.module_from_spec(spec)
-        text = DRIVER_SOURCES.get(f"{name}.py")
-        if text is None:
-            spec.loader.exec_module(mod)  # type: ignore[union-attr]
-        else:  # a patched driver (harness.upstream.patching), compiled under the file's own name
-            exec(compile(text, str(path), "exec", dont_inherit=True), mod.__dict__)
+        mod = host.load_driver(f"{name}.py", f"miles_harness_upstream_{name}")
 
         async def _train(rollout_id: int, ref: Any) -> None:
             data, metrics = ref
@@ -924,9 +850,11 @@ class UpstreamRunner:
 
     # --- a run ------------------------------------------------------------------------
     def run(self) -> UpstreamRunResult:
-        global _CURRENT
         source.report().require(driver_of(self.scenario.config))  # SeamMissing, before anything runs
-        _install_seams()
+        with host.installed(self, virtual_time_rebinds(self)):
+            return self._run()
+
+    def _run(self) -> UpstreamRunResult:
         raised_before = len(stand_ins.RAISED)
         args = upstream_args(
             self.scenario,
@@ -975,24 +903,22 @@ class UpstreamRunner:
                     if t is not me and not t.done() and not t.cancelling()
                 )
                 self.unaccounted()
-                self._emit(ev.RUN_END, pending_groups=sorted(gi for gi in self.live if gi not in self.lost))
+                self._emit(ev.RUN_END, pending_groups=self.accounting.pending())
 
-        _CURRENT = self
         error = None
         try:
             run_virtual(main())
         except (Exception, asyncio.CancelledError) as exc:
             error = exc
         finally:
-            _CURRENT = None
             stand_ins.ON_RAISE = None
-            self.task_sample.clear()
-            self.task_root.clear()
+            self.lifecycle.task_sample.clear()
+            self.lifecycle.task_root.clear()
             self.task_key.clear()
-            self.task_group.clear()
-            self.returned_tasks.clear()
+            self.accounting.task_group.clear()
+            self.accounting.returned_tasks.clear()
         ctx = holder.get("ctx")
-        problems, self.accounting_problems = self.accounting_problems, []
+        problems = self.accounting.take_problems()
         # A fully-async worker that died after the last drain: upstream never reads its
         # exception, so the garbage collector would log "Task exception was never
         # retrieved" at a random later point, inside whatever test runs then (on CPython

@@ -116,12 +116,12 @@ def _misses_the_buffer(monkeypatch):
     is not counted as held, so the accounting after a drain declares it lost."""
     from harness.upstream.runner import UpstreamRunner
 
-    holders = UpstreamRunner.holders
+    queued = UpstreamRunner._queued
 
     def blind(self):
-        return holders(self) - {e.prompt_group[0].group_index for e in self.buffer._buffer}
+        return queued(self) - {e.prompt_group[0].group_index for e in self.buffer._buffer}
 
-    monkeypatch.setattr(UpstreamRunner, "holders", blind)
+    monkeypatch.setattr(UpstreamRunner, "_queued", blind)
 
 
 def _fault_free_row(monkeypatch):
