@@ -32,7 +32,9 @@ Miles' SGLang fork); the train-data conversion is a copy of each sample's tokens
 log-probs and reward into the harness's ``Sample``. Upstream's trajectory-lifecycle seam
 (``TrajectoryLifecycle().sink``) and a wrapper around ``single_turn.post`` *observe*
 each ``/generate`` call (which sample, and the server's per-token versions in the
-response); they return upstream's values unchanged.
+response); they return upstream's values unchanged. They are this run's
+``harness.upstream.host`` rebinds (``e2e_rebinds``), installed for the run and restored
+after it, as every hosted run of upstream's code.
 
 Checks (``E2EResult``): ``check_report`` on each server's trace, the update order of
 each server's request log (``harness.serve.order``), per-token truth next to Miles'
@@ -46,7 +48,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
-import importlib.util
 import json
 import os
 import platform
@@ -61,6 +62,7 @@ from pathlib import Path
 from typing import Any
 
 from miles_async_core.errors import ConfigError
+from harness.upstream import host
 from harness.upstream.stand_ins import StandInCalled
 
 ONE_STEP_FN = "miles.rollout.inference_rollout.inference_rollout_common.InferenceRolloutFn"
@@ -228,27 +230,17 @@ async def copy_task_rm(args: Any, sample: Any, **_: Any) -> float:
 
 
 class _Observer:
-    """Upstream's lifecycle sink (which sample a task is generating) and a wrapper around
-    ``single_turn.post`` recording each ``/generate`` answer for that sample."""
+    """Which sample a task is generating (the host's lifecycle sink, ``sink``) and a wrapper
+    around ``single_turn.post`` recording each ``/generate`` answer for that sample."""
 
     def __init__(self, real_post: Any) -> None:
         self.real_post = real_post
-        self.task_sample: dict[Any, Any] = {}
+        self.sink = host.LifecycleSink()
         self.calls: dict[int, list[dict[str, Any]]] = {}
         self.lock = threading.Lock()
 
-    # TrajectoryLifecycle sink
-    def attempt_start(self, sample: Any) -> None:
-        pass
-
-    def gen_start(self, sample: Any) -> None:
-        self.task_sample[asyncio.current_task()] = sample
-
-    def attempt_end(self, sample: Any) -> None:
-        self.task_sample.pop(asyncio.current_task(), None)
-
     async def post(self, url: str, payload: dict, *args: Any, **kwargs: Any) -> Any:
-        sample = self.task_sample.get(asyncio.current_task())
+        sample = self.sink.sample_of(asyncio.current_task())
         out = await self.real_post(url, payload, *args, **kwargs)
         if sample is not None and url.endswith("/generate") and isinstance(out, dict):
             meta = out.get("meta_info", {})
@@ -274,36 +266,25 @@ class _Observer:
         return None
 
 
-class _Seams:
-    """Point upstream's rollout modules at the real HTTP client and the observer for one
-    run, and put back whatever was there (the virtual-time host rebinds the same names)."""
-
-    def __init__(self, observer: _Observer) -> None:
-        self.observer = observer
-        self.saved: list[tuple[Any, str, Any]] = []
-
-    def __enter__(self) -> "_Seams":
-        import miles.rollout.generate_hub.single_turn as single_turn
-        import miles.rollout.inference_rollout.inference_rollout_train as train_mod
-        import miles.utils.http_utils as http_utils
-        from miles.utils.lifecycle import TrajectoryLifecycle
-
-        lifecycle = TrajectoryLifecycle()
-        quiet = getattr(train_mod.tqdm, "func", train_mod.tqdm)  # the one-step progress bar, off
-        for obj, name, value in (
-            (single_turn, "post", self.observer.post),
-            (train_mod, "post", http_utils.post),
-            (train_mod, "get", http_utils.get),
-            (lifecycle, "sink", self.observer),
-            (train_mod, "tqdm", functools.partial(quiet, disable=True)),
-        ):
-            self.saved.append((obj, name, getattr(obj, name)))
-            setattr(obj, name, value)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        for obj, name, value in reversed(self.saved):
-            setattr(obj, name, value)
+def e2e_rebinds(observer: _Observer) -> list[host.Rebind]:
+    """What a served run rebinds in upstream (``host.installed``): ``single_turn.post``
+    wrapped by ``observer`` (upstream's HTTP client still makes the call), the lifecycle
+    sink, and the one-step progress bar off. Everything else is upstream's own."""
+    return [
+        host.Rebind(
+            "http_post(single_turn)",
+            host.module("miles.rollout.generate_hub.single_turn"),
+            "post",
+            lambda _: observer.post,
+        ),
+        host.sink_rebind(observer.sink),
+        host.Rebind(
+            "tqdm",
+            host.module("miles.rollout.inference_rollout.inference_rollout_train"),
+            "tqdm",
+            lambda tqdm: functools.partial(tqdm, disable=True),
+        ),
+    ]
 
 
 # --------------------------------------------------------------------------- the run
@@ -406,6 +387,7 @@ def _core_sample(us: Any) -> Any:
 class _Run:
     def __init__(self, cfg: E2EConfig, workdir: Path) -> None:
         self.cfg = cfg
+        self.name = cfg.name  # named by HostBusy
         self.workdir = workdir
         self.result = E2EResult(config=cfg)
         self.weight_version = 0  # the updater's counter, as upstream's (first update sends "1")
@@ -521,14 +503,9 @@ class _Run:
 
     # --- upstream's train_async.py with its Ray names rebound ----------------------------------
     def driver(self) -> Any:
-        from harness.upstream import source
-
-        path = source.active() / "train_async.py"
-        spec = importlib.util.spec_from_file_location("miles_harness_served_train_async", path)
-        assert spec is not None and spec.loader is not None, path
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
         from harness.upstream.ray_names import rebind_ray_names
+
+        mod = host.load_driver("train_async.py", "miles_harness_served_train_async")
 
         # generate starts at once and returns a future, as a Ray call does
         return rebind_ray_names(
@@ -591,7 +568,7 @@ class _Run:
             self.trainer = TorchTrainer(model, TrainerConfig(lr=cfg.lr))
             init_http_client(args)
             self.observer = _Observer(http_utils.post)
-            with _Seams(self.observer):
+            with host.installed(self, e2e_rebinds(self.observer)):
                 data_source = RolloutDataSourceWithBuffer(args)
                 self.rollout_fn = load_rollout_function(
                     RolloutFnConstructorInput(args=args, data_source=data_source), args.rollout_function_path
