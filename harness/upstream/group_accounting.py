@@ -23,12 +23,15 @@ why; a lost group seen again (``seen``) proves the accounting missed a holder, r
 from __future__ import annotations
 
 from collections.abc import Collection, Hashable, Iterable
+from typing import Generic, TypeVar
 
 LIVE = "live"
 RECYCLED = "recycled"
 
+TaskT = TypeVar("TaskT", bound=Hashable)  # a group task as the host knows it (an asyncio.Task)
 
-class GroupAccounting:
+
+class GroupAccounting(Generic[TaskT]):
     """One run's accounting. ``fully_async``: the fully-async worker holds a group task
     until a wait of its returns it (``fully_async_rollout.py:L132-L136``); otherwise
     (one-step, sync) a group task holds its group until it finishes."""
@@ -36,8 +39,8 @@ class GroupAccounting:
     def __init__(self, *, fully_async: bool) -> None:
         self.fully_async = fully_async
         self.live: dict[int, str] = {}  # group index -> LIVE | RECYCLED
-        self.task_group: dict[Hashable, int] = {}  # group task -> its group
-        self.returned_tasks: set[Hashable] = set()  # returned by a wait of the worker
+        self.task_group: dict[TaskT, int] = {}  # group task -> its group
+        self.returned_tasks: set[TaskT] = set()  # returned by a wait of the worker
         self.held: set[int] = set()  # returned by the worker's wait, not yet put
         self.putting: set[int] = set()  # inside a put
         self.lost: set[int] = set()  # live, but held by nothing: never listed as pending
@@ -81,17 +84,17 @@ class GroupAccounting:
         return out
 
     # --- where upstream holds it ---------------------------------------------------------
-    def task_created(self, task: Hashable, gi: int, now: float) -> None:
+    def task_created(self, task: TaskT, gi: int, now: float) -> None:
         """``task`` holds ``gi`` from its creation, not from its first step."""
         self.seen(gi, "a group task was created for it", now)
         self.task_group[task] = gi
 
-    def task_started(self, task: Hashable, gi: int) -> None:
+    def task_started(self, task: TaskT, gi: int) -> None:
         """A group task's first step: it holds ``gi`` (already known when the host saw it
         created). No sighting: a task the worker forgot still runs."""
         self.task_group[task] = gi
 
-    def worker_waits(self, pendings: Collection[Hashable], now: float) -> None:
+    def worker_waits(self, pendings: Collection[TaskT], now: float) -> None:
         """The fully-async worker is back at its wait: every group its last wait returned
         must have gone to ``put`` (``fully_async_rollout.py:L134-L136``), and every group
         task it created and was not handed back must be among ``pendings`` (its ``active``
@@ -101,7 +104,7 @@ class GroupAccounting:
         forgotten = {gi for t, gi in self.task_group.items() if t not in pendings and t not in self.returned_tasks}
         self._declare_lost(forgotten, "its group task is not among those the worker waits on", now)
 
-    def worker_woke(self, done: Iterable[Hashable], now: float) -> None:
+    def worker_woke(self, done: Iterable[TaskT], now: float) -> None:
         """A wait of the worker returned ``done``: their groups are in its hands."""
         for task in done:
             self.returned_tasks.add(task)
@@ -119,7 +122,7 @@ class GroupAccounting:
         self.putting.discard(gi)
 
     # --- the accounting after a rollout ---------------------------------------------------
-    def holders(self, queued: set[int], finished: Collection[Hashable]) -> set[int]:
+    def holders(self, queued: set[int], finished: Collection[TaskT]) -> set[int]:
         """The groups upstream holds now: ``queued`` in its data source or buffer, in a
         group task the fully-async worker has not been handed yet (created, running, or
         ``finished`` since its last wake-up) or, one-step, not yet ``finished``, handed to
@@ -131,7 +134,7 @@ class GroupAccounting:
             out |= {gi for t, gi in self.task_group.items() if t not in finished}
         return out | self.held | self.putting
 
-    def unaccounted(self, queued: set[int], finished: Collection[Hashable], now: float) -> set[int]:
+    def unaccounted(self, queued: set[int], finished: Collection[TaskT], now: float) -> set[int]:
         """Conservation after a rollout: a live group upstream no longer holds is lost
         (returned; left out of ``pending``, so the conservation checker reports it). A lost
         group ``queued`` again is a sighting (``problems``)."""
@@ -141,7 +144,7 @@ class GroupAccounting:
         self._declare_lost(missing, "held by nothing after a rollout", now)
         return missing
 
-    def running(self, finished: Collection[Hashable]) -> set[int]:
+    def running(self, finished: Collection[TaskT]) -> set[int]:
         """The groups whose task has not ``finished``."""
         return {gi for t, gi in self.task_group.items() if t not in finished}
 

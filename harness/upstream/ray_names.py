@@ -77,7 +77,7 @@ class ActorModelStand(_StandIn):
     role = "actor_model"
 
     def __init__(
-        self, update_weights: Callable[[], Awaitable[None]], train: Callable[[int, Any], Awaitable[None]]
+        self, update_weights: Callable[[], Awaitable[object]], train: Callable[[int, Any], Awaitable[None]]
     ) -> None:
         self._update_weights, self._train = update_weights, train
 
@@ -146,7 +146,7 @@ def rebind_ray_names(
     mod: Any,
     *,
     generate: Callable[[int], Any],
-    update_weights: Callable[[], Awaitable[None]],
+    update_weights: Callable[[], Awaitable[object]],
     train: Callable[[int, Any], Awaitable[None]],
 ) -> Any:
     """Rebind ``mod``'s Ray names in place and return it."""

@@ -86,31 +86,24 @@ ROUTER = ("sim-router", 0)
 
 # --------------------------------------------------------------------------- set-up pieces
 
-_TOKENIZER_DIR: Path | None = None
-_PROMPTS_FILE: Path | None = None
 
-
+@functools.cache
 def _local_assets() -> tuple[Path, Path]:
     """A word-level tokenizer and a prompt file, made once per process in a temp dir (no
     download): upstream's data source and ``GenerateState`` load them for real."""
-    global _TOKENIZER_DIR, _PROMPTS_FILE
-    if _TOKENIZER_DIR is None:
-        from tokenizers import Tokenizer, models, pre_tokenizers
-        from transformers import PreTrainedTokenizerFast
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
 
-        root = Path(tempfile.mkdtemp(prefix="miles-harness-upstream-"))
-        vocab = {"[UNK]": 0, "[EOS]": 1, **{f"w{i}": i + 2 for i in range(64)}}
-        tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
-        tok.pre_tokenizer = pre_tokenizers.Whitespace()
-        PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", eos_token="[EOS]").save_pretrained(
-            root / "tok"
-        )
-        prompts = root / "prompts.jsonl"
-        prompts.write_text(
-            "".join(json.dumps({"text": f"w{k % 64} w{(k * 7) % 64}", "label": str(k)}) + "\n" for k in range(256))
-        )
-        _TOKENIZER_DIR, _PROMPTS_FILE = root / "tok", prompts
-    return _TOKENIZER_DIR, _PROMPTS_FILE  # type: ignore[return-value]
+    root = Path(tempfile.mkdtemp(prefix="miles-harness-upstream-"))
+    vocab = {"[UNK]": 0, "[EOS]": 1, **{f"w{i}": i + 2 for i in range(64)}}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", eos_token="[EOS]").save_pretrained(root / "tok")
+    prompts = root / "prompts.jsonl"
+    prompts.write_text(
+        "".join(json.dumps({"text": f"w{k % 64} w{(k * 7) % 64}", "label": str(k)}) + "\n" for k in range(256))
+    )
+    return root / "tok", prompts
 
 
 def upstream_args(
@@ -320,6 +313,7 @@ def _observed_group(generate_and_rm_group: Callable, run: "UpstreamRunner") -> C
     async def observed(state: Any, group: list, *args: Any, **kwargs: Any) -> Any:
         gi = group[0].group_index
         task = asyncio.current_task()
+        assert task is not None, "upstream runs each group in a task of its own"
         run.task_key[task] = group[0].index
         run.accounting.task_started(task, gi)
         try:
@@ -510,7 +504,7 @@ class UpstreamRunner:
         self.lifecycle = _LifecycleSink(on_trajectory_sample=self._trajectory_sample)
         self.task_key: dict[asyncio.Task, int] = {}  # group task -> first sample index (done-set-order)
         # where upstream holds each group it took (``unaccounted`` after every rollout)
-        self.accounting = GroupAccounting(fully_async=scenario.config.fully_async)
+        self.accounting: GroupAccounting[asyncio.Task] = GroupAccounting(fully_async=scenario.config.fully_async)
         self._last_taken: list = []  # the groups of the latest get_samples call
         self.set_order = set_order
         self.mirrors: dict[int, CoreSample] = {}
@@ -623,7 +617,7 @@ class UpstreamRunner:
         fn._submit_one_group = observed
 
     def _finished(self) -> set[asyncio.Task]:
-        return {t for t in self.accounting.task_group if t.done()}  # type: ignore[attr-defined]
+        return {t for t in self.accounting.task_group if t.done()}
 
     def holders(self) -> set[int]:
         """The groups upstream holds now (``GroupAccounting.holders``)."""
@@ -882,6 +876,7 @@ class UpstreamRunner:
             )
             holder["ctx"] = ctx
             me = asyncio.current_task()
+            assert me is not None, "run_virtual runs main() as a task"
             # a stand-in reached inside upstream's code: this run cannot be faithful, so
             # it stops now (RunnerSeamError after it), whatever upstream does with the error
             stand_ins.ON_RAISE = lambda exc: loop.call_soon(me.cancel) if not me.done() else None
