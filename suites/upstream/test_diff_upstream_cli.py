@@ -59,9 +59,9 @@ def test_a_seam_failing_inside_upstream_is_a_harness_error_not_a_divergence(mile
     call it, before the runner learnt to wrap it): each /generate raises ``StandInCalled``
     inside upstream's group tasks, which upstream logs as its own task errors. The command
     reports a harness error naming the seam and exits 2; no divergence is claimed."""
-    from harness.upstream import runner
+    from harness.upstream import host
 
-    monkeypatch.setattr(runner._LifecycleSink, "gen_start", lambda self, sample: None)
+    monkeypatch.setattr(host.LifecycleSink, "gen_start", lambda self, sample: None)
     rc = cli.main(["diff-upstream", "--miles-src", str(miles_src), "--scenario", "one-step-k1"])
     out = capsys.readouterr().out
     assert rc == 2, out

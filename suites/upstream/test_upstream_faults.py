@@ -199,9 +199,9 @@ def test_a_seam_failing_inside_upstream_is_a_harness_error_not_a_finding(miles_s
     """The lifecycle sink stops announcing samples: every /generate raises the runner's
     ``StandInCalled`` inside upstream's group tasks, which upstream logs (or fails on) as
     its own error. The seed's row is a harness error naming the seam, with no findings."""
-    from harness.upstream import runner
+    from harness.upstream import host
 
-    monkeypatch.setattr(runner._LifecycleSink, "gen_start", lambda self, sample: None)
+    monkeypatch.setattr(host.LifecycleSink, "gen_start", lambda self, sample: None)
     row = uf._row(_seed_that_runs_here(17))
     assert "harness_error" in row and "findings" not in row, row
     assert "RunnerSeamError" in row["harness_error"]
