@@ -619,10 +619,6 @@ class UpstreamRunner:
     def _finished(self) -> set[asyncio.Task]:
         return {t for t in self.accounting.task_group if t.done()}
 
-    def holders(self) -> set[int]:
-        """The groups upstream holds now (``GroupAccounting.holders``)."""
-        return self.accounting.holders(self._queued(), self._finished())
-
     def unaccounted(self) -> set[int]:
         """Conservation after a rollout (``GroupAccounting.unaccounted``): a live group
         upstream no longer holds is lost, and left out of ``run_end.pending_groups``."""
