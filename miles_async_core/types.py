@@ -30,6 +30,7 @@ class Status(str, enum.Enum):  # noqa: UP042  (not StrEnum: str() of a member is
     ABORTED = "aborted"
 
 
+# Speed trick, these and the core's other per-sample shortcuts: 1.301x per CPU-s (results/bench/sim_tricks_ab.json)
 # for per-sample code: CPython 3.11 reads ``Status.X`` through the enum metaclass' __getattr__
 PENDING, COMPLETED, TRUNCATED, ABORTED = Status.PENDING, Status.COMPLETED, Status.TRUNCATED, Status.ABORTED
 

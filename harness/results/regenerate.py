@@ -84,6 +84,13 @@ STEPS: list[Step] = [
         [PY, "-m", "harness.results.sim_paths_ab", "--rounds", "4", "--steps", "200", "--instructions"],
         ["results/bench/sim_paths_ab.json"],
     ),
+    # each remaining speed trick against its plain version (harness/results/tricks/*.diff), in one run:
+    # samples per CPU-second and cachegrind instructions per sample, and byte-identical traces
+    Step(
+        "sim_tricks_ab",
+        [PY, "-m", "harness.results.sim_tricks_ab", "--rounds", "5", "--steps", "200", "--instructions"],
+        ["results/bench/sim_tricks_ab.json"],
+    ),
     Step("sim_profile", BENCH + ["suites/bench/test_sim_profile.py"], ["results/bench/sim_profile.json"], WRITE),
     # the same comparison in instructions and cache misses per sample (cachegrind): counts the host's load leaves alone
     Step(

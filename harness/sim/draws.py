@@ -27,6 +27,7 @@ def splitmix_uniform(keys: tuple[int, ...]) -> float:
     return ((x >> 11) + 0.5) / float(1 << 53)
 
 
+# Speed trick, uniforms in numpy blocks: 1.173x samples per CPU-s (results/bench/sim_tricks_ab.json)
 BLOCK_BITS = 10
 BLOCK_MASK = (1 << BLOCK_BITS) - 1
 MAX_BLOCKS = 64
