@@ -30,8 +30,9 @@ PYTEST := HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-miles-harness-ci} $(BIN)/pyt
 test: $(STAMP)
 	$(PYTEST) -m "not slow and not bench" -n auto --maxprocesses 8 --dist loadgroup
 
+# PYTEST_ARGS adds pytest arguments, e.g. PYTEST_ARGS='-k "not smollm2"'
 test-slow: $(STAMP)
-	$(PYTEST) -m "slow or bench"
+	$(PYTEST) -m "slow or bench" $(PYTEST_ARGS)
 
 test-all: test test-slow
 
