@@ -25,9 +25,10 @@ import json
 import os
 import sys
 import time
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harness.serve import upstream_e2e
 from miles_async_core.errors import ConfigError
@@ -35,8 +36,13 @@ from miles_async_core.errors import ConfigError
 from . import recorder_flags
 from .writer import DIR_ENV, close_all, write_foreign_trace
 
+if TYPE_CHECKING:
+    from miles_async_core.config import AsyncConfig
 
-def async_config(cfg: upstream_e2e.E2EConfig) -> Any:
+    from .merge import Merged, Verdict
+
+
+def async_config(cfg: upstream_e2e.E2EConfig) -> AsyncConfig:
     """The run's config as the checkers read it (the fields ``upstream_e2e`` sets)."""
     from miles_async_core.config import AsyncConfig
 
@@ -56,7 +62,7 @@ def async_config(cfg: upstream_e2e.E2EConfig) -> Any:
 
 class _RecordedRun(upstream_e2e._Run):
     record_dir: Path
-    extra_flags: dict[str, Any] = {}
+    extra_flags: dict[str, object] = {}
     install_recorder = True  # False: only extra_flags (a command line's) name the recorder's wrappers
 
     def driver(self) -> Any:
@@ -156,10 +162,10 @@ def copy_to_train_data(args: Any, samples: Any) -> dict:
 
 @dataclass
 class RecordedResult:
-    e2e: Any
+    e2e: upstream_e2e.E2EResult
     record_dir: Path
-    merged: Any = None
-    verdict: dict[str, Any] = field(default_factory=dict)
+    merged: Merged
+    verdict: Verdict
 
 
 def run_recorded(
@@ -167,7 +173,7 @@ def run_recorded(
     record_dir: str | Path,
     *,
     miles_src: str | None = None,
-    extra_flags: dict[str, Any] | None = None,
+    extra_flags: Mapping[str, object] | None = None,
     inner: dict[str, str] | None = None,
     install_recorder: bool = True,
     run_class: type | None = None,
