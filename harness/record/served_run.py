@@ -22,6 +22,7 @@ same host's clocks), then ``harness.record.merge`` merges everything into one tr
 from __future__ import annotations
 
 import json
+import argparse
 import os
 import sys
 import time
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
     from miles_async_core.config import AsyncConfig
 
     from .merge import Merged, Verdict
+    from .miles_shapes import Sample
 
 
 def async_config(cfg: upstream_e2e.E2EConfig) -> AsyncConfig:
@@ -143,12 +145,14 @@ class _RecordedRun(upstream_e2e._Run):
         super()._check()
 
 
-def skip_default_logging(rollout_id: int, args: Any, samples: Any, metrics: Any, rollout_time: float) -> bool:
+def skip_default_logging(
+    rollout_id: int, args: argparse.Namespace, samples: object, metrics: object, rollout_time: float
+) -> bool:
     """A user's ``--custom-rollout-log-function-path`` that turns upstream's logging off."""
     return True
 
 
-def copy_to_train_data(args: Any, samples: Any) -> dict:
+def copy_to_train_data(args: argparse.Namespace, samples: list[Sample]) -> dict[str, list[object]]:
     """A user's ``--custom-convert-samples-to-train-data-path``: tokens, response lengths,
     rollout log-probs and rewards, copied."""
     return {
@@ -267,7 +271,6 @@ def main(argv: list[str] | None = None) -> int:
     HTTP) with the extension flags of its command line (``--<name>-path VALUE``) set on
     Miles' ``args``, recording into ``$MILES_HARNESS_RECORD_DIR``, as a GPU Miles command
     with the recorder's flags would. Exit 0 when every step trained."""
-    import argparse
 
     p = argparse.ArgumentParser(prog="python -m harness.record.served_run", description=main.__doc__)
     p.add_argument("--num-rollout", type=int, default=2, help="training steps")
