@@ -13,6 +13,7 @@ a function that only reads or passes a JSON-like mapping on takes ``JSONMapping`
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from typing import TypeAlias
 
@@ -23,3 +24,10 @@ JSONList: TypeAlias = "list[JSONValue]"
 # Read-only views: a dict[str, int] or a list[dict[str, float]] is one of these.
 JSONMapping: TypeAlias = "Mapping[str, JSONReadable]"
 JSONReadable: TypeAlias = "JSONScalar | Sequence[JSONReadable] | Mapping[str, JSONReadable]"
+
+
+def to_json(value: object) -> JSONValue:
+    """``value`` as a JSON document holds it (tuples become lists); raises ``TypeError``
+    on a value JSON cannot hold, as writing it would."""
+    parsed: JSONValue = json.loads(json.dumps(value))
+    return parsed

@@ -98,6 +98,7 @@ class ModelSource:
     """Builds the same weights in any dtype / attention implementation, and the prompts."""
 
     default_attn = "sdpa"
+    name: str  # shown in the gap table and stored in the results file
 
     def build(self, dtype: str, attn_impl: str) -> EngineModel:
         raise NotImplementedError
