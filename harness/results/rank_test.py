@@ -348,6 +348,8 @@ def _compare_one(
         mark = "~"
     else:
         mark = "better" if (test.prob_new_greater > 0.5) == hib else "worse"
+    ratio: float | None
+    change_pct: float | None
     if base_med != 0:
         ratio, change_pct = new_med / base_med, 100.0 * (new_med - base_med) / abs(base_med)
     else:
