@@ -88,6 +88,7 @@ def build_engine(
     from harness.backends import torch_models as tm
 
     check_context_length(context_length, None, model)
+    engine_model: tm.EngineModel
     if model == "tiny":
         from .tokenizer import TINY_SERVE_TOKENIZER
 
