@@ -102,6 +102,8 @@ class BenchmarkEntry(TypedDict):
     samples: list[float]
     stats: Stats
     samples_missing: NotRequired[bool]
+    # a history base's entry (harness.results.rank_test.HISTORY_UNITS): what its samples are
+    units_what: NotRequired[str]
 
 
 class ResultsDoc(TypedDict):
