@@ -68,7 +68,7 @@ import itertools
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncGenerator, Callable
 
 import torch
 
@@ -276,7 +276,7 @@ class ServedEngine:
             self._thread.post(lambda: self._abort_index(pending.sample.index, reason="client disconnected"))
             raise
 
-    async def stream(self, params: GenerateParams) -> AsyncIterator[dict[str, Any]]:
+    async def stream(self, params: GenerateParams) -> AsyncGenerator[dict[str, Any], None]:
         """One request's outputs as it runs: cumulative (text and ids so far), each with
         ``finish_reason`` null, then the final output."""
         if params.options.max_new_tokens == 0:
