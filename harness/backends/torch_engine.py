@@ -141,7 +141,13 @@ class EngineCore:
     ) -> None:
         check_request(prompt_tokens, max_new_tokens, temperature, max_seq_len=self.model.max_seq_len)
         gen = torch.Generator().manual_seed(int(seed) % (2**63))
-        self._waiting.append(Request(req_id, list(prompt_tokens), max_new_tokens, float(temperature), gen))
+        self._waiting.append(self._new_request(req_id, list(prompt_tokens), max_new_tokens, float(temperature), gen))
+
+    def _new_request(
+        self, req_id: Any, prompt_tokens: list[int], max_new_tokens: int, temperature: float, gen: torch.Generator
+    ) -> Request:
+        """The queue entry of one request (a subclass's core keeps more per request)."""
+        return Request(req_id, prompt_tokens, max_new_tokens, temperature, gen)
 
     def cancel(self, req_id: Any) -> bool:
         for req in self._waiting:
