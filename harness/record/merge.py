@@ -117,10 +117,36 @@ class ProcessFile:
         return str(self.header.get("role", "?"))
 
 
+class ProcessSummary(TypedDict):
+    """One merged process file, as ``check-trace --merge`` lists it."""
+
+    file: str
+    role: str
+    pid: int | None
+    host: str | None
+    events: int
+    truncated: bool  # its last line was cut short and dropped
+    life: NotRequired[int]  # with lives only
+
+
+def _summary(pf: ProcessFile, life: int | None) -> ProcessSummary:
+    out: ProcessSummary = {
+        "file": pf.path.name,
+        "role": pf.role,
+        "pid": pf.header.get("pid"),
+        "host": pf.header.get("host"),
+        "events": len(pf.lines),
+        "truncated": pf.truncated,
+    }
+    if life is not None:
+        out["life"] = life
+    return out
+
+
 @dataclass
 class Merged:
     events: list[Event]
-    processes: list[dict[str, Any]]
+    processes: list[ProcessSummary]
     truncated: list[str] = field(default_factory=list)
     join: dict[str, int] = field(default_factory=dict)
     bytes_total: int = 0
@@ -383,7 +409,7 @@ def merge_dir(directory: str | Path, *, incomplete: bool = False) -> Merged:
         rows = _merge_life(files, stats)
     else:
         rows = []
-        saved: dict[int, Any] = {}  # model checkpoint rollout -> the version its weights were served as
+        saved: dict[int, object] = {}  # model checkpoint rollout -> the version its weights were served as
         for number, life_files in enumerate(lives):
             rows += _life_rows(
                 number, _merge_life(life_files, stats), last=number == len(lives) - 1, files=life_files, saved=saved
@@ -391,18 +417,7 @@ def merge_dir(directory: str | Path, *, incomplete: bool = False) -> Merged:
     t_first = rows[0][0] if rows else 0.0
     events = [Event(seq, t - t_first, kind, fields) for seq, (t, kind, fields) in enumerate(rows)]
     life_of = {id(pf): n for n, life in enumerate(lives) for pf in life} if len(lives) > 1 else {}
-    procs = [
-        {
-            "file": pf.path.name,
-            "role": pf.role,
-            "pid": pf.header.get("pid"),
-            "host": pf.header.get("host"),
-            "events": len(pf.lines),
-            "truncated": pf.truncated,
-            **({"life": life_of[id(pf)]} if life_of else {}),
-        }
-        for pf in files
-    ]
+    procs = [_summary(pf, life_of.get(id(pf))) for pf in files]
     return Merged(
         events=events,
         processes=procs,
@@ -444,7 +459,7 @@ def _life_rows(
     *,
     last: bool,
     files: list[ProcessFile],
-    saved: dict[int, Any],
+    saved: dict[int, object],
 ) -> list[tuple[float, str, dict[str, Any]]]:
     """One life's events with ``life``, opened by ``life_start`` (``start_rollout_id``: the
     loaded model checkpoint's rollout + 1, as Megatron resumes, else 0; ``loaded_version``:
