@@ -203,8 +203,9 @@ def observations_from_results(path: str | Path, *, mode: str = "sync", trace: st
             f"results file {path}: no phase timeline for mode {mode!r} (has: {', '.join(modes) or '-'});"
             f" fix: calibrate on a run with --modes {mode}"
         )
-    base = run.doc.get("config", {})
-    mcfg = run.mode_configs.get(mode) or (base.get("base", {}) if isinstance(base, dict) else {})
+    base = run.doc["config"].get("base")
+    # config values as the file stores them (numbers or numeric strings), read with int()
+    mcfg: dict[str, Any] = run.mode_configs.get(mode) or (base if isinstance(base, dict) else {})
     n_samples = int(mcfg.get("rollout_batch_size", 16)) * int(mcfg.get("n_samples_per_prompt", 1))
     max_running = int(spec.get("max_running", 16))
     task_length = spec.get("task_length")
@@ -551,7 +552,13 @@ def repeat_scale(obs: Observations, costs: CostModel) -> CostModel:
 
 def _engine_busy_s(row: ModeRow) -> float:
     """The engine's own decode-step time where it recorded it, else its generating phase."""
-    return float(row.decode_busy_s or row.rollout_busy_s)
+    busy = row.decode_busy_s or row.rollout_busy_s
+    if busy is None:
+        raise ConfigError(
+            f"mode row {row.mode!r}: decode_busy_s and rollout_busy_s are both missing; the contention fit "
+            "needs one. Fix: calibrate on a results file written by miles-harness run"
+        )
+    return float(busy)
 
 
 def _engine_steps_ratio(costs: CostModel, configs: dict[str, dict[str, Any]], mode: str, sync_mode: str) -> float:
@@ -650,15 +657,20 @@ def _fit_factors(
 ) -> tuple[CostModel, dict[str, Any], list[dict[str, Any]], dict[str, float]]:
     """One contention fit on the repeats of ``modes``: (costs with the factors, the fit per
     side, the points, the engine steps ratio per mode)."""
-    fitted, result, points, ratio = costs, {}, [], {}
+    fitted, result, ratio = costs, {}, {}
+    points: list[dict[str, Any]] = []
+    repeats, configs = obs.repeats or {}, obs.configs or {}  # fit_contention passes modes that have both
     for _ in range(iterations):
-        ratio = {m: _engine_steps_ratio(fitted, obs.configs, m, obs.mode) for m in modes}
+        ratio = {m: _engine_steps_ratio(fitted, configs, m, obs.mode) for m in modes}
         points = []
         for m in modes:
-            for i, a in enumerate(obs.repeats[m]):
-                if i >= len(sync_rows) or not a.steps or not sync_rows[i].steps:
+            for i, a in enumerate(repeats[m]):
+                s = sync_rows[i] if i < len(sync_rows) else None
+                if s is None or not a.steps or not s.steps:
                     continue
-                s, n, ns = sync_rows[i], a.steps, sync_rows[i].steps
+                if a.both_busy_s is None or a.train_busy_s is None or s.train_busy_s is None:
+                    continue  # a row without the busy figures (a run always writes them) has no point
+                n, ns = a.steps, s.steps
                 points.append(
                     {
                         "mode": m,
@@ -716,7 +728,9 @@ def fit_engine_sharing(costs: CostModel, path: str | Path) -> CostModel:
     configs = run.mode_configs
     # as many steps as the run's repeats had: per-step figures depend on the count (the
     # last step's weight sync falls after the measurement window)
-    cfg = dataclasses.replace(config_of(configs, "sync"), num_rollout=int(rows[0].steps))
+    steps = rows[0].steps
+    assert steps, "rows keeps the sync repeats that ran steps"
+    cfg = dataclasses.replace(config_of(configs, "sync"), num_rollout=int(steps))
     base = dataclasses.replace(
         costs,
         max_running=int(spec.get("max_running", costs.max_running)),

@@ -39,7 +39,7 @@ def engine_cores_generating(rows: list[ModeRow]) -> float | None:
     share = [
         r.cpu_cores_engines / len(r.cpu_cores_per_engine) * r.wall_s / r.rollout_busy_s
         for r in rows
-        if r.cpu_cores_engines is not None and r.cpu_cores_per_engine and r.rollout_busy_s
+        if r.cpu_cores_engines is not None and r.cpu_cores_per_engine and r.rollout_busy_s and r.wall_s is not None
     ]
     return statistics.median(share) if share and len(share) == len(rows) else None
 

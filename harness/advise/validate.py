@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from collections.abc import Mapping
 import json
 import math
 import shlex
@@ -55,17 +56,17 @@ from harness.sim.contention import Contention
 MODES = ("sync", "one-step", "fully-async")
 
 
-def _config_of(doc: dict[str, Any], mode: str) -> AsyncConfig:
+def _config_of(raw: Mapping[str, object]) -> AsyncConfig:
+    """A mode's resolved config as a results file stores it (``config.modes.<mode>``)."""
     names = set(AsyncConfig().to_dict())
-    raw = doc["config"]["modes"][mode]
     return AsyncConfig.from_dict({k: v for k, v in raw.items() if k in names})
 
 
-def measured(doc: dict[str, Any], mode: str) -> dict[str, Any]:
+def measured(doc: Mapping[str, object], mode: str) -> dict[str, Any]:
     """Median per-step wall and speedup over the repeats (one value without repeats)."""
     extras = RunExtras.from_doc(doc)
     rows = extras.repeats.get(mode) or [extras.table[mode]]
-    per_step = sorted(r.wall_s / r.steps for r in rows if r.steps)
+    per_step = sorted(r.wall_s / r.steps for r in rows if r.steps and r.wall_s is not None)
     speed = sorted(r.speedup for r in rows if r.speedup is not None)
     ages = extras.sample_ages(mode)
     med = lambda xs: xs[len(xs) // 2] if len(xs) % 2 else 0.5 * (xs[len(xs) // 2 - 1] + xs[len(xs) // 2])  # noqa
@@ -144,13 +145,13 @@ def validate(calibration: str, others: list[str], engines_from: str | None = Non
     for path in dict.fromkeys(paths):
         run = load_run(path)
         doc = run.doc
-        spec = doc["config"].get("spec", {})
+        spec = run.spec
         git = doc.get("git") or {}
         c = dataclasses.replace(costs, max_running=int(spec.get("max_running", costs.max_running)))
         layout = layout_of(spec)
-        modes = [m for m in MODES if m in doc["config"].get("modes", {})]
+        modes = [m for m in MODES if m in run.mode_configs]
         for mode in modes:
-            cfg = _config_of(doc, mode)
+            cfg = _config_of(run.mode_configs[mode])
             meas = measured(doc, mode)
             pred = predict(c, cfg, layout)
             base = predict_sync(c, cfg, layout, cfg.num_rollout)

@@ -258,13 +258,14 @@ def main(argv: list[str] | None = None) -> int:
             runs.append({**({"pair": f"run{i}"} if keep else {}), "new": True, **one_run(Path(tmp) / f"run{i}", keep)})
             _print_run(i - first, args.runs, runs[-1])
     git = git_info()
+    spread = ranges(runs)
     doc = {
         "command": "python -m harness.advise.validate_runs " + " ".join(argv if argv is not None else sys.argv[1:]),
         "created_utc": utc_now(),
         "git_commit": git["commit"] if git else None,
         "git_dirty": git["dirty"] if git else None,
         "runs": runs,
-        "range": ranges(runs),
+        "range": spread,
         **(
             {"range_new": ranges([r for r in runs if r.get("new")])}
             if any(r.get("new") is False for r in runs) and any(r.get("new") for r in runs)
@@ -274,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
-    r = doc["range"]
+    r = spread
     for k, v in r.items():
         if isinstance(v, dict) and "_growth" in k:
             print(f"{k}: x{v['min']:.2f} .. x{v['max']:.2f} (mean x{v['mean']:.2f}) over {v['n']} run(s)")

@@ -31,6 +31,7 @@ A child that dies fails every waiting future and every later call with
 from __future__ import annotations
 
 import asyncio
+import functools
 import multiprocessing as mp
 import threading
 import time
@@ -225,7 +226,7 @@ class ProcessEngine:
         # a bad request raises here, in the caller; in the child it would end the process
         args = add_request_args(sample, sampling, seed=self.seed, max_seq_len=self.max_seq_len)
         self._ensure_reader()
-        fut = self._loop.create_future()
+        fut = self._bound_loop().create_future()
         if self._dead is not None:
             fut.set_exception(self._dead)
             return fut
@@ -233,7 +234,7 @@ class ProcessEngine:
         self._futures[req_id] = (fut, sample)
         emit_submitted(self.sink, sample, self.weight_version)
         self._send(("add", req_id, *args))
-        fut.add_done_callback(lambda f, rid=req_id: self._on_done(f, rid))
+        fut.add_done_callback(functools.partial(self._on_done, req_id=req_id))
         return fut
 
     async def pause_generation(self, mode: str) -> None:
@@ -283,7 +284,7 @@ class ProcessEngine:
         if self._dead is not None:
             raise self._dead
         call_id, self._next_id = self._next_id, self._next_id + 1
-        fut = self._loop.create_future()
+        fut = self._bound_loop().create_future()
         self._calls[call_id] = fut
         self._send((kind, call_id, *args))
         return await fut
@@ -296,7 +297,7 @@ class ProcessEngine:
             self._reader.start()
 
     def _read(self) -> None:
-        loop = self._loop
+        loop = self._bound_loop()
         try:
             while True:
                 msg = self._conn.recv()
@@ -359,6 +360,10 @@ class ProcessEngine:
             )
             emit_finished(self.sink, s)
             fut.set_result(s)
+
+    def _bound_loop(self) -> asyncio.AbstractEventLoop:
+        assert self._loop is not None, "_ensure_reader binds the loop before the first call"
+        return self._loop
 
     def _on_done(self, fut: asyncio.Future, req_id: int) -> None:
         if fut.cancelled() and self._futures.pop(req_id, None) is not None and self._dead is None:

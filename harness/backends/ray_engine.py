@@ -82,6 +82,7 @@ start-up, which is measured (``startup``) and happens before the timed window.
 from __future__ import annotations
 
 import asyncio
+import functools
 import heapq
 import os
 import threading
@@ -434,12 +435,12 @@ class RayEngineGroup:
         args = add_request_args(sample, sampling, seed=self.seed, max_seq_len=self.max_seq_len)
         self._ensure_started()
         i = self.router.pick(self.live())
-        fut = self._loop.create_future()
+        fut = self._bound_loop().create_future()
         req_id, self._next_id = self._next_id, self._next_id + 1
         self._futures[req_id] = (fut, sample, i)
         emit_submitted(self.sink, sample, self.weight_version, engine=i)
         self._queue(i, ("add", req_id, *args))
-        fut.add_done_callback(lambda f, rid=req_id: self._on_done(f, rid))
+        fut.add_done_callback(functools.partial(self._on_done, req_id=req_id))
         return fut
 
     async def pause_generation(self, mode: str) -> None:
@@ -541,7 +542,7 @@ class RayEngineGroup:
         self._pending[i].append(cmd)
         if not self._flush_scheduled:
             self._flush_scheduled = True
-            self._loop.call_soon(self._flush)
+            self._bound_loop().call_soon(self._flush)
 
     def _flush(self) -> None:
         self._flush_scheduled = False
@@ -552,7 +553,7 @@ class RayEngineGroup:
 
     def _new_call(self, i: int) -> tuple[int, asyncio.Future]:
         call_id, self._next_id = self._next_id, self._next_id + 1
-        fut = self._loop.create_future()
+        fut = self._bound_loop().create_future()
         self._calls[call_id] = (fut, i)
         return call_id, fut
 
@@ -627,6 +628,10 @@ class RayEngineGroup:
             if self.sink.enabled:
                 emit_finished(_Tagged(self.sink, i), s)
             fut.set_result(s)
+
+    def _bound_loop(self) -> asyncio.AbstractEventLoop:
+        assert self._loop is not None, "_ensure_started binds the loop before the first call"
+        return self._loop
 
     def _on_done(self, fut: asyncio.Future, req_id: int) -> None:
         if not fut.cancelled():

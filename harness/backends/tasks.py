@@ -64,11 +64,17 @@ TINY_TOKENIZER = CharTokenizer(TINY_CHARS)
 
 
 class Task(Protocol):
-    name: str
-    tokenizer: Any
-    eos_token_id: int | None
-    max_new_tokens: int
-    chance_level: float
+    # read-only members, so a frozen dataclass (CopyTask, ArithmeticTask) is a Task
+    @property
+    def name(self) -> str: ...
+    @property
+    def tokenizer(self) -> Any: ...
+    @property
+    def eos_token_id(self) -> int | None: ...
+    @property
+    def max_new_tokens(self) -> int: ...
+    @property
+    def chance_level(self) -> float: ...
 
     def sample_prompts(self, rng: random.Random, k: int) -> list[Sample]: ...
 

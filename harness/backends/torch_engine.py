@@ -54,6 +54,7 @@ and results that follow them, so the trace's order is the engine's order.
 from __future__ import annotations
 
 import asyncio
+import functools
 import collections
 import time
 from dataclasses import dataclass, field
@@ -140,7 +141,13 @@ class EngineCore:
     ) -> None:
         check_request(prompt_tokens, max_new_tokens, temperature, max_seq_len=self.model.max_seq_len)
         gen = torch.Generator().manual_seed(int(seed) % (2**63))
-        self._waiting.append(Request(req_id, list(prompt_tokens), max_new_tokens, float(temperature), gen))
+        self._waiting.append(self._new_request(req_id, list(prompt_tokens), max_new_tokens, float(temperature), gen))
+
+    def _new_request(
+        self, req_id: Any, prompt_tokens: list[int], max_new_tokens: int, temperature: float, gen: torch.Generator
+    ) -> Request:
+        """The queue entry of one request (a subclass's core keeps more per request)."""
+        return Request(req_id, prompt_tokens, max_new_tokens, temperature, gen)
 
     def cancel(self, req_id: Any) -> bool:
         for req in self._waiting:
@@ -188,16 +195,17 @@ class EngineCore:
         return finished
 
     def _admit(self) -> None:
-        admitted = []
+        admitted, slots = [], []
         while self._waiting and len(self._running) < self.max_running:
             req = self._waiting.popleft()
             req.slot = len(self._running)
             self._running.append(req)
             admitted.append(req)
+            slots.append(req.slot)
         if not admitted:
             return
         prefixes = [req.prompt_tokens + req.output_tokens for req in admitted]
-        self.model.prefill([req.slot for req in admitted], [p[:-1] for p in prefixes])  # one batch
+        self.model.prefill(slots, [p[:-1] for p in prefixes])  # one batch
         for req, prefix in zip(admitted, prefixes):
             req.kv_len = len(prefix) - 1
             req.kv_version = self.version
@@ -250,6 +258,7 @@ class EngineCore:
         for i in sorted(indices, reverse=True):
             last = self._running.pop()
             if i < len(self._running):
+                assert last.slot is not None, "a request that stays running holds a slot"
                 self.model.move_slot(last.slot, i)
                 last.slot = i
                 self._running[i] = last
@@ -368,12 +377,12 @@ class TorchEngine:
         # the checks add_request makes, here so a bad request raises in the caller
         args = add_request_args(sample, sampling, seed=self.seed, max_seq_len=self.core.model.max_seq_len)
         self._ensure_started()
-        fut = self._loop.create_future()
+        fut = self._bound_loop().create_future()
         req_id, self._next_id = self._next_id, self._next_id + 1
         self._futures[req_id] = (fut, sample)
         emit_submitted(self.sink, sample, self._submit_version)
         self._thread.post(lambda: self.core.add_request(req_id, *args))
-        fut.add_done_callback(lambda f, rid=req_id: self._on_done(f, rid))
+        fut.add_done_callback(functools.partial(self._on_done, req_id=req_id))
         return fut
 
     async def pause_generation(self, mode: str) -> None:
@@ -429,6 +438,10 @@ class TorchEngine:
         self._ensure_started()
         return await self._thread.call(fn)
 
+    def _bound_loop(self) -> asyncio.AbstractEventLoop:
+        assert self._loop is not None, "_ensure_started binds the loop before the first request"
+        return self._loop
+
     def _on_done(self, fut: asyncio.Future, req_id: int) -> None:
         if fut.cancelled():
             self._futures.pop(req_id, None)
@@ -464,7 +477,7 @@ class TorchEngine:
     def _emit_engine(self, kind: str, **fields: Any) -> None:
         """Stamp an event now, on the engine thread, in the loop's time base
         (``loop.time()`` only reads the loop's monotonic clock), and hand it to the loop."""
-        loop = self._loop
+        loop = self._bound_loop()
         loop.call_soon_threadsafe(self._emit_stamped, kind, fields, loop.time())
 
     def _set_busy(self, busy: bool) -> None:
@@ -475,14 +488,14 @@ class TorchEngine:
 
     def _resolve_all(self, finished: list[FinishedRequest]) -> None:
         if finished:
-            self._loop.call_soon_threadsafe(self._resolve, finished)
+            self._bound_loop().call_soon_threadsafe(self._resolve, finished)
 
     def _step(self) -> None:  # one iteration of the batch (EngineThread runs it between commands)
         self._set_busy(True)
         self._resolve_all(self.core.step())
 
     def _on_thread_error(self, exc: BaseException) -> None:
-        self._loop.call_soon_threadsafe(self._fail_all, exc)
+        self._bound_loop().call_soon_threadsafe(self._fail_all, exc)
 
 
 def _ignore(*args: Any, **kwargs: Any) -> None:

@@ -238,7 +238,7 @@ class TinyLM(nn.Module, EngineModel):
         self.v_cache: torch.Tensor | None = None
 
     @property
-    def module(self) -> nn.Module:  # type: ignore[override]
+    def module(self) -> nn.Module:
         return self
 
     def head(self, x: torch.Tensor) -> torch.Tensor:
@@ -279,8 +279,13 @@ class TinyLM(nn.Module, EngineModel):
         self.rows = torch.arange(n_slots, device=self.device)
 
     def grow_cache(self, seq_len: int) -> None:
-        self.k_cache = _widen(self.k_cache, 3, min(seq_len, self.max_seq_len))
-        self.v_cache = _widen(self.v_cache, 3, min(seq_len, self.max_seq_len))
+        k_cache, v_cache = self._kv()
+        self.k_cache = _widen(k_cache, 3, min(seq_len, self.max_seq_len))
+        self.v_cache = _widen(v_cache, 3, min(seq_len, self.max_seq_len))
+
+    def _kv(self) -> tuple[torch.Tensor, torch.Tensor]:
+        assert self.k_cache is not None and self.v_cache is not None, "alloc_cache first"
+        return self.k_cache, self.v_cache
 
     def cache_len(self) -> int:
         return 0 if self.k_cache is None else self.k_cache.shape[3]
@@ -291,14 +296,16 @@ class TinyLM(nn.Module, EngineModel):
         if ids is None:
             return
         _, kvs = self.forward(ids, mask, return_kv=True)
+        k_cache, v_cache = self._kv()
         for layer, (k, v) in enumerate(kvs):
             for row, (slot, n) in enumerate(zip(slots, lens)):
-                self.k_cache[layer, slot, :, :n] = k[row, :, :n]
-                self.v_cache[layer, slot, :, :n] = v[row, :, :n]
+                k_cache[layer, slot, :, :n] = k[row, :, :n]
+                v_cache[layer, slot, :, :n] = v[row, :, :n]
 
     def move_slot(self, src: int, dst: int) -> None:
-        self.k_cache[:, dst] = self.k_cache[:, src]
-        self.v_cache[:, dst] = self.v_cache[:, src]
+        k_cache, v_cache = self._kv()
+        k_cache[:, dst] = k_cache[:, src]
+        v_cache[:, dst] = v_cache[:, src]
 
     @torch.no_grad()
     def decode(self, positions: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -310,9 +317,10 @@ class TinyLM(nn.Module, EngineModel):
         keep = torch.arange(span, device=self.device).view(1, -1) <= positions.view(-1, 1)
         mask = keep.view(-1, 1, 1, span)
         x = self.embed(tokens.view(-1, 1))
+        k_cache, v_cache = self._kv()
         for layer, blk in enumerate(self.blocks):
             q, k, v = blk.qkv(x, cos, sin)
-            kc, vc = self.k_cache[layer], self.v_cache[layer]
+            kc, vc = k_cache[layer], v_cache[layer]
             kc[rows, :, positions] = k[:, :, 0]
             vc[rows, :, positions] = v[:, :, 0]
             out = attention(q, kc[:b, :, :span], vc[:b, :, :span], mask, self.cfg.attn_impl)

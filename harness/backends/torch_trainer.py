@@ -128,7 +128,8 @@ class TorchTrainer:
     def train_step(self, groups: list[Any]) -> dict[str, float]:
         cfg = self.config
         samples, advantages = self._samples_and_advantages(groups)
-        rewards = [s.reward for s in samples]
+        rewards = [s.reward for s in samples if s.reward is not None]
+        assert len(rewards) == len(samples), "_samples_and_advantages refuses a sample without a reward"
         trainable = [(s, a) for s, a in zip(samples, advantages) if s.response_tokens]
         self.model.module.train()
         self.optimizer.zero_grad(set_to_none=True)
@@ -151,7 +152,9 @@ class TorchTrainer:
             missing = [s.index for s in members if s.reward is None]
             if missing:
                 raise ValueError(f"samples {missing} reached the trainer without a reward; score them first.")
-            advantages += grpo_advantages(torch.tensor([float(s.reward) for s in members])).tolist()
+            advantages += grpo_advantages(
+                torch.tensor([float(s.reward) for s in members if s.reward is not None])
+            ).tolist()
             samples += members
         if not samples:
             raise ValueError("train_step got no samples")

@@ -36,7 +36,8 @@ import asyncio
 import re
 import traceback
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from collections.abc import Sized
+from typing import Any, Callable, TypeGuard
 
 import hypothesis.strategies as st
 from hypothesis import HealthCheck, Phase
@@ -59,6 +60,7 @@ from miles_async_core.config import AsyncConfig
 from miles_async_core.types import (
     DataBufferConstructorInput,
     DataBufferInput,
+    Group,
     Sample,
     Status,
     first_sample,
@@ -142,7 +144,7 @@ class DynamicFilterOutput:
     reason: str | None = None
 
 
-def conformance_filter(args: Any, group: Any) -> Any:
+def conformance_filter(args: argparse.Namespace, group: Group) -> bool | DynamicFilterOutput | None:
     """Decides from a mark on the group's first sample, in every form Miles accepts; an
     unmarked group is kept. ``None`` is a reject (``keep=None``, `filter_hub/base_types.py:L17-L19`)."""
     mark = first_sample(group).metadata.get(FILTER_KEY)
@@ -214,7 +216,9 @@ def samples() -> st.SearchStrategy[Sample]:
 
 
 @st.composite
-def buffer_inputs(draw: Any, n_samples_per_prompt: int | None = None, version: int | None = None) -> DataBufferInput:
+def buffer_inputs(
+    draw: st.DrawFn, n_samples_per_prompt: int | None = None, version: int | None = None
+) -> DataBufferInput:
     """A well-formed ``DataBufferInput`` (flat or nested, completed, aborted or marked
     for the conformance filter), unique sample indices, versions at most ``version``."""
     n = n_samples_per_prompt or draw(st.integers(1, _MAX_N))
@@ -262,7 +266,7 @@ def build_group(spec: GroupSpec, gid: int, version: int, n: int) -> GroupRecord:
         )
         for i in range(n)
     ]
-    group: Any = prompt
+    group: Group = prompt
     flat = list(prompt)
     if spec.turns is not None:
         turns = [
@@ -281,7 +285,8 @@ def build_group(spec: GroupSpec, gid: int, version: int, n: int) -> GroupRecord:
         flat[spec.aborted_at % len(flat)].status = Status.ABORTED
     if spec.filter_mark is not None:
         prompt[0].metadata[FILTER_KEY] = spec.filter_mark
-    reason = spec.filter_mark[2] if spec.kind == "filtered" and spec.filter_mark[1] == "output" else None
+    mark = spec.filter_mark
+    reason = mark[2] if spec.kind == "filtered" and mark is not None and mark[1] == "output" else None
     oldest = oracle_oldest_version(flat)
     shape = "nested" if spec.turns is not None else "flat"
     desc = f"g{gid} ({spec.kind}, {shape}, oldest version {oldest})"
@@ -299,6 +304,11 @@ class Op:
     context: dict = field(default_factory=dict)
     started: bool = False
     finished: bool = False
+
+    @property
+    def rec(self) -> GroupRecord:
+        assert self.record is not None, "a put carries its group"
+        return self.record
 
 
 @dataclass
@@ -368,7 +378,8 @@ class BufferMachine(RuleBasedStateMachine):
             **cfg.to_dict(), dynamic_sampling_filter=conformance_filter if with_filter else None
         )
         self.n, self.capacity, self.max_staleness = n_samples_per_prompt, cfg.capacity, max_weight_staleness
-        self.with_filter, self.version, self.last_seen_version = with_filter, start_version, None
+        self.with_filter, self.version = with_filter, start_version
+        self.last_seen_version: int | None = None
         self.get_arg: int | None = None
         self.next_gid = 0
         self.loop = VirtualTimeLoop()
@@ -422,7 +433,7 @@ class BufferMachine(RuleBasedStateMachine):
         self.groups[rec.gid] = rec
         op = Op("put", record=rec)
         self._log(f"-- put {rec.desc}{'' if settle else ' (scheduled, not yet run)'}")
-        op.task = self.loop.create_task(self._put_op(op))
+        op.task = self._running_loop().create_task(self._put_op(op))
         self.ops.append(op)
         self._after_start(settle)
 
@@ -438,7 +449,7 @@ class BufferMachine(RuleBasedStateMachine):
             f"-- get(current_version={arg}{', rollout_id=7, unknown_key=...' if extra_context else ''})"
             f"{'' if settle else ' (scheduled, not yet run)'}"
         )
-        op.task = self.loop.create_task(self._get_op(op))
+        op.task = self._running_loop().create_task(self._get_op(op))
         self.ops.append(op)
         self._after_start(settle)
 
@@ -457,8 +468,9 @@ class BufferMachine(RuleBasedStateMachine):
     def cancel_blocked(self, pick: int) -> None:
         blocked = [op for op in self.ops if op.started and not op.finished]
         op = blocked[pick % len(blocked)]
-        what = f"put {op.record.desc}" if op.kind == "put" else f"get(current_version={op.arg})"
+        what = f"put {op.rec.desc}" if op.kind == "put" else f"get(current_version={op.arg})"
         self._log(f"-- cancel blocked {what}")
+        assert op.task is not None, "a started op has its task"
         op.task.cancel()
         self._settle()
 
@@ -489,7 +501,7 @@ class BufferMachine(RuleBasedStateMachine):
 
     def _check_put_blocks_iff_full(self) -> None:
         for op in self._blocked("put"):
-            rec = op.record
+            rec = op.rec
             if rec.kind != "completed":
                 return self._violate(
                     "put_blocks_iff_full", f"put of {rec.desc} is blocked; a rejected group never blocks"
@@ -612,7 +624,7 @@ class BufferMachine(RuleBasedStateMachine):
     # -- operation wrappers (log every boundary, replay it into the model) ------------------------
 
     async def _put_op(self, op: Op) -> None:
-        rec = op.record
+        rec = op.rec
         op.started, rec.state = True, "putting"
         self.totals["tried"] += 1
         self._log(f"   put {rec.desc} started")
@@ -805,16 +817,18 @@ class BufferMachine(RuleBasedStateMachine):
 
     # -- helpers -------------------------------------------------------------------------------------
 
-    def _is_stale(self, s: int | None) -> bool:
+    def _is_stale(self, s: int | None) -> TypeGuard[int]:
         return s is not None and self.max_staleness is not None and s > self.max_staleness
 
     def _blocked(self, kind: str) -> list[Op]:
         return [op for op in self.ops if op.kind == kind and op.started and not op.finished]
 
     def _impl_len(self) -> int | None:
-        if not hasattr(type(self.buffer), "__len__"):
-            return None
-        return len(self.buffer)
+        return len(self.buffer) if isinstance(self.buffer, Sized) else None
+
+    def _running_loop(self) -> VirtualTimeLoop:
+        assert self.loop is not None, "the machine's loop is made in its initialize rule"
+        return self.loop
 
     def _after_start(self, settle: bool) -> None:
         if settle:
@@ -824,11 +838,11 @@ class BufferMachine(RuleBasedStateMachine):
 
     def _run_ready(self) -> bool:
         """Run the loop until no callback is ready; False if it never got there."""
-        loop = self.loop
+        loop = self._running_loop()
         for _ in range(MAX_LOOP_ITERATIONS):
             loop.call_soon(loop.stop)
             loop.run_forever()
-            if not loop._ready:  # noqa: SLF001 - asyncio's ready queue: the one quiescence signal
+            if not loop._ready:  # type: ignore[attr-defined]  # noqa: SLF001 - asyncio's ready queue: the one quiescence signal
                 return True
         return False
 

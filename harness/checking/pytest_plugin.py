@@ -37,7 +37,7 @@ import importlib
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import pytest
 
@@ -88,7 +88,7 @@ def _usage(value: str, problem: str, fix: str) -> pytest.UsageError:
     )
 
 
-def resolve_factory(value: str) -> Callable[..., Any]:
+def resolve_factory(value: str) -> Callable[..., object]:
     """Import ``package.module:factory`` (the attribute may be dotted: ``mod:Class.make``)."""
     module_name, sep, attr = value.partition(":")
     if (
@@ -113,7 +113,7 @@ def resolve_factory(value: str) -> Callable[..., Any]:
             f"module {module_name!r} cannot be imported ({e})",
             "run pytest from the directory holding it or add that directory to PYTHONPATH",
         ) from e
-    obj: Any = module
+    obj: object = module
     for part in attr.split("."):
         if not hasattr(obj, part):
             raise _usage(value, f"{module_name} has no attribute {attr!r}", "check the factory's name")
@@ -143,7 +143,7 @@ def pytest_report_header(config: pytest.Config) -> str:
 
 
 @pytest.fixture
-def data_buffer_factory(pytestconfig: pytest.Config) -> Callable[..., Any]:
+def data_buffer_factory(pytestconfig: pytest.Config) -> Callable[..., object]:
     """The ``DataBuffer`` factory named by ``--data-buffer``, else ``DefaultDataBuffer``."""
     factory = getattr(pytestconfig, "_miles_data_buffer_factory", None)
     if factory is None:

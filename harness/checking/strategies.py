@@ -152,7 +152,7 @@ def run_cases(
 ) -> RunCase:
     cfg = draw(configs(fully_async=fully_async, driver=driver))
     if faults:
-        schedule = draw(fault_schedules(cfg, FAULT_KINDS if faults is True else faults))
+        schedule = draw(fault_schedules(cfg, faults if isinstance(faults, tuple) else FAULT_KINDS))
     else:
         schedule = FaultSchedule()
     scenario = Scenario(
@@ -178,14 +178,14 @@ def violations(outcome: RunOutcome, case: RunCase) -> list[Violation]:
     return out
 
 
-def property_settings(max_examples: int, **overrides: object) -> settings:
+def property_settings(max_examples: int) -> settings:
     """Settings for a whole-run property: the profile picked by ``HYPOTHESIS_PROFILE`` (the
     plugin registers ``miles-harness-dev``/``-ci``/``-nightly``) with ``max_examples`` scaled by its
     budget relative to hypothesis' default 100; if that profile is not registered, a
     ``ci``-like one (derandomized, no deadline, ``print_blob``)."""
     name = os.environ.get("HYPOTHESIS_PROFILE")
     try:
-        base = settings.get_profile(name) if name else settings.default
+        base = settings.get_profile(name) if name else settings()  # settings() is the loaded profile
     except InvalidArgument:
         base = settings(derandomize=True, database=None, print_blob=True)
     scale = max(0.1, base.max_examples / 100)
@@ -194,5 +194,4 @@ def property_settings(max_examples: int, **overrides: object) -> settings:
         max_examples=max(1, int(max_examples * scale)),
         deadline=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large],
-        **overrides,
     )

@@ -153,13 +153,17 @@ def main(args: argparse.Namespace) -> int:
     layout = Layout(engines=args.engines, gpus_per_engine=args.gpus_per_engine, trainer_gpus=args.trainer_gpus)
     check_layout(layout, config, args.profile)  # refuse before loading or simulating anything
     costs = load_costs(args.costs)
-    out: dict[str, Any] = {
+    prediction = predict(costs, config, layout, profile=args.profile)
+    recommendation = (
+        recommend(costs, config, layout, args.target, base_lr=args.lr, profile=args.profile) if args.target else None
+    )
+    out: dict[str, object] = {
         "costs": args.costs,
-        "prediction": predict(costs, config, layout, profile=args.profile),
+        "prediction": prediction,
         "calibration_validation": costs.fit.get("validation"),
     }
-    if args.target:
-        out["recommendation"] = recommend(costs, config, layout, args.target, base_lr=args.lr, profile=args.profile)
+    if recommendation is not None:
+        out["recommendation"] = recommendation
     if args.plot:
         rows = sweep_engines(costs, config, layout, engine_counts(layout.engines))
         out["engines_sweep"] = rows
@@ -171,13 +175,13 @@ def main(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(out, indent=1, sort_keys=True, default=str))
         return 0
-    print(format_prediction(out["prediction"]))
+    print(format_prediction(prediction))
     accuracy = format_validation(costs.fit.get("validation"))
     if accuracy:
         print(accuracy)
-    if "recommendation" in out:
+    if recommendation is not None:
         print()
-        print(format_recommendation(out["recommendation"]))
+        print(format_recommendation(recommendation))
     if "plot" in out:
         print(f"\nwrote {out['plot']}")
     return 0

@@ -28,7 +28,7 @@ from harness.results.rank_test import (
     load_history,
     parse_threshold,
 )
-from harness.results.schema import load_any
+from harness.results.schema import Results, load_any
 from miles_async_core.errors import ConfigError
 
 
@@ -89,7 +89,7 @@ def main(args: argparse.Namespace) -> int:
         )
     fmt = format_markdown if args.markdown else format_table
     status = 0
-    pairs = []
+    pairs: list[tuple[Results, str, tuple[str, ...], str]] = []  # (base, its label, notes, NEW file)
     if args.history is None:
         base = load_any(args.files[0])
         pairs = [(base, args.files[0], (), path) for path in args.files[1:]]

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from miles_async_core.errors import ConfigError
 
 if TYPE_CHECKING:
+    from harness.measure.kernel_ablation import AblationConfig
     from harness.measure.telemetry import TelemetrySampler
 
 
@@ -106,9 +107,12 @@ def main(args: argparse.Namespace) -> int:
     return 1 if not_zero else 0
 
 
-def write_outputs(out: Path, cfg: Any, model_name: str, rows: list[dict[str, Any]], *, wall_s: float) -> list[Path]:
+def write_outputs(
+    out: Path, cfg: AblationConfig, model_name: str, rows: list[dict[str, Any]], *, wall_s: float
+) -> list[Path]:
     from harness.measure.kernel_ablation import format_table
     from harness.results.schema import Results
+    from harness.typing_aliases import to_json
 
     res = Results.new(
         "gap",
@@ -137,7 +141,7 @@ def write_outputs(out: Path, cfg: Any, model_name: str, rows: list[dict[str, Any
                     "trainer": r["trainer"],
                 },
             )
-    res.extra["table"] = rows
+    res.extra["table"] = to_json(rows)
     res.extra["wall_s"] = wall_s
     out.mkdir(parents=True, exist_ok=True)
     table = out / "gap_table.md"

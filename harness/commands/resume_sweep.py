@@ -22,9 +22,12 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from miles_async_core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from harness.sim.resume_sweep import Host
 
 HOSTS = ("core", "upstream")
 
@@ -40,7 +43,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", default=None, help="write the summary and every case's row to this file")
 
 
-def host_of(name: str, miles_src: str | None = None, exactly_once: bool = False) -> Any:
+def host_of(name: str, miles_src: str | None = None, exactly_once: bool = False) -> Host:
     from harness.sim.resume_sweep import core_host
 
     if name == "core":

@@ -11,6 +11,7 @@ writes the trace (JSONL, ``miles-harness check-trace`` reads it) and
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import signal
 import threading
@@ -57,19 +58,19 @@ def main(args: argparse.Namespace) -> int:
     from harness.serve.pacing import Pacing
     from harness.serve.server import RunningServer, build_engine
 
-    kwargs = {"eos_token_id": None} if args.no_eos else {}
     pacing = Pacing(
         decode_tokens_per_s=args.pace_decode_tokens_per_s, prefill_tokens_per_s=args.pace_prefill_tokens_per_s
     )
-    engine = build_engine(
+    build = functools.partial(
+        build_engine,
         args.model,
         seed=args.seed,
         max_running=args.max_running,
         weight_version=args.weight_version,
         context_length=args.context_length,
         pacing=pacing,
-        **kwargs,
     )
+    engine = build(eos_token_id=None) if args.no_eos else build()
     served = RunningServer(engine, bind=args.host, port=args.port).start()
     paced = (
         f", paced: {pacing.decode_tokens_per_s} decode / {pacing.prefill_tokens_per_s} prefill tokens/s"

@@ -36,7 +36,8 @@ def cores(before: dict[str, Any], after: dict[str, Any], wall_s: float) -> dict[
 
     main = rate(before["main"], after["main"])
     per_engine = [rate(a, b) for a, b in zip(before["engines"], after["engines"])]
-    engines = None if any(x is None for x in per_engine) else sum(per_engine)
+    known = [x for x in per_engine if x is not None]
+    engines = sum(known) if len(known) == len(per_engine) else None
     total = None if main is None or engines is None else main + engines
     return {
         "cpu_cores_main": main,

@@ -166,6 +166,7 @@ def decompose_samples(
     for s, gen, cur in zip(todo, generating, current):
         assert not torch.isnan(gen).any(), "every token was scored by its generating version"
         oldest = s.token_versions.oldest
+        assert oldest is not None, "a sample with response tokens has their versions (_check_sample)"
         meta = {
             "step": step,
             "age": current_version - oldest,

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -98,6 +99,7 @@ class ModelSource:
     """Builds the same weights in any dtype / attention implementation, and the prompts."""
 
     default_attn = "sdpa"
+    name: str  # shown in the gap table and stored in the results file
 
     def build(self, dtype: str, attn_impl: str) -> EngineModel:
         raise NotImplementedError
@@ -403,7 +405,7 @@ class Ablation:
                     self._guarded(
                         f"sdpa {backend} {d}",
                         backend,
-                        lambda d=d, b=backend: self.paired("attention", f"sdpa {b} {d}", dtype=d, attn="sdpa"),
+                        functools.partial(self.paired, "attention", f"sdpa {backend} {d}", dtype=d, attn="sdpa"),
                     )
                 )
         rows.append(self.paired("batch", "alone", alone=True))

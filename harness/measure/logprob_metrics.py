@@ -335,6 +335,7 @@ def compute_mis_weights(
         rs_upper_bound=rs_upper_bound,
         rs_veto_threshold=rs_veto_threshold,
     )
+    assert tis_upper_bound is not None, "_validate_mis_args refuses a missing tis_upper_bound"
     metrics: dict[str, list[torch.Tensor]] = {}
     for t, r, m in zip(train, rollout, loss_masks):
         add_ppl_metrics(t, r, m, metrics)

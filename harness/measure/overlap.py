@@ -103,7 +103,7 @@ def total_sorted(iv: list[Interval], ends: list[float], window: Interval) -> flo
     same sum over the intervals that reach into the window alone (the others add 0), found
     by bisection, so many short windows cost O(log n) each instead of a pass over ``iv``."""
     lo, hi = window
-    covered = 0
+    covered = 0.0
     for a, b in iv[bisect.bisect_left(ends, lo) :]:
         if a >= hi:
             break

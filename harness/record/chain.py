@@ -52,7 +52,7 @@ RECORDER_PATHS = {
 }
 
 
-def _config_file() -> dict[str, Any]:
+def _config_file() -> dict[str, str]:
     path = os.environ.get(CONFIG_ENV)
     if not path:
         return {}
@@ -65,7 +65,11 @@ def _config_file() -> dict[str, Any]:
             '{"inner": {"generate": "pkg.module.fn", ...}}. Fix: correct the file or unset it'
         ) from None
     inner = doc.get("inner", {}) if isinstance(doc, dict) else None
-    if not isinstance(inner, dict) or set(inner) - set(EXTENSION_POINTS):
+    if (
+        not isinstance(inner, dict)
+        or set(inner) - set(EXTENSION_POINTS)
+        or not all(isinstance(v, str) for v in inner.values())
+    ):
         raise ConfigError(
             f'{CONFIG_ENV}={path}: "inner" must map names in {sorted(EXTENSION_POINTS)} to '
             f"import paths; got {str(inner)[:120]!r}. Fix: correct the names"

@@ -37,7 +37,7 @@ import json
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 from miles_async_core import events as ev
 from miles_async_core.errors import ConfigError
@@ -46,6 +46,10 @@ from harness.trace import Event
 
 from .wrappers import GENERATE_BEGIN, GENERATE_CALL
 from .writer import PROCESS
+
+if TYPE_CHECKING:
+    from harness.checking.invariants.base import Violation
+    from miles_async_core.config import AsyncConfig
 
 MERGED_NAME = "merged.jsonl"
 JOIN_SLACK_S = 0.05  # clock slack of the request-in-call window (processes on one host share the clock)
@@ -113,10 +117,36 @@ class ProcessFile:
         return str(self.header.get("role", "?"))
 
 
+class ProcessSummary(TypedDict):
+    """One merged process file, as ``check-trace --merge`` lists it."""
+
+    file: str
+    role: str
+    pid: int | None
+    host: str | None
+    events: int
+    truncated: bool  # its last line was cut short and dropped
+    life: NotRequired[int]  # with lives only
+
+
+def _summary(pf: ProcessFile, life: int | None) -> ProcessSummary:
+    out: ProcessSummary = {
+        "file": pf.path.name,
+        "role": pf.role,
+        "pid": pf.header.get("pid"),
+        "host": pf.header.get("host"),
+        "events": len(pf.lines),
+        "truncated": pf.truncated,
+    }
+    if life is not None:
+        out["life"] = life
+    return out
+
+
 @dataclass
 class Merged:
     events: list[Event]
-    processes: list[dict[str, Any]]
+    processes: list[ProcessSummary]
     truncated: list[str] = field(default_factory=list)
     join: dict[str, int] = field(default_factory=dict)
     bytes_total: int = 0
@@ -379,7 +409,7 @@ def merge_dir(directory: str | Path, *, incomplete: bool = False) -> Merged:
         rows = _merge_life(files, stats)
     else:
         rows = []
-        saved: dict[int, Any] = {}  # model checkpoint rollout -> the version its weights were served as
+        saved: dict[int, object] = {}  # model checkpoint rollout -> the version its weights were served as
         for number, life_files in enumerate(lives):
             rows += _life_rows(
                 number, _merge_life(life_files, stats), last=number == len(lives) - 1, files=life_files, saved=saved
@@ -387,18 +417,7 @@ def merge_dir(directory: str | Path, *, incomplete: bool = False) -> Merged:
     t_first = rows[0][0] if rows else 0.0
     events = [Event(seq, t - t_first, kind, fields) for seq, (t, kind, fields) in enumerate(rows)]
     life_of = {id(pf): n for n, life in enumerate(lives) for pf in life} if len(lives) > 1 else {}
-    procs = [
-        {
-            "file": pf.path.name,
-            "role": pf.role,
-            "pid": pf.header.get("pid"),
-            "host": pf.header.get("host"),
-            "events": len(pf.lines),
-            "truncated": pf.truncated,
-            **({"life": life_of[id(pf)]} if life_of else {}),
-        }
-        for pf in files
-    ]
+    procs = [_summary(pf, life_of.get(id(pf))) for pf in files]
     return Merged(
         events=events,
         processes=procs,
@@ -440,7 +459,7 @@ def _life_rows(
     *,
     last: bool,
     files: list[ProcessFile],
-    saved: dict[int, Any],
+    saved: dict[int, object],
 ) -> list[tuple[float, str, dict[str, Any]]]:
     """One life's events with ``life``, opened by ``life_start`` (``start_rollout_id``: the
     loaded model checkpoint's rollout + 1, as Megatron resumes, else 0; ``loaded_version``:
@@ -508,7 +527,24 @@ def _merge_life(files: list[ProcessFile], stats: dict[str, int]) -> list[tuple[f
     return out
 
 
-def verdict(merged: Merged, config: Any, *, complete: bool) -> dict[str, Any]:
+class LivesSkipped(TypedDict):
+    lives: list[int]  # the lives a checker could not run on
+    lacking: list[str]  # the event kinds they lack
+
+
+class Verdict(TypedDict):
+    """``verdict``'s answer: violations by checker, the checkers that could not run and why."""
+
+    ran: dict[str, int]  # checker -> violations found
+    violations: dict[str, list[Violation]]
+    lacking: dict[str, list[str]]  # checker -> the event kinds the trace lacks
+    not_for_config: list[str]
+    passed: bool
+    lives: NotRequired[int]  # with lives only
+    not_run_on_lives: NotRequired[dict[str, LivesSkipped]]
+
+
+def verdict(merged: Merged, config: AsyncConfig, *, complete: bool) -> Verdict:
     """Every checker that applies to ``config``: run when the kinds it reads are in the
     merged trace, else listed as not applicable with the kinds it lacks. With lives, a
     checker of one run (its group indices restart from the restored cursor in each life)
@@ -517,9 +553,9 @@ def verdict(merged: Merged, config: Any, *, complete: bool) -> dict[str, Any]:
     from harness.checking.invariants import ALL_CHECKS, applicable
     from harness.checking.invariants import resume  # noqa: F401  (registers the resume checkers)
 
-    ran: dict[str, list[Any]] = {}
+    ran: dict[str, list[Violation]] = {}
     lacking: dict[str, list[str]] = {}
-    skipped: dict[str, dict[str, list[Any]]] = {}  # with lives: checker -> the lives it could not run on, why
+    skipped: dict[str, LivesSkipped] = {}  # with lives: checker -> the lives it could not run on, why
     lives = _by_life(merged.events) if any(e.kind == ev.LIFE_START for e in merged.events) else [merged.events]
     for check in applicable(config, complete=complete, events=merged.events):
         if check.name in NOT_IN_A_RECORD:
@@ -530,14 +566,14 @@ def verdict(merged: Merged, config: Any, *, complete: bool) -> dict[str, Any]:
             if len(lives) == 1 or check.applies_to_trace is not None
             else [(n, evs) for n, evs in enumerate(lives) if n == len(lives) - 1 or not check.needs_complete_run]
         )
-        found: list[Any] = []
+        found: list[Violation] = []
         done = 0
         for n, evs in parts:
             present = {e.kind for e in evs}
             missing = [k for k in REQUIRES.get(check.name, ()) if k not in present]
             if missing:
                 lacking.setdefault(check.name, missing)
-                skip = skipped.setdefault(check.name, {"lives": [], "lacking": missing})
+                skip = skipped.setdefault(check.name, LivesSkipped(lives=[], lacking=missing))
                 skip["lives"].append(n)
                 continue
             found += check.fn(evs, _life_config(config, evs) if len(parts) > 1 or len(lives) > 1 else config)
@@ -546,7 +582,7 @@ def verdict(merged: Merged, config: Any, *, complete: bool) -> dict[str, Any]:
             ran[check.name] = found
             lacking.pop(check.name, None)
     off = [name for name in ALL_CHECKS if name not in ran and name not in lacking]
-    out = {
+    out: Verdict = {
         "ran": {k: len(v) for k, v in ran.items()},
         "violations": ran,
         "lacking": lacking,
@@ -559,7 +595,7 @@ def verdict(merged: Merged, config: Any, *, complete: bool) -> dict[str, Any]:
     return out
 
 
-def _life_config(config: Any, events: list[Event]) -> Any:
+def _life_config(config: AsyncConfig, events: list[Event]) -> AsyncConfig:
     """The config one life ran under: its ``start_rollout_id`` is where it started."""
     start = next((e for e in events if e.kind == ev.LIFE_START), None)
     if start is None or start.fields.get("start_rollout_id") is None or events is None:

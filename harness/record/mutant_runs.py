@@ -16,11 +16,15 @@ import argparse
 import json
 import sys
 import tempfile
+from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
 from harness.serve.upstream_e2e import STANDARD_RUNS, E2EConfig
+
+if TYPE_CHECKING:
+    from harness.upstream.patching import UpstreamMutant
 
 ONE_STEP, FA_RETRACT, FA_IN_PLACE = STANDARD_RUNS
 # without over-sampling each get_samples call takes B groups, so a scheduler that admits
@@ -52,7 +56,7 @@ SMALL_BUFFER = {"async_data_buffer_capacity_factor": 0.25}  # C = 1 group: put w
 STRICT = {"max_weight_staleness": 0}  # every group that spans an update is stale: the handler runs
 
 # bug -> (base run, extra Miles args fields)
-REAL_TIME_CASES: dict[str, tuple[E2EConfig, dict[str, Any]]] = {
+REAL_TIME_CASES: dict[str, tuple[E2EConfig, Mapping[str, float]]] = {
     "buffer_capacity_off_by_one": (FA_SLOW_TRAINER, SMALL_BUFFER),
     "buffer_lifo": (FA_LOCKSTEP, {}),
     "staleness_bound_off_by_one": (FA_WIDE, {}),
@@ -74,7 +78,7 @@ NOT_IN_REAL_TIME: dict[str, str] = {
 }
 
 
-def _activate(mutant: Any, miles_src: str | None) -> None:
+def _activate(mutant: UpstreamMutant, miles_src: str | None) -> None:
     """The upstream tree active and the modules the bug patches imported (``applied``
     patches live modules)."""
     import importlib
@@ -90,7 +94,38 @@ def _activate(mutant: Any, miles_src: str | None) -> None:
             importlib.import_module(patch.path[:-3].replace("/", "."))
 
 
-def run_case(name: str, *, steps: int = 3, miles_src: str | None = None, work: Path | None = None) -> dict[str, Any]:
+class CaseReport(TypedDict):
+    """One seeded bug's recorded run."""
+
+    bug: str
+    run: str
+    extra_flags: Mapping[str, float]
+    error: str | None
+    steps_trained: int
+    checkers_failed: list[str]
+    expected: list[str]
+    caught: bool
+    caught_as_expected: bool
+    lacking: dict[str, list[str]]
+
+
+class CleanReport(TypedDict):
+    """One standard run's recording without a bug."""
+
+    run: str
+    error: str | None
+    steps_trained: int
+    checkers: dict[str, int]  # checker -> violations
+    lacking: dict[str, list[str]]
+    not_for_config: list[str]
+    join: dict[str, int]
+    events: int
+    processes: list[str]
+    record_bytes: int
+    samples_trained: int
+
+
+def run_case(name: str, *, steps: int = 3, miles_src: str | None = None, work: Path | None = None) -> CaseReport:
     from fixtures.upstream_mutants import UPSTREAM_MUTANTS
     from harness.upstream.patching import applied
 
@@ -118,7 +153,7 @@ def run_case(name: str, *, steps: int = 3, miles_src: str | None = None, work: P
     }
 
 
-def run_clean(base: E2EConfig, *, steps: int, miles_src: str | None = None) -> dict[str, Any]:
+def run_clean(base: E2EConfig, *, steps: int, miles_src: str | None = None) -> CleanReport:
     from .served_run import run_recorded
 
     directory = Path(tempfile.mkdtemp(prefix=f"record-{base.name}-"))

@@ -31,7 +31,7 @@ import asyncio
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from harness.serve import upstream_e2e
 
@@ -126,7 +126,7 @@ class ResumableRun(served_run._RecordedRun):
             version=self.weight_version,
         )
 
-    def load_trainer(self, args: Any) -> int:
+    def load_trainer(self, args: argparse.Namespace) -> int:
         """Where this life starts: 0 without a tracker (``--load`` then falls back to the
         unset ``--ref-load``, ``arguments.py:L3049-L3060``), else the tracker's rollout + 1."""
         import torch
@@ -186,7 +186,19 @@ def saw_kill_point(record_dir: Path, kill_after: int) -> bool:
     return False
 
 
-def kill_and_resume(ns: argparse.Namespace, *, timeout_s: float = 480.0) -> dict[str, Any]:
+class KillResumeOutcome(TypedDict):
+    killed: bool
+    life0_returncode: int | None
+    life1_returncode: int | None
+    life1: list[str]  # life 1's last stdout line
+    life1_stderr: str
+    check_returncode: int
+    check_output: str
+    check_stderr: str
+    wall_s: float
+
+
+def kill_and_resume(ns: argparse.Namespace, *, timeout_s: float = 480.0) -> KillResumeOutcome:
     """Life 0 in a child process, SIGKILLed once it has saved the checkpoint of rollout
     ``ns.kill_after`` and trained a later rollout; life 1, the same command, resumes from
     that checkpoint and runs to the end; then ``miles-harness check-trace --merge``."""

@@ -22,12 +22,14 @@ same host's clocks), then ``harness.record.merge`` merges everything into one tr
 from __future__ import annotations
 
 import json
+import argparse
 import os
 import sys
 import time
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harness.serve import upstream_e2e
 from miles_async_core.errors import ConfigError
@@ -35,8 +37,14 @@ from miles_async_core.errors import ConfigError
 from . import recorder_flags
 from .writer import DIR_ENV, close_all, write_foreign_trace
 
+if TYPE_CHECKING:
+    from miles_async_core.config import AsyncConfig
 
-def async_config(cfg: upstream_e2e.E2EConfig) -> Any:
+    from .merge import Merged, Verdict
+    from .miles_shapes import Sample
+
+
+def async_config(cfg: upstream_e2e.E2EConfig) -> AsyncConfig:
     """The run's config as the checkers read it (the fields ``upstream_e2e`` sets)."""
     from miles_async_core.config import AsyncConfig
 
@@ -56,7 +64,7 @@ def async_config(cfg: upstream_e2e.E2EConfig) -> Any:
 
 class _RecordedRun(upstream_e2e._Run):
     record_dir: Path
-    extra_flags: dict[str, Any] = {}
+    extra_flags: dict[str, object] = {}
     install_recorder = True  # False: only extra_flags (a command line's) name the recorder's wrappers
 
     def driver(self) -> Any:
@@ -137,12 +145,14 @@ class _RecordedRun(upstream_e2e._Run):
         super()._check()
 
 
-def skip_default_logging(rollout_id: int, args: Any, samples: Any, metrics: Any, rollout_time: float) -> bool:
+def skip_default_logging(
+    rollout_id: int, args: argparse.Namespace, samples: object, metrics: object, rollout_time: float
+) -> bool:
     """A user's ``--custom-rollout-log-function-path`` that turns upstream's logging off."""
     return True
 
 
-def copy_to_train_data(args: Any, samples: Any) -> dict:
+def copy_to_train_data(args: argparse.Namespace, samples: list[Sample]) -> dict[str, list[object]]:
     """A user's ``--custom-convert-samples-to-train-data-path``: tokens, response lengths,
     rollout log-probs and rewards, copied."""
     return {
@@ -156,10 +166,10 @@ def copy_to_train_data(args: Any, samples: Any) -> dict:
 
 @dataclass
 class RecordedResult:
-    e2e: Any
+    e2e: upstream_e2e.E2EResult
     record_dir: Path
-    merged: Any = None
-    verdict: dict[str, Any] = field(default_factory=dict)
+    merged: Merged
+    verdict: Verdict
 
 
 def run_recorded(
@@ -167,7 +177,7 @@ def run_recorded(
     record_dir: str | Path,
     *,
     miles_src: str | None = None,
-    extra_flags: dict[str, Any] | None = None,
+    extra_flags: Mapping[str, object] | None = None,
     inner: dict[str, str] | None = None,
     install_recorder: bool = True,
     run_class: type | None = None,
@@ -261,7 +271,6 @@ def main(argv: list[str] | None = None) -> int:
     HTTP) with the extension flags of its command line (``--<name>-path VALUE``) set on
     Miles' ``args``, recording into ``$MILES_HARNESS_RECORD_DIR``, as a GPU Miles command
     with the recorder's flags would. Exit 0 when every step trained."""
-    import argparse
 
     p = argparse.ArgumentParser(prog="python -m harness.record.served_run", description=main.__doc__)
     p.add_argument("--num-rollout", type=int, default=2, help="training steps")

@@ -30,10 +30,12 @@ turns into trace events (``harness.record.merge``), and ``train_data`` /
 
 from __future__ import annotations
 
+import argparse
 import inspect
 import os
 import threading
 import time
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from miles_async_core import events as ev
@@ -41,6 +43,8 @@ from miles_async_core import events as ev
 from harness.trace import tokens_digest
 
 from .chain import EXTENSION_POINTS, inner_path, load_inner
+from .miles_shapes import DataBufferConstructorInput, DataBufferInput, GenerateFnInput, GenerateFnOutput, Group
+from .miles_shapes import RolloutFnInput, RolloutFnOutput, Sample
 from .writer import emit
 
 GENERATE_BEGIN = "generate_begin"
@@ -56,13 +60,13 @@ class _ProcessState:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.version: int | None = None
-        self.taken: list[int] | None = None
+        self.taken: list[int | None] | None = None  # Sample.group_index is int | None upstream
         self.drain_open = False
         self.rollout_id: int | None = None
-        self.verdicts: dict[int, str | None] = {}
-        self.filtered: set[int] = set()  # one-step groups the filter dropped during this rollout
+        self.verdicts: dict[int | None, str | None] = {}
+        self.filtered: set[int | None] = set()  # one-step groups the filter dropped during this rollout
 
-    def learn_version(self, version: Any) -> None:
+    def learn_version(self, version: int | None) -> None:
         if version is not None and version != self.version:
             self.version = version
             emit(ev.SET_WEIGHT_VERSION, version=version)
@@ -79,21 +83,21 @@ def reset_state() -> None:
     _GENERATE = None
 
 
-def _status(sample: Any) -> str:
+def _status(sample: Sample) -> str:
     status = getattr(sample, "status", None)
     return str(getattr(status, "value", status)).lower()
 
 
-def _flat(group: Any) -> list[Any]:
+def _flat(group: Iterable[Sample | list[Sample]]) -> list[Sample]:
     return [y for x in group for y in (x if isinstance(x, list) else [x])]
 
 
 # --------------------------------------------------------------------------- generate
 
-_GENERATE: Any = None
+_GENERATE: Callable[[GenerateFnInput], Awaitable[GenerateFnOutput]] | None = None
 
 
-def _inner_generate() -> Any:
+def _inner_generate() -> Callable[[GenerateFnInput], Awaitable[GenerateFnOutput]]:
     global _GENERATE
     if _GENERATE is None:
         from miles.rollout.inference_rollout.compatibility import load_generate_function
@@ -103,7 +107,7 @@ def _inner_generate() -> Any:
     return _GENERATE
 
 
-async def generate(input: Any) -> Any:
+async def generate(input: GenerateFnInput) -> GenerateFnOutput:
     """``--custom-generate-function-path harness.record.generate``: one ``generate_call``
     event per sample the inner generate function returns (its index and group, what the
     round added: tokens, status, the ``weight_version`` entries the engine reported) and
@@ -147,7 +151,7 @@ class RecordingDataSource:
     ``get_samples`` hands out, ``recycled`` for every group ``add_samples`` takes back;
     everything else (``save``, ``load``, ``buffer``, ...) is the inner data source's."""
 
-    def __init__(self, args: Any) -> None:
+    def __init__(self, args: argparse.Namespace) -> None:
         self._inner = load_inner("data_source")(args)
         self._args = args
         self._calls = 0
@@ -159,7 +163,7 @@ class RecordingDataSource:
             raise AttributeError(name)
         return getattr(inner, name)
 
-    def get_samples(self, num_samples: int) -> Any:
+    def get_samples(self, num_samples: int) -> list[list[Sample]]:
         queued = {id(g) for g in getattr(self._inner, "buffer", ())}
         cursor = (getattr(self._inner, "sample_offset", None), getattr(self._inner, "epoch_id", None))
         groups = self._inner.get_samples(num_samples)
@@ -186,13 +190,13 @@ class RecordingDataSource:
                     STATE.taken.append(gi)
         return groups
 
-    def add_samples(self, samples: Any) -> Any:
+    def add_samples(self, samples: list[list[Sample]]) -> object:
         out = self._inner.add_samples(samples)
         for g in samples or []:
             emit(ev.RECYCLED, group_index=g[0].group_index)
         return out
 
-    def _source(self, gi: int, cursor: tuple[Any, Any], k: int) -> dict[str, int]:
+    def _source(self, gi: int, cursor: tuple[int | None, int | None], k: int) -> dict[str, int]:
         """The ``k``-th group this call read from the dataset: its position in the epoch's
         order and the epoch (``RolloutDataSource.get_samples`` reads on from ``sample_offset``
         and wraps into the next epoch, ``data_source.py:L85-L97``); a source group keeps
@@ -206,18 +210,18 @@ class RecordingDataSource:
         self._sources[gi] = (pos % n, epoch + pos // n)
         return {"source_index": pos % n, "epoch": epoch + pos // n}
 
-    def _state(self) -> dict[str, Any]:
+    def _state(self) -> dict[str, object]:
         inner = self._inner
         return {k: getattr(inner, k, None) for k in ("sample_offset", "epoch_id", "sample_group_index", "sample_index")}
 
-    def save(self, rollout_id: int) -> Any:
+    def save(self, rollout_id: int) -> object:
         """``RolloutManager.save`` calls it (``rollout_manager.py:L275-L277``): recorded as the
         data source's part of checkpoint ``rollout_id``, with the cursor it wrote."""
         out = self._inner.save(rollout_id)
         emit(ev.CHECKPOINT_SAVED, rollout_id=rollout_id, part="data_source", state=self._state())
         return out
 
-    def load(self, rollout_id: int | None = None) -> Any:
+    def load(self, rollout_id: int | None = None) -> object:
         """``RolloutManager.load`` (``rollout_manager.py:L280-L281``), called once at start-up
         with ``start_rollout_id - 1`` (``placement_group.py:L182``): that rollout is the
         model checkpoint the trainer loaded (Megatron: ``start_rollout_id = loaded + 1``,
@@ -242,7 +246,7 @@ class RecordingDataSource:
 # --------------------------------------------------------------------------- filter
 
 
-def dynamic_filter(args: Any, samples: Any, **kwargs: Any) -> Any:
+def dynamic_filter(args: argparse.Namespace, samples: Group, **kwargs: object) -> object:
     """``--dynamic-sampling-filter-path harness.record.dynamic_filter``: the inner filter's
     verdict (keep when there is none). One-step: a finished group (``group_done``), and a
     reject is the group's drop. Fully async: the buffer's ``put`` records the reject."""
@@ -272,7 +276,7 @@ class RecordingRolloutFn:
     version the manager passes (``set_weight_version`` when it changes), and each group
     taken during the rollout and not returned: ``dropped`` (``not_returned``)."""
 
-    def __init__(self, input: Any) -> None:
+    def __init__(self, input: object) -> None:
         from miles.rollout.inference_rollout.compatibility import load_rollout_function
 
         path = inner_path("rollout") or EXTENSION_POINTS["rollout"][1]
@@ -281,7 +285,7 @@ class RecordingRolloutFn:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
-    def __call__(self, input: Any) -> Any:
+    def __call__(self, input: RolloutFnInput) -> object:
         if getattr(input, "evaluation", False):
             return self.inner(input)
         STATE.learn_version(input.weight_version)
@@ -294,12 +298,12 @@ class RecordingRolloutFn:
         self._finish(input, out)
         return out
 
-    async def _finish_async(self, input: Any, coro: Any) -> Any:
+    async def _finish_async(self, input: RolloutFnInput, coro: Awaitable[RolloutFnOutput]) -> RolloutFnOutput:
         out = await coro
         self._finish(input, out)
         return out
 
-    def _finish(self, input: Any, out: Any) -> None:
+    def _finish(self, input: RolloutFnInput, out: RolloutFnOutput) -> None:
         returned = {_flat(g)[0].group_index for g in out.samples}
         with STATE.lock:
             taken, STATE.taken = STATE.taken or [], None
@@ -333,7 +337,8 @@ class RecordingDataBuffer:
 
     _impl: type | None = None
 
-    def __new__(cls, input: Any) -> Any:
+    # the instance is of the class made below (_BufferImpl and Miles' DataBuffer), not of this one
+    def __new__(cls, input: DataBufferConstructorInput) -> _BufferImpl:  # type: ignore[misc]
         # the DataBuffer subclass is made on first use, so importing harness.record does not import Miles
         if RecordingDataBuffer._impl is None:
             RecordingDataBuffer._impl = type("RecordingDataBuffer", (_BufferImpl, _recording_buffer_base()), {})
@@ -341,13 +346,13 @@ class RecordingDataBuffer:
 
 
 class _BufferImpl:
-    def __init__(self, input: Any) -> None:
+    def __init__(self, input: DataBufferConstructorInput) -> None:
         from miles.rollout.fully_async_data_buffer import DataBufferConstructorInput
 
         self._args = input.args
         self._handle = input.unused_handler_fn
         self._aborting = False
-        self._get_version: Any = None
+        self._get_version: int | None = None
         inner_cls = load_inner("buffer")
         self._inner = inner_cls(DataBufferConstructorInput(args=input.args, unused_handler_fn=self._handler))
 
@@ -361,13 +366,13 @@ class _BufferImpl:
         buf = getattr(self._inner, "_buffer", None)
         return len(buf) if isinstance(buf, list) else None
 
-    def _staleness(self, group: Any, version: Any) -> int | None:
+    def _staleness(self, group: Group, version: int | None) -> int | None:
         from miles.rollout.fully_async_data_buffer import group_oldest_weight_version
 
         oldest = group_oldest_weight_version(group)
         return None if version is None or oldest is None else int(version) - int(oldest)
 
-    def _handler(self, prompt_group: Any) -> None:
+    def _handler(self, prompt_group: list[Sample]) -> None:
         gi = prompt_group[0].group_index
         handler = getattr(self._args, "async_unused_samples_handler", "drop")
         cause = "aborted" if self._aborting else "stale"
@@ -383,7 +388,7 @@ class _BufferImpl:
         if handler == "drop":
             emit(ev.DROPPED, group_index=gi, reason=f"handler_drop:{cause}")
 
-    async def put(self, input: Any) -> None:
+    async def put(self, input: DataBufferInput) -> None:
         gi = input.prompt_group[0].group_index
         emit(ev.GROUP_DONE, group_index=gi, ok=True)
         if any(_status(s) == "aborted" for s in _flat(input.group)):
@@ -409,15 +414,15 @@ class _BufferImpl:
             emit(ev.PUT_BLOCKED, group_index=gi, queue_size=capacity, _at=at)
         emit(ev.PUT_ACCEPTED, group_index=gi, queue_size=self._queue())
 
-    async def get(self, **context: Any) -> Any:
-        version = context.get("current_version")
+    async def get(self, current_version: int | None = None, **context: object) -> DataBufferInput:
+        version = current_version
         with STATE.lock:
             opening, STATE.drain_open = not STATE.drain_open, True
         if opening:
             STATE.learn_version(version)
             emit(ev.DRAIN_START, rollout_id=None, current_version=version)
         self._get_version = version
-        entry = await self._inner.get(**context)
+        entry = await self._inner.get(current_version=current_version, **context)
         emit(
             ev.GOT,
             group_index=entry.prompt_group[0].group_index,
@@ -443,12 +448,18 @@ class _BufferImpl:
 # --------------------------------------------------------------------------- after the rollout
 
 
-def log_rollout_data(rollout_id: int, args: Any, samples: Any, rollout_extra_metrics: Any, rollout_time: float) -> bool:
+def log_rollout_data(
+    rollout_id: int,
+    args: argparse.Namespace,
+    samples: Group,
+    rollout_extra_metrics: dict[str, object] | None,
+    rollout_time: float,
+) -> bool:
     """``--custom-rollout-log-function-path harness.record.log_rollout_data``: the batch
     the rollout returned for training (``trained``: its groups, with the version the
     rollout ran under) and, one-step, the rollout's metrics. Returns
     the inner log function's answer (False without one: upstream's logging runs)."""
-    groups: list[int] = []
+    groups: list[int | None] = []
     for s in _flat(samples):
         if s.group_index not in groups:
             groups.append(s.group_index)
@@ -462,7 +473,7 @@ def log_rollout_data(rollout_id: int, args: Any, samples: Any, rollout_extra_met
     return bool(inner(rollout_id, args, samples, rollout_extra_metrics, rollout_time)) if inner else False
 
 
-def convert_samples_to_train_data(args: Any, samples: Any) -> dict:
+def convert_samples_to_train_data(args: argparse.Namespace, samples: list[Sample]) -> object:
     """``--custom-convert-samples-to-train-data-path harness.record.convert_samples_to_train_data``:
     the inner converter, or upstream's conversion (``train_data_conversion.py:L50``, its
     default branch; without the rollout's metadata, which upstream does not pass to a
@@ -492,7 +503,7 @@ def convert_samples_to_train_data(args: Any, samples: Any) -> dict:
     return data
 
 
-def post_write(args: Any, version_dir: str, rollout_engines: Any) -> None:
+def post_write(args: argparse.Namespace, version_dir: str, rollout_engines: list[object] | None) -> None:
     """``--custom-update-weight-post-write-path harness.record.post_write``: the trainer
     rank wrote a disk-delta version (``weights_written``), then the inner hook publishes it."""
     emit(WEIGHTS_WRITTEN, version_dir=str(version_dir), engines=len(rollout_engines or []))

@@ -21,8 +21,12 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from harness.trace import Event
 
 DIR_ENV = "MILES_HARNESS_RECORD_DIR"
 ROLE_ENV = "MILES_HARNESS_RECORD_ROLE"
@@ -32,7 +36,7 @@ PROCESS = "process"  # the identity line
 class ProcessRecord:
     """The event file of this process (opened on the first event)."""
 
-    def __init__(self, directory: str | os.PathLike, role: str) -> None:
+    def __init__(self, directory: str | os.PathLike[str], role: str) -> None:
         self.directory = Path(directory)
         self.role = role
         self.pid = os.getpid()
@@ -47,7 +51,7 @@ class ProcessRecord:
         self.directory.mkdir(parents=True, exist_ok=True)
         self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | flags, 0o644)
 
-    def _write(self, doc: dict[str, Any]) -> None:
+    def _write(self, doc: Mapping[str, object]) -> None:
         data = (json.dumps(doc, separators=(",", ":"), default=str) + "\n").encode("utf-8")
         assert self.fd is not None, "_open() first"
         done = os.write(self.fd, data)
@@ -69,11 +73,11 @@ class ProcessRecord:
             }
         )
 
-    def emit(self, kind: str, /, **fields: Any) -> None:
+    def emit(self, kind: str, /, **fields: object) -> None:
         if self.broken:
             return
         at = fields.pop("_at", None)  # (mono, wall) measured earlier by the caller
-        mono, wall = at if at is not None else (time.monotonic(), time.time())
+        mono, wall = at if isinstance(at, tuple) else (time.monotonic(), time.time())
         doc = {"kind": kind, "mono": mono, "wall": wall, **fields}
         try:
             with self.lock:
@@ -112,7 +116,7 @@ def record(role: str | None = None) -> ProcessRecord | None:
         return rec
 
 
-def emit(kind: str, /, **fields: Any) -> None:
+def emit(kind: str, /, **fields: object) -> None:
     rec = record()
     if rec is not None:
         rec.emit(kind, **fields)
@@ -125,7 +129,9 @@ def close_all() -> None:
         _RECORDS.clear()
 
 
-def write_foreign_trace(directory: str | os.PathLike, role: str, events: list[Any], *, mono_to_wall: float) -> Path:
+def write_foreign_trace(
+    directory: str | os.PathLike[str], role: str, events: list[Event], *, mono_to_wall: float
+) -> Path:
     """Write a trace another component recorded on this machine's monotonic clock (the
     CPU server's ``TraceRecorder`` events: ``t`` = ``time.monotonic()``) as a process file
     of ``directory``; ``mono_to_wall`` is ``time.time() - time.monotonic()`` measured in

@@ -25,6 +25,7 @@ import dataclasses
 import json
 import os
 from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -198,17 +199,23 @@ ALWAYS_WRITTEN = frozenset(
 )
 
 
-def _extra(doc: dict[str, Any], source: str) -> dict[str, Any]:
+def _extra(doc: Mapping[str, object], source: str) -> dict[str, Any]:
     """The ``extra`` of a run document (one without a ``kind``, built by hand, is read as one)."""
     if doc.get("kind", "run") != "run":
         raise ConfigError(
             f"results file {source}: kind {doc.get('kind')!r} has no mode table; expected a "
             "miles-harness run results file (kind 'run')"
         )
-    return doc.get("extra", {})
+    extra = doc.get("extra", {})
+    if not isinstance(extra, dict):
+        raise ConfigError(
+            f"results file {source}: extra is {type(extra).__name__}; expected an object. "
+            "Fix: regenerate the file with miles-harness run"
+        )
+    return extra
 
 
-def table_of(doc: dict[str, Any], source: str = "<results>") -> dict[str, ModeRow]:
+def table_of(doc: Mapping[str, object], source: str = "<results>") -> dict[str, ModeRow]:
     """The aggregated row of each mode, by mode name; reads ``extra.table`` as a list
     (schema_version 1) or keyed by mode (2; files are written with sorted keys, so the
     order is the names', not the run's)."""
@@ -218,7 +225,7 @@ def table_of(doc: dict[str, Any], source: str = "<results>") -> dict[str, ModeRo
     return {mode: ModeRow.from_dict(row, f"results file {source}: extra.table.{mode}") for mode, row in table.items()}
 
 
-def repeats_of(doc: dict[str, Any], source: str = "<results>") -> dict[str, list[ModeRow]]:
+def repeats_of(doc: Mapping[str, object], source: str = "<results>") -> dict[str, list[ModeRow]]:
     """Each repeat's row of each mode (``extra.repeats``; the same in both layouts)."""
     return {
         mode: [ModeRow.from_dict(r, f"results file {source}: extra.repeats.{mode}.{i}") for i, r in enumerate(rows)]

@@ -42,6 +42,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
 from harness.results.schema import Results  # noqa: E402
+from harness.typing_aliases import JSONDict, JSONValue  # noqa: E402
 
 SIDES = ("rollout", "train")
 PHASE_COLORS = {
@@ -58,13 +59,20 @@ class Skip(Exception):
     """A plot cannot be drawn from these data; the message says why."""
 
 
-def _num(v: Any, where: str) -> float:
+def _step_of(row: JSONValue) -> float:
+    """Sort key of an ``extra.gap_steps`` row: its step, 0 where it has none (the loop
+    that reads the rows then names the bad one)."""
+    step = row.get("step", 0) if isinstance(row, dict) else 0
+    return float(step) if isinstance(step, (int, float)) else 0.0
+
+
+def _num(v: object, where: str) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
         raise Skip(f"{where} is {v!r}, not a finite number")
     return float(v)
 
 
-def _modes(res: Results, key: str, what: str) -> dict[str, Any]:
+def _modes(res: Results, key: str, what: str) -> JSONDict:
     modes = res.extra.get("modes")
     if not isinstance(modes, dict) or not modes:
         raise Skip(f"no {what}")
@@ -116,7 +124,9 @@ def plot_phase_timeline(res: Results, label: str, path: Path) -> Path:
         ax.set_yticks(range(len(SIDES)), list(SIDES))
         ax.set_ylim(-0.6, len(SIDES) - 0.4)
         ax.invert_yaxis()
-        wall = res.extra["modes"][mode].get("wall_s")
+        timelines = res.extra["modes"]  # an object: _modes read the phases from it
+        timeline = timelines.get(mode) if isinstance(timelines, dict) else None
+        wall = timeline.get("wall_s") if isinstance(timeline, dict) else None
         suffix = f" (wall {wall:.3g} s)" if isinstance(wall, (int, float)) and not isinstance(wall, bool) else ""
         ax.set_title(f"{mode}{suffix}", fontsize=10, loc="left")
         ax.grid(axis="x", alpha=0.3)
@@ -130,10 +140,10 @@ def plot_phase_timeline(res: Results, label: str, path: Path) -> Path:
 def plot_sample_ages(res: Results, label: str, path: Path) -> Path:
     modes = _modes(res, "sample_ages", "extra.modes.*.sample_ages")
     ages: dict[str, list[int]] = {}
-    for mode, values in modes.items():
-        if not isinstance(values, list) or not all(
-            isinstance(a, int) and not isinstance(a, bool) and a >= 0 for a in values
-        ):
+    for mode, found in modes.items():
+        items = found if isinstance(found, list) else [None]
+        values = [a for a in items if isinstance(a, int) and not isinstance(a, bool) and a >= 0]
+        if len(values) != len(items):
             raise Skip(f"extra.modes.{mode}.sample_ages is not a list of non-negative integers")
         if values:
             ages[mode] = values
@@ -142,10 +152,10 @@ def plot_sample_ages(res: Results, label: str, path: Path) -> Path:
     top = max(max(v) for v in ages.values())
     width = 0.8 / len(ages)
     fig, ax = plt.subplots(figsize=(max(6.0, 1.2 + 0.6 * (top + 1) * len(ages) ** 0.5), 4))
-    for i, (mode, values) in enumerate(ages.items()):
+    for i, (mode, mode_ages) in enumerate(ages.items()):
         xs = [a + (i - (len(ages) - 1) / 2) * width for a in range(top + 1)]
-        share = [100.0 * values.count(a) / len(values) for a in range(top + 1)]
-        ax.bar(xs, share, width=width, label=f"{mode} (n={len(values)})")
+        share = [100.0 * mode_ages.count(a) / len(mode_ages) for a in range(top + 1)]
+        ax.bar(xs, share, width=width, label=f"{mode} (n={len(mode_ages)})")
     ax.set_xticks(range(top + 1))
     ax.set_ylim(0, 118)  # headroom so the legend never covers a 100% bar
     ax.set_xlabel("sample age at training (weight versions behind)")
@@ -204,7 +214,7 @@ def plot_gap_steps(res: Results, label: str, path: Path) -> Path:
         raise Skip("no extra.gap_steps")
     series: dict[str, list[float]] = {"kernel": [], "staleness": [], "total": []}
     xs = []
-    for i, row in enumerate(sorted(steps, key=lambda r: r.get("step", 0) if isinstance(r, dict) else 0)):
+    for i, row in enumerate(sorted(steps, key=_step_of)):
         if not isinstance(row, dict):
             raise Skip(f"extra.gap_steps[{i}] is {row!r}, expected an object")
         xs.append(_num(row.get("step"), f"extra.gap_steps[{i}].step"))

@@ -59,11 +59,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Final
 
 import numpy as np
 
-from harness.results.schema import SCHEMA, Results, load_any, looks_like_pytest_benchmark, read_json
+from harness.results.schema import (
+    SCHEMA,
+    BenchmarkEntry,
+    Results,
+    load_any,
+    looks_like_pytest_benchmark,
+    read_json,
+    summarize,
+)
 from miles_async_core.errors import ConfigError
 
 EXACT_BELOW = 8  # exact permutation p-value when the smaller side has fewer samples
@@ -198,7 +206,7 @@ def block_means(
     return [float(p.mean()) for p in parts], what
 
 
-def run_mean(b: dict[str, Any], warmup_steps: int) -> float:
+def run_mean(b: BenchmarkEntry, warmup_steps: int) -> float:
     """One run's level: the mean of its samples after the warm-up steps (all of them when
     nothing would be left; the stored median when the file has no raw samples)."""
     samples = _samples(b)
@@ -277,13 +285,13 @@ class Comparison:
         return tuple(r for r in self.rows if r.threshold_failed)
 
 
-def _identity(b: dict[str, Any]) -> dict[str, Any]:
-    flat = {"unit": b["unit"], "higher_is_better": b["higher_is_better"]}
+def _identity(b: BenchmarkEntry) -> dict[str, object]:
+    flat: dict[str, object] = {"unit": b["unit"], "higher_is_better": b["higher_is_better"]}
     flat.update({f"definition.{k}": v for k, v in b["definition"].items()})
     return flat
 
 
-def definition_diff(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+def definition_diff(a: BenchmarkEntry, b: BenchmarkEntry) -> list[str]:
     """Keys (``unit``, ``higher_is_better``, ``definition.<key>``) whose values differ."""
     ia, ib = _identity(a), _identity(b)
     missing = object()
@@ -295,14 +303,14 @@ def definition_diff(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
     )
 
 
-def _samples(b: dict[str, Any]) -> list[float]:
+def _samples(b: BenchmarkEntry) -> list[float]:
     return [] if b.get("samples_missing") else list(b["samples"])
 
 
-HISTORY_UNITS = "units_what"  # key of a history base benchmark: its samples are run means
+HISTORY_UNITS: Final = "units_what"  # key of a history base benchmark: its samples are run means
 
 
-def _units(b: dict[str, Any], warmup_steps: int, blocks: int) -> tuple[list[float], str, float]:
+def _units(b: BenchmarkEntry, warmup_steps: int, blocks: int) -> tuple[list[float], str, float]:
     """(the values the test compares, what they are, the median shown) for one side."""
     if HISTORY_UNITS in b:
         return list(b["samples"]), b[HISTORY_UNITS], float(b["stats"]["median"])
@@ -315,8 +323,8 @@ def _units(b: dict[str, Any], warmup_steps: int, blocks: int) -> tuple[list[floa
 
 def _compare_one(
     name: str,
-    b: dict[str, Any],
-    n: dict[str, Any],
+    b: BenchmarkEntry,
+    n: BenchmarkEntry,
     thr: Threshold | None,
     alpha: float,
     warmup_steps: int = WARMUP_STEPS,
@@ -348,6 +356,8 @@ def _compare_one(
         mark = "~"
     else:
         mark = "better" if (test.prob_new_greater > 0.5) == hib else "worse"
+    ratio: float | None
+    change_pct: float | None
     if base_med != 0:
         ratio, change_pct = new_med / base_med, 100.0 * (new_med - base_med) / abs(base_med)
     else:
@@ -472,7 +482,9 @@ def history_base(
     if last < 1:
         raise ConfigError(f"--last {last}: must be at least 1 (the number of recent runs to compare against).")
     chosen = runs[-last:]
-    base = Results({"kind": new.kind, "machine": new.machine, "run_id": "history", "benchmarks": {}})
+    doc = new.doc.copy()  # the new run's kind and machine; the base's own benchmarks
+    doc["run_id"], doc["benchmarks"] = "history", {}
+    base = Results(doc)
     notes = []
     for name, nb in new.benchmarks.items():
         means, skipped = [], 0
@@ -492,7 +504,7 @@ def history_base(
                 "higher_is_better": nb["higher_is_better"],
                 "definition": nb["definition"],
                 "samples": means,
-                "stats": {"median": float(np.median(means))},
+                "stats": {**summarize(means), "median": float(np.median(means))},
                 HISTORY_UNITS: f"{_plural(len(means), 'run mean')}, {_warmup_text(warmup_steps, each=True)}",
             }
     return base, tuple(notes)

@@ -23,36 +23,37 @@ A results file written before a key existed loads with that key's empty value.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeAlias
+from typing import TYPE_CHECKING, Any
 
 from harness.results.mode_rows import ModeRow, repeats_of, table_of
+from harness.typing_aliases import JSONDict, JSONValue
 from miles_async_core.errors import ConfigError
 
-# a JSON value as the results files store it
-JSONScalar: TypeAlias = str | int | float | bool | None
-JSONValue: TypeAlias = JSONScalar | list["JSONValue"] | dict[str, "JSONValue"]
-JSONDict = dict[str, JSONValue]
+if TYPE_CHECKING:
+    from harness.results.schema import ResultsDoc
+
 
 PhaseSpan = tuple[str, str, float, float]  # (side, phase, start s, end s), harness.measure.overlap.phase_spans
 EngineRow = dict[str, Any]  # harness.measure.engines.per_engine_rows: figures, None where unmeasured
 
 
-def _float(v: JSONValue, where: str) -> float:
+def _float(v: object, where: str) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise ConfigError(f"{where} is {v!r}; expected a number. Fix: regenerate the file with miles-harness run")
     return float(v)
 
 
-def _opt_float(v: JSONValue, where: str) -> float | None:
+def _opt_float(v: object, where: str) -> float | None:
     return None if v is None else _float(v, where)
 
 
-def _opt_str(v: JSONValue) -> str | None:
+def _opt_str(v: object) -> str | None:
     return None if v is None else str(v)
 
 
-def _obj(v: JSONValue, where: str) -> JSONDict:
+def _obj(v: object, where: str) -> JSONDict:
     if not isinstance(v, dict):
         raise ConfigError(
             f"{where} is {type(v).__name__}; expected an object. Fix: regenerate the file with miles-harness run"
@@ -60,7 +61,7 @@ def _obj(v: JSONValue, where: str) -> JSONDict:
     return v
 
 
-def _list(v: JSONValue, where: str) -> list[JSONValue]:
+def _list(v: object, where: str) -> list[JSONValue]:
     if not isinstance(v, list):
         raise ConfigError(
             f"{where} is {type(v).__name__}; expected an array. Fix: regenerate the file with miles-harness run"
@@ -250,7 +251,7 @@ class RunExtras:
         return out
 
     @classmethod
-    def from_doc(cls, doc: JSONDict, source: str = "<results>") -> RunExtras:
+    def from_doc(cls, doc: Mapping[str, object], source: str = "<results>") -> RunExtras:
         """A run document's extras; raises ``ConfigError`` naming ``source`` and the key for
         a document of another kind or a value of the wrong type. Keys a file lacks load
         empty (files written before them)."""
@@ -326,7 +327,7 @@ class RunFile:
     typed extras, and the run's settings (``config.spec``: the ``RunSpec`` fields) and
     each mode's resolved Miles config (``config.modes``)."""
 
-    doc: JSONDict
+    doc: ResultsDoc
     extras: RunExtras
     spec: dict[str, Any]  # RunSpec's fields as stored (older files lack the newer ones)
     mode_configs: dict[str, dict[str, Any]]  # AsyncConfig.resolved_dict() of each mode

@@ -51,17 +51,75 @@ import subprocess
 import uuid
 from datetime import datetime, UTC
 from pathlib import Path
-from collections.abc import Iterable
-from typing import Any, SupportsFloat
+from collections.abc import Iterable, Mapping
+from typing import NotRequired, SupportsFloat, TypeAlias, TypedDict, TypeVar, cast
 
 import numpy as np
 
 from miles_async_core.errors import ConfigError
+from harness.typing_aliases import JSONDict, JSONValue
 
 SCHEMA = "miles-async-harness/results"
 SCHEMA_VERSION = 2  # 2: a run's extra.table keyed by mode name (harness.results.mode_rows)
 STAT_KEYS = ("min", "max", "median", "mean", "stddev", "q1", "q3", "n")
+T = TypeVar("T")
 _REPO_DIR = Path(__file__).resolve().parents[2]  # the checkout: harness/results/schema.py -> root
+
+
+class GPUInfo(TypedDict):
+    name: str
+    memory_total_bytes: int
+
+
+class MachineInfo(TypedDict):
+    cpu_model: str
+    cpu_count: int | None
+    gpus: list[GPUInfo]
+    driver_version: str | None
+
+
+# ``{"commit": str | None, "dirty": bool}``; a plain dict so that ``git_info() or {}`` types.
+GitInfo: TypeAlias = dict[str, str | bool | None]
+
+
+class Stats(TypedDict):
+    """``summarize``'s output; a pytest-benchmark file without data keeps its own."""
+
+    min: float
+    max: float
+    median: float
+    mean: float
+    stddev: float
+    q1: float
+    q3: float
+    n: int
+
+
+class BenchmarkEntry(TypedDict):
+    unit: str
+    higher_is_better: bool
+    definition: JSONDict
+    samples: list[float]
+    stats: Stats
+    samples_missing: NotRequired[bool]
+    # a history base's entry (harness.results.rank_test.HISTORY_UNITS): what its samples are
+    units_what: NotRequired[str]
+
+
+class ResultsDoc(TypedDict):
+    """One results document (layout in the module docstring)."""
+
+    schema: str
+    schema_version: int
+    run_id: str
+    created_utc: str
+    kind: str
+    machine: MachineInfo
+    software: dict[str, str | None]  # distribution name -> version, None when not installed
+    git: GitInfo | None
+    config: JSONDict
+    benchmarks: dict[str, BenchmarkEntry]
+    extra: NotRequired[JSONDict]
 
 
 # --- environment capture ----------------------------------------------------------------
@@ -78,7 +136,7 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine() or "unknown"
 
 
-def _gpus() -> tuple[list[dict[str, Any]], str | None]:
+def _gpus() -> tuple[list[GPUInfo], str | None]:
     """GPU names and memory through NVML; ``([], None)`` without a driver or pynvml."""
     try:
         import pynvml
@@ -93,7 +151,7 @@ def _gpus() -> tuple[list[dict[str, Any]], str | None]:
         def text(v: object) -> str:
             return v.decode() if isinstance(v, bytes) else str(v)
 
-        gpus = []
+        gpus: list[GPUInfo] = []
         for i in range(pynvml.nvmlDeviceGetCount()):
             handle = pynvml.nvmlDeviceGetHandleByIndex(i)
             mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
@@ -105,7 +163,7 @@ def _gpus() -> tuple[list[dict[str, Any]], str | None]:
         pynvml.nvmlShutdown()
 
 
-def machine_info() -> dict[str, Any]:
+def machine_info() -> MachineInfo:
     gpus, driver = _gpus()
     return {"cpu_model": _cpu_model(), "cpu_count": os.cpu_count(), "gpus": gpus, "driver_version": driver}
 
@@ -119,7 +177,7 @@ def _dist_version(name: str) -> str | None:
         return None
 
 
-def software_info() -> dict[str, Any]:
+def software_info() -> dict[str, str | None]:
     return {
         "python": platform.python_version(),
         "numpy": _dist_version("numpy"),
@@ -129,7 +187,7 @@ def software_info() -> dict[str, Any]:
     }
 
 
-def git_info(repo_dir: Path = _REPO_DIR) -> dict[str, Any] | None:
+def git_info(repo_dir: Path = _REPO_DIR) -> GitInfo | None:
     """``{commit, dirty}`` of the repository holding this package; None outside git.
     ``commit`` is None in a repository without commits yet. ``dirty`` says whether the
     *code* differs from the commit: files under ``results/`` are outputs, so ``make
@@ -160,7 +218,7 @@ def utc_now() -> str:
 # --- statistics -------------------------------------------------------------------------
 
 
-def summarize(samples: list[float]) -> dict[str, float | int]:
+def summarize(samples: list[float]) -> Stats:
     a = np.asarray(samples, dtype=np.float64)
     q1, med, q3 = np.percentile(a, [25, 50, 75])
     return {
@@ -199,12 +257,12 @@ def _check_samples(name: str, samples: Iterable[SupportsFloat | str]) -> list[fl
 class Results:
     """One run's results document. Build with ``Results.new`` then ``add_benchmark``."""
 
-    def __init__(self, doc: dict[str, Any]) -> None:
+    def __init__(self, doc: ResultsDoc) -> None:
         self.doc = doc
-        self._definition_common: dict[str, Any] = {}
+        self._definition_common: JSONDict = {}
 
     @classmethod
-    def new(cls, kind: str, config: dict[str, Any], definition_common: dict[str, Any] | None = None) -> Results:
+    def new(cls, kind: str, config: Mapping[str, object], definition_common: JSONDict | None = None) -> Results:
         """A fresh document for this machine and checkout. ``definition_common`` is merged
         into the definition of every benchmark added later (benchmark keys win)."""
         if not isinstance(kind, str) or not kind:
@@ -243,15 +301,15 @@ class Results:
         return self.doc["created_utc"]
 
     @property
-    def machine(self) -> dict[str, Any]:
+    def machine(self) -> MachineInfo:
         return self.doc["machine"]
 
     @property
-    def benchmarks(self) -> dict[str, dict[str, Any]]:
+    def benchmarks(self) -> dict[str, BenchmarkEntry]:
         return self.doc["benchmarks"]
 
     @property
-    def extra(self) -> dict[str, Any]:
+    def extra(self) -> JSONDict:
         return self.doc.setdefault("extra", {})
 
     def add_benchmark(
@@ -260,8 +318,8 @@ class Results:
         samples: Iterable[SupportsFloat | str],
         unit: str,
         higher_is_better: bool,
-        definition: dict[str, Any] | None = None,
-    ) -> dict[str, Any]:
+        definition: Mapping[str, object] | None = None,
+    ) -> BenchmarkEntry:
         """Record every raw sample of one benchmark; returns its entry."""
         if not isinstance(name, str) or not name:
             raise ConfigError(f"benchmark name {name!r} must be a non-empty string such as 'tokens_per_s'.")
@@ -270,7 +328,7 @@ class Results:
         if not isinstance(higher_is_better, bool):
             raise ConfigError(f"benchmark {name!r}: higher_is_better must be True or False, got {higher_is_better!r}.")
         values = _check_samples(name, samples)
-        entry = {
+        entry: BenchmarkEntry = {
             "unit": str(unit),
             "higher_is_better": higher_is_better,
             "definition": json.loads(json.dumps({**self._definition_common, **(definition or {})}, default=str)),
@@ -280,8 +338,9 @@ class Results:
         self.benchmarks[name] = entry
         return entry
 
-    def to_dict(self) -> dict[str, Any]:
-        return json.loads(json.dumps(self.doc))
+    def to_dict(self) -> ResultsDoc:
+        copy: ResultsDoc = json.loads(json.dumps(self.doc))
+        return copy
 
     def write(self, path: str | os.PathLike[str]) -> Path:
         path = Path(path)
@@ -323,7 +382,7 @@ class _Checker:
             "Fix: regenerate the file with miles-harness, or repair that field."
         )
 
-    def get(self, obj: dict[str, Any], key: str, field: str, types: tuple[type, ...], what: str) -> Any:
+    def get(self, obj: Mapping[str, object], key: str, field: str, types: tuple[type[T], ...], what: str) -> T:
         if key not in obj:
             raise self.fail(field, f"is missing; expected {what}")
         value = obj[key]
@@ -402,10 +461,10 @@ def results_from_dict(doc: object, source: str = "<dict>") -> Results:
         chk.get(doc, "extra", "extra", (dict,), "an object")
     for name, b in doc["benchmarks"].items():
         _check_benchmark(chk, name, b)
-    return Results(doc)
+    return Results(cast(ResultsDoc, doc))  # checked field by field above
 
 
-def read_json(path: str | os.PathLike[str]) -> Any:
+def read_json(path: str | os.PathLike[str]) -> JSONValue:
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -435,18 +494,40 @@ def load_any(path: str | os.PathLike[str]) -> Results:
 # --- pytest-benchmark conversion --------------------------------------------------------
 
 
-def looks_like_pytest_benchmark(doc: dict[str, Any]) -> bool:
+def _kept_stats(chk: _Checker, stats: Mapping[str, object], field: str) -> Stats:
+    """A pytest-benchmark entry's own stats (``rounds`` as ``n``), checked in ``STAT_KEYS``
+    order, so the first missing field is the one named."""
+
+    def kept(key: str) -> float:
+        return chk.get(stats, key, f"{field}.{key}", _NUM, "a number")
+
+    return {
+        "min": kept("min"),
+        "max": kept("max"),
+        "median": kept("median"),
+        "mean": kept("mean"),
+        "stddev": kept("stddev"),
+        "q1": kept("q1"),
+        "q3": kept("q3"),
+        "n": chk.get(stats, "rounds", f"{field}.rounds", (int,), "a number"),
+    }
+
+
+def looks_like_pytest_benchmark(doc: Mapping[str, object]) -> bool:
     return isinstance(doc.get("benchmarks"), list) and "machine_info" in doc
 
 
-def from_pytest_benchmark(path_or_dict: str | os.PathLike[str] | dict[str, Any], source: str | None = None) -> Results:
+def from_pytest_benchmark(
+    path_or_dict: str | os.PathLike[str] | Mapping[str, object], source: str | None = None
+) -> Results:
     """Convert pytest-benchmark JSON. Benchmarks are keyed by ``fullname``; samples are
     ``stats.data`` (seconds per call per round). Without data the pytest-benchmark stats
     are kept, ``samples`` is ``[]`` and ``samples_missing`` is true: nothing is invented."""
-    if isinstance(path_or_dict, dict):
-        doc, source = path_or_dict, source or "<pytest-benchmark dict>"
-    else:
+    doc: object
+    if isinstance(path_or_dict, (str, os.PathLike)):
         doc, source = read_json(path_or_dict), source or str(path_or_dict)
+    else:
+        doc, source = path_or_dict, source or "<pytest-benchmark dict>"
     chk = _Checker(source)
     if not isinstance(doc, dict) or not looks_like_pytest_benchmark(doc):
         raise chk.fail("benchmarks", "is not a pytest-benchmark list; expected --benchmark-json output")
@@ -468,6 +549,7 @@ def from_pytest_benchmark(path_or_dict: str | os.PathLike[str] | dict[str, Any],
     except ValueError:
         raise chk.fail("datetime", f"is {stamp!r}; expected an ISO 8601 time") from None
     canonical = json.dumps(doc, sort_keys=True, default=str)
+    pytest_benchmark: JSONDict = {}  # extra.pytest_benchmark: fullname -> what the conversion leaves out
     res = Results(
         {
             "schema": SCHEMA,
@@ -493,7 +575,7 @@ def from_pytest_benchmark(path_or_dict: str | os.PathLike[str] | dict[str, Any],
             "git": git,
             "config": {"source": "pytest-benchmark", "pytest_benchmark_version": doc.get("version")},
             "benchmarks": {},
-            "extra": {"pytest_benchmark": {}},
+            "extra": {"pytest_benchmark": pytest_benchmark},
         }
     )
     for i, b in enumerate(doc["benchmarks"]):
@@ -514,19 +596,15 @@ def from_pytest_benchmark(path_or_dict: str | os.PathLike[str] | dict[str, Any],
         if isinstance(data, list) and data:
             res.add_benchmark(name, data, "s", False, definition)
         else:
-            kept = {}
-            for key in STAT_KEYS:
-                src = "rounds" if key == "n" else key
-                kept[key] = chk.get(stats, src, f"{field}.stats.{src}", (int,) if key == "n" else _NUM, "a number")
             res.benchmarks[name] = {
                 "unit": "s",
                 "higher_is_better": False,
                 "definition": json.loads(json.dumps(definition, default=str)),
                 "samples": [],
                 "samples_missing": True,
-                "stats": kept,
+                "stats": _kept_stats(chk, stats, f"{field}.stats"),
             }
-        res.extra["pytest_benchmark"][name] = {
+        pytest_benchmark[name] = {
             "extra_info": b.get("extra_info"),
             "options": options,
             "stats": {k: v for k, v in stats.items() if k != "data"},

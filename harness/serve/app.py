@@ -314,7 +314,7 @@ def create_app(engine: ServedEngine) -> FastAPI:
     @app.post("/update_weights_from_disk")
     async def update_weights_from_disk(req: DiskReq) -> JSONResponse:
         response = await _load(lambda: load_weights_dir(req.model_path), req.weight_version, "from disk")
-        body = json.loads(response.body)
+        body = json.loads(bytes(response.body))
         body["num_paused_requests"] = 0
         return JSONResponse(body, status_code=response.status_code)
 

@@ -29,7 +29,7 @@ import contextlib
 import dataclasses
 import json
 import uuid
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, cast
 
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
@@ -109,12 +109,16 @@ def expand(engine: ServedEngine, req: GenerateReq) -> tuple[list[GenerateParams]
             raise ServeError(f"{name} is set: {what} is not modelled by this server (see docs/serve.md).")
     if req.input_ids is None and req.text is None:
         raise ServeError("Either text or input_ids should be provided.")
-    if req.input_ids is not None:
-        batch = bool(req.input_ids) and isinstance(req.input_ids[0], list)
-        prompts = [list(p) for p in req.input_ids] if batch else [list(req.input_ids)]
+    ids, text = req.input_ids, req.text
+    if ids is not None:
+        # the model validated ids as all ints or all lists, so the first item tells which
+        batch = bool(ids) and isinstance(ids[0], list)
+        prompts = [list(p) for p in cast(list[list[int]], ids)] if batch else [list(cast(list[int], ids))]
+    elif isinstance(text, list):
+        batch, prompts = True, [tokenize(engine, t) for t in text]
     else:
-        batch = isinstance(req.text, list)
-        prompts = [tokenize(engine, t) for t in (req.text if batch else [req.text])]
+        assert text is not None, "refused above: neither text nor input_ids"
+        batch, prompts = False, [tokenize(engine, text)]
     prompts = [check_ids(engine, p) for p in prompts]
     sp = req.sampling_params
     if isinstance(sp, list) and len(sp) != len(prompts):

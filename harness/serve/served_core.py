@@ -26,7 +26,8 @@ pause modes and per-token weight versions are the base class's, unchanged):
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, cast
 
 import torch
 
@@ -38,6 +39,20 @@ from .responses import stop_window_text
 from .sampling import SamplingOptions, choose_tokens
 
 KV_CHUNK = 512  # positions per slot the KV pool starts with and widens by
+
+
+@dataclass(eq=False)
+class ServedRequest(Request):
+    """A request with SGLang's sampling options and, when asked, the top log-probs of
+    each token it chose: ``[(logprob, token id)]`` of the most likely."""
+
+    options: SamplingOptions = field(default_factory=SamplingOptions)
+    top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
+
+
+def _served(req: Request) -> ServedRequest:
+    # every request a ServedCore holds is made by its _new_request
+    return cast(ServedRequest, req)
 
 
 class ServedCore(EngineCore):
@@ -59,13 +74,17 @@ class ServedCore(EngineCore):
     ) -> None:
         super().add_request(req_id, prompt_tokens, max_new_tokens, temperature, seed)
         self._kv_bound = max(self._kv_bound, len(prompt_tokens) + max_new_tokens)
-        req = self._waiting[-1]
+        req = _served(self._waiting[-1])
         req.options = options or SamplingOptions(
             max_new_tokens=max_new_tokens,
             temperature=temperature,
             stop_ids=frozenset([self.eos_token_id]) if self.eos_token_id is not None else frozenset(),
         )
-        req.top_logprobs = []  # per token: [(logprob, token id)] of the most likely, when asked
+
+    def _new_request(
+        self, req_id: Any, prompt_tokens: list[int], max_new_tokens: int, temperature: float, gen: torch.Generator
+    ) -> ServedRequest:
+        return ServedRequest(req_id, prompt_tokens, max_new_tokens, temperature, gen)
 
     def live(self) -> Iterator[tuple[Request, str]]:
         """Every request in the engine, with ``"running"`` or ``"waiting"``."""
@@ -100,15 +119,16 @@ class ServedCore(EngineCore):
         return None
 
     def _finish(self, req: Request, status: Status) -> FinishedRequest:
-        if req.options.top_logprobs_num > 0:
-            self.top_logprobs[req.req_id] = req.top_logprobs
+        served = _served(req)
+        if served.options.top_logprobs_num > 0:
+            self.top_logprobs[req.req_id] = served.top_logprobs
         return super()._finish(req, status)
 
     def _choose(self, logits: torch.Tensor, reqs: list[Request]) -> tuple[list[int], list[float]]:
         tokens, logps, all_logp = choose_tokens(
             logits, reqs, [r.generator for r in reqs], eos_token_id=self.eos_token_id
         )
-        for i, req in enumerate(reqs):
+        for i, req in enumerate(map(_served, reqs)):
             if req.options.top_logprobs_num > 0:
                 top = torch.topk(all_logp[i], min(req.options.top_logprobs_num, all_logp.shape[-1]))
                 req.top_logprobs.append(list(zip(top.values.tolist(), top.indices.tolist())))
@@ -117,7 +137,7 @@ class ServedCore(EngineCore):
     def _stop_status(self, req: Request, tok: int) -> Status | None:
         """A stop string (matched on the text so far), a stop token id, then the length cap;
         what matched is kept in ``matched`` for the answer's ``finish_reason.matched``."""
-        opts: SamplingOptions = req.options
+        opts = _served(req).options
         if opts.stop and self.decode_text is not None:
             text = stop_window_text(self.decode_text, req.output_tokens, max(len(s) for s in opts.stop))
             for s in opts.stop:

@@ -68,7 +68,7 @@ import itertools
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncGenerator, Callable
 
 import torch
 
@@ -166,6 +166,15 @@ def version_int(label: str, previous: int) -> int:
     return int(text) if text.isdigit() else previous + 1
 
 
+@dataclass
+class _Serving:
+    """What ``ServedEngine.start`` binds to the serving loop."""
+
+    loop: asyncio.AbstractEventLoop
+    gate: asyncio.Condition  # admission waits here while paused or a weight load is pending
+    idle: asyncio.Event  # set while no request is pending
+
+
 class ServedEngine:
     def __init__(
         self,
@@ -197,9 +206,7 @@ class ServedEngine:
         self._rids: dict[str, int] = {}
         self._held = 0  # requests waiting at admission (paused, or a weight load pending)
         self._writers = 0
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._gate: asyncio.Condition | None = None
-        self._idle: asyncio.Event | None = None
+        self._serving: _Serving | None = None  # set by start()
         self._budget: int | None = None  # None: run freely; n: at most n more steps (test hook)
         self._budget_waiters: list[asyncio.Future] = []
         self._thread = EngineThread(
@@ -213,11 +220,13 @@ class ServedEngine:
 
     # --- life cycle (call start() inside the serving loop) ----------------------------------
     def start(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._gate = asyncio.Condition()
-        self._idle = asyncio.Event()
-        self._idle.set()
+        self._serving = _Serving(asyncio.get_running_loop(), asyncio.Condition(), asyncio.Event())
+        self._serving.idle.set()
         self._thread.start()
+
+    def _on_loop(self) -> _Serving:
+        assert self._serving is not None, "start() inside the serving loop first"
+        return self._serving
 
     def close(self) -> None:
         self._thread.stop()
@@ -225,7 +234,7 @@ class ServedEngine:
     @property
     def loop(self) -> asyncio.AbstractEventLoop | None:
         """The serving event loop (``None`` before ``start``)."""
-        return self._loop
+        return None if self._serving is None else self._serving.loop
 
     @property
     def alive(self) -> bool:
@@ -276,7 +285,7 @@ class ServedEngine:
             self._thread.post(lambda: self._abort_index(pending.sample.index, reason="client disconnected"))
             raise
 
-    async def stream(self, params: GenerateParams) -> AsyncIterator[dict[str, Any]]:
+    async def stream(self, params: GenerateParams) -> AsyncGenerator[dict[str, Any], None]:
         """One request's outputs as it runs: cumulative (text and ids so far), each with
         ``finish_reason`` null, then the final output."""
         if params.options.max_new_tokens == 0:
@@ -358,11 +367,11 @@ class ServedEngine:
         self.check_rid(params.rid)
         index = next(self._ids)
         sample = Sample(prompt_tokens=list(params.input_ids), index=index, group_index=index)
-        pending = _Pending(self._loop.create_future(), sample, params, self._clock(), stream=stream)
+        pending = _Pending(self._on_loop().loop.create_future(), sample, params, self._clock(), stream=stream)
         pending.future.add_done_callback(lambda _: pending.wake.set())  # a stream wakes for its end too
         self._pending[index] = pending
         self._rids[params.rid] = index
-        self._idle.clear()
+        self._on_loop().idle.clear()
 
         def add() -> None:
             if self._pending.get(index) is not pending:  # aborted before it reached the engine
@@ -377,7 +386,7 @@ class ServedEngine:
                 )
             except Exception as exc:  # checked above; never let a request kill the engine thread
                 self._drop(index)
-                self._loop.call_soon_threadsafe(set_exception, pending.future, ServeError(str(exc)))
+                self._on_loop().loop.call_soon_threadsafe(set_exception, pending.future, ServeError(str(exc)))
                 return
             pending.in_core = True
 
@@ -387,14 +396,14 @@ class ServedEngine:
     async def _wait_admission(self) -> None:
         self._held += 1
         try:
-            async with self._gate:
-                await self._gate.wait_for(lambda: self.pause_mode is None and self._writers == 0)
+            async with self._on_loop().gate:
+                await self._on_loop().gate.wait_for(lambda: self.pause_mode is None and self._writers == 0)
         finally:
             self._held -= 1
 
     async def _notify_gate(self) -> None:
-        async with self._gate:
-            self._gate.notify_all()
+        async with self._on_loop().gate:
+            self._on_loop().gate.notify_all()
 
     def find_rid(self, rid: str) -> int | None:
         return self._rids.get(rid)
@@ -452,10 +461,10 @@ class ServedEngine:
         else:
             self._writers += 1
             try:
-                await self._idle.wait()
+                await self._on_loop().idle.wait()
                 while self._pending:  # a request added between the wake-up and now
-                    self._idle.clear()
-                    await self._idle.wait()
+                    self._on_loop().idle.clear()
+                    await self._on_loop().idle.wait()
                 await self.call(lambda: self._load(named, label, implicit=True))
             finally:
                 self._writers -= 1
@@ -503,7 +512,9 @@ class ServedEngine:
         retracted ones among the waiting, KV tokens used and total, whether paused."""
 
         def read() -> dict[str, Any]:
-            running, waiting, retracted = [], [], 0
+            running: list[str] = []
+            waiting: list[str] = []
+            retracted = 0
             for req, where in self.core.live():
                 pending = self._pending.get(req.req_id)
                 rid = pending.params.rid if pending is not None else str(req.req_id)
@@ -530,7 +541,7 @@ class ServedEngine:
     async def step(self, n: int | None) -> None:
         """Test hook: ``n`` = run at most n more decode steps and return when they ran (or
         nothing can run), then hold; ``None`` = run freely again; 0 = hold now."""
-        fut = self._loop.create_future()
+        fut = self._on_loop().loop.create_future()
 
         def cmd() -> None:
             self._budget = n
@@ -653,7 +664,7 @@ class ServedEngine:
         if pending is not None and self._rids.get(pending.params.rid) == index:
             del self._rids[pending.params.rid]
         if not self._pending:
-            self._loop.call_soon_threadsafe(self._idle.set)
+            self._on_loop().loop.call_soon_threadsafe(self._on_loop().idle.set)
         return pending
 
     def _finish(self, finished: list[FinishedRequest], *, message: str = "Aborted") -> None:
@@ -673,7 +684,7 @@ class ServedEngine:
                 tokens = pending.sample.prompt_tokens + pending.sample.response_tokens
                 emit_finished(self.sink, pending.sample, tokens_digest=tokens_digest(tokens))
             out = self._response(pending, done, message)
-            self._loop.call_soon_threadsafe(set_result, pending.future, out)
+            self._on_loop().loop.call_soon_threadsafe(set_result, pending.future, out)
 
     def _label(self, version: int) -> str:
         return self._labels.get(version, str(version))
@@ -706,7 +717,7 @@ class ServedEngine:
     def _check_budget(self) -> None:
         if self._budget_waiters and (self._budget == 0 or not self._can_step()):
             for fut in self._budget_waiters:
-                self._loop.call_soon_threadsafe(set_result, fut, None)
+                self._on_loop().loop.call_soon_threadsafe(set_result, fut, None)
             self._budget_waiters.clear()
 
     def _step(self) -> None:  # one decode step (EngineThread runs it between commands)
@@ -735,10 +746,10 @@ class ServedEngine:
             pending.progress = Progress(list(req.output_tokens), list(req.log_probs), self.core.version)
             woken.append(pending.wake)
         if woken:  # one wake-up of the loop per step, however many streams
-            self._loop.call_soon_threadsafe(_set_all, woken)
+            self._on_loop().loop.call_soon_threadsafe(_set_all, woken)
 
     def _on_thread_error(self, exc: BaseException) -> None:  # surfaced to every waiter and every later call
-        self._loop.call_soon_threadsafe(self._fail_all, exc)
+        self._on_loop().loop.call_soon_threadsafe(self._fail_all, exc)
 
     def _fail_all(self, exc: BaseException) -> None:
         for p in self._pending.values():

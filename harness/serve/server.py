@@ -16,8 +16,9 @@ the live trace and HTTP log; the pytest fixture ``served_engine``
 from __future__ import annotations
 
 import asyncio
+import enum
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from miles_async_core.errors import ConfigError
 
@@ -28,14 +29,22 @@ from .served_core import ServedCore
 from .served_engine import ServedEngine
 from .uvicorn_thread import UvicornThread
 
-_DEFAULT = object()
+if TYPE_CHECKING:
+    from harness.backends.torch_models import TinyLMConfig
+
+
+class _Default(enum.Enum):
+    FROM_TOKENIZER = "from the tokenizer"
+
+
+_DEFAULT = _Default.FROM_TOKENIZER  # eos_token_id not given: the tokenizer's
 # The default model's context: SGLang's own live-server tests ask for up to 1,500 new
 # tokens after a short prompt, so 4,096 leaves them room. No parameter depends on it
 # (RoPE), so ``--context-length`` may set any length for the tiny model.
 TINY_CONTEXT_LENGTH = 4096
 
 
-def tiny_model_config(seed: int = 0, tokenizer: Any = None, context_length: int | None = None) -> Any:
+def tiny_model_config(seed: int = 0, tokenizer: Any = None, context_length: int | None = None) -> TinyLMConfig:
     """The ``TinyLMConfig`` of ``--model tiny`` over ``tokenizer`` (default: the byte-fallback
     one, ``tokenizer.TINY_SERVE_TOKENIZER``), seeded by ``seed``."""
     from harness.backends import torch_models as tm
@@ -69,10 +78,10 @@ def build_engine(
     *,
     seed: int = 0,
     max_running: int = 16,
-    eos_token_id: Any = _DEFAULT,
+    eos_token_id: int | None | Literal[_Default.FROM_TOKENIZER] = _DEFAULT,
     weight_version: str = "default",
     device: str = "cpu",
-    tiny_config: Any = None,
+    tiny_config: TinyLMConfig | None = None,
     tokenizer: Any = None,
     context_length: int | None = None,
     pacing: Pacing | None = None,
@@ -88,6 +97,7 @@ def build_engine(
     from harness.backends import torch_models as tm
 
     check_context_length(context_length, None, model)
+    engine_model: tm.EngineModel
     if model == "tiny":
         from .tokenizer import TINY_SERVE_TOKENIZER
 

@@ -50,6 +50,11 @@ class _Live:
         return [k for k in self.seen if k not in self.dead]
 
 
+def _engine_order(key: object) -> tuple[int, int, str]:
+    """Sort key of an engine id as a trace holds it: ints in order, then any other by text."""
+    return (0, key, "") if isinstance(key, int) else (1, 0, str(key))
+
+
 def _is_weight_sync_start(e: Event) -> bool:
     return e.kind == ev.PHASE_START and e.fields.get("side") == "train" and e.fields.get("phase") == "weight_sync"
 
@@ -166,7 +171,7 @@ def check_all_engines_paused_for_update(events: list[Event], config: AsyncConfig
                 out.append(
                     violation(
                         name,
-                        f"the update to version {e['version']} paused engines {sorted(modes)} but not {unpaused}",
+                        f"the update to version {e['version']} paused engines {sorted(modes, key=_engine_order)} but not {unpaused}",
                         events,
                         pos,
                     )

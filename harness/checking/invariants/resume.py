@@ -30,7 +30,6 @@ to a trace without lives (``has_lives``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from harness.checking.invariants.base import Violation, invariant
 from harness.trace import Event
@@ -112,7 +111,7 @@ class ResumeReport:
             out[g.mechanism] = out.get(g.mechanism, 0) + 1
         return dict(sorted(out.items()))
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {
             "lost": len(self.lost),
             "duplicated": len(self.duplicated),

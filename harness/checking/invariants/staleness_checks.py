@@ -31,8 +31,8 @@ from harness.trace import Event
 
 
 def _oldest(gi: int, members: dict[int, list[int]], finished: dict[int, Event]) -> int | None:
-    vs = [oldest_weight_version(finished[i]) for i in members.get(gi, ()) if i in finished]
-    vs = [v for v in vs if v is not None]
+    found = [oldest_weight_version(finished[i]) for i in members.get(gi, ()) if i in finished]
+    vs = [v for v in found if v is not None]
     return min(vs) if vs else None
 
 
@@ -69,6 +69,7 @@ def _fully_async_bounded(c: AsyncConfig) -> bool:
 
 @invariant("trained_age_bound", applies=_fully_async_bounded)
 def check_trained_age_bound(events: list[Event], config: AsyncConfig) -> list[Violation]:
+    assert config.max_weight_staleness is not None, "applies only with a bound (_fully_async_bounded)"
     name, bound, out = "trained_age_bound", config.max_weight_staleness + 1, []
     for pos, e, members, finished in walk_groups(events):
         if e.kind != ev.TRAINED:
