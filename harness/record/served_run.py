@@ -83,30 +83,10 @@ class _RecordedRun(upstream_e2e._Run):
         return self._driver_module()
 
     def _driver_module(self) -> Any:
-        """Upstream's ``train_async.py`` as the served run loads it, or the patched text a
-        seeded driver bug put in ``harness.upstream.runner.DRIVER_SOURCES`` (compiled under
-        the file's own name), with its Ray names rebound to this run."""
-        import asyncio
-        import importlib.util
-
-        from harness.upstream import runner, source
-        from harness.upstream.ray_names import rebind_ray_names
-
-        text = runner.DRIVER_SOURCES.get("train_async.py")
-        if text is None:
-            return super().driver()
-        path = source.active() / "train_async.py"
-        spec = importlib.util.spec_from_file_location("miles_harness_recorded_train_async", path)
-        if spec is None:
-            raise ImportError(f"{path}: not importable as a module")
-        mod = importlib.util.module_from_spec(spec)
-        exec(compile(text, str(path), "exec", dont_inherit=True), mod.__dict__)
-        return rebind_ray_names(
-            mod,
-            generate=lambda *a, **k: asyncio.ensure_future(self.generate(*a, **k)),
-            update_weights=self.update_weights,
-            train=self.train,
-        )
+        """Upstream's ``train_async.py`` as the served run loads it (``host.load_driver``: the
+        tree's file, or the patched text a seeded driver bug put in ``host.DRIVER_SOURCES``),
+        with its Ray names rebound to this run."""
+        return super().driver()
 
     async def generate(self, rollout_id: int) -> dict[str, Any]:
         import asyncio
