@@ -101,7 +101,7 @@ def trajectory_lifecycle() -> Any:
     return TrajectoryLifecycle()
 
 
-class _LifecycleSink:
+class LifecycleSink:
     """``TrajectoryLifecycle().sink`` while a run is hosted: which sample each task is
     generating. ``generate_and_rm`` announces its prompt sample (``attempt_start``,
     ``gen_start``, ``inference_rollout_common.py:L78-L93``); a generate function that adds
@@ -140,10 +140,7 @@ class _LifecycleSink:
         return self.task_root.get(task) if task is not None else None
 
 
-LifecycleSink = _LifecycleSink
-
-
-def sink_rebind(sink: _LifecycleSink) -> Rebind:
+def sink_rebind(sink: LifecycleSink) -> Rebind:
     """Upstream's lifecycle seam pointed at ``sink``."""
     return Rebind("trajectory_lifecycle", trajectory_lifecycle, "sink", lambda _: sink)
 

@@ -75,7 +75,7 @@ from harness.upstream import host, source, stand_ins
 from harness.upstream.group_accounting import GroupAccounting
 from harness.upstream.harness_errors import HarnessError, RunnerSeamError
 from harness.upstream.host import DRIVER_SOURCES as DRIVER_SOURCES
-from harness.upstream.host import Rebind, _LifecycleSink
+from harness.upstream.host import Rebind, LifecycleSink
 from harness.upstream.ray_names import rebind_ray_names
 from harness.upstream.seams import driver_of
 from harness.upstream.stand_ins import StandInCalled
@@ -225,7 +225,7 @@ async def http_get(url: str, *args: Any, **kwargs: Any) -> dict:
     raise StandInCalled(f"GET {url}: the runner serves only the router's worker list", seam="http_post_get(one-step)")
 
 
-def _announced(generate_and_rm: Callable, sink: _LifecycleSink) -> Callable:
+def _announced(generate_and_rm: Callable, sink: LifecycleSink) -> Callable:
     """Upstream's ``generate_and_rm``, called as is, with each sample announced to the
     run's sink first: for a tree whose ``generate_and_rm`` does not call the lifecycle
     sink itself (seam ``lifecycle_sink`` missing, ``harness.upstream.seams``). The pinned
@@ -501,7 +501,7 @@ class UpstreamRunner:
         self.hooks = hooks
         self.name = scenario.name
         # which sample each task is generating (upstream's lifecycle seam)
-        self.lifecycle = _LifecycleSink(on_trajectory_sample=self._trajectory_sample)
+        self.lifecycle = LifecycleSink(on_trajectory_sample=self._trajectory_sample)
         self.task_key: dict[asyncio.Task, int] = {}  # group task -> first sample index (done-set-order)
         # where upstream holds each group it took (``unaccounted`` after every rollout)
         self.accounting: GroupAccounting[asyncio.Task] = GroupAccounting(fully_async=scenario.config.fully_async)

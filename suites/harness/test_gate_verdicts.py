@@ -211,14 +211,14 @@ class _StandIn:  # defined in this test module, not in harness: not a stand-in
 def test_an_attribute_missing_on_a_harness_object_is_named_with_the_line():
     """The lifecycle sink is the harness' object in upstream's hands: a newer Miles calling
     a hook it lacks is the harness' failure, named with the calling line."""
-    from harness.upstream.runner import _LifecycleSink
+    from harness.upstream.host import LifecycleSink
 
-    sink = _LifecycleSink()
+    sink = LifecycleSink()
     try:
         sink.trajectory_end(object())
     except AttributeError as exc:
         message = stand_in_failure(exc)
-    assert message is not None and "`trajectory_end`" in message and "_LifecycleSink" in message
+    assert message is not None and "`trajectory_end`" in message and "LifecycleSink" in message
     assert "test_gate_verdicts.py:L" in message  # the line that called it
 
 
