@@ -37,13 +37,15 @@ import json
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
+from typing import TYPE_CHECKING, NotRequired, TypedDict
 
 from miles_async_core import events as ev
 from miles_async_core.errors import ConfigError
 
 from harness.trace import Event
+from harness.typing_aliases import JSONDict, JSONValue
 
+from .lines import Call, CallKey, Line, Request
 from .wrappers import GENERATE_BEGIN, GENERATE_CALL
 from .writer import PROCESS
 
@@ -107,14 +109,14 @@ NOT_IN_A_RECORD: dict[str, list[str]] = {
 @dataclass
 class ProcessFile:
     path: Path
-    header: dict[str, Any]
-    lines: list[dict[str, Any]]
+    header: Line  # the identity line (pid, role, host, argv)
+    lines: list[Line]
     truncated: bool = False
     offset: float = 0.0  # wall - mono
 
     @property
     def role(self) -> str:
-        return str(self.header.get("role", "?"))
+        return str(self.header.fields.get("role", "?"))
 
 
 class ProcessSummary(TypedDict):
@@ -133,8 +135,8 @@ def _summary(pf: ProcessFile, life: int | None) -> ProcessSummary:
     out: ProcessSummary = {
         "file": pf.path.name,
         "role": pf.role,
-        "pid": pf.header.get("pid"),
-        "host": pf.header.get("host"),
+        "pid": pf.header.get_optional_int("pid"),
+        "host": pf.header.get_optional_str("host"),
         "events": len(pf.lines),
         "truncated": pf.truncated,
     }
@@ -152,19 +154,25 @@ class Merged:
     bytes_total: int = 0
 
 
+# (time on the merged clock, position in its process file, kind, fields): a process's events
+_Row = tuple[float, int, str, JSONDict]
+# (time on the merged clock, kind, fields): a life's events in order
+_LifeRow = tuple[float, str, JSONDict]
+
+
 def read_process_file(path: Path, *, incomplete: bool) -> ProcessFile | None:
     """One process's file, or None when ``path`` is not one (no identity line)."""
     raw = path.read_bytes()
     text = raw.decode("utf-8", errors="replace")
     rows = text.split("\n")
     cut = rows[-1] != ""  # a file a live writer left whole ends with a newline
-    docs: list[dict[str, Any]] = []
+    docs: list[Line] = []
     truncated = False
     for n, row in enumerate(rows, start=1):
         if not row.strip():
             continue
         try:
-            doc = json.loads(row)
+            doc: JSONValue = json.loads(row)
         except json.JSONDecodeError:
             last = n == len(rows) if cut else n == len(rows) - 1
             if last:
@@ -175,13 +183,14 @@ def read_process_file(path: Path, *, incomplete: bool) -> ProcessFile | None:
                 "harness.record writes; only a last line cut short is tolerated. Fix: remove the "
                 "line or pass the files as the run left them"
             ) from None
-        if not isinstance(doc, dict) or "kind" not in doc or not {"mono", "wall"} <= set(doc):
+        line = Line.parse(doc, path, n)
+        if line is None:
             raise ConfigError(
-                f"record {path}, line {n}: {row[:80]!r} lacks kind/mono/wall. Allowed: "
-                "harness.record's event lines. Fix: remove the line"
+                f"record {path}, line {n}: {row[:80]!r} lacks a string kind or a numeric mono/wall. "
+                "Allowed: harness.record's event lines. Fix: remove the line"
             )
-        docs.append(doc)
-    if not docs or docs[0]["kind"] != PROCESS:
+        docs.append(line)
+    if not docs or docs[0].kind != PROCESS:
         return None
     if truncated and not incomplete:
         raise ConfigError(
@@ -190,7 +199,7 @@ def read_process_file(path: Path, *, incomplete: bool) -> ProcessFile | None:
             f"Fix: miles-harness check-trace --merge {path.parent} --incomplete"
         )
     pf = ProcessFile(path, docs[0], docs[1:], truncated)
-    pf.offset = statistics.median(d["wall"] - d["mono"] for d in docs)
+    pf.offset = statistics.median(d.wall - d.mono for d in docs)
     return pf
 
 
@@ -219,49 +228,45 @@ def read_dir(directory: Path, *, incomplete: bool) -> list[ProcessFile]:
 _FRAMEWORK_SKIP = {PROCESS, GENERATE_CALL, "train_data", "weights_written"}
 
 
-def _calls(files: list[ProcessFile]) -> list[dict[str, Any]]:
-    out = []
-    for pf in files:
-        for d in pf.lines:
-            if d["kind"] == GENERATE_CALL and not d.get("evaluation"):
-                out.append(dict(d, t0=d["start_mono"] + pf.offset, t1=d["mono"] + pf.offset, matched=False))
-    return out
+def _calls(files: list[ProcessFile]) -> list[Call]:
+    return [
+        Call.parse(d, pf.offset)
+        for pf in files
+        for d in pf.lines
+        if d.kind == GENERATE_CALL and not d.fields.get("evaluation")
+    ]
 
 
-def _requests(server: ProcessFile, number: int) -> list[dict[str, Any]]:
+def _requests(server: ProcessFile, number: int) -> list[Request]:
     """The requests ``server`` finished: its index, submission and end on the merged clock."""
     submitted: dict[int, float] = {}
     out = []
     for d in server.lines:
-        t = d["mono"] + server.offset
-        if d["kind"] == ev.SUBMITTED:
-            submitted[d["index"]] = t
-        elif d["kind"] == ev.FINISHED and d["index"] in submitted:
-            out.append({"server": number, "index": d["index"], "t_sub": submitted[d["index"]], "t": t, "done": d})
+        if d.kind == ev.SUBMITTED:
+            submitted[d.get_int("index")] = d.mono + server.offset
+        elif d.kind == ev.FINISHED and d.fields.get("index") in submitted:
+            out.append(Request.parse(d, number, submitted[d.get_int("index")], server.offset))
     return out
 
 
-def _fits(call: dict[str, Any], req: dict[str, Any]) -> bool:
+def _fits(call: Call, req: Request) -> bool:
     """Same tokens added, status and reported version; the request inside the call's window."""
-    d = req["done"]
     return (
-        call["added_tokens"] == d["response_length"]
-        and call["status"] == str(d["status"]).lower()
-        and call["added_versions"] == [str(v) for v in d["weight_versions"]]
-        and call["t0"] <= req["t_sub"] + JOIN_SLACK_S
-        and call["t1"] >= req["t"] - JOIN_SLACK_S
+        call.added_tokens == req.response_length
+        and call.status == req.status
+        and call.added_versions == req.weight_versions
+        and call.t0 <= req.t_sub + JOIN_SLACK_S
+        and call.t1 >= req.t - JOIN_SLACK_S
     )
 
 
-def _nearest(found: list[dict[str, Any]], t: float) -> dict[str, Any]:
+def _nearest(found: list[Call], t: float) -> Call:
     # the answer reaches the caller just after the server finishes it: the call that
     # ends soonest after the request's end (one ending before it, within the slack, last)
-    return min(found, key=lambda c: (c["t1"] < t, abs(c["t1"] - t)))
+    return min(found, key=lambda c: (c.t1 < t, abs(c.t1 - t)))
 
 
-def _join(
-    servers: list[ProcessFile], calls: list[dict[str, Any]], stats: dict[str, int]
-) -> list[dict[int, dict[str, Any]]]:
+def _join(servers: list[ProcessFile], calls: list[Call], stats: dict[str, int]) -> list[dict[int, Call]]:
     """Per server, request index -> the ``generate_call`` it answered. Exact first: the
     request's ``tokens_digest`` (prompt and output ids) equals the call's (the sample's
     tokens after it); several calls with the same digest (samples of one prompt with the
@@ -270,79 +275,78 @@ def _join(
     single-turn), ``_fits`` and ``_nearest``, taking requests in the order they ended on
     every server together (a request must not take the call of another server's request
     that ended before it)."""
-    requests = sorted((r for n, pf in enumerate(servers) for r in _requests(pf, n)), key=lambda r: r["t"])
-    by_digest: dict[str, list[dict[str, Any]]] = {}
+    requests = sorted((r for n, pf in enumerate(servers) for r in _requests(pf, n)), key=lambda r: r.t)
+    by_digest: dict[str, list[Call]] = {}
     for c in calls:
-        if c.get("tokens_digest"):
-            by_digest.setdefault(c["tokens_digest"], []).append(c)
-    mappings: list[dict[int, dict[str, Any]]] = [{} for _ in servers]
+        if c.tokens_digest:
+            by_digest.setdefault(c.tokens_digest, []).append(c)
+    mappings: list[dict[int, Call]] = [{} for _ in servers]
 
-    def take(call: dict[str, Any], req: dict[str, Any]) -> None:
-        call["matched"], call["server"] = True, servers[req["server"]]
-        mappings[req["server"]][req["index"]] = call
+    def take(call: Call, req: Request) -> None:
+        call.server = req.server
+        mappings[req.server][req.index] = call
         stats["joined"] += 1
 
     rest = []
     for req in requests:
-        digest = req["done"].get("tokens_digest")
-        found = [c for c in by_digest.get(digest, ()) if not c["matched"]] if digest else []
+        digest = req.tokens_digest
+        found = [c for c in by_digest.get(digest, ()) if c.server is None] if digest else []
         if not found:
             rest.append(req)
             continue
         if len(found) > 1:
             found = [c for c in found if _fits(c, req)] or found
             stats["ambiguous"] += len(found) > 1
-        take(_nearest(found, req["t"]), req)
+        take(_nearest(found, req.t), req)
         stats["exact"] += 1
     for req in rest:
-        digest = req["done"].get("tokens_digest")
+        digest = req.tokens_digest
         found = [
-            c for c in calls if not c["matched"] and _fits(c, req) and not (digest and c.get("tokens_digest"))
+            c for c in calls if c.server is None and _fits(c, req) and not (digest and c.tokens_digest)
         ]  # two digests that differ: not this call
         if not found:
             stats["server_requests_unjoined"] += 1
             continue
         stats["ambiguous"] += len(found) > 1
-        take(_nearest(found, req["t"]), req)
+        take(_nearest(found, req.t), req)
     return mappings
 
 
-def _server_events(
-    server: ProcessFile, number: int, multi: bool, mapping: dict[int, dict[str, Any]]
-) -> list[tuple[float, int, str, dict[str, Any]]]:
+def _server_events(server: ProcessFile, number: int, multi: bool, mapping: dict[int, Call]) -> list[_Row]:
     out = []
     for n, d in enumerate(server.lines):
-        kind = d["kind"]
-        fields = {k: v for k, v in d.items() if k not in ("kind", "mono", "wall")}
+        kind = d.kind
+        fields = dict(d.fields)
         if kind in (ev.TAKEN, ev.GROUP_DONE, ev.SUBMITTED):
             # the server's own one-request groups, and its arrival order: Miles' groups and
             # its submissions (the generate function's call) come from the recorder
             continue
         if "index" in fields:
-            call = mapping.get(fields["index"])
+            call = mapping.get(d.get_int("index"))
             if call is None:
                 continue
-            fields["index"] = call["index"]
+            fields["index"] = call.index
             if "group_index" in fields:
-                fields["group_index"] = call["group_index"]
+                fields["group_index"] = call.group_index
             if kind == ev.FINISHED:  # what Miles' sample holds after this call
-                fields["weight_versions"] = list(call["weight_versions"])
+                fields["weight_versions"] = list(call.weight_versions)
         if "indices" in fields:
-            fields["indices"] = [mapping[i]["index"] for i in fields["indices"] if i in mapping]
+            fields["indices"] = [mapping[i].index for i in d.get_list("indices") if isinstance(i, int) and i in mapping]
             if not fields["indices"]:
                 continue
         if multi:
             fields["engine"] = number
             if kind == ev.ENGINE_VERSION:
                 kind = ev.ENGINE_LOADED
-        out.append((d["mono"] + server.offset, n, kind, fields))
+        out.append((d.mono + server.offset, n, kind, fields))
     return out
 
 
-def _loads_complete(rows: list[tuple[float, int, str, dict[str, Any]]], servers: int) -> list:
-    """The update to version v is in force when the last server has loaded it."""
-    loaded: dict[int, set[int]] = {}
-    out = []
+def _loads_complete(rows: list[_Row], servers: int) -> list[_Row]:
+    """The update to version v is in force when the last server has loaded it (``rows``:
+    the servers' events, each loaded version with the ``engine`` that loaded it)."""
+    loaded: dict[JSONValue, set[JSONValue]] = {}
+    out: list[_Row] = []
     for t, n, kind, fields in sorted(rows, key=lambda r: r[0]):
         if kind == ev.ENGINE_LOADED:
             have = loaded.setdefault(fields["version"], set())
@@ -352,25 +356,34 @@ def _loads_complete(rows: list[tuple[float, int, str, dict[str, Any]]], servers:
     return out
 
 
-def _framework_events(pf: ProcessFile) -> list[tuple[float, int, str, dict[str, Any]]]:
-    out = []
-    pending_drain: list[dict[str, Any]] = []
-    begins: dict[tuple[int, float], dict[str, Any]] = {}  # a call's submission, by (index, start)
+def _framework_events(pf: ProcessFile, joined: dict[CallKey, int], multi: bool) -> list[_Row]:
+    """``pf``'s events; a ``generate_call`` in ``joined`` (its key -> the number of the
+    server whose request answered it) has its ``finished`` from that server's events."""
+    out: list[_Row] = []
+    pending_drain: list[JSONDict] = []
+    begins: dict[CallKey, JSONDict] = {}  # a call's submission, by (index, start)
     for n, d in enumerate(pf.lines):
-        kind = d["kind"]
-        fields = {k: v for k, v in d.items() if k not in ("kind", "mono", "wall")}
-        t = d["mono"] + pf.offset
+        kind = d.kind
+        fields = dict(d.fields)
+        t = d.mono + pf.offset
         if kind == GENERATE_BEGIN:
-            begins[(d["index"], d["mono"])] = {"index": d["index"], "group_index": d["group_index"], "version": None}
-            out.append((t, n, ev.SUBMITTED, begins[(d["index"], d["mono"])]))
+            sub: JSONDict = {
+                "index": d.fields.get("index"),
+                "group_index": d.fields.get("group_index"),
+                "version": None,
+            }
+            begins[(d.get_optional_int("index"), d.mono)] = sub
+            out.append((t, n, ev.SUBMITTED, sub))
             continue
         if kind == GENERATE_CALL:
-            if d.get("evaluation"):
+            if d.fields.get("evaluation"):
                 continue
-            sub = begins.get((d["index"], d["start_mono"]))
-            if sub is not None and "_engine" in d:
-                sub["engine"] = d["_engine"]
-            if d.get("_joined"):
+            call = Call.parse(d, pf.offset)
+            submission = begins.get(call.key)
+            if submission is not None and multi and call.key in joined:
+                # the request's engine, as a submission to one of several engines carries
+                submission["engine"] = joined[call.key]
+            if call.key in joined:
                 continue  # the server's events of this request stand for it
             out.append(
                 (
@@ -378,12 +391,12 @@ def _framework_events(pf: ProcessFile) -> list[tuple[float, int, str, dict[str, 
                     n,
                     ev.FINISHED,
                     {
-                        "index": d["index"],
-                        "group_index": d["group_index"],
-                        "status": d["status"],
-                        "response_length": d["response_length"],
+                        "index": call.index,
+                        "group_index": call.group_index,
+                        "status": call.status,
+                        "response_length": call.response_length,
                         "token_versions": [],
-                        "weight_versions": d["weight_versions"],
+                        "weight_versions": call.weight_versions,
                     },
                 )
             )
@@ -409,7 +422,7 @@ def merge_dir(directory: str | Path, *, incomplete: bool = False) -> Merged:
         rows = _merge_life(files, stats)
     else:
         rows = []
-        saved: dict[int, object] = {}  # model checkpoint rollout -> the version its weights were served as
+        saved: dict[JSONValue, JSONValue] = {}  # model checkpoint rollout -> the version its weights were served as
         for number, life_files in enumerate(lives):
             rows += _life_rows(
                 number, _merge_life(life_files, stats), last=number == len(lives) - 1, files=life_files, saved=saved
@@ -429,7 +442,7 @@ def merge_dir(directory: str | Path, *, incomplete: bool = False) -> Merged:
 
 def _span(pf: ProcessFile) -> tuple[float, float]:
     """A process's first and last moment on the wall clock (its identity line included)."""
-    monos = [pf.header["mono"], *(d["mono"] for d in pf.lines)]
+    monos = [pf.header.mono, *(d.mono for d in pf.lines)]
     return min(monos) + pf.offset, max(monos) + pf.offset
 
 
@@ -455,12 +468,12 @@ def split_lives(files: list[ProcessFile]) -> list[list[ProcessFile]]:
 
 def _life_rows(
     number: int,
-    rows: list[tuple[float, str, dict[str, Any]]],
+    rows: list[_LifeRow],
     *,
     last: bool,
     files: list[ProcessFile],
-    saved: dict[int, object],
-) -> list[tuple[float, str, dict[str, Any]]]:
+    saved: dict[JSONValue, JSONValue],
+) -> list[_LifeRow]:
     """One life's events with ``life``, opened by ``life_start`` (``start_rollout_id``: the
     loaded model checkpoint's rollout + 1, as Megatron resumes, else 0; ``loaded_version``:
     the version an earlier life recorded for that checkpoint's weights when it saved them
@@ -469,9 +482,14 @@ def _life_rows(
     ended with its process (``crash``: the record cannot tell a kill from a planned exit);
     the last one ``completed`` unless its record was cut short mid-line (``crash``)."""
     loaded = next((f["rollout_id"] for _, k, f in rows if k == ev.CHECKPOINT_LOADED and f["part"] == "model"), None)
+    if loaded is not None and not isinstance(loaded, int):
+        raise ConfigError(
+            f"record: a model checkpoint_loaded has rollout_id {loaded!r}. Allowed: an integer, as "
+            "harness.record writes it. Fix: remove the line or record the run again"
+        )
     t0 = rows[0][0] if rows else 0.0
     t1 = rows[-1][0] if rows else 0.0
-    start = {
+    start: JSONDict = {
         "life": number,
         "start_rollout_id": 0 if loaded is None else loaded + 1,
         "loaded_version": saved.get(loaded) if loaded is not None else None,
@@ -489,31 +507,26 @@ def _life_rows(
     ]
 
 
-def _merge_life(files: list[ProcessFile], stats: dict[str, int]) -> list[tuple[float, str, dict[str, Any]]]:
+def _merge_life(files: list[ProcessFile], stats: dict[str, int]) -> list[_LifeRow]:
     """One life's process files merged: (wall time, kind, fields), in order."""
     servers = [pf for pf in files if pf.role.startswith("server")]
     framework = [pf for pf in files if not pf.role.startswith("server")]
     calls = _calls(framework)
-    rows: list[tuple[float, int, int, str, dict[str, Any]]] = []
+    rows: list[tuple[float, int, int, str, JSONDict]] = []  # (t, process, line, kind, fields)
     multi = len(servers) > 1
-    server_rows: list = []
+    server_rows: list[_Row] = []
     for number, (pf, mapping) in enumerate(zip(servers, _join(servers, calls, stats))):
         server_rows += _server_events(pf, number, multi, mapping)
     if multi:
         server_rows += _loads_complete(server_rows, len(servers))
-    matched = {(c["index"], c["start_mono"]): servers.index(c["server"]) for c in calls if c["matched"]}
-    stats["calls_unjoined"] += sum(1 for c in calls if not c["matched"]) if servers else 0
-    for pf in framework:
-        for d in pf.lines:
-            if d["kind"] == GENERATE_CALL and (d["index"], d["start_mono"]) in matched:
-                d["_joined"] = True
-                if multi:  # the request's engine, as a submission to one of several engines carries
-                    d["_engine"] = matched[(d["index"], d["start_mono"])]
+    joined = {c.key: c.server for c in calls if c.server is not None}
+    stats["calls_unjoined"] += sum(1 for c in calls if c.server is None) if servers else 0
     for order, pf in enumerate(framework):
-        rows += [(t, order, n, k, f) for t, n, k, f in _framework_events(pf)]
+        rows += [(t, order, n, k, f) for t, n, k, f in _framework_events(pf, joined, multi)]
     rows += [(t, len(framework) + 1, n, k, f) for t, n, k, f in server_rows]
     rows.sort(key=lambda r: (r[0], r[1], r[2]))
-    out, engine = [], 0
+    out: list[_LifeRow] = []
+    engine: JSONValue = 0
     for t, _, _, kind, fields in rows:
         if kind == ev.ENGINE_VERSION:
             engine = fields["version"]

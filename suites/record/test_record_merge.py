@@ -86,6 +86,29 @@ def test_a_bad_line_inside_a_file_is_an_error_naming_file_and_line(tmp_path):
         merge_dir(tmp_path, incomplete=True)
 
 
+def test_a_line_without_numeric_clocks_is_an_error_naming_file_and_line(tmp_path):
+    _one_step_run(tmp_path)
+    path = next(tmp_path.glob("rollout-*.jsonl"))
+    lines = path.read_text().splitlines()
+    lines[2] = json.dumps({**json.loads(lines[2]), "mono": "late"})
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ConfigError, match=r"line 3: .*numeric mono/wall"):
+        merge_dir(tmp_path)
+
+
+def test_a_generate_call_field_of_the_wrong_type_is_an_error_naming_it(tmp_path):
+    _one_step_run(tmp_path)
+    path = next(tmp_path.glob("rollout-*.jsonl"))
+    lines = path.read_text().splitlines()
+    n = next(i for i, line in enumerate(lines) if json.loads(line)["kind"] == "generate_call")
+    lines[n] = json.dumps({**json.loads(lines[n]), "weight_versions": "1"})
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(
+        ConfigError, match=rf"line {n + 1}: generate_call field 'weight_versions' is '1'\. Allowed: a list"
+    ):
+        merge_dir(tmp_path)
+
+
 def test_processes_are_aligned_on_the_wall_clock(tmp_path):
     a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
     # two processes whose monotonic clocks differ by 1000 s; b's take happens 1 s after a's start
