@@ -49,7 +49,7 @@ print(steps * {B} * {N} / cpu, result.engine_stats["requests"], result.engine_st
 """
 
 
-def _run(checkout: Path, steps: int) -> tuple[float, int, int]:
+def rate_at(checkout: Path, steps: int) -> tuple[float, int, int]:
     out = subprocess.run(
         [sys.executable, "-c", CHILD, str(steps)],
         cwd=checkout,
@@ -93,7 +93,7 @@ def compare(base: str, pairs: int, steps: int) -> dict:
         for i in range(pairs):
             order = [("base", wt), ("head", ROOT)] if i % 2 == 0 else [("head", ROOT), ("base", wt)]
             for side, tree in order:
-                rate, requests, tokens = _run(tree, steps)
+                rate, requests, tokens = rate_at(tree, steps)
                 rates[side].append(rate)
                 work[side].add((requests, tokens))
     med = {side: statistics.median(v) for side, v in rates.items()}

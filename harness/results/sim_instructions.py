@@ -53,7 +53,7 @@ def per_sample(short: dict[str, int], long: dict[str, int], steps: int) -> dict[
     return {key: round((long[key] - short[key]) / samples, 1) for key in ("instructions", "ll_misses")}
 
 
-def _count(tree: Path, steps: int) -> dict[str, int]:
+def count_at(tree: Path, steps: int) -> dict[str, int]:
     env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONHASHSEED": "0", "OPENBLAS_NUM_THREADS": "1"}
     out = subprocess.run(
         VALGRIND + [sys.executable, "-c", CHILD, str(steps)], cwd=tree, capture_output=True, text=True, env=env
@@ -77,7 +77,7 @@ def compare(base: str, short: int, long: int) -> dict:
         )
     with checkout(base_commit) as wt, ThreadPoolExecutor(max_workers=2) as pool:
         jobs = {
-            (side, steps): pool.submit(_count, tree, steps)
+            (side, steps): pool.submit(count_at, tree, steps)
             for side, tree in (("base", wt), ("head", ROOT))
             for steps in (short, long)
         }

@@ -36,8 +36,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from harness.results.schema import git_info, machine_info, utc_now
-from harness.results.sim_ab import CHILD, ROOT, B, N, write_report
-from harness.results.sim_instructions import VALGRIND, parse_cachegrind, per_sample
+from harness.results.sim_ab import ROOT, B, N, rate_at, write_report
+from harness.results.sim_instructions import count_at, per_sample
 
 TRICKS = ROOT / "harness/results/tricks"
 KEEP_RATIO = 1.10  # the side-by-side gain a speed trick must show to stay
@@ -130,30 +130,6 @@ def stored_digests(root: Path = ROOT) -> dict[str, str]:
     return {"golden": golden, **{name: str(d["sha256"]) for name, d in cross.items()}}
 
 
-def _rate(tree: Path, steps: int) -> tuple[float, int, int]:
-    out = subprocess.run(
-        [sys.executable, "-c", CHILD, str(steps)],
-        cwd=tree,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(tree)},
-    )
-    if out.returncode != 0:
-        raise SystemExit(f"the simulation at {tree} failed:\n{out.stderr[-2000:]}")
-    rate, requests, tokens = out.stdout.split()
-    return float(rate), int(requests), int(tokens)
-
-
-def _instructions(tree: Path, steps: int) -> dict[str, int]:
-    env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONHASHSEED": "0", "OPENBLAS_NUM_THREADS": "1"}
-    out = subprocess.run(
-        VALGRIND + [sys.executable, "-c", CHILD, str(steps)], cwd=tree, capture_output=True, text=True, env=env
-    )
-    if out.returncode != 0:
-        raise SystemExit(f"the simulation at {tree} under cachegrind failed:\n{out.stderr[-2000:]}")
-    return parse_cachegrind(out.stderr)
-
-
 def compare(rounds: int, steps: int, instructions: bool, short: int = 2, long: int = 6) -> dict[str, object]:
     if rounds < 1 or steps < 1:
         raise SystemExit(f"--rounds {rounds} --steps {steps}: both must be >= 1; fix: e.g. --rounds 5 --steps 200")
@@ -174,7 +150,7 @@ def compare(rounds: int, steps: int, instructions: bool, short: int = 2, long: i
         work: dict[str, set[tuple[int, int]]] = {v: set() for v in variants}
         for r in range(rounds):
             for v in variants[r % len(variants) :] + variants[: r % len(variants)]:
-                rate, requests, tokens = _rate(trees[v], steps)
+                rate, requests, tokens = rate_at(trees[v], steps)
                 rates[v].append(rate)
                 work[v].add((requests, tokens))
         med = {v: statistics.median(x) for v, x in rates.items()}
@@ -182,7 +158,7 @@ def compare(rounds: int, steps: int, instructions: bool, short: int = 2, long: i
         counts: dict[tuple[str, int], dict[str, int]] = {}
         if instructions:
             with ThreadPoolExecutor(max_workers=2) as pool:
-                jobs = {(v, s): pool.submit(_instructions, trees[v], s) for v in variants for s in (short, long)}
+                jobs = {(v, s): pool.submit(count_at, trees[v], s) for v in variants for s in (short, long)}
                 counts = {key: job.result() for key, job in jobs.items()}
     stored = stored_digests()
     gains = {n: round(med["head"] / med[f"plain:{n}"], 3) for n in names}

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from harness.results.sim_ab import ROOT
-from harness.results.sim_instructions import _count, per_sample
+from harness.results.sim_instructions import count_at, per_sample
 
 pytestmark = [pytest.mark.bench, pytest.mark.valgrind]
 
@@ -39,7 +39,7 @@ def test_instructions_per_simulated_sample_are_measured():
             "valgrind is not on PATH (the count runs the simulation under cachegrind); fix: apt install valgrind"
         )
     with ThreadPoolExecutor(max_workers=2) as pool:
-        short, long = pool.map(lambda steps: _count(ROOT, steps), (SHORT, LONG))
+        short, long = pool.map(lambda steps: count_at(ROOT, steps), (SHORT, LONG))
     assert long["instructions"] > short["instructions"] > 0 and long["ll_misses"] >= short["ll_misses"] >= 0
     got = per_sample(short, long, LONG - SHORT)
     committed = json.loads(RESULT_PATH.read_text())["per_sample"]["head"] if RESULT_PATH.exists() else None
