@@ -131,7 +131,7 @@ class GroupAccounting(Generic[TaskT]):
         if self.fully_async:
             out |= {gi for t, gi in self.task_group.items() if t not in self.returned_tasks}
         else:
-            out |= {gi for t, gi in self.task_group.items() if t not in finished}
+            out |= self.running(finished)
         return out | self.held | self.putting
 
     def unaccounted(self, queued: set[int], finished: Collection[TaskT], now: float) -> set[int]:

@@ -42,8 +42,7 @@ holds each group it took is ``harness.upstream.group_accounting``, fed by these 
 
 Every upstream name the runner rebinds is a ``harness.upstream.host.Rebind``
 (``virtual_time_rebinds``), installed for one run and restored after it
-(``host.installed``); ``DRIVER_SOURCES`` is the host's (re-exported here for
-``harness.record.served_run``).
+(``host.installed``); each run loads its driver through ``host.load_driver``.
 """
 
 from __future__ import annotations
@@ -74,7 +73,6 @@ from harness.trace import Event, TraceRecorder
 from harness.upstream import host, source, stand_ins
 from harness.upstream.group_accounting import GroupAccounting
 from harness.upstream.harness_errors import HarnessError, RunnerSeamError
-from harness.upstream.host import DRIVER_SOURCES as DRIVER_SOURCES
 from harness.upstream.host import Rebind, LifecycleSink
 from harness.upstream.ray_names import rebind_ray_names
 from harness.upstream.seams import driver_of

@@ -113,7 +113,7 @@ def test_applying_a_mutant_changes_the_live_code_and_leaving_restores_it(miles_s
     from miles.rollout.fully_async_data_buffer import DefaultDataBuffer
     from miles.rollout.fully_async_rollout import DefaultDataBuffer as imported_elsewhere
 
-    from harness.upstream import runner
+    from harness.upstream import host
 
     get = DefaultDataBuffer.get
     before = get.__code__
@@ -124,8 +124,8 @@ def test_applying_a_mutant_changes_the_live_code_and_leaving_restores_it(miles_s
     assert get.__code__ is before
     drv = next(m for m in UPSTREAM_MUTANTS if m.area == "driver")
     with patching.applied(drv):
-        assert "train_async.py" in runner.DRIVER_SOURCES
-    assert runner.DRIVER_SOURCES == {}
+        assert "train_async.py" in host.DRIVER_SOURCES
+    assert host.DRIVER_SOURCES == {}
 
 
 def test_every_upstream_mutant_is_caught(miles_src, capsys):
