@@ -1,0 +1,853 @@
+"""A small in-process Ray for the virtual-time host: upstream's Ray orchestration runs as
+written, in one process, on the one-thread virtual-time loop (``harness.sim.vtime``).
+
+``modules()`` gives the module objects to install as ``ray`` and the submodules upstream
+imports from. The contract, following Ray's documented behaviour, made deterministic:
+
+- ``remote`` wraps a class (an actor class) or a function (a remote function), with or
+  without options; option names are checked (``TypeError`` naming an unknown one).
+- An actor's constructor runs at ``.remote()`` (a valid Ray schedule: Ray finishes the
+  constructor before the first method call). One that raises leaves a dead handle.
+- An actor whose class has an ``async def`` method is an async actor: each coroutine call
+  is an asyncio task on the running loop, concurrent with the others; its plain methods run
+  at ``.remote()`` (in Ray they block the actor's loop while they run). A sync actor runs
+  calls one at a time in submission order: at ``.remote()`` when idle, else queued behind
+  the call that is running. Top-level ``ObjectRef`` arguments are resolved, as Ray does.
+- ``ray.get`` / ``ray.wait`` never block: a pending ref with no timeout raises
+  ``VRayBlockingGet`` (on one thread it would deadlock); with a timeout, the timeout is
+  what happens (``GetTimeoutError``, or the not-ready list), a schedule where the callee
+  is slower than the timeout. Refs are awaitable; ``await`` is how async code waits.
+- Resources: one node (``Cluster``). Placement groups and actors reserve CPUs, GPUs (ids,
+  fractions below 1 share a GPU) and custom resources, from the node or from a bundle;
+  what does not fit raises ``VRayUnschedulable`` (Ray would leave it pending forever).
+- ``kill_actor`` / ``ray.kill``: the actor dies now; queued and in-flight calls fail with
+  ``ActorDiedError`` (a ``RayActorError``), its async calls are cancelled, its resources
+  and name are freed.
+
+Not modelled: processes and their isolation (actors share this interpreter; arguments are
+not copied or serialized), the object store and spilling, retries and restarts
+(``max_restarts`` and the like are accepted and ignored), ``max_concurrency`` and
+concurrency groups (recorded only), ``num_returns`` other than 1, multi-node clusters,
+runtime environments, task cancellation by ``ray.cancel``, and tasks an actor spawns
+itself (they outlive a kill). A remote error is re-raised as the original exception, not
+wrapped in ``RayTaskError``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import inspect
+import sys
+import types
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+DEFAULT_NUM_GPUS = 8
+DEFAULT_NUM_CPUS = 32
+_EPS = 1e-9
+
+
+class RayError(Exception):
+    pass
+
+
+class RayActorError(RayError):
+    """The actor died before or while running the call."""
+
+
+class ActorDiedError(RayActorError):
+    pass
+
+
+class RayTaskError(RayError):
+    """For ``except`` clauses only: vray re-raises a remote call's own exception."""
+
+
+class TaskCancelledError(RayError):
+    pass
+
+
+class GetTimeoutError(RayError, TimeoutError):
+    pass
+
+
+class VRayError(RuntimeError):
+    """A use of Ray that this one-thread host cannot run, or that would hang in Ray."""
+
+
+class VRayBlockingGet(VRayError):
+    pass
+
+
+class VRayUnschedulable(VRayError):
+    pass
+
+
+class VRayNoLoop(VRayError):
+    pass
+
+
+# Ray's option names, per kind of remote object (Ray rejects any other name).
+_COMMON = "num_cpus num_gpus resources accelerator_type memory object_store_memory name scheduling_strategy runtime_env"
+_COMMON += " label_selector enable_task_events _metadata placement_group_capture_child_tasks"
+_ACTOR_OPTIONS = set(_COMMON.split()) | set(
+    "namespace lifetime get_if_exists max_concurrency max_restarts max_task_retries max_pending_calls"
+    " concurrency_groups allow_out_of_order_execution _labels".split()
+)
+_TASK_OPTIONS = set(_COMMON.split()) | {"num_returns", "max_calls", "max_retries", "retry_exceptions"}
+_METHOD_OPTIONS = set("num_returns concurrency_group max_task_retries retry_exceptions name enable_task_events".split())
+
+
+def _check_options(options: dict[str, Any], allowed: set[str], what: str) -> dict[str, Any]:
+    for key in options:
+        if key not in allowed:
+            raise TypeError(f"invalid Ray option {key!r} for {what}; known: {', '.join(sorted(allowed))}")
+    if options.get("num_returns") not in (None, 1):
+        raise VRayError(f"{what}: num_returns={options['num_returns']!r} is not modelled by vray (only 1)")
+    return options
+
+
+@dataclass
+class Cluster:
+    """The one node: its resources (``resources`` are custom ones) and identity."""
+
+    num_gpus: int = DEFAULT_NUM_GPUS
+    num_cpus: float = DEFAULT_NUM_CPUS
+    resources: dict[str, float] = field(default_factory=dict)
+    node_ip: str = "127.0.0.1"
+    node_id: str = "vray-node-0"
+
+    def totals(self) -> dict[str, float]:
+        return {"CPU": float(self.num_cpus), "GPU": float(self.num_gpus), **self.resources}
+
+
+@dataclass
+class _Pool:
+    """Resources left in the node or in one bundle: GPUs by id (fraction left of each)."""
+
+    label: str
+    free: dict[str, float]
+    gpus: dict[int, float]
+
+    def describe(self) -> dict[str, float]:
+        return {**self.free, "GPU": round(sum(self.gpus.values()), 4)}
+
+
+@dataclass
+class _Grant:
+    pool: _Pool
+    amounts: dict[str, float]
+    gpus: dict[int, float]
+
+
+def _take(pool: _Pool, ask: dict[str, float]) -> _Grant | None:
+    """Reserve ``ask`` from ``pool``, or None (and nothing taken) if it does not fit. As in
+    Ray, a GPU fraction below 1 takes part of one GPU; 1 or more takes whole GPUs."""
+    if any(k != "GPU" and pool.free.get(k, 0.0) + _EPS < v for k, v in ask.items()):
+        return None
+    want = ask.get("GPU", 0.0)
+    picked: dict[int, float] = {}
+    if 0 < want < 1:
+        gid = next((i for i, left in pool.gpus.items() if left + _EPS >= want), None)
+        if gid is None:
+            return None
+        picked = {gid: want}
+    elif want >= 1:
+        whole = [i for i, left in pool.gpus.items() if left + _EPS >= 1.0][: int(want)]
+        if len(whole) < want:
+            return None
+        picked = dict.fromkeys(whole, 1.0)
+    amounts = {k: v for k, v in ask.items() if k != "GPU"}
+    for k, v in amounts.items():
+        pool.free[k] = round(pool.free.get(k, 0.0) - v, 4)
+    for i, f in picked.items():
+        pool.gpus[i] = round(pool.gpus[i] - f, 4)
+    return _Grant(pool, amounts, picked)
+
+
+def _give_back(grant: _Grant) -> None:
+    for k, v in grant.amounts.items():
+        grant.pool.free[k] = round(grant.pool.free[k] + v, 4)
+    for i, f in grant.gpus.items():
+        grant.pool.gpus[i] = round(grant.pool.gpus[i] + f, 4)
+
+
+def _ask(options: dict[str, Any], what: str) -> dict[str, float]:
+    gpus = float(options.get("num_gpus") or 0)
+    if gpus > 1 and gpus != int(gpus):
+        raise ValueError(f"{what}: num_gpus={gpus}: Ray accepts a fraction of one GPU or whole GPUs")
+    # Ray: an actor needs 0 CPUs to run unless num_cpus says otherwise.
+    ask = {"CPU": float(options.get("num_cpus") or 0), "GPU": gpus, **(options.get("resources") or {})}
+    return {k: float(v) for k, v in ask.items() if v}
+
+
+class _State:
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self.pool = _Pool(
+            f"node {cluster.node_id}",
+            {"CPU": float(cluster.num_cpus), **cluster.resources},
+            {i: 1.0 for i in range(cluster.num_gpus)},
+        )
+        self.actors: list[_Actor] = []
+        self.named: dict[tuple[str, str], ActorHandle] = {}
+        self.pgs: list[PlacementGroup] = []
+        self.initialized = False
+        self.namespace = ""
+        self.next_id = 0
+
+    def new_id(self) -> int:
+        self.next_id += 1
+        return self.next_id
+
+
+_state = _State(Cluster())
+_current: contextvars.ContextVar[_Actor | None] = contextvars.ContextVar("vray_current_actor", default=None)
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+def _caller() -> str:
+    """The first frame outside this module: the code that called into Ray."""
+    frame = sys._getframe(1)
+    while frame.f_back is not None and frame.f_code.co_filename == __file__:
+        frame = frame.f_back
+    return f"{frame.f_code.co_filename}:{frame.f_lineno}"
+
+
+class ObjectRef:
+    """The result of a remote call: done at once (eager calls, ``put``) or when its task ends."""
+
+    def __init__(self, label: str) -> None:
+        self._id, self._label = _state.new_id(), label
+        self._done = False
+        self._value: Any = None
+        self._error: BaseException | None = None
+        self._waiters: list[asyncio.Future[Any]] = []
+
+    def hex(self) -> str:
+        return f"{self._id:056x}"
+
+    def __repr__(self) -> str:
+        return f"ObjectRef({self._label}, {'done' if self._done else 'pending'})"
+
+    def __copy__(self) -> ObjectRef:
+        return self
+
+    def __deepcopy__(self, memo: Any) -> ObjectRef:
+        return self
+
+    def _resolve(self, value: Any = None, error: BaseException | None = None) -> None:
+        if self._done:
+            return
+        self._done, self._value, self._error = True, value, error
+        for fut in self._waiters:
+            if fut.done():  # its awaiter was cancelled
+                continue
+            if error is not None:
+                fut.set_exception(error)
+            else:
+                fut.set_result(value)
+        self._waiters.clear()
+
+    def _result(self) -> Any:
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+    def future(self) -> asyncio.Future[Any]:
+        """An asyncio future of the running loop that completes with this ref."""
+        loop = _running_loop()
+        if loop is None:
+            raise VRayNoLoop(f"{self!r}.future() at {_caller()} needs a running loop")
+        fut = loop.create_future()
+        if not self._done:
+            self._waiters.append(fut)
+        elif self._error is not None:
+            fut.set_exception(self._error)
+        else:
+            fut.set_result(self._value)
+        return fut
+
+    def __await__(self) -> Any:
+        return self.future().__await__()
+
+
+def _done_ref(label: str, value: Any = None, error: BaseException | None = None) -> ObjectRef:
+    ref = ObjectRef(label)
+    ref._resolve(value, error)
+    return ref
+
+
+def _pending_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[ObjectRef]:
+    return [a for a in (*args, *kwargs.values()) if isinstance(a, ObjectRef) and not a._done]
+
+
+def _resolved(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Ray passes a top-level ``ObjectRef`` argument as its value (its error fails the call)."""
+    value = lambda a: a._result() if isinstance(a, ObjectRef) else a  # noqa: E731
+    return tuple(value(a) for a in args), {k: value(v) for k, v in kwargs.items()}
+
+
+def _check_args_done(label: str, args: tuple, kwargs: dict) -> None:
+    if pending := _pending_args(args, kwargs):
+        raise VRayError(
+            f"{label} at {_caller()}: argument {pending[0]!r} is not done; Ray would wait for it, "
+            "a call that runs at .remote() cannot: await the ref first"
+        )
+
+
+def _run_now(actor: _Actor | None, ref: ObjectRef, fn: Callable[..., Any], args: tuple, kwargs: dict) -> None:
+    token = _current.set(actor)
+    try:
+        a, k = _resolved(args, kwargs)
+        value, error = fn(*a, **k), None
+    except Exception as e:
+        value, error = None, e
+    finally:
+        _current.reset(token)
+    if actor is not None and actor.dead is not None:  # it died while running the call
+        value, error = None, actor.died_error(ref._label)
+    ref._resolve(value, error)
+
+
+def _spawn(actor: _Actor | None, fn: Callable[..., Any], args: tuple, kwargs: dict, label: str) -> ObjectRef:
+    loop = _running_loop()
+    if loop is None:
+        raise VRayNoLoop(
+            f"{label}.remote() at {_caller()}: a coroutine call runs as a task of the running "
+            "virtual-time loop, and none is running: make the call inside run_virtual"
+        )
+    ref = ObjectRef(label)
+
+    async def body() -> Any:
+        _current.set(actor)  # the task's own context: the actor is current in the call
+        for dep in _pending_args(args, kwargs):
+            await dep
+        a, k = _resolved(args, kwargs)
+        return await fn(*a, **k)
+
+    task = loop.create_task(body())
+    if actor is not None:
+        actor.inflight[ref] = task
+
+    def finished(t: asyncio.Task[Any]) -> None:
+        if actor is not None:
+            actor.inflight.pop(ref, None)
+        if t.cancelled():
+            ref._resolve(error=TaskCancelledError(f"{label} was cancelled"))
+        elif (error := t.exception()) is not None:
+            ref._resolve(error=error)
+        else:
+            ref._resolve(t.result())
+
+    task.add_done_callback(finished)
+    return ref
+
+
+class _Actor:
+    def __init__(self, cls: type, options: dict[str, Any], grant: _Grant) -> None:
+        self.cls, self.options, self.grant = cls, options, grant
+        self.id = f"{_state.new_id():032x}"
+        self.instance: Any = None
+        self.is_async = any(inspect.iscoroutinefunction(getattr(cls, n, None)) for n in dir(cls))
+        self.dead: str | None = None
+        self.dead_from: BaseException | None = None
+        self.busy = False
+        self.queue: deque[tuple[ObjectRef, Callable[[], None]]] = deque()
+        self.inflight: dict[ObjectRef, asyncio.Task[Any]] = {}
+        self.handle = ActorHandle(self)
+
+    def died_error(self, label: str) -> ActorDiedError:
+        err = ActorDiedError(f"the actor {self.cls.__name__} ({self.id}) is dead: {self.dead}; {label} did not run")
+        err.__cause__ = self.dead_from
+        return err
+
+    def call(self, name: str, args: tuple, kwargs: dict) -> ObjectRef:
+        label = f"{self.cls.__name__}.{name}"
+        if self.dead is not None:
+            return _done_ref(label, error=self.died_error(label))
+        if name == "__ray_ready__":
+            return _done_ref(label, True)
+        fn = getattr(self.instance, name)
+        if inspect.iscoroutinefunction(fn):
+            return _spawn(self, fn, args, kwargs, label)
+        _check_args_done(label, args, kwargs)
+        ref = ObjectRef(label)
+        if self.is_async:
+            _run_now(self, ref, fn, args, kwargs)
+            return ref
+        self.queue.append((ref, lambda: _run_now(self, ref, fn, args, kwargs)))
+        if not self.busy:
+            self.busy = True
+            try:
+                while self.queue:
+                    self.queue.popleft()[1]()
+            finally:
+                self.busy = False
+        return ref
+
+
+def _die(actor: _Actor, cause: str, error: BaseException | None = None) -> None:
+    if actor.dead is not None:
+        return
+    actor.dead, actor.dead_from, actor.instance = cause, error, None
+    _give_back(actor.grant)
+    _state.actors.remove(actor)
+    for key in [k for k, h in _state.named.items() if h is actor.handle]:
+        del _state.named[key]
+    while actor.queue:
+        ref = actor.queue.popleft()[0]
+        ref._resolve(error=actor.died_error(ref._label))
+    for ref, task in list(actor.inflight.items()):
+        ref._resolve(error=actor.died_error(ref._label))
+        task.cancel()
+    actor.inflight.clear()
+
+
+class ActorHandle:
+    """A handle of one actor; ``handle.method.remote(...)`` calls it."""
+
+    __slots__ = ("_vray_actor",)
+
+    def __init__(self, actor: _Actor) -> None:
+        self._vray_actor = actor
+
+    def __getattr__(self, name: str) -> ActorMethod:
+        if name == "_vray_actor":
+            raise AttributeError(name)
+        actor = self._vray_actor
+        if name == "__ray_ready__" or (not name.startswith("__") and callable(getattr(actor.cls, name, None))):
+            return ActorMethod(actor, name, {})
+        raise AttributeError(f"actor class {actor.cls.__name__!r} has no method {name!r}")
+
+    def __repr__(self) -> str:
+        return f"ActorHandle({self._vray_actor.cls.__name__}, {self._vray_actor.id})"
+
+    def __copy__(self) -> ActorHandle:
+        return self
+
+    def __deepcopy__(self, memo: Any) -> ActorHandle:
+        return self
+
+
+class ActorMethod:
+    def __init__(self, actor: _Actor, name: str, options: dict[str, Any]) -> None:
+        self._actor, self._name, self._options = actor, name, options
+
+    def remote(self, *args: Any, **kwargs: Any) -> ObjectRef:
+        return self._actor.call(self._name, args, kwargs)
+
+    def options(self, **options: Any) -> ActorMethod:
+        _check_options(options, _METHOD_OPTIONS, f"actor method {self._name}")
+        return ActorMethod(self._actor, self._name, {**self._options, **options})
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError(f"Actor methods cannot be called directly: use {self._name}.remote()")
+
+
+class ActorClass:
+    def __init__(self, cls: type, options: dict[str, Any]) -> None:
+        self._cls, self._options = cls, _check_options(options, _ACTOR_OPTIONS, f"actor class {cls.__name__}")
+
+    def options(self, **options: Any) -> ActorClass:
+        return ActorClass(self._cls, {**self._options, **options})
+
+    def remote(self, *args: Any, **kwargs: Any) -> ActorHandle:
+        return _create_actor(self._cls, self._options, args, kwargs)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError(f"Actors cannot be instantiated directly: use {self._cls.__name__}.remote()")
+
+
+class RemoteFunction:
+    def __init__(self, fn: Callable[..., Any], options: dict[str, Any]) -> None:
+        self._fn, self._options = fn, _check_options(options, _TASK_OPTIONS, f"remote function {fn.__qualname__}")
+
+    def options(self, **options: Any) -> RemoteFunction:
+        return RemoteFunction(self._fn, {**self._options, **options})
+
+    def remote(self, *args: Any, **kwargs: Any) -> ObjectRef:
+        _state.initialized = True
+        if inspect.iscoroutinefunction(self._fn):
+            return _spawn(None, self._fn, args, kwargs, self._fn.__qualname__)
+        _check_args_done(self._fn.__qualname__, args, kwargs)
+        ref = ObjectRef(self._fn.__qualname__)
+        _run_now(None, ref, self._fn, args, kwargs)
+        return ref
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError(f"Remote functions cannot be called directly: use {self._fn.__qualname__}.remote()")
+
+
+def remote(*args: Any, **options: Any) -> Any:
+    """``@remote``, ``@remote(**options)`` or ``remote(**options)(target)``."""
+    if len(args) == 1 and not options and callable(args[0]):
+        return _make_remote(args[0], {})
+    if args:
+        raise TypeError("@ray.remote takes either no arguments (no parentheses) or keyword options only")
+    _check_options(options, _ACTOR_OPTIONS | _TASK_OPTIONS, "ray.remote")
+    return lambda target: _make_remote(target, options)
+
+
+def _make_remote(target: Any, options: dict[str, Any]) -> ActorClass | RemoteFunction:
+    return ActorClass(target, options) if inspect.isclass(target) else RemoteFunction(target, options)
+
+
+def method(*args: Any, **options: Any) -> Any:
+    """``@ray.method(...)``: options are checked and recorded on the function, nothing else."""
+    _check_options(options, _METHOD_OPTIONS, "ray.method")
+
+    def record(fn: Any) -> Any:
+        fn.__ray_method_options__ = options
+        return fn
+
+    return record(args[0]) if len(args) == 1 and callable(args[0]) else record
+
+
+@dataclass
+class PlacementGroupSchedulingStrategy:
+    placement_group: PlacementGroup
+    placement_group_bundle_index: int = -1
+    placement_group_capture_child_tasks: bool | None = None
+
+
+@dataclass
+class NodeAffinitySchedulingStrategy:
+    node_id: str
+    soft: bool
+    _spill_on_unavailable: bool = False
+    _fail_on_unavailable: bool = False
+
+
+class PlacementGroup:
+    def __init__(self, bundles: list[dict[str, float]], strategy: str, name: str, grants: list[_Grant]) -> None:
+        self.id = f"{_state.new_id():036x}"
+        self.bundle_specs = [dict(b) for b in bundles]
+        self.bundle_count, self.strategy, self.name = len(bundles), strategy, name
+        self._grants = grants
+        self._pools = [
+            _Pool(f"bundle {i} of placement group {self.id}", dict(g.amounts), dict(g.gpus))
+            for i, g in enumerate(grants)
+        ]
+        self._removed = False
+
+    def ready(self) -> ObjectRef:
+        return _done_ref(f"placement group {self.id} ready", self)
+
+    def wait(self, timeout_seconds: float = 30) -> bool:
+        return not self._removed
+
+    def __repr__(self) -> str:
+        return f"PlacementGroup({self.id}, {self.bundle_specs})"
+
+
+_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+
+
+def placement_group(
+    bundles: list[dict[str, float]], strategy: str = "PACK", name: str = "", lifetime: str | None = None
+) -> PlacementGroup:
+    """Reserve the bundles now, all or none; if they do not fit, raise ``VRayUnschedulable``."""
+    _state.initialized = True
+    if not isinstance(bundles, list) or not bundles or not all(isinstance(b, dict) and b for b in bundles):
+        raise ValueError(f"placement_group: bundles must be a non-empty list of non-empty dicts, got {bundles!r}")
+    if any(v < 0 for b in bundles for v in b.values()) or any(not any(b.values()) for b in bundles):
+        raise ValueError(f"placement_group: a bundle has only zero or negative resources: {bundles!r}")
+    if strategy not in _STRATEGIES:
+        raise ValueError(f"placement_group: strategy {strategy!r}; Ray's are {', '.join(_STRATEGIES)}")
+    asked = {k: round(sum(b.get(k, 0) for b in bundles), 4) for b in bundles for k in b}
+    free = _state.pool.describe()
+    what = f"placement_group({bundles}, strategy={strategy!r}) at {_caller()} asks {asked}"
+    if strategy == "STRICT_SPREAD" and len(bundles) > 1:
+        raise VRayUnschedulable(
+            f"{what} on one node per bundle, and the cluster has one node: Ray would leave it "
+            "pending forever (pg.ready() never resolves)"
+        )
+    grants: list[_Grant] = []
+    for i, bundle in enumerate(bundles):
+        custom = {k: v for k, v in bundle.items() if k not in ("GPU", "CPU")}
+        ask = _ask({"num_gpus": bundle.get("GPU"), "num_cpus": bundle.get("CPU"), "resources": custom}, f"bundle {i}")
+        grant = _take(_state.pool, ask)
+        if grant is None:
+            for g in grants:
+                _give_back(g)
+            raise VRayUnschedulable(
+                f"{what} (bundle {i} does not fit), the node has {free} free: Ray would leave "
+                "it pending forever (pg.ready() never resolves)"
+            )
+        grants.append(grant)
+    pg = PlacementGroup(bundles, strategy, name, grants)
+    _state.pgs.append(pg)
+    return pg
+
+
+def remove_placement_group(pg: PlacementGroup) -> None:
+    """Free its bundles; as in Ray, the actors placed in it are killed."""
+    if pg._removed:
+        return
+    for actor in [a for a in _state.actors if a.grant.pool in pg._pools]:
+        _die(actor, f"its placement group {pg.id} was removed")
+    for grant in pg._grants:
+        _give_back(grant)
+    pg._removed = True
+    _state.pgs.remove(pg)
+
+
+def _create_actor(cls: type, options: dict[str, Any], args: tuple, kwargs: dict) -> ActorHandle:
+    _state.initialized = True
+    name, namespace = options.get("name"), options.get("namespace") or _state.namespace
+    if name and (existing := _state.named.get((namespace, name))) is not None:
+        if options.get("get_if_exists"):
+            return existing
+        raise ValueError(f"The name {name} (namespace={namespace!r}) is already taken by {existing!r}")
+    ask = _ask(options, f"{cls.__name__}.remote()")
+    pools, where = [_state.pool], "the node"
+    strategy = options.get("scheduling_strategy")
+    if isinstance(strategy, PlacementGroupSchedulingStrategy):
+        pg, index = strategy.placement_group, strategy.placement_group_bundle_index
+        if pg._removed:
+            raise VRayUnschedulable(f"{cls.__name__}.remote(): placement group {pg.id} was removed")
+        if not -1 <= index < pg.bundle_count:
+            raise ValueError(f"placement_group_bundle_index {index} is out of range: the group has {pg.bundle_count}")
+        pools = pg._pools if index == -1 else [pg._pools[index]]  # -1: any bundle (Ray)
+        where = f"placement group {pg.id}" if index == -1 else pools[0].label
+    elif isinstance(strategy, NodeAffinitySchedulingStrategy):
+        if strategy.node_id != _state.cluster.node_id and not strategy.soft:
+            raise VRayUnschedulable(f"{cls.__name__}.remote(): no node {strategy.node_id!r} (hard node affinity)")
+    elif strategy not in (None, "DEFAULT", "SPREAD"):
+        raise ValueError(f"{cls.__name__}.remote(): unknown scheduling_strategy {strategy!r}")
+    grant = next((g for p in pools if (g := _take(p, ask)) is not None), None)
+    if grant is None:
+        left = pools[0].describe() if len(pools) == 1 else [p.describe() for p in pools]
+        raise VRayUnschedulable(
+            f"{cls.__name__}.remote() at {_caller()} asks {ask} of {where}, which has {left} "
+            "left: Ray would leave the actor pending forever"
+        )
+    actor = _Actor(cls, options, grant)
+    _state.actors.append(actor)
+    if name:
+        _state.named[(namespace, name)] = actor.handle
+    token = _current.set(actor)
+    try:
+        a, k = _resolved(args, kwargs)
+        actor.instance = cls(*a, **k)
+    except Exception as e:  # Ray: the creation task failed, the actor is dead
+        _die(actor, f"its constructor raised {type(e).__name__}: {e}", e)
+    finally:
+        _current.reset(token)
+    return actor.handle
+
+
+def kill_actor(handle: ActorHandle, cause: str = "killed by the harness") -> None:
+    """Fault injection: the actor dies now (see the module docstring)."""
+    if not isinstance(handle, ActorHandle):
+        raise TypeError(f"kill_actor takes an ActorHandle, got {handle!r}")
+    _die(handle._vray_actor, cause)
+
+
+def kill(actor: ActorHandle, *, no_restart: bool = True) -> None:
+    kill_actor(actor, "killed by ray.kill")
+
+
+def get_actor(name: str, namespace: str | None = None) -> ActorHandle:
+    handle = _state.named.get((namespace or _state.namespace, name))
+    if handle is None:
+        raise ValueError(f"Failed to look up actor with name {name!r} (namespace={namespace!r}): none is alive")
+    return handle
+
+
+def _blocked(what: str, refs: list[ObjectRef]) -> VRayBlockingGet:
+    where = "inside the running loop" if _running_loop() else "with no loop that could finish it"
+    return VRayBlockingGet(
+        f"{what} at {_caller()} waits for {refs[0]!r}, not done, {where}: blocking on one thread "
+        "would deadlock this host; await the ref instead"
+    )
+
+
+def get(object_refs: ObjectRef | list[ObjectRef], *, timeout: float | None = None) -> Any:
+    refs = [object_refs] if isinstance(object_refs, ObjectRef) else object_refs
+    if not isinstance(refs, list) or not all(isinstance(r, ObjectRef) for r in refs):
+        raise ValueError(f"ray.get takes an ObjectRef or a list of ObjectRefs, got {object_refs!r}")
+    if pending := [r for r in refs if not r._done]:
+        if timeout is not None:
+            raise GetTimeoutError(f"ray.get timed out after {timeout} s waiting for {pending[0]!r}")
+        raise _blocked("ray.get", pending)
+    values = [r._result() for r in refs]
+    return values[0] if isinstance(object_refs, ObjectRef) else values
+
+
+def wait(
+    object_refs: list[ObjectRef], *, num_returns: int = 1, timeout: float | None = None, fetch_local: bool = True
+) -> tuple[list[ObjectRef], list[ObjectRef]]:
+    if not isinstance(object_refs, list):
+        raise TypeError(f"ray.wait takes a list of ObjectRefs, got {object_refs!r}")
+    if not 0 < num_returns <= len(object_refs):
+        raise ValueError(f"ray.wait: num_returns={num_returns} for {len(object_refs)} refs")
+    ready = [r for r in object_refs if r._done][:num_returns]
+    if len(ready) < num_returns and timeout is None:
+        raise _blocked("ray.wait", [r for r in object_refs if not r._done])
+    return ready, [r for r in object_refs if all(r is not x for x in ready)]
+
+
+def put(value: Any) -> ObjectRef:
+    return _done_ref("put", value)
+
+
+def get_gpu_ids() -> list[int]:
+    """The GPU ids the current actor was granted; [] outside an actor, as in Ray's driver."""
+    actor = _current.get()
+    return sorted(actor.grant.gpus) if actor is not None else []
+
+
+def get_node_ip_address() -> str:
+    return _state.cluster.node_ip
+
+
+class RuntimeContext:
+    def get_node_id(self) -> str:
+        return _state.cluster.node_id
+
+    def get_actor_id(self) -> str | None:
+        actor = _current.get()
+        return actor.id if actor is not None else None
+
+    @property
+    def current_actor(self) -> ActorHandle:
+        actor = _current.get()
+        if actor is None:
+            raise RuntimeError("current_actor is only available in an actor")
+        return actor.handle
+
+
+def get_runtime_context() -> RuntimeContext:
+    return RuntimeContext()
+
+
+def nodes() -> list[dict[str, Any]]:
+    c = _state.cluster
+    names = {"NodeManagerAddress": c.node_ip, "NodeManagerHostname": c.node_ip, "NodeName": c.node_ip}
+    return [{"NodeID": c.node_id, "Alive": True, "alive": True, **names, "Resources": c.totals()}]
+
+
+@dataclass(frozen=True)
+class NodeState:
+    node_id: str
+    node_ip: str
+    is_head_node: bool
+    state: str
+    node_name: str
+    resources_total: dict[str, float]
+
+
+def list_nodes(*, filters: list[tuple[str, str, Any]] | None = None, **_: Any) -> list[NodeState]:
+    c = _state.cluster
+    found = [NodeState(c.node_id, c.node_ip, True, "ALIVE", c.node_ip, c.totals())]
+    return [n for n in found if all((getattr(n, k) == v) == (op == "=") for k, op, v in filters or [])]
+
+
+def is_initialized() -> bool:
+    return _state.initialized
+
+
+def init(
+    address: str | None = None, *, namespace: str | None = None, ignore_reinit_error: bool = False, **kw: Any
+) -> None:
+    """Ray's ``init``; ``num_gpus``, ``num_cpus``, ``resources`` reshape the node (only while
+    nothing is placed); Ray's other arguments are ignored."""
+    if _state.initialized and not ignore_reinit_error:
+        raise RuntimeError("Maybe you called ray.init twice by accident? (ignore_reinit_error=True allows it)")
+    shape = {k: kw[k] for k in ("num_gpus", "num_cpus", "resources") if kw.get(k) is not None}
+    if shape:
+        if _state.actors or _state.pgs:
+            raise VRayError("vray.init: the node cannot be reshaped while actors or placement groups exist")
+        c = _state.cluster
+        reset(
+            **{"num_gpus": c.num_gpus, "num_cpus": c.num_cpus, "resources": c.resources, "node_ip": c.node_ip, **shape}
+        )
+    _state.initialized = True
+    _state.namespace = namespace or _state.namespace
+
+
+def shutdown() -> None:
+    """Ray's ``shutdown``: every actor dies, every placement group is removed."""
+    for actor in list(_state.actors):
+        _die(actor, "ray.shutdown")
+    for pg in list(_state.pgs):
+        remove_placement_group(pg)
+    _state.initialized, _state.namespace = False, ""
+
+
+def reset(num_gpus: int = DEFAULT_NUM_GPUS, num_cpus: float = DEFAULT_NUM_CPUS, **cluster: Any) -> Cluster:
+    """Forget every actor, name and placement group, and start a fresh node (``Cluster``'s
+    fields). Tasks of a finished run belong to its loop: nothing is cancelled here."""
+    global _state
+    _state = _State(Cluster(num_gpus, num_cpus, **cluster))
+    return _state.cluster
+
+
+def cluster() -> Cluster:
+    return _state.cluster
+
+
+@dataclass(frozen=True)
+class ActorInfo:
+    handle: ActorHandle
+    class_name: str
+    name: str | None
+    options: dict[str, Any]
+    placement: str
+    gpu_ids: list[int]
+
+
+def actors() -> list[ActorInfo]:
+    """The live actors, in creation order."""
+    return [
+        ActorInfo(
+            a.handle, a.cls.__name__, a.options.get("name"), dict(a.options), a.grant.pool.label, sorted(a.grant.gpus)
+        )
+        for a in _state.actors
+    ]
+
+
+def free(object_refs: list[ObjectRef], local_only: bool = False) -> None:
+    """Nothing to free: vray has no object store."""
+
+
+# What each module installed under Ray's names exports (names of this module's objects).
+_EXPORTS = {
+    "ray": "remote method get wait put kill get_actor get_gpu_ids get_runtime_context nodes init shutdown "
+    "is_initialized ObjectRef",
+    "ray.actor": "ActorHandle ActorClass ActorMethod",
+    "ray.exceptions": "RayError RayActorError ActorDiedError RayTaskError TaskCancelledError GetTimeoutError",
+    "ray.util": "placement_group remove_placement_group get_node_ip_address",
+    "ray.util.placement_group": "PlacementGroup placement_group remove_placement_group",
+    "ray.util.scheduling_strategies": "PlacementGroupSchedulingStrategy NodeAffinitySchedulingStrategy",
+    "ray.util.state": "list_nodes",
+    "ray._private": "",
+    "ray._private.services": "get_node_ip_address",
+    "ray._private.internal_api": "free",
+}
+
+
+def modules() -> dict[str, types.ModuleType]:
+    """The module objects to install in ``sys.modules`` under Ray's names, fresh each call."""
+    mods = {name: types.ModuleType(name, f"vray's {name} (harness.upstream.vray)") for name in _EXPORTS}
+    for name, m in mods.items():
+        m.__dict__.update({n: globals()[n] for n in _EXPORTS[name].split()})
+        if any(other.startswith(name + ".") for other in mods):
+            m.__path__ = []  # a package: a submodule vray lacks fails to import as "No module named ..."
+        parent, _, child = name.rpartition(".")
+        # As in Ray, ``ray.util.placement_group`` stays the function (the module is in sys.modules only).
+        if parent and not hasattr(mods[parent], child):
+            setattr(mods[parent], child, m)
+    mods["ray"].__dict__["__version__"] = "2.40.0"  # the floor pyproject.toml names, for code that checks the version
+    return mods
