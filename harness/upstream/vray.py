@@ -8,11 +8,12 @@ imports from. The contract, following Ray's documented behaviour, made determini
   without options; option names are checked (``TypeError`` naming an unknown one).
 - An actor's constructor runs at ``.remote()`` (a valid Ray schedule: Ray finishes the
   constructor before the first method call). One that raises leaves a dead handle.
-- An actor whose class has an ``async def`` method is an async actor: each coroutine call
-  is an asyncio task on the running loop, concurrent with the others; its plain methods run
-  at ``.remote()`` (in Ray they block the actor's loop while they run). A sync actor runs
-  calls one at a time in submission order: at ``.remote()`` when idle, else queued behind
-  the call that is running. Top-level ``ObjectRef`` arguments are resolved, as Ray does.
+- A call of an ``async def`` method (an async actor's) is an asyncio task on the running
+  loop, concurrent with the others. Plain calls run one at a time in submission order: at
+  ``.remote()`` when no plain call of the actor is running, else queued behind it. So a sync
+  actor is sequential, and an async actor's plain method runs at once even while its
+  coroutines are suspended (in Ray it runs on, and blocks, the actor's one loop thread).
+  Top-level ``ObjectRef`` arguments are resolved, as Ray does.
 - ``ray.get`` / ``ray.wait`` never block: a pending ref with no timeout raises
   ``VRayBlockingGet`` (on one thread it would deadlock); with a timeout, the timeout is
   what happens (``GetTimeoutError``, or the not-ready list), a schedule where the callee
@@ -358,7 +359,6 @@ class _Actor:
         self.cls, self.options, self.grant = cls, options, grant
         self.id = f"{_state.new_id():032x}"
         self.instance: Any = None
-        self.is_async = any(inspect.iscoroutinefunction(getattr(cls, n, None)) for n in dir(cls))
         self.dead: str | None = None
         self.dead_from: BaseException | None = None
         self.busy = False
@@ -382,9 +382,7 @@ class _Actor:
             return _spawn(self, fn, args, kwargs, label)
         _check_args_done(label, args, kwargs)
         ref = ObjectRef(label)
-        if self.is_async:
-            _run_now(self, ref, fn, args, kwargs)
-            return ref
+        # Plain calls run one at a time (an async actor's too: Ray runs them on its loop's one thread).
         self.queue.append((ref, lambda: _run_now(self, ref, fn, args, kwargs)))
         if not self.busy:
             self.busy = True
@@ -401,7 +399,8 @@ def _die(actor: _Actor, cause: str, error: BaseException | None = None) -> None:
         return
     actor.dead, actor.dead_from, actor.instance = cause, error, None
     _give_back(actor.grant)
-    _state.actors.remove(actor)
+    if actor in _state.actors:  # not an actor of a state that reset() has since replaced
+        _state.actors.remove(actor)
     for key in [k for k, h in _state.named.items() if h is actor.handle]:
         del _state.named[key]
     while actor.queue:

@@ -300,6 +300,25 @@ def test_a_plain_method_of_an_async_actor_runs_at_remote_while_a_coroutine_call_
     assert run_virtual(main()) == ["a start"]
 
 
+def test_a_plain_call_an_async_actor_makes_to_itself_from_a_plain_method_runs_after_that_method() -> None:
+    log: list[str] = []
+
+    class Mixed:
+        async def tick(self) -> None:
+            await asyncio.sleep(1)
+
+        def outer(self, me: ActorHandle) -> None:
+            ref = me.inner.remote()
+            log.append(f"inner done during outer: {ref._done}")
+
+        def inner(self) -> None:
+            log.append("inner")
+
+    handle = vray.remote(Mixed).remote()
+    handle.outer.remote(handle)
+    assert log == ["inner done during outer: False", "inner"]
+
+
 def test_a_coroutine_method_called_outside_a_running_loop_raises_a_clear_error() -> None:
     handle = vray.remote(Sleeper).remote()
     with pytest.raises(VRayNoLoop, match=r"Sleeper\.nap\.remote\(\) at .*test_vray\.py.*inside run_virtual"):
@@ -560,8 +579,14 @@ def test_nodes_list_nodes_and_the_runtime_context_describe_the_one_node() -> Non
         def me(self) -> ActorHandle:
             return vray.get_runtime_context().current_actor
 
+        def my_id(self) -> str | None:
+            return vray.get_runtime_context().get_actor_id()
+
     handle = vray.remote(Self).remote()
     assert vray.get(handle.me.remote()) is handle
+    assert (
+        vray.get(handle.my_id.remote()) == handle._vray_actor.id and vray.get_runtime_context().get_actor_id() is None
+    )
     with pytest.raises(RuntimeError, match="only available in an actor"):
         vray.get_runtime_context().current_actor  # noqa: B018
 
@@ -691,7 +716,7 @@ def test_reset_forgets_names_groups_and_the_node_shape() -> None:
     vray.remote(Counter).options(name="c").remote()
     vray.placement_group([{"GPU": 1}])
     cluster = vray.reset(num_gpus=3)
-    assert cluster.num_gpus == 3 and vray.actors() == []
+    assert cluster.num_gpus == 3 and vray.cluster() is cluster and vray.actors() == []
     with pytest.raises(ValueError):
         vray.get_actor("c")
     assert vray.placement_group([{"GPU": 1}] * 3).bundle_count == 3
