@@ -28,6 +28,7 @@ own base instead (``docs/gate.md``).
 from __future__ import annotations
 
 import argparse
+import functools
 import time
 
 from miles_async_core.errors import ConfigError
@@ -47,6 +48,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="a matrix case to run (repeatable); default: all",
     )
     p.add_argument("--list", action="store_true", help="list the matrix cases and exit")
+    p.add_argument(
+        "--orchestration",
+        choices=("stand-ins", "upstream"),
+        default="stand-ins",
+        help="upstream's rollout manager, placement groups and train actor group: the harness' stand-ins "
+        "(default) or upstream's own code over faked leaves (harness.upstream.leaves)",
+    )
     p.add_argument(
         "-v",
         "--verbose",
@@ -86,7 +94,9 @@ def main(args: argparse.Namespace) -> int:
     print(f"upstream Miles: {how}")
     log = _log_file(args.log)
     log.add("(importing the tree)", import_log.getvalue())
-    return _run_cases(cases, run_case, log=log, verbose=bool(getattr(args, "verbose", False)))
+    print(f"orchestration: {args.orchestration}")
+    run = functools.partial(run_case, orchestration=args.orchestration)
+    return _run_cases(cases, run, log=log, verbose=bool(getattr(args, "verbose", False)))
 
 
 def _log_file(where: str | None):

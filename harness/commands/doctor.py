@@ -50,7 +50,19 @@ def main(args: argparse.Namespace) -> int:
     report = seams.probe(path)
     print(f"({how})")
     print(report.format())
+    print(_leaves())
     if report.verdict == "refused":
         print(f"\nrefused: {report.refusal()}")
         return REFUSED
     return 0
+
+
+def _leaves() -> str:
+    """What ``--orchestration upstream`` still fakes: each a leaf, with its boundary."""
+    from harness.upstream.leaves import LEAVES
+
+    lines = ["", "faked with --orchestration upstream (the leaves; everything between them runs as upstream wrote it):"]
+    for leaf in LEAVES:
+        lines.append(f"  {leaf.name:<20} {leaf.boundary}")
+        lines.append(f"  {'':<20} why: {leaf.why}")
+    return "\n".join(lines)

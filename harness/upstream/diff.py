@@ -217,7 +217,7 @@ def _core_run(case: DiffCase, sc: Scenario) -> Any:
     return simulate(sc, buffer_factory=buffer_factory, engine_factory=engine, hooks=hooks)
 
 
-def _upstream_run(case: DiffCase, sc: Scenario, *, set_order: str = "index") -> Any:
+def _upstream_run(case: DiffCase, sc: Scenario, *, set_order: str = "index", orchestration: str = "stand-ins") -> Any:
     from harness.upstream.runner import run_upstream
 
     engine = fault_engine_class(SimEngine, case.faults) if case.faults is not None else SimEngine
@@ -228,17 +228,22 @@ def _upstream_run(case: DiffCase, sc: Scenario, *, set_order: str = "index") -> 
 
         gen = FORMS[case.generate_function][1]  # upstream loads it: --custom-generate-function-path
     return run_upstream(
-        sc, engine_factory=engine, dynamic_filter_path=path, generate_function_path=gen, set_order=set_order
+        sc,
+        engine_factory=engine,
+        dynamic_filter_path=path,
+        generate_function_path=gen,
+        set_order=set_order,
+        orchestration=orchestration,
     )
 
 
-def run_case(case: DiffCase, *, set_order: str = "index") -> DiffReport:
+def run_case(case: DiffCase, *, set_order: str = "index", orchestration: str = "stand-ins") -> DiffReport:
     """Both runs of ``case`` (the upstream tree must be activated first). ``set_order``:
     how the runner iterates upstream's ``done`` sets (divergence ``done-set-order``): ``index`` (the core's order) or
-    ``reverse``."""
+    ``reverse``. ``orchestration``: ``harness.upstream.runner.ORCHESTRATIONS``."""
     sc = case.scenario()
     core = _core_run(case, sc)
-    up = _upstream_run(case, sc, set_order=set_order)
+    up = _upstream_run(case, sc, set_order=set_order, orchestration=orchestration)
     a = observables(core.events, core.history, core.wall_s, core.error)
     b = observables(up.events, up.history, up.wall_s, up.error)
     return DiffReport(

@@ -85,6 +85,10 @@ async def multi_sample_upstream(input: Any) -> Any:
     samples = []
     for turn in range(turns(parent.index)):
         s = parent if turn == 0 else _added(template, parent.index, turn)
+        # siblings of one compact rollout share its rollout_id, which upstream's manager
+        # checks before training (rollout_data_conversion.py:L53-L70)
+        if hasattr(s, "rollout_id"):
+            s.rollout_id = parent.index
         sink = None if input.evaluation else TrajectoryLifecycle().sink
         if sink is not None:
             sink.gen_start(s)

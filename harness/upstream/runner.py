@@ -51,6 +51,7 @@ import argparse
 import asyncio
 import functools
 import json
+import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,6 +61,7 @@ from miles_async_core import events as ev
 from miles_async_core.config import HARNESS_EXTENSIONS
 from miles_async_core.contracts import NullSink
 from miles_async_core.drivers.common import RolloutManager, RunContext, train_step, update_weights
+from miles_async_core.drivers.common import weight_version_metrics
 from miles_async_core.types import Sample as CoreSample
 from miles_async_core.types import SamplingParams, Status
 from harness.measure.ages import AgeRecorder
@@ -74,11 +76,18 @@ from harness.upstream import host, source, stand_ins
 from harness.upstream.group_accounting import GroupAccounting
 from harness.upstream.harness_errors import HarnessError, RunnerSeamError
 from harness.upstream.host import Rebind, LifecycleSink
+from harness.upstream import orchestration
+from harness.upstream.orchestration import driver_services_off, orchestration_rebinds
 from harness.upstream.ray_names import rebind_ray_names
 from harness.upstream.seams import driver_of
 from harness.upstream.stand_ins import StandInCalled
 
 WORKER_URL = "http://sim-engine"
+# how upstream's orchestration layer runs: "stand-ins" (the harness' rollout manager and
+# actor group in place of upstream's, harness.upstream.ray_names) or "upstream" (upstream's
+# own RolloutManager, placement groups and train actor group over the leaves of
+# harness.upstream.leaves)
+ORCHESTRATIONS = ("stand-ins", "upstream")
 ROUTER = ("sim-router", 0)
 
 
@@ -104,6 +113,26 @@ def _local_assets() -> tuple[Path, Path]:
     return root / "tok", prompts
 
 
+def _upstream_parser(argv: list[str]) -> argparse.ArgumentParser:
+    """Miles' own argument parser (``miles/utils/arguments.py``: the arguments
+    ``get_miles_extra_args_provider`` adds; Megatron's are the train actor leaf's). While it
+    is built it reads the command line for the rollout and generate functions' own
+    arguments (``arguments.py:L2591-L2605``): that command line is the case's ``argv``."""
+    from harness.upstream import vray
+
+    parser = argparse.ArgumentParser(prog="miles", allow_abbrev=False)
+    saved = sys.argv
+    sys.argv = ["miles", *argv]
+    try:
+        with vray.installed():  # what it imports binds the in-process Ray
+            from miles.utils.arguments import get_miles_extra_args_provider
+
+            get_miles_extra_args_provider()(parser)
+    finally:
+        sys.argv = saved
+    return parser
+
+
 def upstream_args(
     scenario: Scenario,
     *,
@@ -111,93 +140,91 @@ def upstream_args(
     generate_function_path: str | None = None,
     partial_rollout: bool | None = None,
 ) -> argparse.Namespace:
-    """The ``args`` upstream reads on the runner's code paths: the scenario's Miles flags,
-    Miles' defaults for the rest (``miles/utils/arguments.py``), and the runner's wiring."""
+    """The ``args`` upstream runs with: Miles' parser's defaults (every flag the tree
+    defines has the tree's default), the scenario's Miles flags, and the runner's wiring
+    (a local tokenizer and prompt file, the reward and buffer hooks, the router address,
+    one engine and one trainer GPU). An argument neither defines (Megatron's, read by the
+    trainer backend) is ``StandInMissing`` when upstream reads it."""
     cfg = scenario.config
     tok, prompts = _local_assets()
-    d = {k: v for k, v in cfg.to_dict().items() if k not in ("driver", "seed", *HARNESS_EXTENSIONS)}
-    d.update(
+    argv = ["--rollout-batch-size", str(cfg.rollout_batch_size)]
+    if generate_function_path is not None:
+        argv += ["--custom-generate-function-path", generate_function_path]
+    args = _upstream_parser(argv).parse_args(argv, namespace=stand_ins.ArgsStand())
+    flags = {k: v for k, v in cfg.to_dict().items() if k not in ("driver", "seed", *HARNESS_EXTENSIONS)}
+    flags.update(
         over_sampling_batch_size=cfg.resolved_over_sampling_batch_size,
         partial_rollout=cfg.partial_rollout if partial_rollout is None else partial_rollout,
-        # the runner's wiring
+    )
+    # a critic is what --advantage-estimator ppo gives (arguments.py:L3205)
+    if flags.pop("use_critic", False):
+        flags["advantage_estimator"] = "ppo"
+    # a run that starts at rollout S > 0 is a resumed one: Miles' validation keeps
+    # --start-rollout-id only with a checkpoint under --load (arguments.py:L3045-L3058),
+    # so the case gets one whose tracker names S - 1
+    start = flags.get("start_rollout_id")
+    if start:
+        flags["load"] = str(_resumed_checkpoint(int(start) - 1))
+    wiring = dict(
         hf_checkpoint=str(tok),
-        chat_template_path=None,
         prompt_data=str(prompts),
         input_key="text",
         label_key="label",
-        metadata_key="metadata",
-        tool_key=None,
-        multimodal_keys=None,
-        apply_chat_template=False,
-        apply_chat_template_kwargs=None,
-        rollout_max_prompt_len=None,
         rollout_seed=cfg.seed,
         rollout_shuffle=False,
-        rollout_global_dataset=True,
-        dump_details=None,
-        buffer_filter_path=None,
         custom_rm_path="harness.upstream.runner.sim_reward_rm",
         harness_seed=cfg.seed,
-        rm_type=None,
-        group_rm=False,
-        reward_key=None,
         custom_async_data_buffer_path="harness.upstream.runner.observed_default_buffer",
         dynamic_sampling_filter_path=dynamic_filter_path,
-        rollout_sample_filter_path=None,
-        rollout_all_samples_process_path=None,
         custom_generate_function_path=generate_function_path,
-        custom_agent_function_path=None,
-        recompute_logprobs_via_prefill=False,
-        mask_offpolicy_in_partial_rollout=False,
-        # generation
+        # the runner's semaphore never blocks: every group is submitted at once
         sglang_server_concurrency=1 << 20,
         rollout_num_gpus=1,
         rollout_num_gpus_per_engine=1,
-        rollout_temperature=1.0,
-        rollout_top_p=1.0,
-        rollout_top_k=-1,
+        actor_num_nodes=1,
+        actor_num_gpus_per_node=1,
+        num_steps_per_rollout=1,  # one optimizer step per rollout, as SimTrainer trains
         rollout_max_response_len=scenario.max_new_tokens,
-        rollout_max_context_len=None,
-        rollout_stop=None,
-        rollout_stop_token_ids=None,
-        rollout_skip_special_tokens=False,
+        # an external router is given: start_router returns it (router_manager.py:L20-L21)
         sglang_router_ip=ROUTER[0],
         sglang_router_port=ROUTER[1],
-        sglang_router_policy=None,
-        use_miles_router=False,
-        sglang_enable_deterministic_inference=False,
-        sglang_speculative_algorithm=None,
-        use_rollout_routing_replay=False,
-        use_rollout_indexer_replay=False,
-        lora_rank=0,
-        lora_adapter_path=None,
-        num_layers=1,
-        # driver
         save_interval=None,
-        save_trigger_sentinel=None,
         eval_interval=None,
         skip_eval_before_train=True,
-        debug_exit_after_rollout=None,
-        control_server_port=None,
-        ft_components=None,
-        check_weight_update_equal=False,
-        offload_train=False,
-        offload_rollout=False,
-        num_critic_only_steps=0,
-        dumper_enable=False,
-        dumper_dir=None,
-        dumper_inference=None,
     )
-    return stand_ins.ArgsStand(**d)  # an argument the harness did not set: StandInMissing
+    for key, value in {**flags, **wiring}.items():
+        setattr(args, key, value)
+    return args
+
+
+def validate_upstream_args(args: argparse.Namespace) -> None:
+    """Upstream's own validation (``miles_validate_args``): derives what the flags imply
+    (global batch size, eval datasets, fault-tolerance components, the rollout function
+    paths) and refuses what Miles refuses, as the job would at start-up."""
+    sys.modules["miles.utils.arguments"].miles_validate_args(args)
+
+
+@functools.cache
+def _resumed_checkpoint(rollout_id: int) -> Path:
+    """A checkpoint folder as the train actor leaf writes it, saved at ``rollout_id`` by a
+    trainer that has taken no step (``harness.upstream.leaves.write_checkpoint``)."""
+    from harness.upstream.leaves import write_checkpoint
+
+    root = Path(tempfile.mkdtemp(prefix=f"miles-harness-resumed-{rollout_id}-"))
+    write_checkpoint(str(root), rollout_id, {"optimizer_step": 0, "lr_step": 0, "version": 0})
+    return root
 
 
 async def sim_reward_rm(args: Any, sample: Any, **_: Any) -> Any:
     """``--custom-rm-path`` target: the reward ``harness.sim.run_scenario.sim_reward`` gives the core.
     Called with one sample (``async_rm``) or, for the samples a generate function returned
     as a list, with that list (``batched_async_rm``, ``rm_hub/__init__.py:L104-L106``,
-    called at ``inference_rollout_common.py:L124``): then one reward per sample."""
+    called at ``inference_rollout_common.py:L124``): then the trajectory's reward, that of
+    its prompt sample, on every sample (siblings of one rollout share one reward:
+    ``train_data_conversion.py:L225-L238``)."""
     if isinstance(sample, list):
-        return [1.0 if uniform(args.harness_seed + 7, s.index) < 0.5 else 0.0 for s in sample]
+        reward = 1.0 if uniform(args.harness_seed + 7, sample[0].index) < 0.5 else 0.0
+        return [reward] * len(sample)
     return 1.0 if uniform(args.harness_seed + 7, sample.index) < 0.5 else 0.0
 
 
@@ -489,7 +516,13 @@ class UpstreamRunner:
         trace: bool = True,
         hooks: Callable[["UpstreamRunner"], None] | None = None,
         set_order: str = "index",
+        orchestration: str = "stand-ins",
     ) -> None:
+        if orchestration not in ORCHESTRATIONS:
+            raise ValueError(
+                f"orchestration={orchestration!r}: allowed {', '.join(ORCHESTRATIONS)}; fix: pass one of those"
+            )
+        self.orchestration = orchestration
         self.scenario = scenario
         self.engine_factory = engine_factory or SimEngine
         self.trainer_factory = trainer_factory or SimTrainer
@@ -514,6 +547,9 @@ class UpstreamRunner:
         self._get_version: int | None = None
         self.rollout_fn: Any = None
         self.data_source: Any = None
+        self.sample_group: dict[int, list] = {}  # sample index -> its group as last returned
+        self.rollout_metrics: dict[int, dict] = {}  # rollout id -> metrics, until trained
+        self.on_trainer_loaded: Callable[[dict | None], None] | None = None
         self.buffer: Any = None
         self.sink: Any = NullSink()
 
@@ -635,6 +671,7 @@ class UpstreamRunner:
             self.sink.emit(kind, **fields)
 
     def observe_data_source(self, ds: Any) -> Any:
+        self.data_source = ds
         get_samples, add_samples = ds.get_samples, ds.add_samples
         calls = [0]
 
@@ -775,7 +812,100 @@ class UpstreamRunner:
     def convert(self, data: list) -> list:
         return [[self.to_core(x) if not isinstance(x, list) else [self.to_core(y) for y in x] for x in g] for g in data]
 
-    # --- the rollout function as the core's RolloutManager calls it --------------------
+    # --- upstream's RolloutManager calls the rollout function (leaf rollout_thread) ---------
+    def call_rollout_function(self, fn: Any, input: Any) -> Any:
+        """``call_rollout_function`` as ``RolloutManager._get_rollout_data`` calls it: a train
+        rollout is observed (``_rollout``); the coroutine is awaited by ``OnLoopAsyncio``."""
+        from miles.rollout.base_types import RolloutFnTrainInput
+
+        if not isinstance(input, RolloutFnTrainInput):
+            return fn(input)
+        return self._rollout(fn, input)
+
+    async def _rollout(self, fn: Any, input: Any) -> Any:
+        fully = self.scenario.config.fully_async
+        rollout_id = input.rollout_id
+        version = getattr(input, "weight_version", None)  # what upstream's manager passed
+        self._emit(ev.GENERATE_START, rollout_id=rollout_id, version=version)
+        self.taken_this_generate = []
+        if fully:
+            self._emit(ev.DRAIN_START, rollout_id=rollout_id, current_version=version)
+        out = fn(input)
+        if asyncio.iscoroutine(out):
+            out = await out
+        returned = {g[0][0].group_index if isinstance(g[0], list) else g[0].group_index for g in out.samples}
+        self.accounting.trained(returned, rollout_id, self.now())
+        if fully:
+            self._emit(ev.DRAIN_END, rollout_id=rollout_id)
+        else:
+            # what upstream discards by design: failed groups (logged), the pending ones at
+            # the abort without --partial-rollout, finished ones beyond B; one whose group
+            # task still runs is not discarded but unaccounted (abort awaits them all)
+            running = self.accounting.running(self._finished())
+            for gi in self.accounting.not_returned(self.taken_this_generate, returned, running):
+                self._emit(ev.DROPPED, group_index=gi, reason="not_returned")
+        self.unaccounted()
+        data = self.convert(out.samples)
+        for group in data:
+            for s in _iter_upstream(group):
+                self.sample_group[s.index] = group
+        metrics = {**dict(out.metrics or {}), **weight_version_metrics(data)}
+        self.rollout_metrics[rollout_id] = metrics
+        self._emit(ev.GENERATE_END, rollout_id=rollout_id)
+        self._emit(ev.METRICS, rollout_id=rollout_id, metrics=metrics)
+        return out
+
+    # --- the train actor leaf (harness.upstream.leaves.SimTrainActor, rank 0) ------------
+    async def train_shard(self, rollout_id: int, shard: dict) -> None:
+        """Train on the shard upstream's object store handed the actor: its samples, by
+        ``sample_indices``, grouped as the rollout function returned them."""
+        groups: list = []
+        for index in shard.get("sample_indices", ()):
+            group = self.sample_group[int(index)]
+            if not any(g is group for g in groups):
+                groups.append(group)
+        await train_step(self.ctx, rollout_id, groups, self.rollout_metrics.pop(rollout_id, {}))
+
+    async def weight_update(self, version: int, engines: list, mode: str) -> None:
+        """Megatron's weight updater on the engines upstream passed: pause, load the
+        trainer's weights, version, continue (``update_weight_from_tensor.py:L237-L320``)."""
+        ctx = self.ctx
+        ctx.weight_version = version
+        ctx.steps_at_update = ctx.trainer_steps
+        ctx.phase("train", "weight_sync", True, version=version)
+        await asyncio.gather(*(e.pause_generation.remote(mode=mode) for e in engines))
+        weights = ctx.trainer.get_weights()
+        await asyncio.gather(*(e.update_weights_from_tensor.remote(version, weights) for e in engines))
+        await asyncio.gather(*(e.continue_generation.remote() for e in engines))
+
+    def engine_loaded(self, version: int) -> None:
+        """An engine holds ``version`` now (the engine leaf calls it as its load returns)."""
+        ctx = self.ctx
+        if ctx.observer is not None:
+            ctx.observer.on_weights_updated(ctx, version)
+        self._emit(ev.ENGINE_VERSION, version=version, trainer_steps=ctx.trainer_steps)
+
+    def weight_update_reported(self, version: int) -> None:
+        """The trainer told upstream's rollout manager the version (``set_weight_version``)."""
+        self._emit(ev.SET_WEIGHT_VERSION, version=version)
+        self.ctx.phase("train", "weight_sync", False, version=version)
+
+    def trainer_state(self) -> dict:
+        ctx = self.ctx
+        return {"optimizer_step": ctx.trainer_steps, "lr_step": ctx.trainer_steps, "version": ctx.weight_version}
+
+    def trainer_loaded(self, loaded: dict | None) -> None:
+        """The train actor loaded ``loaded`` (``None``: no checkpoint); ``hooks`` may follow it."""
+        if self.on_trainer_loaded is not None:
+            self.on_trainer_loaded(loaded)
+
+    def observe_rollout_fn(self, fn: Any) -> None:
+        self.rollout_fn = fn
+        if self.scenario.config.fully_async:
+            self.observe_handler(fn)
+            self.observe_submit(fn)
+
+    # --- orchestration="stand-ins": the core's RolloutManager calls the rollout function ---
     async def call_rollout(self, rollout_id: int, version: int | None) -> tuple[list, dict]:
         from miles.rollout.base_types import RolloutFnTrainInput
 
@@ -839,7 +969,10 @@ class UpstreamRunner:
     # --- a run ------------------------------------------------------------------------
     def run(self) -> UpstreamRunResult:
         source.report().require(driver_of(self.scenario.config))  # SeamMissing, before anything runs
-        with host.installed(self, virtual_time_rebinds(self)):
+        rebinds = virtual_time_rebinds(self)
+        if self.orchestration == "upstream":
+            rebinds += orchestration_rebinds(self)
+        with orchestration.hosted(), host.installed(self, rebinds):
             return self._run()
 
     def _run(self) -> UpstreamRunResult:
@@ -857,14 +990,15 @@ class UpstreamRunner:
             self.sink = TraceRecorder(loop.time) if self.trace else NullSink()
             self.engine = self.engine_factory(sc.engine, sink=self.sink)
             install(for_scenario(sc, sink=self.sink, engine=self.engine))  # a hang or runaway: WatchdogTripped
-            trainer = self.trainer_factory(sc.trainer)
-            self._make_rollout_fn(args)
-            rm = RolloutManager(self.call_rollout, sink=self.sink)
+            hosted = self.orchestration == "upstream"
+            if not hosted:
+                self._make_rollout_fn(args)
+            # hosted: upstream's RolloutManager actor plays the core's rollout manager
             ctx = RunContext(
                 args=sc.config,
                 engine=self.engine,
-                trainer=trainer,
-                rollout_manager=rm,
+                trainer=self.trainer_factory(sc.trainer),
+                rollout_manager=None if hosted else RolloutManager(self.call_rollout, sink=self.sink),  # type: ignore[arg-type]
                 sink=self.sink,
                 observer=AgeRecorder(),
             )
@@ -874,11 +1008,16 @@ class UpstreamRunner:
             # a stand-in reached inside upstream's code: this run cannot be faithful, so
             # it stops now (RunnerSeamError after it), whatever upstream does with the error
             stand_ins.ON_RAISE = lambda exc: loop.call_soon(me.cancel) if not me.done() else None
-            mod = self._driver_module(args, ctx)
+            if hosted:
+                name = "train_async" if sc.config.driver == "train_async" else "train"
+                mod = driver_services_off(host.load_driver(f"{name}.py", f"miles_harness_upstream_{name}"))
+            else:
+                mod = self._driver_module(args, ctx)
             self.args, self.ctx, self.driver_mod = args, ctx, mod  # for hooks (harness.upstream.lives)
             if self.hooks is not None:
                 self.hooks(self)
             try:
+                validate_upstream_args(args)  # an error here is the job failing at start-up
                 await mod.train(args)
             finally:
                 holder["t_end"] = loop.time()

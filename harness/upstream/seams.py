@@ -45,6 +45,9 @@ BASE_TYPES = "miles/rollout/base_types.py"
 DATA_SOURCE = "miles/rollout/data_source.py"
 LIFECYCLE = "miles/utils/lifecycle.py"
 FILTERS = "miles/rollout/filter_hub/base_types.py"
+RM_MOD = "miles/ray/rollout/rollout_manager.py"
+SERVER_GROUP_MOD = "miles/ray/rollout/server_group.py"
+OBJECT_STORE_MOD = "miles/utils/object_store.py"
 
 
 class SeamMissing(HarnessError):
@@ -349,10 +352,47 @@ SEAMS: tuple[Seam, ...] = (
         ),
     ),
     Seam(
+        "rollout_manager",
+        RM_MOD,
+        "class `RolloutManager` (`generate`, `save`, `load`, `set_weight_version`) running the rollout function "
+        "through `asyncio.to_thread(call_rollout_function, ...)`, built with `load_rollout_function`",
+        "runs as upstream wrote it; `to_thread` awaits the rollout coroutine on the virtual-time loop (leaf "
+        "rollout_thread), `load_rollout_function` and `call_rollout_function` observed",
+        "the rollout manager's generate cannot be hosted in one process: refused",
+        ROLLING,
+        _all(
+            lambda t: t.method(RM_MOD, "RolloutManager", "generate"),
+            lambda t: t.name(RM_MOD, "call_rollout_function"),
+            lambda t: t.name(RM_MOD, "load_rollout_function"),
+            lambda t: t.name(RM_MOD, "asyncio"),
+        ),
+    ),
+    Seam(
+        "engine_actor",
+        SERVER_GROUP_MOD,
+        "module-level `SGLangEngine`, the engine's Ray actor class `ServerGroup.start_engines` creates",
+        "replaced by the leaf SimEngineActor: the engine's control calls go to the run's SimEngine",
+        "the engine fleet would start real SGLang servers: refused",
+        ROLLING,
+        lambda t: t.name(SERVER_GROUP_MOD, "SGLangEngine", depth=0),
+    ),
+    Seam(
+        "object_store",
+        OBJECT_STORE_MOD,
+        "module-level `init_instance`, `get_instance` and `_create_instance`",
+        "one client per run shared by the in-process actors (leaf object_store_client)",
+        "the second process to start would fail its once-per-process assertion: refused",
+        ROLLING,
+        _all(
+            lambda t: t.name(OBJECT_STORE_MOD, "init_instance"),
+            lambda t: t.name(OBJECT_STORE_MOD, "_create_instance"),
+        ),
+    ),
+    Seam(
         "train_async.py",
         "train_async.py",
         "module-level `train` and the Ray names it calls",
-        "executed as a module; `create_rollout_manager`, `create_training_models`, ... rebound to in-process objects",
+        "executed as a module over upstream's own orchestration (`harness.upstream.leaves`: fakes only at the leaves)",
         "no one-step or fully-async driver: refused",
         frozenset({"one-step", "fully-async"}),
         lambda t: t.name("train_async.py", "train") and t.name("train_async.py", "create_rollout_manager"),
@@ -361,7 +401,7 @@ SEAMS: tuple[Seam, ...] = (
         "train.py",
         "train.py",
         "module-level `train` and the Ray names it calls",
-        "executed as a module; its Ray names rebound to in-process objects",
+        "executed as a module over upstream's own orchestration (`harness.upstream.leaves`: fakes only at the leaves)",
         "no sync driver: refused",
         frozenset({"sync"}),
         lambda t: t.name("train.py", "train") and t.name("train.py", "create_rollout_manager"),

@@ -74,10 +74,16 @@ def activate(path: Path) -> Path:
     from harness.upstream import stand_ins
 
     stand_ins.install()
+    # Ray is a leaf: upstream's modules bind the in-process Ray (harness.upstream.vray) at
+    # import, so their @ray.remote classes are hosted on the run's loop; the real `ray` is
+    # back in sys.modules afterwards for the rest of the process
+    from harness.upstream import vray
+
     try:
-        import miles.rollout.fully_async_rollout  # noqa: F401
-        import miles.rollout.inference_rollout.inference_rollout_train  # noqa: F401
-        import miles.rollout.data_source  # noqa: F401
+        with vray.installed():
+            import miles.rollout.fully_async_rollout  # noqa: F401
+            import miles.rollout.inference_rollout.inference_rollout_train  # noqa: F401
+            import miles.rollout.data_source  # noqa: F401
     except ImportError as exc:
         sys.path.remove(str(path))
         raise UpstreamUnavailable(

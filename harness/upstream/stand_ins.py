@@ -131,6 +131,23 @@ def _dumper_config(qualname: str, reason: str) -> type:
     )
 
 
+def _server_args(qualname: str, reason: str) -> type:
+    """``ServerArgs``: Miles' parser registers SGLang's engine flags through
+    ``ServerArgs.add_cli_args`` (``miles/backends/sglang_utils/arguments.py:L135``) as
+    ``--sglang-*``. Without sglang, only the fields Miles' orchestration reads are added,
+    with SGLang's defaults; the rest only configure the engine process (a leaf)."""
+
+    def add_cli_args(cls: type, parser: Any) -> None:
+        for flag in ("--tp-size", "--dp-size", "--pp-size", "--ep-size"):
+            parser.add_argument(flag, type=int, default=1)
+        parser.add_argument("--enable-dp-attention", action="store_true")
+        parser.add_argument("--enable-deterministic-inference", action="store_true")
+        parser.add_argument("--speculative-algorithm", type=str, default=None)
+        parser.add_argument("--cuda-graph-backend-prefill", type=str, default=None)
+
+    return type("ServerArgs", (_RaisingClass,), {"_what": qualname, "add_cli_args": classmethod(add_cli_args)})
+
+
 def _cls(qualname: str) -> type:
     return type(qualname.rpartition(".")[2], (_RaisingClass,), {"_what": qualname})
 
@@ -174,9 +191,9 @@ STAND_INS: dict[str, tuple[str, dict[str, Any]]] = {
     # `miles/utils/arguments.py` (imported by both drivers) builds SGLang's server arguments;
     # the runner builds its own args namespace and never calls upstream's parser.
     "sglang.srt.server_args": (
-        "SGLang's ServerArgs (sglang is not installed on CPU); used by upstream's argument parser, which the "
-        "runner does not call",
-        {"ServerArgs": lambda q, r: _cls(q)},
+        "SGLang's ServerArgs (sglang is not installed on CPU); upstream's argument parser registers its engine "
+        "flags, of which the orchestration reads the parallel sizes",
+        {"ServerArgs": _server_args},
     ),
     # Request tracing hooks imported by the router/engine launch code under `miles/ray`.
     "sglang.srt.tracing.trace": (

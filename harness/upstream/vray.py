@@ -37,12 +37,13 @@ wrapped in ``RayTaskError``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import inspect
 import sys
 import types
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -850,3 +851,20 @@ def modules() -> dict[str, types.ModuleType]:
             setattr(mods[parent], child, m)
     mods["ray"].__dict__["__version__"] = "2.40.0"  # the floor pyproject.toml names, for code that checks the version
     return mods
+
+
+@contextlib.contextmanager
+def installed(extra: dict[str, types.ModuleType] | None = None) -> Iterator[None]:
+    """vray's modules (``modules()``) and ``extra`` in ``sys.modules`` for the block; what
+    was there before is put back after (the real ``ray``, or nothing)."""
+    mods = {**modules(), **(extra or {})}
+    before = {name: sys.modules.get(name) for name in mods}
+    sys.modules.update(mods)
+    try:
+        yield
+    finally:
+        for name, mod in before.items():
+            if mod is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = mod

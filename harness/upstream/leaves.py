@@ -1,0 +1,363 @@
+"""The leaves of upstream Miles' orchestration, faked for a virtual-time run: what cannot
+run on this machine or is not Miles' async logic. Everything between them runs as
+upstream wrote it: the driver, ``create_placement_groups`` / ``create_rollout_manager`` /
+``create_training_models`` (``miles/ray/placement_group.py``), the ``RolloutManager`` actor
+with its data source, rollout function, post-processing and save/load
+(``miles/ray/rollout/rollout_manager.py``), the engine fleet's start-up
+(``rollout_server.py``, ``server_group.py``, ``addr_allocator.py``), the train actor group
+(``miles/ray/actor_group.py``, ``train/actor_factory.py``) and the eval dispatcher.
+
+The leaves (``LEAVES`` names each with the boundary it sits on; ``doctor`` lists them):
+
+* **Ray** (``harness.upstream.vray``): one process, the virtual-time loop; actors,
+  refs, placement groups and resources as Ray's documented semantics have them.
+* **the SGLang engine** (``SimEngineActor`` in place of ``SGLangEngine``, the Ray actor
+  upstream creates per engine in ``server_group.py``): its control calls (pause,
+  continue, weight loads, version, memory occupation) go to the run's ``SimEngine``;
+  ``/generate`` and ``/abort_request`` are served by the runner behind ``post``.
+* **the trainer** (``SimTrainActor`` in place of ``MegatronTrainRayActor``): ``init``
+  loads its own checkpoint (Megatron's ``start_rollout_id = loaded_rollout_id + 1``,
+  ``megatron_utils/actor.py:L212``), ``train`` trains the shard upstream's object store
+  hands it on ``SimTrainer``, ``save_model`` writes its state and Megatron's tracker
+  last, ``update_weights`` does what Megatron's weight updater does with the engines
+  upstream passes in ``EnginesAndLock`` (pause in ``--pause-generation-mode``, load,
+  version, continue; ``update_weight_from_tensor.py:L237-L320``) and then reports the
+  version to upstream's rollout manager (``megatron_utils/actor.py:L781``).
+* **process-wide singletons**: in Miles the driver, the rollout manager and every train
+  actor are separate processes, each with its own object-store client
+  (``miles/utils/object_store.py``: ``init_instance`` asserts it runs once per process);
+  here they share one process, so the client is made once per run and shared.
+* **outside services** left off as their flags leave them: logging set-up, tracking,
+  the periodic py-spy dump, the control server and the mini fault-tolerance controller.
+* **the rollout thread**: ``RolloutManager`` runs the rollout function through
+  ``asyncio.to_thread(call_rollout_function, ...)``, which bridges into Miles' background
+  loop (``rollout_manager.py:L226-L231``, ``compatibility.py:L42-L48``); here the
+  function's coroutine is awaited on the one virtual-time loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import sys
+import types
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness.upstream.stand_ins import StandInMissing
+
+TRACKER = "latest_checkpointed_iteration.txt"  # Megatron's tracker file
+NODE_IP = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class Leaf:
+    name: str
+    boundary: str
+    why: str
+
+
+LEAVES: tuple[Leaf, ...] = (
+    Leaf("ray", "the `ray` package (harness.upstream.vray)", "Ray's cluster and transport; one process here"),
+    Leaf(
+        "sglang_engine",
+        "miles/ray/rollout/server_group.py: SGLangEngine (the engine's Ray actor class)",
+        "a GPU inference server; the run's SimEngine serves its control calls",
+    ),
+    Leaf(
+        "sglang_http",
+        "miles.utils.http_utils.post/get as the rollout code calls them (/generate, /abort_request, /workers)",
+        "the engine's and router's HTTP API, served by the runner on SimEngine",
+    ),
+    Leaf(
+        "train_actor",
+        "miles/ray/train/actor_factory.py: MegatronTrainRayActor / FSDPTrainRayActor",
+        "Megatron/FSDP training on GPUs; SimTrainer's step times, a small checkpoint of its own",
+    ),
+    Leaf(
+        "object_store_client",
+        "miles/utils/object_store.py: init_instance (once per process)",
+        "one process hosts every Ray process: one client per run, shared",
+    ),
+    Leaf(
+        "rollout_thread",
+        "miles/ray/rollout/rollout_manager.py: asyncio.to_thread(call_rollout_function, ...)",
+        "Miles' background-loop thread; the rollout coroutine runs on the one virtual-time loop",
+    ),
+    Leaf(
+        "outside_services",
+        "configure_logger, init_tracking, maybe_start_periodic_pyspy_dump, start_control_server, "
+        "maybe_start_mini_ft_controller",
+        "logging set-up, tracking, profiling and fault-tolerance services, left off as their flags leave them",
+    ),
+    Leaf(
+        "sglang_server_args",
+        "sglang.srt.server_args.ServerArgs.add_cli_args (SGLang's own --sglang-* engine flags)",
+        "sglang is not installable next to a CPU torch; its flags only configure the engine process",
+    ),
+)
+
+
+class _Leaf:
+    """A member upstream reads that the fake lacks is ``StandInMissing`` naming it and the
+    upstream line (a harness error, never upstream's AttributeError)."""
+
+    role = ""
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        frame = sys._getframe(1)
+        raise StandInMissing(self.role, name, frame.f_code.co_filename, frame.f_lineno)
+
+
+# --------------------------------------------------------------------------- the engine
+
+
+class SimEngineActor(_Leaf):
+    """``SGLangEngine``'s Ray actor (``miles/backends/sglang_utils/sglang_engine.py``) on the
+    run's ``SimEngine``: the control calls Miles' orchestration and weight updater make."""
+
+    role = "sglang_engine"
+
+    def __init__(self, args: Any, rank: int, worker_type: str = "regular", **_: Any) -> None:
+        from harness.upstream import host
+
+        self.run = host.current("sglang_engine")
+        self.args, self.rank, self.worker_type = args, rank, worker_type
+        self.weight_version: str | None = None
+        self._next_port = 0
+
+    # RayActor's helpers (miles/ray/ray_actor.py): the node's ip and ports, deterministic
+    def _get_current_node_ip_and_free_port(self, start_port: int = 10000, consecutive: int = 1) -> tuple[str, int]:
+        port = max(start_port, self._next_port)
+        self._next_port = port + consecutive
+        return NODE_IP, port
+
+    def init(self, **addr_and_ports: Any) -> None:
+        self.addr_and_ports = addr_and_ports
+
+    async def pause_generation(self, mode: str = "retract") -> None:
+        await self.run.engine.pause_generation(mode)
+
+    async def continue_generation(self) -> None:
+        await self.run.engine.continue_generation()
+
+    async def update_weights_from_tensor(self, version: int, weights: Any) -> None:
+        await self.run.engine.update_weights(version, weights)
+        self.run.engine_loaded(version)
+
+    def update_weight_version(self, weight_version: str) -> None:
+        self.weight_version = weight_version
+
+    def get_weight_version(self) -> str | None:
+        return self.weight_version
+
+    def flush_cache(self) -> None:
+        return None
+
+    def release_memory_occupation(self, tags: list[str] | None = None) -> None:
+        return None
+
+    def resume_memory_occupation(self, tags: list[str] | None = None) -> None:
+        return None
+
+    def shutdown(self) -> None:
+        return None
+
+    def health_generate(self, timeout: float = 5.0) -> bool:
+        return True
+
+
+# --------------------------------------------------------------------------- the trainer
+
+
+class SimTrainActor(_Leaf):
+    """Megatron's train actor (``miles/backends/megatron_utils/actor.py``) on ``SimTrainer``,
+    one per rank of upstream's ``RayTrainGroup``; the actor's rank 0 records for the run."""
+
+    role = "train_actor"
+
+    def __init__(
+        self,
+        args: Any,
+        world_size: int,
+        rank: int,
+        master_addr: Any,
+        master_port: Any,
+        indep_dp_store_addr: Any = None,
+        role: str = "actor",
+        cell_index: int = 0,
+    ) -> None:
+        from harness.upstream import host
+
+        self.run = host.current("train_actor")
+        self.args, self._world_size, self._rank, self.role = args, world_size, rank, role
+        self.master_addr: str = master_addr or NODE_IP
+        self.master_port: int = master_port if master_addr else 29500
+        self.rollout_manager: Any = None
+        self.weight_version = 0  # the updater's counter: 0 in a new process (update_weight_from_tensor.py:L103)
+
+    @property
+    def records(self) -> bool:
+        """The actor group's rank 0 trains, saves and updates for the run; a critic's
+        values are not modelled (SimTrainer trains the policy)."""
+        return self._rank == 0 and self.role == "actor"
+
+    def get_master_addr_and_port(self) -> tuple[str, int]:
+        return self.master_addr, self.master_port
+
+    def init(self, args: Any, role: str, with_ref: bool = False, with_opd_teacher: bool = False, **_: Any) -> int:
+        """Megatron's init: load the checkpoint under ``--load`` (the tracker names the
+        rollout), ``start_rollout_id = loaded + 1``; none: 0 (``megatron_utils/actor.py:L205-L218``)."""
+        self.args, self.role = args, role
+        args.rank, args.world_size = self._rank, self._world_size
+        self.train_parallel_config = {"dp_size": self._world_size}
+        loaded = read_checkpoint(args.load)
+        if self.records:
+            self.run.trainer_loaded(loaded)
+        return 0 if loaded is None else int(loaded["rollout_id"]) + 1
+
+    def set_rollout_manager(self, rollout_manager: Any) -> None:
+        """``TrainRayActor.set_rollout_manager`` (``miles/ray/train_actor.py:L181-L184``)."""
+        import ray
+
+        self.rollout_manager = rollout_manager
+        if self.args.rank == 0:
+            ray.get(self.rollout_manager.set_train_parallel_config.remote(self.train_parallel_config))
+
+    async def train(self, rollout_id: int, rollout_data_ref: Any, external_data: Any = None, **_: Any) -> None:
+        from miles.utils.data import process_rollout_data
+
+        data, _got = process_rollout_data(self.args, rollout_data_ref, self._rank, self._world_size, None)
+        if self.records:
+            await self.run.train_shard(rollout_id, data)
+
+    def save_model(self, rollout_id: int, force_sync: bool = False) -> None:
+        if self.records:
+            write_checkpoint(self.args.save, rollout_id, self.run.trainer_state())
+
+    async def update_weights(self, info: Any) -> None:
+        """Megatron's weight update with the engines upstream passes (``EnginesAndLock``)."""
+        import ray
+
+        if not self.records:
+            return
+        self.weight_version += 1
+        # FSDP's updater pauses in SGLang's default mode (fsdp_utils/update_weight_utils.py:L74)
+        mode = "retract" if self.args.train_backend == "fsdp" else self.args.pause_generation_mode
+        await self.run.weight_update(self.weight_version, list(info.rollout_engines), mode)
+        ray.get(self.rollout_manager.set_weight_version.remote(self.weight_version))
+        self.run.weight_update_reported(self.weight_version)
+
+    def sleep(self, tags: Any = None) -> None:
+        return None
+
+    def wake_up(self, tags: Any = None) -> None:
+        return None
+
+    def clear_memory(self) -> None:
+        return None
+
+
+def read_checkpoint(load: str | None) -> dict | None:
+    """What ``SimTrainActor.save_model`` wrote under ``load``: the tracker names the rollout,
+    ``iter_<N>/trainer.json`` holds the state; no tracker: nothing to load."""
+    if not load or not (Path(load) / TRACKER).is_file():
+        return None
+    n = int((Path(load) / TRACKER).read_text().strip())
+    state = json.loads((Path(load) / f"iter_{n:07d}" / "trainer.json").read_text())
+    return {"rollout_id": n, **state}
+
+
+def write_checkpoint(save: str | None, rollout_id: int, state: dict) -> None:
+    """The trainer's state into ``iter_<N>/trainer.json``, then the tracker = N, last, as
+    Megatron writes it (a crash before the tracker leaves the previous checkpoint)."""
+    if not save:
+        return
+    folder = Path(save) / f"iter_{rollout_id:07d}"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "trainer.json").write_text(json.dumps(state))
+    (Path(save) / TRACKER).write_text(str(rollout_id))
+
+
+# --------------------------------------------------------------------------- module-level leaves
+
+
+def _stand_in_module(name: str, **attrs: Any) -> types.ModuleType:
+    mod = types.ModuleType(name, "miles-harness leaf: the trainer backend is faked at the train actor")
+    mod.__miles_harness_stand_in__ = True  # type: ignore[attr-defined]
+    for k, v in attrs.items():
+        setattr(mod, k, v)
+    return mod
+
+
+def trainer_backend_modules() -> dict[str, types.ModuleType]:
+    """The train actor classes ``allocate_gpus_for_actor`` imports, as ``SimTrainActor``."""
+    return {
+        "miles.backends.megatron_utils.actor": _stand_in_module(
+            "miles.backends.megatron_utils.actor", MegatronTrainRayActor=SimTrainActor
+        ),
+        "miles.backends.fsdp_utils": _stand_in_module("miles.backends.fsdp_utils", FSDPTrainRayActor=SimTrainActor),
+    }
+
+
+class SharedObjectStore:
+    """``object_store.init_instance`` / ``get_instance`` for one process hosting every
+    Ray process: the client upstream's ``_create_instance`` makes, made once per run."""
+
+    def __init__(self, module: types.ModuleType) -> None:
+        self.module = module
+        self.instance: Any = None
+
+    def init_instance(self, args: Any, *, contribute_segment: bool | None = None) -> Any:
+        if self.instance is None:
+            self.instance = self.module._create_instance(args, contribute_segment=contribute_segment)
+        return self.instance
+
+    def get_instance(self) -> Any:
+        assert self.instance is not None, "object store instance is not initialized; call init_instance first"
+        return self.instance
+
+
+class OnLoopAsyncio:
+    """``asyncio`` as ``rollout_manager.py`` sees it: ``to_thread`` runs the call on the
+    loop and awaits a coroutine it returns (Miles bridges it into its background loop)."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(asyncio, name)
+
+    @staticmethod
+    async def to_thread(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        out = fn(*args, **kwargs)
+        if inspect.isawaitable(out):
+            out = await out
+        return out
+
+
+def call_rollout_function_on_loop(fn: Any, input: Any) -> Any:
+    """``compatibility.call_rollout_function`` with the coroutine returned, not run on
+    Miles' background loop (``OnLoopAsyncio.to_thread`` awaits it)."""
+    return fn(input)
+
+
+def noop(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
+__all__ = [
+    "LEAVES",
+    "Leaf",
+    "OnLoopAsyncio",
+    "SharedObjectStore",
+    "SimEngineActor",
+    "SimTrainActor",
+    "call_rollout_function_on_loop",
+    "noop",
+    "read_checkpoint",
+    "trainer_backend_modules",
+    "write_checkpoint",
+]

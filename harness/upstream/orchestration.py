@@ -1,0 +1,90 @@
+"""Upstream's orchestration hosted in one process: what a run installs so that Miles'
+driver, ``RolloutManager``, engine fleet start-up and train actor group run as upstream
+wrote them over the leaves of ``harness.upstream.leaves``.
+
+``hosted(run)`` is the context a virtual-time run (``harness.upstream.runner``) holds:
+the in-process Ray (``harness.upstream.vray``) is ``ray`` in ``sys.modules``, the trainer
+backend modules are the train actor leaf, and ``orchestration_rebinds(run)`` are the
+module names replaced for the run (each a ``Rebind`` restored after it). Upstream's
+modules were imported under the same Ray (``harness.upstream.source.activate``), so the
+``@ray.remote`` classes and the names imported from ``ray`` are vray's.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from harness.upstream import host, leaves, vray
+from harness.upstream.host import Rebind
+
+RM_MOD = "miles.ray.rollout.rollout_manager"
+SERVER_GROUP_MOD = "miles.ray.rollout.server_group"
+OBJECT_STORE_MOD = "miles.utils.object_store"
+# one engine per rollout GPU, the trainer on its own: a cluster large enough for the cases
+CLUSTER_GPUS = 16
+CLUSTER_CPUS = 64
+
+
+@contextmanager
+def hosted() -> Iterator[None]:
+    """vray as ``ray`` and the train actor leaf as the trainer backend, fresh for the run."""
+    vray.reset(num_gpus=CLUSTER_GPUS, num_cpus=CLUSTER_CPUS)
+    with vray.installed(leaves.trainer_backend_modules()):
+        try:
+            yield
+        finally:
+            vray.reset(num_gpus=CLUSTER_GPUS, num_cpus=CLUSTER_CPUS)
+
+
+def _observed_load_rollout_function(load: Any, run: Any) -> Any:
+    """``load_rollout_function`` as upstream's ``RolloutManager.__init__`` calls it: the data
+    source it is given and the rollout function it returns are observed (wrapped in place)."""
+
+    @functools.wraps(load)
+    def observed(input: Any, path: str) -> Any:
+        run.observe_data_source(input.data_source)
+        fn = load(input, path)
+        run.observe_rollout_fn(fn)
+        return fn
+
+    return observed
+
+
+def orchestration_rebinds(run: Any) -> list[Rebind]:
+    """The leaves put in upstream's modules for one run (``host.installed``)."""
+    rm, group, store = host.module(RM_MOD), host.module(SERVER_GROUP_MOD), host.module(OBJECT_STORE_MOD)
+    shared = leaves.SharedObjectStore(store())
+    return [
+        Rebind("engine_actor", group, "SGLangEngine", lambda _: leaves.SimEngineActor),
+        Rebind("rollout_manager", rm, "asyncio", lambda _: leaves.OnLoopAsyncio()),
+        Rebind("rollout_manager", rm, "call_rollout_function", lambda _: run.call_rollout_function),
+        Rebind("rollout_manager", rm, "load_rollout_function", lambda f: _observed_load_rollout_function(f, run)),
+        Rebind("rollout_manager", rm, "configure_logger", lambda _: leaves.noop),
+        Rebind("rollout_manager", rm, "init_tracking", lambda _: leaves.noop),
+        Rebind("object_store", store, "init_instance", lambda _: shared.init_instance),
+        Rebind("object_store", store, "get_instance", lambda _: shared.get_instance),
+    ]
+
+
+# the driver module's outside services, left off as their flags leave them (leaf outside_services)
+DRIVER_SERVICES = (
+    "configure_logger",
+    "init_tracking",
+    "maybe_start_periodic_pyspy_dump",
+    "start_control_server",
+    "maybe_start_mini_ft_controller",
+)
+
+
+def driver_services_off(mod: Any) -> Any:
+    """``mod`` (a freshly loaded driver) with its outside services turned off."""
+    for name in DRIVER_SERVICES:
+        if name in mod.__dict__:
+            mod.__dict__[name] = leaves.noop
+    return mod
+
+
+__all__ = ["DRIVER_SERVICES", "driver_services_off", "hosted", "orchestration_rebinds"]

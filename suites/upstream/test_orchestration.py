@@ -1,0 +1,86 @@
+"""Upstream's own orchestration under the harness (``--orchestration upstream``): the
+driver, ``create_placement_groups`` / ``create_rollout_manager`` / ``create_training_models``,
+the ``RolloutManager`` actor and the train actor group run as upstream wrote them over the
+leaves of ``harness.upstream.leaves`` on the in-process Ray.
+
+Every test needs an upstream Miles tree (the ``miles_src`` fixture skips without one,
+saying why).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.upstream import leaves, vray
+from harness.upstream.diff import case_named, run_case
+
+# one case per driver, and one with the nested generate function (a compact rollout whose
+# siblings upstream's manager checks before training)
+HOSTED = ("sync", "one-step-k1", "one-step-k2", "one-step-over-sampling", "fa-group-k2", "one-step-nested")
+
+
+@pytest.mark.parametrize("name", HOSTED)
+def test_upstream_orchestration_matches_the_core_and_holds_every_invariant(miles_src, name):
+    from harness.checking.invariants import check_all, format_violations
+
+    report = run_case(case_named(name), orchestration="upstream")
+    assert report.identical, report.format()
+    up = report.upstream_result
+    assert up.error is None, repr(up.error)
+    violations = check_all(up.events, up.scenario.config)
+    assert not violations, format_violations(violations)
+
+
+def test_upstream_rollout_manager_and_train_actors_are_hosted_on_the_in_process_ray(miles_src, monkeypatch):
+    seen: list[list[str]] = []
+    reset = vray.reset
+
+    def spy(*a, **k):
+        seen.append(sorted({info.class_name for info in vray.actors()}))
+        return reset(*a, **k)
+
+    monkeypatch.setattr(vray, "reset", spy)
+    run_case(case_named("one-step-k1"), orchestration="upstream")
+    after_run = seen[-1]  # the actors alive when the run ended, before the cluster is reset
+    assert "RolloutManager" in after_run
+    assert "SimTrainActor" in after_run and "SimEngineActor" in after_run
+    assert vray.actors() == [], "the cluster is fresh after a run"
+
+
+def test_a_bug_seeded_in_upstreams_rollout_manager_changes_what_the_harness_observes(miles_src, monkeypatch):
+    """A seeded bug in the layer the stand-ins replaced: ``RolloutManager.set_weight_version``
+    drops the version, so the rollout function is passed none (``rollout_manager.py:L226``).
+    Hosted, the harness sees it; with the stand-ins it cannot."""
+    from miles.ray.rollout.rollout_manager import RolloutManager
+
+    cls = RolloutManager._cls  # the class vray hosts (upstream decorates it with @ray.remote)
+    monkeypatch.setattr(cls, "set_weight_version", lambda self, weight_version: None)
+    hosted = run_case(case_named("one-step-k2"), orchestration="upstream")
+    assert not hosted.identical
+    versions = [fields[1] for _, fields in hosted.upstream["generate"]]
+    assert set(versions) == {None}, versions
+    stand_ins = run_case(case_named("one-step-k2"), orchestration="stand-ins")
+    assert stand_ins.identical
+
+
+def test_every_leaf_names_its_boundary_and_why_it_is_faked():
+    names = [leaf.name for leaf in leaves.LEAVES]
+    assert len(names) == len(set(names))
+    for leaf in leaves.LEAVES:
+        assert leaf.boundary and leaf.why, leaf
+    assert {"ray", "sglang_engine", "train_actor"} <= set(names)
+
+
+def test_a_member_upstream_reads_on_a_leaf_fake_is_a_harness_error_naming_it():
+    from harness.upstream.stand_ins import StandInMissing
+
+    engine = object.__new__(leaves.SimEngineActor)
+    with pytest.raises(StandInMissing, match="sglang_engine.*no member `load_lora_adapter_from_tensors`"):
+        engine.load_lora_adapter_from_tensors  # noqa: B018 - the read is the test
+
+
+def test_the_train_actor_leaf_resumes_from_the_checkpoint_it_wrote(tmp_path):
+    assert leaves.read_checkpoint(str(tmp_path)) is None
+    leaves.write_checkpoint(str(tmp_path), 3, {"optimizer_step": 4, "lr_step": 4, "version": 4})
+    loaded = leaves.read_checkpoint(str(tmp_path))
+    assert loaded == {"rollout_id": 3, "optimizer_step": 4, "lr_step": 4, "version": 4}
