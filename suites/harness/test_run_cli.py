@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from harness.cli import build_parser
+from harness.cli import command_parser, parse
 import pytest
 
 from harness.commands.run import spec_from_args
@@ -14,7 +14,7 @@ from miles_async_core.errors import ConfigError
 
 
 def _parse(*argv: str):
-    return build_parser("run").parse_args(["run", *argv])
+    return parse(["run", *argv])
 
 
 def test_an_empty_command_line_is_runspec_defaults():
@@ -25,8 +25,7 @@ def test_an_empty_command_line_is_runspec_defaults():
 
 
 def test_every_runspec_field_has_one_flag_with_its_help_and_choices():
-    parser = build_parser("run")
-    run = next(a for a in parser._subparsers._group_actions[0].choices.values() if a.prog.endswith(" run"))
+    run = command_parser("run")
     by_dest = {}
     for action in run._actions:
         by_dest.setdefault(action.dest, []).extend(action.option_strings)
