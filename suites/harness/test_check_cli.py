@@ -155,3 +155,25 @@ def test_colocated_fully_async_passes_the_manual_but_names_the_extension_a_run_n
         line.startswith("note: to run this in the harness") and "--allow-async-colocate" in line
         for line in out.splitlines()
     )
+
+
+def test_resume_sweep_refuses_a_miles_tree_it_would_ignore_and_names_its_host(capsys, monkeypatch):
+    from harness.cli import main as cli
+    import harness.sim.resume_sweep as resume_sweep
+
+    assert cli(["resume-sweep", "--miles-src", "/no/such/tree"]) == 2
+    first = capsys.readouterr().err.splitlines()[0]
+    assert "--miles-src /no/such/tree with --host core" in first and "--host upstream" in first
+    monkeypatch.setattr(resume_sweep, "sweep", lambda todo, host: [])
+    assert cli(["resume-sweep", "--fast"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == "host: core (the core's drivers)"
+
+
+def test_compare_names_a_trace_it_was_given_instead_of_a_results_file(capsys, tmp_path):
+    from harness.cli import main as cli
+
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"kind": "taken", "t": 0}\n{"kind": "trained", "t": 1}\n')
+    assert cli(["compare", str(trace), str(trace)]) == 2
+    first = capsys.readouterr().err.splitlines()[0]
+    assert "is a JSONL trace" in first and "check-trace" in first
