@@ -91,3 +91,16 @@ def test_flags_reach_the_spec_and_task_length_and_symbols_are_for_the_copy_task_
 def test_repeats_below_one_are_refused():
     with pytest.raises(ConfigError, match="--repeats 0"):
         RunSpec(repeats=0)
+
+
+def test_the_colocate_layout_runs_async_modes_only_with_the_extension_the_user_turns_on():
+    from miles_async_core.config import AsyncConfig
+
+    from harness.main_job.spec import mode_config
+
+    spec = RunSpec(layout="colocate")
+    with pytest.raises(ConfigError, match="add --allow-async-colocate after --"):
+        mode_config("fully-async", AsyncConfig(), spec)
+    config = mode_config("fully-async", AsyncConfig(allow_async_colocate=True), spec)
+    assert config.colocate and config.allow_async_colocate
+    assert mode_config("sync", AsyncConfig(), spec).allow_async_colocate is False
