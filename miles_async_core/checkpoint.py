@@ -13,8 +13,10 @@ start (``start_rollout_id = N + 1``, ``megatron_utils/actor.py:L212``), the data
 loads its part of N if there is one (else nothing: ``data_source.py:L150`` logs and goes
 on from its fresh state), and the weight updater's version counter starts again at 0
 (an in-memory counter, ``update_weight_from_tensor.py:L103``), so the first update of the
-new life serves version 1. Upstream saves no buffered, in-flight or recycled group
-(spec §11): the cursor saved is wherever the data source stands at the save.
+new life serves version 1. Upstream saves no buffered, in-flight or recycled group: the
+data source's state is its cursor alone (``sample_offset``, ``epoch_id``, ... at
+``miles/rollout/data_source.py:L124-L137``), saved wherever it stands at the save, which in
+``train_async.py`` is after ``generate(N+1)`` has started (``train_async.py:L78-L105``).
 
 Under the harness extension ``exactly_once_resume`` a checkpoint counts only once both
 parts are written (``CheckpointDir.complete``), the data source's part also lists every

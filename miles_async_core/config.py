@@ -277,8 +277,10 @@ def parse_miles_args(argv: list[str]) -> tuple[AsyncConfig, list[str]]:
 
     Accepts ``--flag value`` and ``--flag=value``; boolean flags are presence flags
     (``store_true`` in Miles). A leading ``python`` and a ``train.py`` /
-    ``train_async.py`` token (or a path ending in one) select the driver. Unknown flags and
-    the values that follow them are ignored and reported as notes; a later flag of the
+    ``train_async.py`` token (or a path ending in one) select the driver. Flags this config
+    does not model (Miles', Megatron's, SGLang's, or misspelled: the command line rejects
+    those, ``harness.flags.known``) and the values that follow them are ignored and reported
+    as notes; a later flag of the
     same name wins, as with argparse.
     """
     values: dict[str, Any] = {}
@@ -311,7 +313,7 @@ def parse_miles_args(argv: list[str]) -> tuple[AsyncConfig, list[str]]:
             while not has_eq and i < len(argv) and not argv[i].startswith("--") and (_driver_of(argv[i]) is None):
                 taken.append(argv[i])
                 i += 1
-            notes.append(" ".join(["ignored unknown flag", flag, *taken]))
+            notes.append(" ".join(["ignored, not modelled by the harness:", flag, *taken]))
             continue
         kind, choices = _FIELD_KINDS[name]
         if kind == "bool":

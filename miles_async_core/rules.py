@@ -31,8 +31,8 @@ Profiles (two, because Miles' manual and upstream's code disagree on colocation)
   Upstream checks the buffer capacity (factor > 0, ``int(factor*B)`` >= 1) lazily, when
   the fully-async buffer is built, so this profile checks it only under
   ``--fully-async``; it does not check B >= 1 or n >= 1, which upstream never checks.
-  The ``fully_async`` + ``partial_rollout`` rule quotes no upstream text because the
-  spec does not record that assertion's message.
+  The ``fully_async`` + ``partial_rollout`` rule quotes upstream's assertion
+  (``miles/utils/arguments.py:L60``).
 
 Rules shared by both profiles: ``--fully-async`` needs ``train_async.py``; not with
 ``abort``; not with ``--partial-rollout``; ``--async-max-concurrent-samples`` >= n;
@@ -218,10 +218,11 @@ def fully_async_needs_async_driver(c: AsyncConfig) -> str | None:
 @_rule("fully-async-no-partial-rollout", ("--fully-async", "--partial-rollout"))
 def fully_async_no_partial_rollout(c: AsyncConfig) -> str | None:
     if c.fully_async and c.partial_rollout:
-        # upstream: arguments.py:L50-L70
+        # upstream: miles/utils/arguments.py:L60
         return (
             "--fully-async with --partial-rollout: upstream asserts against it "
-            "(arguments.py); the fully-async worker never aborts a drain, so there "
+            '(arguments.py: "--fully-async does not support --partial-rollout"); '
+            "the fully-async worker never aborts a drain, so there "
             "are no partial groups to resume. Allowed: one of the two. "
             "Fix: drop --partial-rollout."
         )

@@ -6,7 +6,8 @@
 
 Simulates the flags on the layout on virtual time (``harness.advise.predict``) with the
 costs fitted from a measured run (``harness.advise.costs``; default: the committed CPU
-calibration) and prints the predicted step time, speedup over sync, overlap
+calibration, ``results/advise/cpu_costs.json`` of this checkout, whatever the working
+directory) and prints the predicted step time, speedup over sync, overlap
 efficiency, sample ages (Miles' recorded version and the true oldest-token version),
 drop and retry shares and buffer occupancy. With ``--target`` it also searches sync,
 one-step (interval 1, 2, 4) and fully-async (max staleness 0..S, drop or retry) for the
@@ -24,13 +25,16 @@ import json
 from pathlib import Path
 from typing import Any
 
-from miles_async_core.config import parse_miles_args
-
-DEFAULT_COSTS = "results/advise/cpu_costs.json"
+# The committed CPU calibration, found from this file (not from the working directory).
+DEFAULT_COSTS = str(Path(__file__).resolve().parents[2] / "results" / "advise" / "cpu_costs.json")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--costs", default=DEFAULT_COSTS, help=f"fitted cost model (default {DEFAULT_COSTS})")
+    p.add_argument(
+        "--costs",
+        default=DEFAULT_COSTS,
+        help="fitted cost model (default: the committed results/advise/cpu_costs.json)",
+    )
     p.add_argument("--engines", type=int, default=1, help="rollout engines")
     p.add_argument("--gpus-per-engine", type=int, default=1, help="GPUs per engine (tensor-parallel size)")
     p.add_argument("--trainer-gpus", type=int, default=1, help="trainer GPUs (data-parallel ranks)")
@@ -45,7 +49,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "upstream Miles profile (miles-<pinned commit>; miles_async_core.rules.PROFILES)",
     )
     p.add_argument("--json", action="store_true", help="print everything as one JSON document")
-    p.add_argument("miles_args", nargs=argparse.REMAINDER, help="Miles flags after --")
 
 
 def _fmt_hist(h: dict[int, int]) -> str:
@@ -144,10 +147,9 @@ def main(args: argparse.Namespace) -> int:
         sweep_engines,
     )
 
-    miles = [a for a in args.miles_args if a != "--"]
-    config, notes = parse_miles_args(miles)
-    for note in notes:
-        print(f"note: {note}")
+    from harness.commands.miles_args import parse
+
+    config = parse(list(args.miles_args), allow_unknown=args.allow_unknown_miles_flags)
     if args.steps is not None:
         config = dataclasses.replace(config, num_rollout=args.steps)
     layout = Layout(engines=args.engines, gpus_per_engine=args.gpus_per_engine, trainer_gpus=args.trainer_gpus)

@@ -1,5 +1,8 @@
 """`miles-harness check [--profile P] [--json] -- <miles args>`: validate a Miles command line.
 
+The Miles command line is every word after ``--`` (``harness.cli``'s parsing rule), e.g.
+``-- train_async.py --fully-async --rollout-batch-size 32``.
+
 Prints the resolved config (one ``name = value`` per line, derived values included), the
 notes about ignored flags, then every violated rule as ``[rule-id] message``. Exit codes:
 0 when no error-severity rule is violated (notes never fail), 2 when one is or when the
@@ -13,6 +16,7 @@ import argparse
 import json
 
 from miles_async_core.config import HARNESS_EXTENSIONS, parse_miles_args
+from harness.commands.miles_args import runnable_errors
 from miles_async_core.rules import DEFAULT_PROFILE, PROFILES, errors, get_profile, validate
 
 
@@ -23,20 +27,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"rule profile: {', '.join(PROFILES)} (default {DEFAULT_PROFILE}: Miles' manual page on async training)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON document")
-    parser.add_argument(
-        "miles_args",
-        nargs=argparse.REMAINDER,
-        metavar="-- MILES_ARGS",
-        help="a Miles command line, e.g. -- train_async.py --fully-async --rollout-batch-size 32",
-    )
 
 
 def main(args: argparse.Namespace) -> int:
     get_profile(args.profile)  # unknown profile: ConfigError before anything is printed
-    miles_args = list(args.miles_args)
-    if miles_args and miles_args[0] == "--":
-        miles_args = miles_args[1:]
-    config, notes = parse_miles_args(miles_args)
+    config, notes = parse_miles_args(list(args.miles_args))
     violations = validate(config, args.profile)
     failed = bool(errors(violations))
     resolved = config.resolved_dict()
@@ -65,6 +60,8 @@ def main(args: argparse.Namespace) -> int:
         print(f"{name} = {resolved.get(name)}")
     for note in notes:
         print(f"note: {note}")
+    for message in runnable_errors(config):  # the profile allows it; the harness's runs need more
+        print(f"note: to run this in the harness (simulate, run): {message}")
     for v in violations:
         print(f"[{v.rule_id}] {v.severity}: {v.message}")
     n_errors = sum(v.severity == "error" for v in violations)

@@ -50,7 +50,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "complete run (conservation is relaxed to conservation_prefix)",
     )
     p.add_argument("--max-shown", type=int, default=5, help="violations printed per checker")
-    p.add_argument("miles_args", nargs=argparse.REMAINDER, help="Miles flags after --: the run's config")
 
 
 def load_config(trace: Path, miles_args: list[str]) -> tuple[AsyncConfig, bool, str]:
@@ -98,10 +97,6 @@ def main(args: argparse.Namespace) -> int:
     if args.max_shown < 1:
         raise ConfigError(f"--max-shown {args.max_shown}: must be >= 1. Fix: e.g. --max-shown 5")
     if args.merge is not None:
-        # argparse gives the first word after -- to the trace positional: with --merge it is the
-        # Miles command line's (a flag, or its program when the whole command line is passed)
-        if args.trace is not None and (args.trace.startswith("-") or args.miles_args):
-            args.miles_args, args.trace = [args.trace, *args.miles_args], None
         if args.trace is not None:
             raise ConfigError(
                 f"check-trace {args.trace} --merge {args.merge}: give a trace or --merge DIR, not both. Fix: drop one"

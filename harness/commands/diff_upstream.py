@@ -73,6 +73,16 @@ def main(args: argparse.Namespace) -> int:
     from harness.upstream import source
     from harness.upstream.case_log import captured
 
+    from harness.upstream.diff import case_named, matrix
+
+    if args.list:  # the matrix is the harness's own: listing it reads no tree
+        for c in matrix():
+            print(f"{c.name:<36} {c.known.split(':')[0] if c.known else 'identical expected'}")
+        return 0
+    try:
+        cases = [case_named(n) for n in args.scenario] if args.scenario else matrix()
+    except KeyError as exc:
+        raise ConfigError(exc.args[0]) from None
     path, how = source.find_miles_src(args.miles_src)
     if path is None:
         raise ConfigError(how)
@@ -81,17 +91,9 @@ def main(args: argparse.Namespace) -> int:
             source.activate(path)
         except (source.UpstreamUnavailable, source.SeamMissing) as exc:
             raise ConfigError(str(exc)) from None
-    from harness.upstream.diff import case_named, matrix, run_case
+    from harness.upstream.diff import run_case
 
-    if args.list:
-        for c in matrix():
-            print(f"{c.name:<36} {c.known.split(':')[0] if c.known else 'identical expected'}")
-        return 0
-    try:
-        cases = [case_named(n) for n in args.scenario] if args.scenario else matrix()
-    except KeyError as exc:
-        raise ConfigError(exc.args[0]) from None
-    print(f"upstream Miles: {how}")
+    print(f"upstream Miles: {how}; host: upstream Miles' drivers in virtual time, beside the core")
     log = _log_file(args.log)
     log.add("(importing the tree)", import_log.getvalue())
     print(f"orchestration: {args.orchestration}")

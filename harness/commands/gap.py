@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -53,12 +54,47 @@ def _check_model(model: str) -> None:
         )
 
 
+DTYPES = ("fp32", "bf16", "fp16")
+DEVICES = ("cpu", "cuda")
+
+
+def _validate(args: argparse.Namespace) -> tuple[str, ...]:
+    """Every option checked before torch loads or a row runs; returns the dtypes."""
+    dtypes = tuple(d.strip() for d in args.dtypes.split(",") if d.strip())
+    bad = [d for d in dtypes if d not in DTYPES]
+    if bad or not dtypes:
+        raise ConfigError(
+            f"--dtypes {args.dtypes!r}: allowed a comma list of {', '.join(DTYPES)}. Fix: e.g. --dtypes fp32,bf16"
+        )
+    if args.device not in DEVICES:
+        raise ConfigError(f"--device {args.device!r}: allowed {', '.join(DEVICES)}. Fix: --device cpu")
+    for flag, value in (
+        ("--num-seqs", args.num_seqs),
+        ("--max-new-tokens", args.max_new_tokens),
+        ("--d-model", args.d_model),
+        ("--layers", args.layers),
+        ("--threads", 1 if args.threads is None else args.threads),
+    ):
+        if value < 1:
+            raise ConfigError(f"{flag} {value}: must be at least 1. Fix: leave it out for the default")
+    if not math.isfinite(args.temperature) or args.temperature < 0:
+        raise ConfigError(
+            f"--temperature {args.temperature}: must be a finite number >= 0. Fix: e.g. --temperature 1.0"
+        )
+    _check_model(args.model)
+    return dtypes
+
+
 def main(args: argparse.Namespace) -> int:
+    dtypes = _validate(args)
+    return _run(args, dtypes)
+
+
+def _run(args: argparse.Namespace, dtypes: tuple[str, ...]) -> int:
     import torch
 
     from harness.measure.kernel_ablation import Ablation, AblationConfig, format_table
 
-    dtypes = tuple(d.strip() for d in args.dtypes.split(",") if d.strip())
     cfg = AblationConfig(
         model=args.model,
         device=args.device,
@@ -70,7 +106,6 @@ def main(args: argparse.Namespace) -> int:
         tiny_d_model=args.d_model,
         tiny_layers=args.layers,
     )
-    _check_model(cfg.model)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     out = Path(args.out or f"results/gap/runs/{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}")

@@ -13,7 +13,9 @@ upstream's own save and load code on a checkpoint folder (``harness.upstream.liv
 setting: resumes, groups lost and duplicated (total and per resume), the mechanism of each
 loss, the response-length bias of lost against trained groups, and the checkers that
 failed; then one line per driver and stop point. ``--json`` writes both summaries and
-every case's row. Exit 0 when every case ran
+every case's row. The first line names the host (and the Miles tree it reads); a
+``--miles-src`` without ``--host upstream`` is an error, not a tree silently ignored.
+Exit 0 when every case ran
 and every stop was reached (losses are findings, not errors), 1 otherwise.
 """
 
@@ -47,6 +49,12 @@ def host_of(name: str, miles_src: str | None = None, exactly_once: bool = False)
     from harness.sim.resume_sweep import core_host
 
     if name == "core":
+        if miles_src is not None:
+            raise ConfigError(
+                f"--miles-src {miles_src} with --host core: the core host runs this project's drivers and reads "
+                "no Miles tree, so the tree would be ignored. Fix: add --host upstream to run that tree's "
+                "drivers, or drop --miles-src"
+            )
         return core_host
     if name == "upstream":
         if exactly_once:
@@ -60,10 +68,8 @@ def host_of(name: str, miles_src: str | None = None, exactly_once: bool = False)
         try:
             return upstream_host(miles_src)
         except UpstreamUnavailable as exc:
-            raise ConfigError(
-                f"--host upstream --miles-src {miles_src}: {exc}. Fix: pass --miles-src PATH (a Miles "
-                "checkout) or set MILES_SRC"
-            ) from None
+            fix = "" if "Fix:" in str(exc) else ". Fix: pass --miles-src PATH (a Miles checkout) or set MILES_SRC"
+            raise ConfigError(f"--host upstream: {exc}{fix}") from None
     raise ConfigError(f"--host {name!r} is not one of {', '.join(HOSTS)}. Fix: pass --host core or --host upstream")
 
 
@@ -89,6 +95,17 @@ def main(args: argparse.Namespace) -> int:
     refuses = getattr(host, "refuses", None)  # the upstream host: settings upstream refuses to start
     refused = {c.setting: why for c in todo if refuses is not None and (why := refuses(c))}
     todo = [c for c in todo if c.setting not in refused]
+    tree = getattr(host, "miles_tree", None)
+    print(
+        f"host: {args.host} ("
+        + (
+            f"upstream Miles' drivers and save/load code from {tree}"
+            if args.host == "upstream"
+            else "the core's drivers"
+        )
+        + (", with the harness extension exactly_once_resume" if args.exactly_once else "")
+        + ")"
+    )
     rows = sweep(todo, host)
     summary, by_stop = summarize(rows), summarize_by_stop(rows)
     print(format_table(summary))

@@ -50,7 +50,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from miles_async_core.config import AsyncConfig, parse_miles_args
+from miles_async_core.config import AsyncConfig
 from miles_async_core.errors import ConfigError
 
 if TYPE_CHECKING:  # imported where used: `miles-harness --help` does not load torch
@@ -87,7 +87,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--out", default=None, help="output folder (default results/runs/<UTC time>)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNGs")
-    p.add_argument("miles_args", nargs=argparse.REMAINDER, help="Miles flags after --")
 
 
 def spec_from_args(args: argparse.Namespace) -> RunSpec:
@@ -104,10 +103,9 @@ def spec_from_args(args: argparse.Namespace) -> RunSpec:
 def main(args: argparse.Namespace) -> int:
     from harness.main_job.spec import mode_config
 
-    miles = [a for a in args.miles_args if a != "--"]
-    base, notes = parse_miles_args(DEFAULT_MILES_ARGS + miles)
-    for note in notes:
-        print(f"note: {note}")
+    from harness.commands.miles_args import parse
+
+    base = parse(list(args.miles_args), allow_unknown=args.allow_unknown_miles_flags, base=DEFAULT_MILES_ARGS)
     spec = spec_from_args(args)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     for mode in modes:  # refuse a forbidden mode before any work is done

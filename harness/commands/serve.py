@@ -53,7 +53,43 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _validate(args: argparse.Namespace) -> None:
+    """Every option checked before the model loads or a port is bound."""
+    from pathlib import Path
+
+    from miles_async_core.errors import ConfigError
+
+    if not 0 <= args.port <= 65535:
+        raise ConfigError(
+            f"--port {args.port}: a TCP port is 0..65535 (0: a free one the system picks). Fix: e.g. --port 30000"
+        )
+    for flag, value in (("--max-running", args.max_running), ("--context-length", args.context_length)):
+        if value is not None and value < 1:
+            raise ConfigError(f"{flag} {value}: must be at least 1. Fix: leave it out for the default")
+    for flag, rate in (
+        ("--pace-decode-tokens-per-s", args.pace_decode_tokens_per_s),
+        ("--pace-prefill-tokens-per-s", args.pace_prefill_tokens_per_s),
+    ):
+        if rate is not None and not (rate > 0 and rate != float("inf")):
+            raise ConfigError(f"{flag} {rate}: must be a finite rate above 0. Fix: e.g. {flag} 300")
+    if args.model not in ("tiny", "smollm2") and not Path(args.model).is_dir():
+        raise ConfigError(
+            f"--model {args.model!r}: no such directory. Allowed: tiny, smollm2 or a local Hugging Face "
+            "model directory. Fix: pass an existing path or --model tiny"
+        )
+    if args.trace is not None and not Path(args.trace).resolve().parent.is_dir():
+        raise ConfigError(
+            f"--trace {args.trace}: its folder does not exist, so the trace could not be written on exit. "
+            "Fix: create the folder or pass another path"
+        )
+
+
 def main(args: argparse.Namespace) -> int:
+    _validate(args)
+    return _serve(args)
+
+
+def _serve(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     from harness.serve.pacing import Pacing
     from harness.serve.server import RunningServer, build_engine

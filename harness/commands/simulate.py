@@ -3,7 +3,10 @@
     miles-harness simulate [--scenario FILE] [--trace PATH] [--num-rollout N] [-- MILES ARGS]
 
 With no scenario the built-in default runs (fully-async, B=16, n=4). Miles arguments
-after ``--`` override the scenario's config, and are validated with the rule profile.
+after ``--`` override the scenario's config. Before anything runs, the resulting config is
+checked with the rules ``miles-harness check`` applies (``--profile``) and with what the
+core's drivers refuse to start (``harness.commands.miles_args.refuse``): a broken rule or a
+``--num-rollout`` below 1 is exit 2 with the rule's message, never a zero-step summary.
 Next to the trace it writes the config the run used (``trace.config.json`` for
 ``trace.jsonl``), which ``miles-harness check-trace`` reads back.
 """
@@ -17,7 +20,8 @@ from pathlib import Path
 
 from miles_async_core.config import AsyncConfig, parse_miles_args
 from miles_async_core.errors import ConfigError
-from miles_async_core.rules import PROFILES, validate
+from miles_async_core.rules import PROFILES
+from harness.commands.miles_args import refuse
 from harness.sim.scenario import DEFAULT_SCENARIO, load_scenario
 from harness.sim.run_scenario import format_summary, simulate, summarize
 from harness.sim.watchdog import WatchdogTripped
@@ -26,10 +30,9 @@ from harness.sim.watchdog import WatchdogTripped
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scenario", help="scenario file (.toml or .json); default: the built-in scenario")
     p.add_argument("--trace", default="results/sim/trace.jsonl", help="where to write the JSONL trace")
-    p.add_argument("--num-rollout", type=int, help="override the number of training steps")
+    p.add_argument("--num-rollout", type=int, help="override the number of training steps (at least 1)")
     p.add_argument("--profile", default="manual", help=f"rule profile for validation: {', '.join(PROFILES)}")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON document")
-    p.add_argument("miles_args", nargs=argparse.REMAINDER, help="Miles flags after --")
 
 
 def overlay_miles_args(cfg: dict, miles_args: list[str]) -> dict:
@@ -49,11 +52,14 @@ def main(args: argparse.Namespace) -> int:
     scenario = load_scenario(args.scenario) if args.scenario else DEFAULT_SCENARIO
     cfg = overlay_miles_args(scenario.config.to_dict(), args.miles_args)
     if args.num_rollout is not None:
+        if args.num_rollout < 1:
+            raise ConfigError(
+                f"--num-rollout {args.num_rollout}: the number of training steps must be at least 1. "
+                "Fix: e.g. --num-rollout 8, or leave it out for the scenario's own"
+            )
         cfg["num_rollout"] = args.num_rollout
     config = AsyncConfig.from_dict(cfg)
-    errors = [v for v in validate(config, args.profile) if v.severity == "error"]
-    if errors:
-        raise ConfigError("; ".join(f"[{v.rule_id}] {v.message}" for v in errors))
+    refuse(config, args.profile, what=f"simulate of scenario {scenario.name!r}")
     scenario = dataclasses.replace(scenario, config=config)
     result = simulate(scenario)
     summary = summarize(result)

@@ -15,7 +15,6 @@ from harness.backends.ray_engine import BROADCASTS
 from harness.backends.torch_trainer import LR_SCALINGS
 from miles_async_core.config import AsyncConfig
 from miles_async_core.errors import ConfigError
-from miles_async_core.rules import validate
 
 # each mode's upstream driver: sync = train.py, one-step = train_async.py, fully-async = train_async.py --fully-async
 MODES: dict[str, tuple[str, bool]] = {  # mode -> (driver, fully_async)
@@ -141,14 +140,16 @@ def mode_config(mode: str, base: AsyncConfig, spec: RunSpec) -> AsyncConfig:
         raise ConfigError(f"--modes: unknown mode {mode!r}; allowed: {', '.join(MODES)}")
     driver, fully_async = MODES[mode]
     config = dataclasses.replace(base, driver=driver, fully_async=fully_async, num_rollout=spec.steps, seed=spec.seed)
-    if spec.layout == "colocate":
-        # upstream's train_async.py refuses --colocate; Miles' manual's colocated
-        # fully-async mode is the harness extension allow_async_colocate
-        config = dataclasses.replace(config, colocate=True, allow_async_colocate=driver == "train_async")
-    errors = [v for v in validate(config, spec.profile) if v.severity == "error"]
-    if errors:
+    if base.colocate and spec.layout != "colocate":
         raise ConfigError(
-            f"mode {mode} on the {spec.layout} layout is refused by rule profile {spec.profile!r}: "
-            + "; ".join(f"[{v.rule_id}] {v.message}" for v in errors)
+            f"--colocate after -- with --layout {spec.layout}: the layout decides where the engine runs. "
+            "Fix: pass --layout colocate instead of the Miles flag --colocate"
         )
+    # upstream's train_async.py refuses --colocate; Miles' manual's colocated fully-async
+    # mode is the harness extension allow_async_colocate, which only the user turns on
+    # (-- --allow-async-colocate): harness.commands.miles_args.refuse names it otherwise
+    config = dataclasses.replace(config, colocate=spec.layout == "colocate")
+    from harness.commands.miles_args import refuse
+
+    refuse(config, spec.profile, what=f"mode {mode} on the {spec.layout} layout")
     return config

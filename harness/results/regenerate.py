@@ -127,6 +127,8 @@ STEPS: list[Step] = [
             "sync,fully-async",
             "--out",
             "results/cpu/colocate",
+            "--",
+            "--allow-async-colocate",
         ],
         ["results/cpu/colocate"],
     ),

@@ -470,12 +470,35 @@ def read_json(path: str | os.PathLike[str]) -> JSONValue:
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read results file {path}: {exc}. Check the path.") from None
     try:
-        return json.loads(text)
+        doc: JSONValue = json.loads(text)
     except json.JSONDecodeError as exc:
+        if _is_jsonl(text):
+            raise ConfigError(
+                f"{path} is a JSONL trace (one JSON event per line), not a results file. Allowed: a "
+                "results.json (miles-harness run, gap, the benchmarks write one) or pytest-benchmark JSON. "
+                f"Fix: pass a results file; check a trace with miles-harness check-trace {path}"
+            ) from None
         raise ConfigError(
             f"results file {path} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno} "
             f"(char {exc.pos}); the file is damaged or truncated. Regenerate it."
         ) from None
+    if isinstance(doc, dict) and "schema" not in doc and isinstance(doc.get("config"), dict):
+        raise ConfigError(
+            f"{path} is a trace's config (what simulate writes next to its trace), not a results file. "
+            "Fix: pass a results.json (miles-harness run, gap, the benchmarks write one)"
+        )
+    return doc
+
+
+def _is_jsonl(text: str) -> bool:
+    """More than one line, and every non-blank line one JSON object: a trace."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    if len(lines) < 2:
+        return False
+    try:
+        return all(isinstance(json.loads(line), dict) for line in lines)
+    except json.JSONDecodeError:
+        return False
 
 
 def load_results(path: str | os.PathLike[str]) -> Results:

@@ -35,7 +35,8 @@ def captured() -> Iterator[io.StringIO]:
     swapped: list[tuple[logging.StreamHandler, TextIO]] = []
     for lg in list(logging.Logger.manager.loggerDict.values()):
         for h in getattr(lg, "handlers", ()):
-            if type(h) is logging.StreamHandler and h is not handler:
+            # a handler on a closed stream (a finished capture's) cannot be flushed, and has no reader
+            if type(h) is logging.StreamHandler and h is not handler and not getattr(h.stream, "closed", False):
                 swapped.append((h, h.stream))
                 h.setStream(buf)
     try:

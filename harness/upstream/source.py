@@ -35,10 +35,15 @@ class UpstreamUnavailable(RuntimeError):
 
 
 def find_miles_src(explicit: str | None = None) -> tuple[Path | None, str]:
-    if explicit:
-        return Path(explicit).resolve(), f"{OPTION}={explicit}"
-    if os.environ.get(ENV):
-        return Path(os.environ[ENV]).resolve(), f"{ENV}={os.environ[ENV]}"
+    if explicit or os.environ.get(ENV):
+        given, how = (explicit, f"{OPTION}={explicit}") if explicit else (os.environ[ENV], f"{ENV}={os.environ[ENV]}")
+        path = Path(given).resolve()
+        if not path.exists():
+            return None, (
+                f"{how}: {path} does not exist. Fix: pass {OPTION}=PATH (or set {ENV}=PATH) to the root of "
+                "a Miles checkout (the folder holding miles/ and train_async.py)"
+            )
+        return path, how
     if (DEFAULT_TREE / MARKER).is_file():
         return DEFAULT_TREE, f"the pinned tree beside the repository ({DEFAULT_TREE})"
     return None, (

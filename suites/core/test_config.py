@@ -187,15 +187,15 @@ def test_every_field_but_the_driver_is_reachable_by_its_miles_flag():
     assert parse_miles_args(argv) == (target, [])
 
 
-def test_unknown_flags_are_ignored_and_reported_with_their_values():
+def test_flags_not_modelled_are_ignored_and_reported_with_their_values():
     config, notes = parse_miles_args(
         ["--hf-checkpoint", "/x", "--lr", "1e-6", "--colocate", "--eval-prompt-data", "aime", "a.jsonl"]
     )
     assert config == AsyncConfig(colocate=True)
     assert notes == [
-        "ignored unknown flag --hf-checkpoint /x",
-        "ignored unknown flag --lr 1e-6",
-        "ignored unknown flag --eval-prompt-data aime a.jsonl",
+        "ignored, not modelled by the harness: --hf-checkpoint /x",
+        "ignored, not modelled by the harness: --lr 1e-6",
+        "ignored, not modelled by the harness: --eval-prompt-data aime a.jsonl",
     ]
 
 

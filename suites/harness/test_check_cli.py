@@ -65,7 +65,7 @@ def test_resolved_values_and_ignored_flags_are_printed(capsys):
         "over_sampling_batch_size = 4",
         "rollout_submission_granularity = sample",
         "driver = train_async",
-        "note: ignored unknown flag --lr 1e-6",
+        "note: ignored, not modelled by the harness: --lr 1e-6",
     } <= lines
 
 
@@ -110,11 +110,70 @@ def test_an_empty_command_line_is_the_valid_default(capsys):
     assert rc == 0 and "rollout_batch_size = 8" in out
 
 
-def test_a_pasted_command_line_without_the_separator_is_read_as_miles_flags(capsys):
+def test_a_miles_flag_before_the_separator_is_a_usage_error_showing_the_command_with_it(capsys):
+    rc, out, err = run(capsys, "--json", "--fully-async", "--pause-generation-mode", "abort")
+    assert rc == 2 and out == ""
+    first = err.splitlines()[0]
+    assert "--fully-async is a Miles flag" in first
+    assert first.endswith("Fix: miles-harness check --json -- --fully-async --pause-generation-mode abort")
+
+
+def test_a_misspelled_miles_flag_is_an_error_naming_the_nearest_flag(capsys):
+    rc, out, err = run(capsys, "--", "--fully-async", "--update-weight-interval", "2")
+    assert rc == 2 and out == ""
+    first = err.splitlines()[0]
+    assert (
+        "unknown Miles flag --update-weight-interval" in first
+        and "nearest known flag is --update-weights-interval" in first
+    )
+    assert "--allow-unknown-miles-flags" in first
+
+
+def test_the_opt_out_turns_an_unknown_miles_flag_into_a_note(capsys):
+    rc, out, _ = run(capsys, "--allow-unknown-miles-flags", "--", "--fully-async", "--flag-of-a-newer-miles", "3")
+    assert rc == 0
+    assert "note: ignored, not modelled by the harness: --flag-of-a-newer-miles 3" in out.splitlines()
+
+
+def test_flags_of_miles_megatron_and_sglang_that_are_not_modelled_are_notes(capsys):
+    rc, out, _ = run(capsys, "--", "--hf-checkpoint", "/m", "--lr", "1e-6", "--sglang-mem-fraction-static", "0.8")
+    assert rc == 0
+    assert "note: ignored, not modelled by the harness: --lr 1e-6" in out.splitlines()
+
+
+def test_an_option_after_the_separator_belongs_to_the_miles_command_line(capsys):
+    rc, out, _ = run(capsys, "--", "--fully-async", "--json")
+    assert rc == 2  # --json after -- is a Miles word: no flag of Miles, so an error
+    rc, out, _ = run(capsys, "--json", "--", "--fully-async")
+    assert rc == 0 and json.loads(out)["config"]["fully_async"] is True
+
+
+def test_colocated_fully_async_passes_the_manual_but_names_the_extension_a_run_needs(capsys):
+    rc, out, _ = run(capsys, "--", "--fully-async", "--colocate")
+    assert rc == 0
+    assert any(
+        line.startswith("note: to run this in the harness") and "--allow-async-colocate" in line
+        for line in out.splitlines()
+    )
+
+
+def test_resume_sweep_refuses_a_miles_tree_it_would_ignore_and_names_its_host(capsys, monkeypatch):
+    from harness.cli import main as cli
+    import harness.sim.resume_sweep as resume_sweep
+
+    assert cli(["resume-sweep", "--miles-src", "/no/such/tree"]) == 2
+    first = capsys.readouterr().err.splitlines()[0]
+    assert "--miles-src /no/such/tree with --host core" in first and "--host upstream" in first
+    monkeypatch.setattr(resume_sweep, "sweep", lambda todo, host: [])
+    assert cli(["resume-sweep", "--fast"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == "host: core (the core's drivers)"
+
+
+def test_compare_names_a_trace_it_was_given_instead_of_a_results_file(capsys, tmp_path):
     from harness.cli import main as cli
 
-    assert cli(["check", "--fully-async", "--pause-generation-mode", "abort"]) == 2
-    out = capsys.readouterr()
-    assert "--pause-generation-mode" in out.out + out.err and "--fully-async" in out.out + out.err
-    assert cli(["check", "--profile", UPSTREAM, "train_async.py", "--fully-async", "--colocate"]) == 2
-    assert cli(["check", "--json", "train_async.py", "--fully-async", "--rollout-batch-size=8"]) == 0
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"kind": "taken", "t": 0}\n{"kind": "trained", "t": 1}\n')
+    assert cli(["compare", str(trace), str(trace)]) == 2
+    first = capsys.readouterr().err.splitlines()[0]
+    assert "is a JSONL trace" in first and "check-trace" in first

@@ -98,3 +98,11 @@ def test_a_missing_trace_or_a_broken_config_file_is_exit_2(trace, tmp_path, caps
     config_path(trace).write_text("{")
     rc, _, err = _check(capsys, trace)
     assert rc == 2 and str(config_path(trace)) in err and "Fix:" in err
+
+
+def test_an_option_after_the_trace_is_the_harness_option_in_either_order(trace, capsys):
+    rc_after, out_after, _ = _check(capsys, trace, "--incomplete")
+    rc_before, out_before, _ = _check(capsys, "--incomplete", trace)
+    assert rc_after == rc_before == 0
+    assert "checked as a prefix of a failed run" in out_after
+    assert out_after == out_before

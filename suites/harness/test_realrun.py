@@ -35,7 +35,8 @@ def test_split_one_step_truly_overlaps_rollout_and_training():
 
 
 def test_colocate_never_generates_while_training():
-    r = run_mode("fully-async", BASE, RunSpec(**{**SPEC.__dict__, "layout": "colocate"}))
+    base = AsyncConfig(rollout_batch_size=4, n_samples_per_prompt=4, allow_async_colocate=True)
+    r = run_mode("fully-async", base, RunSpec(**{**SPEC.__dict__, "layout": "colocate"}))
     assert r.error is None and len(r.history) == 4
     assert r.overlap["both_busy_fraction"] < 0.01
 

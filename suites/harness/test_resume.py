@@ -1,5 +1,7 @@
 """Runs that stop and resume (``harness.sim.lives``) and the resume sweep's fast subset:
-upstream's semantics (the core's default) lose what the spec §11 says they may, the
+upstream's semantics (the core's default) lose what upstream's save may lose (it saves the
+data source's cursor alone, ``miles/rollout/data_source.py:L124-L137``, while
+``generate(N+1)`` runs, ``train_async.py:L78-L105``), the
 exactly-once extension loses and duplicates nothing, a seeded fix of the one-step resume
 passes the exactly-once check, and single-life traces are untouched by the resume checkers."""
 

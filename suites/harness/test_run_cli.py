@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from harness.cli import build_parser
+from harness.cli import command_parser, parse
 import pytest
 
 from harness.commands.run import spec_from_args
@@ -14,7 +14,7 @@ from miles_async_core.errors import ConfigError
 
 
 def _parse(*argv: str):
-    return build_parser("run").parse_args(["run", *argv])
+    return parse(["run", *argv])
 
 
 def test_an_empty_command_line_is_runspec_defaults():
@@ -25,8 +25,7 @@ def test_an_empty_command_line_is_runspec_defaults():
 
 
 def test_every_runspec_field_has_one_flag_with_its_help_and_choices():
-    parser = build_parser("run")
-    run = next(a for a in parser._subparsers._group_actions[0].choices.values() if a.prog.endswith(" run"))
+    run = command_parser("run")
     by_dest = {}
     for action in run._actions:
         by_dest.setdefault(action.dest, []).extend(action.option_strings)
@@ -92,3 +91,16 @@ def test_flags_reach_the_spec_and_task_length_and_symbols_are_for_the_copy_task_
 def test_repeats_below_one_are_refused():
     with pytest.raises(ConfigError, match="--repeats 0"):
         RunSpec(repeats=0)
+
+
+def test_the_colocate_layout_runs_async_modes_only_with_the_extension_the_user_turns_on():
+    from miles_async_core.config import AsyncConfig
+
+    from harness.main_job.spec import mode_config
+
+    spec = RunSpec(layout="colocate")
+    with pytest.raises(ConfigError, match="add --allow-async-colocate after --"):
+        mode_config("fully-async", AsyncConfig(), spec)
+    config = mode_config("fully-async", AsyncConfig(allow_async_colocate=True), spec)
+    assert config.colocate and config.allow_async_colocate
+    assert mode_config("sync", AsyncConfig(), spec).allow_async_colocate is False

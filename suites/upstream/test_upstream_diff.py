@@ -166,6 +166,8 @@ def test_every_stand_in_names_its_reason():
 
 
 def test_tree_setting_order(monkeypatch, tmp_path):
+    (tmp_path / "opt").mkdir()
+    (tmp_path / "env").mkdir()
     monkeypatch.setenv(source.ENV, str(tmp_path / "env"))
     assert source.find_miles_src(str(tmp_path / "opt"))[0] == (tmp_path / "opt").resolve()
     assert source.find_miles_src(None)[0] == (tmp_path / "env").resolve()
@@ -173,6 +175,11 @@ def test_tree_setting_order(monkeypatch, tmp_path):
     monkeypatch.setattr(source, "DEFAULT_TREE", tmp_path / "absent")
     path, why = source.find_miles_src(None)
     assert path is None and "--miles-src" in why and source.ENV in why
+
+
+def test_a_tree_path_that_does_not_exist_says_so(tmp_path):
+    path, why = source.find_miles_src(str(tmp_path / "gone"))
+    assert path is None and f"{tmp_path / 'gone'} does not exist" in why and "not a Miles checkout" not in why
 
 
 def test_a_directory_that_is_not_miles_is_refused(tmp_path):

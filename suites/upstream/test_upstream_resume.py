@@ -144,7 +144,8 @@ def test_the_cli_runs_the_upstream_host_and_refuses_what_upstream_refuses(miles_
     )
     assert cli.main(ns) == 0
     out = capsys.readouterr().out
-    assert out.splitlines()[0].startswith("setting") and "\nsync " in out
+    assert out.splitlines()[0].startswith("host: upstream (upstream Miles' drivers")
+    assert out.splitlines()[1].startswith("setting") and "\nsync " in out
     assert "fully-async/abort/drop: not run" in out and "upstream (arguments.py)" in out
 
 
