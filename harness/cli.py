@@ -4,7 +4,10 @@ Each subcommand lives in its own module exposing ``add_arguments(parser)`` and
 ``main(args) -> int``; modules are imported only when their command runs, so a
 command that needs torch or matplotlib costs nothing to the others.
 
-Exit codes: 0 ok, 1 a check or comparison failed, 2 bad input (flags, files).
+Exit codes: 0 ok, 1 a check or comparison failed, 2 bad input (flags, files). The
+commands that face an upstream tree (``UPSTREAM_FACING``) share
+``harness.upstream.exit_codes.Exit``; a crash of the harness in one of them is exit 2
+(a harness error, with the traceback), never 1, which is a finding about upstream.
 """
 
 from __future__ import annotations
@@ -40,6 +43,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
 }
 
+
+# Commands whose exit 1 means a finding about upstream Miles: an exception there is the harness'.
+UPSTREAM_FACING = ("gate", "diff-upstream", "doctor")
 
 # Commands whose trailing arguments are a Miles command line.
 PASSTHROUGH = ("check", "simulate", "run", "check-trace", "advise")
@@ -86,6 +92,18 @@ def main(argv: list[str] | None = None) -> int:
         return int(module.main(args) or 0)
     except ConfigError as exc:
         print(f"miles-harness {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except Exception:
+        if args.command not in UPSTREAM_FACING:
+            raise
+        import traceback
+
+        traceback.print_exc()
+        print(
+            f"miles-harness {args.command}: harness error (exit 2): the harness crashed (traceback above); "
+            "this is not a finding about upstream Miles",
+            file=sys.stderr,
+        )
         return 2
 
 

@@ -22,9 +22,8 @@ from __future__ import annotations
 
 import argparse
 
+from harness.upstream.exit_codes import Exit
 from miles_async_core.errors import ConfigError
-
-REFUSED = 3
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -52,5 +51,5 @@ def main(args: argparse.Namespace) -> int:
     print(report.format())
     if report.verdict == "refused":
         print(f"\nrefused: {report.refusal()}")
-        return REFUSED
-    return 0
+        return Exit.REFUSED
+    return Exit.OK

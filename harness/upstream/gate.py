@@ -4,10 +4,16 @@
 ``classify(head, base)`` is a pure function of the two case records
 (``harness.upstream.gate_run.case_record``) and returns a ``CaseVerdict``:
 
-* ``harness_error``: the harness could not run the case faithfully on HEAD (or on BASE,
-  so there is nothing to compare with), or HEAD lacks a seam BASE has (e.g. a member
-  upstream now calls on a stand-in of the harness): never a finding about upstream;
+* ``harness_error``: the harness could not run the case faithfully on HEAD, or it cannot
+  host HEAD where it ran BASE (e.g. a member upstream now calls on a stand-in of the
+  harness): never a finding about upstream;
 * ``not_run``: neither tree has a seam the case's driver needs (``miles-harness doctor``);
+* ``no_base``: BASE could not run the case (a missing seam, a harness error, a run that
+  ended before its first generate call): HEAD is judged on its own trace and the line
+  says so, but nothing can be new or fixed, so it is never a finding;
+* ``not_started``: HEAD's run ended with an error before its first generate call where
+  BASE's started: a finding about the pull request, naming the error and its line (a run
+  that did not start is no prefix to judge);
 * ``new_violation``: HEAD breaks an invariant (or shows a fault-sweep finding: a hang, an
   unexplained error, an orphaned task, a silent drop) that BASE does not break in the
   same case. A bug both trees have is old, not new: a matrix case's invariants are
@@ -21,9 +27,10 @@
 * ``changed``: the runs differ, and HEAD breaks nothing BASE does not (the sentence says
   whether every invariant holds or which old ones remain).
 
-``exit_code(verdicts, strict)``: 1 on a new violation (and, with ``strict``, on a
-behaviour change), else 2 on a harness error, else 0. A new violation is a finding about
-the pull request whatever else happened, so it wins over a harness error in another case.
+``exit_code(verdicts, strict)`` (``harness.upstream.exit_codes.Exit``): 1 on a new
+violation or a run that did not start (and, with ``strict``, on a behaviour change), else
+2 on a harness error, else 3 when no case was compared, else 0. A finding about the pull
+request wins over a harness error in another case.
 ``summary_markdown`` / ``summary_json`` are the pull-request comment and the JSON file.
 """
 
@@ -34,12 +41,17 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-VERDICTS = ("new_violation", "harness_error", "changed", "fixed", "not_run", "unchanged")
+from harness.upstream.exit_codes import Exit
+
+VERDICTS = ("new_violation", "not_started", "harness_error", "changed", "fixed", "no_base", "not_run", "unchanged")
+FINDINGS = frozenset({"new_violation", "not_started"})  # about the pull request: exit 1
 LABELS = {
     "new_violation": "new violation",
+    "not_started": "did not start",
     "harness_error": "harness error",
     "changed": "changed",
     "fixed": "violation fixed",
+    "no_base": "no base",
     "not_run": "not run (missing seam)",
     "unchanged": "unchanged",
 }
@@ -145,6 +157,42 @@ def base_kinds(base: list[dict]) -> dict[str, str]:
     return out
 
 
+def _seam_text(rec: dict) -> str:
+    """The seams a not-run record names, a stand-in member said as the harness' lack."""
+    from harness.upstream.gate_preflight import describe
+    from harness.upstream.seams import BY_NAME, STAND_IN_PREFIX
+
+    out = []
+    for seam in rec.get("seams", []):
+        if seam.startswith(STAND_IN_PREFIX):
+            role, member = seam[len(STAND_IN_PREFIX) :].split(".", 1)
+            where = _seams_with_lines({**rec, "seams": [seam]}).partition(" (read at ")[2].rstrip(")")
+            out.append(
+                f"the harness' stand-in for `{role}` has no `{member}`" + (f" (read at {where})" if where else "")
+            )
+        else:
+            out.append(describe(BY_NAME[seam]) if seam in BY_NAME else seam)
+    return "; ".join(out)
+
+
+def _not_started(rec: dict) -> bool:
+    """The run ended with an error before its first generate call: nothing to judge."""
+    return rec.get("error") is not None and not rec.get("started", True)
+
+
+def _error(rec: dict) -> str:
+    at = rec.get("error_at")
+    return f"{rec.get('error_message') or rec.get('error')}" + (f" at {at}" if at else "")
+
+
+def _alone(rec: dict) -> str:
+    """HEAD judged on its own trace, for a case with nothing to compare with."""
+    if _not_started(rec):
+        return f"HEAD's run did not start either ({_error(rec)})"
+    h = broken(rec)
+    return f"HEAD breaks {', '.join(h)} on its own trace" if h else f"on HEAD {_holds(rec)}"
+
+
 def classify(
     head: dict, base: dict, known: dict[str, str] | None = None, head_known: dict[str, str] | None = None
 ) -> CaseVerdict:
@@ -159,18 +207,32 @@ def classify(
         return CaseVerdict(
             name,
             "harness_error",
-            f"HEAD lacks seam {_seams_with_lines(head)}, which BASE "
-            "has: the harness cannot host the pull request's code in this case (the pull request "
-            "goes unchecked here; `miles-harness doctor` names each member and the line reading it)",
+            f"the harness cannot host HEAD here, though it ran BASE: {_seam_text(head)} (the pull request "
+            "goes unchecked in this case; `miles-harness doctor` names each member and the line reading it)",
         )
     if head["status"] == "not_run":
-        return CaseVerdict(name, "not_run", f"HEAD lacks seam {', '.join(head.get('seams', []))} (BASE does too)")
-    if base["status"] == "harness_error":
+        return CaseVerdict(name, "not_run", f"neither tree can run it: {_seam_text(head)}")
+    if base["status"] != "ran":
+        why = _seam_text(base) if base["status"] == "not_run" else f"harness error: {base.get('message', '')}"
+        return CaseVerdict(name, "no_base", f"BASE could not run it ({why}); {_alone(head)}")
+    if _not_started(head) and not _not_started(base):
         return CaseVerdict(
             name,
-            "harness_error",
-            f"on BASE (nothing to compare with): {base.get('message', '')}",
-            log=base.get("log", ""),
+            "not_started",
+            f"HEAD's run ended before its first generate call: {_error(head)} (BASE's run started)",
+            details=[_error(head)],
+            log=head.get("log", ""),
+        )
+    if _not_started(base) and not _not_started(head):
+        return CaseVerdict(
+            name, "no_base", f"BASE's run ended before its first generate call ({_error(base)}); {_alone(head)}"
+        )
+    if _not_started(head):
+        same = _error(head) == _error(base)
+        return CaseVerdict(
+            name,
+            "unchanged" if same else "changed",
+            f"neither tree's run started: HEAD {_error(head)}" + ("" if same else f", BASE {_error(base)}"),
         )
     h, b = broken(head), broken(base)
     sweep = _drawn_kinds(head)
@@ -181,10 +243,8 @@ def classify(
     still = [k for k in b if k not in h and base_sweep.get(k) in head_known]
     fixed = [k for k in b if k not in h and k not in still]
     old = [k for k in h if k in b]
-    base_note = (
-        "" if base["status"] == "ran" else f" (BASE could not run it: lacks seam {', '.join(base.get('seams', []))})"
-    )
-    change = first_change(head, base) if base["status"] == "ran" else "BASE did not run"
+    base_note = ""
+    change = first_change(head, base)
     if new:
         return CaseVerdict(
             name,
@@ -236,22 +296,33 @@ def classify_all(head: list[dict], base: list[dict]) -> list[CaseVerdict]:
     return out
 
 
-def exit_code(verdicts: list[CaseVerdict], *, strict: bool = False) -> int:
+def exit_code(verdicts: list[CaseVerdict], *, strict: bool = False) -> Exit:
+    """1 on a finding (and, with ``strict``, a change), else 2 on a harness error, else 3
+    when no case was compared (every case not run or without a base), else 0."""
     kinds = {v.verdict for v in verdicts}
-    if "new_violation" in kinds or (strict and "changed" in kinds):
-        return 1
+    if kinds & FINDINGS or (strict and "changed" in kinds):
+        return Exit.FINDING
     if "harness_error" in kinds:
-        return 2
-    return 0
+        return Exit.HARNESS_ERROR
+    if not kinds - {"not_run", "no_base"}:
+        return Exit.REFUSED
+    return Exit.OK
 
 
 def headline(verdicts: list[CaseVerdict], code: int, strict: bool = False) -> str:
     counts = Counter(v.verdict for v in verdicts)
+    finding = (
+        "a new invariant violation"
+        if counts["new_violation"]
+        else "HEAD's run did not start where BASE's did"
+        if counts["not_started"]
+        else "behaviour changed (--strict)"
+    )
     what = {
         0: "nothing new is violated",
-        1: ("a new invariant violation" if counts["new_violation"] else "behaviour changed (--strict)"),
+        1: finding,
         2: "the harness could not run every case faithfully",
-        3: "refused",
+        3: "no case could be compared (each not run, or without a base)",
     }[code]
     return f"exit {code}: {what}"
 
@@ -289,7 +360,7 @@ def summary_markdown(
     """The pull-request comment: the verdict, the counts, then every case that is not
     unchanged (grouped by message), with HEAD's log for a new violation."""
     c = Counter(v.verdict for v in verdicts)
-    icon = {0: "passed", 1: "FAILED", 2: "harness error", 3: "refused"}[code]
+    icon = {0: "passed", 1: "FAILED", 2: "harness error", 3: "nothing compared"}[code]
     out = [
         f"## Miles async gate: {icon}",
         "",
@@ -305,13 +376,15 @@ def summary_markdown(
     out += [f"| {LABELS[k]} | {c[k]} |" for k in VERDICTS]
     for kind, title in (
         ("new_violation", "New violations (HEAD breaks, BASE does not)"),
+        ("not_started", "Runs that did not start on HEAD (they did on BASE)"),
         (
             "harness_error",
             ("Harness errors (the harness could not run these faithfully; not a finding about the pull request)"),
         ),
         ("fixed", "Violations fixed"),
         ("changed", "Behaviour changed, nothing new violated"),
-        ("not_run", "Not run (HEAD lacks a seam: `miles-harness doctor`)"),
+        ("no_base", "No base (BASE could not run these: HEAD judged on its own trace only)"),
+        ("not_run", "Not run (neither tree has a seam the driver needs: `miles-harness doctor`)"),
     ):
         chosen = [v for v in verdicts if v.verdict == kind]
         if not chosen:
@@ -370,6 +443,7 @@ def summary_json(
 
 
 __all__ = [
+    "FINDINGS",
     "LABELS",
     "VERDICTS",
     "CaseVerdict",

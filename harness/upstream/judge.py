@@ -83,11 +83,13 @@ def judge(result: Any, config: Any = None, *, complete: bool | None = None, max_
     )
 
 
-def _is_stand_in(obj: Any) -> bool:
+def is_stand_in(obj: Any) -> bool:
     """An object of the harness' own making in upstream's place: its class (or, for a class
     or module, itself) is defined in ``harness``, an import stand-in module, or the
     ``args`` namespace (the runner builds it, ``runner.upstream_args``; upstream's own
     parser never runs, so a flag upstream reads that the runner does not set is missing)."""
+    if obj is None:
+        return False
     if getattr(obj, "__miles_harness_stand_in__", False) or isinstance(obj, argparse.Namespace):
         return True
     kind = obj if isinstance(obj, type) else type(obj)
@@ -116,7 +118,7 @@ def stand_in_failure(exc: BaseException | None, tree: Path | None = None) -> str
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
-        if isinstance(exc, AttributeError) and getattr(exc, "obj", None) is not None and _is_stand_in(exc.obj):
+        if isinstance(exc, AttributeError) and getattr(exc, "obj", None) is not None and is_stand_in(exc.obj):
             at = _upstream_line(exc, tree)
             if isinstance(exc.obj, argparse.Namespace):
                 return (
@@ -149,4 +151,4 @@ def check_stand_ins(result: Any, tree: Path | None = None) -> None:
             raise StandInMemberMissing(message, ["stand-in"])
 
 
-__all__ = ["Judgement", "StandInMemberMissing", "check_stand_ins", "judge", "stand_in_failure"]
+__all__ = ["Judgement", "StandInMemberMissing", "check_stand_ins", "is_stand_in", "judge", "stand_in_failure"]
