@@ -134,19 +134,6 @@ def export_ref(checkout: Path, ref: str, dest: Path) -> str:
     return commit
 
 
-def _not_miles(flag: str, value: str, tree: Path) -> str | None:
-    """Why ``tree`` is not a Miles tree (no ``miles/`` package or no driver), else ``None``."""
-    from harness.upstream.gate_preflight import DRIVER_FILES
-
-    if (tree / "miles" / "__init__.py").is_file() and any((tree / d).is_file() for d in DRIVER_FILES):
-        return None
-    return (
-        f"{flag} {value}: not a Miles tree ({tree} has no miles/__init__.py, or neither of "
-        f"{', '.join(DRIVER_FILES)}).\nFix: point it at the root of a Miles checkout (the folder holding miles/ "
-        "and the drivers)"
-    )
-
-
 def resolve_trees(miles_src: str | None, base: str, stack: ExitStack) -> tuple[Path, str, Path, str]:
     """(HEAD tree, how it was found, BASE tree, what it is), both absolute; a git ref is
     exported into a temporary directory that ``stack`` removes."""
@@ -155,18 +142,18 @@ def resolve_trees(miles_src: str | None, base: str, stack: ExitStack) -> tuple[P
     head, how = source.find_miles_src(miles_src)
     if head is None:
         raise ConfigError(how)
-    why = _not_miles("--miles-src", str(miles_src or head), head)
+    why = source.not_miles("--miles-src", str(miles_src or head), head)
     if why:
         raise ConfigError(why)
     if Path(base).is_dir():
         base_tree = Path(base).resolve()
-        why = _not_miles("--base", base, base_tree)
+        why = source.not_miles("--base", base, base_tree)
         if why:
             raise ConfigError(why)
         return head, how, base_tree, str(base_tree)
     tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="miles-gate-base-")))
     commit = export_ref(head, base, tmp / "miles")
-    why = _not_miles("--base", f"{base} (commit {commit[:12]})", tmp / "miles")
+    why = source.not_miles("--base", f"{base} (commit {commit[:12]})", tmp / "miles")
     if why:
         raise ConfigError(why)
     return head, how, tmp / "miles", f"{base} ({commit[:12]})"

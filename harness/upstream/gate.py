@@ -52,7 +52,7 @@ LABELS = {
     "changed": "changed",
     "fixed": "violation fixed",
     "no_base": "no base",
-    "not_run": "not run (missing seam)",
+    "not_run": "not run",
     "unchanged": "unchanged",
 }
 
@@ -158,21 +158,34 @@ def base_kinds(base: list[dict]) -> dict[str, str]:
 
 
 def _seam_text(rec: dict) -> str:
-    """The seams a not-run record names, a stand-in member said as the harness' lack."""
+    """The seams a not-run record names, each said once: a stand-in member as the harness'
+    lack, a seam whose file the tree does not have (``absent``: an older tree) as that file."""
     from harness.upstream.gate_preflight import describe
     from harness.upstream.seams import BY_NAME, STAND_IN_PREFIX
 
-    out = []
+    out: list[str] = []
+    absent = set(rec.get("absent", []))
     for seam in rec.get("seams", []):
         if seam.startswith(STAND_IN_PREFIX):
             role, member = seam[len(STAND_IN_PREFIX) :].split(".", 1)
             where = _seams_with_lines({**rec, "seams": [seam]}).partition(" (read at ")[2].rstrip(")")
-            out.append(
-                f"the harness' stand-in for `{role}` has no `{member}`" + (f" (read at {where})" if where else "")
-            )
+            text = f"the harness' stand-in for `{role}` has no `{member}`" + (f" (read at {where})" if where else "")
+        elif seam in BY_NAME and BY_NAME[seam].file in absent:
+            text = f"{BY_NAME[seam].file} does not exist in this tree"
         else:
-            out.append(describe(BY_NAME[seam]) if seam in BY_NAME else seam)
+            text = describe(BY_NAME[seam]) if seam in BY_NAME else seam
+        if text not in out:
+            out.append(text)
     return "; ".join(out)
+
+
+def _absent_only(rec: dict) -> bool:
+    """Every seam a not-run record lacks is in a file the tree does not have: the driver is
+    not in the tree (an older Miles), nothing the harness lacks."""
+    from harness.upstream.seams import BY_NAME
+
+    absent = set(rec.get("absent", []))
+    return bool(absent) and all(s in BY_NAME and BY_NAME[s].file in absent for s in rec.get("seams", []))
 
 
 def _not_started(rec: dict) -> bool:
@@ -203,6 +216,10 @@ def classify(
     name = head.get("name", base.get("name", "?"))
     if head["status"] == "harness_error":
         return CaseVerdict(name, "harness_error", f"on HEAD: {head.get('message', '')}", log=head.get("log", ""))
+    if head["status"] == "not_run" and _absent_only(head):
+        files = ", ".join(head["absent"])
+        other = "BASE ran it" if base["status"] == "ran" else "nor has BASE"
+        return CaseVerdict(name, "not_run", f"HEAD has no {files}: this driver is not in the tree ({other})")
     if head["status"] == "not_run" and base["status"] == "ran":
         return CaseVerdict(
             name,

@@ -15,8 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.upstream.seams import STAND_IN_PREFIX, Seam, TreeReport
-
-DRIVER_FILES = ("train.py", "train_async.py")
+from harness.upstream.source import DRIVER_FILES
 
 
 def run_files(tree: Path) -> list[Path]:
@@ -69,9 +68,12 @@ def new_compile_errors(head: Path, base: Path) -> list[CompileError]:
     return [e for e in compile_errors(head) if e.file not in old]
 
 
-def describe(seam: Seam) -> str:
+def describe(seam: Seam, tree: Path | None = None) -> str:
     """One line for a missing seam: what was looked for and where. A stand-in member is
-    the harness' lack, not the tree's: the tree reads it, the harness' stand-in has none."""
+    the harness' lack, not the tree's: the tree reads it, the harness' stand-in has none.
+    A seam whose whole file is absent from ``tree`` is said as that (an older tree)."""
+    if tree is not None and not seam.name.startswith(STAND_IN_PREFIX) and not (tree / seam.file).is_file():
+        return f"{seam.file} does not exist in this tree"
     if seam.name.startswith(STAND_IN_PREFIX):
         role, member = seam.name[len(STAND_IN_PREFIX) :].split(".", 1)
         at = seam.looks_for.split(" read at ", 1)[-1]
@@ -87,7 +89,10 @@ def refusal(report: TreeReport, drivers: list[str], flag: str) -> list[str]:
         for s in report.missing_for(d):
             stops.setdefault(s.name, (s, []))[1].append(d)
     lines = [f"{flag} {report.tree}: the harness can run none of the drivers the cases need ({', '.join(drivers)}):"]
-    lines += [f"  - {describe(s)} (stops {', '.join(ds)})" for s, ds in stops.values()]
+    said: dict[str, list[str]] = {}
+    for s, ds in stops.values():
+        said.setdefault(describe(s, report.tree), ds)
+    lines += [f"  - {text} (stops {', '.join(ds)})" for text, ds in said.items()]
     lines.append(f"Fix: `miles-harness doctor --miles-src {report.tree}` shows every seam and stand-in member.")
     return lines
 

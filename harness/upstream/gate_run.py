@@ -128,7 +128,11 @@ def case_record(name: str, run: Any, tree: Path) -> dict:
             result, config, other, end_s = run()
             check_stand_ins(result, tree)
         except SeamMissing as exc:
-            rec.update(status="not_run", seams=list(exc.seams), message=str(exc))
+            from harness.upstream.seams import BY_NAME
+
+            files = {BY_NAME[s].file for s in exc.seams if s in BY_NAME}
+            absent = sorted(f for f in files if not (tree / f).is_file())
+            rec.update(status="not_run", seams=list(exc.seams), absent=absent, message=str(exc))
         except HarnessError as exc:
             rec.update(status="harness_error", seams=list(exc.seams), message=str(exc))
         except Exception as exc:  # noqa: BLE001 - the harness' own machinery failed: never an upstream finding

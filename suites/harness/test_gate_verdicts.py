@@ -256,3 +256,16 @@ def test_the_runners_args_missing_a_flag_is_a_harness_error_and_other_objects_ar
         assert stand_in_failure(exc) is None
     assert stand_in_failure(None) is None
     assert stand_in_failure(ValueError("x")) is None
+
+
+def test_a_driver_whose_module_the_tree_lacks_is_not_run_naming_the_module():
+    old = dict(
+        not_run(),
+        seams=["make_submission_scheduler(fully-async)", "submit_one_group"],
+        absent=["miles/rollout/fully_async_rollout.py"],
+    )
+    for base in (ran(), old):
+        v = gate.classify(old, base)
+        assert v.verdict == "not_run" and "HEAD has no miles/rollout/fully_async_rollout.py" in v.message, v
+    # a seam the tree has the file of, but not the member: the harness cannot host HEAD there
+    assert gate.classify(dict(old, absent=[]), ran()).verdict == "harness_error"
