@@ -230,28 +230,29 @@ def run_trees(head: Path, base: Path, out: Path, scenarios: list[str], seeds: in
 
 
 def _print_verdicts(verdicts: list, *, verbose: bool) -> None:
-    """One line per case that is not unchanged (every case with ``verbose``); a harness
-    error or a missing seam repeated over many cases once, with the cases it hit; HEAD's
-    log under a failing case (once per message), every log with ``verbose``."""
-    from harness.upstream.case_log import indent, tail
+    """The first screen: one line per case that is not unchanged (every case with
+    ``verbose``): its verdict, for a finding the invariant, its message with its slice of
+    the trace and the command that reproduces it; harness errors, cases without a base and
+    cases not run that share a message once, with the cases. Upstream's log is in the log
+    files; ``verbose`` prints it under each case."""
+    from harness.upstream.case_log import indent
 
     grouped: dict[tuple[str, str], list] = {}
     for v in verdicts:
-        if v.verdict in ("harness_error", "not_run") and not verbose:
+        if v.verdict in ("harness_error", "not_run", "no_base") and not verbose:
             grouped.setdefault((v.verdict, v.message), []).append(v)
             continue
         if v.verdict != "unchanged" or verbose:
             print(v.line())
-        if v.log.strip() and (verbose or v.verdict == "new_violation"):
-            print(indent(v.log if verbose else tail(v.log)))
+        if verbose and v.log.strip():
+            print(indent(v.log))
     for (kind, message), vs in grouped.items():
         names = [v.name for v in vs]
         shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
-        print(
-            f"{'HARNESS ERROR' if kind == 'harness_error' else 'NOT RUN'} in {len(names)} case(s) ({shown}): {message}"
-        )
-        if kind == "harness_error" and vs[0].log.strip():
-            print(indent(tail(vs[0].log, 15)))
+        print(f"{LABEL_CAPS[kind]} in {len(names)} case(s) ({shown}): {message}")
+
+
+LABEL_CAPS = {"harness_error": "HARNESS ERROR", "not_run": "NOT RUN", "no_base": "NO BASE"}
 
 
 def _cpu_s() -> float:
@@ -366,6 +367,9 @@ def main(args: argparse.Namespace) -> int:
     if stopped is not None:
         return stopped
     verdicts = gate.classify_all(docs["head"]["cases"], docs["base"]["cases"])
+    for v in verdicts:
+        if v.verdict in gate.FINDINGS:
+            v.reproduce = gate.reproduce(v.name, str(head))
     code = gate.exit_code(verdicts, strict=args.strict)
     _print_verdicts(verdicts, verbose=args.verbose)
     wall, cpu = time.perf_counter() - t0, _cpu_s() - cpu0

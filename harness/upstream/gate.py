@@ -70,17 +70,26 @@ class CaseVerdict:
     details: list[str] = field(default_factory=list)  # HEAD's violation messages for the new ones
     log: str = ""  # HEAD's captured log (its end), for a failing case
 
+    reproduce: str = ""  # the command that runs this case again on HEAD, showing the violation's slice
+
     def line(self) -> str:
-        return f"{self.name}: {LABELS[self.verdict]}: {self.message}"
+        """The case on one line: verdict, and for a finding the first new invariant with
+        its message and slice, then the command that reproduces it."""
+        if self.verdict == "new_violation" and self.new:
+            more = f" (+{len(self.new) - 1} more: {', '.join(self.new[1:])})" if len(self.new) > 1 else ""
+            head = f"{self.name}: new violation: {self.new[0]}: {self.details[0] if self.details else ''}{more}"
+        else:
+            head = f"{self.name}: {LABELS[self.verdict]}: {self.message}"
+        return head + (f"; reproduce: {self.reproduce}" if self.reproduce else "")
 
 
 def broken(rec: dict) -> dict[str, str]:
     """What a ran case breaks: each violated invariant and each fault-sweep finding kind,
-    with its first message."""
+    with its first message (and the slice of the trace it is in)."""
     out: dict[str, str] = {}
     judgement = rec.get("judgement") or {}
     for v in judgement.get("violations", []):
-        out.setdefault(v["invariant"], v["message"])
+        out.setdefault(v["invariant"], v["message"] + (f" [{v['slice']}]" if v.get("slice") else ""))
     for name in judgement.get("broken", []):
         out.setdefault(name, "")
     for f in rec.get("findings", []):
@@ -88,9 +97,22 @@ def broken(rec: dict) -> dict[str, str]:
     return out
 
 
-def _short(value: Any, limit: int = 90) -> str:
-    text = str(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+def _pair(a: Any, b: Any, limit: int = 160) -> tuple[str, str]:
+    """Base's and head's item as text, each at most ``limit`` characters; a long pair is
+    cut the same way on both sides, from the element where they first differ (a metric
+    name is never cut so that base and head read the same)."""
+    ta, tb = str(a), str(b)
+    if len(ta) <= limit and len(tb) <= limit:
+        return ta, tb
+    k = next((i for i, (x, y) in enumerate(zip(ta, tb)) if x != y), min(len(ta), len(tb)))
+    start = max(ta.rfind("[", 0, k), ta.rfind("(", 0, k), 0)
+    lead = "..." if start else ""
+
+    def cut(text: str) -> str:
+        part = text[start : start + limit]
+        return lead + part + ("..." if start + limit < len(text) else "")
+
+    return cut(ta), cut(tb)
 
 
 def first_change(head: dict, base: dict) -> str | None:
@@ -104,18 +126,25 @@ def first_change(head: dict, base: dict) -> str | None:
     if a == b:
         return None
 
-    def item(xs: list, i: int) -> str:
-        return f"t={xs[i][0]:.3f} {_short(xs[i][1])}" if i < len(xs) else f"(none: {len(xs)} items)"
+    def items(xs: list, ys: list, i: int) -> str:
+        if i < len(xs) and i < len(ys):
+            x, y = _pair(xs[i][1], ys[i][1])
+            return f"base t={xs[i][0]:.3f} {x}, head t={ys[i][0]:.3f} {y}"
+
+        def one(zs: list) -> str:
+            return f"t={zs[i][0]:.3f} {_pair(zs[i][1], '')[0]}" if i < len(zs) else f"(none: {len(zs)} items)"
+
+        return f"base {one(xs)}, head {one(ys)}"
 
     where = _first_divergence(a, b) if set(a) == set(b) == set(ASPECTS) else None
     if where is not None:
         aspect, i = where
-        return f"{aspect}[{i}]: base {item(a[aspect], i)}, head {item(b[aspect], i)}"
+        return f"{aspect}[{i}]: {items(a[aspect], b[aspect], i)}"
     for aspect in sorted(set(a) | set(b)):
         xs, ys = a.get(aspect, []), b.get(aspect, [])
         for i in range(max(len(xs), len(ys))):
             if i >= len(xs) or i >= len(ys) or xs[i] != ys[i]:
-                return f"{aspect}[{i}] at another time: base {item(xs, i)}, head {item(ys, i)}"
+                return f"{aspect}[{i}] at another time: {items(xs, ys, i)}"
     return "the observed aspects differ"
 
 
@@ -298,6 +327,14 @@ def classify(
     )
 
 
+def reproduce(name: str, head: str) -> str:
+    """The command that runs case ``name`` again on the tree ``head`` alone and prints its
+    violations with their slices of the trace."""
+    if name.startswith("fault-seed-"):
+        return f"MILES_SRC={head} python -m harness.upstream.fault_sweep replay {name.rsplit('-', 1)[1]}"
+    return f"miles-harness diff-upstream --miles-src {head} --scenario {name}"
+
+
 def classify_all(head: list[dict], base: list[dict]) -> list[CaseVerdict]:
     """Every case HEAD ran, against BASE's record of the same name (a case BASE has no
     record of, e.g. from a different case list, is a harness error)."""
@@ -472,6 +509,7 @@ __all__ = [
     "exit_code",
     "first_change",
     "headline",
+    "reproduce",
     "summary_json",
     "summary_markdown",
 ]

@@ -74,13 +74,33 @@ def judge(result: Any, config: Any = None, *, complete: bool | None = None, max_
     cfg = config if config is not None else result.scenario.config
     complete = result.error is None if complete is None else complete
     rep = check_report(result.events, cfg, complete=complete, max_stored=max_stored)
+    every = rep["_violations"]
+    # the first ``max_stored`` violations, and the first of each invariant beyond them, so
+    # that every broken invariant has a message; each with its slice of the trace
+    keep = list(range(min(max_stored, len(every))))
+    seen = {every[i].invariant for i in keep}
+    for i, v in enumerate(every[max_stored:], start=max_stored):
+        if v.invariant not in seen:
+            keep.append(i)
+            seen.add(v.invariant)
     return Judgement(
         complete=complete,
         checkers=dict(rep["checkers"]),
-        violations=list(rep["violations"]),
+        violations=[
+            {"invariant": every[i].invariant, "message": every[i].message, "slice": _slice(every[i])} for i in keep
+        ],
         violations_total=int(rep["violations_total"]),
         shown=list(rep["_violations"]),
     )
+
+
+def _slice(v: Any) -> str:
+    """Where a violation's events lie in the trace: ``events #A..#B, t=X..Y s``."""
+    evs = getattr(v, "events", None) or []
+    if not evs:
+        return ""
+    a, b = evs[0], evs[-1]
+    return f"events #{a.seq}..#{b.seq}, t={a.t:.3f}..{b.t:.3f} s"
 
 
 def is_stand_in(obj: Any) -> bool:

@@ -269,3 +269,26 @@ def test_a_driver_whose_module_the_tree_lacks_is_not_run_naming_the_module():
         assert v.verdict == "not_run" and "HEAD has no miles/rollout/fully_async_rollout.py" in v.message, v
     # a seam the tree has the file of, but not the member: the harness cannot host HEAD there
     assert gate.classify(dict(old, absent=[]), ran()).verdict == "harness_error"
+
+
+def test_the_first_screen_line_of_a_new_violation_has_the_invariant_message_slice_and_command():
+    head = ran(broken=("buffer_capacity",))
+    head["judgement"]["violations"][0]["slice"] = "events #331..#341, t=8.973..9.061 s"
+    v = gate.classify(head, ran())
+    v.reproduce = gate.reproduce(v.name, "/pr")
+    assert v.line() == (
+        "case: new violation: buffer_capacity: buffer_capacity broken at t=3 [events #331..#341, t=8.973..9.061 s]; "
+        "reproduce: miles-harness diff-upstream --miles-src /pr --scenario case"
+    )
+    assert gate.reproduce("fault-seed-17", "/pr").endswith("fault_sweep replay 17")
+
+
+def test_a_first_change_deep_in_a_long_metric_list_shows_the_same_metric_name_on_both_sides():
+    names = [f"rollout/fully_async/metric_with_a_long_name_{i}" for i in range(12)]
+    base, head = ran(), ran()
+    base["observables"]["metrics"] = [[1.0, [0, [[n, 1.0] for n in names]]]]
+    head["observables"]["metrics"] = [[1.0, [0, [[n, 1.0 if i != 9 else 2.0] for i, n in enumerate(names)]]]]
+    said = gate.first_change(head, base)
+    assert said is not None
+    b, _, h = said.partition(", head ")
+    assert "metric_with_a_long_name_9', 1.0]" in b and "metric_with_a_long_name_9', 2.0]" in h, said
