@@ -222,6 +222,10 @@ def _not_started(rec: dict) -> bool:
     return rec.get("error") is not None and not rec.get("started", True)
 
 
+def _cut(text: str, limit: int = 160) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _error(rec: dict) -> str:
     at = rec.get("error_at")
     return f"{rec.get('error_message') or rec.get('error')}" + (f" at {at}" if at else "")
@@ -274,11 +278,12 @@ def classify(
             name, "no_base", f"BASE's run ended before its first generate call ({_error(base)}); {_alone(head)}"
         )
     if _not_started(head):
-        same = _error(head) == _error(base)
+        raised = {str(r.get("error_message") or r.get("error")) for r in (head, base)}
+        if len(raised) == 1:  # the same error, wherever the line moved to
+            where = f" (HEAD at {head.get('error_at')}, BASE at {base.get('error_at')})"
+            return CaseVerdict(name, "unchanged", f"neither tree's run started: both raise {_cut(raised.pop())}{where}")
         return CaseVerdict(
-            name,
-            "unchanged" if same else "changed",
-            f"neither tree's run started: HEAD {_error(head)}" + ("" if same else f", BASE {_error(base)}"),
+            name, "changed", f"neither tree's run started: HEAD {_cut(_error(head))}, BASE {_cut(_error(base))}"
         )
     h, b = broken(head), broken(base)
     sweep = _drawn_kinds(head)
