@@ -70,7 +70,7 @@ def test_a_bug_seeded_in_a_copy_is_new_and_the_same_bug_in_both_trees_is_old(tre
     assert rc == 1, out
     assert cases[CASE]["verdict"] == "new_violation" and "buffer_capacity" in cases[CASE]["new"], cases[CASE]
     assert cases["sync"]["verdict"] == "unchanged", cases["sync"]
-    assert f"{CASE}: new violation: HEAD breaks buffer_capacity" in out
+    assert f"{CASE}: new violation: buffer_capacity: " in out and "reproduce: miles-harness diff-upstream" in out
     summary = (tmp_path / "new" / "summary.md").read_text()
     assert summary.startswith("## Miles async gate: FAILED") and "| new violation | 1 |" in summary
     assert (tmp_path / "new" / "head.log").is_file() and (tmp_path / "new" / "base.log").is_file()
