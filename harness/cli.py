@@ -15,6 +15,9 @@ the fix.
 Exit codes (``EXIT_CODES``): 0 ok, 1 a check or comparison failed, 2 bad input (a usage
 error, a flag, a rule a Miles command line breaks, a missing or malformed file), 3 the
 harness refuses to run a Miles tree (``doctor``), 130 interrupted.
+The commands that face an upstream tree (``UPSTREAM_FACING``) share
+``harness.upstream.exit_codes.Exit``; a crash of the harness in one of them is exit 2
+(a harness error, with the traceback), never 1, which is a finding about upstream.
 """
 
 from __future__ import annotations
@@ -51,6 +54,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "stop and resume every setting at every save and between saves: groups lost and duplicated per resume",
     ),
 }
+
+
+# Commands whose exit 1 means a finding about upstream Miles: an exception there is the harness'.
+UPSTREAM_FACING = ("gate", "diff-upstream", "doctor")
 
 # Commands that take a Miles command line after ``--``.
 PASSTHROUGH = ("check", "simulate", "run", "check-trace", "advise")
@@ -190,6 +197,18 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
+    except Exception:
+        if args.command not in UPSTREAM_FACING:
+            raise
+        import traceback
+
+        traceback.print_exc()
+        print(
+            f"miles-harness {args.command}: harness error (exit 2): the harness crashed (traceback above); "
+            "this is not a finding about upstream Miles",
+            file=sys.stderr,
+        )
+        return 2
 
 
 if __name__ == "__main__":  # pragma: no cover

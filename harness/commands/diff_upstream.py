@@ -31,6 +31,7 @@ import argparse
 import functools
 import time
 
+from harness.upstream.exit_codes import Exit
 from miles_async_core.errors import ConfigError
 
 
@@ -78,7 +79,7 @@ def main(args: argparse.Namespace) -> int:
     if args.list:  # the matrix is the harness's own: listing it reads no tree
         for c in matrix():
             print(f"{c.name:<36} {c.known.split(':')[0] if c.known else 'identical expected'}")
-        return 0
+        return Exit.OK
     try:
         cases = [case_named(n) for n in args.scenario] if args.scenario else matrix()
     except KeyError as exc:
@@ -195,5 +196,5 @@ def _run_cases(cases: list, run_case, *, log=None, verbose: bool = False) -> int
             f"exit 2: the harness could not run {len(refused) + len(broken)} case(s) faithfully on this tree "
             "(see `miles-harness doctor --miles-src PATH`)"
         )
-        return 2
-    return 1 if bad or broken_inv else 0
+        return Exit.HARNESS_ERROR
+    return Exit.FINDING if bad or broken_inv else Exit.OK

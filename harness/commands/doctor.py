@@ -22,9 +22,8 @@ from __future__ import annotations
 
 import argparse
 
+from harness.upstream.exit_codes import Exit
 from miles_async_core.errors import ConfigError
-
-REFUSED = 3
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -41,20 +40,17 @@ def main(args: argparse.Namespace) -> int:
     path, how = source.find_miles_src(args.miles_src)
     if path is None:
         raise ConfigError(how)
-    if not (path / source.MARKER).is_file():
-        raise ConfigError(
-            f"--miles-src {path}: not a Miles checkout ({source.MARKER} is missing). "
-            "Fix: point --miles-src at the root of a Miles checkout (the folder holding miles/ "
-            "and train_async.py)."
-        )
+    why = source.not_miles("--miles-src", str(args.miles_src or path), path)
+    if why:
+        raise ConfigError(why)
     report = seams.probe(path)
     print(f"({how})")
     print(report.format())
     print(_leaves())
     if report.verdict == "refused":
         print(f"\nrefused: {report.refusal()}")
-        return REFUSED
-    return 0
+        return Exit.REFUSED
+    return Exit.OK
 
 
 def _leaves() -> str:

@@ -30,6 +30,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -38,9 +39,9 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
+from harness.upstream.exit_codes import Exit
 from miles_async_core.errors import ConfigError
 
-REFUSED = 3
 DEFAULT_FAULT_SEEDS = 300
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
@@ -92,19 +93,22 @@ def _git(cwd: Path, *args: str) -> str:
 
 
 def export_ref(checkout: Path, ref: str, dest: Path) -> str:
-    """Write ``ref``'s version of ``checkout`` (a folder inside a git work tree) to ``dest``
-    with ``git archive``; returns the commit."""
+    """Write ``ref``'s version of ``checkout`` (the root of a git work tree) to ``dest``
+    with ``git archive``; returns the commit. ``ref`` is resolved in ``checkout``'s own
+    repository only: a tree that is a folder of another repository (or of none) has no
+    refs of its own, so a ref there would name another project's commit."""
     probe = subprocess.run(
         ["git", "-C", str(checkout), "rev-parse", "--show-toplevel"], capture_output=True, text=True, check=False
     )
-    if probe.returncode != 0:
+    top = Path(probe.stdout.strip()).resolve() if probe.returncode == 0 else None
+    if top != checkout.resolve():
+        where = "is in no git checkout" if top is None else f"is not the root of a git checkout (it is inside {top})"
         raise ConfigError(
-            f"--base {ref}: not a directory, and --miles-src {checkout} is not in a git checkout, so "
-            "it cannot be a git ref either. Allowed: a Miles tree, or a ref of the checkout --miles-src "
-            "is in. Fix: pass the base tree's path, or point --miles-src at a git checkout"
+            f"--base {ref}: not a directory, and --miles-src {checkout} {where}, so {ref!r} cannot be "
+            "resolved as a ref of the Miles checkout.\nAllowed: a Miles tree (a directory), or a ref of the "
+            "git checkout whose root is --miles-src.\nFix: pass the base tree's path as --base, or point "
+            "--miles-src at the root of a git checkout of Miles"
         )
-    top = Path(probe.stdout.strip())
-    prefix = _git(checkout, "rev-parse", "--show-prefix")
     found = subprocess.run(
         ["git", "-C", str(top), "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"],
         capture_output=True,
@@ -113,53 +117,45 @@ def export_ref(checkout: Path, ref: str, dest: Path) -> str:
     )
     if found.returncode != 0:
         raise ConfigError(
-            f"--base {ref}: no such directory and no such git ref in {top}. Allowed: a Miles tree or "
-            "a ref (branch, tag, commit) of that checkout. Fix: `git fetch` the base branch, or pass "
-            "its tree's path"
+            f"--base {ref}: no such directory and no such git ref in {top}.\nAllowed: a Miles tree or a ref "
+            "(branch, tag, commit) of that checkout.\nFix: `git fetch` the base branch, or pass its tree's path"
         )
     commit = found.stdout.strip()
-    spec = f"{commit}:{prefix.rstrip('/')}" if prefix else commit
     dest.mkdir(parents=True, exist_ok=True)
     proc = subprocess.Popen(
-        ["git", "-C", str(top), "archive", "--format=tar", spec], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        ["git", "-C", str(top), "archive", "--format=tar", commit], stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
     assert proc.stdout is not None
     with tarfile.open(fileobj=proc.stdout, mode="r|") as tar:
         tar.extractall(dest, filter="data")
     err = proc.stderr.read().decode() if proc.stderr else ""
     if proc.wait() != 0:
-        raise ConfigError(f"--base {ref}: git archive {spec} failed: {err.strip()}")
+        raise ConfigError(f"--base {ref}: git archive {commit} failed: {err.strip()}")
     return commit
 
 
 def resolve_trees(miles_src: str | None, base: str, stack: ExitStack) -> tuple[Path, str, Path, str]:
-    """(HEAD tree, how it was found, BASE tree, what it is); a git ref is exported into a
-    temporary directory that ``stack`` removes."""
+    """(HEAD tree, how it was found, BASE tree, what it is), both absolute; a git ref is
+    exported into a temporary directory that ``stack`` removes."""
     from harness.upstream import source
 
     head, how = source.find_miles_src(miles_src)
     if head is None:
         raise ConfigError(how)
-    if not (head / source.MARKER).is_file():
-        raise ConfigError(
-            f"--miles-src {head}: not a Miles checkout ({source.MARKER} is missing). Fix: point it at "
-            "the root of a Miles checkout (the folder holding miles/ and train_async.py)"
-        )
+    why = source.not_miles("--miles-src", str(miles_src or head), head)
+    if why:
+        raise ConfigError(why)
     if Path(base).is_dir():
         base_tree = Path(base).resolve()
-        if not (base_tree / source.MARKER).is_file():
-            raise ConfigError(
-                f"--base {base}: not a Miles checkout ({source.MARKER} is missing). Allowed: a Miles "
-                "tree or a git ref of the checkout --miles-src is in. Fix: point it at the base tree's root"
-            )
+        why = source.not_miles("--base", base, base_tree)
+        if why:
+            raise ConfigError(why)
         return head, how, base_tree, str(base_tree)
     tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="miles-gate-base-")))
     commit = export_ref(head, base, tmp / "miles")
-    if not (tmp / "miles" / source.MARKER).is_file():
-        raise ConfigError(
-            f"--base {base}: commit {commit[:12]} has no {source.MARKER} under the same folder as "
-            "--miles-src. Fix: pass a ref whose tree is a Miles checkout"
-        )
+    why = source.not_miles("--base", f"{base} (commit {commit[:12]})", tmp / "miles")
+    if why:
+        raise ConfigError(why)
     return head, how, tmp / "miles", f"{base} ({commit[:12]})"
 
 
@@ -185,15 +181,21 @@ def _worker(tree: Path, out: Path, log: Path, scenarios: list[str], seeds: int) 
     return cmd
 
 
+class WorkerFailed(Exception):
+    """A tree's process (``gate_run``) crashed: a harness error, never a finding."""
+
+
 def run_trees(head: Path, base: Path, out: Path, scenarios: list[str], seeds: int, jobs: int) -> dict[str, dict]:
-    """Both trees' case records (``gate_run``), one process per tree."""
+    """Both trees' documents (``gate_run``), one process per tree. A tree that is refused
+    or does not import stops the other tree's process at once: nothing is compared then."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")])}
     env.pop("MILES_SRC", None)
+    errs = {side: out / f"{side}.stderr" for side in ("head", "base")}
+    pending = [("head", head), ("base", base)]
     procs: dict[str, subprocess.Popen] = {}
-    errs: dict[str, Path] = {}
     docs: dict[str, dict] = {}
-    for side, tree in (("head", head), ("base", base)):
-        errs[side] = out / f"{side}.stderr"
+
+    def start(side: str, tree: Path) -> None:
         with errs[side].open("w") as err:
             procs[side] = subprocess.Popen(
                 _worker(tree, out / f"{side}.cases.json", out / f"{side}.log", scenarios, seeds),
@@ -202,46 +204,136 @@ def run_trees(head: Path, base: Path, out: Path, scenarios: list[str], seeds: in
                 stdout=err,
                 stderr=err,
             )
-        if jobs == 1:
-            procs[side].wait()
-    for side, proc in procs.items():
-        rc = proc.wait()
-        path = out / f"{side}.cases.json"
-        if rc not in (0, REFUSED) or not path.is_file():
-            tail = errs[side].read_text()[-2000:]
-            raise RuntimeError(f"the gate's {side} run (python -m harness.upstream.gate_run) exited {rc}: {tail}")
-        docs[side] = json.loads(path.read_text())
+
+    while pending or procs:
+        while pending and len(procs) < jobs:
+            start(*pending.pop(0))
+        for side, proc in list(procs.items()):
+            rc = proc.poll()
+            if rc is None:
+                continue
+            del procs[side]
+            path = out / f"{side}.cases.json"
+            if rc not in (Exit.OK, Exit.FINDING, Exit.REFUSED) or not path.is_file():
+                for other in procs.values():
+                    other.kill()
+                tail = errs[side].read_text()[-2000:]
+                raise WorkerFailed(f"the gate's {side} run (python -m harness.upstream.gate_run) exited {rc}:\n{tail}")
+            docs[side] = json.loads(path.read_text())
+            if rc != Exit.OK:  # refused or broken: the other tree's cases would be compared with nothing
+                for other in procs.values():
+                    other.kill()
+                    other.wait()
+                return docs
+        time.sleep(0.05)
     return docs
 
 
 def _print_verdicts(verdicts: list, *, verbose: bool) -> None:
-    """One line per case that is not unchanged (every case with ``verbose``); a harness
-    error or a missing seam repeated over many cases once, with the cases it hit; HEAD's
-    log under a failing case (once per message), every log with ``verbose``."""
-    from harness.upstream.case_log import indent, tail
+    """The first screen: one line per case that is not unchanged (every case with
+    ``verbose``): its verdict, for a finding the invariant, its message with its slice of
+    the trace and the command that reproduces it; harness errors, cases without a base and
+    cases not run that share a message once, with the cases. Upstream's log is in the log
+    files; ``verbose`` prints it under each case."""
+    from harness.upstream.case_log import indent
 
     grouped: dict[tuple[str, str], list] = {}
     for v in verdicts:
-        if v.verdict in ("harness_error", "not_run") and not verbose:
+        if v.verdict in ("harness_error", "not_run", "no_base") and not verbose:
             grouped.setdefault((v.verdict, v.message), []).append(v)
             continue
         if v.verdict != "unchanged" or verbose:
             print(v.line())
-        if v.log.strip() and (verbose or v.verdict == "new_violation"):
-            print(indent(v.log if verbose else tail(v.log)))
+        if verbose and v.log.strip():
+            print(indent(v.log))
     for (kind, message), vs in grouped.items():
         names = [v.name for v in vs]
         shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
-        print(
-            f"{'HARNESS ERROR' if kind == 'harness_error' else 'NOT RUN'} in {len(names)} case(s) ({shown}): {message}"
-        )
-        if kind == "harness_error" and vs[0].log.strip():
-            print(indent(tail(vs[0].log, 15)))
+        print(f"{LABEL_CAPS[kind]} in {len(names)} case(s) ({shown}): {message}")
+
+
+LABEL_CAPS = {"harness_error": "HARNESS ERROR", "not_run": "NOT RUN", "no_base": "NO BASE"}
 
 
 def _cpu_s() -> float:
     me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def _refused(lines: list[str], out: Path | None) -> Exit:
+    print("REFUSED (exit 3): " + "\n".join(lines))
+    _leave_summary(out, "## Miles async gate: refused\n\n" + "\n".join(lines) + "\n")
+    return Exit.REFUSED
+
+
+def _leave_summary(out: Path | None, text: str) -> None:
+    """A gate that ran no case leaves ``summary.md`` in ``--out`` when one was given, and
+    nothing else."""
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "summary.md").write_text(text)
+
+
+def _plan(head: Path, base: Path, names: list[str], seeds: int, out: Path | None) -> Exit | None:
+    """What is decided before any case runs, from the trees' files: identical trees (exit
+    0), a pull request that does not compile (1), a tree that can run none of the cases'
+    drivers (3). ``None``: run the cases."""
+    from harness.upstream import gate_preflight as pre
+    from harness.upstream import seams
+
+    n = pre.identical(head, base)
+    if n is not None:
+        print(f"HEAD and BASE are identical ({n} files under miles/ and the drivers): no case run.\nexit 0")
+        _leave_summary(out, f"## Miles async gate: identical trees\n\nHEAD and BASE have the same {n} files.\n")
+        return Exit.OK
+    errors = pre.new_compile_errors(head, base)
+    if errors:
+        lines = [f"HEAD does not compile: {e.where()}: {e.error}" for e in errors]
+        print("\n".join(lines) + "\nexit 1: the pull request's code does not compile (BASE's does)")
+        _leave_summary(out, "## Miles async gate: FAILED\n\n" + "\n".join(f"- {x}" for x in lines) + "\n")
+        return Exit.FINDING
+    drivers = _drivers(names, seeds)
+    for flag, tree in (("--miles-src", head), ("--base", base)):
+        report = seams.probe(tree)
+        if not [d for d in drivers if not report.missing_for(d)]:
+            return _refused(pre.refusal(report, drivers, flag), out)
+    return None
+
+
+def _drivers(names: list[str], seeds: int) -> list[str]:
+    """The drivers (``seams.DRIVERS`` order) the cases asked run."""
+    from harness.upstream import fault_sweep, seams
+    from harness.upstream.diff import case_named, matrix
+
+    configs = [c.scenario().config for c in ([case_named(n) for n in names] if names else matrix())]
+    configs += [fault_sweep.case_from_seed(s).scenario.config for s in range(seeds)]
+    used = {seams.driver_of(c) for c in configs}
+    return [d for d in seams.DRIVERS if d in used]
+
+
+def _tree_stopped(docs: dict[str, dict], out: Path, given: bool) -> Exit | None:
+    """A tree refused or broken at import (``gate_run``): the finding or the refusal, with
+    the case files removed (only ``summary.md`` is left, in a given ``--out``)."""
+    if not any("refused" in d or "broken" in d for d in docs.values()):
+        return None
+    for side in ("head", "base"):
+        for suffix in (".log", ".stderr", ".cases.json"):
+            (out / f"{side}{suffix}").unlink(missing_ok=True)
+    if not given:
+        shutil.rmtree(out, ignore_errors=True)
+    keep = out if given else None
+    broken = docs.get("head", {}).get("broken")
+    if broken:
+        line = f"HEAD does not import: {broken['file']}:L{broken['line']}: {broken['error']}"
+        print(f"{line}\nexit 1: the pull request's code does not import")
+        _leave_summary(keep, f"## Miles async gate: FAILED\n\n{line}\n")
+        return Exit.FINDING
+    for side, flag in (("head", "--miles-src"), ("base", "--base")):
+        doc = docs.get(side, {})
+        if "refused" in doc or "broken" in doc:
+            why = doc.get("refused") or "{file}:L{line}: {error}".format(**doc["broken"])
+            return _refused([f"{flag} {doc['tree']}: {why}"], keep)
+    raise AssertionError("unreachable: a stopped tree is refused or broken")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -257,21 +349,27 @@ def main(args: argparse.Namespace) -> int:
     if seeds < 0:
         raise ConfigError(f"--fault-seeds {seeds}: must be >= 0. Fix: e.g. --fault-seeds {DEFAULT_FAULT_SEEDS}")
     t0, cpu0 = time.perf_counter(), _cpu_s()
-    out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="miles-gate-"))
-    out.mkdir(parents=True, exist_ok=True)
+    given = Path(args.out).resolve() if args.out else None
     with ExitStack() as stack:
         head, how, base, base_name = resolve_trees(args.miles_src, args.base, stack)
         print(f"HEAD: {how}\nBASE: {base_name}")
-        docs = run_trees(head, base, out, list(args.scenario), seeds, args.jobs)
-    for side, flag in (("head", "--miles-src"), ("base", "--base")):
-        if "refused" in docs[side]:
-            print(f"REFUSED: {flag}: {docs[side]['refused']}\n(see `miles-harness doctor`)")
-            (out / "summary.md").write_text(f"## Miles async gate: refused\n\n{flag}: {docs[side]['refused']}\n")
-            return REFUSED
+        decided = _plan(head, base, list(args.scenario), seeds, given)
+        if decided is not None:
+            return decided
+        out = given or Path(tempfile.mkdtemp(prefix="miles-gate-"))
+        out.mkdir(parents=True, exist_ok=True)
+        try:
+            docs = run_trees(head, base, out, list(args.scenario), seeds, args.jobs)
+        except WorkerFailed as exc:
+            print(f"HARNESS ERROR (exit 2): {exc}")
+            return Exit.HARNESS_ERROR
+    stopped = _tree_stopped(docs, out, given is not None)
+    if stopped is not None:
+        return stopped
     verdicts = gate.classify_all(docs["head"]["cases"], docs["base"]["cases"])
-    if verdicts and all(v.verdict == "not_run" for v in verdicts):
-        print("REFUSED: HEAD can run none of the cases asked (missing seams; see `miles-harness doctor`)")
-        return REFUSED
+    for v in verdicts:
+        if v.verdict in gate.FINDINGS:
+            v.reproduce = gate.reproduce(v.name, str(head))
     code = gate.exit_code(verdicts, strict=args.strict)
     _print_verdicts(verdicts, verbose=args.verbose)
     wall, cpu = time.perf_counter() - t0, _cpu_s() - cpu0

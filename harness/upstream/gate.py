@@ -4,10 +4,16 @@
 ``classify(head, base)`` is a pure function of the two case records
 (``harness.upstream.gate_run.case_record``) and returns a ``CaseVerdict``:
 
-* ``harness_error``: the harness could not run the case faithfully on HEAD (or on BASE,
-  so there is nothing to compare with), or HEAD lacks a seam BASE has (e.g. a member
-  upstream now calls on a stand-in of the harness): never a finding about upstream;
+* ``harness_error``: the harness could not run the case faithfully on HEAD, or it cannot
+  host HEAD where it ran BASE (e.g. a member upstream now calls on a stand-in of the
+  harness): never a finding about upstream;
 * ``not_run``: neither tree has a seam the case's driver needs (``miles-harness doctor``);
+* ``no_base``: BASE could not run the case (a missing seam, a harness error, a run that
+  ended before its first generate call): HEAD is judged on its own trace and the line
+  says so, but nothing can be new or fixed, so it is never a finding;
+* ``not_started``: HEAD's run ended with an error before its first generate call where
+  BASE's started: a finding about the pull request, naming the error and its line (a run
+  that did not start is no prefix to judge);
 * ``new_violation``: HEAD breaks an invariant (or shows a fault-sweep finding: a hang, an
   unexplained error, an orphaned task, a silent drop) that BASE does not break in the
   same case. A bug both trees have is old, not new: a matrix case's invariants are
@@ -21,9 +27,10 @@
 * ``changed``: the runs differ, and HEAD breaks nothing BASE does not (the sentence says
   whether every invariant holds or which old ones remain).
 
-``exit_code(verdicts, strict)``: 1 on a new violation (and, with ``strict``, on a
-behaviour change), else 2 on a harness error, else 0. A new violation is a finding about
-the pull request whatever else happened, so it wins over a harness error in another case.
+``exit_code(verdicts, strict)`` (``harness.upstream.exit_codes.Exit``): 1 on a new
+violation or a run that did not start (and, with ``strict``, on a behaviour change), else
+2 on a harness error, else 3 when no case was compared, else 0. A finding about the pull
+request wins over a harness error in another case.
 ``summary_markdown`` / ``summary_json`` are the pull-request comment and the JSON file.
 """
 
@@ -34,13 +41,18 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-VERDICTS = ("new_violation", "harness_error", "changed", "fixed", "not_run", "unchanged")
+from harness.upstream.exit_codes import Exit
+
+VERDICTS = ("new_violation", "not_started", "harness_error", "changed", "fixed", "no_base", "not_run", "unchanged")
+FINDINGS = frozenset({"new_violation", "not_started"})  # about the pull request: exit 1
 LABELS = {
     "new_violation": "new violation",
+    "not_started": "did not start",
     "harness_error": "harness error",
     "changed": "changed",
     "fixed": "violation fixed",
-    "not_run": "not run (missing seam)",
+    "no_base": "no base",
+    "not_run": "not run",
     "unchanged": "unchanged",
 }
 
@@ -58,17 +70,26 @@ class CaseVerdict:
     details: list[str] = field(default_factory=list)  # HEAD's violation messages for the new ones
     log: str = ""  # HEAD's captured log (its end), for a failing case
 
+    reproduce: str = ""  # the command that runs this case again on HEAD, showing the violation's slice
+
     def line(self) -> str:
-        return f"{self.name}: {LABELS[self.verdict]}: {self.message}"
+        """The case on one line: verdict, and for a finding the first new invariant with
+        its message and slice, then the command that reproduces it."""
+        if self.verdict == "new_violation" and self.new:
+            more = f" (+{len(self.new) - 1} more: {', '.join(self.new[1:])})" if len(self.new) > 1 else ""
+            head = f"{self.name}: new violation: {self.new[0]}: {self.details[0] if self.details else ''}{more}"
+        else:
+            head = f"{self.name}: {LABELS[self.verdict]}: {self.message}"
+        return head + (f"; reproduce: {self.reproduce}" if self.reproduce else "")
 
 
 def broken(rec: dict) -> dict[str, str]:
     """What a ran case breaks: each violated invariant and each fault-sweep finding kind,
-    with its first message."""
+    with its first message (and the slice of the trace it is in)."""
     out: dict[str, str] = {}
     judgement = rec.get("judgement") or {}
     for v in judgement.get("violations", []):
-        out.setdefault(v["invariant"], v["message"])
+        out.setdefault(v["invariant"], v["message"] + (f" [{v['slice']}]" if v.get("slice") else ""))
     for name in judgement.get("broken", []):
         out.setdefault(name, "")
     for f in rec.get("findings", []):
@@ -76,9 +97,22 @@ def broken(rec: dict) -> dict[str, str]:
     return out
 
 
-def _short(value: Any, limit: int = 90) -> str:
-    text = str(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+def _pair(a: Any, b: Any, limit: int = 160) -> tuple[str, str]:
+    """Base's and head's item as text, each at most ``limit`` characters; a long pair is
+    cut the same way on both sides, from the element where they first differ (a metric
+    name is never cut so that base and head read the same)."""
+    ta, tb = str(a), str(b)
+    if len(ta) <= limit and len(tb) <= limit:
+        return ta, tb
+    k = next((i for i, (x, y) in enumerate(zip(ta, tb)) if x != y), min(len(ta), len(tb)))
+    start = max(ta.rfind("[", 0, k), ta.rfind("(", 0, k), 0)
+    lead = "..." if start else ""
+
+    def cut(text: str) -> str:
+        part = text[start : start + limit]
+        return lead + part + ("..." if start + limit < len(text) else "")
+
+    return cut(ta), cut(tb)
 
 
 def first_change(head: dict, base: dict) -> str | None:
@@ -92,18 +126,25 @@ def first_change(head: dict, base: dict) -> str | None:
     if a == b:
         return None
 
-    def item(xs: list, i: int) -> str:
-        return f"t={xs[i][0]:.3f} {_short(xs[i][1])}" if i < len(xs) else f"(none: {len(xs)} items)"
+    def items(xs: list, ys: list, i: int) -> str:
+        if i < len(xs) and i < len(ys):
+            x, y = _pair(xs[i][1], ys[i][1])
+            return f"base t={xs[i][0]:.3f} {x}, head t={ys[i][0]:.3f} {y}"
+
+        def one(zs: list) -> str:
+            return f"t={zs[i][0]:.3f} {_pair(zs[i][1], '')[0]}" if i < len(zs) else f"(none: {len(zs)} items)"
+
+        return f"base {one(xs)}, head {one(ys)}"
 
     where = _first_divergence(a, b) if set(a) == set(b) == set(ASPECTS) else None
     if where is not None:
         aspect, i = where
-        return f"{aspect}[{i}]: base {item(a[aspect], i)}, head {item(b[aspect], i)}"
+        return f"{aspect}[{i}]: {items(a[aspect], b[aspect], i)}"
     for aspect in sorted(set(a) | set(b)):
         xs, ys = a.get(aspect, []), b.get(aspect, [])
         for i in range(max(len(xs), len(ys))):
             if i >= len(xs) or i >= len(ys) or xs[i] != ys[i]:
-                return f"{aspect}[{i}] at another time: base {item(xs, i)}, head {item(ys, i)}"
+                return f"{aspect}[{i}] at another time: {items(xs, ys, i)}"
     return "the observed aspects differ"
 
 
@@ -145,6 +186,59 @@ def base_kinds(base: list[dict]) -> dict[str, str]:
     return out
 
 
+def _seam_text(rec: dict) -> str:
+    """The seams a not-run record names, each said once: a stand-in member as the harness'
+    lack, a seam whose file the tree does not have (``absent``: an older tree) as that file."""
+    from harness.upstream.gate_preflight import describe
+    from harness.upstream.seams import BY_NAME, STAND_IN_PREFIX
+
+    out: list[str] = []
+    absent = set(rec.get("absent", []))
+    for seam in rec.get("seams", []):
+        if seam.startswith(STAND_IN_PREFIX):
+            role, member = seam[len(STAND_IN_PREFIX) :].split(".", 1)
+            where = _seams_with_lines({**rec, "seams": [seam]}).partition(" (read at ")[2].rstrip(")")
+            text = f"the harness' stand-in for `{role}` has no `{member}`" + (f" (read at {where})" if where else "")
+        elif seam in BY_NAME and BY_NAME[seam].file in absent:
+            text = f"{BY_NAME[seam].file} does not exist in this tree"
+        else:
+            text = describe(BY_NAME[seam]) if seam in BY_NAME else seam
+        if text not in out:
+            out.append(text)
+    return "; ".join(out)
+
+
+def _absent_only(rec: dict) -> bool:
+    """Every seam a not-run record lacks is in a file the tree does not have: the driver is
+    not in the tree (an older Miles), nothing the harness lacks."""
+    from harness.upstream.seams import BY_NAME
+
+    absent = set(rec.get("absent", []))
+    return bool(absent) and all(s in BY_NAME and BY_NAME[s].file in absent for s in rec.get("seams", []))
+
+
+def _not_started(rec: dict) -> bool:
+    """The run ended with an error before its first generate call: nothing to judge."""
+    return rec.get("error") is not None and not rec.get("started", True)
+
+
+def _cut(text: str, limit: int = 160) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _error(rec: dict) -> str:
+    at = rec.get("error_at")
+    return f"{rec.get('error_message') or rec.get('error')}" + (f" at {at}" if at else "")
+
+
+def _alone(rec: dict) -> str:
+    """HEAD judged on its own trace, for a case with nothing to compare with."""
+    if _not_started(rec):
+        return f"HEAD's run did not start either ({_error(rec)})"
+    h = broken(rec)
+    return f"HEAD breaks {', '.join(h)} on its own trace" if h else f"on HEAD {_holds(rec)}"
+
+
 def classify(
     head: dict, base: dict, known: dict[str, str] | None = None, head_known: dict[str, str] | None = None
 ) -> CaseVerdict:
@@ -155,22 +249,41 @@ def classify(
     name = head.get("name", base.get("name", "?"))
     if head["status"] == "harness_error":
         return CaseVerdict(name, "harness_error", f"on HEAD: {head.get('message', '')}", log=head.get("log", ""))
+    if head["status"] == "not_run" and _absent_only(head):
+        files = ", ".join(head["absent"])
+        other = "BASE ran it" if base["status"] == "ran" else "nor has BASE"
+        return CaseVerdict(name, "not_run", f"HEAD has no {files}: this driver is not in the tree ({other})")
     if head["status"] == "not_run" and base["status"] == "ran":
         return CaseVerdict(
             name,
             "harness_error",
-            f"HEAD lacks seam {_seams_with_lines(head)}, which BASE "
-            "has: the harness cannot host the pull request's code in this case (the pull request "
-            "goes unchecked here; `miles-harness doctor` names each member and the line reading it)",
+            f"the harness cannot host HEAD here, though it ran BASE: {_seam_text(head)} (the pull request "
+            "goes unchecked in this case; `miles-harness doctor` names each member and the line reading it)",
         )
     if head["status"] == "not_run":
-        return CaseVerdict(name, "not_run", f"HEAD lacks seam {', '.join(head.get('seams', []))} (BASE does too)")
-    if base["status"] == "harness_error":
+        return CaseVerdict(name, "not_run", f"neither tree can run it: {_seam_text(head)}")
+    if base["status"] != "ran":
+        why = _seam_text(base) if base["status"] == "not_run" else f"harness error: {base.get('message', '')}"
+        return CaseVerdict(name, "no_base", f"BASE could not run it ({why}); {_alone(head)}")
+    if _not_started(head) and not _not_started(base):
         return CaseVerdict(
             name,
-            "harness_error",
-            f"on BASE (nothing to compare with): {base.get('message', '')}",
-            log=base.get("log", ""),
+            "not_started",
+            f"HEAD's run ended before its first generate call: {_error(head)} (BASE's run started)",
+            details=[_error(head)],
+            log=head.get("log", ""),
+        )
+    if _not_started(base) and not _not_started(head):
+        return CaseVerdict(
+            name, "no_base", f"BASE's run ended before its first generate call ({_error(base)}); {_alone(head)}"
+        )
+    if _not_started(head):
+        raised = {str(r.get("error_message") or r.get("error")) for r in (head, base)}
+        if len(raised) == 1:  # the same error, wherever the line moved to
+            where = f" (HEAD at {head.get('error_at')}, BASE at {base.get('error_at')})"
+            return CaseVerdict(name, "unchanged", f"neither tree's run started: both raise {_cut(raised.pop())}{where}")
+        return CaseVerdict(
+            name, "changed", f"neither tree's run started: HEAD {_cut(_error(head))}, BASE {_cut(_error(base))}"
         )
     h, b = broken(head), broken(base)
     sweep = _drawn_kinds(head)
@@ -181,10 +294,8 @@ def classify(
     still = [k for k in b if k not in h and base_sweep.get(k) in head_known]
     fixed = [k for k in b if k not in h and k not in still]
     old = [k for k in h if k in b]
-    base_note = (
-        "" if base["status"] == "ran" else f" (BASE could not run it: lacks seam {', '.join(base.get('seams', []))})"
-    )
-    change = first_change(head, base) if base["status"] == "ran" else "BASE did not run"
+    base_note = ""
+    change = first_change(head, base)
     if new:
         return CaseVerdict(
             name,
@@ -221,6 +332,14 @@ def classify(
     )
 
 
+def reproduce(name: str, head: str) -> str:
+    """The command that runs case ``name`` again on the tree ``head`` alone and prints its
+    violations with their slices of the trace."""
+    if name.startswith("fault-seed-"):
+        return f"MILES_SRC={head} python -m harness.upstream.fault_sweep replay {name.rsplit('-', 1)[1]}"
+    return f"miles-harness diff-upstream --miles-src {head} --scenario {name}"
+
+
 def classify_all(head: list[dict], base: list[dict]) -> list[CaseVerdict]:
     """Every case HEAD ran, against BASE's record of the same name (a case BASE has no
     record of, e.g. from a different case list, is a harness error)."""
@@ -236,22 +355,33 @@ def classify_all(head: list[dict], base: list[dict]) -> list[CaseVerdict]:
     return out
 
 
-def exit_code(verdicts: list[CaseVerdict], *, strict: bool = False) -> int:
+def exit_code(verdicts: list[CaseVerdict], *, strict: bool = False) -> Exit:
+    """1 on a finding (and, with ``strict``, a change), else 2 on a harness error, else 3
+    when no case was compared (every case not run or without a base), else 0."""
     kinds = {v.verdict for v in verdicts}
-    if "new_violation" in kinds or (strict and "changed" in kinds):
-        return 1
+    if kinds & FINDINGS or (strict and "changed" in kinds):
+        return Exit.FINDING
     if "harness_error" in kinds:
-        return 2
-    return 0
+        return Exit.HARNESS_ERROR
+    if not kinds - {"not_run", "no_base"}:
+        return Exit.REFUSED
+    return Exit.OK
 
 
 def headline(verdicts: list[CaseVerdict], code: int, strict: bool = False) -> str:
     counts = Counter(v.verdict for v in verdicts)
+    finding = (
+        "a new invariant violation"
+        if counts["new_violation"]
+        else "HEAD's run did not start where BASE's did"
+        if counts["not_started"]
+        else "behaviour changed (--strict)"
+    )
     what = {
         0: "nothing new is violated",
-        1: ("a new invariant violation" if counts["new_violation"] else "behaviour changed (--strict)"),
+        1: finding,
         2: "the harness could not run every case faithfully",
-        3: "refused",
+        3: "no case could be compared (each not run, or without a base)",
     }[code]
     return f"exit {code}: {what}"
 
@@ -289,7 +419,7 @@ def summary_markdown(
     """The pull-request comment: the verdict, the counts, then every case that is not
     unchanged (grouped by message), with HEAD's log for a new violation."""
     c = Counter(v.verdict for v in verdicts)
-    icon = {0: "passed", 1: "FAILED", 2: "harness error", 3: "refused"}[code]
+    icon = {0: "passed", 1: "FAILED", 2: "harness error", 3: "nothing compared"}[code]
     out = [
         f"## Miles async gate: {icon}",
         "",
@@ -305,13 +435,15 @@ def summary_markdown(
     out += [f"| {LABELS[k]} | {c[k]} |" for k in VERDICTS]
     for kind, title in (
         ("new_violation", "New violations (HEAD breaks, BASE does not)"),
+        ("not_started", "Runs that did not start on HEAD (they did on BASE)"),
         (
             "harness_error",
             ("Harness errors (the harness could not run these faithfully; not a finding about the pull request)"),
         ),
         ("fixed", "Violations fixed"),
         ("changed", "Behaviour changed, nothing new violated"),
-        ("not_run", "Not run (HEAD lacks a seam: `miles-harness doctor`)"),
+        ("no_base", "No base (BASE could not run these: HEAD judged on its own trace only)"),
+        ("not_run", "Not run (neither tree has a seam the driver needs: `miles-harness doctor`)"),
     ):
         chosen = [v for v in verdicts if v.verdict == kind]
         if not chosen:
@@ -370,6 +502,7 @@ def summary_json(
 
 
 __all__ = [
+    "FINDINGS",
     "LABELS",
     "VERDICTS",
     "CaseVerdict",
@@ -381,6 +514,7 @@ __all__ = [
     "exit_code",
     "first_change",
     "headline",
+    "reproduce",
     "summary_json",
     "summary_markdown",
 ]

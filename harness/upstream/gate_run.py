@@ -15,8 +15,15 @@ verdict on its own trace (``harness.upstream.judge``), the fault sweep's other f
 (hangs, unexplained errors, orphaned tasks, silent drops: ``fault_sweep.findings``), and
 what the run observably did (``diff.observables``: the same aspects the differential
 compares), which the gate compares between the two trees. Upstream's log is captured per
-case into the record and the log file. A tree refused outright (no driver can run,
-``SeamMissing`` at activation) writes ``{"refused": why}`` and exits 3.
+case into the record and the log file. A run that ended with an error records it with
+the innermost line of the tree it was raised at (``error_at``), and whether it started
+(``started``: at least one generate call; a run that did not start is no prefix to judge).
+
+Before any case: a tree refused outright (no driver can run, ``SeamMissing`` at
+activation, or a package it imports is not installed here) writes ``{"refused": why}``
+and exits 3; a tree whose own code fails to import (the ``miles`` modules the runner
+imports, or a driver the cases need: a NameError at import, say) writes
+``{"broken": {"file", "line", "error"}}`` and exits 1, a finding about that tree.
 """
 
 from __future__ import annotations
@@ -25,8 +32,11 @@ import argparse
 import json
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Any
+
+from harness.upstream.exit_codes import Exit
 
 LOG_KEPT_LINES = 200  # the end of a case's log kept in the JSON; the log file has all of it
 
@@ -48,6 +58,35 @@ def _jsonable(obj: Any) -> Any:
     """Observables as JSON (tuples become lists, floats kept to ``TIME_DIGITS``), so both
     trees' records compare equal exactly when the observables do."""
     return json.loads(json.dumps(_rounded(obj), default=repr))
+
+
+def raised_at(exc: BaseException, tree: Path) -> tuple[str, int] | None:
+    """The innermost line of ``tree`` in ``exc``'s traceback (a SyntaxError: its own file
+    and line), relative to the tree; ``None`` when no frame is in the tree."""
+    root = str(tree) + "/"
+    if isinstance(exc, SyntaxError) and exc.filename and exc.filename.startswith(root):
+        return exc.filename[len(root) :], exc.lineno or 0
+    for fr in reversed(traceback.extract_tb(exc.__traceback__)):
+        if fr.filename.startswith(root):
+            return fr.filename[len(root) :], fr.lineno or 0
+    return None
+
+
+def import_failure(exc: BaseException, tree: Path) -> dict | None:
+    """``{"file", "line", "error"}`` when importing the tree failed in the tree's own code
+    (a module of the tree missing, a NameError at import), ``None`` when the cause lies
+    outside it (a package not installed here)."""
+    from harness.upstream.judge import is_stand_in
+
+    cause = exc.__cause__ or exc
+    if isinstance(cause, ModuleNotFoundError) and not (cause.name or "").startswith("miles"):
+        return None
+    if isinstance(cause, ImportError) and is_stand_in(sys.modules.get(cause.name or "")):
+        return None  # a name the harness' import stand-in lacks: the harness' gap, not the tree's
+    at = raised_at(cause, tree)
+    if at is None:
+        return None
+    return {"file": at[0], "line": at[1], "error": f"{type(cause).__name__}: {cause}"}
 
 
 def _matrix_run(case: Any) -> tuple[Any, Any, list[dict], float]:
@@ -89,7 +128,11 @@ def case_record(name: str, run: Any, tree: Path) -> dict:
             result, config, other, end_s = run()
             check_stand_ins(result, tree)
         except SeamMissing as exc:
-            rec.update(status="not_run", seams=list(exc.seams), message=str(exc))
+            from harness.upstream.seams import BY_NAME
+
+            files = {BY_NAME[s].file for s in exc.seams if s in BY_NAME}
+            absent = sorted(f for f in files if not (tree / f).is_file())
+            rec.update(status="not_run", seams=list(exc.seams), absent=absent, message=str(exc))
         except HarnessError as exc:
             rec.update(status="harness_error", seams=list(exc.seams), message=str(exc))
         except Exception as exc:  # noqa: BLE001 - the harness' own machinery failed: never an upstream finding
@@ -99,6 +142,11 @@ def case_record(name: str, run: Any, tree: Path) -> dict:
             obs = observables(result.events, result.history, end_s, result.error)
             if getattr(result, "mode", None):
                 rec["mode"] = result.mode
+            if result.error is not None:
+                at = raised_at(result.error, tree)
+                rec["error_at"] = f"{at[0]}:L{at[1]}" if at else None
+                rec["error_message"] = f"{type(result.error).__name__}: {result.error}"[:300]
+            rec["started"] = bool(obs.get("generate"))
             rec.update(
                 status="ran",
                 error=type(result.error).__name__ if result.error is not None else None,
@@ -126,6 +174,24 @@ def cases(scenarios: list[str], fault_seeds: int) -> list[tuple[str, Any]]:
     return out
 
 
+def _load_drivers(names: list[str]) -> None:
+    """Import each driver file the cases need, as a run would (``host.load_driver``)."""
+    from harness.upstream.host import load_driver
+
+    for name in names:
+        load_driver(name, f"miles_harness_gate_import_check_{name[:-3]}")
+
+
+def drivers_needed(scenarios: list[str], fault_seeds: int) -> list[str]:
+    """The driver files (``train.py``, ``train_async.py``) the cases asked run."""
+    from harness.upstream import fault_sweep
+    from harness.upstream.diff import case_named, matrix
+
+    configs = [c.scenario().config for c in ([case_named(n) for n in scenarios] if scenarios else matrix())]
+    configs += [fault_sweep.case_from_seed(s).scenario.config for s in range(fault_seeds)]
+    return sorted({"train.py" if c.driver == "train" else "train_async.py" for c in configs})
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m harness.upstream.gate_run", description=__doc__.split("\n")[0])
     p.add_argument("--tree", required=True)
@@ -140,18 +206,26 @@ def main(argv: list[str] | None = None) -> int:
     tree = Path(a.tree).resolve()
     log = CaseLogFile(Path(a.log))
     t0, cpu0 = time.perf_counter(), time.process_time()
+    broken: dict | None = None
+    error: BaseException | None = None
     with captured() as import_log:
         try:
             source.activate(tree)
-            error = None
-        except (source.UpstreamUnavailable, source.SeamMissing) as exc:
+            _load_drivers(drivers_needed(a.scenario, a.fault_seeds))
+        except source.SeamMissing as exc:
+            error = exc
+        except Exception as exc:  # noqa: BLE001 - the tree's own import failing is a finding, else a refusal
+            broken = import_failure(exc, tree)
             error = exc
     log.add("(importing the tree)", import_log.getvalue())
+    if broken is not None:
+        Path(a.out).write_text(json.dumps({"tree": str(tree), "broken": broken}))
+        return Exit.FINDING
     if error is not None:
         Path(a.out).write_text(
             json.dumps({"tree": str(tree), "refused": str(error), "seams": list(getattr(error, "seams", []))})
         )
-        return 3
+        return Exit.REFUSED
     records = []
     for name, run in cases(a.scenario, a.fault_seeds):
         rec = case_record(name, run, tree)

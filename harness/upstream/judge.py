@@ -74,20 +74,42 @@ def judge(result: Any, config: Any = None, *, complete: bool | None = None, max_
     cfg = config if config is not None else result.scenario.config
     complete = result.error is None if complete is None else complete
     rep = check_report(result.events, cfg, complete=complete, max_stored=max_stored)
+    every = rep["_violations"]
+    # the first ``max_stored`` violations, and the first of each invariant beyond them, so
+    # that every broken invariant has a message; each with its slice of the trace
+    keep = list(range(min(max_stored, len(every))))
+    seen = {every[i].invariant for i in keep}
+    for i, v in enumerate(every[max_stored:], start=max_stored):
+        if v.invariant not in seen:
+            keep.append(i)
+            seen.add(v.invariant)
     return Judgement(
         complete=complete,
         checkers=dict(rep["checkers"]),
-        violations=list(rep["violations"]),
+        violations=[
+            {"invariant": every[i].invariant, "message": every[i].message, "slice": _slice(every[i])} for i in keep
+        ],
         violations_total=int(rep["violations_total"]),
         shown=list(rep["_violations"]),
     )
 
 
-def _is_stand_in(obj: Any) -> bool:
+def _slice(v: Any) -> str:
+    """Where a violation's events lie in the trace: ``events #A..#B, t=X..Y s``."""
+    evs = getattr(v, "events", None) or []
+    if not evs:
+        return ""
+    a, b = evs[0], evs[-1]
+    return f"events #{a.seq}..#{b.seq}, t={a.t:.3f}..{b.t:.3f} s"
+
+
+def is_stand_in(obj: Any) -> bool:
     """An object of the harness' own making in upstream's place: its class (or, for a class
     or module, itself) is defined in ``harness``, an import stand-in module, or the
     ``args`` namespace (the runner builds it, ``runner.upstream_args``; upstream's own
     parser never runs, so a flag upstream reads that the runner does not set is missing)."""
+    if obj is None:
+        return False
     if getattr(obj, "__miles_harness_stand_in__", False) or isinstance(obj, argparse.Namespace):
         return True
     kind = obj if isinstance(obj, type) else type(obj)
@@ -116,7 +138,7 @@ def stand_in_failure(exc: BaseException | None, tree: Path | None = None) -> str
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
-        if isinstance(exc, AttributeError) and getattr(exc, "obj", None) is not None and _is_stand_in(exc.obj):
+        if isinstance(exc, AttributeError) and getattr(exc, "obj", None) is not None and is_stand_in(exc.obj):
             at = _upstream_line(exc, tree)
             if isinstance(exc.obj, argparse.Namespace):
                 return (
@@ -149,4 +171,4 @@ def check_stand_ins(result: Any, tree: Path | None = None) -> None:
             raise StandInMemberMissing(message, ["stand-in"])
 
 
-__all__ = ["Judgement", "StandInMemberMissing", "check_stand_ins", "judge", "stand_in_failure"]
+__all__ = ["Judgement", "StandInMemberMissing", "check_stand_ins", "is_stand_in", "judge", "stand_in_failure"]

@@ -461,10 +461,22 @@ class TreeReport:
         lines += ["", f"verdict: {self.verdict}"]
         for d in DRIVERS:
             miss = self.missing_for(d)
-            lines.append(
-                f"  {d:<12} " + ("runs" if not miss else "REFUSED: missing " + ", ".join(_named(s) for s in miss))
-            )
+            absent = self.absent_files(d)
+            if absent:
+                state = f"NOT RUN: this tree has no {', '.join(absent)} (an older Miles); the other drivers are judged"
+            else:
+                state = "runs" if not miss else "REFUSED: missing " + ", ".join(_named(s) for s in miss)
+            lines.append(f"  {d:<12} {state}")
         return "\n".join(lines)
+
+    def absent_files(self, driver: str) -> list[str]:
+        """The files of ``driver``'s missing seams that the tree does not have at all, when
+        every one of its missing seams is in such a file (a tree older than the driver's
+        module), else ``[]``."""
+        miss = [s for s in self.missing_for(driver) if not s.name.startswith(STAND_IN_PREFIX)]
+        files = sorted({s.file for s in miss})
+        gone = [f for f in files if not (self.tree / f).is_file()]
+        return gone if miss and len(miss) == len(self.missing_for(driver)) and gone == files else []
 
     def refusal(self, driver: str | None = None) -> SeamMissing:
         """``SeamMissing`` naming what ``driver`` lacks (``None``: every needed seam)."""

@@ -27,7 +27,27 @@ OPTION = "--miles-src"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PINNED_TREE_NAME = f"miles-{PINNED_MILES_COMMIT}"
 DEFAULT_TREE = REPO_ROOT.parent / "shared" / "third_party" / PINNED_TREE_NAME
-MARKER = Path("miles") / "rollout" / "fully_async_rollout.py"
+# A Miles tree: the ``miles`` package and at least one root driver. Which drivers it can
+# run is the seam probe's answer (``harness.upstream.seams``): a tree from before the
+# fully-async rollout moved out of ``examples/`` into ``miles/rollout/`` runs sync and
+# one-step, and its fully-async cases are not run, naming the missing module.
+MARKER = Path("miles") / "__init__.py"
+DRIVER_FILES = ("train.py", "train_async.py")
+FULLY_ASYNC_MODULE = Path("miles") / "rollout" / "fully_async_rollout.py"
+
+
+def is_miles_tree(path: Path) -> bool:
+    return (path / MARKER).is_file() and any((path / d).is_file() for d in DRIVER_FILES)
+
+
+def not_miles(flag: str, value: str, path: Path) -> str | None:
+    """Why ``path`` is not a Miles tree (the message for ``flag value``), else ``None``."""
+    if is_miles_tree(path):
+        return None
+    return (
+        f"{flag} {value}: not a Miles tree ({path} has no {MARKER}, or neither of {', '.join(DRIVER_FILES)}).\n"
+        "Fix: point it at the root of a Miles checkout (the folder holding miles/ and the drivers)"
+    )
 
 
 class UpstreamUnavailable(RuntimeError):
@@ -44,7 +64,7 @@ def find_miles_src(explicit: str | None = None) -> tuple[Path | None, str]:
                 "a Miles checkout (the folder holding miles/ and train_async.py)"
             )
         return path, how
-    if (DEFAULT_TREE / MARKER).is_file():
+    if is_miles_tree(DEFAULT_TREE):
         return DEFAULT_TREE, f"the pinned tree beside the repository ({DEFAULT_TREE})"
     return None, (
         f"no upstream Miles tree: pass {OPTION}=PATH or set {ENV}=PATH to a Miles checkout "
@@ -61,8 +81,9 @@ def activate(path: Path) -> Path:
     the runner's modules. A tree no driver can run on faithfully raises ``SeamMissing``."""
     global _active, _report
     path = Path(path).resolve()
-    if not (path / MARKER).is_file():
-        raise UpstreamUnavailable(f"{path} is not a Miles checkout: {MARKER} is missing")
+    why = not_miles("the tree", str(path), path)
+    if why:
+        raise UpstreamUnavailable(why)
     tree_report = probe(path)
     if tree_report.verdict == "refused":
         raise tree_report.refusal()
@@ -86,7 +107,8 @@ def activate(path: Path) -> Path:
 
     try:
         with vray.installed():
-            import miles.rollout.fully_async_rollout  # noqa: F401
+            if (path / FULLY_ASYNC_MODULE).is_file():  # an older tree has none: its fully-async cases are not run
+                import miles.rollout.fully_async_rollout  # noqa: F401
             import miles.rollout.inference_rollout.inference_rollout_train  # noqa: F401
             import miles.rollout.data_source  # noqa: F401
     except ImportError as exc:
@@ -129,6 +151,9 @@ def active() -> Path:
 
 __all__ = [
     "DEFAULT_TREE",
+    "DRIVER_FILES",
+    "FULLY_ASYNC_MODULE",
+    "MARKER",
     "ENV",
     "OPTION",
     "PINNED_MILES_COMMIT",
@@ -138,6 +163,8 @@ __all__ = [
     "activate",
     "active",
     "find_miles_src",
+    "is_miles_tree",
+    "not_miles",
     "refused_files",
     "refused_reason",
     "report",

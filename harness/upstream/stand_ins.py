@@ -81,12 +81,14 @@ _DOCTOR = "; `miles-harness doctor` lists every member the drivers use on each s
 
 def _tree_relative(filename: str) -> str:
     """``filename`` relative to the upstream tree holding it (the nearest folder above it
-    with ``miles/rollout/fully_async_rollout.py``, ``harness.upstream.source.MARKER``)."""
+    that is a Miles tree, ``harness.upstream.source.is_miles_tree``)."""
     from pathlib import Path
+
+    from harness.upstream.source import is_miles_tree
 
     path = Path(filename)
     for root in path.parents:
-        if (root / "miles" / "rollout" / "fully_async_rollout.py").is_file():
+        if is_miles_tree(root):
             return str(path.relative_to(root))
     return filename
 

@@ -90,14 +90,10 @@ def test_a_violation_only_base_has_is_fixed():
 
 def test_harness_errors_and_missing_seams_are_never_findings():
     assert gate.classify(harness_error(), ran()).verdict == "harness_error"
-    base_broke = gate.classify(ran(broken=("conservation",)), harness_error())
-    assert base_broke.verdict == "harness_error" and base_broke.message.startswith("on BASE")
-    # a seam HEAD lost (a member upstream now calls on a stand-in): the pull request goes unchecked there
+    # a seam HEAD lost where BASE ran: the pull request goes unchecked there
     lost = gate.classify(not_run(), ran())
-    assert (
-        lost.verdict == "harness_error"
-        and "HEAD lacks seam make_submission_scheduler(fully-async), which BASE" in lost.message
-    )
+    assert lost.verdict == "harness_error" and "the harness cannot host HEAD here, though it ran BASE" in lost.message
+    assert "make_submission_scheduler" in lost.message
     assert gate.classify(not_run(), not_run()).verdict == "not_run"
     member = dict(
         not_run(),
@@ -105,13 +101,40 @@ def test_harness_errors_and_missing_seams_are_never_findings():
         message="seam ... missing (looked for `rollout_manager.acquire_train_admission_hold` read at "
         "train_async.py:L84, following imports)",
     )
-    assert (
-        "stand-in rollout_manager.acquire_train_admission_hold (read at train_async.py:L84)"
-        in gate.classify(member, ran()).message
-    )
-    # BASE cannot run the driver: HEAD is judged on its own trace alone
-    assert gate.classify(ran(), not_run()).verdict == "changed"
-    assert gate.classify(ran(broken=("conservation",)), not_run()).verdict == "new_violation"
+    said = gate.classify(member, ran()).message
+    assert "the harness' stand-in for `rollout_manager` has no `acquire_train_admission_hold`" in said
+    assert "(read at train_async.py:L84)" in said
+
+
+def test_a_case_base_could_not_run_is_no_base_and_never_a_finding():
+    for base in (not_run(), harness_error()):
+        for head in (ran(), ran(broken=("conservation",))):
+            v = gate.classify(head, base)
+            assert v.verdict == "no_base" and v.message.startswith("BASE could not run it"), v
+    said = gate.classify(ran(broken=("conservation",)), not_run()).message
+    assert "HEAD breaks conservation on its own trace" in said
+    assert gate.exit_code([gate.classify(ran(broken=("conservation",)), harness_error())]) != 1
+
+
+def dead(name: str = "case", error: str = "RuntimeError: dies at start-up") -> dict:
+    rec = ran(name, complete=False)
+    return dict(rec, error=error.split(":")[0], error_message=error, error_at="train_async.py:L27", started=False)
+
+
+def test_a_run_that_did_not_start_is_no_prefix_to_judge():
+    v = gate.classify(dead(), dict(ran(), started=True))
+    assert v.verdict == "not_started" and "every invariant holds" not in v.message
+    assert "RuntimeError: dies at start-up at train_async.py:L27" in v.message
+    assert gate.exit_code([v]) == 1
+    assert gate.classify(dict(ran(), started=True), dead()).verdict == "no_base"
+    both = gate.classify(dead(), dead())
+    assert both.verdict == "unchanged" and both.message.startswith("neither tree's run started")
+    assert gate.classify(dead(), dead(error="NameError: x")).verdict == "changed"
+
+
+def test_zero_cases_compared_never_exits_0():
+    assert gate.exit_code([]) == 3
+    assert gate.exit_code([gate.classify(not_run(), not_run()), gate.classify(ran(), not_run())]) == 3
 
 
 def test_a_fault_sweep_finding_base_shows_under_another_schedule_is_old():
@@ -233,3 +256,39 @@ def test_the_runners_args_missing_a_flag_is_a_harness_error_and_other_objects_ar
         assert stand_in_failure(exc) is None
     assert stand_in_failure(None) is None
     assert stand_in_failure(ValueError("x")) is None
+
+
+def test_a_driver_whose_module_the_tree_lacks_is_not_run_naming_the_module():
+    old = dict(
+        not_run(),
+        seams=["make_submission_scheduler(fully-async)", "submit_one_group"],
+        absent=["miles/rollout/fully_async_rollout.py"],
+    )
+    for base in (ran(), old):
+        v = gate.classify(old, base)
+        assert v.verdict == "not_run" and "HEAD has no miles/rollout/fully_async_rollout.py" in v.message, v
+    # a seam the tree has the file of, but not the member: the harness cannot host HEAD there
+    assert gate.classify(dict(old, absent=[]), ran()).verdict == "harness_error"
+
+
+def test_the_first_screen_line_of_a_new_violation_has_the_invariant_message_slice_and_command():
+    head = ran(broken=("buffer_capacity",))
+    head["judgement"]["violations"][0]["slice"] = "events #331..#341, t=8.973..9.061 s"
+    v = gate.classify(head, ran())
+    v.reproduce = gate.reproduce(v.name, "/pr")
+    assert v.line() == (
+        "case: new violation: buffer_capacity: buffer_capacity broken at t=3 [events #331..#341, t=8.973..9.061 s]; "
+        "reproduce: miles-harness diff-upstream --miles-src /pr --scenario case"
+    )
+    assert gate.reproduce("fault-seed-17", "/pr").endswith("fault_sweep replay 17")
+
+
+def test_a_first_change_deep_in_a_long_metric_list_shows_the_same_metric_name_on_both_sides():
+    names = [f"rollout/fully_async/metric_with_a_long_name_{i}" for i in range(12)]
+    base, head = ran(), ran()
+    base["observables"]["metrics"] = [[1.0, [0, [[n, 1.0] for n in names]]]]
+    head["observables"]["metrics"] = [[1.0, [0, [[n, 1.0 if i != 9 else 2.0] for i, n in enumerate(names)]]]]
+    said = gate.first_change(head, base)
+    assert said is not None
+    b, _, h = said.partition(", head ")
+    assert "metric_with_a_long_name_9', 1.0]" in b and "metric_with_a_long_name_9', 2.0]" in h, said

@@ -97,4 +97,21 @@ def test_a_field_and_a_private_attribute_are_probed(tree, tmp_path):
 
 def test_a_missing_tree_is_a_usage_error(tmp_path, capsys):
     assert cli.main(["doctor", "--miles-src", str(tmp_path)]) == 2
-    assert "not a Miles checkout" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "--miles-src" in err and "not a Miles tree" in err and "Fix:" in err
+
+
+def test_a_tree_without_the_fully_async_module_is_still_a_miles_tree_and_doctor_says_which_drivers_run(
+    tree, tmp_path, capsys
+):
+    """Older Miles kept the fully-async rollout under ``examples/``: sync and one-step are
+    judged there, fully-async is not run, naming the module."""
+    old = _copy(tree, tmp_path / "old")
+    (old / "examples").mkdir()
+    (old / source.FULLY_ASYNC_MODULE).rename(old / "examples" / "fully_async_rollout.py")
+    rc = cli.main(["doctor", "--miles-src", str(old)])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "verdict: runs partly" in out
+    assert f"fully-async  NOT RUN: this tree has no {source.FULLY_ASYNC_MODULE}" in out
+    assert "  sync         runs" in out and "  one-step     runs" in out

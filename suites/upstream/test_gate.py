@@ -70,12 +70,14 @@ def test_a_bug_seeded_in_a_copy_is_new_and_the_same_bug_in_both_trees_is_old(tre
     assert rc == 1, out
     assert cases[CASE]["verdict"] == "new_violation" and "buffer_capacity" in cases[CASE]["new"], cases[CASE]
     assert cases["sync"]["verdict"] == "unchanged", cases["sync"]
-    assert f"{CASE}: new violation: HEAD breaks buffer_capacity" in out
+    assert f"{CASE}: new violation: buffer_capacity: " in out and "reproduce: miles-harness diff-upstream" in out
     summary = (tmp_path / "new" / "summary.md").read_text()
     assert summary.startswith("## Miles async gate: FAILED") and "| new violation | 1 |" in summary
     assert (tmp_path / "new" / "head.log").is_file() and (tmp_path / "new" / "base.log").is_file()
 
     base = _copy(tree, tmp_path / "base", seeded=True)
+    with (base / "miles" / "__init__.py").open("a") as f:
+        f.write("# BASE differs from HEAD in this comment alone\n")  # identical trees would run no case
     rc, cases, out = _gate(head, str(base), tmp_path / "old", capsys)
     assert rc == 0, out
     assert cases[CASE]["verdict"] == "unchanged" and "buffer_capacity" in cases[CASE]["old"], cases[CASE]
@@ -106,4 +108,46 @@ def test_a_base_that_is_neither_a_tree_nor_a_ref_is_a_usage_error(tree, tmp_path
     head = _copy(tree, tmp_path / "head", seeded=False)
     assert cli.main(["gate", "--miles-src", str(head), "--base", "no-such-ref", "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
-    assert "--base no-such-ref" in err and "not in a git checkout" in err
+    assert "--base no-such-ref" in err and "is in no git checkout" in err and "Fix:" in err
+
+
+def test_a_ref_resolves_only_in_the_repository_whose_root_is_the_tree(tree, tmp_path, capsys):
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    outer = tmp_path / "outer"
+    _copy(tree, outer / "pr", seeded=False)
+    env = ["-c", "user.name=gate-test", "-c", "user.email=gate-test@localhost", "-c", "commit.gpgsign=false"]
+    for cmd in (["init", "-q"], ["add", "-A"], [*env, "commit", "-q", "-m", "another project"]):
+        subprocess.run(["git", "-C", str(outer), *cmd], check=True, capture_output=True)
+    assert cli.main(["gate", "--miles-src", str(outer / "pr"), "--base", "HEAD", *CASES]) == 2
+    err = capsys.readouterr().err
+    assert f"is not the root of a git checkout (it is inside {outer.resolve()})" in err and "Fix:" in err
+
+
+def _edit_driver(head: Path, old: str, new: str) -> None:
+    path = head / "train_async.py"
+    text = path.read_text()
+    if old not in text:
+        pytest.skip(f"train_async.py of this tree has no line {old!r} to edit")
+    path.write_text(text.replace(old, new, 1))
+
+
+def test_a_driver_that_dies_at_start_up_did_not_start_and_one_that_fails_to_import_is_named(
+    tree, tmp_path, capsys, monkeypatch
+):
+    head = _copy(tree, tmp_path / "dies", seeded=False)
+    _edit_driver(head, "async def train(args):\n", "async def train(args):\n    raise RuntimeError('dies')\n")
+    monkeypatch.chdir(tmp_path)  # a relative --out is the caller's, not the workers'
+    rc = cli.main(["gate", "--miles-src", "dies", "--base", str(tree), "--out", "rel", "--scenario", "one-step-k1"])
+    out = capsys.readouterr().out
+    assert rc == 1, out
+    assert "one-step-k1: did not start: HEAD's run ended before its first generate call: RuntimeError: dies" in out
+    assert "at train_async.py:L" in out and "every invariant holds" not in out
+    assert json.loads((tmp_path / "rel" / "gate.json").read_text())["exit"] == 1
+
+    broken = _copy(tree, tmp_path / "broken", seeded=False)
+    _edit_driver(broken, "async def train(args):\n", "undefined_at_import()\n\n\nasync def train(args):\n")
+    rc = cli.main(["gate", "--miles-src", str(broken), "--base", str(tree), "--scenario", "one-step-k1"])
+    out = capsys.readouterr().out
+    assert rc == 1, out
+    assert "HEAD does not import: train_async.py:L" in out and "NameError" in out
