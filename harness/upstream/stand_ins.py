@@ -81,14 +81,15 @@ _DOCTOR = "; `miles-harness doctor` lists every member the drivers use on each s
 
 def _tree_relative(filename: str) -> str:
     """``filename`` relative to the upstream tree holding it (the nearest folder above it
-    that is a Miles tree, ``harness.upstream.source.is_miles_tree``)."""
+    that is a Miles tree: the ``miles`` package and a driver, as
+    ``harness.upstream.source.is_miles_tree`` has it; read here, since source imports this)."""
     from pathlib import Path
-
-    from harness.upstream.source import is_miles_tree
 
     path = Path(filename)
     for root in path.parents:
-        if is_miles_tree(root):
+        if (root / "miles" / "__init__.py").is_file() and any(
+            (root / d).is_file() for d in ("train.py", "train_async.py")
+        ):
             return str(path.relative_to(root))
     return filename
 

@@ -183,5 +183,5 @@ def test_a_tree_path_that_does_not_exist_says_so(tmp_path):
 
 
 def test_a_directory_that_is_not_miles_is_refused(tmp_path):
-    with pytest.raises(source.UpstreamUnavailable, match="not a Miles checkout"):
+    with pytest.raises(source.UpstreamUnavailable, match="not a Miles tree"):
         source.activate(tmp_path)
