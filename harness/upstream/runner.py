@@ -157,7 +157,7 @@ def upstream_args(
         partial_rollout=cfg.partial_rollout if partial_rollout is None else partial_rollout,
     )
     # a critic is what --advantage-estimator ppo gives (arguments.py:L3205)
-    if flags.pop("use_critic", False):
+    if flags.get("use_critic"):
         flags["advantage_estimator"] = "ppo"
     # a run that starts at rollout S > 0 is a resumed one: Miles' validation keeps
     # --start-rollout-id only with a checkpoint under --load (arguments.py:L3045-L3058),
