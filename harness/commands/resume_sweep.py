@@ -43,9 +43,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fast", action="store_true", help="only the fast subset of settings (one per driver)")
     p.add_argument("--setting", action="append", default=None, help="only this setting (repeatable)")
     p.add_argument("--json", default=None, help="write the summary and every case's row to this file")
+    p.add_argument(
+        "--orchestration",
+        choices=("stand-ins", "upstream"),
+        default="stand-ins",
+        help="--host upstream: upstream's rollout manager, placement groups and train actors as the harness' "
+        "stand-ins (default) or as upstream wrote them over faked leaves, with upstream's own save and load",
+    )
 
 
-def host_of(name: str, miles_src: str | None = None, exactly_once: bool = False) -> Host:
+def host_of(
+    name: str, miles_src: str | None = None, exactly_once: bool = False, orchestration: str = "stand-ins"
+) -> Host:
     from harness.sim.resume_sweep import core_host
 
     if name == "core":
@@ -66,7 +75,7 @@ def host_of(name: str, miles_src: str | None = None, exactly_once: bool = False)
         from harness.upstream.source import UpstreamUnavailable
 
         try:
-            return upstream_host(miles_src)
+            return upstream_host(miles_src, orchestration=orchestration)
         except UpstreamUnavailable as exc:
             fix = "" if "Fix:" in str(exc) else ". Fix: pass --miles-src PATH (a Miles checkout) or set MILES_SRC"
             raise ConfigError(f"--host upstream: {exc}{fix}") from None
@@ -84,7 +93,7 @@ def main(args: argparse.Namespace) -> int:
         sweep,
     )
 
-    host = host_of(args.host, args.miles_src, args.exactly_once)
+    host = host_of(args.host, args.miles_src, args.exactly_once, args.orchestration)
     only = args.setting if args.setting else (FAST if args.fast else None)
     todo = cases(args.exactly_once, only=only)
     if not todo:
@@ -99,7 +108,7 @@ def main(args: argparse.Namespace) -> int:
     print(
         f"host: {args.host} ("
         + (
-            f"upstream Miles' drivers and save/load code from {tree}"
+            f"upstream Miles' drivers and save/load code from {tree}, orchestration: {args.orchestration}"
             if args.host == "upstream"
             else "the core's drivers"
         )

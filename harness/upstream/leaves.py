@@ -237,8 +237,10 @@ class SimTrainActor(_Leaf):
             await self.run.train_shard(rollout_id, data)
 
     def save_model(self, rollout_id: int, force_sync: bool = False) -> None:
-        if self.records:
-            write_checkpoint(self.args.save, rollout_id, self.run.trainer_state())
+        if self.records and self.args.save:
+            state = self.run.trainer_state()
+            write_checkpoint(self.args.save, rollout_id, state)
+            self.run.trainer_saved(rollout_id, state)
 
     async def update_weights(self, info: Any) -> None:
         """Megatron's weight update with the engines upstream passes (``EnginesAndLock``)."""

@@ -154,6 +154,7 @@ class _Life:
         self.watcher: Any = None
         self.open: set[int] = set()
         self.drained: set[int] = set()
+        self.parts: dict[int, set[str]] = {}  # rollout id -> the checkpoint parts saved for it
 
     # --- the hook the runner calls inside its run, before upstream's train(args) ---------
     def __call__(self, runner: UpstreamRunner) -> None:
@@ -165,7 +166,13 @@ class _Life:
         if stop is not None and stop.planned:
             args.save_trigger_sentinel = str(self.ckpt / f"save-now-life{self.number}")
         self._observe(runner)
-        self._rebind(runner)
+        if runner.orchestration == "upstream":
+            # upstream's own save and load run; the life follows them at the leaves
+            runner.on_trainer_loaded = self.trainer_loaded
+            runner.on_trainer_saved = self.trainer_saved
+            runner.on_data_source = self.follow_data_source
+        else:
+            self._rebind(runner)
 
     def _emit(self, kind: str, **fields: Any) -> None:
         assert self.runner is not None
@@ -261,6 +268,87 @@ class _Life:
         self.dead = True
         if self.main is not None and not self.main.done():
             self.main.cancel()
+
+    # --- orchestration "upstream": upstream's save and load, followed at the leaves -------
+    def trainer_loaded(self, loaded: dict | None) -> None:
+        """The train actor leaf loaded ``loaded`` from ``--load`` (``None``: Miles'
+        validation found no tracker, ``--load`` fell back to ``--ref-load`` and the run
+        starts at 0, ``arguments.py:L3045-L3058``)."""
+        if loaded is None:
+            return
+        runner = self.runner
+        assert runner is not None
+        ctx = runner.ctx
+        ctx.__class__ = _ResumedContext
+        ctx.steps_base = loaded["optimizer_step"]
+        ctx.trainer.steps = loaded["optimizer_step"]  # the weights the first update pushes
+        self.loaded_version = loaded["version"]
+        self._emit(
+            CHECKPOINT_LOADED,
+            rollout_id=loaded["rollout_id"],
+            part="model",
+            optimizer_step=loaded["optimizer_step"],
+            lr_step=loaded["lr_step"],
+            version=loaded["version"],
+        )
+
+    def trainer_saved(self, rollout_id: int, state: dict) -> None:
+        """The train actor leaf wrote rollout ``rollout_id``'s model checkpoint."""
+        if self.dead:  # a save the driver started after the crash: the process is gone
+            raise asyncio.CancelledError("the life crashed")
+        self._emit(CHECKPOINT_SAVED, part="model", rollout_id=rollout_id, **state)
+        self._part_saved(rollout_id, "model")
+
+    def follow_data_source(self, ds: Any) -> None:
+        """Upstream's data source, with its ``save`` and ``load`` followed (as upstream's
+        ``RolloutManager.save`` / ``load`` call them)."""
+        save, load = ds.save, ds.load
+        life = self
+
+        def saved(rollout_id: int) -> None:
+            if life.dead:
+                raise asyncio.CancelledError("the life crashed")
+            held = life._held()
+            save(rollout_id)
+            stop = life.stop
+            crash_here = stop is not None and not stop.planned and stop.after == rollout_id
+            if crash_here and stop is not None and stop.at == "mid_data_save":
+                runner = life.runner
+                assert runner is not None
+                path = Path(runner.args.save) / f"rollout/global_dataset_state_dict_{rollout_id}.pt"
+                data = path.read_bytes()
+                path.write_bytes(data[: len(data) // 2])  # the write the crash cut short
+                life._crash(stop.label)
+                raise asyncio.CancelledError(stop.label)
+            life.saved_data.add(rollout_id)
+            life._emit(CHECKPOINT_SAVED, rollout_id=rollout_id, part="data_source", state=_cursor(ds), held=held)
+            life._part_saved(rollout_id, "data_source")
+            if crash_here and stop is not None and stop.at == "save":
+                life._crash(stop.label)
+                raise asyncio.CancelledError(stop.label)
+
+        def loaded(rollout_id: int | None = None) -> None:
+            runner = life.runner
+            assert runner is not None
+            path = Path(runner.args.load or "") / f"rollout/global_dataset_state_dict_{rollout_id}.pt"
+            found = runner.args.load is not None and path.exists()
+            load(rollout_id)
+            if found:  # a missing state is logged by upstream and loads nothing (data_source.py:L146-L149)
+                life._emit(CHECKPOINT_LOADED, rollout_id=rollout_id, part="data_source", state=_cursor(ds))
+
+        ds.save, ds.load = saved, loaded
+
+    def _part_saved(self, rollout_id: int, part: str) -> None:
+        """A crash ``between_saves`` of rollout N fires after the first of its two saves,
+        whichever upstream makes first (the pinned drivers save the model first,
+        ``train_async.py:L99-L103``; others the data source)."""
+        self.parts.setdefault(rollout_id, set()).add(part)
+        stop = self.stop
+        if stop is None or stop.planned or stop.after != rollout_id or stop.at != "between_saves":
+            return
+        if len(self.parts[rollout_id]) == 1:
+            self._crash(stop.label)
+            raise asyncio.CancelledError(stop.label)
 
     # --- the Ray stand-ins that reach upstream's checkpoint code --------------------------
     def _rebind(self, runner: UpstreamRunner) -> None:
@@ -519,7 +607,7 @@ def run_points(scenario: Scenario, points: Any, **kwargs: Any) -> Any:
     return SweepResult(scenario=scenario, stops=tuple(points), events=res.events, reached=reached, error=res.error)
 
 
-def upstream_host(miles_src: str | None = None) -> Any:
+def upstream_host(miles_src: str | None = None, *, orchestration: str = "stand-ins") -> Any:
     """The sweep's host on the Miles tree ``miles_src`` (else ``$MILES_SRC``, else the pinned
     tree beside the repository): activates it and returns ``host(case) -> LivesResult``;
     ``host.miles_tree`` names the tree. ``UpstreamUnavailable`` (the reason) without one."""
@@ -561,7 +649,7 @@ def upstream_host(miles_src: str | None = None) -> Any:
                 reached=[False] * len(case.stops),
                 error=source.UpstreamUnavailable(reason),
             )
-        return run_points(case.scenario, case.stops)
+        return run_points(case.scenario, case.stops, orchestration=orchestration)
 
     host.miles_tree = path.name  # type: ignore[attr-defined]
     host.refuses = refuses  # type: ignore[attr-defined]

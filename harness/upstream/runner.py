@@ -549,7 +549,10 @@ class UpstreamRunner:
         self.data_source: Any = None
         self.sample_group: dict[int, list] = {}  # sample index -> its group as last returned
         self.rollout_metrics: dict[int, dict] = {}  # rollout id -> metrics, until trained
+        # hooks that follow upstream's save and load at the leaves (harness.upstream.lives)
         self.on_trainer_loaded: Callable[[dict | None], None] | None = None
+        self.on_trainer_saved: Callable[[int, dict], None] | None = None
+        self.on_data_source: Callable[[Any], None] | None = None
         self.buffer: Any = None
         self.sink: Any = NullSink()
 
@@ -672,6 +675,8 @@ class UpstreamRunner:
 
     def observe_data_source(self, ds: Any) -> Any:
         self.data_source = ds
+        if self.on_data_source is not None:
+            self.on_data_source(ds)
         get_samples, add_samples = ds.get_samples, ds.add_samples
         calls = [0]
 
@@ -893,6 +898,11 @@ class UpstreamRunner:
     def trainer_state(self) -> dict:
         ctx = self.ctx
         return {"optimizer_step": ctx.trainer_steps, "lr_step": ctx.trainer_steps, "version": ctx.weight_version}
+
+    def trainer_saved(self, rollout_id: int, state: dict) -> None:
+        """The train actor wrote rollout ``rollout_id``'s checkpoint; ``hooks`` may follow it."""
+        if self.on_trainer_saved is not None:
+            self.on_trainer_saved(rollout_id, state)
 
     def trainer_loaded(self, loaded: dict | None) -> None:
         """The train actor loaded ``loaded`` (``None``: no checkpoint); ``hooks`` may follow it."""
