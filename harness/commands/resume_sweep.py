@@ -93,7 +93,7 @@ def main(args: argparse.Namespace) -> int:
         sweep,
     )
 
-    host = host_of(args.host, args.miles_src, args.exactly_once, args.orchestration)
+    host = host_of(args.host, args.miles_src, args.exactly_once, getattr(args, "orchestration", "stand-ins"))
     only = args.setting if args.setting else (FAST if args.fast else None)
     todo = cases(args.exactly_once, only=only)
     if not todo:
@@ -108,7 +108,7 @@ def main(args: argparse.Namespace) -> int:
     print(
         f"host: {args.host} ("
         + (
-            f"upstream Miles' drivers and save/load code from {tree}, orchestration: {args.orchestration}"
+            f"upstream Miles' drivers and save/load code from {tree}, orchestration: {getattr(args, 'orchestration', 'stand-ins')}"
             if args.host == "upstream"
             else "the core's drivers"
         )

@@ -252,7 +252,10 @@ class SimTrainActor(_Leaf):
         # FSDP's updater pauses in SGLang's default mode (fsdp_utils/update_weight_utils.py:L74)
         mode = "retract" if self.args.train_backend == "fsdp" else self.args.pause_generation_mode
         await self.run.weight_update(self.weight_version, list(info.rollout_engines), mode)
-        ray.get(self.rollout_manager.set_weight_version.remote(self.weight_version))
+        # trees before the trainer passed the version (the engine's was polled from the router)
+        # have no set_weight_version on the manager, and their Megatron actor makes no call
+        if hasattr(self.rollout_manager, "set_weight_version"):
+            ray.get(self.rollout_manager.set_weight_version.remote(self.weight_version))
         self.run.weight_update_reported(self.weight_version)
 
     def sleep(self, tags: Any = None) -> None:

@@ -624,7 +624,7 @@ def upstream_host(miles_src: str | None = None, *, orchestration: str = "stand-i
         """Why upstream does not run this case: a setting it refuses at start-up (its
         argument checks), or a driver the tree lacks a seam for."""
         cfg = case.scenario.config
-        return source.refused_reason(cfg) or next(
+        return source.refused_reason(cfg, orchestration) or next(
             (
                 msg
                 for r in (

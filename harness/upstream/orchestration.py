@@ -13,6 +13,7 @@ modules were imported under the same Ray (``harness.upstream.source.activate``),
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -28,11 +29,35 @@ CLUSTER_GPUS = 16
 CLUSTER_CPUS = 64
 
 
+# the class-based rollout API the runner observes: the default on the pinned tree, behind
+# this switch on trees before it (miles/utils/environ.py: enable_experimental_rollout_refactor)
+ROLLOUT_ENV = {"MILES_EXPERIMENTAL_ROLLOUT_REFACTOR": "1", "MILES_USE_LEGACY_ROLLOUT_V1": None}
+
+
+@contextmanager
+def _environment(values: dict[str, str | None]) -> Iterator[None]:
+    before = {k: os.environ.get(k) for k in values}
+    for k, v in values.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 @contextmanager
 def hosted() -> Iterator[None]:
-    """vray as ``ray`` and the train actor leaf as the trainer backend, fresh for the run."""
+    """vray as ``ray``, the train actor leaf as the trainer backend and the class-based
+    rollout selected, fresh for the run."""
     vray.reset(num_gpus=CLUSTER_GPUS, num_cpus=CLUSTER_CPUS)
-    with vray.installed(leaves.trainer_backend_modules()):
+    with vray.installed(leaves.trainer_backend_modules()), _environment(ROLLOUT_ENV):
         try:
             yield
         finally:

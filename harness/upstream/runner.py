@@ -83,6 +83,7 @@ from harness.upstream.seams import driver_of
 from harness.upstream.stand_ins import StandInCalled
 
 WORKER_URL = "http://sim-engine"
+INFERENCE_ROLLOUT_FN = "miles.rollout.inference_rollout.inference_rollout_common.InferenceRolloutFn"
 # how upstream's orchestration layer runs: "stand-ins" (the harness' rollout manager and
 # actor group in place of upstream's, harness.upstream.ray_names) or "upstream" (upstream's
 # own RolloutManager, placement groups and train actor group over the leaves of
@@ -188,6 +189,9 @@ def upstream_args(
         # an external router is given: start_router returns it (router_manager.py:L20-L21)
         sglang_router_ip=ROUTER[0],
         sglang_router_port=ROUTER[1],
+        # the class-based rollout the runner observes (trees whose default is the legacy
+        # sglang_rollout.generate_rollout select it with this flag)
+        rollout_function_path=None if cfg.fully_async else INFERENCE_ROLLOUT_FN,
         save_interval=None,
         eval_interval=None,
         skip_eval_before_train=True,
@@ -978,7 +982,8 @@ class UpstreamRunner:
 
     # --- a run ------------------------------------------------------------------------
     def run(self) -> UpstreamRunResult:
-        source.report().require(driver_of(self.scenario.config))  # SeamMissing, before anything runs
+        # SeamMissing, before anything runs
+        source.report().require(driver_of(self.scenario.config), self.orchestration)
         rebinds = virtual_time_rebinds(self)
         if self.orchestration == "upstream":
             rebinds += orchestration_rebinds(self)

@@ -430,9 +430,17 @@ class TreeReport:
     def found(self, name: str) -> bool:
         return next(p.found for p in self.probes if p.seam.name == name)
 
-    def missing_for(self, driver: str) -> list[Seam]:
-        """The seams without which ``driver`` cannot run faithfully on this tree."""
-        return [p.seam for p in self.probes if p.needed and driver in p.seam.drivers]
+    def missing_for(self, driver: str, orchestration: str = "stand-ins") -> list[Seam]:
+        """The seams without which ``driver`` cannot run faithfully on this tree. With
+        ``orchestration="upstream"`` upstream's own rollout manager and actor group run, so
+        the members the drivers read on the stand-ins are not needed."""
+        return [
+            p.seam
+            for p in self.probes
+            if p.needed
+            and driver in p.seam.drivers
+            and not (orchestration == "upstream" and p.seam.name.startswith(STAND_IN_PREFIX))
+        ]
 
     @property
     def runnable(self) -> tuple[str, ...]:
@@ -478,9 +486,9 @@ class TreeReport:
         gone = [f for f in files if not (self.tree / f).is_file()]
         return gone if miss and len(miss) == len(self.missing_for(driver)) and gone == files else []
 
-    def refusal(self, driver: str | None = None) -> SeamMissing:
+    def refusal(self, driver: str | None = None, orchestration: str = "stand-ins") -> SeamMissing:
         """``SeamMissing`` naming what ``driver`` lacks (``None``: every needed seam)."""
-        miss = self.missing_for(driver) if driver else [p.seam for p in self.probes if p.needed]
+        miss = self.missing_for(driver, orchestration) if driver else [p.seam for p in self.probes if p.needed]
         text = "; ".join(
             f"seam {s.name} missing in {self.tree / s.file} (looked for {s.looks_for}, following imports to where they are defined): {s.without}"
             for s in miss
@@ -491,10 +499,10 @@ class TreeReport:
             list(dict.fromkeys(s.name for s in miss)),
         )
 
-    def require(self, driver: str) -> None:
+    def require(self, driver: str, orchestration: str = "stand-ins") -> None:
         """Raise ``SeamMissing`` naming the seams ``driver`` lacks on this tree."""
-        if self.missing_for(driver):
-            raise self.refusal(driver)
+        if self.missing_for(driver, orchestration):
+            raise self.refusal(driver, orchestration)
 
 
 STAND_IN_PREFIX = "stand-in "

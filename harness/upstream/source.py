@@ -15,6 +15,7 @@ the runner refuses a driver it lacks a seam for (``TreeReport.require``).
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 from pathlib import Path
@@ -111,6 +112,8 @@ def activate(path: Path) -> Path:
                 import miles.rollout.fully_async_rollout  # noqa: F401
             import miles.rollout.inference_rollout.inference_rollout_train  # noqa: F401
             import miles.rollout.data_source  # noqa: F401
+
+            _import_orchestration()
     except ImportError as exc:
         sys.path.remove(str(path))
         raise UpstreamUnavailable(
@@ -121,13 +124,25 @@ def activate(path: Path) -> Path:
     return path
 
 
-def refused_reason(config: object) -> str | None:
+def _import_orchestration() -> None:
+    """Upstream's orchestration modules, imported now (under vray, by ``activate``) so that
+    nothing imports them later under the real ``ray``; a tree that lacks one is described
+    by its seams (``doctor``), not refused here."""
+    for name in ("miles.ray.placement_group", "miles.ray.rollout.rollout_manager", "miles.utils.arguments"):
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            continue
+
+
+def refused_reason(config: object, orchestration: str = "stand-ins") -> str | None:
     """Why the active tree cannot run ``config``'s driver faithfully (the missing seams,
     with their files), or ``None`` when it can: the suites skip such a case, saying so."""
     from harness.upstream.seams import driver_of
 
     driver = driver_of(config)
-    return str(report().refusal(driver)) if report().missing_for(driver) else None
+    miss = report().missing_for(driver, orchestration)
+    return str(report().refusal(driver, orchestration)) if miss else None
 
 
 def refused_files() -> dict[str, str]:
