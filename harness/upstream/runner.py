@@ -554,6 +554,8 @@ class UpstreamRunner:
         self.sample_group: dict[int, list] = {}  # sample index -> its group as last returned
         self.rollout_metrics: dict[int, dict] = {}  # rollout id -> metrics, until trained
         # hooks that follow upstream's save and load at the leaves (harness.upstream.lives)
+        self.ended = False  # the driver's train() returned, raised or was cancelled
+        self.final_accounting: GroupAccounting[asyncio.Task] | None = None  # the accounting when it did
         self.on_trainer_loaded: Callable[[dict | None], None] | None = None
         self.on_trainer_saved: Callable[[int, dict], None] | None = None
         self.on_data_source: Callable[[Any], None] | None = None
@@ -1047,6 +1049,14 @@ class UpstreamRunner:
                 )
                 self.unaccounted()
                 self._emit(ev.RUN_END, pending_groups=self.accounting.pending())
+                # the driver is gone: what tasks that outlive it on the one loop do until it
+                # closes (a manager's generate, a rollout's recycling) is recorded as the core
+                # records it, but no longer accounted (run_end listed what was pending)
+                self.final_accounting, self.accounting = (
+                    self.accounting,
+                    GroupAccounting(fully_async=sc.config.fully_async),
+                )
+                self.ended = True
 
         error = None
         try:
@@ -1058,6 +1068,7 @@ class UpstreamRunner:
             self.lifecycle.task_sample.clear()
             self.lifecycle.task_root.clear()
             self.task_key.clear()
+            self.accounting = self.final_accounting or self.accounting
             self.accounting.task_group.clear()
             self.accounting.returned_tasks.clear()
         ctx = holder.get("ctx")
