@@ -19,14 +19,19 @@ Written to ``--out DIR`` (default: a new directory in the system's temp dir, pri
 ``head.log`` and ``base.log`` (upstream's log, per case; the terminal shows verdicts, and
 a failing case's log, all of them with ``-v``).
 
+HEAD's process measures which of the pull request's changed lines run in its cases
+(``harness.upstream.diff_coverage``); the terminal and the summary lead with it.
+
 Exit 0 when nothing new is violated; 1 on a new violation (with ``--strict`` also on a
 behaviour change); 2 on a harness error (a new violation wins); 3 refused (a tree no
-driver can run faithfully, ``miles-harness doctor``).
+driver can run faithfully, ``miles-harness doctor``); 4 where it would be 0 but changed
+lines of the async code never ran in any case (``--accept-unrun``: 0).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import resource
@@ -77,6 +82,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="N",
         help=f"drawn fault schedules fault-seed-0..N-1 (default {DEFAULT_FAULT_SEEDS}; 0 with --scenario)",
+    )
+    p.add_argument(
+        "--accept-unrun",
+        action="store_true",
+        help="pass (exit 0) although changed lines of the async code never ran in any case (default: exit 4)",
     )
     p.add_argument("--jobs", type=int, default=2, choices=(1, 2), help="run the two trees at once (2) or in turn (1)")
     p.add_argument("-v", "--verbose", action="store_true", help="print every case and its upstream log")
@@ -162,7 +172,7 @@ def resolve_trees(miles_src: str | None, base: str, stack: ExitStack) -> tuple[P
 # --------------------------------------------------------------------------- running
 
 
-def _worker(tree: Path, out: Path, log: Path, scenarios: list[str], seeds: int) -> list[str]:
+def _worker(tree: Path, out: Path, log: Path, scenarios: list[str], seeds: int, cover: list[str]) -> list[str]:
     cmd = [
         sys.executable,
         "-m",
@@ -178,6 +188,8 @@ def _worker(tree: Path, out: Path, log: Path, scenarios: list[str], seeds: int) 
     ]
     for s in scenarios:
         cmd += ["--scenario", s]
+    for f in cover:
+        cmd += ["--cover", f]
     return cmd
 
 
@@ -185,9 +197,12 @@ class WorkerFailed(Exception):
     """A tree's process (``gate_run``) crashed: a harness error, never a finding."""
 
 
-def run_trees(head: Path, base: Path, out: Path, scenarios: list[str], seeds: int, jobs: int) -> dict[str, dict]:
-    """Both trees' documents (``gate_run``), one process per tree. A tree that is refused
-    or does not import stops the other tree's process at once: nothing is compared then."""
+def run_trees(
+    head: Path, base: Path, out: Path, scenarios: list[str], seeds: int, jobs: int, cover: list[str] | None = None
+) -> dict[str, dict]:
+    """Both trees' documents (``gate_run``), one process per tree; HEAD's measures which
+    lines of ``cover`` (its changed files) run in each case. A tree that is refused or
+    does not import stops the other tree's process at once: nothing is compared then."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")])}
     env.pop("MILES_SRC", None)
     errs = {side: out / f"{side}.stderr" for side in ("head", "base")}
@@ -198,7 +213,14 @@ def run_trees(head: Path, base: Path, out: Path, scenarios: list[str], seeds: in
     def start(side: str, tree: Path) -> None:
         with errs[side].open("w") as err:
             procs[side] = subprocess.Popen(
-                _worker(tree, out / f"{side}.cases.json", out / f"{side}.log", scenarios, seeds),
+                _worker(
+                    tree,
+                    out / f"{side}.cases.json",
+                    out / f"{side}.log",
+                    scenarios,
+                    seeds,
+                    list(cover or []) if side == "head" else [],
+                ),
                 cwd=str(PROJECT_ROOT),
                 env=env,
                 stdout=err,
@@ -339,6 +361,8 @@ def _tree_stopped(docs: dict[str, dict], out: Path, given: bool) -> Exit | None:
 def main(args: argparse.Namespace) -> int:
     from harness.upstream import gate
     from harness.upstream.diff import case_named
+    from harness.upstream.diff_coverage import report
+    from harness.upstream.diff_lines import changed_files
 
     for name in args.scenario:
         try:
@@ -356,10 +380,16 @@ def main(args: argparse.Namespace) -> int:
         decided = _plan(head, base, list(args.scenario), seeds, given)
         if decided is not None:
             return decided
+        changed = changed_files(head, base)
+        if changed and importlib.util.find_spec("coverage") is None:
+            raise ConfigError(
+                "miles-harness gate measures which changed lines run with coverage.py, which is not installed."
+                "\nFix: pip install 'coverage>=7' (part of the harness' upstream extra: pip install -e '.[upstream]')"
+            )
         out = given or Path(tempfile.mkdtemp(prefix="miles-gate-"))
         out.mkdir(parents=True, exist_ok=True)
         try:
-            docs = run_trees(head, base, out, list(args.scenario), seeds, args.jobs)
+            docs = run_trees(head, base, out, list(args.scenario), seeds, args.jobs, changed)
         except WorkerFailed as exc:
             print(f"HARNESS ERROR (exit 2): {exc}")
             return Exit.HARNESS_ERROR
@@ -371,11 +401,17 @@ def main(args: argparse.Namespace) -> int:
         if v.verdict in gate.FINDINGS:
             v.reproduce = gate.reproduce(v.name, str(head))
     code = gate.exit_code(verdicts, strict=args.strict)
+    cov = report(head, base, changed, docs["head"].get("coverage", {}), len(docs["head"]["cases"]))
+    if code == Exit.OK and cov.unchecked and not args.accept_unrun:
+        code = Exit.UNCHECKED
+    accepted = bool(cov.unchecked) and args.accept_unrun
+    lead = cov.lines() + (["  accepted with --accept-unrun"] if accepted else [])
+    print("\n".join(lead))
     _print_verdicts(verdicts, verbose=args.verbose)
     wall, cpu = time.perf_counter() - t0, _cpu_s() - cpu0
     head_name = str(args.miles_src or head)
     md = gate.summary_markdown(
-        verdicts, head=head_name, base=args.base, code=code, wall_s=wall, cpu_s=cpu, strict=args.strict
+        verdicts, head=head_name, base=args.base, code=code, wall_s=wall, cpu_s=cpu, strict=args.strict, lead=lead
     )
     doc = gate.summary_json(
         verdicts,
@@ -387,6 +423,7 @@ def main(args: argparse.Namespace) -> int:
         strict=args.strict,
         trees={s: {k: docs[s].get(k) for k in ("tree", "wall_s", "cpu_s")} for s in docs},
     )
+    doc["coverage"] = {**cov.to_json(), "accepted": accepted}
     (out / "summary.md").write_text(md)
     (out / "gate.json").write_text(json.dumps(doc, indent=1))
     for side in ("head", "base"):

@@ -382,6 +382,7 @@ def headline(verdicts: list[CaseVerdict], code: int, strict: bool = False) -> st
         1: finding,
         2: "the harness could not run every case faithfully",
         3: "no case could be compared (each not run, or without a base)",
+        4: "nothing new is violated, but changed lines of the async code never ran in any case (unchecked)",
     }[code]
     return f"exit {code}: {what}"
 
@@ -415,14 +416,17 @@ def summary_markdown(
     cpu_s: float,
     strict: bool = False,
     log_lines: int = 40,
+    lead: list[str] | None = None,
 ) -> str:
-    """The pull-request comment: the verdict, the counts, then every case that is not
-    unchanged (grouped by message), with HEAD's log for a new violation."""
+    """The pull-request comment: the verdict, ``lead`` (the diff coverage), the counts,
+    then every case that is not unchanged (grouped by message), with HEAD's log for a new
+    violation."""
     c = Counter(v.verdict for v in verdicts)
-    icon = {0: "passed", 1: "FAILED", 2: "harness error", 3: "nothing compared"}[code]
-    out = [
-        f"## Miles async gate: {icon}",
-        "",
+    icon = {0: "passed", 1: "FAILED", 2: "harness error", 3: "nothing compared", 4: "UNCHECKED"}[code]
+    out = [f"## Miles async gate: {icon}", ""]
+    if lead:
+        out += ["```", *lead, "```", ""]
+    out += [
         (
             f"{headline(verdicts, code, strict)}. HEAD `{head}` against BASE `{base}`: {len(verdicts)} cases in "
             f"{wall_s:.0f} s wall, {cpu_s:.0f} s CPU. Each case runs on both trees and each run is judged by every "

@@ -3,7 +3,7 @@ each judged on its own trace, written as JSON. Run in its own process (one Miles
 per process: ``harness.upstream.source.activate``):
 
     python -m harness.upstream.gate_run --tree PATH --out CASES.json --log TREE.log \
-        [--scenario NAME ...] [--fault-seeds N]
+        [--scenario NAME ...] [--fault-seeds N] [--cover FILE ...]
 
 Cases: the differential's matrix (``harness.upstream.diff.matrix``, upstream side only)
 and the fault sweep's drawn schedules ``fault-seed-0`` .. ``fault-seed-(N-1)``
@@ -18,6 +18,10 @@ compares), which the gate compares between the two trees. Upstream's log is capt
 case into the record and the log file. A run that ended with an error records it with
 the innermost line of the tree it was raised at (``error_at``), and whether it started
 (``started``: at least one generate call; a run that did not start is no prefix to judge).
+
+``--cover FILE`` (relative to the tree, repeatable): measure which lines of those files
+run, per case (``harness.upstream.diff_coverage.Probe``), into the document's
+``coverage``; the gate gives HEAD's process the files the pull request changes.
 
 Before any case: a tree refused outright (no driver can run, ``SeamMissing`` at
 activation, or a package it imports is not installed here) writes ``{"refused": why}``
@@ -199,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--log", required=True)
     p.add_argument("--scenario", action="append", default=[])
     p.add_argument("--fault-seeds", type=int, default=0)
+    p.add_argument("--cover", action="append", default=[], metavar="FILE", help="a file of the tree to measure")
     a = p.parse_args(argv)
     from harness.upstream import source
     from harness.upstream.case_log import CaseLogFile, captured
@@ -206,6 +211,12 @@ def main(argv: list[str] | None = None) -> int:
     tree = Path(a.tree).resolve()
     log = CaseLogFile(Path(a.log))
     t0, cpu0 = time.perf_counter(), time.process_time()
+    probe = None
+    if a.cover:  # started before the tree is imported: module-level lines run then
+        from harness.upstream.diff_coverage import Probe
+
+        probe = Probe(tree, a.cover)
+        probe.start()
     broken: dict | None = None
     error: BaseException | None = None
     with captured() as import_log:
@@ -218,6 +229,8 @@ def main(argv: list[str] | None = None) -> int:
             broken = import_failure(exc, tree)
             error = exc
     log.add("(importing the tree)", import_log.getvalue())
+    if probe is not None and (broken is not None or error is not None):
+        probe.finish([])
     if broken is not None:
         Path(a.out).write_text(json.dumps({"tree": str(tree), "broken": broken}))
         return Exit.FINDING
@@ -228,6 +241,8 @@ def main(argv: list[str] | None = None) -> int:
         return Exit.REFUSED
     records = []
     for name, run in cases(a.scenario, a.fault_seeds):
+        if probe is not None:
+            probe.case(name)
         rec = case_record(name, run, tree)
         log.add(name, rec.pop("_full_log"), rec["status"])
         records.append(rec)
@@ -237,6 +252,8 @@ def main(argv: list[str] | None = None) -> int:
         "cpu_s": round(time.process_time() - cpu0, 3),
         "cases": records,
     }
+    if probe is not None:
+        doc["coverage"] = probe.finish([r["name"] for r in records])
     Path(a.out).write_text(json.dumps(doc))
     return 0
 
