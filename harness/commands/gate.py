@@ -172,7 +172,9 @@ def resolve_trees(miles_src: str | None, base: str, stack: ExitStack) -> tuple[P
 # --------------------------------------------------------------------------- running
 
 
-def _worker(tree: Path, out: Path, log: Path, scenarios: list[str], seeds: int, cover: list[str]) -> list[str]:
+def _worker(
+    tree: Path, out: Path, log: Path, scenarios: list[str], seeds: int, cover: list[str], flag_cases: list[dict]
+) -> list[str]:
     cmd = [
         sys.executable,
         "-m",
@@ -190,6 +192,8 @@ def _worker(tree: Path, out: Path, log: Path, scenarios: list[str], seeds: int, 
         cmd += ["--scenario", s]
     for f in cover:
         cmd += ["--cover", f]
+    for spec in flag_cases:
+        cmd += ["--flag-case", json.dumps(spec)]
     return cmd
 
 
@@ -198,11 +202,20 @@ class WorkerFailed(Exception):
 
 
 def run_trees(
-    head: Path, base: Path, out: Path, scenarios: list[str], seeds: int, jobs: int, cover: list[str] | None = None
+    head: Path,
+    base: Path,
+    out: Path,
+    scenarios: list[str],
+    seeds: int,
+    jobs: int,
+    cover: list[str] | None = None,
+    flag_cases: list[dict] | None = None,
 ) -> dict[str, dict]:
     """Both trees' documents (``gate_run``), one process per tree; HEAD's measures which
-    lines of ``cover`` (its changed files) run in each case. A tree that is refused or
-    does not import stops the other tree's process at once: nothing is compared then."""
+    lines of ``cover`` (its changed files) run in each case; ``flag_cases``
+    (``flag_cases.specs``) run on both, each tree setting the flag where it has it. A tree
+    that is refused or does not import stops the other tree's process at once: nothing is
+    compared then."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")])}
     env.pop("MILES_SRC", None)
     errs = {side: out / f"{side}.stderr" for side in ("head", "base")}
@@ -220,6 +233,7 @@ def run_trees(
                     scenarios,
                     seeds,
                     list(cover or []) if side == "head" else [],
+                    [{**spec, "set": spec["set"][side]} for spec in flag_cases or []],
                 ),
                 cwd=str(PROJECT_ROOT),
                 env=env,
@@ -322,6 +336,33 @@ def _plan(head: Path, base: Path, names: list[str], seeds: int, out: Path | None
     return None
 
 
+def _flag_cases(head: Path, base: Path, drivers: list[str]) -> tuple[list, list[dict]]:
+    """The flags HEAD's ``miles/utils/arguments.py`` adds or gives another default, and
+    their cases on the first matrix case of each driver the gate runs
+    (``harness.upstream.flag_cases``)."""
+    from harness.upstream import flag_cases
+
+    path, old = head / flag_cases.ARGUMENTS, base / flag_cases.ARGUMENTS
+    if not path.is_file() or (old.is_file() and old.read_bytes() == path.read_bytes()):
+        return [], []
+    found = flag_cases.changes(path.read_text(), old.read_text() if old.is_file() else "")
+    return found, flag_cases.specs(found, flag_cases.first_case_per_driver(drivers))
+
+
+def flag_lines(flags: list) -> list[str]:
+    """The first screen's lines for the flags the pull request adds or changes."""
+    if not flags:
+        return []
+    return ["flags the pull request adds or gives another default:"] + [f"  {f.text()}" for f in flags]
+
+
+def _flag_reproduce(head: Path, spec: dict) -> str:
+    return (
+        f"python -m harness.upstream.gate_run --tree {head} --out case.json --log case.log "
+        f"--flag-case '{json.dumps(spec)}'"
+    )
+
+
 def _drivers(names: list[str], seeds: int) -> list[str]:
     """The drivers (``seams.DRIVERS`` order) the cases asked run."""
     from harness.upstream import fault_sweep, seams
@@ -386,26 +427,33 @@ def main(args: argparse.Namespace) -> int:
                 "miles-harness gate measures which changed lines run with coverage.py, which is not installed."
                 "\nFix: pip install 'coverage>=7' (part of the harness' upstream extra: pip install -e '.[upstream]')"
             )
+        flags, specs = _flag_cases(head, base, _drivers(list(args.scenario), seeds))
         out = given or Path(tempfile.mkdtemp(prefix="miles-gate-"))
         out.mkdir(parents=True, exist_ok=True)
         try:
-            docs = run_trees(head, base, out, list(args.scenario), seeds, args.jobs, changed)
+            docs = run_trees(head, base, out, list(args.scenario), seeds, args.jobs, changed, specs)
         except WorkerFailed as exc:
             print(f"HARNESS ERROR (exit 2): {exc}")
             return Exit.HARNESS_ERROR
+        # read now: an exported base is removed when the stack closes
+        head_doc = docs.get("head", {})
+        cov = report(head, base, changed, head_doc.get("coverage", {}), len(head_doc.get("cases", [])))
     stopped = _tree_stopped(docs, out, given is not None)
     if stopped is not None:
         return stopped
     verdicts = gate.classify_all(docs["head"]["cases"], docs["base"]["cases"])
+    by_name = {spec["name"]: spec for spec in specs}
     for v in verdicts:
         if v.verdict in gate.FINDINGS:
-            v.reproduce = gate.reproduce(v.name, str(head))
+            spec = by_name.get(v.name)
+            v.reproduce = (
+                gate.reproduce(v.name, str(head)) if spec is None else _flag_reproduce(head, {**spec, "set": True})
+            )
     code = gate.exit_code(verdicts, strict=args.strict)
-    cov = report(head, base, changed, docs["head"].get("coverage", {}), len(docs["head"]["cases"]))
     if code == Exit.OK and cov.unchecked and not args.accept_unrun:
         code = Exit.UNCHECKED
     accepted = bool(cov.unchecked) and args.accept_unrun
-    lead = cov.lines() + (["  accepted with --accept-unrun"] if accepted else [])
+    lead = cov.lines() + (["  accepted with --accept-unrun"] if accepted else []) + flag_lines(flags)
     print("\n".join(lead))
     _print_verdicts(verdicts, verbose=args.verbose)
     wall, cpu = time.perf_counter() - t0, _cpu_s() - cpu0
@@ -424,6 +472,7 @@ def main(args: argparse.Namespace) -> int:
         trees={s: {k: docs[s].get(k) for k in ("tree", "wall_s", "cpu_s")} for s in docs},
     )
     doc["coverage"] = {**cov.to_json(), "accepted": accepted}
+    doc["flags"] = [{"flag": f.flag.option, "text": f.text(), "value": f.value, "skip": f.skip} for f in flags]
     (out / "summary.md").write_text(md)
     (out / "gate.json").write_text(json.dumps(doc, indent=1))
     for side in ("head", "base"):

@@ -41,22 +41,37 @@ class Probe:
         """What runs from now on runs in case ``name``."""
         self.cov.switch_context(name)
 
-    def finish(self, names: list[str]) -> dict[str, dict[str, list[int]]]:
-        """``{file: {line: [case index, ...]}}`` for every executed line of the measured
-        files (``IMPORT`` for the import before the first case)."""
+    def finish(self, names: list[str]) -> dict[str, dict[str, list[list[int]]]]:
+        """``{file: {line: [[first, last], ...]}}`` for every executed line of the
+        measured files: the case indices it ran in, as inclusive ranges (a line most
+        cases run is one range), ``IMPORT`` for the import before the first case."""
         self.cov.stop()
         data = self.cov.get_data()
         index = {n: i for i, n in enumerate(names)}
         root = str(self.tree) + "/"
-        out: dict[str, dict[str, list[int]]] = {}
+        out: dict[str, dict[str, list[list[int]]]] = {}
         for path in sorted(data.measured_files()):
             if not path.startswith(root):
                 continue
             lines = data.contexts_by_lineno(path)
             out[path[len(root) :]] = {
-                str(n): sorted({index.get(c, IMPORT) for c in ctx} or {IMPORT}) for n, ctx in sorted(lines.items())
+                str(n): _ranges({index.get(c, IMPORT) for c in ctx} or {IMPORT}) for n, ctx in sorted(lines.items())
             }
         return out
+
+
+def _ranges(ints: set[int]) -> list[list[int]]:
+    out: list[list[int]] = []
+    for n in sorted(ints):
+        if out and out[-1][1] == n - 1:
+            out[-1][1] = n
+        else:
+            out.append([n, n])
+    return out
+
+
+def _expand(ranges: list[list[int]]) -> set[int]:
+    return {n for a, b in ranges for n in range(a, b + 1)}
 
 
 @dataclass
@@ -137,7 +152,7 @@ class CoverageReport:
 
 
 def report(
-    head: Path, base: Path, files: list[str], measured: dict[str, dict[str, list[int]]], cases: int
+    head: Path, base: Path, files: list[str], measured: dict[str, dict[str, list[list[int]]]], cases: int
 ) -> CoverageReport:
     """Each changed hunk of ``files``, cut per function (``_per_function``), with where
     its statements ran (``measured``: a ``Probe``'s ``finish``)."""
@@ -151,7 +166,7 @@ def report(
         for line, idx in measured.get(rel, {}).items():
             key = stm.ran.get(int(line))
             if key is not None:
-                ran_in.setdefault(key, set()).update(idx)
+                ran_in.setdefault(key, set()).update(_expand(idx))
         for start, end in hunks(text, old):
             own = [n for n in range(start, end + 1) if n in stm.changed]
             if not own:

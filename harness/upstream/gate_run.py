@@ -3,7 +3,7 @@ each judged on its own trace, written as JSON. Run in its own process (one Miles
 per process: ``harness.upstream.source.activate``):
 
     python -m harness.upstream.gate_run --tree PATH --out CASES.json --log TREE.log \
-        [--scenario NAME ...] [--fault-seeds N] [--cover FILE ...]
+        [--scenario NAME ...] [--fault-seeds N] [--cover FILE ...] [--flag-case JSON ...]
 
 Cases: the differential's matrix (``harness.upstream.diff.matrix``, upstream side only)
 and the fault sweep's drawn schedules ``fault-seed-0`` .. ``fault-seed-(N-1)``
@@ -19,7 +19,8 @@ case into the record and the log file. A run that ended with an error records it
 the innermost line of the tree it was raised at (``error_at``), and whether it started
 (``started``: at least one generate call; a run that did not start is no prefix to judge).
 
-``--cover FILE`` (relative to the tree, repeatable): measure which lines of those files
+``--flag-case JSON``: a matrix case with a flag set (``harness.upstream.flag_cases.specs``,
+``set`` already resolved for this tree). ``--cover FILE`` (relative to the tree, repeatable): measure which lines of those files
 run, per case (``harness.upstream.diff_coverage.Probe``), into the document's
 ``coverage``; the gate gives HEAD's process the files the pull request changes.
 
@@ -167,13 +168,27 @@ def case_record(name: str, run: Any, tree: Path) -> dict:
     return rec
 
 
-def cases(scenarios: list[str], fault_seeds: int) -> list[tuple[str, Any]]:
+def _flag_run(spec: dict) -> tuple[Any, Any, list[dict], float]:
+    """A matrix case with a flag the pull request adds or changes set (when this tree has
+    it: ``spec["set"]``), ``harness.upstream.flag_cases``."""
+    from harness.upstream.diff import case_named
+    from harness.upstream.flag_cases import flag_set
+
+    case = case_named(spec["scenario"])
+    if not spec["set"]:
+        return _matrix_run(case)
+    with flag_set(spec["dest"], spec["value"]):
+        return _matrix_run(case)
+
+
+def cases(scenarios: list[str], fault_seeds: int, flag_cases: list[dict] | None = None) -> list[tuple[str, Any]]:
     """(name, run) for every case asked: the named matrix cases (all when none is named
-    and ``fault_seeds`` is not the only thing asked), then the fault seeds."""
+    and ``fault_seeds`` is not the only thing asked), the flag cases, then the fault seeds."""
     from harness.upstream.diff import case_named, matrix
 
     chosen = [case_named(n) for n in scenarios] if scenarios else matrix()
     out: list[tuple[str, Any]] = [(c.name, (lambda c=c: _matrix_run(c))) for c in chosen]
+    out += [(spec["name"], (lambda spec=spec: _flag_run(spec))) for spec in flag_cases or []]
     out += [(f"fault-seed-{s}", (lambda s=s: _fault_run(s))) for s in range(fault_seeds)]
     return out
 
@@ -204,6 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--scenario", action="append", default=[])
     p.add_argument("--fault-seeds", type=int, default=0)
     p.add_argument("--cover", action="append", default=[], metavar="FILE", help="a file of the tree to measure")
+    p.add_argument("--flag-case", action="append", default=[], metavar="JSON", help="a flag case (flag_cases.specs)")
     a = p.parse_args(argv)
     from harness.upstream import source
     from harness.upstream.case_log import CaseLogFile, captured
@@ -240,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return Exit.REFUSED
     records = []
-    for name, run in cases(a.scenario, a.fault_seeds):
+    for name, run in cases(a.scenario, a.fault_seeds, [json.loads(c) for c in a.flag_case]):
         if probe is not None:
             probe.case(name)
         rec = case_record(name, run, tree)

@@ -80,7 +80,14 @@ def _trees(tmp_path: Path, head: str = HEAD, base: str = BASE, rel: str = "miles
 def test_each_hunk_says_in_how_many_cases_it_ran_or_that_it_never_ran(tmp_path):
     head, base = _trees(tmp_path)
     assert changed_files(head, base) == ["miles/rollout/m.py"]
-    measured = {"miles/rollout/m.py": {"3": [IMPORT], "6": [IMPORT], "7": [0, 2], "8": [0, 2], "11": [IMPORT]}}
+    measured = {
+        "miles/rollout/m.py": {
+            "3": [[IMPORT, IMPORT]],
+            "7": [[0, 0], [2, 2]],
+            "8": [[0, 0], [2, 2]],
+            "11": [[IMPORT, IMPORT]],
+        }
+    }
     rep = report(head, base, ["miles/rollout/m.py"], measured, cases=3)
     texts = [h.text() for h in rep.hunks]
     assert texts == ["L3 ran at import only", "L7-L8 ran in 2 cases", "L11-L17 never ran"]
@@ -93,7 +100,7 @@ def test_each_hunk_says_in_how_many_cases_it_ran_or_that_it_never_ran(tmp_path):
 
 def test_a_hunk_that_partly_ran_names_the_statements_that_did_not(tmp_path):
     head, base = _trees(tmp_path, head=BASE.replace("return a + 1", "if a:\n        a = 0\n    return a + 1"))
-    rep = report(head, base, ["miles/rollout/m.py"], {"miles/rollout/m.py": {"7": [1], "9": [1]}}, cases=2)
+    rep = report(head, base, ["miles/rollout/m.py"], {"miles/rollout/m.py": {"7": [[1, 1]], "9": [[1, 1]]}}, cases=2)
     assert [h.text() for h in rep.hunks] == ["L7-L8 ran in 1 case (1 of 2 statements never ran: L8)"]
     assert not rep.unchecked
 
@@ -132,6 +139,6 @@ def test_the_probe_records_each_line_with_the_cases_it_ran_in(tmp_path):
     finally:
         measured = probe.finish(["first", "second"])
     lines = measured[rel]
-    assert lines["3"] == [IMPORT] and lines["7"] == [0] and "17" not in lines
+    assert lines["3"] == [[IMPORT, IMPORT]] and lines["7"] == [[0, 0]] and "17" not in lines
     rep = report(head, tmp_path / "base", [rel], measured, cases=2)
     assert [h.text() for h in rep.hunks] == ["L3 ran at import only", "L7-L8 ran in 1 case", "L11-L17 never ran"]

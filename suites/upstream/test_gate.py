@@ -194,3 +194,26 @@ def test_a_changed_function_no_case_runs_is_unchecked_unless_accepted_and_a_chan
     assert cli.main([*args, "--accept-unrun"]) == Exit.OK
     out = capsys.readouterr().out
     assert "  accepted with --accept-unrun" in out and "exit 0: nothing new is violated" in out
+
+
+def test_a_flag_the_pull_request_adds_gets_a_case_with_it_set_on_head_while_base_runs_it_without(
+    tree, tmp_path, capsys
+):
+    head = _copy(tree, tmp_path / "head", seeded=False)
+    args_py, source_py = head / "miles/utils/arguments.py", head / "miles/rollout/data_source.py"
+    anchor, header = '"--rollout-shuffle",', "    def get_samples(self, num_samples):\n"
+    if anchor not in args_py.read_text() or header not in source_py.read_text():
+        pytest.skip(f"this tree has no {anchor} flag or no {header.strip()!r} to hang the new flag on")
+    flag = '"--gate-test-flag", action="store_true", help="read by the data source")\n            parser.add_argument('
+    args_py.write_text(args_py.read_text().replace(anchor, f"{flag}\n                {anchor}", 1))
+    reads = "        if getattr(self.args, 'gate_test_flag', False):\n            raise RuntimeError('gate-test-flag read')\n"
+    source_py.write_text(source_py.read_text().replace(header, header + reads, 1))
+    args = ["gate", "--miles-src", str(head), "--base", str(tree), "--scenario", "sync", "--fault-seeds", "0"]
+    assert cli.main([*args, "--out", str(tmp_path / "out")]) == Exit.OK
+    out = capsys.readouterr().out
+    assert "  --gate-test-flag (new): set to true on HEAD; BASE, which lacks it, runs each case without it" in out, out
+    # HEAD's run reads the flag and stops in the data source; BASE's, without it, goes on
+    line = next(x for x in out.splitlines() if x.startswith("flag--gate-test-flag=true@sync: changed: "))
+    assert "first change get_samples[0]: base t=0.000 [[0, False]" in line and "head (none: 0 items)" in line
+    doc = json.loads((tmp_path / "out" / "gate.json").read_text())
+    assert [f["flag"] for f in doc["flags"]] == ["--gate-test-flag"]
