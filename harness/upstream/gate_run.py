@@ -38,10 +38,13 @@ import json
 import sys
 import time
 import traceback
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
+from harness.upstream.drivers import Driver
 from harness.upstream.exit_codes import Exit
+from harness.upstream.gate_record import CaseRecord, CaseRun
 
 LOG_KEPT_LINES = 200  # the end of a case's log kept in the JSON; the log file has all of it
 
@@ -94,15 +97,15 @@ def import_failure(exc: BaseException, tree: Path) -> dict | None:
     return {"file": at[0], "line": at[1], "error": f"{type(cause).__name__}: {cause}"}
 
 
-def _matrix_run(case: Any) -> tuple[Any, Any, list[dict], float]:
+def _matrix_run(case: Any) -> CaseRun:
     from harness.upstream.diff import _upstream_run
 
     sc = case.scenario()
     res = _upstream_run(case, sc)
-    return res, sc.config, [], res.wall_s
+    return CaseRun(res, sc.config, res.wall_s)
 
 
-def _fault_run(seed: int) -> tuple[Any, Any, list[dict], float]:
+def _fault_run(seed: int) -> CaseRun:
     from harness.upstream import fault_sweep
 
     case = fault_sweep.case_from_seed(seed)
@@ -113,13 +116,12 @@ def _fault_run(seed: int) -> tuple[Any, Any, list[dict], float]:
         if f.category != "invariant"
     ]
     # ``out.wall_s`` is real time; the run's virtual end is its last event
-    out.mode = fault_sweep.mode(case)  # the driver: the gate compares a drawn case's bugs per driver
-    return out, case.scenario.config, other, out.events[-1].t if out.events else 0.0
+    end = out.events[-1].t if out.events else 0.0
+    return CaseRun(out, case.scenario.config, end, other, mode=fault_sweep.mode(case))
 
 
-def case_record(name: str, run: Any, tree: Path) -> dict:
-    """Run one case (``run()`` -> (result, config, other findings, virtual end)) with upstream's log
-    captured, and return its record."""
+def case_record(name: str, run: Callable[[], CaseRun], tree: Path) -> CaseRecord:
+    """Run one case with upstream's log captured, and return its record."""
     from harness.upstream.case_log import captured
     from harness.upstream.diff import observables
     from harness.upstream.harness_errors import HarnessError
@@ -127,37 +129,40 @@ def case_record(name: str, run: Any, tree: Path) -> dict:
     from harness.upstream.seams import SeamMissing
 
     t0 = time.perf_counter()
-    rec: dict[str, Any] = {"name": name}
+    rec: CaseRecord = {"name": name}
     with captured() as out:
         try:
-            result, config, other, end_s = run()
+            ran = run()
+            result = ran.result
             check_stand_ins(result, tree)
         except SeamMissing as exc:
             from harness.upstream.seams import BY_NAME
 
             files = {BY_NAME[s].file for s in exc.seams if s in BY_NAME}
             absent = sorted(f for f in files if not (tree / f).is_file())
-            rec.update(status="not_run", seams=list(exc.seams), absent=absent, message=str(exc))
+            rec.update({"status": "not_run", "seams": list(exc.seams), "absent": absent, "message": str(exc)})
         except HarnessError as exc:
-            rec.update(status="harness_error", seams=list(exc.seams), message=str(exc))
+            rec.update({"status": "harness_error", "seams": list(exc.seams), "message": str(exc)})
         except Exception as exc:  # noqa: BLE001 - the harness' own machinery failed: never an upstream finding
-            rec.update(status="harness_error", seams=[], message=f"harness_error: the runner raised {exc!r}")
+            rec.update({"status": "harness_error", "seams": [], "message": f"harness_error: the runner raised {exc!r}"})
         else:
-            verdict = judge(result, config, complete=getattr(result, "complete", None))
-            obs = observables(result.events, result.history, end_s, result.error)
-            if getattr(result, "mode", None):
-                rec["mode"] = result.mode
+            verdict = judge(result, ran.config, complete=getattr(result, "complete", None))
+            obs = observables(result.events, result.history, ran.end_s, result.error)
+            if ran.mode:
+                rec["mode"] = ran.mode
             if result.error is not None:
                 at = raised_at(result.error, tree)
                 rec["error_at"] = f"{at[0]}:L{at[1]}" if at else None
                 rec["error_message"] = f"{type(result.error).__name__}: {result.error}"[:300]
             rec["started"] = bool(obs.get("generate"))
             rec.update(
-                status="ran",
-                error=type(result.error).__name__ if result.error is not None else None,
-                judgement=verdict.to_json(),
-                findings=other,
-                observables=_jsonable(obs),
+                {
+                    "status": "ran",
+                    "error": type(result.error).__name__ if result.error is not None else None,
+                    "judgement": verdict.to_json(),
+                    "findings": ran.findings,
+                    "observables": _jsonable(obs),
+                }
             )
     rec["seconds"] = round(time.perf_counter() - t0, 4)
     text = out.getvalue()
@@ -168,7 +173,7 @@ def case_record(name: str, run: Any, tree: Path) -> dict:
     return rec
 
 
-def _flag_run(spec: dict) -> tuple[Any, Any, list[dict], float]:
+def _flag_run(spec: dict) -> CaseRun:
     """A matrix case with a flag the pull request adds or changes set (when this tree has
     it: ``spec["set"]``), ``harness.upstream.flag_cases``."""
     from harness.upstream.diff import case_named
@@ -181,15 +186,17 @@ def _flag_run(spec: dict) -> tuple[Any, Any, list[dict], float]:
         return _matrix_run(case)
 
 
-def cases(scenarios: list[str], fault_seeds: int, flag_cases: list[dict] | None = None) -> list[tuple[str, Any]]:
+def cases(
+    scenarios: list[str], fault_seeds: int, flag_cases: list[dict] | None = None
+) -> list[tuple[str, Callable[[], CaseRun]]]:
     """(name, run) for every case asked: the named matrix cases (all when none is named
     and ``fault_seeds`` is not the only thing asked), the flag cases, then the fault seeds."""
     from harness.upstream.diff import case_named, matrix
 
     chosen = [case_named(n) for n in scenarios] if scenarios else matrix()
-    out: list[tuple[str, Any]] = [(c.name, (lambda c=c: _matrix_run(c))) for c in chosen]
-    out += [(spec["name"], (lambda spec=spec: _flag_run(spec))) for spec in flag_cases or []]
-    out += [(f"fault-seed-{s}", (lambda s=s: _fault_run(s))) for s in range(fault_seeds)]
+    out: list[tuple[str, Callable[[], CaseRun]]] = [(c.name, partial(_matrix_run, c)) for c in chosen]
+    out += [(spec["name"], partial(_flag_run, spec)) for spec in flag_cases or []]
+    out += [(f"fault-seed-{s}", partial(_fault_run, s)) for s in range(fault_seeds)]
     return out
 
 
@@ -208,7 +215,7 @@ def drivers_needed(scenarios: list[str], fault_seeds: int) -> list[str]:
 
     configs = [c.scenario().config for c in ([case_named(n) for n in scenarios] if scenarios else matrix())]
     configs += [fault_sweep.case_from_seed(s).scenario.config for s in range(fault_seeds)]
-    return sorted({"train.py" if c.driver == "train" else "train_async.py" for c in configs})
+    return sorted({Driver.of(c).file for c in configs})
 
 
 def main(argv: list[str] | None = None) -> int:
