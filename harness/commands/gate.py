@@ -3,7 +3,7 @@ pull request's Miles tree and on its base, each judged by the invariants on its 
 trace, then compared case by case.
 
     miles-harness gate [--miles-src HEAD_TREE] --base BASE [--out DIR] [--strict] [-v]
-                       [--scenario NAME ...] [--fault-seeds N] [--jobs N]
+                       [--scenario NAME ...] [--fault-seeds N] [--jobs N] [--accept-unrun]
 
 ``--miles-src``: the pull request's tree (default: ``$MILES_SRC``, else the pinned tree).
 ``--base``: a second tree (a directory), or a git ref of the checkout ``--miles-src`` is
@@ -20,7 +20,9 @@ Written to ``--out DIR`` (default: a new directory in the system's temp dir, pri
 a failing case's log, all of them with ``-v``).
 
 HEAD's process measures which of the pull request's changed lines run in its cases
-(``harness.upstream.diff_coverage``); the terminal and the summary lead with it.
+(``harness.upstream.diff_coverage``); the terminal and the summary lead with it. Each flag
+the pull request adds or gives another default gets cases with it set
+(``harness.upstream.flag_cases``).
 
 Exit 0 when nothing new is violated; 1 on a new violation (with ``--strict`` also on a
 behaviour change); 2 on a harness error (a new violation wins); 3 refused (a tree no
