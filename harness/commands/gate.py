@@ -3,7 +3,7 @@ pull request's Miles tree and on its base, each judged by the invariants on its 
 trace, then compared case by case.
 
     miles-harness gate [--miles-src HEAD_TREE] --base BASE [--out DIR] [--strict] [-v]
-                       [--scenario NAME ...] [--fault-seeds N] [--jobs N]
+                       [--scenario NAME ...] [--fault-seeds N] [--jobs N] [--accept-unrun]
 
 ``--miles-src``: the pull request's tree (default: ``$MILES_SRC``, else the pinned tree).
 ``--base``: a second tree (a directory), or a git ref of the checkout ``--miles-src`` is
@@ -19,14 +19,21 @@ Written to ``--out DIR`` (default: a new directory in the system's temp dir, pri
 ``head.log`` and ``base.log`` (upstream's log, per case; the terminal shows verdicts, and
 a failing case's log, all of them with ``-v``).
 
+HEAD's process measures which of the pull request's changed lines run in its cases
+(``harness.upstream.diff_coverage``); the terminal and the summary lead with it. Each flag
+the pull request adds or gives another default gets cases with it set
+(``harness.upstream.flag_cases``).
+
 Exit 0 when nothing new is violated; 1 on a new violation (with ``--strict`` also on a
 behaviour change); 2 on a harness error (a new violation wins); 3 refused (a tree no
-driver can run faithfully, ``miles-harness doctor``).
+driver can run faithfully, ``miles-harness doctor``); 4 where it would be 0 but changed
+lines of the async code never ran in any case (``--accept-unrun``: 0).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import resource
@@ -77,6 +84,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="N",
         help=f"drawn fault schedules fault-seed-0..N-1 (default {DEFAULT_FAULT_SEEDS}; 0 with --scenario)",
+    )
+    p.add_argument(
+        "--accept-unrun",
+        action="store_true",
+        help="pass (exit 0) although changed lines of the async code never ran in any case (default: exit 4)",
     )
     p.add_argument("--jobs", type=int, default=2, choices=(1, 2), help="run the two trees at once (2) or in turn (1)")
     p.add_argument("-v", "--verbose", action="store_true", help="print every case and its upstream log")
@@ -162,7 +174,9 @@ def resolve_trees(miles_src: str | None, base: str, stack: ExitStack) -> tuple[P
 # --------------------------------------------------------------------------- running
 
 
-def _worker(tree: Path, out: Path, log: Path, scenarios: list[str], seeds: int) -> list[str]:
+def _worker(
+    tree: Path, out: Path, log: Path, scenarios: list[str], seeds: int, cover: list[str], flag_cases: list[dict]
+) -> list[str]:
     cmd = [
         sys.executable,
         "-m",
@@ -178,6 +192,10 @@ def _worker(tree: Path, out: Path, log: Path, scenarios: list[str], seeds: int) 
     ]
     for s in scenarios:
         cmd += ["--scenario", s]
+    for f in cover:
+        cmd += ["--cover", f]
+    for spec in flag_cases:
+        cmd += ["--flag-case", json.dumps(spec)]
     return cmd
 
 
@@ -185,9 +203,21 @@ class WorkerFailed(Exception):
     """A tree's process (``gate_run``) crashed: a harness error, never a finding."""
 
 
-def run_trees(head: Path, base: Path, out: Path, scenarios: list[str], seeds: int, jobs: int) -> dict[str, dict]:
-    """Both trees' documents (``gate_run``), one process per tree. A tree that is refused
-    or does not import stops the other tree's process at once: nothing is compared then."""
+def run_trees(
+    head: Path,
+    base: Path,
+    out: Path,
+    scenarios: list[str],
+    seeds: int,
+    jobs: int,
+    cover: list[str] | None = None,
+    flag_cases: list[dict] | None = None,
+) -> dict[str, dict]:
+    """Both trees' documents (``gate_run``), one process per tree; HEAD's measures which
+    lines of ``cover`` (its changed files) run in each case; ``flag_cases``
+    (``flag_cases.specs``) run on both, each tree setting the flag where it has it. A tree
+    that is refused or does not import stops the other tree's process at once: nothing is
+    compared then."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")])}
     env.pop("MILES_SRC", None)
     errs = {side: out / f"{side}.stderr" for side in ("head", "base")}
@@ -198,7 +228,15 @@ def run_trees(head: Path, base: Path, out: Path, scenarios: list[str], seeds: in
     def start(side: str, tree: Path) -> None:
         with errs[side].open("w") as err:
             procs[side] = subprocess.Popen(
-                _worker(tree, out / f"{side}.cases.json", out / f"{side}.log", scenarios, seeds),
+                _worker(
+                    tree,
+                    out / f"{side}.cases.json",
+                    out / f"{side}.log",
+                    scenarios,
+                    seeds,
+                    list(cover or []) if side == "head" else [],
+                    [{**spec, "set": spec["set"][side]} for spec in flag_cases or []],
+                ),
                 cwd=str(PROJECT_ROOT),
                 env=env,
                 stdout=err,
@@ -300,6 +338,33 @@ def _plan(head: Path, base: Path, names: list[str], seeds: int, out: Path | None
     return None
 
 
+def _flag_cases(head: Path, base: Path, drivers: list[str]) -> tuple[list, list[dict]]:
+    """The flags HEAD's ``miles/utils/arguments.py`` adds or gives another default, and
+    their cases on the first matrix case of each driver the gate runs
+    (``harness.upstream.flag_cases``)."""
+    from harness.upstream import flag_cases
+
+    path, old = head / flag_cases.ARGUMENTS, base / flag_cases.ARGUMENTS
+    if not path.is_file() or (old.is_file() and old.read_bytes() == path.read_bytes()):
+        return [], []
+    found = flag_cases.changes(path.read_text(), old.read_text() if old.is_file() else "")
+    return found, flag_cases.specs(found, flag_cases.first_case_per_driver(drivers))
+
+
+def flag_lines(flags: list) -> list[str]:
+    """The first screen's lines for the flags the pull request adds or changes."""
+    if not flags:
+        return []
+    return ["flags the pull request adds or gives another default:"] + [f"  {f.text()}" for f in flags]
+
+
+def _flag_reproduce(head: Path, spec: dict) -> str:
+    return (
+        f"python -m harness.upstream.gate_run --tree {head} --out case.json --log case.log "
+        f"--flag-case '{json.dumps(spec)}'"
+    )
+
+
 def _drivers(names: list[str], seeds: int) -> list[str]:
     """The drivers (``seams.DRIVERS`` order) the cases asked run."""
     from harness.upstream import fault_sweep, seams
@@ -339,6 +404,8 @@ def _tree_stopped(docs: dict[str, dict], out: Path, given: bool) -> Exit | None:
 def main(args: argparse.Namespace) -> int:
     from harness.upstream import gate
     from harness.upstream.diff import case_named
+    from harness.upstream.diff_coverage import report
+    from harness.upstream.diff_lines import changed_files
 
     for name in args.scenario:
         try:
@@ -356,26 +423,45 @@ def main(args: argparse.Namespace) -> int:
         decided = _plan(head, base, list(args.scenario), seeds, given)
         if decided is not None:
             return decided
+        changed = changed_files(head, base)
+        if changed and importlib.util.find_spec("coverage") is None:
+            raise ConfigError(
+                "miles-harness gate measures which changed lines run with coverage.py, which is not installed."
+                "\nFix: pip install 'coverage>=7' (part of the harness' upstream extra: pip install -e '.[upstream]')"
+            )
+        flags, specs = _flag_cases(head, base, _drivers(list(args.scenario), seeds))
         out = given or Path(tempfile.mkdtemp(prefix="miles-gate-"))
         out.mkdir(parents=True, exist_ok=True)
         try:
-            docs = run_trees(head, base, out, list(args.scenario), seeds, args.jobs)
+            docs = run_trees(head, base, out, list(args.scenario), seeds, args.jobs, changed, specs)
         except WorkerFailed as exc:
             print(f"HARNESS ERROR (exit 2): {exc}")
             return Exit.HARNESS_ERROR
+        # read now: an exported base is removed when the stack closes
+        head_doc = docs.get("head", {})
+        cov = report(head, base, changed, head_doc.get("coverage", {}), len(head_doc.get("cases", [])))
     stopped = _tree_stopped(docs, out, given is not None)
     if stopped is not None:
         return stopped
     verdicts = gate.classify_all(docs["head"]["cases"], docs["base"]["cases"])
+    by_name = {spec["name"]: spec for spec in specs}
     for v in verdicts:
         if v.verdict in gate.FINDINGS:
-            v.reproduce = gate.reproduce(v.name, str(head))
+            spec = by_name.get(v.name)
+            v.reproduce = (
+                gate.reproduce(v.name, str(head)) if spec is None else _flag_reproduce(head, {**spec, "set": True})
+            )
     code = gate.exit_code(verdicts, strict=args.strict)
+    if code == Exit.OK and cov.unchecked and not args.accept_unrun:
+        code = Exit.UNCHECKED
+    accepted = bool(cov.unchecked) and args.accept_unrun
+    lead = cov.lines() + (["  accepted with --accept-unrun"] if accepted else []) + flag_lines(flags)
+    print("\n".join(lead))
     _print_verdicts(verdicts, verbose=args.verbose)
     wall, cpu = time.perf_counter() - t0, _cpu_s() - cpu0
     head_name = str(args.miles_src or head)
     md = gate.summary_markdown(
-        verdicts, head=head_name, base=args.base, code=code, wall_s=wall, cpu_s=cpu, strict=args.strict
+        verdicts, head=head_name, base=args.base, code=code, wall_s=wall, cpu_s=cpu, strict=args.strict, lead=lead
     )
     doc = gate.summary_json(
         verdicts,
@@ -387,6 +473,8 @@ def main(args: argparse.Namespace) -> int:
         strict=args.strict,
         trees={s: {k: docs[s].get(k) for k in ("tree", "wall_s", "cpu_s")} for s in docs},
     )
+    doc["coverage"] = {**cov.to_json(), "accepted": accepted}
+    doc["flags"] = [{"flag": f.flag.option, "text": f.text(), "value": f.value, "skip": f.skip} for f in flags]
     (out / "summary.md").write_text(md)
     (out / "gate.json").write_text(json.dumps(doc, indent=1))
     for side in ("head", "base"):

@@ -2,7 +2,8 @@
 (BASE), each judged by the invariants on its own trace, then compared.
 
 ``classify(head, base)`` is a pure function of the two case records
-(``harness.upstream.gate_run.case_record``) and returns a ``CaseVerdict``:
+(``harness.upstream.gate_record.CaseRecord``, written by ``gate_run.case_record``) and returns a
+``CaseVerdict``:
 
 * ``harness_error``: the harness could not run the case faithfully on HEAD, or it cannot
   host HEAD where it ran BASE (e.g. a member upstream now calls on a stand-in of the
@@ -42,6 +43,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from harness.upstream.exit_codes import Exit
+from harness.upstream.gate_record import CaseRecord
 
 VERDICTS = ("new_violation", "not_started", "harness_error", "changed", "fixed", "no_base", "not_run", "unchanged")
 FINDINGS = frozenset({"new_violation", "not_started"})  # about the pull request: exit 1
@@ -83,7 +85,7 @@ class CaseVerdict:
         return head + (f"; reproduce: {self.reproduce}" if self.reproduce else "")
 
 
-def broken(rec: dict) -> dict[str, str]:
+def broken(rec: CaseRecord) -> dict[str, str]:
     """What a ran case breaks: each violated invariant and each fault-sweep finding kind,
     with its first message (and the slice of the trace it is in)."""
     out: dict[str, str] = {}
@@ -115,7 +117,7 @@ def _pair(a: Any, b: Any, limit: int = 160) -> tuple[str, str]:
     return cut(ta), cut(tb)
 
 
-def first_change(head: dict, base: dict) -> str | None:
+def first_change(head: CaseRecord, base: CaseRecord) -> str | None:
     """The first item where the runs differ (the differential's order: by time over every
     aspect, ``diff._first_divergence``), said as ``aspect[item]: base ..., head ...``; when
     every item is the same but happens at another time, the first such item. ``None``
@@ -148,7 +150,7 @@ def first_change(head: dict, base: dict) -> str | None:
     return "the observed aspects differ"
 
 
-def _seams_with_lines(rec: dict) -> str:
+def _seams_with_lines(rec: CaseRecord) -> str:
     """The seams a not-run record names, each with the upstream line that reads it when the
     refusal's message gives one (``read at FILE:LNN``, as ``doctor`` reports a stand-in member)."""
     lines = dict(re.findall(r"`([\w.]+)` read at ([\w/.]+:L\d+)", rec.get("message", "")))
@@ -159,13 +161,13 @@ def _seams_with_lines(rec: dict) -> str:
     return ", ".join(out)
 
 
-def _holds(rec: dict) -> str:
+def _holds(rec: CaseRecord) -> str:
     j = rec.get("judgement") or {}
     n = len(j.get("checkers", {}))
     return f"every invariant holds ({n} checkers)" + ("" if j.get("complete", True) else ", checked as a prefix")
 
 
-def _drawn_kinds(rec: dict) -> dict[str, str]:
+def _drawn_kinds(rec: CaseRecord) -> dict[str, str]:
     """What a drawn fault schedule's run breaks, each keyed with its driver: fault-sweep
     findings by their kind (``category:detail@mode``), invariants as
     ``invariant:NAME@mode``. Empty for a matrix case (no ``mode``)."""
@@ -176,7 +178,7 @@ def _drawn_kinds(rec: dict) -> dict[str, str]:
     return out
 
 
-def base_kinds(base: list[dict]) -> dict[str, str]:
+def base_kinds(base: list[CaseRecord]) -> dict[str, str]:
     """Every kind BASE breaks under a drawn fault schedule (``_drawn_kinds``), with the
     first case that shows it."""
     out: dict[str, str] = {}
@@ -186,7 +188,7 @@ def base_kinds(base: list[dict]) -> dict[str, str]:
     return out
 
 
-def _seam_text(rec: dict) -> str:
+def _seam_text(rec: CaseRecord) -> str:
     """The seams a not-run record names, each said once: a stand-in member as the harness'
     lack, a seam whose file the tree does not have (``absent``: an older tree) as that file."""
     from harness.upstream.gate_preflight import describe
@@ -208,7 +210,7 @@ def _seam_text(rec: dict) -> str:
     return "; ".join(out)
 
 
-def _absent_only(rec: dict) -> bool:
+def _absent_only(rec: CaseRecord) -> bool:
     """Every seam a not-run record lacks is in a file the tree does not have: the driver is
     not in the tree (an older Miles), nothing the harness lacks."""
     from harness.upstream.seams import BY_NAME
@@ -217,7 +219,7 @@ def _absent_only(rec: dict) -> bool:
     return bool(absent) and all(s in BY_NAME and BY_NAME[s].file in absent for s in rec.get("seams", []))
 
 
-def _not_started(rec: dict) -> bool:
+def _not_started(rec: CaseRecord) -> bool:
     """The run ended with an error before its first generate call: nothing to judge."""
     return rec.get("error") is not None and not rec.get("started", True)
 
@@ -226,12 +228,12 @@ def _cut(text: str, limit: int = 160) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _error(rec: dict) -> str:
+def _error(rec: CaseRecord) -> str:
     at = rec.get("error_at")
     return f"{rec.get('error_message') or rec.get('error')}" + (f" at {at}" if at else "")
 
 
-def _alone(rec: dict) -> str:
+def _alone(rec: CaseRecord) -> str:
     """HEAD judged on its own trace, for a case with nothing to compare with."""
     if _not_started(rec):
         return f"HEAD's run did not start either ({_error(rec)})"
@@ -240,7 +242,7 @@ def _alone(rec: dict) -> str:
 
 
 def classify(
-    head: dict, base: dict, known: dict[str, str] | None = None, head_known: dict[str, str] | None = None
+    head: CaseRecord, base: CaseRecord, known: dict[str, str] | None = None, head_known: dict[str, str] | None = None
 ) -> CaseVerdict:
     """The verdict on one case from its HEAD and BASE records (pure). ``known`` /
     ``head_known``: what BASE / HEAD breaks under any drawn fault schedule, per driver
@@ -340,7 +342,7 @@ def reproduce(name: str, head: str) -> str:
     return f"miles-harness diff-upstream --miles-src {head} --scenario {name}"
 
 
-def classify_all(head: list[dict], base: list[dict]) -> list[CaseVerdict]:
+def classify_all(head: list[CaseRecord], base: list[CaseRecord]) -> list[CaseVerdict]:
     """Every case HEAD ran, against BASE's record of the same name (a case BASE has no
     record of, e.g. from a different case list, is a harness error)."""
     by_name = {r["name"]: r for r in base}
@@ -382,6 +384,7 @@ def headline(verdicts: list[CaseVerdict], code: int, strict: bool = False) -> st
         1: finding,
         2: "the harness could not run every case faithfully",
         3: "no case could be compared (each not run, or without a base)",
+        4: "nothing new is violated, but changed lines of the async code never ran in any case (unchecked)",
     }[code]
     return f"exit {code}: {what}"
 
@@ -415,14 +418,17 @@ def summary_markdown(
     cpu_s: float,
     strict: bool = False,
     log_lines: int = 40,
+    lead: list[str] | None = None,
 ) -> str:
-    """The pull-request comment: the verdict, the counts, then every case that is not
-    unchanged (grouped by message), with HEAD's log for a new violation."""
+    """The pull-request comment: the verdict, ``lead`` (the diff coverage), the counts,
+    then every case that is not unchanged (grouped by message), with HEAD's log for a new
+    violation."""
     c = Counter(v.verdict for v in verdicts)
-    icon = {0: "passed", 1: "FAILED", 2: "harness error", 3: "nothing compared"}[code]
-    out = [
-        f"## Miles async gate: {icon}",
-        "",
+    icon = {0: "passed", 1: "FAILED", 2: "harness error", 3: "nothing compared", 4: "UNCHECKED"}[code]
+    out = [f"## Miles async gate: {icon}", ""]
+    if lead:
+        out += ["```", *lead, "```", ""]
+    out += [
         (
             f"{headline(verdicts, code, strict)}. HEAD `{head}` against BASE `{base}`: {len(verdicts)} cases in "
             f"{wall_s:.0f} s wall, {cpu_s:.0f} s CPU. Each case runs on both trees and each run is judged by every "

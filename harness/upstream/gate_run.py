@@ -3,7 +3,7 @@ each judged on its own trace, written as JSON. Run in its own process (one Miles
 per process: ``harness.upstream.source.activate``):
 
     python -m harness.upstream.gate_run --tree PATH --out CASES.json --log TREE.log \
-        [--scenario NAME ...] [--fault-seeds N]
+        [--scenario NAME ...] [--fault-seeds N] [--cover FILE ...] [--flag-case JSON ...]
 
 Cases: the differential's matrix (``harness.upstream.diff.matrix``, upstream side only)
 and the fault sweep's drawn schedules ``fault-seed-0`` .. ``fault-seed-(N-1)``
@@ -19,6 +19,11 @@ case into the record and the log file. A run that ended with an error records it
 the innermost line of the tree it was raised at (``error_at``), and whether it started
 (``started``: at least one generate call; a run that did not start is no prefix to judge).
 
+``--flag-case JSON``: a matrix case with a flag set (``harness.upstream.flag_cases.specs``,
+``set`` already resolved for this tree). ``--cover FILE`` (relative to the tree, repeatable): measure which lines of those files
+run, per case (``harness.upstream.diff_coverage.Probe``), into the document's
+``coverage``; the gate gives HEAD's process the files the pull request changes.
+
 Before any case: a tree refused outright (no driver can run, ``SeamMissing`` at
 activation, or a package it imports is not installed here) writes ``{"refused": why}``
 and exits 3; a tree whose own code fails to import (the ``miles`` modules the runner
@@ -33,10 +38,13 @@ import json
 import sys
 import time
 import traceback
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
+from harness.upstream.drivers import Driver
 from harness.upstream.exit_codes import Exit
+from harness.upstream.gate_record import CaseRecord, CaseRun
 
 LOG_KEPT_LINES = 200  # the end of a case's log kept in the JSON; the log file has all of it
 
@@ -89,15 +97,15 @@ def import_failure(exc: BaseException, tree: Path) -> dict | None:
     return {"file": at[0], "line": at[1], "error": f"{type(cause).__name__}: {cause}"}
 
 
-def _matrix_run(case: Any) -> tuple[Any, Any, list[dict], float]:
+def _matrix_run(case: Any) -> CaseRun:
     from harness.upstream.diff import _upstream_run
 
     sc = case.scenario()
     res = _upstream_run(case, sc)
-    return res, sc.config, [], res.wall_s
+    return CaseRun(res, sc.config, res.wall_s)
 
 
-def _fault_run(seed: int) -> tuple[Any, Any, list[dict], float]:
+def _fault_run(seed: int) -> CaseRun:
     from harness.upstream import fault_sweep
 
     case = fault_sweep.case_from_seed(seed)
@@ -108,13 +116,12 @@ def _fault_run(seed: int) -> tuple[Any, Any, list[dict], float]:
         if f.category != "invariant"
     ]
     # ``out.wall_s`` is real time; the run's virtual end is its last event
-    out.mode = fault_sweep.mode(case)  # the driver: the gate compares a drawn case's bugs per driver
-    return out, case.scenario.config, other, out.events[-1].t if out.events else 0.0
+    end = out.events[-1].t if out.events else 0.0
+    return CaseRun(out, case.scenario.config, end, other, mode=fault_sweep.mode(case))
 
 
-def case_record(name: str, run: Any, tree: Path) -> dict:
-    """Run one case (``run()`` -> (result, config, other findings, virtual end)) with upstream's log
-    captured, and return its record."""
+def case_record(name: str, run: Callable[[], CaseRun], tree: Path) -> CaseRecord:
+    """Run one case with upstream's log captured, and return its record."""
     from harness.upstream.case_log import captured
     from harness.upstream.diff import observables
     from harness.upstream.harness_errors import HarnessError
@@ -122,37 +129,40 @@ def case_record(name: str, run: Any, tree: Path) -> dict:
     from harness.upstream.seams import SeamMissing
 
     t0 = time.perf_counter()
-    rec: dict[str, Any] = {"name": name}
+    rec: CaseRecord = {"name": name}
     with captured() as out:
         try:
-            result, config, other, end_s = run()
+            ran = run()
+            result = ran.result
             check_stand_ins(result, tree)
         except SeamMissing as exc:
             from harness.upstream.seams import BY_NAME
 
             files = {BY_NAME[s].file for s in exc.seams if s in BY_NAME}
             absent = sorted(f for f in files if not (tree / f).is_file())
-            rec.update(status="not_run", seams=list(exc.seams), absent=absent, message=str(exc))
+            rec.update({"status": "not_run", "seams": list(exc.seams), "absent": absent, "message": str(exc)})
         except HarnessError as exc:
-            rec.update(status="harness_error", seams=list(exc.seams), message=str(exc))
+            rec.update({"status": "harness_error", "seams": list(exc.seams), "message": str(exc)})
         except Exception as exc:  # noqa: BLE001 - the harness' own machinery failed: never an upstream finding
-            rec.update(status="harness_error", seams=[], message=f"harness_error: the runner raised {exc!r}")
+            rec.update({"status": "harness_error", "seams": [], "message": f"harness_error: the runner raised {exc!r}"})
         else:
-            verdict = judge(result, config, complete=getattr(result, "complete", None))
-            obs = observables(result.events, result.history, end_s, result.error)
-            if getattr(result, "mode", None):
-                rec["mode"] = result.mode
+            verdict = judge(result, ran.config, complete=getattr(result, "complete", None))
+            obs = observables(result.events, result.history, ran.end_s, result.error)
+            if ran.mode:
+                rec["mode"] = ran.mode
             if result.error is not None:
                 at = raised_at(result.error, tree)
                 rec["error_at"] = f"{at[0]}:L{at[1]}" if at else None
                 rec["error_message"] = f"{type(result.error).__name__}: {result.error}"[:300]
             rec["started"] = bool(obs.get("generate"))
             rec.update(
-                status="ran",
-                error=type(result.error).__name__ if result.error is not None else None,
-                judgement=verdict.to_json(),
-                findings=other,
-                observables=_jsonable(obs),
+                {
+                    "status": "ran",
+                    "error": type(result.error).__name__ if result.error is not None else None,
+                    "judgement": verdict.to_json(),
+                    "findings": ran.findings,
+                    "observables": _jsonable(obs),
+                }
             )
     rec["seconds"] = round(time.perf_counter() - t0, 4)
     text = out.getvalue()
@@ -163,14 +173,30 @@ def case_record(name: str, run: Any, tree: Path) -> dict:
     return rec
 
 
-def cases(scenarios: list[str], fault_seeds: int) -> list[tuple[str, Any]]:
+def _flag_run(spec: dict) -> CaseRun:
+    """A matrix case with a flag the pull request adds or changes set (when this tree has
+    it: ``spec["set"]``), ``harness.upstream.flag_cases``."""
+    from harness.upstream.diff import case_named
+    from harness.upstream.flag_cases import flag_set
+
+    case = case_named(spec["scenario"])
+    if not spec["set"]:
+        return _matrix_run(case)
+    with flag_set(spec["dest"], spec["value"]):
+        return _matrix_run(case)
+
+
+def cases(
+    scenarios: list[str], fault_seeds: int, flag_cases: list[dict] | None = None
+) -> list[tuple[str, Callable[[], CaseRun]]]:
     """(name, run) for every case asked: the named matrix cases (all when none is named
-    and ``fault_seeds`` is not the only thing asked), then the fault seeds."""
+    and ``fault_seeds`` is not the only thing asked), the flag cases, then the fault seeds."""
     from harness.upstream.diff import case_named, matrix
 
     chosen = [case_named(n) for n in scenarios] if scenarios else matrix()
-    out: list[tuple[str, Any]] = [(c.name, (lambda c=c: _matrix_run(c))) for c in chosen]
-    out += [(f"fault-seed-{s}", (lambda s=s: _fault_run(s))) for s in range(fault_seeds)]
+    out: list[tuple[str, Callable[[], CaseRun]]] = [(c.name, partial(_matrix_run, c)) for c in chosen]
+    out += [(spec["name"], partial(_flag_run, spec)) for spec in flag_cases or []]
+    out += [(f"fault-seed-{s}", partial(_fault_run, s)) for s in range(fault_seeds)]
     return out
 
 
@@ -189,7 +215,7 @@ def drivers_needed(scenarios: list[str], fault_seeds: int) -> list[str]:
 
     configs = [c.scenario().config for c in ([case_named(n) for n in scenarios] if scenarios else matrix())]
     configs += [fault_sweep.case_from_seed(s).scenario.config for s in range(fault_seeds)]
-    return sorted({"train.py" if c.driver == "train" else "train_async.py" for c in configs})
+    return sorted({Driver.of(c).file for c in configs})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -199,6 +225,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--log", required=True)
     p.add_argument("--scenario", action="append", default=[])
     p.add_argument("--fault-seeds", type=int, default=0)
+    p.add_argument("--cover", action="append", default=[], metavar="FILE", help="a file of the tree to measure")
+    p.add_argument("--flag-case", action="append", default=[], metavar="JSON", help="a flag case (flag_cases.specs)")
     a = p.parse_args(argv)
     from harness.upstream import source
     from harness.upstream.case_log import CaseLogFile, captured
@@ -206,6 +234,12 @@ def main(argv: list[str] | None = None) -> int:
     tree = Path(a.tree).resolve()
     log = CaseLogFile(Path(a.log))
     t0, cpu0 = time.perf_counter(), time.process_time()
+    probe = None
+    if a.cover:  # started before the tree is imported: module-level lines run then
+        from harness.upstream.diff_coverage import Probe
+
+        probe = Probe(tree, a.cover)
+        probe.start()
     broken: dict | None = None
     error: BaseException | None = None
     with captured() as import_log:
@@ -218,6 +252,8 @@ def main(argv: list[str] | None = None) -> int:
             broken = import_failure(exc, tree)
             error = exc
     log.add("(importing the tree)", import_log.getvalue())
+    if probe is not None and (broken is not None or error is not None):
+        probe.finish([])
     if broken is not None:
         Path(a.out).write_text(json.dumps({"tree": str(tree), "broken": broken}))
         return Exit.FINDING
@@ -227,7 +263,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         return Exit.REFUSED
     records = []
-    for name, run in cases(a.scenario, a.fault_seeds):
+    for name, run in cases(a.scenario, a.fault_seeds, [json.loads(c) for c in a.flag_case]):
+        if probe is not None:
+            probe.case(name)
         rec = case_record(name, run, tree)
         log.add(name, rec.pop("_full_log"), rec["status"])
         records.append(rec)
@@ -237,6 +275,8 @@ def main(argv: list[str] | None = None) -> int:
         "cpu_s": round(time.process_time() - cpu0, 3),
         "cases": records,
     }
+    if probe is not None:
+        doc["coverage"] = probe.finish([r["name"] for r in records])
     Path(a.out).write_text(json.dumps(doc))
     return 0
 

@@ -29,9 +29,10 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Callable
 
+from harness.upstream.drivers import Driver
 from harness.upstream.harness_errors import HarnessError
 
-DRIVERS = ("sync", "one-step", "fully-async")
+DRIVERS: tuple[Driver, ...] = tuple(Driver)
 ROLLING = frozenset(DRIVERS)
 INFERENCE = frozenset({"sync", "one-step"})
 FULLY = frozenset({"fully-async"})
@@ -590,11 +591,9 @@ def probe(tree: Path) -> TreeReport:
     return TreeReport(tree=t.root, probes=probes + _stand_in_probes(uses), uses=uses)
 
 
-def driver_of(config: object) -> str:
-    """The driver a scenario config runs: ``sync``, ``one-step`` or ``fully-async``."""
-    if getattr(config, "driver", None) == "train":
-        return "sync"
-    return "fully-async" if getattr(config, "fully_async", False) else "one-step"
+def driver_of(config: object) -> Driver:
+    """The driver a scenario config runs (``Driver.of``)."""
+    return Driver.of(config)
 
 
 __all__ = ["BY_NAME", "DRIVERS", "Probe", "SEAMS", "Seam", "SeamMissing", "TreeReport", "driver_of", "probe"]

@@ -18,6 +18,7 @@ import pytest
 from fixtures.upstream_mutants import UPSTREAM_MUTANTS
 from harness import cli
 from harness.upstream import seams, source
+from harness.upstream.exit_codes import Exit
 from harness.upstream.patching import PatchDoesNotApply, patched_text
 
 pytestmark = pytest.mark.process
@@ -151,3 +152,68 @@ def test_a_driver_that_dies_at_start_up_did_not_start_and_one_that_fails_to_impo
     out = capsys.readouterr().out
     assert rc == 1, out
     assert "HEAD does not import: train_async.py:L" in out and "NameError" in out
+
+
+UNCALLED = """
+
+def gate_test_helper_no_case_calls(samples):
+    total = 0
+    for group in samples:
+        total += len(group)
+    return total
+"""
+
+
+def test_a_changed_function_no_case_runs_is_unchecked_unless_accepted_and_a_changed_line_that_runs_is_counted(
+    tree, tmp_path, capsys
+):
+    head = _copy(tree, tmp_path / "head", seeded=False)
+    path = head / "miles" / "rollout" / "data_source.py"
+    text = path.read_text()
+    header = "    def get_samples(self, num_samples):\n"
+    if header not in text:
+        pytest.skip(f"miles/rollout/data_source.py of this tree has no line {header.strip()!r} to edit")
+    text = text.replace(header, header + "        num_samples = int(num_samples)\n", 1)
+    path.write_text(text + UNCALLED)
+    ran = text.splitlines().index("        num_samples = int(num_samples)") + 1
+    first = len(text.splitlines()) + 3  # the `def` line after the two blank lines
+    args = ["gate", "--miles-src", str(head), "--base", str(tree), "--scenario", "sync", "--fault-seeds", "0"]
+
+    assert cli.main([*args, "--out", str(tmp_path / "out")]) == Exit.UNCHECKED
+    out = capsys.readouterr().out
+    expected = f"  miles/rollout/data_source.py: L{ran} ran in 1 case; L{first}-L{first + 4} never ran"
+    assert expected in out.splitlines(), out
+    assert "UNCHECKED: 1 changed hunk(s) of the async code in 1 file(s) never ran in any case" in out
+    assert out.splitlines()[-2].startswith("exit 4: nothing new is violated, but changed lines of the async code")
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert summary.startswith("## Miles async gate: UNCHECKED")
+    assert summary.index("diff coverage:") < summary.index("| verdict | cases |")
+    doc = json.loads((tmp_path / "out" / "gate.json").read_text())
+    assert doc["exit"] == 4 and doc["coverage"]["unchecked"] == 1
+
+    assert cli.main([*args, "--accept-unrun"]) == Exit.OK
+    out = capsys.readouterr().out
+    assert "  accepted with --accept-unrun" in out and "exit 0: nothing new is violated" in out
+
+
+def test_a_flag_the_pull_request_adds_gets_a_case_with_it_set_on_head_while_base_runs_it_without(
+    tree, tmp_path, capsys
+):
+    head = _copy(tree, tmp_path / "head", seeded=False)
+    args_py, source_py = head / "miles/utils/arguments.py", head / "miles/rollout/data_source.py"
+    anchor, header = '"--rollout-shuffle",', "    def get_samples(self, num_samples):\n"
+    if anchor not in args_py.read_text() or header not in source_py.read_text():
+        pytest.skip(f"this tree has no {anchor} flag or no {header.strip()!r} to hang the new flag on")
+    flag = '"--gate-test-flag", action="store_true", help="read by the data source")\n            parser.add_argument('
+    args_py.write_text(args_py.read_text().replace(anchor, f"{flag}\n                {anchor}", 1))
+    reads = "        if getattr(self.args, 'gate_test_flag', False):\n            raise RuntimeError('gate-test-flag read')\n"
+    source_py.write_text(source_py.read_text().replace(header, header + reads, 1))
+    args = ["gate", "--miles-src", str(head), "--base", str(tree), "--scenario", "sync", "--fault-seeds", "0"]
+    assert cli.main([*args, "--out", str(tmp_path / "out")]) == Exit.OK
+    out = capsys.readouterr().out
+    assert "  --gate-test-flag (new): set to true on HEAD; BASE, which lacks it, runs each case without it" in out, out
+    # HEAD's run reads the flag and stops in the data source; BASE's, without it, goes on
+    line = next(x for x in out.splitlines() if x.startswith("flag--gate-test-flag=true@sync: changed: "))
+    assert "first change get_samples[0]: base t=0.000 [[0, False]" in line and "head (none: 0 items)" in line
+    doc = json.loads((tmp_path / "out" / "gate.json").read_text())
+    assert [f["flag"] for f in doc["flags"]] == ["--gate-test-flag"]
