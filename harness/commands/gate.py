@@ -91,6 +91,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="pass (exit 0) although changed lines of the async code never ran in any case (default: exit 4)",
     )
     p.add_argument("--jobs", type=int, default=2, choices=(1, 2), help="run the two trees at once (2) or in turn (1)")
+    p.add_argument(
+        "--orchestration",
+        choices=("upstream", "stand-ins"),
+        default="upstream",
+        help="each tree's rollout manager, placement groups and train actors run as upstream wrote them over "
+        "faked leaves (upstream, the default: a pull request that changes them is judged on its own code) or as "
+        "the harness' stand-ins (stand-ins)",
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="print every case and its upstream log")
 
 
@@ -175,7 +183,14 @@ def resolve_trees(miles_src: str | None, base: str, stack: ExitStack) -> tuple[P
 
 
 def _worker(
-    tree: Path, out: Path, log: Path, scenarios: list[str], seeds: int, cover: list[str], flag_cases: list[dict]
+    tree: Path,
+    out: Path,
+    log: Path,
+    scenarios: list[str],
+    seeds: int,
+    cover: list[str],
+    flag_cases: list[dict],
+    orchestration: str = "upstream",
 ) -> list[str]:
     cmd = [
         sys.executable,
@@ -189,6 +204,8 @@ def _worker(
         str(log),
         "--fault-seeds",
         str(seeds),
+        "--orchestration",
+        orchestration,
     ]
     for s in scenarios:
         cmd += ["--scenario", s]
@@ -212,8 +229,10 @@ def run_trees(
     jobs: int,
     cover: list[str] | None = None,
     flag_cases: list[dict] | None = None,
+    orchestration: str = "upstream",
 ) -> dict[str, dict]:
-    """Both trees' documents (``gate_run``), one process per tree; HEAD's measures which
+    """Both trees' documents (``gate_run``), one process per tree, hosted with
+    ``orchestration`` (``harness.upstream.runner.ORCHESTRATIONS``); HEAD's measures which
     lines of ``cover`` (its changed files) run in each case; ``flag_cases``
     (``flag_cases.specs``) run on both, each tree setting the flag where it has it. A tree
     that is refused or does not import stops the other tree's process at once: nothing is
@@ -236,6 +255,7 @@ def run_trees(
                     seeds,
                     list(cover or []) if side == "head" else [],
                     [{**spec, "set": spec["set"][side]} for spec in flag_cases or []],
+                    orchestration,
                 ),
                 cwd=str(PROJECT_ROOT),
                 env=env,
@@ -312,7 +332,9 @@ def _leave_summary(out: Path | None, text: str) -> None:
         (out / "summary.md").write_text(text)
 
 
-def _plan(head: Path, base: Path, names: list[str], seeds: int, out: Path | None) -> Exit | None:
+def _plan(
+    head: Path, base: Path, names: list[str], seeds: int, out: Path | None, orchestration: str = "upstream"
+) -> Exit | None:
     """What is decided before any case runs, from the trees' files: identical trees (exit
     0), a pull request that does not compile (1), a tree that can run none of the cases'
     drivers (3). ``None``: run the cases."""
@@ -333,8 +355,8 @@ def _plan(head: Path, base: Path, names: list[str], seeds: int, out: Path | None
     drivers = _drivers(names, seeds)
     for flag, tree in (("--miles-src", head), ("--base", base)):
         report = seams.probe(tree)
-        if not [d for d in drivers if not report.missing_for(d)]:
-            return _refused(pre.refusal(report, drivers, flag), out)
+        if not [d for d in drivers if not report.missing_for(d, orchestration)]:
+            return _refused(pre.refusal(report, drivers, flag, orchestration), out)
     return None
 
 
@@ -420,7 +442,8 @@ def main(args: argparse.Namespace) -> int:
     with ExitStack() as stack:
         head, how, base, base_name = resolve_trees(args.miles_src, args.base, stack)
         print(f"HEAD: {how}\nBASE: {base_name}")
-        decided = _plan(head, base, list(args.scenario), seeds, given)
+        orchestration = getattr(args, "orchestration", "upstream")
+        decided = _plan(head, base, list(args.scenario), seeds, given, orchestration)
         if decided is not None:
             return decided
         changed = changed_files(head, base)
@@ -433,7 +456,7 @@ def main(args: argparse.Namespace) -> int:
         out = given or Path(tempfile.mkdtemp(prefix="miles-gate-"))
         out.mkdir(parents=True, exist_ok=True)
         try:
-            docs = run_trees(head, base, out, list(args.scenario), seeds, args.jobs, changed, specs)
+            docs = run_trees(head, base, out, list(args.scenario), seeds, args.jobs, changed, specs, orchestration)
         except WorkerFailed as exc:
             print(f"HARNESS ERROR (exit 2): {exc}")
             return Exit.HARNESS_ERROR

@@ -253,8 +253,10 @@ def runner_run_with_faults(
     vtime_limit_s: float = VTIME_LIMIT_S,
     real_time_limit_s: float = REAL_TIME_LIMIT_S,
     set_order: str = "index",
+    orchestration: str = "stand-ins",
 ) -> RunnerOutcome:
-    """``case`` on upstream's code with its faults injected (the tree must be activated)."""
+    """``case`` on upstream's code with its faults injected (the tree must be activated);
+    ``orchestration``: ``harness.upstream.runner.ORCHESTRATIONS``."""
     faults = case.faults
     faults.check_applies(case.scenario.config)
     sc = dataclasses.replace(
@@ -282,6 +284,7 @@ def runner_run_with_faults(
         hooks=hooks,
         engine_factory=fault_engine_class(SimEngine, faults),
         set_order=set_order,
+        orchestration=orchestration,
         dynamic_filter_path="harness.upstream.fault_sweep.fault_filter" if faults.dynamic_filter_reject_rate else None,
     )
     return RunnerOutcome(

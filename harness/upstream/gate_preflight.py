@@ -81,12 +81,12 @@ def describe(seam: Seam, tree: Path | None = None) -> str:
     return f"{seam.file}: no {seam.looks_for}"
 
 
-def refusal(report: TreeReport, drivers: list[str], flag: str) -> list[str]:
+def refusal(report: TreeReport, drivers: list[str], flag: str, orchestration: str = "upstream") -> list[str]:
     """Why ``report``'s tree can run none of ``drivers``: a first line, then each missing
     seam once with the drivers it stops, then the fix."""
     stops: dict[str, tuple[Seam, list[str]]] = {}
     for d in drivers:
-        for s in report.missing_for(d):
+        for s in report.missing_for(d, orchestration):
             stops.setdefault(s.name, (s, []))[1].append(d)
     lines = [f"{flag} {report.tree}: the harness can run none of the drivers the cases need ({', '.join(drivers)}):"]
     said: dict[str, list[str]] = {}

@@ -97,19 +97,19 @@ def import_failure(exc: BaseException, tree: Path) -> dict | None:
     return {"file": at[0], "line": at[1], "error": f"{type(cause).__name__}: {cause}"}
 
 
-def _matrix_run(case: Any) -> CaseRun:
+def _matrix_run(case: Any, orchestration: str = "upstream") -> CaseRun:
     from harness.upstream.diff import _upstream_run
 
     sc = case.scenario()
-    res = _upstream_run(case, sc)
+    res = _upstream_run(case, sc, orchestration=orchestration)
     return CaseRun(res, sc.config, res.wall_s)
 
 
-def _fault_run(seed: int) -> CaseRun:
+def _fault_run(seed: int, orchestration: str = "upstream") -> CaseRun:
     from harness.upstream import fault_sweep
 
     case = fault_sweep.case_from_seed(seed)
-    out = fault_sweep.runner_run_with_faults(case, seed=seed)
+    out = fault_sweep.runner_run_with_faults(case, seed=seed, orchestration=orchestration)
     other = [
         {"kind": f"{f.category}:{f.detail}", "sweep_kind": f.kind, "message": f.message[:500]}
         for f in fault_sweep.findings(out)
@@ -173,7 +173,7 @@ def case_record(name: str, run: Callable[[], CaseRun], tree: Path) -> CaseRecord
     return rec
 
 
-def _flag_run(spec: dict) -> CaseRun:
+def _flag_run(spec: dict, orchestration: str = "upstream") -> CaseRun:
     """A matrix case with a flag the pull request adds or changes set (when this tree has
     it: ``spec["set"]``), ``harness.upstream.flag_cases``."""
     from harness.upstream.diff import case_named
@@ -181,22 +181,22 @@ def _flag_run(spec: dict) -> CaseRun:
 
     case = case_named(spec["scenario"])
     if not spec["set"]:
-        return _matrix_run(case)
+        return _matrix_run(case, orchestration)
     with flag_set(spec["dest"], spec["value"]):
-        return _matrix_run(case)
+        return _matrix_run(case, orchestration)
 
 
 def cases(
-    scenarios: list[str], fault_seeds: int, flag_cases: list[dict] | None = None
+    scenarios: list[str], fault_seeds: int, flag_cases: list[dict] | None = None, orchestration: str = "upstream"
 ) -> list[tuple[str, Callable[[], CaseRun]]]:
     """(name, run) for every case asked: the named matrix cases (all when none is named
     and ``fault_seeds`` is not the only thing asked), the flag cases, then the fault seeds."""
     from harness.upstream.diff import case_named, matrix
 
     chosen = [case_named(n) for n in scenarios] if scenarios else matrix()
-    out: list[tuple[str, Callable[[], CaseRun]]] = [(c.name, partial(_matrix_run, c)) for c in chosen]
-    out += [(spec["name"], partial(_flag_run, spec)) for spec in flag_cases or []]
-    out += [(f"fault-seed-{s}", partial(_fault_run, s)) for s in range(fault_seeds)]
+    out: list[tuple[str, Callable[[], CaseRun]]] = [(c.name, partial(_matrix_run, c, orchestration)) for c in chosen]
+    out += [(spec["name"], partial(_flag_run, spec, orchestration)) for spec in flag_cases or []]
+    out += [(f"fault-seed-{s}", partial(_fault_run, s, orchestration)) for s in range(fault_seeds)]
     return out
 
 
@@ -227,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fault-seeds", type=int, default=0)
     p.add_argument("--cover", action="append", default=[], metavar="FILE", help="a file of the tree to measure")
     p.add_argument("--flag-case", action="append", default=[], metavar="JSON", help="a flag case (flag_cases.specs)")
+    p.add_argument("--orchestration", choices=("upstream", "stand-ins"), default="upstream")
     a = p.parse_args(argv)
     from harness.upstream import source
     from harness.upstream.case_log import CaseLogFile, captured
@@ -263,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return Exit.REFUSED
     records = []
-    for name, run in cases(a.scenario, a.fault_seeds, [json.loads(c) for c in a.flag_case]):
+    for name, run in cases(a.scenario, a.fault_seeds, [json.loads(c) for c in a.flag_case], a.orchestration):
         if probe is not None:
             probe.case(name)
         rec = case_record(name, run, tree)

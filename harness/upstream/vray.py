@@ -673,6 +673,39 @@ def _blocked(what: str, refs: list[ObjectRef]) -> VRayBlockingGet:
     )
 
 
+def _noop() -> None:
+    return None
+
+
+def _block_until_done(what: str, refs: list[ObjectRef]) -> None:
+    """A blocking ``ray.get`` from code running in a task of the loop (a driver's or an
+    actor's synchronous call): as Ray's caller thread blocks while the work goes on
+    elsewhere, the loop is stepped here, the calling task set aside, until every ref is
+    done. Nothing can step the calling task meanwhile (it is running, not awaiting). A ref
+    that cannot finish (it waits on the caller, or on nothing) is ``VRayBlockingGet``."""
+    loop = _running_loop()
+    if loop is None:
+        raise _blocked(what, refs)
+    me = asyncio.current_task(loop)
+    ready = loop._ready  # type: ignore[attr-defined]
+    # the iteration that runs this call pops a count of handles fixed when it began: what the
+    # nested steps run of them is made up with no-ops, so it never pops an empty queue
+    expected = len(ready)
+    if me is not None:
+        asyncio.tasks._leave_task(loop, me)
+    try:
+        while not all(r._done for r in refs):
+            try:
+                loop._run_once()  # type: ignore[attr-defined]
+            except RuntimeError as exc:  # the virtual clock found nothing left to run
+                raise _blocked(what, [r for r in refs if not r._done]) from exc
+    finally:
+        if me is not None:
+            asyncio.tasks._enter_task(loop, me)
+        for _ in range(expected - len(ready)):
+            loop.call_soon(_noop)
+
+
 def get(object_refs: ObjectRef | list[ObjectRef], *, timeout: float | None = None) -> Any:
     refs = [object_refs] if isinstance(object_refs, ObjectRef) else object_refs
     if not isinstance(refs, list) or not all(isinstance(r, ObjectRef) for r in refs):
@@ -680,7 +713,7 @@ def get(object_refs: ObjectRef | list[ObjectRef], *, timeout: float | None = Non
     if pending := [r for r in refs if not r._done]:
         if timeout is not None:
             raise GetTimeoutError(f"ray.get timed out after {timeout} s waiting for {pending[0]!r}")
-        raise _blocked("ray.get", pending)
+        _block_until_done("ray.get", pending)
     values = [r._result() for r in refs]
     return values[0] if isinstance(object_refs, ObjectRef) else values
 

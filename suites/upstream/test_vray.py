@@ -407,12 +407,27 @@ def test_refs_are_awaitable_in_gather_and_wait_for_and_give_futures() -> None:
     assert run_virtual(main()) == (1.0, [2.0, "x"], (4.0, 4.0))
 
 
-def test_a_blocking_get_on_a_pending_ref_inside_the_loop_raises_naming_the_caller() -> None:
-    async def main() -> None:
-        ref = vray.remote(Sleeper).remote().nap.remote("a", 1)
-        vray.get(ref)
+def test_a_blocking_get_inside_the_loop_waits_while_the_work_runs_in_virtual_time() -> None:
+    async def main() -> tuple[float, float]:
+        ref = vray.remote(Sleeper).remote().nap.remote("a", 3)
+        value = vray.get(ref)  # as Ray's caller thread blocks, the call goes on meanwhile
+        return value, asyncio.get_running_loop().time()
 
-    with pytest.raises(VRayBlockingGet, match=r"ray\.get at .*test_vray\.py:\d+ waits for ObjectRef\(Sleeper\.nap"):
+    assert run_virtual(main()) == (3.0, 3.0)
+
+
+def test_a_blocking_get_on_work_that_waits_for_the_caller_raises_naming_the_caller() -> None:
+    class Waiter:
+        async def wait(self, gate: asyncio.Future) -> None:
+            await gate
+
+    async def main() -> None:
+        gate = asyncio.get_running_loop().create_future()
+        ref = vray.remote(Waiter).remote().wait.remote(gate)
+        vray.get(ref)  # the gate opens only after the get: it can never finish
+        gate.set_result(None)
+
+    with pytest.raises(VRayBlockingGet, match=r"ray\.get at .*test_vray\.py:\d+ waits for ObjectRef\(Waiter\.wait"):
         run_virtual(main())
 
 
