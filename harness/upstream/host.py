@@ -209,10 +209,13 @@ def load_driver(file: str, module_name: str) -> types.ModuleType:
         raise ImportError(f"{path}: not importable as a module")
     mod = importlib.util.module_from_spec(spec)
     text = DRIVER_SOURCES.get(file)
-    if text is None:
-        spec.loader.exec_module(mod)
-    else:
-        exec(compile(text, str(path), "exec", dont_inherit=True), mod.__dict__)
+    from harness.upstream import vray
+
+    with vray.installed():  # what the driver imports binds the in-process Ray, wherever it is loaded
+        if text is None:
+            spec.loader.exec_module(mod)
+        else:
+            exec(compile(text, str(path), "exec", dont_inherit=True), mod.__dict__)
     return mod
 
 
