@@ -244,10 +244,10 @@ async def tcp_ready(host_: str, port: int, timeout: float | None = None) -> None
     return None
 
 
-def refactor_rebinds(run: Any) -> list[Rebind]:
-    """The leaves put in upstream's modules for one run on the controller-executor shape."""
-    from harness.upstream.orchestration import _observed_load_rollout_function
-
+def refactor_rebinds(run: Any, observed_load: Any) -> list[Rebind]:
+    """The leaves put in upstream's modules for one run on the controller-executor shape;
+    ``observed_load(load, run)``: ``load_rollout_function`` with the data source and the
+    rollout function it makes observed (``orchestration._observed_load_rollout_function``)."""
     ex, wm, ou = host.module(EXECUTOR_MOD), host.module(WORKER_MANAGER_MOD), host.module(ORCHESTRATION_UTILS_MOD)
     store, misc = host.module(OBJECT_STORE_MOD), host.module("miles.utils.misc")
     shared = leaves.SharedObjectStore(store())
@@ -269,7 +269,7 @@ def refactor_rebinds(run: Any) -> list[Rebind]:
         Rebind("worker_manager", misc, "is_port_available", lambda _: port_available),
         Rebind("rollout_executor", ex, "asyncio", lambda _: leaves.OnLoopAsyncio()),
         Rebind("rollout_executor", ex, "call_rollout_function", lambda _: run.call_rollout_function),
-        Rebind("rollout_executor", ex, "load_rollout_function", lambda f: _observed_load_rollout_function(f, run)),
+        Rebind("rollout_executor", ex, "load_rollout_function", lambda f: observed_load(f, run)),
         Rebind("rollout_executor", ex, "configure_logger", lambda _: leaves.noop),
         Rebind("rollout_executor", ex, "init_tracking", lambda _: leaves.noop),
         Rebind("worker_manager", wm, "configure_logger", lambda _: leaves.noop),

@@ -87,7 +87,7 @@ def orchestration_rebinds(run: Any) -> list[Rebind]:
     if source.report().shape == CONTROLLER_EXECUTOR:
         from harness.upstream.leaves_refactor import refactor_rebinds
 
-        return refactor_rebinds(run)
+        return refactor_rebinds(run, _observed_load_rollout_function)
     rm, group, store = host.module(RM_MOD), host.module(SERVER_GROUP_MOD), host.module(OBJECT_STORE_MOD)
     shared = leaves.SharedObjectStore(store())
     return [

@@ -680,14 +680,6 @@ def _describe_shape(shape: str | None) -> str:
     return f"{shape} (the drivers call `{SHAPE_CALLS[shape]}`; {how})"
 
 
-def _unhosted_leaves(shape: str) -> tuple[tuple[str, str, str], ...]:
-    if shape != CONTROLLER_EXECUTOR:
-        return ()
-    from harness.upstream.leaves_refactor import UNHOSTED
-
-    return UNHOSTED
-
-
 def _unhosted(shape: str, orchestration: str) -> Seam:
     """The seam a shape lacks under an orchestration that does not host it."""
     hosted = [o for o, shapes in HOSTED.items() if shape in shapes]
@@ -700,9 +692,7 @@ def _unhosted(shape: str, orchestration: str) -> Seam:
         + (
             f"host (run it with --orchestration {' or '.join(hosted)})"
             if hosted
-            else "host, nor does any other orchestration yet (leaves not faked: "
-            + ", ".join(name for name, _, _ in _unhosted_leaves(shape))
-            + "; doctor lists them)"
+            else "host, nor does any other orchestration yet (doctor lists the leaves not faked yet)"
         )
         + "; refused",
         ROLLING,

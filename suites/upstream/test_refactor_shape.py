@@ -95,7 +95,9 @@ def test_doctor_refuses_the_refactored_tree_naming_its_shape_and_each_leaf_not_f
     out = capsys.readouterr().out
     assert "orchestration shape: controller-executor" in out
     assert "not faked yet on the controller-executor shape" in out
-    for name, _needs, _stops in leaves_refactor.UNHOSTED:
-        assert "leaves not faked: " in out and name in out.split("leaves not faked: ", 1)[1]
+    unhosted = out.split("not faked yet on the controller-executor shape", 1)[1]
+    for name, needs, stops in leaves_refactor.UNHOSTED:
+        assert f"  {name:<20} needs: {needs}" in unhosted and f"without it: {stops}" in unhosted
+    assert "doctor lists the leaves not faked yet" in out
     report = seams.probe(TIP)
     assert [s.name for s in report.missing_for("sync")] == ["shape controller-executor"]
