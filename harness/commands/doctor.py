@@ -46,19 +46,33 @@ def main(args: argparse.Namespace) -> int:
     report = seams.probe(path)
     print(f"({how})")
     print(report.format())
-    print(_leaves())
+    print(_leaves(report.shape))
     if report.verdict == "refused":
         print(f"\nrefused: {report.refusal()}")
         return Exit.REFUSED
     return Exit.OK
 
 
-def _leaves() -> str:
-    """What ``--orchestration upstream`` still fakes: each a leaf, with its boundary."""
-    from harness.upstream.leaves import LEAVES
+def _leaves(shape: str | None = None) -> str:
+    """What ``--orchestration upstream`` still fakes on ``shape``: each a leaf, with its
+    boundary; on the controller-executor shape also the leaves not faked yet, with where a
+    run stops without them (``harness.upstream.leaves_refactor.UNHOSTED``)."""
+    from harness.upstream import leaves, leaves_refactor
+    from harness.upstream.seams import CONTROLLER_EXECUTOR
 
-    lines = ["", "faked with --orchestration upstream (the leaves; everything between them runs as upstream wrote it):"]
-    for leaf in LEAVES:
+    refactor = shape == CONTROLLER_EXECUTOR
+    table = leaves_refactor.LEAVES if refactor else leaves.LEAVES
+    lines = [
+        "",
+        f"faked with --orchestration upstream on the {shape or 'rollout-manager'} shape (the leaves; everything "
+        "between them runs as upstream wrote it):",
+    ]
+    for leaf in table:
         lines.append(f"  {leaf.name:<20} {leaf.boundary}")
         lines.append(f"  {'':<20} why: {leaf.why}")
+    if refactor and leaves_refactor.UNHOSTED:
+        lines += ["", "not faked yet on the controller-executor shape (the shape is refused until they are):"]
+        for name, needs, stops in leaves_refactor.UNHOSTED:
+            lines.append(f"  {name:<20} needs: {needs}")
+            lines.append(f"  {'':<20} without it: {stops}")
     return "\n".join(lines)

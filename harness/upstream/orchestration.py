@@ -79,7 +79,15 @@ def _observed_load_rollout_function(load: Any, run: Any) -> Any:
 
 
 def orchestration_rebinds(run: Any) -> list[Rebind]:
-    """The leaves put in upstream's modules for one run (``host.installed``)."""
+    """The leaves put in upstream's modules for one run (``host.installed``), for the
+    active tree's shape (``harness.upstream.seams``)."""
+    from harness.upstream import source
+    from harness.upstream.seams import CONTROLLER_EXECUTOR
+
+    if source.report().shape == CONTROLLER_EXECUTOR:
+        from harness.upstream.leaves_refactor import refactor_rebinds
+
+        return refactor_rebinds(run, _observed_load_rollout_function)
     rm, group, store = host.module(RM_MOD), host.module(SERVER_GROUP_MOD), host.module(OBJECT_STORE_MOD)
     shared = leaves.SharedObjectStore(store())
     return [

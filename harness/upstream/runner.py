@@ -79,7 +79,7 @@ from harness.upstream.host import Rebind, LifecycleSink
 from harness.upstream import orchestration
 from harness.upstream.orchestration import driver_services_off, orchestration_rebinds
 from harness.upstream.ray_names import rebind_ray_names
-from harness.upstream.seams import driver_of
+from harness.upstream.seams import CONTROLLER_EXECUTOR, driver_of
 from harness.upstream.stand_ins import StandInCalled
 
 WORKER_URL = "http://sim-engine"
@@ -196,6 +196,12 @@ def upstream_args(
         eval_interval=None,
         skip_eval_before_train=True,
     )
+    if source.report().shape == CONTROLLER_EXECUTOR:
+        # this shape resolves its routers itself, from the router pool the worker manager
+        # starts (router_manager.py:L27-L32 refuses an address given without that pool)
+        # the engine pool's meta reads SGLang's --sglang-api-key (specs/inference.py:L358), a
+        # flag of SGLang's ServerArgs (leaf sglang_server_args): SGLang's default, none
+        wiring.update(sglang_router_ip=None, sglang_router_port=None, sglang_api_key=None)
     for key, value in {**flags, **wiring}.items():
         setattr(args, key, value)
     return args

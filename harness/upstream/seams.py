@@ -49,6 +49,26 @@ FILTERS = "miles/rollout/filter_hub/base_types.py"
 RM_MOD = "miles/ray/rollout/rollout_manager.py"
 SERVER_GROUP_MOD = "miles/ray/rollout/server_group.py"
 OBJECT_STORE_MOD = "miles/utils/object_store.py"
+EXECUTOR_MOD = "miles/ray/rollout/rollout_executor.py"
+CONTROLLER_MOD = "miles/ray/rollout/inference_controller.py"
+PLACEMENT_MOD = "miles/ray/placement_group.py"
+WORKER_MANAGER_MOD = "miles/utils/workers/ray_worker_manager.py"
+COMMAND_ACTOR_MOD = "miles/utils/workers/command_actor.py"
+HTTP_UTILS = "miles/utils/http_utils.py"
+
+# The two shapes of upstream's orchestration layer, told apart by what the drivers call:
+# ``create_rollout_manager`` (one ``RolloutManager`` actor runs the data source, the rollout
+# function and the engines' control) or ``create_rollout_components`` (an
+# ``InferenceController`` for the engines and a ``RolloutExecutor`` for the rollout, started
+# by a worker manager from worker specs, ``miles/ray/placement_group.py``).
+ROLLOUT_MANAGER = "rollout-manager"
+CONTROLLER_EXECUTOR = "controller-executor"
+SHAPES = (ROLLOUT_MANAGER, CONTROLLER_EXECUTOR)
+SHAPE_CALLS = {ROLLOUT_MANAGER: "create_rollout_manager", CONTROLLER_EXECUTOR: "create_rollout_components"}
+# the shapes the harness hosts, per orchestration: the stand-ins replace the rollout
+# manager's Ray names (harness.upstream.ray_names); --orchestration upstream hosts the
+# rollout-manager shape over harness.upstream.leaves
+HOSTED: dict[str, tuple[str, ...]] = {"stand-ins": (ROLLOUT_MANAGER,), "upstream": (ROLLOUT_MANAGER,)}
 
 
 class SeamMissing(HarnessError):
@@ -71,6 +91,7 @@ class _Module:
     methods: dict[str, set[str]] = field(default_factory=dict)
     fields: dict[str, set[str]] = field(default_factory=dict)
     attrs: dict[str, set[str]] = field(default_factory=dict)  # "func" or "Class.method" -> attribute names
+    async_defs: set[str] = field(default_factory=set)  # module-level `async def` functions
 
 
 def _attrs_of(fn: ast.AST) -> set[str]:
@@ -90,6 +111,8 @@ def _parse(path: Path) -> _Module:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             m.names.add(node.name)
             m.attrs[node.name] = _attrs_of(node)
+            if isinstance(node, ast.AsyncFunctionDef):
+                m.async_defs.add(node.name)
         elif isinstance(node, ast.ClassDef):
             m.names.add(node.name)
             m.methods[node.name] = set()
@@ -157,10 +180,40 @@ class Seam:
     probe: Callable[[_Tree], bool]
     optional: bool = False
     fallback: str | None = None  # a seam that replaces this one when found
+    shapes: frozenset = frozenset(SHAPES)  # the orchestration shapes it belongs to
+    explain: Callable[[_Tree], str] | None = None  # what the probe found and did not find
 
 
 def _all(*checks: Callable[[_Tree], bool]) -> Callable[[_Tree], bool]:
     return lambda t: all(c(t) for c in checks)
+
+
+def driver_shape(t: _Tree, driver_file: str) -> str | None:
+    """The orchestration shape ``driver_file`` runs: the one whose entry point it binds."""
+    return next((shape for shape, call in SHAPE_CALLS.items() if t.name(driver_file, call)), None)
+
+
+def _driver_found(driver_file: str) -> Callable[[_Tree], bool]:
+    """A module-level ``train`` (``def`` or ``async def``) over either shape's entry point."""
+    return lambda t: t.name(driver_file, "train") and driver_shape(t, driver_file) is not None
+
+
+def _driver_explain(driver_file: str) -> Callable[[_Tree], str]:
+    def explain(t: _Tree) -> str:
+        m = t.mod(driver_file)
+        if not m.exists:
+            return f"{driver_file}: no such file (or it does not parse)"
+        train = (
+            ("`async def train` found" if "train" in m.async_defs else "`train` found")
+            if "train" in m.names
+            else "no module-level `train`"
+        )
+        calls = "; ".join(
+            f"`{c}` ({shape}) {'found' if t.name(driver_file, c) else 'not found'}" for shape, c in SHAPE_CALLS.items()
+        )
+        return f"{train}; {calls}"
+
+    return explain
 
 
 SEAMS: tuple[Seam, ...] = (
@@ -367,6 +420,7 @@ SEAMS: tuple[Seam, ...] = (
             lambda t: t.name(RM_MOD, "load_rollout_function"),
             lambda t: t.name(RM_MOD, "asyncio"),
         ),
+        shapes=frozenset({ROLLOUT_MANAGER}),
     ),
     Seam(
         "engine_actor",
@@ -376,6 +430,73 @@ SEAMS: tuple[Seam, ...] = (
         "the engine fleet would start real SGLang servers: refused",
         ROLLING,
         lambda t: t.name(SERVER_GROUP_MOD, "SGLangEngine", depth=0),
+        shapes=frozenset({ROLLOUT_MANAGER}),
+    ),
+    Seam(
+        "rollout_executor",
+        EXECUTOR_MOD,
+        "class `RolloutExecutor` (`init`, `get`, `save`, `load`, `set_weight_version`) running the rollout function "
+        "through `asyncio.to_thread(call_rollout_function, ...)`, built with `load_rollout_function`",
+        "runs as upstream wrote it; `to_thread` awaits the rollout coroutine on the virtual-time loop (leaf "
+        "rollout_thread), `load_rollout_function` and `call_rollout_function` observed",
+        "the rollout executor's get cannot be hosted in one process: refused",
+        ROLLING,
+        _all(
+            lambda t: t.method(EXECUTOR_MOD, "RolloutExecutor", "get"),
+            lambda t: t.method(EXECUTOR_MOD, "RolloutExecutor", "set_weight_version"),
+            lambda t: t.name(EXECUTOR_MOD, "call_rollout_function"),
+            lambda t: t.name(EXECUTOR_MOD, "load_rollout_function"),
+            lambda t: t.name(EXECUTOR_MOD, "asyncio"),
+        ),
+        shapes=frozenset({CONTROLLER_EXECUTOR}),
+    ),
+    Seam(
+        "inference_controller",
+        CONTROLLER_MOD,
+        "class `InferenceController` (`start_update_weights`, `end_update_weights`, `prepare_rollout`)",
+        "runs as upstream wrote it: it hands the trainer the engines' API clients for each weight update",
+        "no weight-update window to host: refused",
+        ROLLING,
+        _all(
+            lambda t: t.method(CONTROLLER_MOD, "InferenceController", "start_update_weights"),
+            lambda t: t.method(CONTROLLER_MOD, "InferenceController", "end_update_weights"),
+            lambda t: t.method(CONTROLLER_MOD, "InferenceController", "prepare_rollout"),
+        ),
+        shapes=frozenset({CONTROLLER_EXECUTOR}),
+    ),
+    Seam(
+        "worker_manager",
+        WORKER_MANAGER_MOD,
+        "class `RayWorkerManager` (`launch`, `init`, `get_worker_infos`), the Ray worker transport the "
+        "worker specs are started on",
+        "the worker transport: it starts every worker of the specs as a Ray actor (vray)",
+        "the workers cannot be started in one process: refused",
+        ROLLING,
+        _all(
+            lambda t: t.method(WORKER_MANAGER_MOD, "RayWorkerManager", "launch"),
+            lambda t: t.method(WORKER_MANAGER_MOD, "RayWorkerManager", "get_worker_infos"),
+        ),
+        shapes=frozenset({CONTROLLER_EXECUTOR}),
+    ),
+    Seam(
+        "engine_process",
+        COMMAND_ACTOR_MOD,
+        "class `CommandActor` (`run`, `shutdown`): the actor that runs an engine's or router's launch command",
+        "the SGLang server and router processes: a leaf that starts nothing (the run's SimEngine serves them)",
+        "the engine fleet would start real SGLang servers: refused",
+        ROLLING,
+        lambda t: t.method(COMMAND_ACTOR_MOD, "CommandActor", "run"),
+        shapes=frozenset({CONTROLLER_EXECUTOR}),
+    ),
+    Seam(
+        "engine_http",
+        HTTP_UTILS,
+        "class `GeneralHttpClientProvider` (`client`): the HTTP client every engine API call goes through",
+        "the engines' HTTP API (pause, continue, weight loads, health) served by the run's SimEngine",
+        "the engines' control calls would go to the network: refused",
+        ROLLING,
+        lambda t: t.method(HTTP_UTILS, "GeneralHttpClientProvider", "client"),
+        shapes=frozenset({CONTROLLER_EXECUTOR}),
     ),
     Seam(
         "object_store",
@@ -392,20 +513,24 @@ SEAMS: tuple[Seam, ...] = (
     Seam(
         "train_async.py",
         "train_async.py",
-        "module-level `train` and the Ray names it calls",
+        "module-level `train` (`def` or `async def`) calling `create_rollout_manager` (rollout-manager shape) or "
+        "`create_rollout_components` (controller-executor shape)",
         "executed as a module over upstream's own orchestration (`harness.upstream.leaves`: fakes only at the leaves)",
         "no one-step or fully-async driver: refused",
         frozenset({"one-step", "fully-async"}),
-        lambda t: t.name("train_async.py", "train") and t.name("train_async.py", "create_rollout_manager"),
+        _driver_found("train_async.py"),
+        explain=_driver_explain("train_async.py"),
     ),
     Seam(
         "train.py",
         "train.py",
-        "module-level `train` and the Ray names it calls",
+        "module-level `train` (`def` or `async def`) calling `create_rollout_manager` (rollout-manager shape) or "
+        "`create_rollout_components` (controller-executor shape)",
         "executed as a module over upstream's own orchestration (`harness.upstream.leaves`: fakes only at the leaves)",
         "no sync driver: refused",
         frozenset({"sync"}),
-        lambda t: t.name("train.py", "train") and t.name("train.py", "create_rollout_manager"),
+        _driver_found("train.py"),
+        explain=_driver_explain("train.py"),
     ),
 )
 
@@ -420,6 +545,7 @@ class Probe:
     seam: Seam
     found: bool
     needed: bool  # missing and nothing replaces it: the drivers it serves are refused
+    detail: str = ""  # what the probe found and did not find (the seam's ``explain``)
 
 
 @dataclass
@@ -427,21 +553,36 @@ class TreeReport:
     tree: Path
     probes: list[Probe]
     uses: list = field(default_factory=list)  # stand_in_uses.Use: members the drivers read on stand-ins
+    shape: str | None = None  # ROLLOUT_MANAGER or CONTROLLER_EXECUTOR (None: neither entry point found)
 
     def found(self, name: str) -> bool:
         return next(p.found for p in self.probes if p.seam.name == name)
 
-    def missing_for(self, driver: str, orchestration: str = "stand-ins") -> list[Seam]:
-        """The seams without which ``driver`` cannot run faithfully on this tree. With
-        ``orchestration="upstream"`` upstream's own rollout manager and actor group run, so
-        the members the drivers read on the stand-ins are not needed."""
-        return [
+    @property
+    def orchestration(self) -> str:
+        """The orchestration that hosts this tree's shape: the stand-ins where they can,
+        else upstream's own (the controller-executor shape has no stand-ins)."""
+        return "stand-ins" if self.shape in HOSTED["stand-ins"] or self.shape is None else "upstream"
+
+    def missing_for(self, driver: str, orchestration: str | None = None) -> list[Seam]:
+        """The seams without which ``driver`` cannot run faithfully on this tree (only the
+        seams of its shape count). With ``orchestration="upstream"`` upstream's own rollout
+        manager and actor group run, so the members the drivers read on the stand-ins are
+        not needed. ``None``: the orchestration that hosts the shape (``orchestration``).
+        A shape the orchestration does not host is a missing seam ``shape <name>``."""
+        orchestration = orchestration or self.orchestration
+        out = [
             p.seam
             for p in self.probes
             if p.needed
             and driver in p.seam.drivers
+            and (self.shape is None or self.shape in p.seam.shapes)
             and not (orchestration == "upstream" and p.seam.name.startswith(STAND_IN_PREFIX))
+            and not (self.shape == CONTROLLER_EXECUTOR and p.seam.name.startswith(STAND_IN_PREFIX))
         ]
+        if self.shape is not None and self.shape not in HOSTED.get(orchestration, ()):
+            out.append(_unhosted(self.shape, orchestration))
+        return out
 
     @property
     def runnable(self) -> tuple[str, ...]:
@@ -457,16 +598,30 @@ class TreeReport:
         """The table: seam, found / missing (MISSING: needed), where it looked, and what
         the harness does without it; then the verdict per driver."""
         w = max(len(p.seam.name) for p in self.probes)
-        lines = [f"upstream Miles tree: {self.tree}", "", f"{'seam':<{w}}  {'state':<7}  where it looked / without it"]
+        lines = [
+            f"upstream Miles tree: {self.tree}",
+            f"orchestration shape: {_describe_shape(self.shape)}",
+            "",
+            f"{'seam':<{w}}  {'state':<7}  where it looked / without it",
+        ]
+        other = []
         for p in self.probes:
             s = p.seam
             if s.name.startswith(STAND_IN_PREFIX):
                 continue  # listed with the stand-ins below
+            if self.shape is not None and self.shape not in s.shapes:
+                other.append(s.name)
+                continue
             state = "found" if p.found else ("MISSING" if p.needed else "missing")
             lines.append(f"{s.name:<{w}}  {state:<7}  {s.file}: {s.looks_for}")
+            if p.detail and not p.found:
+                lines.append(f"{'':<{w}}  {'':<7}  found here: {p.detail}")
             if not p.found:
                 lines.append(f"{'':<{w}}  {'':<7}  without it: {s.without}")
-        lines += _format_stand_ins(self.uses)
+        if other:
+            lines.append(f"(not probed on the {self.shape} shape: {', '.join(other)})")
+        if self.shape != CONTROLLER_EXECUTOR:
+            lines += _format_stand_ins(self.uses)
         lines += ["", f"verdict: {self.verdict}"]
         for d in DRIVERS:
             miss = self.missing_for(d)
@@ -487,11 +642,16 @@ class TreeReport:
         gone = [f for f in files if not (self.tree / f).is_file()]
         return gone if miss and len(miss) == len(self.missing_for(driver)) and gone == files else []
 
-    def refusal(self, driver: str | None = None, orchestration: str = "stand-ins") -> SeamMissing:
+    def refusal(self, driver: str | None = None, orchestration: str | None = None) -> SeamMissing:
         """``SeamMissing`` naming what ``driver`` lacks (``None``: every needed seam)."""
-        miss = self.missing_for(driver, orchestration) if driver else [p.seam for p in self.probes if p.needed]
+        if driver:
+            miss = self.missing_for(driver, orchestration)
+        else:
+            miss = list({s.name: s for d in DRIVERS for s in self.missing_for(d, orchestration)}.values())
+        details = {p.seam.name: p.detail for p in self.probes if p.detail}
         text = "; ".join(
-            f"seam {s.name} missing in {self.tree / s.file} (looked for {s.looks_for}, following imports to where they are defined): {s.without}"
+            f"seam {s.name} missing in {self.tree / s.file} (looked for {s.looks_for}, following imports to where "
+            f"they are defined{'; found: ' + details[s.name] if s.name in details else ''}): {s.without}"
             for s in miss
         )
         return SeamMissing(
@@ -500,13 +660,45 @@ class TreeReport:
             list(dict.fromkeys(s.name for s in miss)),
         )
 
-    def require(self, driver: str, orchestration: str = "stand-ins") -> None:
+    def require(self, driver: str, orchestration: str | None = None) -> None:
         """Raise ``SeamMissing`` naming the seams ``driver`` lacks on this tree."""
         if self.missing_for(driver, orchestration):
             raise self.refusal(driver, orchestration)
 
 
 STAND_IN_PREFIX = "stand-in "
+SHAPE_PREFIX = "shape "
+
+
+def _describe_shape(shape: str | None) -> str:
+    if shape is None:
+        return (
+            "none found (the drivers call neither `create_rollout_manager` (rollout-manager) nor "
+            "`create_rollout_components` (controller-executor))"
+        )
+    hosted = [o for o, shapes in HOSTED.items() if shape in shapes]
+    how = f"hosted with --orchestration {' or '.join(hosted)}" if hosted else "not hosted by this harness yet"
+    return f"{shape} (the drivers call `{SHAPE_CALLS[shape]}`; {how})"
+
+
+def _unhosted(shape: str, orchestration: str) -> Seam:
+    """The seam a shape lacks under an orchestration that does not host it."""
+    hosted = [o for o, shapes in HOSTED.items() if shape in shapes]
+    return Seam(
+        f"{SHAPE_PREFIX}{shape}",
+        "train_async.py",
+        f"an orchestration shape --orchestration {orchestration} hosts ({', '.join(HOSTED.get(orchestration, ())) or 'none'})",
+        "",
+        f"the drivers call `{SHAPE_CALLS[shape]}`: the {shape} shape, which --orchestration {orchestration} does not "
+        + (
+            f"host (run it with --orchestration {' or '.join(hosted)})"
+            if hosted
+            else "host, nor does any other orchestration yet (doctor lists the leaves not faked yet)"
+        )
+        + "; refused",
+        ROLLING,
+        lambda t: False,
+    )
 
 
 def _named(s: Seam) -> str:
@@ -582,13 +774,21 @@ def probe(tree: Path) -> TreeReport:
     probes = []
     for s in SEAMS:
         replaced = s.fallback is not None and found[s.fallback]
-        probes.append(Probe(seam=s, found=found[s.name], needed=not found[s.name] and not s.optional and not replaced))
+        detail = s.explain(t) if s.explain is not None else ""
+        needed = not found[s.name] and not s.optional and not replaced
+        probes.append(Probe(seam=s, found=found[s.name], needed=needed, detail=detail))
     # an optional seam that stands in for a missing one is needed after all
     for i, p in enumerate(probes):
         if p.seam.optional and not p.found and any(q.seam.fallback == p.seam.name and not q.found for q in probes):
-            probes[i] = Probe(seam=p.seam, found=False, needed=True)
+            probes[i] = Probe(seam=p.seam, found=False, needed=True, detail=p.detail)
     uses = stand_in_uses(t.root)
-    return TreeReport(tree=t.root, probes=probes + _stand_in_probes(uses), uses=uses)
+    return TreeReport(tree=t.root, probes=probes + _stand_in_probes(uses), uses=uses, shape=shape_of(t.root))
+
+
+def shape_of(tree: Path) -> str | None:
+    """The orchestration shape of ``tree``: that of ``train_async.py``, else ``train.py``."""
+    t = _Tree(Path(tree).resolve())
+    return next((shape for f in ("train_async.py", "train.py") if (shape := driver_shape(t, f)) is not None), None)
 
 
 def driver_of(config: object) -> Driver:
@@ -596,4 +796,19 @@ def driver_of(config: object) -> Driver:
     return Driver.of(config)
 
 
-__all__ = ["BY_NAME", "DRIVERS", "Probe", "SEAMS", "Seam", "SeamMissing", "TreeReport", "driver_of", "probe"]
+__all__ = [
+    "BY_NAME",
+    "CONTROLLER_EXECUTOR",
+    "DRIVERS",
+    "HOSTED",
+    "Probe",
+    "ROLLOUT_MANAGER",
+    "SEAMS",
+    "SHAPES",
+    "Seam",
+    "SeamMissing",
+    "TreeReport",
+    "driver_of",
+    "probe",
+    "shape_of",
+]

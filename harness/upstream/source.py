@@ -135,7 +135,7 @@ def _import_orchestration() -> None:
             continue
 
 
-def refused_reason(config: object, orchestration: str = "stand-ins") -> str | None:
+def refused_reason(config: object, orchestration: str | None = None) -> str | None:
     """Why the active tree cannot run ``config``'s driver faithfully (the missing seams,
     with their files), or ``None`` when it can: the suites skip such a case, saying so."""
     from harness.upstream.seams import driver_of

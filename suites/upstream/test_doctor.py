@@ -40,8 +40,10 @@ def test_doctor_prints_every_seam_and_a_verdict(tree, capsys):
     out = capsys.readouterr().out
     report = seams.probe(tree)
     assert rc == (3 if report.verdict == "refused" else 0), out
+    assert f"orchestration shape: {report.shape}" in out
     for s in seams.SEAMS:
-        assert s.name in out and s.file in out
+        # a seam of the tree's shape with its file; one of the other shape by name
+        assert s.name in out and (s.file in out or report.shape not in s.shapes)
     assert f"verdict: {report.verdict}" in out
     for d in seams.DRIVERS:
         assert f"  {d}" in out
@@ -115,3 +117,42 @@ def test_a_tree_without_the_fully_async_module_is_still_a_miles_tree_and_doctor_
     assert "verdict: runs partly" in out
     assert f"fully-async  NOT RUN: this tree has no {source.FULLY_ASYNC_MODULE}" in out
     assert "  sync         runs" in out and "  one-step     runs" in out
+
+
+TIP = source.REPO_ROOT.parent / "shared" / "third_party" / "miles-pr2542-688cf82b9"
+
+
+def test_a_tree_whose_drivers_call_create_rollout_components_is_probed_as_the_controller_executor_shape(capsys):
+    """The refactored drivers are ``async def train(args)`` over ``create_rollout_components``:
+    the driver seams are found (an ``async def`` is a module-level ``train``), the shape is
+    named, and the rollout-manager shape's seams are not asked of it."""
+    if not (TIP / source.MARKER).is_file():
+        pytest.skip(f"the refactored tree is not at {TIP}")
+    report = seams.probe(TIP)
+    assert report.shape == seams.CONTROLLER_EXECUTOR
+    assert report.found("train_async.py") and report.found("train.py")
+    for d in seams.DRIVERS:
+        names = {s.name for s in report.missing_for(d, "upstream")}
+        assert not names & {"rollout_manager", "engine_actor", "train_async.py", "train.py"}, names
+    cli.main(["doctor", "--miles-src", str(TIP)])
+    out = capsys.readouterr().out
+    assert "orchestration shape: controller-executor (the drivers call `create_rollout_components`" in out
+    assert "(not probed on the controller-executor shape: rollout_manager, engine_actor)" in out
+
+
+def test_a_driver_calling_neither_entry_point_is_refused_saying_what_was_found_and_what_was_not(tree, tmp_path):
+    copy = _copy(tree, tmp_path / "miles-noentry")
+    for name in ("train.py", "train_async.py"):
+        f = copy / name
+        text = f.read_text()
+        f.write_text(
+            text.replace("create_rollout_manager", "make_manager").replace("create_rollout_components", "make_parts")
+        )
+    seams._parse.cache_clear()
+    report = seams.probe(copy)
+    assert report.shape is None and report.verdict == "refused"
+    text = str(report.refusal("sync"))
+    assert "seam train.py missing" in text
+    assert "`create_rollout_manager` (rollout-manager) not found" in text
+    assert "`create_rollout_components` (controller-executor) not found" in text
+    assert "train` found" in text  # the module-level train is there: it is not what is missing
