@@ -22,10 +22,9 @@ upstream reaches it at:
   ``_create_actor``).
 * **the driver's blocking wait on the worker manager**: ``RayWorkerManager.launch``
   (``ray_worker_manager.py:L62-L67``) blocks the driver's thread in ``ray.get`` until the
-  manager, another process, has started every cell. One thread cannot block: the
-  manager's module sees a ``ray`` whose ``get`` runs the loop until the refs are done
-  (``DrivingRay``), which is what the blocked driver observes. The manager itself (pools,
-  cells, ports, liveness scans) runs as upstream wrote it.
+  manager, another process, has started every cell. vray's blocking ``get`` steps the loop
+  until the refs are done, which is what the blocked driver observes. The manager itself
+  (pools, cells, ports, liveness scans) runs as upstream wrote it.
 * **the SGLang server and router processes**: the engine and router pools are
   ``CommandWorkerSpec`` s (``miles/ray/specs/inference.py``: ``specs_router``,
   ``specs_inference_engine``) whose ``CommandActor`` (``miles/utils/workers/command_actor.py:L13-L55``)
@@ -67,8 +66,6 @@ refused until it is empty.
 
 from __future__ import annotations
 
-import asyncio
-import types
 from typing import Any
 
 from harness.upstream import host, leaves
@@ -155,42 +152,6 @@ UNHOSTED: tuple[tuple[str, str, str], ...] = (
 )
 
 
-class DrivingRay(types.ModuleType):
-    """``ray`` as the worker manager's module sees it: ``get`` of a pending ref runs the
-    loop until it is done (the driver's thread blocked in ``ray.get`` while the manager,
-    another process, works), instead of vray's ``VRayBlockingGet``."""
-
-    def __init__(self, ray: types.ModuleType) -> None:
-        super().__init__(ray.__name__)
-        self._ray = ray
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._ray, name)
-
-    def get(self, refs: Any, *, timeout: float | None = None) -> Any:
-        pending = [r for r in (refs if isinstance(refs, list) else [refs]) if not r._done]
-        if pending:
-            _drive_until(asyncio.gather(*(r.future() for r in pending)))
-        return self._ray.get(refs, timeout=timeout)
-
-
-def _drive_until(fut: Any) -> None:
-    """Run the running loop's callbacks until ``fut`` is done, from inside a task of that
-    loop: the caller's task is left while the others run (it is blocked, as a thread
-    blocked in ``ray.get`` is), and entered again after."""
-    loop = asyncio.get_running_loop()
-    fut = asyncio.ensure_future(fut)
-    me = asyncio.current_task(loop)
-    assert me is not None, "a blocking get is made from a task of the running loop"
-    asyncio.tasks._leave_task(loop, me)
-    try:
-        while not fut.done():
-            loop._run_once()  # type: ignore[attr-defined]
-    finally:
-        asyncio.tasks._enter_task(loop, me)
-    fut.result()
-
-
 class SimCommandActor(leaves._Leaf):
     """``CommandActor`` (``miles/utils/workers/command_actor.py``) that starts no process:
     the engine and router it would launch are the run's ``SimEngine``."""
@@ -252,7 +213,6 @@ def refactor_rebinds(run: Any, observed_load: Any) -> list[Rebind]:
     store, misc = host.module(OBJECT_STORE_MOD), host.module("miles.utils.misc")
     shared = leaves.SharedObjectStore(store())
     return [
-        Rebind("worker_manager", wm, "ray", lambda ray: DrivingRay(ray)),
         Rebind("engine_process", wm, "CommandActor", lambda _: SimCommandActor),
         Rebind("engine_process", host.module(ROUTER_MANAGER_MOD), "wait_tcp_ready", lambda _: tcp_ready),
         # the engine process's command line, built from SGLang's ServerArgs (not installable here) for the
@@ -281,4 +241,4 @@ def refactor_rebinds(run: Any, observed_load: Any) -> list[Rebind]:
     ]
 
 
-__all__ = ["LEAVES", "UNHOSTED", "DrivingRay", "SimCommandActor", "refactor_rebinds", "tcp_ready"]
+__all__ = ["LEAVES", "UNHOSTED", "SimCommandActor", "refactor_rebinds", "tcp_ready"]

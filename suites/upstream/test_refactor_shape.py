@@ -11,10 +11,8 @@ from collections.abc import Iterator
 import pytest
 
 from harness import cli
-from harness.sim.vtime import run_virtual
 from harness.upstream import leaves_refactor, seams, source, vray
-from harness.upstream.leaves_refactor import DrivingRay, SimCommandActor
-from harness.upstream.vray import VRayBlockingGet
+from harness.upstream.leaves_refactor import SimCommandActor
 
 TIP = source.REPO_ROOT.parent / "shared" / "third_party" / "miles-pr2542-688cf82b9"
 
@@ -41,42 +39,6 @@ class Manager:
 
     def get_started(self) -> list[str]:
         return list(self.started)
-
-
-def test_a_blocking_get_from_the_driver_runs_the_loop_until_the_manager_has_started_its_workers():
-    ray = DrivingRay(vray.modules()["ray"])
-
-    async def driver() -> tuple[int, list[str], float]:
-        manager = vray.remote(Manager).remote()
-        n = ray.get(manager.init.remote(["executor", "controller", "trainer"]))  # blocks, as the driver's thread does
-        return n, vray.get(manager.get_started.remote()), asyncio.get_running_loop().time()
-
-    n, started, t = run_virtual(driver())
-    assert (n, started, t) == (3, ["executor", "controller", "trainer"], 3.0)
-
-
-def test_without_the_leaf_the_same_blocking_get_is_refused_by_vray_rather_than_deadlocking():
-    async def driver() -> None:
-        manager = vray.remote(Manager).remote()
-        vray.get(manager.init.remote(["executor"]))
-
-    with pytest.raises(VRayBlockingGet):
-        run_virtual(driver())
-
-
-def test_a_failure_inside_the_awaited_start_reaches_the_blocked_driver():
-    class Broken(Manager):
-        async def init(self, names: list[str]) -> int:
-            await asyncio.sleep(1.0)
-            raise RuntimeError("cell start failed")
-
-    ray = DrivingRay(vray.modules()["ray"])
-
-    async def driver() -> None:
-        ray.get(vray.remote(Broken).remote().init.remote(["executor"]))
-
-    with pytest.raises(RuntimeError, match="cell start failed"):
-        run_virtual(driver())
 
 
 def test_the_engine_process_leaf_starts_nothing_and_names_a_member_it_lacks():
