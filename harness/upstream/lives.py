@@ -155,6 +155,7 @@ class _Life:
         self.open: set[int] = set()
         self.drained: set[int] = set()
         self.parts: dict[int, set[str]] = {}  # rollout id -> the checkpoint parts saved for it
+        self.last_trained: int | None = None  # the rollout a save after training is for
 
     # --- the hook the runner calls inside its run, before upstream's train(args) ---------
     def __call__(self, runner: UpstreamRunner) -> None:
@@ -235,6 +236,7 @@ class _Life:
         return {"source_index": index, "epoch": max(epoch, 0)}
 
     def _on_trained(self, rollout_id: int) -> None:
+        self.last_trained = rollout_id
         stop = self.stop
         if stop is not None and stop.planned and rollout_id == stop.after:
             runner = self.runner
@@ -311,7 +313,10 @@ class _Life:
             held = life._held()
             save(rollout_id)
             stop = life.stop
-            crash_here = stop is not None and not stop.planned and stop.after == rollout_id
+            # a stop is at the save of the rollout just trained, whatever rollout id upstream
+            # passes down (a save under the wrong name is what a resume then shows)
+            saving = life.last_trained if life.last_trained is not None else rollout_id
+            crash_here = stop is not None and not stop.planned and stop.after == saving
             if crash_here and stop is not None and stop.at == "mid_data_save":
                 runner = life.runner
                 assert runner is not None
@@ -320,9 +325,10 @@ class _Life:
                 path.write_bytes(data[: len(data) // 2])  # the write the crash cut short
                 life._crash(stop.label)
                 raise asyncio.CancelledError(stop.label)
-            life.saved_data.add(rollout_id)
-            life._emit(CHECKPOINT_SAVED, rollout_id=rollout_id, part="data_source", state=_cursor(ds), held=held)
-            life._part_saved(rollout_id, "data_source")
+            life.saved_data.add(saving)
+            named = {} if saving == rollout_id else {"saved_as": rollout_id}  # the name upstream wrote it under
+            life._emit(CHECKPOINT_SAVED, rollout_id=saving, part="data_source", state=_cursor(ds), held=held, **named)
+            life._part_saved(saving, "data_source")
             if crash_here and stop is not None and stop.at == "save":
                 life._crash(stop.label)
                 raise asyncio.CancelledError(stop.label)

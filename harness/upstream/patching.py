@@ -104,6 +104,13 @@ def _swap(old: types.FunctionType, new: types.FunctionType, undo: list, where: s
     return changed
 
 
+def _actor_class(obj: Any) -> type | None:
+    """The class a vray ``ActorClass`` (upstream's ``@ray.remote`` class) hosts, else ``None``."""
+    from harness.upstream.vray import ActorClass
+
+    return obj._cls if isinstance(obj, ActorClass) else None
+
+
 def _transplant(mod: types.ModuleType, ns: dict, undo: list, consts: list, where: str) -> int:
     """Move the patched code into ``mod``'s live objects; returns how many bodies changed."""
     changed = 0
@@ -115,6 +122,12 @@ def _transplant(mod: types.ModuleType, ns: dict, undo: list, consts: list, where
             and new.__module__ == mod.__name__
         ):
             changed += _swap(old, new, undo, where)
+        elif _actor_class(new) is not None and _actor_class(old) is not None:
+            # a @ray.remote class (harness.upstream.vray.ActorClass): patch the class it hosts
+            new, old = _actor_class(new), _actor_class(old)
+            for attr, value in new.__dict__.items():
+                for f_new, f_old in zip(_unwrap(value), _unwrap(old.__dict__.get(attr))):
+                    changed += _swap(f_old, f_new, undo, where)
         elif isinstance(new, type) and isinstance(old, type) and new.__module__ == mod.__name__:
             for attr, value in new.__dict__.items():
                 for f_new, f_old in zip(_unwrap(value), _unwrap(old.__dict__.get(attr))):
@@ -151,7 +164,10 @@ def applied(mutant: UpstreamMutant, tree: Path | None = None) -> Iterator[None]:
                 "__package__": name.rpartition(".")[0],
                 "__builtins__": builtins,
             }
-            exec(code, ns)
+            from harness.upstream import vray
+
+            with vray.installed():  # as the module was imported (harness.upstream.source.activate)
+                exec(code, ns)
             if not _transplant(mod, ns, undo, consts, where):
                 raise PatchDoesNotApply(f"{where}: the patch changes no code")
         host.DRIVER_SOURCES.update(drivers)
@@ -177,8 +193,12 @@ class Catch:
     detail: str = ""
 
 
-def _check(case: Any, core_cache: dict, mutant: UpstreamMutant | None) -> tuple[list[str], str]:
-    """One matrix case on upstream (with ``mutant`` applied, if any): what caught it."""
+def _check(
+    case: Any, core_cache: dict, mutant: UpstreamMutant | None, orchestration: str = "stand-ins"
+) -> tuple[list[str], str]:
+    """One matrix case on upstream (with ``mutant`` applied, if any): what caught it.
+    ``orchestration``: ``harness.upstream.runner.ORCHESTRATIONS`` (with ``upstream`` the
+    differential is not consulted: the core has no orchestration layer to differ from)."""
     from contextlib import nullcontext
 
     from harness.checking.invariants import check_all
@@ -206,18 +226,21 @@ def _check(case: Any, core_cache: dict, mutant: UpstreamMutant | None) -> tuple[
             engine_factory=engine,
             dynamic_filter_path=f"harness.upstream.filters.{case.dynamic_filter}" if case.dynamic_filter else None,
             generate_function_path=gen,
+            orchestration=orchestration,
         )
     caught = ["hang"] if hang else []
     caught += sorted({v.invariant for v in check_all(up.events, sc.config, complete=up.error is None and hang is None)})
     detail = hang or (f"upstream error {up.error!r}"[:200] if up.error is not None else "")
-    if case.known is None:  # where core and upstream agree unmutated
+    if case.known is None and orchestration == "stand-ins":  # where core and upstream agree unmutated
         first = _first_divergence(core_obs, observables(up.events, up.history, up.wall_s, up.error))
         if first is not None:
             caught.append(f"differential:{first[0]}")
     return caught, detail
 
 
-def first_catch(mutant: UpstreamMutant, cases: list | None = None, core_cache: dict | None = None) -> Catch:
+def first_catch(
+    mutant: UpstreamMutant, cases: list | None = None, core_cache: dict | None = None, orchestration: str = "stand-ins"
+) -> Catch:
     """Run the differential matrix's cases (in order) on upstream with ``mutant`` applied
     until one is caught: a hang (the watchdog: 20x the core's virtual time, or
     ``REAL_TIME_LIMIT_S``), an invariant checker failing on the upstream run, or (on cases
@@ -228,7 +251,7 @@ def first_catch(mutant: UpstreamMutant, cases: list | None = None, core_cache: d
     cases = matrix() if cases is None else cases
     core_cache = {} if core_cache is None else core_cache
     for i, case in enumerate(cases, start=1):
-        caught, detail = _check(case, core_cache, mutant)
+        caught, detail = _check(case, core_cache, mutant, orchestration)
         if caught:
             return Catch(mutant.name, i, case.name, caught, detail)
     return Catch(mutant.name, len(cases), None, [])

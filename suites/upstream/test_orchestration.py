@@ -84,3 +84,53 @@ def test_the_train_actor_leaf_resumes_from_the_checkpoint_it_wrote(tmp_path):
     leaves.write_checkpoint(str(tmp_path), 3, {"optimizer_step": 4, "lr_step": 4, "version": 4})
     loaded = leaves.read_checkpoint(str(tmp_path))
     assert loaded == {"rollout_id": 3, "optimizer_step": 4, "lr_step": 4, "version": 4}
+
+
+# --------------------------------------------------------------------------- seeded bugs in the layer
+
+
+def _orchestration_mutants(run: str) -> list:
+    from fixtures.upstream_orchestration_mutants import ORCHESTRATION_MUTANTS
+
+    return [pytest.param(m.mutant, id=m.mutant.name) for m in ORCHESTRATION_MUTANTS if m.run == run]
+
+
+@pytest.mark.parametrize("mutant", _orchestration_mutants("matrix"))
+def test_a_bug_seeded_in_the_orchestration_layer_is_caught_by_name_when_upstream_runs_it(miles_src, mutant):
+    from harness.upstream.patching import first_catch
+
+    catch = first_catch(mutant, orchestration="upstream")
+    assert catch.case is not None, f"{mutant.name}: no case caught it"
+    assert mutant.expected & set(catch.caught_by), (mutant.name, catch.case, catch.caught_by)
+
+
+def test_the_stand_ins_cannot_see_a_bug_in_the_layer_they_replace(miles_src):
+    from harness.upstream.diff import matrix
+    from harness.upstream.patching import first_catch
+
+    mutant = next(p.values[0] for p in _orchestration_mutants("matrix"))
+    assert first_catch(mutant, cases=matrix()[:3], orchestration="stand-ins").case is None
+
+
+def _resume_failures(orchestration: str, mutant=None) -> set[str]:
+    """The checkers that fail on every stop after a save of the sync setting, resumed by
+    upstream's own save and load (``harness.upstream.lives``)."""
+    from contextlib import nullcontext
+
+    from harness.sim.resume_sweep import cases, run_case
+    from harness.upstream.lives import upstream_host
+    from harness.upstream.patching import applied
+
+    host = upstream_host(orchestration=orchestration)
+    todo = [c for c in cases(only=["sync"]) if c.stops[0].label.startswith("save_boundary")]
+    assert todo, "the sync setting has stops at a save"
+    with applied(mutant) if mutant is not None else nullcontext():
+        rows = [run_case(c, host) for c in todo]
+    return {check for row in rows for check in row.failed_checks}
+
+
+@pytest.mark.parametrize("mutant", _orchestration_mutants("resume"))
+def test_a_bug_seeded_in_upstreams_save_or_load_is_caught_by_the_resume_checkers(miles_src, mutant):
+    clean = _resume_failures("upstream")
+    seeded = _resume_failures("upstream", mutant)
+    assert mutant.expected <= seeded - clean, (mutant.name, sorted(clean), sorted(seeded))
