@@ -45,6 +45,7 @@ from typing import Any
 from harness.upstream.exit_codes import Exit
 from harness.upstream.gate_record import CaseRecord
 
+ARGUMENTS_FILE = "miles/utils/arguments.py"  # Miles' argument checks (miles_validate_args)
 VERDICTS = ("new_violation", "not_started", "harness_error", "changed", "fixed", "no_base", "not_run", "unchanged")
 FINDINGS = frozenset({"new_violation", "not_started"})  # about the pull request: exit 1
 LABELS = {
@@ -267,6 +268,11 @@ def classify(
     if base["status"] != "ran":
         why = _seam_text(base) if base["status"] == "not_run" else f"harness error: {base.get('message', '')}"
         return CaseVerdict(name, "no_base", f"BASE could not run it ({why}); {_alone(head)}")
+    if _not_started(head) and name.startswith("flag") and str(head.get("error_at", "")).startswith(ARGUMENTS_FILE):
+        # the gate set this flag alone; Miles' own argument checks want others with it
+        return CaseVerdict(
+            name, "not_run", f"HEAD's argument checks refuse the flag set alone: {_cut(_error(head), 240)}"
+        )
     if _not_started(head) and not _not_started(base):
         return CaseVerdict(
             name,

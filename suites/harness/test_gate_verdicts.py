@@ -292,3 +292,15 @@ def test_a_first_change_deep_in_a_long_metric_list_shows_the_same_metric_name_on
     assert said is not None
     b, _, h = said.partition(", head ")
     assert "metric_with_a_long_name_9', 1.0]" in b and "metric_with_a_long_name_9', 2.0]" in h, said
+
+
+def test_a_flag_case_that_upstreams_argument_checks_refuse_is_not_run_but_a_matrix_case_is_a_finding():
+    refused = dict(
+        dead("flag--opd-teacher-num-nodes=2@sync", "ValueError: --opd-teacher-num-nodes is set but --use-opd is not"),
+        error_at="miles/utils/arguments.py:L3030",
+    )
+    v = gate.classify(refused, dict(ran("flag--opd-teacher-num-nodes=2@sync"), started=True))
+    assert v.verdict == "not_run" and "refuse the flag set alone" in v.message, v
+    assert gate.exit_code([v, gate.classify(ran(), ran())]) == 0
+    matrix_case = dict(dead("sync", "ValueError: no longer valid"), error_at="miles/utils/arguments.py:L3030")
+    assert gate.classify(matrix_case, dict(ran("sync"), started=True)).verdict == "not_started"
