@@ -336,11 +336,16 @@ class OnLoopAsyncio:
         return getattr(asyncio, name)
 
     @staticmethod
-    async def to_thread(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
-        out = fn(*args, **kwargs)
-        if inspect.isawaitable(out):
-            out = await out
-        return out
+    def to_thread(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        async def run() -> Any:
+            out = fn(*args, **kwargs)
+            if inspect.isawaitable(out):
+                out = await out
+            return out
+
+        # a task made of it is named by what it runs (the fault sweep lists orphaned tasks)
+        run.__qualname__ = f"asyncio.to_thread({getattr(fn, '__qualname__', fn)})"
+        return run()
 
 
 def call_rollout_function_on_loop(fn: Any, input: Any) -> Any:

@@ -337,6 +337,7 @@ def _spawn(actor: _Actor | None, fn: Callable[..., Any], args: tuple, kwargs: di
         a, k = _resolved(args, kwargs)
         return await fn(*a, **k)
 
+    body.__qualname__ = label  # the task is named by the call it runs (e.g. RolloutManager.generate)
     task = loop.create_task(body())
     if actor is not None:
         actor.inflight[ref] = task
