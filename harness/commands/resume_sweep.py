@@ -45,15 +45,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", default=None, help="write the summary and every case's row to this file")
     p.add_argument(
         "--orchestration",
-        choices=("stand-ins", "upstream"),
-        default="stand-ins",
-        help="--host upstream: upstream's rollout manager, placement groups and train actors as the harness' "
-        "stand-ins (default) or as upstream wrote them over faked leaves, with upstream's own save and load",
+        choices=("upstream", "stand-ins"),
+        default="upstream",
+        help="--host upstream: upstream's rollout manager, placement groups and train actors as upstream wrote "
+        "them over faked leaves, with upstream's own save and load (default), or the harness' stand-ins",
     )
 
 
 def host_of(
-    name: str, miles_src: str | None = None, exactly_once: bool = False, orchestration: str = "stand-ins"
+    name: str, miles_src: str | None = None, exactly_once: bool = False, orchestration: str = "upstream"
 ) -> Host:
     from harness.sim.resume_sweep import core_host
 
@@ -93,7 +93,7 @@ def main(args: argparse.Namespace) -> int:
         sweep,
     )
 
-    host = host_of(args.host, args.miles_src, args.exactly_once, getattr(args, "orchestration", "stand-ins"))
+    host = host_of(args.host, args.miles_src, args.exactly_once, getattr(args, "orchestration", "upstream"))
     only = args.setting if args.setting else (FAST if args.fast else None)
     todo = cases(args.exactly_once, only=only)
     if not todo:
@@ -108,7 +108,7 @@ def main(args: argparse.Namespace) -> int:
     print(
         f"host: {args.host} ("
         + (
-            f"upstream Miles' drivers and save/load code from {tree}, orchestration: {getattr(args, 'orchestration', 'stand-ins')}"
+            f"upstream Miles' drivers and save/load code from {tree}, orchestration: {getattr(args, 'orchestration', 'upstream')}"
             if args.host == "upstream"
             else "the core's drivers"
         )

@@ -613,7 +613,7 @@ def run_points(scenario: Scenario, points: Any, **kwargs: Any) -> Any:
     return SweepResult(scenario=scenario, stops=tuple(points), events=res.events, reached=reached, error=res.error)
 
 
-def upstream_host(miles_src: str | None = None, *, orchestration: str = "stand-ins") -> Any:
+def upstream_host(miles_src: str | None = None, *, orchestration: str = "upstream") -> Any:
     """The sweep's host on the Miles tree ``miles_src`` (else ``$MILES_SRC``, else the pinned
     tree beside the repository): activates it and returns ``host(case) -> LivesResult``;
     ``host.miles_tree`` names the tree. ``UpstreamUnavailable`` (the reason) without one."""

@@ -192,20 +192,24 @@ def sweep(
     save_interval: int = 2,
     num_rollout: int = 8,
     settings: tuple[Setting, ...] = SETTINGS,
+    orchestration: str = "upstream",
 ) -> list[dict[str, Any]]:
-    """One row per (setting, stop plan). The tree must be activated first."""
+    """One row per (setting, stop plan). The tree must be activated first; ``orchestration``:
+    ``harness.upstream.runner.ORCHESTRATIONS``."""
     from harness.upstream import source
 
     rows = []
     for st in settings:
-        reason = source.refused_reason(st.scenario(num_rollout, seed).config)
+        reason = source.refused_reason(st.scenario(num_rollout, seed).config, orchestration)
         for label, stops in stops_for(st, save_interval=save_interval, num_rollout=num_rollout, fast=fast):
             row: dict[str, Any] = {"setting": st.name, "driver": st.driver, "stop": label}
             if reason:
                 rows.append({**row, "refused": reason})
                 continue
             t0 = time.monotonic()
-            res = run_lives(st.scenario(num_rollout, seed), stops, save_interval=save_interval)
+            res = run_lives(
+                st.scenario(num_rollout, seed), stops, save_interval=save_interval, orchestration=orchestration
+            )
             rows.append({**row, **account(res), "wall_s": round(time.monotonic() - t0, 2)})
     return rows
 
@@ -259,6 +263,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=None, help="write OUT.json and OUT.md (e.g. results/upstream/resume_sweep)")
     p.add_argument("--fast", action="store_true", help="the upstream tier's subset")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--orchestration",
+        choices=("upstream", "stand-ins"),
+        default="upstream",
+        help="upstream's own rollout manager, placement groups, train actors, save and load (default) or the "
+        "harness' stand-ins",
+    )
     ns = p.parse_args(argv)
     from harness.upstream import source
 
@@ -267,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"--miles-src: {how}", file=sys.stderr)
         return 2
     source.activate(path)
-    rows = sweep(fast=ns.fast, seed=ns.seed)
+    rows = sweep(fast=ns.fast, seed=ns.seed, orchestration=ns.orchestration)
     md = table(rows)
     print(md)
     if ns.out:
