@@ -630,17 +630,23 @@ def upstream_host(miles_src: str | None = None, *, orchestration: str = "upstrea
         """Why upstream does not run this case: a setting it refuses at start-up (its
         argument checks), or a driver the tree lacks a seam for."""
         cfg = case.scenario.config
-        return source.refused_reason(cfg, orchestration) or next(
-            (
-                msg
-                for r in (
-                    rules.miles_fully_async_no_abort,
-                    rules.miles_colocate_not_async,
-                    rules.miles_fully_async_no_colocate,
-                )
-                if (msg := r.check(cfg))
-            ),
-            None,
+        from harness.upstream.runner import upstream_refusal
+
+        return (
+            source.refused_reason(cfg, orchestration)
+            or upstream_refusal(case.scenario)
+            or next(
+                (
+                    msg
+                    for r in (
+                        rules.miles_fully_async_no_abort,
+                        rules.miles_colocate_not_async,
+                        rules.miles_fully_async_no_colocate,
+                    )
+                    if (msg := r.check(cfg))
+                ),
+                None,
+            )
         )
 
     def host(case: Any) -> Any:

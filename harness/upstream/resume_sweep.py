@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.sim.scenario import Scenario, scenario_from_dict
+from harness.upstream.runner import upstream_refusal
 from harness.upstream.lives import (
     CHECKPOINT_LOADED,
     LIFE_END,
@@ -200,7 +201,8 @@ def sweep(
 
     rows = []
     for st in settings:
-        reason = source.refused_reason(st.scenario(num_rollout, seed).config, orchestration)
+        scenario = st.scenario(num_rollout, seed)
+        reason = source.refused_reason(scenario.config, orchestration) or upstream_refusal(scenario)
         for label, stops in stops_for(st, save_interval=save_interval, num_rollout=num_rollout, fast=fast):
             row: dict[str, Any] = {"setting": st.name, "driver": st.driver, "stop": label}
             if reason:

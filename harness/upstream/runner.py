@@ -207,6 +207,16 @@ def upstream_args(
     return args
 
 
+def upstream_refusal(scenario: Scenario) -> str | None:
+    """What Miles' own argument checks say of ``scenario``'s flags (``miles_validate_args``:
+    a setting the job would refuse at start-up), or ``None`` when they accept them."""
+    try:
+        validate_upstream_args(upstream_args(scenario))
+    except (AssertionError, ValueError) as exc:
+        return f"upstream refuses it at start-up (miles/utils/arguments.py): {exc}"
+    return None
+
+
 def validate_upstream_args(args: argparse.Namespace) -> None:
     """Upstream's own validation (``miles_validate_args``): derives what the flags imply
     (global batch size, eval datasets, fault-tolerance components, the rollout function
