@@ -632,9 +632,10 @@ def upstream_host(miles_src: str | None = None, *, orchestration: str = "upstrea
         cfg = case.scenario.config
         from harness.upstream.runner import upstream_refusal
 
+        # the project's rule messages first (they carry the fix), then whatever else Miles'
+        # own argument checks refuse in this tree
         return (
             source.refused_reason(cfg, orchestration)
-            or upstream_refusal(case.scenario)
             or next(
                 (
                     msg
@@ -647,6 +648,7 @@ def upstream_host(miles_src: str | None = None, *, orchestration: str = "upstrea
                 ),
                 None,
             )
+            or upstream_refusal(case.scenario)
         )
 
     def host(case: Any) -> Any:
