@@ -50,16 +50,15 @@ def test_the_engine_process_leaf_starts_nothing_and_names_a_member_it_lacks():
         actor.kill_subprocess()
 
 
-def test_doctor_refuses_the_refactored_tree_naming_its_shape_and_each_leaf_not_faked_yet(capsys):
+def test_doctor_runs_the_refactored_tree_under_upstreams_orchestration_and_lists_its_leaves(capsys):
     if not (TIP / source.MARKER).is_file():
         pytest.skip(f"the refactored tree is not at {TIP}")
-    assert cli.main(["doctor", "--miles-src", str(TIP)]) == 3
+    assert cli.main(["doctor", "--miles-src", str(TIP)]) == 0
     out = capsys.readouterr().out
-    assert "orchestration shape: controller-executor" in out
-    assert "not faked yet on the controller-executor shape" in out
-    unhosted = out.split("not faked yet on the controller-executor shape", 1)[1]
-    for name, needs, stops in leaves_refactor.UNHOSTED:
-        assert f"  {name:<20} needs: {needs}" in unhosted and f"without it: {stops}" in unhosted
-    assert "doctor lists the leaves not faked yet" in out
+    assert "orchestration shape: controller-executor" in out and "hosted with --orchestration upstream" in out
+    for leaf in leaves_refactor.LEAVES:
+        assert f"  {leaf.name:<20} {leaf.boundary}" in out
+    assert not leaves_refactor.UNHOSTED and "not faked yet" not in out
     report = seams.probe(TIP)
-    assert [s.name for s in report.missing_for("sync")] == ["shape controller-executor"]
+    assert report.missing_for("sync", "upstream") == []
+    assert [s.name for s in report.missing_for("sync", "stand-ins")] == ["shape controller-executor"]
