@@ -77,6 +77,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import importlib.util
 import json
 import random
 import sys
@@ -467,12 +468,19 @@ def refactor_rebinds(run: Any, observed_load: Any) -> list[Rebind]:
         Rebind("rollout_executor", ex, "configure_logger", lambda _: leaves.noop),
         Rebind("rollout_executor", ex, "init_tracking", lambda _: leaves.noop),
         Rebind("worker_manager", wm, "configure_logger", lambda _: leaves.noop),
-        Rebind("worker_manager", ou, "configure_logger", lambda _: leaves.noop),
-        Rebind("worker_manager", ou, "maybe_start_periodic_pyspy_dump", lambda _: leaves.noop),
-        Rebind("worker_manager", ou, "init_tracking", lambda _: leaves.noop),
         Rebind("object_store", store, "init_instance", lambda _: shared.init_instance),
         Rebind("object_store", store, "get_instance", lambda _: shared.get_instance),
-    ]
+    ] + (
+        # trees whose drivers start the outside services themselves (before init_orchestration_script)
+        # have them turned off in the driver module (orchestration.driver_services_off)
+        [
+            Rebind("worker_manager", ou, "configure_logger", lambda _: leaves.noop),
+            Rebind("worker_manager", ou, "maybe_start_periodic_pyspy_dump", lambda _: leaves.noop),
+            Rebind("worker_manager", ou, "init_tracking", lambda _: leaves.noop),
+        ]
+        if importlib.util.find_spec(ORCHESTRATION_UTILS_MOD) is not None
+        else []
+    )
 
 
 __all__ = [
