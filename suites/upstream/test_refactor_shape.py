@@ -1,12 +1,18 @@
 """The controller-executor shape of upstream's orchestration (``harness.upstream.leaves_refactor``):
-the leaf that lets the driver block on the worker manager in one thread, and what
-``doctor`` says of a tree of that shape while the harness does not host it. Nothing here
-imports Miles: the probes read files, and the leaf runs on vray alone."""
+its leaves, what ``doctor`` says of a tree of that shape, and seeded bugs in the refactor's
+``RolloutExecutor``, ``InferenceController`` and weight-update orchestration, each named by
+an invariant checker. The leaf and doctor tests import no Miles (the probes read files);
+the seeded bugs run the CLI on a copy of the tip in a process of their own."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -62,3 +68,85 @@ def test_doctor_runs_the_refactored_tree_under_upstreams_orchestration_and_lists
     report = seams.probe(TIP)
     assert report.missing_for("sync", "upstream") == []
     assert [s.name for s in report.missing_for("sync", "stand-ins")] == ["shape controller-executor"]
+
+
+# --------------------------------------------------------------------------- seeded bugs on the refactored shape
+#
+# One line of the tip changed in a copy of its tree (``miles/`` and the drivers: what
+# ``source.is_miles_tree`` needs), run by the CLI in a process of its own (one tree per
+# process): an invariant checker on upstream's trace names each bug; the unchanged copy
+# holds every invariant, so each test can fail.
+
+SEEDED = {
+    # RolloutExecutor._get_rollout_data hands the trainer one group fewer (the batch filled with a copy of the first)
+    "the_executor_returns_one_group_fewer": (
+        "miles/ray/rollout/rollout_executor.py",
+        "            data = data.samples\n",
+        "            data = data.samples[:-1] + data.samples[:1]\n",
+        ("conservation", "trained_batch_shape"),
+    ),
+    # InferenceController.start_update_weights hands the trainer none of the engines to update
+    "the_controller_hands_the_trainer_no_engines": (
+        "miles/ray/rollout/inference_controller.py",
+        "            rollout_engines=srv.api_clients,\n",
+        "            rollout_engines=srv.api_clients[:0],\n",
+        ("batch_single_version", "version_steps"),
+    ),
+    # update_weights reports the version before the one the engines now serve to the rollout executor
+    "update_weights_reports_the_previous_version": (
+        "miles/ray/placement_group.py",
+        "await rollout_executor.set_weight_version(weight_version, trainer_model_id=trainer_model_id)",
+        "await rollout_executor.set_weight_version(weight_version - 1, trainer_model_id=trainer_model_id)",
+        ("version_steps",),
+    ),
+}
+
+
+def _tree_copy(dest: Path, file: str | None = None, old: str = "", new: str = "") -> Path:
+    shutil.copytree(TIP / "miles", dest / "miles", ignore=shutil.ignore_patterns("__pycache__"))
+    for driver in source.DRIVER_FILES:
+        shutil.copy2(TIP / driver, dest / driver)
+    if file is not None:
+        path = dest / file
+        text = path.read_text()
+        assert text.count(old) == 1, f"the seeded line is not once in {file}: the tip changed; reseed"
+        path.write_text(text.replace(old, new))
+    assert source.is_miles_tree(dest)
+    return dest
+
+
+def _diff_one_step(tree: Path) -> str:
+    out = subprocess.run(
+        [sys.executable, "-m", "harness.cli", "diff-upstream", "--miles-src", str(tree)]
+        + ["--scenario", "one-step-k1", "--orchestration", "upstream"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=source.REPO_ROOT,
+        env={**os.environ, "PYTHONPATH": str(source.REPO_ROOT)},
+    )
+    return out.stdout + out.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.process
+def test_the_unchanged_tip_holds_every_invariant_on_one_step(tmp_path):
+    if not (TIP / source.MARKER).is_file():
+        pytest.skip(f"the refactored tree is not at {TIP}")
+    out = _diff_one_step(_tree_copy(tmp_path / "tip"))
+    assert "upstream on its own trace: every invariant holds" in out, out[-3000:]
+    assert "0 breaking an invariant" in out and "0 harness errors" in out
+
+
+@pytest.mark.slow
+@pytest.mark.process
+@pytest.mark.parametrize("bug", sorted(SEEDED))
+def test_a_seeded_bug_in_the_refactored_orchestration_is_caught_by_name(bug, tmp_path):
+    if not (TIP / source.MARKER).is_file():
+        pytest.skip(f"the refactored tree is not at {TIP}")
+    file, old, new, checkers = SEEDED[bug]
+    out = _diff_one_step(_tree_copy(tmp_path / bug, file, old, new))
+    assert "1 breaking an invariant on upstream's trace" in out and "0 harness errors" in out, out[-3000:]
+    [breaks] = [line for line in out.splitlines() if "upstream on its own trace: breaks" in line]
+    named = {part.strip().split(" ")[0] for part in breaks.split("breaks", 1)[1].split(",")}
+    assert set(checkers) <= named, f"{bug}: named {sorted(named)}, expected {checkers}"
