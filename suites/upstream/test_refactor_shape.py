@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +20,7 @@ import pytest
 from harness import cli
 from harness.upstream import leaves_refactor, seams, source, vray
 from harness.upstream.leaves_refactor import SimCommandActor
+from harness.sim.vtime import run_virtual
 
 TIP = source.REPO_ROOT.parent / "shared" / "third_party" / "miles-pr2542-688cf82b9"
 
@@ -150,3 +152,63 @@ def test_a_seeded_bug_in_the_refactored_orchestration_is_caught_by_name(bug, tmp
     [breaks] = [line for line in out.splitlines() if "upstream on its own trace: breaks" in line]
     named = {part.strip().split(" ")[0] for part in breaks.split("breaks", 1)[1].split(",")}
     assert set(checkers) <= named, f"{bug}: named {sorted(named)}, expected {checkers}"
+
+
+class _Engine:
+    """What the HTTP leaf drives: the calls it makes, in order."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+        self.weight_version = 0
+
+    async def pause_generation(self, mode: str) -> None:
+        self.calls.append(("pause", mode))
+
+    async def update_weights(self, version: int, weights: object) -> None:
+        self.calls.append(("load", version, weights))
+        self.weight_version = version
+
+    async def continue_generation(self) -> None:
+        self.calls.append(("continue",))
+
+
+class _Run:
+    def __init__(self) -> None:
+        self.engine = _Engine()
+        self.loaded: list[int] = []
+
+    def engine_loaded(self, version: int) -> None:
+        self.loaded.append(version)
+
+
+def test_the_engine_http_leaf_serves_a_weight_update_on_the_engine_and_names_an_endpoint_it_lacks():
+    run = _Run()
+    client = leaves_refactor.SimHttpClient(run)
+
+    async def update() -> None:
+        url = "http://127.0.0.1:20004"
+        await client.post(f"{url}/pause_generation", json={"mode": "in_place"})
+        assert (await client.get(f"{url}/flush_cache")).status_code == 200
+        await client.post(
+            f"{url}/update_weights_from_tensor", json={"serialized_named_tensors": ["w"], "weight_version": "3"}
+        )
+        await client.post(f"{url}/continue_generation", json={})
+        assert (await client.get(f"{url}/model_info")).json() == {"weight_version": "3"}
+        with pytest.raises(Exception, match="POST /load_lora_adapter"):
+            await client.post(f"{url}/load_lora_adapter", json={})
+
+    run_virtual(update())
+    assert run.engine.calls == [("pause", "in_place"), ("load", 3, "w"), ("continue",)]
+    assert run.loaded == [3]
+
+
+def test_the_clock_leaf_reads_the_virtual_time_loop():
+    clock = leaves_refactor.VirtualClock()
+
+    async def wait() -> tuple[float, float]:
+        start = clock.monotonic()
+        await asyncio.sleep(310.0)
+        return start, clock.monotonic()
+
+    start, end = run_virtual(wait())
+    assert end - start == pytest.approx(310.0) and clock.sleep is time.sleep
