@@ -300,13 +300,16 @@ def _stand_in_module(name: str, **attrs: Any) -> types.ModuleType:
     return mod
 
 
-def trainer_backend_modules() -> dict[str, types.ModuleType]:
-    """The train actor classes ``allocate_gpus_for_actor`` imports, as ``SimTrainActor``."""
+def trainer_backend_modules(actor: type = SimTrainActor) -> dict[str, types.ModuleType]:
+    """The train actor classes upstream imports (``allocate_gpus_for_actor``; the trainer pool's
+    ``worker_class`` path on the controller-executor shape, ``miles/ray/specs/train.py:L36-L39``),
+    as ``actor``."""
     return {
         "miles.backends.megatron_utils.actor": _stand_in_module(
-            "miles.backends.megatron_utils.actor", MegatronTrainRayActor=SimTrainActor
+            "miles.backends.megatron_utils.actor", MegatronTrainRayActor=actor
         ),
-        "miles.backends.fsdp_utils": _stand_in_module("miles.backends.fsdp_utils", FSDPTrainRayActor=SimTrainActor),
+        "miles.backends.fsdp_utils": _stand_in_module("miles.backends.fsdp_utils", FSDPTrainRayActor=actor),
+        "miles.backends.fsdp_utils.actor": _stand_in_module("miles.backends.fsdp_utils.actor", FSDPTrainRayActor=actor),
     }
 
 

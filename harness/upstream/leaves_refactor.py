@@ -34,12 +34,21 @@ upstream reaches it at:
   and every engine API call through ``GeneralHttpClientProvider.client()``
   (``miles/utils/http_utils.py:L223-L230``; ``SGLangApiClient``,
   ``miles/backends/sglang_utils/sglang_api_client.py``): pause, continue, weight loads,
-  version, health. Not served yet (see ``UNHOSTED``).
+  version, health, the router's worker list (``SimHttpClient``, on the run's ``SimEngine``).
+* **real-time clocks**: ``time`` in the modules whose deadlines gate a run
+  (``retry_until_deadline``, ``miles/utils/retry_utils.py:L69-L91``, with its jitter drawn from
+  a generator of the run's own; a cell's start-up, ``miles/ray/rollout/server_cell.py:L136``;
+  the controller's wait for ready cells, ``inference_controller.py:L234-L242``; ``wait_dead``,
+  ``miles/utils/workers/worker_handle.py:L29-L33``; the engine-env audit's cadence) reads
+  the virtual-time loop (``VirtualClock``): one process, one clock.
 * **the trainer** (``MegatronTrainRayActor`` / ``FSDPTrainRayActor``, the trainer pool's
   ``worker_class``, ``miles/ray/specs/train.py:L36-L39``, ``:L213``): the train actor,
   as on the other shape; its methods on this shape (``init``, ``train``,
   ``update_weights(info)`` returning the version, ``get_train_parallel_config``,
-  ``miles/ray/train_actor.py:L93-L222``) differ from the rollout-manager shape's.
+  ``miles/ray/train_actor.py:L93-L222``) differ from the rollout-manager shape's
+  (``SimCellTrainActor``). Its weight update goes through the engines' API clients the
+  inference controller hands it (pause, flush, load with the version, continue), and the
+  version it returns is what upstream's ``update_weights`` reports to the executor.
 * **the rollout thread**: ``RolloutExecutor._get_rollout_data`` runs the rollout function
   through ``asyncio.to_thread(call_rollout_function, ...)``
   (``miles/ray/rollout/rollout_executor.py:L281-L289``): awaited on the one loop, observed
@@ -60,23 +69,34 @@ upstream reaches it at:
   (``engine_launch_cmd``), and ``--sglang-api-key`` has SGLang's default (none).
 
 ``UNHOSTED`` names what the harness does not fake yet on this shape, with where a run
-stops without it; ``doctor`` lists it, and ``harness.upstream.seams.HOSTED`` keeps the shape
-refused until it is empty.
+stops without it; ``doctor`` lists it (empty now: ``harness.upstream.seams.HOSTED`` hosts
+the shape under ``--orchestration upstream``).
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
+import importlib.util
+import json
+import random
+import sys
+import time
 from typing import Any
 
 from harness.upstream import host, leaves
 from harness.upstream.host import Rebind
 from harness.upstream.leaves import Leaf
+from harness.upstream.stand_ins import StandInMissing
 
 EXECUTOR_MOD = "miles.ray.rollout.rollout_executor"
 WORKER_MANAGER_MOD = "miles.utils.workers.ray_worker_manager"
 ORCHESTRATION_UTILS_MOD = "miles.utils.orchestration_utils"
 ROUTER_MANAGER_MOD = "miles.ray.rollout.router_manager"
 OBJECT_STORE_MOD = "miles.utils.object_store"
+HTTP_UTILS_MOD = "miles.utils.http_utils"
+SERVER_CELL_MOD = "miles.ray.rollout.server_cell"
+CONTROLLER_MOD = "miles.ray.rollout.inference_controller"
 
 
 LEAVES: tuple[Leaf, ...] = (
@@ -95,7 +115,14 @@ LEAVES: tuple[Leaf, ...] = (
         "engine_network",
         "miles/ray/rollout/router_manager.py:L59 wait_tcp_ready; miles/utils/http_utils.py:L223 "
         "GeneralHttpClientProvider.client (SGLangApiClient)",
-        "the engines' and router's HTTP API",
+        "the engines' and router's HTTP API, served on the run's SimEngine",
+    ),
+    Leaf(
+        "real_time_clock",
+        "time in miles/utils/retry_utils.py (retry_until_deadline, and random for its jitter), "
+        "miles/ray/rollout/server_cell.py, inference_controller.py, engine_env_reporter.py, "
+        "miles/utils/workers/worker_handle.py",
+        "deadlines and polls on the wall clock; one process runs on the virtual-time loop's clock",
     ),
     Leaf(
         "train_actor",
@@ -126,30 +153,200 @@ LEAVES: tuple[Leaf, ...] = (
 )
 
 # what this harness does not fake yet on the controller-executor shape: (leaf, what upstream
-# needs of it, where a run stops without it). Measured on the tip with the shape forced
-# hosted: the worker manager starts every cell over these leaves (the engine and router
-# pools, the rollout executor, the inference controller, the trainer controller and its
-# train actors), and the run stops at the first line of each entry.
-UNHOSTED: tuple[tuple[str, str, str], ...] = (
-    (
-        "train_actor",
-        "SimTrainActor with this shape's constructor and API: the trainer pool builds it with "
-        "(args, world_size, rank, role, cell_index) and NodeProbeMixin (miles/ray/specs/train.py:L214-L220, "
-        "ray_worker_manager.py:L523-L536); TrainerCell.execute calls init / load_state / train / update_weights(info) "
-        "returning the version / get_train_parallel_config (miles/ray/train/cell.py, miles/ray/train_actor.py:L93-L222)",
-        "the trainer cell's actor dies in its constructor (ray_worker_manager.py:L352, alloc_ports)",
-    ),
-    (
-        "engine_network",
-        "the engines' HTTP API behind GeneralHttpClientProvider.client() served on SimEngine: the launch gate "
-        "(miles/utils/workers/launch_gate.py:L13-L27, posted by ServerCell at miles/ray/rollout/server_cell.py:L155), "
-        "then SGLangApiClient's /health_generate, /get_weight_version, /pause_generation, /continue_generation, "
-        "/update_weights_from_tensor, /flush_cache; and retry_until_deadline's real-time deadline "
-        "(miles/utils/retry_utils.py) on virtual time",
-        "InferenceController.init waits for the engine's launch gate over the real network and the run hangs "
-        "(WatchdogTripped at virtual t=310 s)",
-    ),
-)
+# needs of it, where a run stops without it); doctor lists them. None is left for a run's
+# start-up, its weight updates and its train steps; what a case reaches beyond them (a member
+# a leaf fake lacks) is a harness error naming the member and the line (StandInMissing).
+UNHOSTED: tuple[tuple[str, str, str], ...] = ()
+
+
+class SimCellTrainActor(leaves.SimTrainActor):
+    """The trainer pool's worker on this shape (``TrainRayActor``, ``miles/ray/train_actor.py:L47-L222``,
+    built by ``ServeWorkerSpec.ctor_kwargs`` with ``(args, world_size, rank, role, cell_index)``,
+    ``miles/ray/specs/train.py:L214-L220``) on ``SimTrainer``: what ``TrainerCell.execute``
+    calls (``miles/ray/train/cell.py:L61-L113``, ``miles/ray/train/group.py:L360-L430``).
+    Rank 0 of the actor records for the run, as ``SimTrainActor``."""
+
+    def __init__(self, *, args: Any, world_size: int, rank: int, role: str, cell_index: int) -> None:
+        super().__init__(args, world_size, rank, None, None, role=role, cell_index=cell_index)
+
+    def propose_master_addr_and_port(self) -> tuple[str, int]:
+        return self.master_addr, self.master_port
+
+    def configure_master_addr_and_port(self, *, master_addr: str, master_port: int) -> None:
+        self.master_addr, self.master_port = master_addr, master_port
+
+    def get_train_parallel_config(self) -> dict[str, Any]:
+        return self.train_parallel_config
+
+    # this shape's TrainRayActor API (miles/ray/train_actor.py:L195-L222), not the rollout-manager shape's
+    async def train(  # type: ignore[override]
+        self,
+        rollout_id: int,
+        rollout_data_ref: Any,
+        witness_info: Any = None,
+        attempt: int = 0,
+        external_data: Any = None,
+    ) -> Any:
+        """Train the rank's shard; a normal step (``TrainStepOutput``, which the trainer
+        controller checks, ``group.py:L259-L286``)."""
+        from miles.backends.megatron_utils.ft.types import TrainStepOutcome, TrainStepOutput
+        from miles.utils.data import process_rollout_data
+
+        data, _got = process_rollout_data(self.args, rollout_data_ref, self._rank, self._world_size, witness_info)
+        if self.records:
+            await self.run.train_shard(rollout_id, data)
+        return TrainStepOutput(outcome=TrainStepOutcome.NORMAL)
+
+    async def update_weights(self, info: Any) -> int:  # type: ignore[override]
+        """The weight updater on the engines' API clients ``InferenceController.start_update_weights``
+        hands over (``UpdatableEngines``): every rank counts the version, rank 0 pauses in
+        ``--pause-generation-mode`` (FSDP: SGLang's default), flushes the cache, opens the
+        load, loads with the version, closes it and continues
+        (``megatron_utils/update_weight/update_weight_from_tensor.py:L233-L320``,
+        ``fsdp_utils/update_weight_utils.py:L78-L124``); the version is returned to upstream,
+        which reports it to the rollout executor (``placement_group.py:L320-L355``)."""
+        self.weight_version += 1
+        if self.records:
+            mode = "retract" if self.args.train_backend == "fsdp" else self.args.pause_generation_mode
+            clients = list(info.rollout_engines)
+            self.run.weight_update_begins(self.weight_version)
+            await asyncio.gather(*(c.pause_generation(mode=mode) for c in clients))
+            await asyncio.gather(*(c.flush_cache() for c in clients))
+            await asyncio.gather(*(c.begin_weight_update() for c in clients))
+            weights = self.run.ctx.trainer.get_weights()
+            version = str(self.weight_version)
+            await asyncio.gather(*(c.update_weights_from_tensor([weights], weight_version=version) for c in clients))
+            await asyncio.gather(*(c.end_weight_update() for c in clients))
+            await asyncio.gather(*(c.continue_generation() for c in clients))
+        return self.weight_version
+
+
+# --------------------------------------------------------------------------- the engines' HTTP API
+
+
+class SimResponse:
+    """What upstream reads of an ``httpx.Response``: the status, the body, ``raise_for_status``."""
+
+    def __init__(self, url: str, body: Any = None, status_code: int = 200) -> None:
+        self.url, self.status_code, self._body = url, status_code, body
+
+    @property
+    def content(self) -> bytes:
+        return b"" if self._body is None else json.dumps(self._body).encode()
+
+    @property
+    def text(self) -> str:
+        return self.content.decode()
+
+    def json(self) -> Any:
+        return self._body
+
+    def raise_for_status(self) -> "SimResponse":
+        if self.status_code >= 400:
+            import httpx
+
+            request = httpx.Request("GET", self.url)
+            raise httpx.HTTPStatusError(
+                f"{self.status_code} for {self.url}", request=request, response=httpx.Response(self.status_code)
+            )
+        return self
+
+
+class SimHttpClient(leaves._Leaf):
+    """The client ``GeneralHttpClientProvider.client()`` returns (``miles/utils/http_utils.py:L223-L230``),
+    serving the engines' and router's HTTP API on the run's ``SimEngine``: what
+    ``SGLangApiClient`` (``miles/backends/sglang_utils/sglang_api_client.py``), the launch gate
+    (``miles/utils/workers/launch_gate.py:L13-L27``) and the health probes ask. Every engine URL
+    is the one ``SimEngine``; an endpoint it does not serve is ``StandInMissing`` naming it."""
+
+    role = "engine_network"
+
+    def __init__(self, run: Any) -> None:
+        self.run = run
+        self.workers: list[dict] = []  # the router's workers, as ServerCell registers them
+
+    async def get(self, url: str, **_: Any) -> SimResponse:
+        return await self._serve("GET", url, {})
+
+    async def post(self, url: str, json: Any = None, **_: Any) -> SimResponse:
+        return await self._serve("POST", url, json or {})
+
+    async def delete(self, url: str, **_: Any) -> SimResponse:
+        return await self._serve("DELETE", url, {})
+
+    async def _serve(self, method: str, url: str, payload: dict) -> SimResponse:
+        path = "/" + url.split("://", 1)[-1].split("/", 1)[-1].split("?", 1)[0]
+        run, eng = self.run, self.run.engine
+        # the router's worker registry (sglang_router_api_client.py: add_worker, remove_worker); every
+        # worker is the one SimEngine, so registration changes where nothing is routed
+        if path == "/workers" and method == "POST":
+            self.workers.append({"id": str(len(self.workers)), "url": payload["url"]})
+            return SimResponse(url, {})
+        if path == "/workers" and method == "GET":
+            return SimResponse(url, {"workers": list(self.workers)})
+        if path.startswith("/workers/") and method == "DELETE":
+            self.workers = [w for w in self.workers if w["id"] != path.rsplit("/", 1)[1]]
+            return SimResponse(url, {})
+        if path in ("/health_generate", "/health", "/flush_cache", "/gate/activate", "/begin_weight_update"):
+            return SimResponse(url)  # up from the start, no cache to flush, the gate open, the load opened
+        if path == "/end_weight_update":
+            return SimResponse(url)
+        if path == "/server_info":
+            # SGLang's server info as the engine-env audit and external engines read it: one GPU per engine
+            # (the runner's wiring), nothing else to report (miles/ray/rollout/engine_env_reporter.py:L33-L45)
+            return SimResponse(url, {"internal_states": [{"world_size": 1}]})
+        if path in ("/model_info", "/get_weight_version"):
+            return SimResponse(url, {"weight_version": str(eng.weight_version)})
+        if path == "/pause_generation":
+            await eng.pause_generation(payload.get("mode", "abort"))  # SGLang's PauseGenerationReqInput default
+            return SimResponse(url)
+        if path == "/continue_generation":
+            await eng.continue_generation()
+            return SimResponse(url)
+        if path == "/update_weights_from_tensor":
+            version = int(payload["weight_version"])
+            [weights] = payload["serialized_named_tensors"]
+            await eng.update_weights(version, weights)
+            run.engine_loaded(version)
+            return SimResponse(url, {"success": True, "message": ""})
+        if path == "/update_weights_from_disk":
+            # the engine reloads the checkpoint at model_path under the version given (else the one it has)
+            version = int(payload.get("weight_version") or eng.weight_version)
+            await eng.update_weights(version, payload["model_path"])
+            run.engine_loaded(version)
+            return SimResponse(url, {"success": True, "message": ""})
+        if path == "/update_weight_version":
+            eng.weight_version = int(payload["new_version"])
+            if payload.get("abort_all_requests", True):
+                await run.serve_abort({"abort_all": True})
+            return SimResponse(url, {"success": True})
+        if path == "/abort_request":
+            return SimResponse(url, await run.serve_abort(payload))
+        if path == "/generate":
+            return SimResponse(url, await run.serve_generate(payload))
+        frame = sys._getframe(1)
+        while frame.f_back is not None and frame.f_code.co_filename == __file__:
+            frame = frame.f_back
+        raise StandInMissing(self.role, f"{method} {path}", frame.f_code.co_filename, frame.f_lineno)
+
+
+class VirtualClock:
+    """``time`` as a module of upstream's sees it: ``monotonic`` and ``time`` read the
+    virtual-time loop's clock, so deadlines (``retry_until_deadline``, ``miles/utils/retry_utils.py:L69-L91``;
+    a cell's start-up deadline, ``server_cell.py:L136``, ``:L157``; the controller's wait for
+    ready cells, ``inference_controller.py:L234-L242``; ``wait_dead``, ``worker_handle.py:L29-L33``)
+    pass as the loop's sleeps do; everything else is ``time``'s."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+    @staticmethod
+    def monotonic() -> float:
+        return asyncio.get_running_loop().time()
+
+    @staticmethod
+    def time() -> float:
+        return asyncio.get_running_loop().time()
 
 
 class SimCommandActor(leaves._Leaf):
@@ -205,6 +402,19 @@ async def tcp_ready(host_: str, port: int, timeout: float | None = None) -> None
     return None
 
 
+def _reported(set_weight_version: Any, run: Any) -> Any:
+    """``RolloutExecutor.set_weight_version`` observed: the run records the version once the
+    executor holds it (the end of the weight sync, as ``SimTrainActor`` records it on the
+    rollout-manager shape)."""
+
+    @functools.wraps(set_weight_version)
+    def reported(self: Any, weight_version: int, *args: Any, **kwargs: Any) -> None:
+        set_weight_version(self, weight_version, *args, **kwargs)
+        run.weight_update_reported(weight_version)
+
+    return reported
+
+
 def refactor_rebinds(run: Any, observed_load: Any) -> list[Rebind]:
     """The leaves put in upstream's modules for one run on the controller-executor shape;
     ``observed_load(load, run)``: ``load_rollout_function`` with the data source and the
@@ -212,7 +422,32 @@ def refactor_rebinds(run: Any, observed_load: Any) -> list[Rebind]:
     ex, wm, ou = host.module(EXECUTOR_MOD), host.module(WORKER_MANAGER_MOD), host.module(ORCHESTRATION_UTILS_MOD)
     store, misc = host.module(OBJECT_STORE_MOD), host.module("miles.utils.misc")
     shared = leaves.SharedObjectStore(store())
+    client = SimHttpClient(run)
+    clock = VirtualClock()
     return [
+        # every engine and router API call (miles/utils/http_utils.py:L223-L230): served on the run's SimEngine
+        Rebind(
+            "engine_http",
+            lambda: host.module(HTTP_UTILS_MOD)().GeneralHttpClientProvider,
+            "client",
+            lambda _: staticmethod(lambda: client),
+        ),
+        # real-time deadlines read the virtual-time loop's clock (VirtualClock)
+        Rebind("worker_manager", host.module("miles.utils.retry_utils"), "time", lambda _: clock),
+        # retry_until_deadline's jitter (retry_utils.py:L81) drawn from a generator of the run's own, so a
+        # case's start-up waits are the same on every run
+        Rebind("worker_manager", host.module("miles.utils.retry_utils"), "random", lambda _: random.Random(0)),
+        Rebind("worker_manager", host.module("miles.utils.workers.worker_handle"), "time", lambda _: clock),
+        Rebind("inference_controller", host.module(SERVER_CELL_MOD), "time", lambda _: clock),
+        Rebind("inference_controller", host.module(CONTROLLER_MOD), "time", lambda _: clock),
+        Rebind("inference_controller", host.module("miles.ray.rollout.engine_env_reporter"), "time", lambda _: clock),
+        # the version upstream's update_weights reports to the executor (placement_group.py:L354-L355)
+        Rebind(
+            "rollout_executor",
+            lambda: host.module(EXECUTOR_MOD)().RolloutExecutor,
+            "set_weight_version",
+            lambda f: _reported(f, run),
+        ),
         Rebind("engine_process", wm, "CommandActor", lambda _: SimCommandActor),
         Rebind("engine_process", host.module(ROUTER_MANAGER_MOD), "wait_tcp_ready", lambda _: tcp_ready),
         # the engine process's command line, built from SGLang's ServerArgs (not installable here) for the
@@ -233,12 +468,28 @@ def refactor_rebinds(run: Any, observed_load: Any) -> list[Rebind]:
         Rebind("rollout_executor", ex, "configure_logger", lambda _: leaves.noop),
         Rebind("rollout_executor", ex, "init_tracking", lambda _: leaves.noop),
         Rebind("worker_manager", wm, "configure_logger", lambda _: leaves.noop),
-        Rebind("worker_manager", ou, "configure_logger", lambda _: leaves.noop),
-        Rebind("worker_manager", ou, "maybe_start_periodic_pyspy_dump", lambda _: leaves.noop),
-        Rebind("worker_manager", ou, "init_tracking", lambda _: leaves.noop),
         Rebind("object_store", store, "init_instance", lambda _: shared.init_instance),
         Rebind("object_store", store, "get_instance", lambda _: shared.get_instance),
-    ]
+    ] + (
+        # trees whose drivers start the outside services themselves (before init_orchestration_script)
+        # have them turned off in the driver module (orchestration.driver_services_off)
+        [
+            Rebind("worker_manager", ou, "configure_logger", lambda _: leaves.noop),
+            Rebind("worker_manager", ou, "maybe_start_periodic_pyspy_dump", lambda _: leaves.noop),
+            Rebind("worker_manager", ou, "init_tracking", lambda _: leaves.noop),
+        ]
+        if importlib.util.find_spec(ORCHESTRATION_UTILS_MOD) is not None
+        else []
+    )
 
 
-__all__ = ["LEAVES", "UNHOSTED", "SimCommandActor", "refactor_rebinds", "tcp_ready"]
+__all__ = [
+    "LEAVES",
+    "UNHOSTED",
+    "SimCellTrainActor",
+    "SimCommandActor",
+    "SimHttpClient",
+    "VirtualClock",
+    "refactor_rebinds",
+    "tcp_ready",
+]

@@ -56,8 +56,16 @@ def _environment(values: dict[str, str | None]) -> Iterator[None]:
 def hosted() -> Iterator[None]:
     """vray as ``ray``, the train actor leaf as the trainer backend and the class-based
     rollout selected, fresh for the run."""
+    from harness.upstream import source
+    from harness.upstream.seams import CONTROLLER_EXECUTOR
+
+    actor: type = leaves.SimTrainActor
+    if source.report().shape == CONTROLLER_EXECUTOR:
+        from harness.upstream.leaves_refactor import SimCellTrainActor
+
+        actor = SimCellTrainActor
     vray.reset(num_gpus=CLUSTER_GPUS, num_cpus=CLUSTER_CPUS)
-    with vray.installed(leaves.trainer_backend_modules()), _environment(ROLLOUT_ENV):
+    with vray.installed(leaves.trainer_backend_modules(actor)), _environment(ROLLOUT_ENV):
         try:
             yield
         finally:

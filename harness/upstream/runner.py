@@ -485,6 +485,19 @@ def _staleness(group: Any, current: int | None) -> int | None:
     return None if oldest is None else current - oldest
 
 
+def _weight_versions(recorded: list) -> list[str]:
+    """A sample's engine versions as the core records them, one string per version: trees
+    that record a string per generate call as they are; trees that record the versions'
+    token spans per call (``WeightVersionsPerCall``, ``miles/utils/types.py:L20-L50`` of the
+    refactor's tip) give each span's version, which is what their ``oldest_weight_version``
+    reads (``types.py:L344-L348``)."""
+    return (
+        [span.version for call in recorded for span in call.spans]
+        if recorded and not isinstance(recorded[0], str)
+        else list(recorded)
+    )
+
+
 class RunnerAccountingError(HarnessError):
     """The runner's own accounting contradicted itself: a group it declared lost (held by
     nothing upstream, ``UpstreamRunner.unaccounted`` / ``worker_waits``) showed up again in
@@ -824,7 +837,7 @@ class UpstreamRunner:
             label=usample.label,
             reward=usample.reward,
             metadata=dict(usample.metadata or {}),
-            weight_versions=list(usample.weight_versions),
+            weight_versions=_weight_versions(usample.weight_versions),
             remove_sample=usample.remove_sample,
             retry_count=m.retry_count if m else 0,
         )
@@ -897,13 +910,18 @@ class UpstreamRunner:
         """Megatron's weight updater on the engines upstream passed: pause, load the
         trainer's weights, version, continue (``update_weight_from_tensor.py:L237-L320``)."""
         ctx = self.ctx
-        ctx.weight_version = version
-        ctx.steps_at_update = ctx.trainer_steps
-        ctx.phase("train", "weight_sync", True, version=version)
+        self.weight_update_begins(version)
         await asyncio.gather(*(e.pause_generation.remote(mode=mode) for e in engines))
         weights = ctx.trainer.get_weights()
         await asyncio.gather(*(e.update_weights_from_tensor.remote(version, weights) for e in engines))
         await asyncio.gather(*(e.continue_generation.remote() for e in engines))
+
+    def weight_update_begins(self, version: int) -> None:
+        """The train actor starts updating the engines to ``version`` (the weight sync opens)."""
+        ctx = self.ctx
+        ctx.weight_version = version
+        ctx.steps_at_update = ctx.trainer_steps
+        ctx.phase("train", "weight_sync", True, version=version)
 
     def engine_loaded(self, version: int) -> None:
         """An engine holds ``version`` now (the engine leaf calls it as its load returns)."""

@@ -67,8 +67,12 @@ SHAPES = (ROLLOUT_MANAGER, CONTROLLER_EXECUTOR)
 SHAPE_CALLS = {ROLLOUT_MANAGER: "create_rollout_manager", CONTROLLER_EXECUTOR: "create_rollout_components"}
 # the shapes the harness hosts, per orchestration: the stand-ins replace the rollout
 # manager's Ray names (harness.upstream.ray_names); --orchestration upstream hosts the
-# rollout-manager shape over harness.upstream.leaves
-HOSTED: dict[str, tuple[str, ...]] = {"stand-ins": (ROLLOUT_MANAGER,), "upstream": (ROLLOUT_MANAGER,)}
+# rollout-manager shape over harness.upstream.leaves and the controller-executor shape over
+# harness.upstream.leaves_refactor
+HOSTED: dict[str, tuple[str, ...]] = {
+    "stand-ins": (ROLLOUT_MANAGER,),
+    "upstream": (ROLLOUT_MANAGER, CONTROLLER_EXECUTOR),
+}
 
 
 class SeamMissing(HarnessError):

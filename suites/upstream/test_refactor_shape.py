@@ -1,18 +1,26 @@
 """The controller-executor shape of upstream's orchestration (``harness.upstream.leaves_refactor``):
-the leaf that lets the driver block on the worker manager in one thread, and what
-``doctor`` says of a tree of that shape while the harness does not host it. Nothing here
-imports Miles: the probes read files, and the leaf runs on vray alone."""
+its leaves, what ``doctor`` says of a tree of that shape, and seeded bugs in the refactor's
+``RolloutExecutor``, ``InferenceController`` and weight-update orchestration, each named by
+an invariant checker. The leaf and doctor tests import no Miles (the probes read files);
+the seeded bugs run the CLI on a copy of the tip in a process of their own."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import shutil
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from harness import cli
 from harness.upstream import leaves_refactor, seams, source, vray
 from harness.upstream.leaves_refactor import SimCommandActor
+from harness.sim.vtime import run_virtual
 
 TIP = source.REPO_ROOT.parent / "shared" / "third_party" / "miles-pr2542-688cf82b9"
 
@@ -50,16 +58,157 @@ def test_the_engine_process_leaf_starts_nothing_and_names_a_member_it_lacks():
         actor.kill_subprocess()
 
 
-def test_doctor_refuses_the_refactored_tree_naming_its_shape_and_each_leaf_not_faked_yet(capsys):
+def test_doctor_runs_the_refactored_tree_under_upstreams_orchestration_and_lists_its_leaves(capsys):
     if not (TIP / source.MARKER).is_file():
         pytest.skip(f"the refactored tree is not at {TIP}")
-    assert cli.main(["doctor", "--miles-src", str(TIP)]) == 3
+    assert cli.main(["doctor", "--miles-src", str(TIP)]) == 0
     out = capsys.readouterr().out
-    assert "orchestration shape: controller-executor" in out
-    assert "not faked yet on the controller-executor shape" in out
-    unhosted = out.split("not faked yet on the controller-executor shape", 1)[1]
-    for name, needs, stops in leaves_refactor.UNHOSTED:
-        assert f"  {name:<20} needs: {needs}" in unhosted and f"without it: {stops}" in unhosted
-    assert "doctor lists the leaves not faked yet" in out
+    assert "orchestration shape: controller-executor" in out and "hosted with --orchestration upstream" in out
+    for leaf in leaves_refactor.LEAVES:
+        assert f"  {leaf.name:<20} {leaf.boundary}" in out
+    assert not leaves_refactor.UNHOSTED and "not faked yet" not in out
     report = seams.probe(TIP)
-    assert [s.name for s in report.missing_for("sync")] == ["shape controller-executor"]
+    assert report.missing_for("sync", "upstream") == []
+    assert [s.name for s in report.missing_for("sync", "stand-ins")] == ["shape controller-executor"]
+
+
+# --------------------------------------------------------------------------- seeded bugs on the refactored shape
+#
+# One line of the tip changed in a copy of its tree (``miles/`` and the drivers: what
+# ``source.is_miles_tree`` needs), run by the CLI in a process of its own (one tree per
+# process): an invariant checker on upstream's trace names each bug; the unchanged copy
+# holds every invariant, so each test can fail.
+
+SEEDED = {
+    # RolloutExecutor._get_rollout_data hands the trainer one group fewer (the batch filled with a copy of the first)
+    "the_executor_returns_one_group_fewer": (
+        "miles/ray/rollout/rollout_executor.py",
+        "            data = data.samples\n",
+        "            data = data.samples[:-1] + data.samples[:1]\n",
+        ("conservation", "trained_batch_shape"),
+    ),
+    # InferenceController.start_update_weights hands the trainer none of the engines to update
+    "the_controller_hands_the_trainer_no_engines": (
+        "miles/ray/rollout/inference_controller.py",
+        "            rollout_engines=srv.api_clients,\n",
+        "            rollout_engines=srv.api_clients[:0],\n",
+        ("batch_single_version", "version_steps"),
+    ),
+    # update_weights reports the version before the one the engines now serve to the rollout executor
+    "update_weights_reports_the_previous_version": (
+        "miles/ray/placement_group.py",
+        "await rollout_executor.set_weight_version(weight_version, trainer_model_id=trainer_model_id)",
+        "await rollout_executor.set_weight_version(weight_version - 1, trainer_model_id=trainer_model_id)",
+        ("version_steps",),
+    ),
+}
+
+
+def _tree_copy(dest: Path, file: str | None = None, old: str = "", new: str = "") -> Path:
+    shutil.copytree(TIP / "miles", dest / "miles", ignore=shutil.ignore_patterns("__pycache__"))
+    for driver in source.DRIVER_FILES:
+        shutil.copy2(TIP / driver, dest / driver)
+    if file is not None:
+        path = dest / file
+        text = path.read_text()
+        assert text.count(old) == 1, f"the seeded line is not once in {file}: the tip changed; reseed"
+        path.write_text(text.replace(old, new))
+    assert source.is_miles_tree(dest)
+    return dest
+
+
+def _diff_one_step(tree: Path) -> str:
+    out = subprocess.run(
+        [sys.executable, "-m", "harness.cli", "diff-upstream", "--miles-src", str(tree)]
+        + ["--scenario", "one-step-k1", "--orchestration", "upstream"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=source.REPO_ROOT,
+        env={**os.environ, "PYTHONPATH": str(source.REPO_ROOT)},
+    )
+    return out.stdout + out.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.process
+def test_the_unchanged_tip_holds_every_invariant_on_one_step(tmp_path):
+    if not (TIP / source.MARKER).is_file():
+        pytest.skip(f"the refactored tree is not at {TIP}")
+    out = _diff_one_step(_tree_copy(tmp_path / "tip"))
+    assert "upstream on its own trace: every invariant holds" in out, out[-3000:]
+    assert "0 breaking an invariant" in out and "0 harness errors" in out
+
+
+@pytest.mark.slow
+@pytest.mark.process
+@pytest.mark.parametrize("bug", sorted(SEEDED))
+def test_a_seeded_bug_in_the_refactored_orchestration_is_caught_by_name(bug, tmp_path):
+    if not (TIP / source.MARKER).is_file():
+        pytest.skip(f"the refactored tree is not at {TIP}")
+    file, old, new, checkers = SEEDED[bug]
+    out = _diff_one_step(_tree_copy(tmp_path / bug, file, old, new))
+    assert "1 breaking an invariant on upstream's trace" in out and "0 harness errors" in out, out[-3000:]
+    [breaks] = [line for line in out.splitlines() if "upstream on its own trace: breaks" in line]
+    named = {part.strip().split(" ")[0] for part in breaks.split("breaks", 1)[1].split(",")}
+    assert set(checkers) <= named, f"{bug}: named {sorted(named)}, expected {checkers}"
+
+
+class _Engine:
+    """What the HTTP leaf drives: the calls it makes, in order."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+        self.weight_version = 0
+
+    async def pause_generation(self, mode: str) -> None:
+        self.calls.append(("pause", mode))
+
+    async def update_weights(self, version: int, weights: object) -> None:
+        self.calls.append(("load", version, weights))
+        self.weight_version = version
+
+    async def continue_generation(self) -> None:
+        self.calls.append(("continue",))
+
+
+class _Run:
+    def __init__(self) -> None:
+        self.engine = _Engine()
+        self.loaded: list[int] = []
+
+    def engine_loaded(self, version: int) -> None:
+        self.loaded.append(version)
+
+
+def test_the_engine_http_leaf_serves_a_weight_update_on_the_engine_and_names_an_endpoint_it_lacks():
+    run = _Run()
+    client = leaves_refactor.SimHttpClient(run)
+
+    async def update() -> None:
+        url = "http://127.0.0.1:20004"
+        await client.post(f"{url}/pause_generation", json={"mode": "in_place"})
+        assert (await client.get(f"{url}/flush_cache")).status_code == 200
+        await client.post(
+            f"{url}/update_weights_from_tensor", json={"serialized_named_tensors": ["w"], "weight_version": "3"}
+        )
+        await client.post(f"{url}/continue_generation", json={})
+        assert (await client.get(f"{url}/model_info")).json() == {"weight_version": "3"}
+        with pytest.raises(Exception, match="POST /load_lora_adapter"):
+            await client.post(f"{url}/load_lora_adapter", json={})
+
+    run_virtual(update())
+    assert run.engine.calls == [("pause", "in_place"), ("load", 3, "w"), ("continue",)]
+    assert run.loaded == [3]
+
+
+def test_the_clock_leaf_reads_the_virtual_time_loop():
+    clock = leaves_refactor.VirtualClock()
+
+    async def wait() -> tuple[float, float]:
+        start = clock.monotonic()
+        await asyncio.sleep(310.0)
+        return start, clock.monotonic()
+
+    start, end = run_virtual(wait())
+    assert end - start == pytest.approx(310.0) and clock.sleep is time.sleep
