@@ -86,6 +86,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help=f"drawn fault schedules fault-seed-0..N-1 (default {DEFAULT_FAULT_SEEDS}; 0 with --scenario)",
     )
     p.add_argument(
+        "--resume-cases",
+        choices=("on", "off"),
+        default=None,
+        help="the resume cases: a crash right after a save and between the two saves of a rollout, one setting "
+        "per driver, resumed through each tree's own save and load and judged by the resume checkers "
+        "(default on; off with --scenario)",
+    )
+    p.add_argument(
         "--accept-unrun",
         action="store_true",
         help="pass (exit 0) although changed lines of the async code never ran in any case (default: exit 4)",
@@ -191,6 +199,7 @@ def _worker(
     cover: list[str],
     flag_cases: list[dict],
     orchestration: str = "upstream",
+    resume: bool = False,
 ) -> list[str]:
     cmd = [
         sys.executable,
@@ -206,6 +215,7 @@ def _worker(
         str(seeds),
         "--orchestration",
         orchestration,
+        *(["--resume-cases"] if resume else []),
     ]
     for s in scenarios:
         cmd += ["--scenario", s]
@@ -230,6 +240,7 @@ def run_trees(
     cover: list[str] | None = None,
     flag_cases: list[dict] | None = None,
     orchestration: str = "upstream",
+    resume: bool = False,
 ) -> dict[str, dict]:
     """Both trees' documents (``gate_run``), one process per tree, hosted with
     ``orchestration`` (``harness.upstream.runner.ORCHESTRATIONS``); HEAD's measures which
@@ -256,6 +267,7 @@ def run_trees(
                     list(cover or []) if side == "head" else [],
                     [{**spec, "set": spec["set"][side]} for spec in flag_cases or []],
                     orchestration,
+                    resume,
                 ),
                 cwd=str(PROJECT_ROOT),
                 env=env,
@@ -435,6 +447,8 @@ def main(args: argparse.Namespace) -> int:
         except KeyError as exc:
             raise ConfigError(exc.args[0]) from None
     seeds = args.fault_seeds if args.fault_seeds is not None else (0 if args.scenario else DEFAULT_FAULT_SEEDS)
+    given_resume = getattr(args, "resume_cases", None)
+    resume = given_resume == "on" if given_resume is not None else not args.scenario
     if seeds < 0:
         raise ConfigError(f"--fault-seeds {seeds}: must be >= 0. Fix: e.g. --fault-seeds {DEFAULT_FAULT_SEEDS}")
     t0, cpu0 = time.perf_counter(), _cpu_s()
@@ -456,7 +470,9 @@ def main(args: argparse.Namespace) -> int:
         out = given or Path(tempfile.mkdtemp(prefix="miles-gate-"))
         out.mkdir(parents=True, exist_ok=True)
         try:
-            docs = run_trees(head, base, out, list(args.scenario), seeds, args.jobs, changed, specs, orchestration)
+            docs = run_trees(
+                head, base, out, list(args.scenario), seeds, args.jobs, changed, specs, orchestration, resume
+            )
         except WorkerFailed as exc:
             print(f"HARNESS ERROR (exit 2): {exc}")
             return Exit.HARNESS_ERROR

@@ -38,6 +38,7 @@ import json
 import sys
 import time
 import traceback
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable
@@ -186,8 +187,49 @@ def _flag_run(spec: dict, orchestration: str = "upstream") -> CaseRun:
         return _matrix_run(case, orchestration)
 
 
+@dataclass(frozen=True)
+class ResumeRun:
+    """A resume case's lives as one run for the judge: the joined trace, every life's
+    history, the error that ended it."""
+
+    events: list
+    history: list
+    error: BaseException | None
+    complete: bool
+
+
+# the resume sweep's settings the gate runs (one per driver) and its stops there: right after
+# the first save, and between the two saves of a rollout (harness.sim.resume_sweep)
+RESUME_SETTINGS = ("sync", "one-step/retract", "fully-async/retract/retry")
+RESUME_STOPS = ("save_boundary@1", "between_model_and_data_source@5")
+RESUME_PREFIX = "resume:"
+
+
+def resume_cases() -> list[Any]:
+    """The resume sweep's cases the gate runs on both trees, judged by the resume checkers."""
+    from harness.sim.resume_sweep import cases as sweep_cases
+
+    return [c for c in sweep_cases(only=RESUME_SETTINGS) if c.stops[0].label in RESUME_STOPS]
+
+
+def _resume_run(case: Any, orchestration: str = "upstream") -> CaseRun:
+    """A crash at ``case``'s stop and the resume through upstream's own save and load
+    (``harness.upstream.lives``): the lives' joined trace is the case's run."""
+    from harness.upstream.lives import run_points
+
+    res = run_points(case.scenario, case.stops, orchestration=orchestration)
+    lives = getattr(res, "lives", None) or []
+    history = [h for life in lives for h in getattr(life, "history", [])]
+    end = res.events[-1].t if res.events else 0.0
+    return CaseRun(ResumeRun(res.events, history, res.error, res.error is None), case.scenario.config, end)
+
+
 def cases(
-    scenarios: list[str], fault_seeds: int, flag_cases: list[dict] | None = None, orchestration: str = "upstream"
+    scenarios: list[str],
+    fault_seeds: int,
+    flag_cases: list[dict] | None = None,
+    orchestration: str = "upstream",
+    resume: bool = False,
 ) -> list[tuple[str, Callable[[], CaseRun]]]:
     """(name, run) for every case asked: the named matrix cases (all when none is named
     and ``fault_seeds`` is not the only thing asked), the flag cases, then the fault seeds."""
@@ -197,6 +239,11 @@ def cases(
     out: list[tuple[str, Callable[[], CaseRun]]] = [(c.name, partial(_matrix_run, c, orchestration)) for c in chosen]
     out += [(spec["name"], partial(_flag_run, spec, orchestration)) for spec in flag_cases or []]
     out += [(f"fault-seed-{s}", partial(_fault_run, s, orchestration)) for s in range(fault_seeds)]
+    if resume:
+        out += [
+            (f"{RESUME_PREFIX}{c.setting}:{c.stops[0].label}", partial(_resume_run, c, orchestration))
+            for c in resume_cases()
+        ]
     return out
 
 
@@ -228,6 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cover", action="append", default=[], metavar="FILE", help="a file of the tree to measure")
     p.add_argument("--flag-case", action="append", default=[], metavar="JSON", help="a flag case (flag_cases.specs)")
     p.add_argument("--orchestration", choices=("upstream", "stand-ins"), default="upstream")
+    p.add_argument("--resume-cases", action="store_true", help="also the resume cases (RESUME_SETTINGS x RESUME_STOPS)")
     a = p.parse_args(argv)
     from harness.upstream import source
     from harness.upstream.case_log import CaseLogFile, captured
@@ -264,7 +312,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         return Exit.REFUSED
     records = []
-    for name, run in cases(a.scenario, a.fault_seeds, [json.loads(c) for c in a.flag_case], a.orchestration):
+    flags = [json.loads(c) for c in a.flag_case]
+    for name, run in cases(a.scenario, a.fault_seeds, flags, a.orchestration, a.resume_cases):
         if probe is not None:
             probe.case(name)
         rec = case_record(name, run, tree)

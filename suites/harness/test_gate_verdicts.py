@@ -304,3 +304,15 @@ def test_a_flag_case_that_upstreams_argument_checks_refuse_is_not_run_but_a_matr
     assert gate.exit_code([v, gate.classify(ran(), ran())]) == 0
     matrix_case = dict(dead("sync", "ValueError: no longer valid"), error_at="miles/utils/arguments.py:L3030")
     assert gate.classify(matrix_case, dict(ran("sync"), started=True)).verdict == "not_started"
+
+
+def test_the_gates_resume_cases_stop_each_driver_after_a_save_and_between_the_two_saves():
+    from harness.upstream import gate_run
+
+    picked = {(c.setting, c.stops[0].label) for c in gate_run.resume_cases()}
+    drivers = {setting.split("/")[0] for setting, _ in picked}
+    assert drivers == {"sync", "one-step", "fully-async"}
+    for setting in {s for s, _ in picked}:
+        assert {label for s, label in picked if s == setting} == set(gate_run.RESUME_STOPS)
+    names = [n for n, _ in gate_run.cases(["sync"], 0, resume=True)]
+    assert names[0] == "sync" and all(n.startswith(gate_run.RESUME_PREFIX) for n in names[1:]) and len(names) == 7
