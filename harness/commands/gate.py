@@ -94,6 +94,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "(default on; off with --scenario)",
     )
     p.add_argument(
+        "--git-bisect",
+        action="store_true",
+        help="exit as `git bisect run` reads it: 0 good (nothing new violated), 1 bad (a finding), 125 skip "
+        "(a harness error, a refused tree, an input it cannot use); see docs/gate.md, Bisecting a stack",
+    )
+    p.add_argument(
         "--accept-unrun",
         action="store_true",
         help="pass (exit 0) although changed lines of the async code never ran in any case (default: exit 4)",
@@ -435,7 +441,29 @@ def _tree_stopped(docs: dict[str, dict], out: Path, given: bool) -> Exit | None:
     raise AssertionError("unreachable: a stopped tree is refused or broken")
 
 
+# ``git bisect run``'s convention: 0 good, 1 bad, 125 skip (this commit cannot be judged)
+GIT_BISECT = {Exit.OK: 0, Exit.UNCHECKED: 0, Exit.FINDING: 1}
+GIT_SKIP = 125
+
+
 def main(args: argparse.Namespace) -> int:
+    """The gate; with ``--git-bisect`` its exit code in ``git bisect run``'s convention: a
+    finding is bad (1), nothing new violated is good (0, unchecked lines included), a
+    harness error, a refused tree or an input the gate cannot use is skipped (125)."""
+    if not getattr(args, "git_bisect", False):
+        return _main(args)
+    try:
+        code = _main(args)
+    except ConfigError as exc:
+        print(f"miles-harness gate: error: {exc}\ngit bisect: skip (125): this commit cannot be judged")
+        return GIT_SKIP
+    mapped = GIT_BISECT.get(Exit(code), GIT_SKIP) if code in set(Exit) else GIT_SKIP
+    meaning = {0: "good", 1: "bad"}.get(mapped, "skip")
+    print(f"git bisect: {meaning} ({mapped}): the gate exited {int(code)}")
+    return mapped
+
+
+def _main(args: argparse.Namespace) -> int:
     from harness.upstream import gate
     from harness.upstream.diff import case_named
     from harness.upstream.diff_coverage import report

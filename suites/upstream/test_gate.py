@@ -217,3 +217,41 @@ def test_a_flag_the_pull_request_adds_gets_a_case_with_it_set_on_head_while_base
     assert "first change get_samples[0]: base t=0.000 [[0, False]" in line and "head (none: 0 items)" in line
     doc = json.loads((tmp_path / "out" / "gate.json").read_text())
     assert [f["flag"] for f in doc["flags"]] == ["--gate-test-flag"]
+
+
+def _git(repo: Path, *args: str) -> str:
+    env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
+    import os
+
+    out = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, env={**os.environ, **env})
+    return out.stdout + out.stderr
+
+
+def test_git_bisect_run_with_the_gate_finds_the_first_bad_step_of_a_stack(tree, tmp_path):
+    """A stack of six steps on a copy of the tree, the bug seeded at step 3 and kept
+    after it; ``git bisect run`` with ``gate --git-bisect`` against the clean base names
+    step 3, in at most three gate runs (log2 of five candidates, rounded up)."""
+    import sys
+
+    repo = _copy(tree, tmp_path / "stack", seeded=False)
+    base = _copy(tree, tmp_path / "base", seeded=False)
+    _git(repo, "init", "-q")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "step 0")
+    mutant = next(m for m in UPSTREAM_MUTANTS if m.name == "buffer_capacity_off_by_one")
+    for step in range(1, 6):
+        if step == 3:
+            for p in mutant.patches:
+                (repo / p.path).write_text(patched_text(mutant, p, repo))
+        with (repo / "miles" / "__init__.py").open("a") as f:
+            f.write(f"# step {step}\n")
+        _git(repo, "commit", "-qam", f"step {step}")
+    steps = _git(repo, "log", "--format=%H %s").split("\n")
+    first_bad = next(line.split()[0] for line in steps if line.endswith("step 3"))
+    _git(repo, "bisect", "start", "HEAD", "HEAD~5")
+    cmd = [sys.executable, "-m", "harness.cli", "gate", "--miles-src", str(repo), "--base", str(base)]
+    cmd += ["--scenario", CASE, "--fault-seeds", "0", "--git-bisect"]
+    out = _git(repo, "bisect", "run", *cmd)
+    runs = out.count("git bisect: ")
+    assert f"{first_bad} is the first bad commit" in out, out[-3000:]
+    assert 1 <= runs <= 3, runs
