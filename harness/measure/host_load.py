@@ -212,7 +212,8 @@ def describe(host: dict[str, Any] | None) -> str:
     loads = [w[k] for w in ws for k in ("load1_before", "load1_after") if w.get(k) is not None]
     parts = [f"{len(ws)} timed window(s) on {host['cores']:g} cores"]
     if shares:
-        parts.append(f"the run had {min(shares):.2f}-{max(shares):.2f} of the host")
+        spread = f"{min(shares):.2f}" if len(shares) == 1 else f"{min(shares):.2f}-{max(shares):.2f}"
+        parts.append(f"the run had {spread} of the host")
     if others:
         parts.append(f"others kept up to {max(others):.2f} cores busy")
     if loads:
