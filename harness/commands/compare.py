@@ -8,6 +8,12 @@ of one run are autocorrelated, so testing them directly would overstate signific
 miles-harness results files or pytest-benchmark ``--benchmark-json`` output. The
 statistics and the threshold rule are documented in ``harness/results/rank_test.py``.
 
+Each comparison says when a file ran on a busy host (its ``host`` record,
+``harness.measure.host_load``): a busy run against a clean one, or two busy runs, gets a
+"host: NOT COMPARABLE" line naming which file and why, and the other side as clean or as
+not recorded (older files, pytest-benchmark output). The line is a warning: the exit code
+is the thresholds' alone.
+
 Exit codes: 0 no threshold failed; 1 a threshold failed; 2 bad input (unreadable or
 damaged file, future schema, unknown threshold metric, changed benchmark definition).
 """
@@ -16,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 
+from harness.measure.host_load import comparison_note
 from harness.results.rank_test import (
     BLOCKS,
     HISTORY_LIMIT,
@@ -111,6 +118,7 @@ def main(args: argparse.Namespace) -> int:
     outputs = []
     for base, base_label, notes, path in pairs:
         new = load_any(path)
+        host = comparison_note(base.host, new.host, base_label, path)
         comparison = compare_results(
             base,
             new,
@@ -118,7 +126,7 @@ def main(args: argparse.Namespace) -> int:
             alpha=args.alpha,
             base_label=base_label,
             new_label=path,
-            notes=notes,
+            notes=notes + ((host,) if host else ()),
             warmup_steps=args.warmup_steps,
             blocks=args.blocks,
         )

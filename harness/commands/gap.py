@@ -4,8 +4,9 @@
                       [--num-seqs N] [--max-new-tokens N] [--seed S] [--out DIR] [--telemetry]
 
 Same weights on both sides; one factor switched at a time (``harness.measure.kernel_ablation``).
-Prints the table, then one JSON line for scripts; writes ``DIR/results.json`` (kind
-``gap``), ``DIR/gap_table.md`` and, with ``--telemetry``, ``DIR/telemetry.json``.
+Prints the table, the share of the machine the ablation had (``harness.measure.host_load``:
+a busy host is said, and stored in results.json's ``host``), then one JSON line for
+scripts; writes ``DIR/results.json`` (kind ``gap``), ``DIR/gap_table.md`` and, with ``--telemetry``, ``DIR/telemetry.json``.
 Exit 1 when a true on-policy row is not bitwise equal (that configuration must give an
 exactly zero gap), 0 otherwise.
 """
@@ -20,6 +21,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from harness.measure import host_load
 from miles_async_core.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -112,6 +114,7 @@ def _run(args: argparse.Namespace, dtypes: tuple[str, ...]) -> int:
     phase = {"row": "setup"}
     sampler = _start_telemetry(phase) if args.telemetry else None
     t0 = time.perf_counter()
+    meter = host_load.Meter().start()
     try:
         torch.manual_seed(cfg.seed)
         ablation = Ablation(cfg, on_row=lambda label: phase.update(row=label))
@@ -120,10 +123,12 @@ def _run(args: argparse.Namespace, dtypes: tuple[str, ...]) -> int:
         if sampler is not None:
             sampler.stop()
     wall_s = time.perf_counter() - t0
-    paths = write_outputs(out, cfg, ablation.source.name, rows, wall_s=wall_s)
+    host = host_load.summary({"ablation": meter.stop()})
+    paths = write_outputs(out, cfg, ablation.source.name, rows, wall_s=wall_s, host=host)
     if sampler is not None:
         paths.append(_write_telemetry(out / "telemetry.json", sampler))
     print(format_table(rows))
+    print(host_load.describe(host))
     for p in paths:
         print(f"wrote {p}")
     not_zero = [r["setting"] for r in rows if r["factor"] == "true_on_policy" and not r["all_bitwise_equal"]]
@@ -136,6 +141,7 @@ def _run(args: argparse.Namespace, dtypes: tuple[str, ...]) -> int:
                 "rows": len(rows),
                 "wall_s": round(wall_s, 3),
                 "true_on_policy_exact": not not_zero,
+                "host_busy": host["busy"],
             }
         )
     )
@@ -143,7 +149,13 @@ def _run(args: argparse.Namespace, dtypes: tuple[str, ...]) -> int:
 
 
 def write_outputs(
-    out: Path, cfg: AblationConfig, model_name: str, rows: list[dict[str, Any]], *, wall_s: float
+    out: Path,
+    cfg: AblationConfig,
+    model_name: str,
+    rows: list[dict[str, Any]],
+    *,
+    wall_s: float,
+    host: dict[str, Any] | None = None,
 ) -> list[Path]:
     from harness.measure.kernel_ablation import format_table
     from harness.results.schema import Results
@@ -178,6 +190,8 @@ def write_outputs(
             )
     res.extra["table"] = to_json(rows)
     res.extra["wall_s"] = wall_s
+    if host is not None:
+        res.host = host  # harness.measure.host_load.summary over the ablation
     out.mkdir(parents=True, exist_ok=True)
     table = out / "gap_table.md"
     table.write_text(

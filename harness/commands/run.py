@@ -171,8 +171,9 @@ def _finish(
     write the outputs, print the report, and return the exit code; the last line printed
     is ``script_line``."""
     from harness.main_job import report
-    from harness.main_job.outputs import write_outputs
+    from harness.main_job.outputs import host_record, write_outputs
     from harness.main_job.rows import aggregate_repeats, rows_by_mode
+    from harness.measure.host_load import describe
 
     repeat_rows = rows_by_mode(runs)
     paths = write_outputs(
@@ -194,6 +195,8 @@ def _finish(
     violated = report.print_checks(runs)
     report.print_self_cost(rows)
     report.print_cpu_use(rows)
+    host = host_record(runs)
+    print("\n" + describe(host))
     print(f"\ntotal wall time {total_s:.1f} s ({spec.repeats} repeat(s) of {', '.join(modes)})")
     report.print_memory(rows)
     for p in paths:
@@ -212,7 +215,7 @@ def _finish(
         rc = 1
     elif violated:
         print(f"warning: invariant violations in {', '.join(violated)} (--allow-violations given)")
-    print(report.script_line(paths, rows, violated, rc, total_s))
+    print(report.script_line(paths, rows, violated, rc, total_s, bool(host["busy"]) if host else None))
     return rc
 
 

@@ -4,15 +4,16 @@ the CPU (``harness.serve``; ``docs/serve.md``).
 
 Prints ``serving http://HOST:PORT`` once it answers (with ``--port 0``, the port the
 system chose), then serves until interrupted (Ctrl-C / SIGTERM). ``--trace PATH``
-writes the trace (JSONL, ``miles-harness check-trace`` reads it) and
-``PATH.requests.json`` the HTTP request log on exit.
+writes on exit the trace (JSONL), ``PATH.requests.json`` (the HTTP request log) and
+``PATH.config.json``, the config it is checked under, so that ``miles-harness check-trace
+PATH`` gives the verdict the server's own ``/harness/check`` gives
+(``harness.serve.check.write_served_trace``).
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
-import json
 import signal
 import threading
 import time
@@ -129,8 +130,13 @@ def _serve(args: argparse.Namespace) -> int:
     finally:
         served.stop()
         if args.trace:
-            engine.trace.write_jsonl(args.trace)
-            with open(f"{args.trace}.requests.json", "w") as f:
-                json.dump(engine.request_log, f, indent=1)
-            print(f"trace: {args.trace} ({len(engine.trace.events)} events)", flush=True)
+            from harness.serve.check import write_served_trace
+            from harness.trace import config_path
+
+            write_served_trace(engine, args.trace)
+            print(
+                f"trace: {args.trace} ({len(engine.trace.events)} events; its config: {config_path(args.trace)}; "
+                f"check it with `miles-harness check-trace {args.trace}`)",
+                flush=True,
+            )
     return 0

@@ -53,7 +53,7 @@ from harness.main_job.layouts import (
 )
 from harness.main_job.result import CpuUse, ModeResult, StepMetrics
 from harness.main_job.spec import RunSpec, mode_config
-from harness.measure import cpu_use
+from harness.measure import cpu_use, host_load
 from harness.measure.ages import AgeRecorder
 from harness.measure.memory import PeakRss, read_peak_rss_bytes
 from harness.measure.self_cost import SelfCost
@@ -128,6 +128,7 @@ def run_mode(
         peak_rss_bytes={**memory.stop(), "engine_process": timed.engine_peak_rss_bytes},
         run_cpu_s=timed.run_cpu_s,
         cpu_use=timed.cpu_use,
+        host=timed.host,
         engine_stats=timed.engine_stats,
         worker_error=timed.worker_error,
     )
@@ -161,6 +162,7 @@ class TimedRun:
     error: str | None = None
     worker_error: str | None = None  # a fully-async worker that died after the last drain
     cpu_use: CpuUse | None = None
+    host: dict[str, Any] | None = None  # harness.measure.host_load.figures over t0 .. t1
     run_cpu_s: float | None = None
     engine_peak_rss_bytes: int | None = None  # the split layout's engine process
     engine_sync: list[dict[str, float]] | None = None
@@ -179,6 +181,7 @@ async def _timed_run(p: _Parts) -> TimedRun:
     ctx: RunContext | None = None
     t0 = t1 = 0.0
     use: CpuUse | None = None
+    host: dict[str, Any] | None = None
     cpu_s = peak = None
     error = None
     try:
@@ -186,6 +189,7 @@ async def _timed_run(p: _Parts) -> TimedRun:
         ctx = _context(p, engine, sink)
         child = getattr(getattr(engine, "process", None), "pid", None)  # the split layout's engine process
         pids = [child] if child is not None else engine_pids(engine)
+        meter = host_load.Meter().start()
         use0 = cpu_use.snapshot(pids)
         t0 = loop.time()
         try:
@@ -194,6 +198,7 @@ async def _timed_run(p: _Parts) -> TimedRun:
             t1 = loop.time()
             use1 = cpu_use.snapshot(pids)
             use = CpuUse(**cpu_use.cores(use0, use1, t1 - t0))
+            host = meter.stop()
             cpu_s = run_cpu_s(use0, use1, split=child is not None)
             emit_run_end(ctx)  # a no-op on the NullSink
             peak = read_peak_rss_bytes(child) if child is not None else None
@@ -209,6 +214,7 @@ async def _timed_run(p: _Parts) -> TimedRun:
         error=error,
         worker_error=f"{type(worker_error).__name__}: {worker_error}" if worker_error else None,
         cpu_use=use,
+        host=host,
         run_cpu_s=cpu_s,
         engine_peak_rss_bytes=peak,
         engine_sync=list(getattr(engine, "sync_s", [])),

@@ -93,6 +93,15 @@ def run_extras(
     )
 
 
+def host_record(runs: dict[str, list[ModeResult]]) -> JSONDict | None:
+    """The results file's ``host``: each run's share of the machine (``mode#repeat``), and
+    whether any was on a busy host (``harness.measure.host_load.summary``)."""
+    from harness.measure.host_load import summary
+
+    windows = {f"{m}#{i}": r.host for m, rs in runs.items() for i, r in enumerate(rs, 1) if r.host is not None}
+    return summary(windows) if windows else None
+
+
 def write_outputs(
     out: Path,
     spec: RunSpec,
@@ -106,7 +115,7 @@ def write_outputs(
 ) -> list[Path]:
     """results.json (benchmarks: step seconds, tokens per second and, per repeat, the
     overlapped modes' speedup, overlap efficiency and both-busy fraction; ``extra``:
-    ``run_extras``), the timeline of the first repeat, and the PNGs."""
+    ``run_extras``; ``host``: ``host_record``), the timeline of the first repeat, and the PNGs."""
     from harness.results.chrome_trace import write_chrome_trace
     from harness.results.schema import Results
 
@@ -140,6 +149,9 @@ def write_outputs(
             if values and mode != "sync":  # one sample per repeat
                 res.add_benchmark(f"{mode}/{key}", values, unit="ratio", higher_is_better=better)
     res.extra.update(extras.to_dict())
+    host = host_record(runs)
+    if host is not None:
+        res.host = host
     paths = [
         res.write(out / "results.json"),
         write_chrome_trace(

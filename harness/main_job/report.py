@@ -189,12 +189,16 @@ SCRIPT_FIELDS = (
 )
 
 
-def script_line(paths: list[Path], rows: list[ModeRow], violated: list[str], rc: int, total_s: float) -> str:
+def script_line(
+    paths: list[Path], rows: list[ModeRow], violated: list[str], rc: int, total_s: float, host_busy: bool | None = None
+) -> str:
     """The last line of ``miles-harness run``: one JSON document (no newline inside) with
     the files written (``results``: results.json, ``timeline``, ``plots``), each mode's
     median figures (``modes``: ``SCRIPT_FIELDS``, null where the row has none, e.g. sync's
     speedup), the runs whose trace violated an invariant (``violations``: ``mode#repeat``),
-    the wall time and the command's exit code."""
+    the wall time, whether the host was busy (``host_busy``: the figures are not comparable
+    with a clean run's, ``harness.measure.host_load``; null: not measured) and the
+    command's exit code."""
     files = [str(p) for p in paths]
     doc = {
         "results": next((f for f in files if f.endswith("results.json")), None),
@@ -203,6 +207,7 @@ def script_line(paths: list[Path], rows: list[ModeRow], violated: list[str], rc:
         "modes": {r.mode: {k: _whole(getattr(r, k)) for k in SCRIPT_FIELDS} for r in rows},
         "violations": violated,
         "total_wall_s": round(total_s, 3),
+        "host_busy": host_busy,
         "exit_code": rc,
     }
     return json.dumps(doc, sort_keys=True)

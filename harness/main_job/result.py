@@ -49,6 +49,7 @@ class ModeResult:
     # engine_process
     run_cpu_s: float | None = None  # CPU seconds of t0 .. t1, this process + the split engine process
     cpu_use: CpuUse | None = None
+    host: dict[str, Any] | None = None  # harness.measure.host_load.figures over t0 .. t1: the share of the host
 
     def per_step(self, key: str) -> list[float]:
         return [r[key] for r in self.history if key in r]

@@ -6,6 +6,16 @@ that gives it room to show (a bug needs the state it breaks: a full buffer, stal
 groups, a one-step generate to update inside), and ``NOT_IN_REAL_TIME`` the bugs these
 runs cannot show, with why.
 
+A bug whose effect depends on timing gets a forced window (``FORCED_WINDOW``): each
+training step but the last also waits until the next drain has closed and the buffer holds
+a group, so that at every weight update a group generated under the old weights is in
+the buffer and the next drain consumes it one version stale. The first two drains
+(before any update) consume only staleness 0, so from the third on a drain's staleness
+differs from the run's so far, whatever the host's load: a window that never resets is
+certain to report the wrong mean. The wait is bounded (``WINDOW_TIMEOUT_S``); the report
+says how many steps held the window and the share of the host the run had
+(``harness.measure.host_load``), so a run that could not hold it says why.
+
 ``python -m harness.record.mutant_runs --out results/record/mutant_runs.json`` writes the
 table (bug, run, checkers failed, caught) and the clean runs' verdicts.
 """
@@ -19,7 +29,7 @@ import tempfile
 from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from harness.serve.upstream_e2e import STANDARD_RUNS, E2EConfig
 
@@ -67,6 +77,9 @@ REAL_TIME_CASES: dict[str, tuple[E2EConfig, Mapping[str, float]]] = {
     "group_budget_off_by_one": (ONE_STEP_NO_OVERSAMPLING, {}),
     "update_during_generate": (ONE_STEP, {}),
 }
+# bugs whose run holds the forced window (module docstring)
+FORCED_WINDOW = frozenset({"consumed_staleness_not_reset"})
+WINDOW_TIMEOUT_S = 120.0
 NOT_IN_REAL_TIME: dict[str, str] = {
     "drain_drops_version": "the staleness filter is off, but in these runs no group gets older than the age bound "
     "(s + 1 = 2 versions) before it is trained, so nothing it should have stopped is trained "
@@ -107,6 +120,8 @@ class CaseReport(TypedDict):
     caught: bool
     caught_as_expected: bool
     lacking: dict[str, list[str]]
+    window: dict[str, int] | None  # FORCED_WINDOW runs: steps that held it, steps that timed out waiting
+    host: dict[str, object]  # harness.measure.host_load.figures over the run
 
 
 class CleanReport(TypedDict):
@@ -133,11 +148,17 @@ def run_case(name: str, *, steps: int = 3, miles_src: str | None = None, work: P
 
     mutant = next(m for m in UPSTREAM_MUTANTS if m.name == name)
     base, extra = REAL_TIME_CASES[name]
+    from harness.measure.host_load import Meter
+
     cfg = E2EConfig(**{**asdict(base), "steps": steps})
     _activate(mutant, miles_src)
     directory = Path(tempfile.mkdtemp(prefix=f"record-{name}-", dir=work))
+    window = {"held": 0, "timed_out": 0} if name in FORCED_WINDOW else None
+    run_class = _forced_window_run(window) if window is not None else None
+    meter = Meter().start()
     with applied(mutant):
-        res = run_recorded(cfg, directory, miles_src=miles_src, extra_flags=extra)
+        res = run_recorded(cfg, directory, miles_src=miles_src, extra_flags=extra, run_class=run_class)
+    host = meter.stop()
     failed = sorted(k for k, v in res.verdict["violations"].items() if v)
     return {
         "bug": name,
@@ -150,7 +171,37 @@ def run_case(name: str, *, steps: int = 3, miles_src: str | None = None, work: P
         "caught": bool(failed),
         "caught_as_expected": bool(set(failed) & mutant.expected),
         "lacking": res.verdict["lacking"],
+        "window": window,
+        "host": host,
     }
+
+
+def _forced_window_run(counts: dict[str, int]) -> type:
+    """The recorded run whose training steps hold the forced window (module docstring),
+    counting in ``counts`` the steps that held it and those that gave up waiting."""
+    import asyncio
+    import time
+
+    from . import wrappers
+    from .served_run import _RecordedRun
+
+    class ForcedWindowRun(_RecordedRun):
+        async def train(self, rollout_id: int, ref: Any) -> None:
+            await super().train(rollout_id, ref)
+            if rollout_id + 1 >= self.cfg.steps:
+                return  # no next drain: the run ends after this step
+
+            def held() -> bool:
+                state = wrappers.STATE  # read each time: reset_state replaces it
+                queued = state.buffer.queued() if state.buffer is not None else None
+                return state.drains_closed >= rollout_id + 2 and bool(queued)
+
+            deadline = time.monotonic() + WINDOW_TIMEOUT_S
+            while not held() and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)  # the rollout worker runs on its own thread meanwhile
+            counts["held" if held() else "timed_out"] += 1
+
+    return ForcedWindowRun
 
 
 def run_clean(base: E2EConfig, *, steps: int, miles_src: str | None = None) -> CleanReport:

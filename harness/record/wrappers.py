@@ -54,8 +54,9 @@ WEIGHTS_WRITTEN = "weights_written"
 
 class _ProcessState:
     """What one process's wrappers share: the rollout manager's version as last seen,
-    the groups taken during the current one-step rollout, the open drain, and the
-    dynamic filter's verdicts not yet read by the buffer."""
+    the groups taken during the current one-step rollout, the open drain, the dynamic
+    filter's verdicts not yet read by the buffer, and (read by a run that waits on the
+    buffer's state, ``harness.record.mutant_runs``) the buffer and the drains closed so far."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -65,6 +66,8 @@ class _ProcessState:
         self.rollout_id: int | None = None
         self.verdicts: dict[int | None, str | None] = {}
         self.filtered: set[int | None] = set()  # one-step groups the filter dropped during this rollout
+        self.buffer: _BufferImpl | None = None  # the process's recording buffer (fully async)
+        self.drains_closed = 0
 
     def learn_version(self, version: int | None) -> None:
         if version is not None and version != self.version:
@@ -355,12 +358,17 @@ class _BufferImpl:
         self._get_version: int | None = None
         inner_cls = load_inner("buffer")
         self._inner = inner_cls(DataBufferConstructorInput(args=input.args, unused_handler_fn=self._handler))
+        STATE.buffer = self
 
     def __getattr__(self, name: str) -> Any:
         inner = self.__dict__.get("_inner")
         if inner is None:
             raise AttributeError(name)
         return getattr(inner, name)
+
+    def queued(self) -> int | None:
+        """Groups in the buffer now (None: the inner buffer has no ``_buffer`` list)."""
+        return self._queue()
 
     def _queue(self) -> int | None:
         buf = getattr(self._inner, "_buffer", None)
@@ -439,6 +447,7 @@ class _BufferImpl:
         metrics = self._inner.get_metrics()
         with STATE.lock:
             closing, STATE.drain_open = STATE.drain_open, False
+            STATE.drains_closed += closing
         if closing:
             emit(ev.DRAIN_END, rollout_id=None)
             emit(ev.METRICS, rollout_id=None, metrics=dict(metrics))

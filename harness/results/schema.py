@@ -15,7 +15,7 @@ Invariants guaranteed by this module:
   or raises ``ConfigError`` naming the file and the offending field;
 * files are written with sorted keys and ``indent=1``, atomically (temp file + rename).
 
-Layout (``schema_version`` 2)::
+Layout (``schema_version`` 3)::
 
     schema, schema_version, run_id, created_utc, kind,
     machine  {cpu_model, cpu_count, gpus: [{name, memory_total_bytes}], driver_version}
@@ -23,11 +23,15 @@ Layout (``schema_version`` 2)::
     git      {commit, dirty} | null
     config   {...}                     the resolved run config
     benchmarks {name: {unit, higher_is_better, definition, samples, stats, [samples_missing]}}
+    host     {cores, busy, why, windows: {name: figures}, ...}   real-time runs only
     extra    {...}                     free: tables, trace paths, series for plots
 
-Versions: 2 keys a run document's ``extra.table`` by mode name (``{"one-step": row}``);
-1 stored it as a list. ``harness.results.mode_rows`` reads both into typed rows and
-upgrades a version 1 file in place; every other field is the same in both.
+Versions: 3 adds ``host``, the share of the machine a real-time run had over each timed
+window and whether its figures are comparable (``harness.measure.host_load.summary``);
+a file without it (any version) reads as ``host`` unknown. 2 keys a run document's
+``extra.table`` by mode name (``{"one-step": row}``); 1 stored it as a list.
+``harness.results.mode_rows`` reads both into typed rows and upgrades a version 1 file in
+place; every other field is the same in all three.
 
 ``stats`` = ``{min, max, median, mean, stddev, q1, q3, n}``; ``stddev`` is the sample
 standard deviation (ddof=1, 0 for one sample) and ``q1``/``q3`` are numpy's linear
@@ -60,7 +64,7 @@ from miles_async_core.errors import ConfigError
 from harness.typing_aliases import JSONDict, JSONValue
 
 SCHEMA = "miles-async-harness/results"
-SCHEMA_VERSION = 2  # 2: a run's extra.table keyed by mode name (harness.results.mode_rows)
+SCHEMA_VERSION = 3  # 3: host (the share of the machine); 2: a run's extra.table keyed by mode name
 STAT_KEYS = ("min", "max", "median", "mean", "stddev", "q1", "q3", "n")
 T = TypeVar("T")
 _REPO_DIR = Path(__file__).resolve().parents[2]  # the checkout: harness/results/schema.py -> root
@@ -119,6 +123,7 @@ class ResultsDoc(TypedDict):
     git: GitInfo | None
     config: JSONDict
     benchmarks: dict[str, BenchmarkEntry]
+    host: NotRequired[JSONDict]  # harness.measure.host_load.summary
     extra: NotRequired[JSONDict]
 
 
@@ -312,6 +317,15 @@ class Results:
     def extra(self) -> JSONDict:
         return self.doc.setdefault("extra", {})
 
+    @property
+    def host(self) -> JSONDict | None:
+        """The share of the machine the run had (None: not recorded)."""
+        return self.doc.get("host")
+
+    @host.setter
+    def host(self, record: JSONDict) -> None:
+        self.doc["host"] = record
+
     def add_benchmark(
         self,
         name: str,
@@ -459,6 +473,10 @@ def results_from_dict(doc: object, source: str = "<dict>") -> Results:
         chk.get(doc["git"], "dirty", "git.dirty", (bool,), "true or false")
     if "extra" in doc:
         chk.get(doc, "extra", "extra", (dict,), "an object")
+    if "host" in doc:
+        chk.get(doc, "host", "host", (dict,), "an object")
+        chk.get(doc["host"], "busy", "host.busy", (bool,), "true or false")
+        chk.get(doc["host"], "windows", "host.windows", (dict,), "an object")
     for name, b in doc["benchmarks"].items():
         _check_benchmark(chk, name, b)
     return Results(cast(ResultsDoc, doc))  # checked field by field above

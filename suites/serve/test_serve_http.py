@@ -548,6 +548,17 @@ def test_cli_serve_starts_under_ten_seconds(tmp_path):
     assert proc.returncode == 0, rest
     lines = [json.loads(x) for x in trace.read_text().splitlines()]
     assert [x["kind"] for x in lines if x["kind"] in ("submitted", "finished")] == ["submitted", "finished"]
+    stored = trace.with_name("served.config.json")
+    assert f"its config: {stored}" in rest
+    checked = subprocess.run(
+        [sys.executable, "-m", "harness.cli", "check-trace", str(trace)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr  # the trace carries its config
+    assert f"config: {stored}; checked as a prefix" in checked.stdout
 
 
 # --- scheduler state, abort by rid, streaming (exact token counts through /harness/step) ------------

@@ -1,7 +1,12 @@
 """Seeded bugs that never end an upstream run (``fixtures/upstream_hang_mutants.py``): the
 runner's progress watchdog stops each with its kind (``hang`` / ``runaway``) and the
 pending tasks' stacks, in seconds; the fault sweep counts each as an upstream finding with
-its seed, never as a harness error. Unmutated, the same cases end normally."""
+its seed, never as a harness error. Unmutated, the same cases end normally.
+
+Under a worker crash upstream's fully-async worker leaves failed group tasks unretrieved
+(``harness.checking.unretrieved``); the test that runs that case collects them inside the
+test and asserts they are exactly the injected crash in upstream's ``_generate_group``, so
+they are expected, not stray tracebacks after a green session."""
 
 from __future__ import annotations
 
@@ -84,8 +89,10 @@ def test_every_patch_applies_to_the_tree(miles_src, hm):
 
 
 @pytest.mark.parametrize("hm", HANG_MUTANTS, ids=lambda h: h.mutant.name)
-def test_the_watchdog_stops_it_with_its_kind_and_the_stacks_under_the_scenarios_bounds(miles_src, hm):
+def test_the_watchdog_stops_it_with_its_kind_and_the_stacks_under_the_scenarios_bounds(miles_src, hm, caplog):
     """The scenario states tight bounds (a quiet minute, 5,000 events): a second or two each."""
+    from harness.checking import unretrieved
+
     case = _case(hm, WatchdogLimits(hang_after_s=60.0, max_events=5_000))
     out, found = _run(case, hm.mutant)
     assert out.hang is not None and out.hang.startswith(f"watchdog {hm.expected}"), out.hang
@@ -93,6 +100,11 @@ def test_the_watchdog_stops_it_with_its_kind_and_the_stacks_under_the_scenarios_
     assert "pending tasks:" in out.hang and "in _next_group" in out.hang  # where the drain waits
     clean, clean_found = _run(case)
     assert clean.hang is None and not [f for f in clean_found if f.category in ("hang", "runaway")]
+    del out, clean  # the outcomes keep the failed tasks reachable; dropped, the collector finds them now
+    leaked = unretrieved.collect(caplog.records)
+    # only a run with a worker crash leaves failed group tasks behind (module docstring)
+    assert bool(leaked) == bool(hm.faults), [r.getMessage() for r in leaked]
+    assert all(unretrieved.from_worker_crash(r) for r in leaked), [r.getMessage() for r in leaked]
 
 
 @pytest.mark.slow

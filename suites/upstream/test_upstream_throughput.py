@@ -87,11 +87,16 @@ def test_each_throughput_bug_is_caught_by_its_checker_in_every_mode(miles_src, q
     assert clean == [], f"unmutated upstream on {case_name}: {clean}"
 
 
-def test_a_drain_that_waits_on_a_dead_worker_is_caught_by_the_checker_not_only_the_watchdog(miles_src, quiet):
+def test_a_drain_that_waits_on_a_dead_worker_is_caught_by_the_checker_not_only_the_watchdog(miles_src, quiet, caplog):
     """The seeded hang (``drain_waits_only_on_the_buffer``, run as
     ``test_upstream_hangs.py`` runs it): besides the watchdog's ``hang``,
-    ``dead_worker_surfaces`` names it on the trace; the same case without the bug passes it."""
+    ``dead_worker_surfaces`` names it on the trace; the same case without the bug passes it.
+    Both runs crash the worker, so both leave upstream's failed group tasks unretrieved
+    (``harness.checking.unretrieved``): collected and asserted here."""
+    from harness.checking import unretrieved
     from harness.upstream.fault_sweep import findings, runner_run_with_faults
+
+    caplog.set_level(logging.ERROR, logger="asyncio")  # ``quiet`` silences the rest of asyncio's log
 
     hm = next(h for h in HANG_MUTANTS if h.mutant.name == "drain_waits_only_on_the_buffer")
     sc = Scenario(
@@ -117,3 +122,5 @@ def test_a_drain_that_waits_on_a_dead_worker_is_caught_by_the_checker_not_only_t
     assert "dead_worker_surfaces" in {f.detail for f in found if f.category == "invariant"}, found
     clean = findings(runner_run_with_faults(case))
     assert "dead_worker_surfaces" not in {f.detail for f in clean}, clean
+    leaked = unretrieved.collect(caplog.records)
+    assert leaked and all(unretrieved.from_worker_crash(r) for r in leaked), [r.getMessage() for r in leaked]
