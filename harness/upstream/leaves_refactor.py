@@ -159,12 +159,34 @@ LEAVES: tuple[Leaf, ...] = (
 UNHOSTED: tuple[tuple[str, str, str], ...] = ()
 
 
-class SimCellTrainActor(leaves.SimTrainActor):
+class SimNodeProbe:
+    """What the worker manager asks every worker's process about its node
+    (``NodeProbeMixin``, ``miles/utils/misc.py:L115-L130``; ``alloc_ports``,
+    ``miles/utils/workers/ray_worker_manager.py:L352``), answered for the one simulated node:
+    its address, and every port free."""
+
+    @staticmethod
+    def _get_node_ip() -> str:
+        return leaves.NODE_IP
+
+    @staticmethod
+    def _is_port_available(*, port: int) -> bool:
+        return True
+
+    @staticmethod
+    def _get_free_port_block(*, start_port: int, count: int) -> int:
+        return free_port(start_port, count)
+
+
+class SimCellTrainActor(SimNodeProbe, leaves.SimTrainActor):
     """The trainer pool's worker on this shape (``TrainRayActor``, ``miles/ray/train_actor.py:L47-L222``,
     built by ``ServeWorkerSpec.ctor_kwargs`` with ``(args, world_size, rank, role, cell_index)``,
     ``miles/ray/specs/train.py:L214-L220``) on ``SimTrainer``: what ``TrainerCell.execute``
     calls (``miles/ray/train/cell.py:L61-L113``, ``miles/ray/train/group.py:L360-L430``).
-    Rank 0 of the actor records for the run, as ``SimTrainActor``."""
+    Rank 0 of the actor records for the run, as ``SimTrainActor``. Its node probes are
+    ``SimNodeProbe``'s: upstream's ``TrainRayActor`` is a ``NodeProbeMixin``
+    (``train_actor.py:L48``), which trees before the tip's ``BootstrappedWorker`` added it
+    to every served worker (``ray_worker_manager.py:L526``) ask of the train actor itself."""
 
     def __init__(self, *, args: Any, world_size: int, rank: int, role: str, cell_index: int) -> None:
         super().__init__(args, world_size, rank, None, None, role=role, cell_index=cell_index)
@@ -349,7 +371,7 @@ class VirtualClock:
         return asyncio.get_running_loop().time()
 
 
-class SimCommandActor(leaves._Leaf):
+class SimCommandActor(SimNodeProbe, leaves._Leaf):
     """``CommandActor`` (``miles/utils/workers/command_actor.py``) that starts no process:
     the engine and router it would launch are the run's ``SimEngine``."""
 
@@ -357,18 +379,6 @@ class SimCommandActor(leaves._Leaf):
 
     def __init__(self) -> None:
         self.cmd: str | None = None
-
-    @staticmethod
-    def _get_node_ip() -> str:
-        return leaves.NODE_IP
-
-    @staticmethod
-    def _is_port_available(*, port: int) -> bool:
-        return True
-
-    @staticmethod
-    def _get_free_port_block(*, start_port: int, count: int) -> int:
-        return free_port(start_port, count)
 
     def run(self, cmd: str, envs: dict[str, str]) -> None:
         assert self.cmd is None, "CommandActor.run can only be called once"
