@@ -200,6 +200,16 @@ class SimCellTrainActor(SimNodeProbe, leaves.SimTrainActor):
     def get_train_parallel_config(self) -> dict[str, Any]:
         return self.train_parallel_config
 
+    def kill_self(self) -> None:
+        """The process exits (``os._exit(1)``, ``miles/ray/train_actor.py:L177-L179``), as the
+        trainer cell asks of its failed workers (``_kill_worker``, ``miles/ray/train/cell.py:L302-L310``):
+        the actor dies (``vray.kill_actor``), so this call, and every later one, fails with
+        Ray's ``ActorDiedError``, which ``RayWorkerHandle`` reads as the worker gone
+        (``miles/utils/workers/ray_worker_handle.py:L24-L28``)."""
+        from harness.upstream import vray
+
+        vray.kill_actor(vray.get_runtime_context().current_actor, "kill_self: its process exited")
+
     # this shape's TrainRayActor API (miles/ray/train_actor.py:L195-L222), not the rollout-manager shape's
     async def train(  # type: ignore[override]
         self,
