@@ -78,6 +78,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import importlib.util
+import inspect
 import json
 import random
 import sys
@@ -422,6 +423,20 @@ async def tcp_ready(host_: str, port: int, timeout: float | None = None) -> None
     return None
 
 
+def tcp_ready_blocking(host_: str, port: int, *, timeout: float = 30) -> None:
+    """``wait_tcp_ready`` where a tree polls the port synchronously (``miles/utils/http_utils.py:L68``
+    of ``miles-pr2649-48920692a``, called without ``await`` by ``wait_router_ready``): up
+    from the start."""
+    return None
+
+
+def tcp_ready_like(upstream: Any) -> Any:
+    """The leaf of the same kind as the tree's ``wait_tcp_ready``: a coroutine function
+    where upstream awaits it, a plain one where it calls it (an un-awaited coroutine is
+    fatal in Miles' logging set-up, ``miles/utils/logging_utils.py:L60-L70``)."""
+    return tcp_ready if inspect.iscoroutinefunction(upstream) else tcp_ready_blocking
+
+
 def _reported(set_weight_version: Any, run: Any) -> Any:
     """``RolloutExecutor.set_weight_version`` observed: the run records the version once the
     executor holds it (the end of the weight sync, as ``SimTrainActor`` records it on the
@@ -469,7 +484,7 @@ def refactor_rebinds(run: Any, observed_load: Any) -> list[Rebind]:
             lambda f: _reported(f, run),
         ),
         Rebind("engine_process", wm, "CommandActor", lambda _: SimCommandActor),
-        Rebind("engine_process", host.module(ROUTER_MANAGER_MOD), "wait_tcp_ready", lambda _: tcp_ready),
+        Rebind("engine_process", host.module(ROUTER_MANAGER_MOD), "wait_tcp_ready", tcp_ready_like),
         # the engine process's command line, built from SGLang's ServerArgs (not installable here) for the
         # CommandActor leaf, which starts nothing (miles/ray/specs/inference.py:L288-L303)
         Rebind(
