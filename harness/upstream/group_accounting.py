@@ -14,8 +14,11 @@ upstream holds it in one of: the data source or the fully-async buffer (``queued
 the host reads from upstream's objects), a group task (from its creation,
 ``task_created``: ``fully_async_rollout.py:L133`` creates one right after a put, and a
 drain can return before it first runs), the worker's hands between a wait that returned
-its task (``worker_woke``) and its ``put_started``, or a put in progress
-(``put_started`` .. ``put_ended``). A live group in none of them is declared lost with
+its task (``worker_woke``) and its ``put_started``, a publish task the worker handed it to
+(``publish_created`` .. ``put_started``: the two-wave worker of the controller-executor
+trees puts each finished group from a task of its own, ``fully_async_rollout.py:L173``,
+``:L209-L210`` of the refactor's tip, and waits on it with its group tasks), or a put in
+progress (``put_started`` .. ``put_ended``). A live group in none of them is declared lost with
 why; a lost group seen again (``seen``) proves the accounting missed a holder, recorded in
 ``problems`` (the host raises ``RunnerAccountingError`` for them after the run).
 """
@@ -42,6 +45,7 @@ class GroupAccounting(Generic[TaskT]):
         self.task_group: dict[TaskT, int] = {}  # group task -> its group
         self.returned_tasks: set[TaskT] = set()  # returned by a wait of the worker
         self.held: set[int] = set()  # returned by the worker's wait, not yet put
+        self.publishing: dict[TaskT, int] = {}  # publish task -> its group, until its put starts
         self.putting: set[int] = set()  # inside a put
         self.lost: set[int] = set()  # live, but held by nothing: never listed as pending
         self.lost_why: dict[int, str] = {}  # group -> when and why it was declared lost
@@ -96,13 +100,20 @@ class GroupAccounting(Generic[TaskT]):
 
     def worker_waits(self, pendings: Collection[TaskT], now: float) -> None:
         """The fully-async worker is back at its wait: every group its last wait returned
-        must have gone to ``put`` (``fully_async_rollout.py:L134-L136``), and every group
-        task it created and was not handed back must be among ``pendings`` (its ``active``
-        set, L132-L134): a task it forgot is a group lost."""
+        must have gone to ``put`` (``fully_async_rollout.py:L134-L136``) or, on the two-wave
+        worker, to a publish task (L164-L173 of the refactor's tip); every group task it
+        created and was not handed back must be among ``pendings`` (its ``active`` set,
+        L132-L134), and so must every publish task whose put has not started (the tip's
+        ``_publishing``, L159): a task it forgot is a group lost."""
         self._declare_lost(self.held, "returned by the worker's wait and not put before its next wait", now)
         self.held = set()
         forgotten = {gi for t, gi in self.task_group.items() if t not in pendings and t not in self.returned_tasks}
         self._declare_lost(forgotten, "its group task is not among those the worker waits on", now)
+        unpublished = {gi for t, gi in self.publishing.items() if t not in pendings}
+        self._declare_lost(
+            unpublished, "its publish task, its put not begun, is not among those the worker waits on", now
+        )
+        self.publishing = {t: gi for t, gi in self.publishing.items() if t in pendings}
 
     def worker_woke(self, done: Iterable[TaskT], now: float) -> None:
         """A wait of the worker returned ``done``: their groups are in its hands."""
@@ -113,9 +124,21 @@ class GroupAccounting(Generic[TaskT]):
                 self.seen(gi, "the worker's wait returned its group task", now)
                 self.held.add(gi)
 
+    def publish_created(self, task: TaskT, gi: int, now: float) -> None:
+        """The two-wave worker handed ``gi`` to ``task``, a publish task that puts it
+        (``_submit_publish(task.result())``, ``fully_async_rollout.py:L173``, ``:L209-L210``
+        of the refactor's tip): the task holds it from its creation until its put starts.
+        The worker read the group task's result, so that task is in its hands (the wait
+        that returned it may be one the host does not follow, L160-L161)."""
+        self.seen(gi, "handed to a publish task", now)
+        self.returned_tasks |= {t for t, g in self.task_group.items() if g == gi}
+        self.held.discard(gi)
+        self.publishing[task] = gi
+
     def put_started(self, gi: int, now: float) -> None:
         self.seen(gi, "put to the buffer", now)
         self.held.discard(gi)
+        self.publishing = {t: g for t, g in self.publishing.items() if g != gi}
         self.putting.add(gi)
 
     def put_ended(self, gi: int) -> None:
@@ -126,13 +149,14 @@ class GroupAccounting(Generic[TaskT]):
         """The groups upstream holds now: ``queued`` in its data source or buffer, in a
         group task the fully-async worker has not been handed yet (created, running, or
         ``finished`` since its last wake-up) or, one-step, not yet ``finished``, handed to
-        the worker and not yet put, or inside a put."""
+        the worker and not yet put, in a publish task whose put has not started, or inside
+        a put."""
         out = set(queued)
         if self.fully_async:
             out |= {gi for t, gi in self.task_group.items() if t not in self.returned_tasks}
         else:
             out |= self.running(finished)
-        return out | self.held | self.putting
+        return out | self.held | set(self.publishing.values()) | self.putting
 
     def unaccounted(self, queued: set[int], finished: Collection[TaskT], now: float) -> set[int]:
         """Conservation after a rollout: a live group upstream no longer holds is lost

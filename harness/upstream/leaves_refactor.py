@@ -78,6 +78,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import importlib.util
+import inspect
 import json
 import random
 import sys
@@ -159,12 +160,34 @@ LEAVES: tuple[Leaf, ...] = (
 UNHOSTED: tuple[tuple[str, str, str], ...] = ()
 
 
-class SimCellTrainActor(leaves.SimTrainActor):
+class SimNodeProbe:
+    """What the worker manager asks every worker's process about its node
+    (``NodeProbeMixin``, ``miles/utils/misc.py:L115-L130``; ``alloc_ports``,
+    ``miles/utils/workers/ray_worker_manager.py:L352``), answered for the one simulated node:
+    its address, and every port free."""
+
+    @staticmethod
+    def _get_node_ip() -> str:
+        return leaves.NODE_IP
+
+    @staticmethod
+    def _is_port_available(*, port: int) -> bool:
+        return True
+
+    @staticmethod
+    def _get_free_port_block(*, start_port: int, count: int) -> int:
+        return free_port(start_port, count)
+
+
+class SimCellTrainActor(SimNodeProbe, leaves.SimTrainActor):
     """The trainer pool's worker on this shape (``TrainRayActor``, ``miles/ray/train_actor.py:L47-L222``,
     built by ``ServeWorkerSpec.ctor_kwargs`` with ``(args, world_size, rank, role, cell_index)``,
     ``miles/ray/specs/train.py:L214-L220``) on ``SimTrainer``: what ``TrainerCell.execute``
     calls (``miles/ray/train/cell.py:L61-L113``, ``miles/ray/train/group.py:L360-L430``).
-    Rank 0 of the actor records for the run, as ``SimTrainActor``."""
+    Rank 0 of the actor records for the run, as ``SimTrainActor``. Its node probes are
+    ``SimNodeProbe``'s: upstream's ``TrainRayActor`` is a ``NodeProbeMixin``
+    (``train_actor.py:L48``), which trees before the tip's ``BootstrappedWorker`` added it
+    to every served worker (``ray_worker_manager.py:L526``) ask of the train actor itself."""
 
     def __init__(self, *, args: Any, world_size: int, rank: int, role: str, cell_index: int) -> None:
         super().__init__(args, world_size, rank, None, None, role=role, cell_index=cell_index)
@@ -177,6 +200,16 @@ class SimCellTrainActor(leaves.SimTrainActor):
 
     def get_train_parallel_config(self) -> dict[str, Any]:
         return self.train_parallel_config
+
+    def kill_self(self) -> None:
+        """The process exits (``os._exit(1)``, ``miles/ray/train_actor.py:L177-L179``), as the
+        trainer cell asks of its failed workers (``_kill_worker``, ``miles/ray/train/cell.py:L302-L310``):
+        the actor dies (``vray.kill_actor``), so this call, and every later one, fails with
+        Ray's ``ActorDiedError``, which ``RayWorkerHandle`` reads as the worker gone
+        (``miles/utils/workers/ray_worker_handle.py:L24-L28``)."""
+        from harness.upstream import vray
+
+        vray.kill_actor(vray.get_runtime_context().current_actor, "kill_self: its process exited")
 
     # this shape's TrainRayActor API (miles/ray/train_actor.py:L195-L222), not the rollout-manager shape's
     async def train(  # type: ignore[override]
@@ -349,7 +382,7 @@ class VirtualClock:
         return asyncio.get_running_loop().time()
 
 
-class SimCommandActor(leaves._Leaf):
+class SimCommandActor(SimNodeProbe, leaves._Leaf):
     """``CommandActor`` (``miles/utils/workers/command_actor.py``) that starts no process:
     the engine and router it would launch are the run's ``SimEngine``."""
 
@@ -357,18 +390,6 @@ class SimCommandActor(leaves._Leaf):
 
     def __init__(self) -> None:
         self.cmd: str | None = None
-
-    @staticmethod
-    def _get_node_ip() -> str:
-        return leaves.NODE_IP
-
-    @staticmethod
-    def _is_port_available(*, port: int) -> bool:
-        return True
-
-    @staticmethod
-    def _get_free_port_block(*, start_port: int, count: int) -> int:
-        return free_port(start_port, count)
 
     def run(self, cmd: str, envs: dict[str, str]) -> None:
         assert self.cmd is None, "CommandActor.run can only be called once"
@@ -400,6 +421,20 @@ def port_available(port: int) -> bool:
 async def tcp_ready(host_: str, port: int, timeout: float | None = None) -> None:
     """``wait_tcp_ready`` on the run's router and engines: they are up from the start."""
     return None
+
+
+def tcp_ready_blocking(host_: str, port: int, *, timeout: float = 30) -> None:
+    """``wait_tcp_ready`` where a tree polls the port synchronously (``miles/utils/http_utils.py:L68``
+    of ``miles-pr2649-48920692a``, called without ``await`` by ``wait_router_ready``): up
+    from the start."""
+    return None
+
+
+def tcp_ready_like(upstream: Any) -> Any:
+    """The leaf of the same kind as the tree's ``wait_tcp_ready``: a coroutine function
+    where upstream awaits it, a plain one where it calls it (an un-awaited coroutine is
+    fatal in Miles' logging set-up, ``miles/utils/logging_utils.py:L60-L70``)."""
+    return tcp_ready if inspect.iscoroutinefunction(upstream) else tcp_ready_blocking
 
 
 def _reported(set_weight_version: Any, run: Any) -> Any:
@@ -449,7 +484,7 @@ def refactor_rebinds(run: Any, observed_load: Any) -> list[Rebind]:
             lambda f: _reported(f, run),
         ),
         Rebind("engine_process", wm, "CommandActor", lambda _: SimCommandActor),
-        Rebind("engine_process", host.module(ROUTER_MANAGER_MOD), "wait_tcp_ready", lambda _: tcp_ready),
+        Rebind("engine_process", host.module(ROUTER_MANAGER_MOD), "wait_tcp_ready", tcp_ready_like),
         # the engine process's command line, built from SGLang's ServerArgs (not installable here) for the
         # CommandActor leaf, which starts nothing (miles/ray/specs/inference.py:L288-L303)
         Rebind(

@@ -687,6 +687,23 @@ class UpstreamRunner:
             return task
 
         fn._submit_one_group = observed
+        if hasattr(fn, "_submit_publish"):
+            self.observe_publish(fn)
+
+    def observe_publish(self, fn: Any) -> None:
+        """The two-wave worker's ``_submit_publish`` (``fully_async_rollout.py:L173``,
+        ``:L209-L210`` of the refactor's tip), called as is: the publish task it returns
+        holds the finished group from its creation until its put starts
+        (``GroupAccounting.publish_created``)."""
+        publish = fn._submit_publish
+
+        def observed(entry: Any) -> asyncio.Task:
+            task = publish(entry)
+            gi = next(_iter_upstream(entry.prompt_group)).group_index
+            self.accounting.publish_created(task, gi, self.now())
+            return task
+
+        fn._submit_publish = observed
 
     def _finished(self) -> set[asyncio.Task]:
         return {t for t in self.accounting.task_group if t.done()}
@@ -1105,6 +1122,7 @@ class UpstreamRunner:
             self.accounting = self.final_accounting or self.accounting
             self.accounting.task_group.clear()
             self.accounting.returned_tasks.clear()
+            self.accounting.publishing.clear()
         ctx = holder.get("ctx")
         problems = self.accounting.take_problems()
         # A fully-async worker that died after the last drain: upstream never reads its

@@ -6,18 +6,25 @@ imports from. The contract, following Ray's documented behaviour, made determini
 
 - ``remote`` wraps a class (an actor class) or a function (a remote function), with or
   without options; option names are checked (``TypeError`` naming an unknown one).
-- An actor's constructor runs at ``.remote()`` (a valid Ray schedule: Ray finishes the
-  constructor before the first method call). One that raises leaves a dead handle.
+- An actor's constructor runs after ``.remote()`` returns, as in Ray, where it runs in the
+  actor's process once that process is up: on a running loop, once nothing else is ready
+  at the current virtual instant (a process starts slower than any in-process step, and
+  costs no virtual time here); constructors waiting at one instant run one at a time in
+  creation order. Calls made before it ran queue behind it, in submission order (Ray runs
+  an actor's tasks after its creation task). Outside a running loop it runs at
+  ``.remote()``. One that raises leaves a dead handle.
 - A call of an ``async def`` method (an async actor's) is an asyncio task on the running
   loop, concurrent with the others. Plain calls run one at a time in submission order: at
   ``.remote()`` when no plain call of the actor is running, else queued behind it. So a sync
   actor is sequential, and an async actor's plain method runs at once even while its
   coroutines are suspended (in Ray it runs on, and blocks, the actor's one loop thread).
   Top-level ``ObjectRef`` arguments are resolved, as Ray does.
-- ``ray.get`` / ``ray.wait`` never block: a pending ref with no timeout raises
-  ``VRayBlockingGet`` (on one thread it would deadlock); with a timeout, the timeout is
-  what happens (``GetTimeoutError``, or the not-ready list), a schedule where the callee
-  is slower than the timeout. Refs are awaitable; ``await`` is how async code waits.
+- ``ray.get`` on a pending ref with no timeout, inside the running loop (a driver's, an
+  actor's call or constructor), steps the loop until the ref is done, as Ray's caller
+  blocks while the work goes on; work that can never finish, or no loop, is
+  ``VRayBlockingGet``. With a timeout, the timeout is what happens (``GetTimeoutError``,
+  or the not-ready list), a schedule where the callee is slower than the timeout.
+  ``ray.wait`` never blocks. Refs are awaitable; ``await`` is how async code waits.
 - Resources: one node (``Cluster``). Placement groups and actors reserve CPUs, GPUs (ids,
   fractions below 1 share a GPU) and custom resources, from the node or from a bundle;
   what does not fit raises ``VRayUnschedulable`` (Ray would leave it pending forever).
@@ -39,6 +46,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import functools
 import inspect
 import sys
 import types
@@ -200,6 +208,12 @@ class _State:
         self.initialized = False
         self.namespace = ""
         self.next_id = 0
+        self.births: _Births | None = None
+
+    def births_on(self, loop: asyncio.AbstractEventLoop) -> _Births:
+        if self.births is None or self.births.loop is not loop:
+            self.births = _Births(loop)
+        return self.births
 
     def new_id(self) -> int:
         self.next_id += 1
@@ -321,14 +335,16 @@ def _run_now(actor: _Actor | None, ref: ObjectRef, fn: Callable[..., Any], args:
     ref._resolve(value, error)
 
 
-def _spawn(actor: _Actor | None, fn: Callable[..., Any], args: tuple, kwargs: dict, label: str) -> ObjectRef:
+def _spawn(
+    actor: _Actor | None, fn: Callable[..., Any], args: tuple, kwargs: dict, label: str, ref: ObjectRef | None = None
+) -> ObjectRef:
     loop = _running_loop()
     if loop is None:
         raise VRayNoLoop(
             f"{label}.remote() at {_caller()}: a coroutine call runs as a task of the running "
             "virtual-time loop, and none is running: make the call inside run_virtual"
         )
-    ref = ObjectRef(label)
+    ref = ObjectRef(label) if ref is None else ref
 
     async def body() -> Any:
         _current.set(actor)  # the task's own context: the actor is current in the call
@@ -361,6 +377,8 @@ class _Actor:
         self.cls, self.options, self.grant = cls, options, grant
         self.id = f"{_state.new_id():032x}"
         self.instance: Any = None
+        self.born = False  # its constructor has run
+        self.unborn_calls: list[tuple[ObjectRef, str, tuple, dict]] = []  # made before it ran
         self.dead: str | None = None
         self.dead_from: BaseException | None = None
         self.busy = False
@@ -373,19 +391,56 @@ class _Actor:
         err.__cause__ = self.dead_from
         return err
 
+    def construct(self, args: tuple, kwargs: dict) -> None:
+        """The creation task: the constructor, then the calls that queued behind it."""
+        if self.dead is not None:  # killed before its process was up
+            return
+        token = _current.set(self)
+        try:
+            a, k = _resolved(args, kwargs)
+            self.instance = self.cls(*a, **k)
+        except Exception as e:  # Ray: the creation task failed, the actor is dead
+            _die(self, f"its constructor raised {type(e).__name__}: {e}", e)
+            return
+        finally:
+            _current.reset(token)
+        self.born = True
+        waiting, self.unborn_calls = self.unborn_calls, []
+        for ref, name, args_, kwargs_ in waiting:
+            self._dispatch(name, args_, kwargs_, ref)
+
     def call(self, name: str, args: tuple, kwargs: dict) -> ObjectRef:
         label = f"{self.cls.__name__}.{name}"
         if self.dead is not None:
             return _done_ref(label, error=self.died_error(label))
+        if not self.born:
+            if name != "__ray_ready__" and not inspect.iscoroutinefunction(getattr(self.cls, name)):
+                _check_args_done(label, args, kwargs)  # refused where it is made, as for a born actor
+            ref = ObjectRef(label)
+            self.unborn_calls.append((ref, name, args, kwargs))
+            return ref
+        return self._dispatch(name, args, kwargs, None)
+
+    def _dispatch(self, name: str, args: tuple, kwargs: dict, ref: ObjectRef | None) -> ObjectRef:
+        label = f"{self.cls.__name__}.{name}"
+        if self.dead is not None:
+            error = self.died_error(label)
+            if ref is None:
+                return _done_ref(label, error=error)
+            ref._resolve(error=error)
+            return ref
         if name == "__ray_ready__":
-            return _done_ref(label, True)
+            if ref is None:
+                return _done_ref(label, True)
+            ref._resolve(True)
+            return ref
         fn = getattr(self.instance, name)
         if inspect.iscoroutinefunction(fn):
-            return _spawn(self, fn, args, kwargs, label)
+            return _spawn(self, fn, args, kwargs, label, ref)
         _check_args_done(label, args, kwargs)
-        ref = ObjectRef(label)
+        ref = ObjectRef(label) if ref is None else ref
         # Plain calls run one at a time (an async actor's too: Ray runs them on its loop's one thread).
-        self.queue.append((ref, lambda: _run_now(self, ref, fn, args, kwargs)))
+        self.queue.append((ref, functools.partial(_run_now, self, ref, fn, args, kwargs)))
         if not self.busy:
             self.busy = True
             try:
@@ -394,6 +449,36 @@ class _Actor:
             finally:
                 self.busy = False
         return ref
+
+
+class _Births:
+    """The constructors waiting for their processes on one loop, in creation order. One
+    probe on the loop runs the first once nothing else is ready at the current instant: it
+    steps to the back of the ready queue while anything is ahead of it (so it never holds
+    the virtual clock back, and never reorders what it waits behind), then runs one
+    constructor and, if more wait, waits again."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.waiting: deque[tuple[_Actor, tuple, dict]] = deque()
+        self.probing = False
+
+    def add(self, actor: _Actor, args: tuple, kwargs: dict) -> None:
+        self.waiting.append((actor, args, kwargs))
+        if not self.probing:
+            self.probing = True
+            self.loop.call_soon(self.probe)
+
+    def probe(self) -> None:
+        if self.loop._ready:  # type: ignore[attr-defined]
+            self.loop.call_soon(self.probe)
+            return
+        actor, args, kwargs = self.waiting.popleft()
+        if self.waiting:
+            self.loop.call_soon(self.probe)
+        else:
+            self.probing = False
+        actor.construct(args, kwargs)
 
 
 def _die(actor: _Actor, cause: str, error: BaseException | None = None) -> None:
@@ -407,6 +492,9 @@ def _die(actor: _Actor, cause: str, error: BaseException | None = None) -> None:
         del _state.named[key]
     while actor.queue:
         ref = actor.queue.popleft()[0]
+        ref._resolve(error=actor.died_error(ref._label))
+    unborn, actor.unborn_calls = actor.unborn_calls, []
+    for ref, *_ in unborn:
         ref._resolve(error=actor.died_error(ref._label))
     for ref, task in list(actor.inflight.items()):
         ref._resolve(error=actor.died_error(ref._label))
@@ -637,14 +725,11 @@ def _create_actor(cls: type, options: dict[str, Any], args: tuple, kwargs: dict)
     _state.actors.append(actor)
     if name:
         _state.named[(namespace, name)] = actor.handle
-    token = _current.set(actor)
-    try:
-        a, k = _resolved(args, kwargs)
-        actor.instance = cls(*a, **k)
-    except Exception as e:  # Ray: the creation task failed, the actor is dead
-        _die(actor, f"its constructor raised {type(e).__name__}: {e}", e)
-    finally:
-        _current.reset(token)
+    loop = _running_loop()
+    if loop is None:
+        actor.construct(args, kwargs)
+    else:
+        _state.births_on(loop).add(actor, args, kwargs)
     return actor.handle
 
 

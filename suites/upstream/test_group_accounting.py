@@ -3,7 +3,8 @@ pure state machine, against a shadow model.
 
 The machine plays upstream's part, fully-async or one-step (drawn first): it takes groups
 (each into a group task at once, as ``_submit_one_group`` / ``submit_generate_tasks`` do),
-finishes their tasks, hands them to the fully-async worker, puts them, keeps or rejects
+finishes their tasks, hands them to the fully-async worker, which puts them itself or
+hands them to a publish task that puts them (the two-wave worker of the refactor's tip), keeps or rejects
 them, recycles, drops or trains them, and can lose one the way a broken upstream does (a
 queued group that vanishes, a group task the worker forgets). The shadow keeps one place
 per live group; what the accounting must say follows from it: the pending groups, the
@@ -32,16 +33,17 @@ from harness.upstream.group_accounting import LIVE, RECYCLED, GroupAccounting
 
 # where a live group is, in the shadow; the holders are every place but DONE (a finished
 # one-step task before its rollout ends) and VANISHED (held by nothing)
-RUNNING, DONE, HELD, PUTTING, BUFFER, SOURCE, VANISHED = (
+RUNNING, DONE, HELD, PUBLISHING, PUTTING, BUFFER, SOURCE, VANISHED = (
     "running",
     "done",
     "held",
+    "publishing",
     "putting",
     "buffer",
     "source",
     "vanished",
 )
-HOLDERS = frozenset({RUNNING, HELD, PUTTING, BUFFER, SOURCE})
+HOLDERS = frozenset({RUNNING, HELD, PUBLISHING, PUTTING, BUFFER, SOURCE})
 
 
 class AccountingMachine(RuleBasedStateMachine):
@@ -55,6 +57,7 @@ class AccountingMachine(RuleBasedStateMachine):
         self.loc: dict[int, str] = {}  # live group -> where upstream holds it
         self.state: dict[int, str] = {}  # live group -> LIVE | RECYCLED
         self.task_of: dict[int, str] = {}  # live group -> its latest group task
+        self.publish_task_of: dict[int, str] = {}  # live group -> the publish task holding it
         self.finished: set[str] = set()
         self.lost: set[int] = set()
         self.sighted_lost = False
@@ -189,17 +192,27 @@ class AccountingMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.fully)
     @rule(data=st.data())
     def worker_waits_again(self, data: st.DataObject) -> None:
-        running = self.at(RUNNING)
-        forgotten = set(data.draw(st.lists(st.sampled_from(running), unique=True))) if running else set()
-        pendings = {self.task_of[gi] for gi in running if gi not in forgotten}
+        waited = self.at(RUNNING, PUBLISHING)
+        forgotten = set(data.draw(st.lists(st.sampled_from(waited), unique=True))) if waited else set()
+        pendings = {self.task_of[gi] for gi in self.at(RUNNING) if gi not in forgotten}
+        pendings |= {self.publish_task_of[gi] for gi in self.at(PUBLISHING) if gi not in forgotten}
         self.acc.worker_waits(pendings, self.tick())
-        # every group the last wait returned that was not put, and every forgotten task's
+        # every group the last wait returned that was not put or handed on, and every forgotten task's
         self.lost |= set(self.at(HELD)) | forgotten
 
     @precondition(lambda self: self.fully and self.at(HELD))
+    @rule(data=st.data())
+    def worker_hands_a_group_to_a_publish_task(self, data: st.DataObject) -> None:
+        gi = data.draw(st.sampled_from(self.at(HELD)))
+        task = f"p{self.next_task}"
+        self.next_task += 1
+        self.acc.publish_created(task, gi, self.tick())
+        self.loc[gi], self.publish_task_of[gi] = PUBLISHING, task
+
+    @precondition(lambda self: self.fully and self.at(HELD, PUBLISHING))
     @rule(data=st.data(), accepted=st.booleans())
     def worker_puts(self, data: st.DataObject, accepted: bool) -> None:
-        gi = data.draw(st.sampled_from(self.at(HELD)))
+        gi = data.draw(st.sampled_from(self.at(HELD, PUBLISHING)))
         self.acc.put_started(gi, self.tick())
         self.loc[gi] = PUTTING
         if data.draw(st.booleans(), label="the put returns now"):
@@ -314,6 +327,42 @@ def test_trained_groups_are_sighted_in_order_and_leave_the_accounting():
     assert acc.live == {}
 
 
+def test_a_publish_task_holds_its_group_from_its_creation_until_its_put_starts():
+    acc = GroupAccounting(fully_async=True)
+    acc.taken(4, 1.0)
+    acc.task_created("t4", 4, 1.0)
+    acc.worker_woke(["t4"], 2.0)
+    acc.publish_created("p4", 4, 2.0)  # the two-wave worker hands the finished group on
+    acc.worker_waits({"p4"}, 3.0)  # and waits on the publish task with its group tasks
+    assert acc.unaccounted(set(), {"t4"}, 4.0) == set() and acc.lost == set()
+    acc.put_started(4, 5.0)
+    assert acc.publishing == {} and acc.putting == {4}
+    acc.put_ended(4)
+    assert acc.unaccounted({4}, {"t4"}, 6.0) == set() and acc.pending() == [4]
+
+
+def test_a_publish_task_the_worker_no_longer_waits_on_before_its_put_began_loses_its_group():
+    acc = GroupAccounting(fully_async=True)
+    acc.taken(5, 1.0)
+    acc.task_created("t5", 5, 1.0)
+    acc.worker_woke(["t5"], 2.0)
+    acc.publish_created("p5", 5, 2.0)
+    acc.worker_waits(set(), 3.0)
+    assert acc.lost == {5} and acc.pending() == []
+    assert acc.lost_why[5] == "t=3: its publish task, its put not begun, is not among those the worker waits on"
+
+
+def test_a_group_handed_to_a_publish_task_puts_its_group_task_in_the_workers_hands_without_a_followed_wait():
+    # the tip's worker waits with asyncio.wait once its two waves are full (L160-L161), a
+    # wait the host does not follow: reading the group task's result is what hands it over
+    acc = GroupAccounting(fully_async=True)
+    acc.taken(6, 1.0)
+    acc.task_created("t6", 6, 1.0)
+    acc.publish_created("p6", 6, 2.0)
+    acc.worker_waits({"p6"}, 3.0)
+    assert acc.lost == set() and acc.returned_tasks == {"t6"}
+
+
 # --------------------------------------------------------------------------- seeded bugs
 
 
@@ -363,6 +412,14 @@ class PutHoldsNothing(GroupAccounting):
         self.held.discard(gi)
 
 
+class PublishTaskHoldsNothing(GroupAccounting):
+    """A group the two-wave worker handed to a publish task is held by nothing until its put."""
+
+    def publish_created(self, task: Hashable, gi: int, now: float) -> None:
+        self.returned_tasks |= {t for t, g in self.task_group.items() if g == gi}
+        self.held.discard(gi)
+
+
 class SightingsIgnored(GroupAccounting):
     """A lost group seen again is not recorded: the self-check never fires."""
 
@@ -377,6 +434,7 @@ SEEDED_BUGS = [
     WorkerHandsHoldNothing,
     ForgottenTaskNotLost,
     PutHoldsNothing,
+    PublishTaskHoldsNothing,
     SightingsIgnored,
 ]
 

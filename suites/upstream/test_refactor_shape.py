@@ -212,3 +212,35 @@ def test_the_clock_leaf_reads_the_virtual_time_loop():
 
     start, end = run_virtual(wait())
     assert end - start == pytest.approx(310.0) and clock.sleep is time.sleep
+
+
+class _BareCellTrainActor(leaves_refactor.SimCellTrainActor):
+    """The train actor leaf without a run behind it: only its process-level members."""
+
+    def __init__(self) -> None:
+        pass
+
+
+def test_the_train_actor_leaf_kill_self_kills_its_actor_so_the_call_and_later_ones_fail_as_ray_reports_a_dead_actor():
+    async def main() -> None:
+        handle = vray.remote(_BareCellTrainActor).options(name="trainer-0").remote()
+        assert await handle.__ray_ready__.remote() is True
+        with pytest.raises(vray.ActorDiedError, match="kill_self: its process exited"):
+            await handle.kill_self.remote()
+        with pytest.raises(vray.RayActorError):
+            await handle.get_train_parallel_config.remote()
+
+    run_virtual(main())
+    assert vray.actors() == []
+
+
+def test_the_train_actor_leaf_answers_the_worker_managers_node_probes_for_the_one_node():
+    async def main() -> tuple[str, int, bool]:
+        handle = vray.remote(_BareCellTrainActor).remote()
+        return (
+            await handle._get_node_ip.remote(),
+            await handle._get_free_port_block.remote(start_port=20000, count=2),
+            await handle._is_port_available.remote(port=20000),
+        )
+
+    assert run_virtual(main()) == ("127.0.0.1", 20000, True)

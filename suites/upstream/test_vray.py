@@ -158,7 +158,7 @@ def test_num_returns_other_than_one_is_refused_as_not_modelled() -> None:
 # -- actors: construction, names, handles
 
 
-def test_the_constructor_runs_at_remote_before_any_call() -> None:
+def test_outside_a_running_loop_the_constructor_runs_at_remote() -> None:
     built: list[int] = []
 
     class Recorder:
@@ -167,6 +167,112 @@ def test_the_constructor_runs_at_remote_before_any_call() -> None:
 
     vray.remote(Recorder).remote(7)
     assert built == [7]
+
+
+def test_on_a_running_loop_the_constructor_runs_after_remote_returns_once_nothing_else_is_ready() -> None:
+    # Ray: .remote() returns at once and the constructor runs in the actor's process once it is
+    # up; vray runs it once every step ready at the current instant has run, at no virtual time
+    log: list[str] = []
+
+    class Recorder:
+        def __init__(self) -> None:
+            log.append(f"constructor at t={asyncio.get_running_loop().time():g}")
+
+        def ping(self) -> str:
+            log.append("ping")
+            return "pong"
+
+    async def other() -> None:
+        log.append("other step 1")
+        await asyncio.sleep(0)
+        log.append("other step 2")
+
+    async def main() -> str:
+        sibling = asyncio.ensure_future(other())
+        handle = vray.remote(Recorder).remote()
+        log.append("remote returned")
+        ref = handle.ping.remote()  # queued behind the constructor
+        assert repr(ref) == "ObjectRef(Recorder.ping, pending)"
+        await sibling
+        return await ref
+
+    assert run_virtual(main()) == "pong"
+    assert log == ["remote returned", "other step 1", "other step 2", "constructor at t=0", "ping"]
+
+
+def test_a_constructor_that_blocks_on_its_creator_sees_what_the_creator_did_after_creating_it() -> None:
+    # the worker manager's pattern: a worker's constructor asks the manager, with a blocking
+    # get, for state the manager sets only after the worker's creation returned
+    class Manager:
+        def __init__(self) -> None:
+            self.addrs: dict[str, str] | None = None
+            self.workers: list[ActorHandle] = []
+
+        async def start(self) -> None:
+            me = vray.get_runtime_context().current_actor
+            self.workers.append(vray.remote(Worker).remote(me))
+            await asyncio.sleep(0)
+            self.addrs = {"worker": "127.0.0.1:1"}
+
+        def get_addrs(self) -> dict[str, str]:
+            assert self.addrs is not None, "asked before the addresses were allocated"
+            return self.addrs
+
+        def worker(self) -> ActorHandle:
+            return self.workers[0]
+
+    class Worker:
+        def __init__(self, manager: ActorHandle) -> None:
+            self.addrs = vray.get(manager.get_addrs.remote())
+
+        def seen(self) -> dict[str, str]:
+            return self.addrs
+
+    async def main() -> dict[str, str]:
+        manager = vray.remote(Manager).remote()
+        await manager.start.remote()
+        worker = await manager.worker.remote()
+        return await worker.seen.remote()
+
+    assert run_virtual(main()) == {"worker": "127.0.0.1:1"}
+
+
+def test_calls_made_before_the_constructor_ran_run_after_it_in_submission_order() -> None:
+    async def main() -> list[Any]:
+        counter = vray.remote(Counter).remote(10)
+        sleeper = vray.remote(Sleeper).remote()
+        refs = [
+            counter.add.remote(1),
+            counter.add.remote(2),
+            sleeper.nap.remote("a", 1),
+            counter.__ray_ready__.remote(),
+        ]
+        assert all(not r._done for r in refs)
+        return [await r for r in refs]
+
+    assert run_virtual(main()) == [11, 13, 1.0, True]
+
+
+def test_an_actor_killed_before_its_constructor_ran_never_constructs_and_fails_its_queued_calls() -> None:
+    built: list[str] = []
+
+    class Recorder:
+        def __init__(self) -> None:
+            built.append("built")
+
+        def ping(self) -> str:
+            return "pong"
+
+    async def main() -> None:
+        handle = vray.remote(Recorder).remote()
+        ref = handle.ping.remote()
+        vray.kill(handle)
+        with pytest.raises(ActorDiedError, match="killed by ray.kill; Recorder.ping did not run"):
+            await ref
+        await asyncio.sleep(1)
+
+    run_virtual(main())
+    assert built == []
 
 
 def test_a_constructor_that_raises_leaves_a_dead_handle_whose_calls_raise_ray_actor_error_chaining_the_cause() -> None:
