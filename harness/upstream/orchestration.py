@@ -52,6 +52,11 @@ def _environment(values: dict[str, str | None]) -> Iterator[None]:
                 os.environ[k] = v
 
 
+def rollout_environment() -> Any:
+    """The environment variables a hosted run sets (``ROLLOUT_ENV``), for the block."""
+    return _environment(ROLLOUT_ENV)
+
+
 @contextmanager
 def hosted() -> Iterator[None]:
     """vray as ``ray``, the train actor leaf as the trainer backend and the class-based

@@ -211,7 +211,8 @@ def upstream_refusal(scenario: Scenario) -> str | None:
     """What Miles' own argument checks say of ``scenario``'s flags (``miles_validate_args``:
     a setting the job would refuse at start-up), or ``None`` when they accept them."""
     try:
-        validate_upstream_args(upstream_args(scenario))
+        with orchestration.rollout_environment():  # the environment a run has (orchestration.hosted)
+            validate_upstream_args(upstream_args(scenario))
     except (AssertionError, ValueError) as exc:
         return f"upstream refuses it at start-up (miles/utils/arguments.py): {exc}"
     return None
