@@ -24,7 +24,7 @@
   other groups and steps (``base_kinds``);
 * ``fixed``: BASE breaks one that HEAD does not (in a drawn fault schedule: under no
   schedule of that driver), and HEAD adds none;
-* ``unchanged``: both trees did observably the same (``diff.observables``, every aspect);
+* ``unchanged``: both trees did observably the same (``harness.upstream.observables``, every aspect);
 * ``changed``: the runs differ, and HEAD breaks nothing BASE does not (the sentence says
   whether every invariant holds or which old ones remain).
 
@@ -120,10 +120,10 @@ def _pair(a: Any, b: Any, limit: int = 160) -> tuple[str, str]:
 
 def first_change(head: CaseRecord, base: CaseRecord) -> str | None:
     """The first item where the runs differ (the differential's order: by time over every
-    aspect, ``diff._first_divergence``), said as ``aspect[item]: base ..., head ...``; when
+    aspect, ``observables.first_divergence``), said as ``aspect[item]: base ..., head ...``; when
     every item is the same but happens at another time, the first such item. ``None``
     when the runs did observably the same."""
-    from harness.upstream.diff import ASPECTS, _first_divergence
+    from harness.upstream.observables import ASPECTS, first_divergence
 
     a, b = base.get("observables") or {}, head.get("observables") or {}
     if a == b:
@@ -139,7 +139,7 @@ def first_change(head: CaseRecord, base: CaseRecord) -> str | None:
 
         return f"base {one(xs)}, head {one(ys)}"
 
-    where = _first_divergence(a, b) if set(a) == set(b) == set(ASPECTS) else None
+    where = first_divergence(a, b) if set(a) == set(b) == set(ASPECTS) else None
     if where is not None:
         aspect, i = where
         return f"{aspect}[{i}]: {items(a[aspect], b[aspect], i)}"
