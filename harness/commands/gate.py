@@ -35,12 +35,8 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import os
 import resource
 import shutil
-import subprocess
-import sys
-import tarfile
 import tempfile
 import time
 from contextlib import ExitStack
@@ -50,7 +46,6 @@ from harness.upstream.exit_codes import Exit
 from miles_async_core.errors import ConfigError
 
 DEFAULT_FAULT_SEEDS = 300
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -114,195 +109,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "the harness' stand-ins (stand-ins)",
     )
     p.add_argument("-v", "--verbose", action="store_true", help="print every case and its upstream log")
-
-
-# --------------------------------------------------------------------------- the trees
-
-
-def _git(cwd: Path, *args: str) -> str:
-    done = subprocess.run(["git", "-C", str(cwd), *args], capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise ConfigError(f"git {' '.join(args)} in {cwd}: {done.stderr.strip() or done.stdout.strip()}")
-    return done.stdout.strip()
-
-
-def export_ref(checkout: Path, ref: str, dest: Path) -> str:
-    """Write ``ref``'s version of ``checkout`` (the root of a git work tree) to ``dest``
-    with ``git archive``; returns the commit. ``ref`` is resolved in ``checkout``'s own
-    repository only: a tree that is a folder of another repository (or of none) has no
-    refs of its own, so a ref there would name another project's commit."""
-    probe = subprocess.run(
-        ["git", "-C", str(checkout), "rev-parse", "--show-toplevel"], capture_output=True, text=True, check=False
-    )
-    top = Path(probe.stdout.strip()).resolve() if probe.returncode == 0 else None
-    if top != checkout.resolve():
-        where = "is in no git checkout" if top is None else f"is not the root of a git checkout (it is inside {top})"
-        raise ConfigError(
-            f"--base {ref}: not a directory, and --miles-src {checkout} {where}, so {ref!r} cannot be "
-            "resolved as a ref of the Miles checkout.\nAllowed: a Miles tree (a directory), or a ref of the "
-            "git checkout whose root is --miles-src.\nFix: pass the base tree's path as --base, or point "
-            "--miles-src at the root of a git checkout of Miles"
-        )
-    found = subprocess.run(
-        ["git", "-C", str(top), "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if found.returncode != 0:
-        raise ConfigError(
-            f"--base {ref}: no such directory and no such git ref in {top}.\nAllowed: a Miles tree or a ref "
-            "(branch, tag, commit) of that checkout.\nFix: `git fetch` the base branch, or pass its tree's path"
-        )
-    commit = found.stdout.strip()
-    dest.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.Popen(
-        ["git", "-C", str(top), "archive", "--format=tar", commit], stdout=subprocess.PIPE, stderr=subprocess.PIPE
-    )
-    assert proc.stdout is not None
-    with tarfile.open(fileobj=proc.stdout, mode="r|") as tar:
-        tar.extractall(dest, filter="data")
-    err = proc.stderr.read().decode() if proc.stderr else ""
-    if proc.wait() != 0:
-        raise ConfigError(f"--base {ref}: git archive {commit} failed: {err.strip()}")
-    return commit
-
-
-def resolve_trees(miles_src: str | None, base: str, stack: ExitStack) -> tuple[Path, str, Path, str]:
-    """(HEAD tree, how it was found, BASE tree, what it is), both absolute; a git ref is
-    exported into a temporary directory that ``stack`` removes."""
-    from harness.upstream import source
-
-    head, how = source.find_miles_src(miles_src)
-    if head is None:
-        raise ConfigError(how)
-    why = source.not_miles("--miles-src", str(miles_src or head), head)
-    if why:
-        raise ConfigError(why)
-    if Path(base).is_dir():
-        base_tree = Path(base).resolve()
-        why = source.not_miles("--base", base, base_tree)
-        if why:
-            raise ConfigError(why)
-        return head, how, base_tree, str(base_tree)
-    tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="miles-gate-base-")))
-    commit = export_ref(head, base, tmp / "miles")
-    why = source.not_miles("--base", f"{base} (commit {commit[:12]})", tmp / "miles")
-    if why:
-        raise ConfigError(why)
-    return head, how, tmp / "miles", f"{base} ({commit[:12]})"
-
-
-# --------------------------------------------------------------------------- running
-
-
-def _worker(
-    tree: Path,
-    out: Path,
-    log: Path,
-    scenarios: list[str],
-    seeds: int,
-    cover: list[str],
-    flag_cases: list[dict],
-    orchestration: str = "upstream",
-    resume: bool = False,
-) -> list[str]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "harness.upstream.gate_run",
-        "--tree",
-        str(tree),
-        "--out",
-        str(out),
-        "--log",
-        str(log),
-        "--fault-seeds",
-        str(seeds),
-        "--orchestration",
-        orchestration,
-        *(["--resume-cases"] if resume else []),
-    ]
-    for s in scenarios:
-        cmd += ["--scenario", s]
-    for f in cover:
-        cmd += ["--cover", f]
-    for spec in flag_cases:
-        cmd += ["--flag-case", json.dumps(spec)]
-    return cmd
-
-
-class WorkerFailed(Exception):
-    """A tree's process (``gate_run``) crashed: a harness error, never a finding."""
-
-
-def run_trees(
-    head: Path,
-    base: Path,
-    out: Path,
-    scenarios: list[str],
-    seeds: int,
-    jobs: int,
-    cover: list[str] | None = None,
-    flag_cases: list[dict] | None = None,
-    orchestration: str = "upstream",
-    resume: bool = False,
-) -> dict[str, dict]:
-    """Both trees' documents (``gate_run``), one process per tree, hosted with
-    ``orchestration`` (``harness.upstream.runner.ORCHESTRATIONS``); HEAD's measures which
-    lines of ``cover`` (its changed files) run in each case; ``flag_cases``
-    (``flag_cases.specs``) run on both, each tree setting the flag where it has it. A tree
-    that is refused or does not import stops the other tree's process at once: nothing is
-    compared then."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")])}
-    env.pop("MILES_SRC", None)
-    errs = {side: out / f"{side}.stderr" for side in ("head", "base")}
-    pending = [("head", head), ("base", base)]
-    procs: dict[str, subprocess.Popen] = {}
-    docs: dict[str, dict] = {}
-
-    def start(side: str, tree: Path) -> None:
-        with errs[side].open("w") as err:
-            procs[side] = subprocess.Popen(
-                _worker(
-                    tree,
-                    out / f"{side}.cases.json",
-                    out / f"{side}.log",
-                    scenarios,
-                    seeds,
-                    list(cover or []) if side == "head" else [],
-                    [{**spec, "set": spec["set"][side]} for spec in flag_cases or []],
-                    orchestration,
-                    resume,
-                ),
-                cwd=str(PROJECT_ROOT),
-                env=env,
-                stdout=err,
-                stderr=err,
-            )
-
-    while pending or procs:
-        while pending and len(procs) < jobs:
-            start(*pending.pop(0))
-        for side, proc in list(procs.items()):
-            rc = proc.poll()
-            if rc is None:
-                continue
-            del procs[side]
-            path = out / f"{side}.cases.json"
-            if rc not in (Exit.OK, Exit.FINDING, Exit.REFUSED) or not path.is_file():
-                for other in procs.values():
-                    other.kill()
-                tail = errs[side].read_text()[-2000:]
-                raise WorkerFailed(f"the gate's {side} run (python -m harness.upstream.gate_run) exited {rc}:\n{tail}")
-            docs[side] = json.loads(path.read_text())
-            if rc != Exit.OK:  # refused or broken: the other tree's cases would be compared with nothing
-                for other in procs.values():
-                    other.kill()
-                    other.wait()
-                return docs
-        time.sleep(0.05)
-    return docs
 
 
 def _print_verdicts(verdicts: list, *, verbose: bool) -> None:
@@ -464,7 +270,7 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _main(args: argparse.Namespace) -> int:
-    from harness.upstream import gate
+    from harness.upstream import gate, gate_trees
     from harness.upstream.diff import case_named
     from harness.upstream.diff_coverage import report
     from harness.upstream.diff_lines import changed_files
@@ -482,7 +288,7 @@ def _main(args: argparse.Namespace) -> int:
     t0, cpu0 = time.perf_counter(), _cpu_s()
     given = Path(args.out).resolve() if args.out else None
     with ExitStack() as stack:
-        head, how, base, base_name = resolve_trees(args.miles_src, args.base, stack)
+        head, how, base, base_name = gate_trees.resolve_trees(args.miles_src, args.base, stack)
         print(f"HEAD: {how}\nBASE: {base_name}")
         orchestration = getattr(args, "orchestration", "upstream")
         decided = _plan(head, base, list(args.scenario), seeds, given, orchestration)
@@ -498,10 +304,10 @@ def _main(args: argparse.Namespace) -> int:
         out = given or Path(tempfile.mkdtemp(prefix="miles-gate-"))
         out.mkdir(parents=True, exist_ok=True)
         try:
-            docs = run_trees(
+            docs = gate_trees.run_trees(
                 head, base, out, list(args.scenario), seeds, args.jobs, changed, specs, orchestration, resume
             )
-        except WorkerFailed as exc:
+        except gate_trees.WorkerFailed as exc:
             print(f"HARNESS ERROR (exit 2): {exc}")
             return Exit.HARNESS_ERROR
         # read now: an exported base is removed when the stack closes

@@ -3,22 +3,11 @@ first place they part.
 
 ``run_case(case)`` runs ``case`` on the core (``harness.sim.run_scenario``) and on upstream's
 code (``harness.upstream.runner``), both on ``SimEngine``/``SimTrainer`` in virtual time,
-and returns a ``DiffReport``. Compared, each as a time-ordered list:
-
-* ``generate``: the weight version each generate / drain read (``generate_start``);
-* ``updates``: weight updates (time, version);
-* ``trained``: each training batch (rollout id, prompt groups in order);
-* ``ages``: per trained group, the recorded-version age and the true oldest-token age;
-* ``weight_versions``: per trained sample, ``weight_versions`` as recorded;
-* ``get_samples``: every ``get_samples`` call (groups handed out, recycled ones marked);
-* ``recycles``: groups handed back to the data source;
-* ``pauses``: engine pauses (time, mode, requests in flight);
-* ``metrics``: every ``rollout/*`` metric of each drain / generate; the core's own
-  extension keys (``EXTENSION_METRICS``) are left out, upstream has none;
-* ``end``: total virtual time and the error type, if the run failed.
-
-The first divergence is the earliest differing item over all aspects (by virtual time),
-printed with the items around it on both sides.
+and returns a ``DiffReport``: what each run observably did, aspect by aspect
+(``harness.upstream.observables``: weight versions read, updates, trained batches, ages,
+``get_samples`` calls, recycles, pauses, metrics, the end), and the first divergence, the
+earliest differing item over all aspects (by virtual time), printed with the items around
+it on both sides. ``core_run`` / ``upstream_run`` run a case on one side alone.
 """
 
 from __future__ import annotations
@@ -27,7 +16,6 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from miles_async_core import events as ev
 from miles_async_core.config import AsyncConfig
 from miles_async_core.types import DataBufferConstructorInput
 from harness.sim.engine import SimEngine, SimEngineConfig
@@ -35,23 +23,7 @@ from harness.sim.faults import FaultSchedule, fault_engine_class
 from harness.sim.scenario import Scenario
 from harness.sim.run_scenario import simulate
 from harness.sim.trainer import SimTrainerConfig
-from harness.trace import Event
-
-# The core's own accounting, not Miles metrics: the fully-async handler counters and the
-# one-step drop counters (nothing is lost silently). Upstream reports neither.
-EXTENSION_METRICS = ("rollout/fully_async/handler_", "rollout/dropped_groups/")
-ASPECTS = (
-    "generate",
-    "updates",
-    "trained",
-    "ages",
-    "weight_versions",
-    "get_samples",
-    "recycles",
-    "pauses",
-    "metrics",
-    "end",
-)
+from harness.upstream.observables import ASPECTS, first_divergence, observables
 
 
 @dataclass(frozen=True)
@@ -118,71 +90,7 @@ class DiffReport:
         )
 
 
-def observables(
-    events: list[Event],
-    history: list[dict],
-    wall_s: float,
-    error: BaseException | None,
-    finished: dict[int, list] | None = None,
-) -> dict[str, list]:
-    out: dict[str, list] = {a: [] for a in ASPECTS}
-    calls: dict[int, list] = {}
-    wv: dict[int, tuple] = {}
-    for e in events:
-        k, t = e.kind, e.t
-        if k == ev.GENERATE_START:
-            out["generate"].append((t, (e["rollout_id"], e["version"])))
-        elif k == ev.ENGINE_VERSION:
-            out["updates"].append((t, e["version"]))
-        elif k == ev.TRAINED:
-            out["trained"].append((t, (e["rollout_id"], tuple(e["group_indices"]))))
-            for gi in e["group_indices"]:
-                out["weight_versions"].append((t, (gi, wv.get(gi))))
-        elif k == ev.FINISHED:
-            prev = dict(wv.get(e["group_index"], ()))
-            prev[e["index"]] = tuple(e["weight_versions"])
-            wv[e["group_index"]] = tuple(sorted(prev.items()))
-        elif k == ev.TAKEN:
-            calls.setdefault(e.get("call", -1), []).append((t, (e["group_index"], bool(e["recycled"]))))
-        elif k == ev.RECYCLED:
-            out["recycles"].append((t, e["group_index"]))
-        elif k == ev.ENGINE_PAUSE:
-            out["pauses"].append((t, (e["mode"], e["in_flight"])))
-        elif k == ev.METRICS:
-            m = {
-                key: round(float(v), 9)
-                for key, v in e["metrics"].items()
-                if key.startswith("rollout/") and not key.startswith(EXTENSION_METRICS)
-            }
-            out["metrics"].append((t, (e["rollout_id"], tuple(sorted(m.items())))))
-    for c in sorted(calls):
-        items = calls[c]
-        out["get_samples"].append((items[0][0], tuple(v for _, v in items)))
-    for r in history:
-        out["ages"].append(
-            (0.0, (r.get("rollout_id"), tuple(r.get("age_versions", ())), tuple(r.get("token_age_versions", ()))))
-        )
-    out["end"].append((wall_s, (round(wall_s, 9), type(error).__name__ if error is not None else None)))
-    return out
-
-
-def _first_divergence(a: dict[str, list], b: dict[str, list]) -> tuple[str, int] | None:
-    best: tuple[float, int, str, int] | None = None
-    for rank, aspect in enumerate(ASPECTS):
-        xs, ys = a[aspect], b[aspect]
-        for i in range(max(len(xs), len(ys))):
-            if i >= len(xs) or i >= len(ys) or xs[i][1] != ys[i][1]:
-                t = min(x[i][0] for x in (xs, ys) if i < len(x))
-                if aspect in ("ages", "end"):
-                    t = float("inf")  # no time of their own: reported only when nothing else differs
-                key = (t, rank, aspect, i)
-                if best is None or key < best:
-                    best = key
-                break
-    return None if best is None else (best[2], best[3])
-
-
-def _core_run(case: DiffCase, sc: Scenario) -> Any:
+def core_run(case: DiffCase, sc: Scenario) -> Any:
     from harness.upstream import filters
 
     fn = filters.FORMS[case.dynamic_filter] if case.dynamic_filter else None
@@ -217,7 +125,7 @@ def _core_run(case: DiffCase, sc: Scenario) -> Any:
     return simulate(sc, buffer_factory=buffer_factory, engine_factory=engine, hooks=hooks)
 
 
-def _upstream_run(case: DiffCase, sc: Scenario, *, set_order: str = "index", orchestration: str = "stand-ins") -> Any:
+def upstream_run(case: DiffCase, sc: Scenario, *, set_order: str = "index", orchestration: str = "stand-ins") -> Any:
     from harness.upstream.runner import run_upstream
 
     engine = fault_engine_class(SimEngine, case.faults) if case.faults is not None else SimEngine
@@ -242,13 +150,11 @@ def run_case(case: DiffCase, *, set_order: str = "index", orchestration: str = "
     how the runner iterates upstream's ``done`` sets (divergence ``done-set-order``): ``index`` (the core's order) or
     ``reverse``. ``orchestration``: ``harness.upstream.runner.ORCHESTRATIONS``."""
     sc = case.scenario()
-    core = _core_run(case, sc)
-    up = _upstream_run(case, sc, set_order=set_order, orchestration=orchestration)
+    core = core_run(case, sc)
+    up = upstream_run(case, sc, set_order=set_order, orchestration=orchestration)
     a = observables(core.events, core.history, core.wall_s, core.error)
     b = observables(up.events, up.history, up.wall_s, up.error)
-    return DiffReport(
-        case=case, core=a, upstream=b, first=_first_divergence(a, b), core_result=core, upstream_result=up
-    )
+    return DiffReport(case=case, core=a, upstream=b, first=first_divergence(a, b), core_result=core, upstream_result=up)
 
 
 def _c(name: str, known: str | None = None, **kw: Any) -> DiffCase:
@@ -576,6 +482,7 @@ __all__ = [
     "ASPECTS",
     "PAIRWISE_FLAGS",
     "case_named",
+    "core_run",
     "DiffCase",
     "DiffReport",
     "extension_cases",
@@ -584,5 +491,6 @@ __all__ = [
     "pairwise_cases",
     "pairwise_rows",
     "run_case",
+    "upstream_run",
     "format_summary",
 ]

@@ -24,7 +24,7 @@
   other groups and steps (``base_kinds``);
 * ``fixed``: BASE breaks one that HEAD does not (in a drawn fault schedule: under no
   schedule of that driver), and HEAD adds none;
-* ``unchanged``: both trees did observably the same (``diff.observables``, every aspect);
+* ``unchanged``: both trees did observably the same (``harness.upstream.observables``, every aspect);
 * ``changed``: the runs differ, and HEAD breaks nothing BASE does not (the sentence says
   whether every invariant holds or which old ones remain).
 
@@ -57,6 +57,16 @@ LABELS = {
     "no_base": "no base",
     "not_run": "not run",
     "unchanged": "unchanged",
+}
+
+
+# the pull-request comment's title per exit code
+TITLES = {
+    Exit.OK: "passed",
+    Exit.FINDING: "FAILED",
+    Exit.HARNESS_ERROR: "harness error",
+    Exit.REFUSED: "nothing compared",
+    Exit.UNCHECKED: "UNCHECKED",
 }
 
 
@@ -120,10 +130,10 @@ def _pair(a: Any, b: Any, limit: int = 160) -> tuple[str, str]:
 
 def first_change(head: CaseRecord, base: CaseRecord) -> str | None:
     """The first item where the runs differ (the differential's order: by time over every
-    aspect, ``diff._first_divergence``), said as ``aspect[item]: base ..., head ...``; when
+    aspect, ``observables.first_divergence``), said as ``aspect[item]: base ..., head ...``; when
     every item is the same but happens at another time, the first such item. ``None``
     when the runs did observably the same."""
-    from harness.upstream.diff import ASPECTS, _first_divergence
+    from harness.upstream.observables import ASPECTS, first_divergence
 
     a, b = base.get("observables") or {}, head.get("observables") or {}
     if a == b:
@@ -139,7 +149,7 @@ def first_change(head: CaseRecord, base: CaseRecord) -> str | None:
 
         return f"base {one(xs)}, head {one(ys)}"
 
-    where = _first_divergence(a, b) if set(a) == set(b) == set(ASPECTS) else None
+    where = first_divergence(a, b) if set(a) == set(b) == set(ASPECTS) else None
     if where is not None:
         aspect, i = where
         return f"{aspect}[{i}]: {items(a[aspect], b[aspect], i)}"
@@ -376,7 +386,8 @@ def exit_code(verdicts: list[CaseVerdict], *, strict: bool = False) -> Exit:
     return Exit.OK
 
 
-def headline(verdicts: list[CaseVerdict], code: int, strict: bool = False) -> str:
+def headline(verdicts: list[CaseVerdict], code: Exit, strict: bool = False) -> str:
+    """The exit line: the code and what it means for this run."""
     counts = Counter(v.verdict for v in verdicts)
     finding = (
         "a new invariant violation"
@@ -386,13 +397,13 @@ def headline(verdicts: list[CaseVerdict], code: int, strict: bool = False) -> st
         else "behaviour changed (--strict)"
     )
     what = {
-        0: "nothing new is violated",
-        1: finding,
-        2: "the harness could not run every case faithfully",
-        3: "no case could be compared (each not run, or without a base)",
-        4: "nothing new is violated, but changed lines of the async code never ran in any case (unchecked)",
-    }[code]
-    return f"exit {code}: {what}"
+        Exit.OK: "nothing new is violated",
+        Exit.FINDING: finding,
+        Exit.HARNESS_ERROR: "the harness could not run every case faithfully",
+        Exit.REFUSED: "no case could be compared (each not run, or without a base)",
+        Exit.UNCHECKED: "nothing new is violated, but changed lines of the async code never ran in any case (unchecked)",
+    }[Exit(code)]
+    return f"exit {int(code)}: {what}"
 
 
 def counts_line(verdicts: list[CaseVerdict]) -> str:
@@ -419,7 +430,7 @@ def summary_markdown(
     *,
     head: str,
     base: str,
-    code: int,
+    code: Exit,
     wall_s: float,
     cpu_s: float,
     strict: bool = False,
@@ -430,7 +441,7 @@ def summary_markdown(
     then every case that is not unchanged (grouped by message), with HEAD's log for a new
     violation."""
     c = Counter(v.verdict for v in verdicts)
-    icon = {0: "passed", 1: "FAILED", 2: "harness error", 3: "nothing compared", 4: "UNCHECKED"}[code]
+    icon = TITLES[Exit(code)]
     out = [f"## Miles async gate: {icon}", ""]
     if lead:
         out += ["```", *lead, "```", ""]
@@ -494,7 +505,7 @@ def summary_json(
     *,
     head: str,
     base: str,
-    code: int,
+    code: Exit,
     wall_s: float,
     cpu_s: float,
     strict: bool,
@@ -503,7 +514,7 @@ def summary_json(
     return {
         "head": head,
         "base": base,
-        "exit": code,
+        "exit": int(code),
         "strict": strict,
         "wall_s": round(wall_s, 3),
         "cpu_s": round(cpu_s, 3),
@@ -516,6 +527,7 @@ def summary_json(
 __all__ = [
     "FINDINGS",
     "LABELS",
+    "TITLES",
     "VERDICTS",
     "CaseVerdict",
     "base_kinds",

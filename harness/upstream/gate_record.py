@@ -37,7 +37,7 @@ class CaseRecord(TypedDict, total=False):
     started: bool  # at least one generate call: a run that did not start is no prefix to judge
     judgement: dict[str, Any]  # ``judge.Verdict.to_json``
     findings: list[dict[str, str]]  # ``kind``, ``sweep_kind``, ``message``
-    observables: dict[str, Any]  # ``diff.observables`` as JSON
+    observables: dict[str, Any]  # ``harness.upstream.observables.observables`` as JSON
     # every status
     seconds: float
     log: str  # the end of upstream's log for the case

@@ -13,7 +13,7 @@ and the fault sweep's drawn schedules ``fault-seed-0`` .. ``fault-seed-(N-1)``
 code, or a member upstream calls is missing on a stand-in); for a run, the invariant
 verdict on its own trace (``harness.upstream.judge``), the fault sweep's other findings
 (hangs, unexplained errors, orphaned tasks, silent drops: ``fault_sweep.findings``), and
-what the run observably did (``diff.observables``: the same aspects the differential
+what the run observably did (``harness.upstream.observables``: the same aspects the differential
 compares), which the gate compares between the two trees. Upstream's log is captured per
 case into the record and the log file. A run that ended with an error records it with
 the innermost line of the tree it was raised at (``error_at``), and whether it started
@@ -99,10 +99,10 @@ def import_failure(exc: BaseException, tree: Path) -> dict | None:
 
 
 def _matrix_run(case: Any, orchestration: str = "upstream") -> CaseRun:
-    from harness.upstream.diff import _upstream_run
+    from harness.upstream.diff import upstream_run
 
     sc = case.scenario()
-    res = _upstream_run(case, sc, orchestration=orchestration)
+    res = upstream_run(case, sc, orchestration=orchestration)
     return CaseRun(res, sc.config, res.wall_s)
 
 
@@ -124,7 +124,7 @@ def _fault_run(seed: int, orchestration: str = "upstream") -> CaseRun:
 def case_record(name: str, run: Callable[[], CaseRun], tree: Path) -> CaseRecord:
     """Run one case with upstream's log captured, and return its record."""
     from harness.upstream.case_log import captured
-    from harness.upstream.diff import observables
+    from harness.upstream.observables import observables
     from harness.upstream.harness_errors import HarnessError
     from harness.upstream.judge import check_stand_ins, judge
     from harness.upstream.seams import SeamMissing

@@ -204,12 +204,13 @@ def _check(
     from harness.checking.invariants import check_all
     from harness.sim.engine import SimEngine
     from harness.sim.faults import fault_engine_class
-    from harness.upstream.diff import _core_run, _first_divergence, observables
+    from harness.upstream.diff import core_run
+    from harness.upstream.observables import first_divergence, observables
     from harness.upstream.fault_sweep import guarded_upstream_run
 
     sc = case.scenario()
     if case.name not in core_cache:
-        core = _core_run(case, sc)
+        core = core_run(case, sc)
         core_cache[case.name] = (observables(core.events, core.history, core.wall_s, core.error), core.wall_s)
     core_obs, core_wall = core_cache[case.name]
     engine = fault_engine_class(SimEngine, case.faults) if case.faults is not None else SimEngine
@@ -232,7 +233,7 @@ def _check(
     caught += sorted({v.invariant for v in check_all(up.events, sc.config, complete=up.error is None and hang is None)})
     detail = hang or (f"upstream error {up.error!r}"[:200] if up.error is not None else "")
     if case.known is None and orchestration == "stand-ins":  # where core and upstream agree unmutated
-        first = _first_divergence(core_obs, observables(up.events, up.history, up.wall_s, up.error))
+        first = first_divergence(core_obs, observables(up.events, up.history, up.wall_s, up.error))
         if first is not None:
             caught.append(f"differential:{first[0]}")
     return caught, detail

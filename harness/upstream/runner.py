@@ -1051,6 +1051,9 @@ class UpstreamRunner:
             dynamic_filter_path=self.dynamic_filter_path,
             generate_function_path=self.generate_function_path,
         )
+        # SeamMissing for this case alone, before anything runs: a stand-in member the drivers
+        # read only under a flag (``seams.Probe.guards``) is needed when these args set it
+        source.report().require(driver_of(self.scenario.config), self.orchestration, args)
         holder: dict[str, Any] = {}
         sc = self.scenario
 

@@ -550,6 +550,18 @@ class Probe:
     found: bool
     needed: bool  # missing and nothing replaces it: the drivers it serves are refused
     detail: str = ""  # what the probe found and did not find (the seam's ``explain``)
+    # a stand-in member read only under these plain ``if args...`` tests (stand_in_uses.Guard):
+    # needed only by a case whose args make one hold; empty: needed by every case of its drivers
+    guards: tuple = ()
+
+    def needed_by(self, args: object | None) -> bool:
+        """Needed by a case with ``args`` (``None``: by the driver as a whole, before any
+        case's args are known: a guarded member is then not needed)."""
+        if not self.needed:
+            return False
+        if not self.guards:
+            return True
+        return args is not None and any(g.holds(args) for g in self.guards)
 
 
 @dataclass
@@ -568,17 +580,19 @@ class TreeReport:
         else upstream's own (the controller-executor shape has no stand-ins)."""
         return "stand-ins" if self.shape in HOSTED["stand-ins"] or self.shape is None else "upstream"
 
-    def missing_for(self, driver: str, orchestration: str | None = None) -> list[Seam]:
+    def missing_for(self, driver: str, orchestration: str | None = None, args: object | None = None) -> list[Seam]:
         """The seams without which ``driver`` cannot run faithfully on this tree (only the
         seams of its shape count). With ``orchestration="upstream"`` upstream's own rollout
         manager and actor group run, so the members the drivers read on the stand-ins are
         not needed. ``None``: the orchestration that hosts the shape (``orchestration``).
-        A shape the orchestration does not host is a missing seam ``shape <name>``."""
+        A shape the orchestration does not host is a missing seam ``shape <name>``. A
+        stand-in member read only under a flag (``Probe.guards``) counts only for a case
+        whose ``args`` set it; without ``args`` (the driver as a whole) it does not."""
         orchestration = orchestration or self.orchestration
         out = [
             p.seam
             for p in self.probes
-            if p.needed
+            if p.needed_by(args)
             and driver in p.seam.drivers
             and (self.shape is None or self.shape in p.seam.shapes)
             and not (orchestration == "upstream" and p.seam.name.startswith(STAND_IN_PREFIX))
@@ -646,10 +660,13 @@ class TreeReport:
         gone = [f for f in files if not (self.tree / f).is_file()]
         return gone if miss and len(miss) == len(self.missing_for(driver)) and gone == files else []
 
-    def refusal(self, driver: str | None = None, orchestration: str | None = None) -> SeamMissing:
-        """``SeamMissing`` naming what ``driver`` lacks (``None``: every needed seam)."""
+    def refusal(
+        self, driver: str | None = None, orchestration: str | None = None, args: object | None = None
+    ) -> SeamMissing:
+        """``SeamMissing`` naming what ``driver`` lacks (``None``: every needed seam), for a
+        case with ``args`` when given (``missing_for``)."""
         if driver:
-            miss = self.missing_for(driver, orchestration)
+            miss = self.missing_for(driver, orchestration, args)
         else:
             miss = list({s.name: s for d in DRIVERS for s in self.missing_for(d, orchestration)}.values())
         details = {p.seam.name: p.detail for p in self.probes if p.detail}
@@ -664,10 +681,11 @@ class TreeReport:
             list(dict.fromkeys(s.name for s in miss)),
         )
 
-    def require(self, driver: str, orchestration: str | None = None) -> None:
-        """Raise ``SeamMissing`` naming the seams ``driver`` lacks on this tree."""
-        if self.missing_for(driver, orchestration):
-            raise self.refusal(driver, orchestration)
+    def require(self, driver: str, orchestration: str | None = None, args: object | None = None) -> None:
+        """Raise ``SeamMissing`` naming the seams ``driver`` lacks on this tree (for a case
+        with ``args`` when given: with the members read under a flag those args set)."""
+        if self.missing_for(driver, orchestration, args):
+            raise self.refusal(driver, orchestration, args)
 
 
 STAND_IN_PREFIX = "stand-in "
@@ -714,7 +732,10 @@ def _named(s: Seam) -> str:
 def _stand_in_probes(uses: list) -> list[Probe]:
     """A missing seam per member the drivers read on a stand-in that lacks it
     (``harness.upstream.ray_names``): its drivers are refused, naming the member and the
-    first line that reads it. ``critic_model`` is ``None`` in every run (no --use-critic)."""
+    first line that reads it. A member every read of which sits under a plain
+    ``if args...`` (``stand_in_uses.Guard``) refuses only the cases whose args make one of
+    those tests hold (``Probe.guards``). ``critic_model`` is ``None`` in every run (no
+    --use-critic)."""
     from harness.upstream.ray_names import members
     from harness.upstream.stand_in_uses import DRIVER_FILES
 
@@ -726,17 +747,20 @@ def _stand_in_probes(uses: list) -> list[Probe]:
     for (role, member, driver_file), us in sorted(by_member.items()):
         drivers = DRIVER_FILES[driver_file]
         places = ", ".join(u.where + (" (.remote)" if u.remote else "") for u in us[:4])
+        guards = () if any(u.guard is None for u in us) else tuple(dict.fromkeys(u.guard for u in us))
+        only = " or ".join(f"`{g.text}`" for g in guards)
         seam = Seam(
             f"{STAND_IN_PREFIX}{role}.{member}",
             us[0].file,
-            f"`{role}.{member}` read at {places}",
+            f"`{role}.{member}` read at {places}" + (f" only under {only}" if guards else ""),
             f"the harness' stand-in for `{role}` answers it",
             f"the stand-in for `{role}` has no `{member}`: "
-            f"the run would stop at {us[0].where} with a harness error; refused",
+            f"the run would stop at {us[0].where} with a harness error; refused"
+            + (f" in the cases where {only} holds" if guards else ""),
             drivers,
             lambda t: False,
         )
-        out.append(Probe(seam=seam, found=False, needed=True))
+        out.append(Probe(seam=seam, found=False, needed=True, guards=guards))
     return out
 
 
@@ -760,6 +784,10 @@ def _format_stand_ins(uses: list) -> list[str]:
     for (role, member), us in sorted(by.items()):
         state = "None" if role == "critic_model" else "found" if member in members(role) else "MISSING"
         places = ", ".join(u.where for u in us[:3]) + (f" (+{len(us) - 3})" if len(us) > 3 else "")
+        if state == "MISSING" and all(u.guard is not None for u in us):
+            # needed only by the cases that set the flag: the driver's other cases run
+            tests = " or ".join(dict.fromkeys(f"`{u.guard.text}`" for u in us))
+            places += f" (only under {tests}: the cases that set it are refused)"
         lines.append(f"{role + '.' + member:<{w}}  {state:<7}  {places}")
     if any(u.role == "critic_model" for u in uses):
         lines.append(

@@ -147,7 +147,7 @@ def refused_reason(config: object, orchestration: str | None = None) -> str | No
 
 def refused_files() -> dict[str, str]:
     """Files of the active tree behind a missing, needed seam: ``{file: seam}``."""
-    return {p.seam.file: p.seam.name for p in report().probes if p.needed}
+    return {p.seam.file: p.seam.name for p in report().probes if p.needed_by(None)}
 
 
 def report() -> TreeReport:

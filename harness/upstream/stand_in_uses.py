@@ -19,17 +19,25 @@ every such read by reading the source (``ast``; nothing is imported):
   (``return self._m``). Calls to names the harness rebinds are not followed (their real
   code never runs).
 
-What it cannot see (a stand-in reached through a container, a dynamic ``getattr``) is
-still caught when the run reaches it: the stand-in raises ``StandInMissing`` naming the
-member and the line.
+A read inside the body of an ``if`` whose test is plain, an attribute of ``args`` alone
+or compared with a constant (``if args.offload:``, ``if args.device == "gpu":``,
+``if args.port is not None:``), carries that test as its ``guard``: the read runs only in
+a case whose args make the test hold (``Guard.holds``). The innermost such ``if`` in the
+reading function counts; a read in a function called from under one is not guarded.
+
+What it cannot see (a stand-in reached through a container, a dynamic ``getattr``, a read
+under a guard that is not plain) is still caught when the run reaches it: the stand-in
+raises ``StandInMissing`` naming the member and the line.
 """
 
 from __future__ import annotations
 
 import ast
+import operator
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import Any, Callable
 
 from harness.upstream.ray_names import REBOUND
 
@@ -39,6 +47,90 @@ _SEED_CALLS = {
     "create_training_models": ("actor_model", "critic_model"),
     "EvalDispatcher": ("eval_dispatcher",),
 }
+
+
+# the comparisons a plain guard may make with its constant
+_OPS: dict[type, Callable[[Any, Any], Any]] = {
+    ast.Eq: operator.eq,
+    ast.NotEq: operator.ne,
+    ast.Is: operator.is_,
+    ast.IsNot: operator.is_not,
+    ast.In: lambda a, b: a in b,
+    ast.NotIn: lambda a, b: a not in b,
+    ast.Lt: operator.lt,
+    ast.LtE: operator.le,
+    ast.Gt: operator.gt,
+    ast.GtE: operator.ge,
+}
+_UNSET = object()
+
+
+@dataclass(frozen=True)
+class Guard:
+    """The plain test of the ``if`` a read sits under: ``args.<flag>`` alone (truthy), or
+    compared (``op``, an ``ast`` comparison's name) with the constant ``value``."""
+
+    flag: str
+    text: str  # the test as written
+    op: str | None = None  # None: the flag's value itself is the test
+    value: Any = None  # a constant (a list or set constant as a tuple / frozenset)
+
+    def holds(self, args: object) -> bool:
+        """Whether the test may hold on ``args``: evaluated on the flag's value; an
+        ``args`` without the flag, or a comparison that cannot be made, may hold."""
+        got = vars(args).get(self.flag, _UNSET) if hasattr(args, "__dict__") else _UNSET
+        if got is _UNSET:
+            return True
+        if self.op is None:
+            return bool(got)
+        fn = next(f for t, f in _OPS.items() if t.__name__ == self.op)
+        try:
+            return bool(fn(got, self.value))
+        except TypeError:
+            return True
+
+
+def _args_flag(node: ast.AST) -> str | None:
+    """``X`` of ``args.X`` or ``self.args.X``, else ``None``."""
+    if not isinstance(node, ast.Attribute):
+        return None
+    base = node.value
+    if isinstance(base, ast.Name) and base.id == "args":
+        return node.attr
+    if _matches(base, "self.args"):
+        return node.attr
+    return None
+
+
+def _constant(node: ast.AST) -> tuple[bool, Any]:
+    """(True, value) when ``node`` is a hashable constant (a list or set constant as a
+    tuple / frozenset), else (False, None)."""
+    try:
+        value = ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return False, None
+    if isinstance(value, list):
+        value = tuple(value)
+    elif isinstance(value, set):
+        value = frozenset(value)
+    try:
+        hash(value)
+    except TypeError:
+        return False, None
+    return True, value
+
+
+def _plain_guard(test: ast.AST) -> Guard | None:
+    """The guard an ``if`` test is when it is plain: ``args.X``, or ``args.X OP constant``."""
+    flag = _args_flag(test)
+    if flag is not None:
+        return Guard(flag, ast.unparse(test))
+    if isinstance(test, ast.Compare) and len(test.ops) == 1 and type(test.ops[0]) in _OPS:
+        flag = _args_flag(test.left)
+        ok, value = _constant(test.comparators[0])
+        if flag is not None and ok:
+            return Guard(flag, ast.unparse(test), type(test.ops[0]).__name__, value)
+    return None
 
 
 @dataclass(frozen=True)
@@ -53,6 +145,7 @@ class Use:
     driver_file: str
     remote: bool = False
     probe: bool = False
+    guard: Guard | None = None  # the plain ``if args...`` it is read under, if any
 
     @property
     def where(self) -> str:
@@ -75,6 +168,21 @@ class _File:
             if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                 for a in node.names:
                     self.imported[a.asname or a.name] = (node.module, a.name)
+
+    def guard(self, node: ast.AST) -> Guard | None:
+        """The innermost plain ``if args...:`` whose body holds ``node``, within the
+        function (or module) ``node`` is in."""
+        child = node
+        while child in self.parent:
+            up = self.parent[child]
+            if isinstance(up, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+                return None
+            if isinstance(up, ast.If) and any(child is b for b in up.body):
+                found = _plain_guard(up.test)
+                if found is not None:
+                    return found
+            child = up
+        return None
 
     def enclosing_class(self, node: ast.AST) -> ast.ClassDef | None:
         while node in self.parent:
@@ -152,7 +260,7 @@ class _Walker:
             if isinstance(node, ast.Attribute) and _matches(node.value, key):
                 up = f.parent.get(node)
                 remote = isinstance(up, ast.Attribute) and up.attr == "remote"
-                self.out.add(Use(role, node.attr, f.rel, node.lineno, driver, remote=remote))
+                self.out.add(Use(role, node.attr, f.rel, node.lineno, driver, remote=remote, guard=f.guard(node)))
             elif isinstance(node, ast.Call):
                 self.call(f, node, key, role, driver, cls)
             elif isinstance(node, ast.Assign) and _matches(node.value, key):
@@ -197,7 +305,7 @@ class _Walker:
             and isinstance(node.args[1], ast.Constant)
             and isinstance(node.args[1].value, str)
         ):
-            self.out.add(Use(role, node.args[1].value, f.rel, node.lineno, driver, probe=True))
+            self.out.add(Use(role, node.args[1].value, f.rel, node.lineno, driver, probe=True, guard=f.guard(node)))
             return
         bound: list[tuple[int | None, str | None]] = [(i, None) for i, a in enumerate(node.args) if _matches(a, key)]
         bound += [(None, k.arg) for k in node.keywords if k.arg and _matches(k.value, key)]
@@ -280,4 +388,4 @@ def uses(tree: Path) -> list[Use]:
     return sorted(w.run(), key=lambda u: (u.role, u.member, u.file, u.line, u.driver_file))
 
 
-__all__ = ["DRIVER_FILES", "Use", "uses"]
+__all__ = ["DRIVER_FILES", "Guard", "Use", "uses"]

@@ -109,10 +109,10 @@ def leaves(monkeypatch):
 
     import harness.commands.diff_upstream as diff_upstream
     import harness.commands.gap as gap
-    import harness.commands.gate as gate
     import harness.commands.run as run
     import harness.commands.serve as serve
     import harness.sim.resume_sweep as resume_sweep
+    import harness.upstream.gate_trees as gate_trees
     import harness.upstream.source as source
 
     monkeypatch.setattr(run, "_run_repeats", stub("run", ({}, {})))
@@ -123,7 +123,7 @@ def leaves(monkeypatch):
     monkeypatch.setattr(diff_upstream, "_run_cases", stub("diff-upstream", 0))
     monkeypatch.setattr(source, "activate", stub("activate an upstream tree", None))
     monkeypatch.setattr(
-        gate, "run_trees", stub("gate", lambda: {"head": {"refused": "stubbed"}, "base": {"refused": "stubbed"}})
+        gate_trees, "run_trees", stub("gate", lambda: {"head": {"refused": "stubbed"}, "base": {"refused": "stubbed"}})
     )
     _cap_steps(monkeypatch)
     return reached

@@ -93,6 +93,106 @@ def test_a_member_the_stand_in_lacks_is_a_missing_seam_naming_it_and_its_line(tr
     assert isinstance(err.value, HarnessError) and err.value.seams == [name]
 
 
+GENERATE_ANCHOR = "    rollout_data_next_future = rollout_manager.generate.remote(args.start_rollout_id)\n"
+
+
+def _with_read(tree: Path, dest: Path, block: str) -> Path:
+    """A copy of ``tree`` whose ``train_async.py`` runs ``block`` (four-space indented)
+    right before its first generate call."""
+    copy = _copy(tree, dest)
+    f = copy / "train_async.py"
+    text = f.read_text()
+    assert GENERATE_ANCHOR in text
+    f.write_text(text.replace(GENERATE_ANCHOR, block + GENERATE_ANCHOR, 1))
+    return copy
+
+
+def test_a_member_read_only_under_a_flag_refuses_only_the_cases_that_set_it(tree, tmp_path):
+    """A read of a member the stand-in lacks inside ``if args.FLAG == "gpu":`` (as Miles PR
+    #2488 reads ``offload_kv`` under ``--colocate-memory-peak-device gpu``) leaves its
+    drivers runnable; a case whose args make the test hold is refused, naming it."""
+    import argparse
+
+    block = '    if args.colocate_memory_peak_device == "gpu":\n        await rollout_manager.offload_kv.remote()\n'
+    copy = _with_read(tree, tmp_path / "miles-guarded", block)
+    report = seams.probe(copy)
+    name = "stand-in rollout_manager.offload_kv"
+    [use] = [u for u in report.uses if u.member == "offload_kv"]
+    assert use.guard is not None and use.guard.flag == "colocate_memory_peak_device"
+    for driver in seams.DRIVERS:
+        assert not report.missing_for(driver, "stand-ins")
+    assert report.verdict == "runs"
+    gpu, cpu = (
+        argparse.Namespace(colocate_memory_peak_device="gpu"),
+        argparse.Namespace(colocate_memory_peak_device="cpu"),
+    )
+    assert [s.name for s in report.missing_for("one-step", "stand-ins", gpu)] == [name]
+    assert [s.name for s in report.missing_for("fully-async", "stand-ins", gpu)] == [name]
+    assert not report.missing_for("one-step", "stand-ins", cpu)
+    assert not report.missing_for("sync", "stand-ins", gpu)  # train.py does not read it
+    # args that lack the flag cannot rule the read out
+    assert [s.name for s in report.missing_for("one-step", "stand-ins", argparse.Namespace())] == [name]
+    with pytest.raises(seams.SeamMissing, match="offload_kv"):
+        report.require("one-step", "stand-ins", gpu)
+
+
+def test_the_same_member_read_outside_any_flag_refuses_the_driver(tree, tmp_path):
+    block = (
+        '    if args.colocate_memory_peak_device == "gpu":\n        await rollout_manager.offload_kv.remote()\n'
+        "    await rollout_manager.offload_kv.remote()\n"
+    )
+    report = seams.probe(_with_read(tree, tmp_path / "miles-unguarded", block))
+    name = "stand-in rollout_manager.offload_kv"
+    assert [s.name for s in report.missing_for("one-step", "stand-ins")] == [name]
+    assert [s.name for s in report.missing_for("fully-async", "stand-ins")] == [name]
+    assert not report.missing_for("sync", "stand-ins")
+
+
+@pytest.mark.parametrize(
+    "test, guarded",
+    [
+        ("args.offload_kv_now", True),
+        ("args.peak is not None", True),
+        ('args.peak in ("gpu", "both")', True),
+        ("self.args.peak == 2", True),
+        ("not args.offload_kv_now", False),
+        ("args.peak == other", False),
+        ("args.peak and args.other", False),
+        ("rollout_manager.ready", False),
+    ],
+)
+def test_only_a_plain_flag_test_guards_a_read(tree, tmp_path, test, guarded):
+    block = f"    if {test}:\n        await rollout_manager.offload_kv.remote()\n"
+    report = seams.probe(_with_read(tree, tmp_path / "miles-test", block))
+    [use] = [u for u in report.uses if u.member == "offload_kv"]
+    assert (use.guard is not None) is guarded
+    assert bool(report.missing_for("one-step", "stand-ins")) is not guarded
+
+
+def test_a_case_that_sets_the_flag_is_not_run_and_the_others_run(tree, tmp_path):
+    """At run time the case's own args decide: with ``--orchestration stand-ins`` the
+    plain case runs and the flag case (``harness.upstream.flag_cases``) that sets the
+    flag is not run, naming the member."""
+    import json
+    import subprocess
+
+    block = "    if args.check_weight_update_equal:\n        await rollout_manager.offload_kv.remote()\n"
+    copy = _with_read(tree, tmp_path / "miles-flag", block)
+    spec = {"name": "flag:check", "scenario": "one-step-k1", "dest": "check_weight_update_equal", "value": True}
+    out = tmp_path / "cases.json"
+    cmd = [sys.executable, "-m", "harness.upstream.gate_run", "--tree", str(copy), "--out", str(out)]
+    cmd += ["--log", str(tmp_path / "tree.log"), "--scenario", "one-step-k1", "--orchestration", "stand-ins"]
+    cmd += ["--flag-case", json.dumps({**spec, "set": True})]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    env.pop("MILES_SRC", None)
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    records = {r["name"]: r for r in json.loads(out.read_text())["cases"]}
+    assert records["one-step-k1"]["status"] == "ran"
+    assert records["flag:check"]["status"] == "not_run"
+    assert records["flag:check"]["seams"] == ["stand-in rollout_manager.offload_kv"]
+
+
 def test_a_member_removed_by_hand_is_named_by_doctor(tree, monkeypatch, capsys):
     monkeypatch.delattr(ray_names.RolloutManagerStand, "dispose")
     assert "dispose" not in ray_names.members("rollout_manager")
