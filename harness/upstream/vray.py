@@ -335,6 +335,27 @@ def _run_now(actor: _Actor | None, ref: ObjectRef, fn: Callable[..., Any], args:
     ref._resolve(value, error)
 
 
+def _own_tasks(loop: asyncio.AbstractEventLoop) -> None:
+    """Record each task started while an actor is current as that actor's (``_Actor.started``),
+    so that its death ends them, as a dead actor's process takes its tasks with it: a task
+    factory on ``loop``, wrapping the one it had, installed once."""
+    previous = loop.get_task_factory()
+    if getattr(previous, "__vray__", False):
+        return
+
+    def factory(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> Any:
+        task: Any = asyncio.Task(coro, loop=loop, **kwargs) if previous is None else previous(loop, coro, **kwargs)
+        context = kwargs.get("context")
+        owner = context.get(_current) if context is not None else _current.get()
+        if owner is not None:
+            owner.started[task] = None
+            task.add_done_callback(lambda t: owner.started.pop(t, None))
+        return task
+
+    factory.__vray__ = True  # type: ignore[attr-defined]
+    loop.set_task_factory(factory)
+
+
 def _spawn(
     actor: _Actor | None, fn: Callable[..., Any], args: tuple, kwargs: dict, label: str, ref: ObjectRef | None = None
 ) -> ObjectRef:
@@ -354,7 +375,10 @@ def _spawn(
         return await fn(*a, **k)
 
     body.__qualname__ = label  # the task is named by the call it runs (e.g. RolloutManager.generate)
-    task = loop.create_task(body())
+    _own_tasks(loop)
+    context = contextvars.copy_context()
+    context.run(_current.set, actor)  # the call runs in the actor: what it starts is the actor's
+    task = loop.create_task(body(), context=context)
     if actor is not None:
         actor.inflight[ref] = task
 
@@ -384,6 +408,8 @@ class _Actor:
         self.busy = False
         self.queue: deque[tuple[ObjectRef, Callable[[], None]]] = deque()
         self.inflight: dict[ObjectRef, asyncio.Task[Any]] = {}
+        # tasks it started itself and not yet done, in the order it started them
+        self.started: dict[Any, None] = {}
         self.handle = ActorHandle(self)
 
     def died_error(self, label: str) -> ActorDiedError:
@@ -500,6 +526,8 @@ def _die(actor: _Actor, cause: str, error: BaseException | None = None) -> None:
         ref._resolve(error=actor.died_error(ref._label))
         task.cancel()
     actor.inflight.clear()
+    for task in list(actor.started):  # its process is gone, and its own tasks with it
+        task.cancel()
 
 
 class ActorHandle:

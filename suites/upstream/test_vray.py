@@ -888,3 +888,35 @@ def test_modules_installed_as_ray_serve_upstreams_imports(monkeypatch: pytest.Mo
     assert isinstance(info, ImportedHandle) and ray.get(info.where.remote()) == ("127.0.0.1", [0])
     with pytest.raises(ModuleNotFoundError, match="No module named 'ray.util.collective'"):
         importlib.import_module("ray.util.collective")
+
+
+def test_a_killed_actor_takes_the_tasks_it_started_itself_with_it_and_others_keep_theirs() -> None:
+    class Service:
+        def __init__(self) -> None:
+            self.ticks = 0
+
+        async def start(self) -> None:
+            asyncio.get_running_loop().create_task(self._loop())  # a background loop of its own
+
+        async def _loop(self) -> None:
+            while True:
+                await asyncio.sleep(1)
+                self.ticks += 1
+
+        def count(self) -> int:
+            return self.ticks
+
+    async def main() -> tuple[int, int, bool]:
+        doomed, kept = vray.remote(Service).remote(), vray.remote(Service).remote()
+        await doomed.start.remote()
+        await kept.start.remote()
+        await asyncio.sleep(2.5)
+        vray.kill_actor(doomed, cause="the test")
+        await asyncio.sleep(0)
+        alive = [t for t in asyncio.all_tasks() if t is not asyncio.current_task() and not t.done()]
+        await asyncio.sleep(2)
+        return len(alive), vray.get(kept.count.remote()), all("Service._loop" in repr(t) for t in alive)
+
+    alive, kept_ticks, only_the_kept = run_virtual(main())
+    assert alive == 1 and only_the_kept
+    assert kept_ticks == 4
