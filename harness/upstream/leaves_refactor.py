@@ -324,6 +324,12 @@ class SimHttpClient(leaves._Leaf):
             return SimResponse(url)  # up from the start, no cache to flush, the gate open, the load opened
         if path == "/end_weight_update":
             return SimResponse(url)
+        if path in ("/release_memory_occupation", "/resume_memory_occupation"):
+            return SimResponse(url)  # the simulated engine holds no GPU memory to offload or bring back
+        if path == "/weights_checker":
+            # SGLang's check of its tensors against a snapshot (snapshot, reset_tensors, compare): the
+            # simulated engine's weights are the ones the trainer's update handed it, so they compare equal
+            return SimResponse(url, {"success": True, "message": "sim engine: weights as loaded"})
         if path == "/server_info":
             # SGLang's server info as the engine-env audit and external engines read it: one GPU per engine
             # (the runner's wiring), nothing else to report (miles/ray/rollout/engine_env_reporter.py:L33-L45)

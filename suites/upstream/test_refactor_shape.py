@@ -194,6 +194,10 @@ def test_the_engine_http_leaf_serves_a_weight_update_on_the_engine_and_names_an_
         )
         await client.post(f"{url}/continue_generation", json={})
         assert (await client.get(f"{url}/model_info")).json() == {"weight_version": "3"}
+        for path in ("/release_memory_occupation", "/resume_memory_occupation"):  # colocate's offload
+            assert (await client.post(f"{url}{path}", json={"tags": None})).status_code == 200
+        checked = await client.post(f"{url}/weights_checker", json={"action": "compare"})
+        assert checked.json()["success"] is True
         with pytest.raises(Exception, match="POST /load_lora_adapter"):
             await client.post(f"{url}/load_lora_adapter", json={})
 
