@@ -331,6 +331,9 @@ def _main(args: argparse.Namespace) -> int:
     lead = cov.lines() + (["  accepted with --accept-unrun"] if accepted else []) + flag_lines(flags)
     print("\n".join(lead))
     _print_verdicts(verdicts, verbose=args.verbose)
+    aspects = gate.aspect_counts(verdicts)
+    if aspects:
+        print("what differs, by aspect (cases): " + ", ".join(f"{k} {n}" for k, n in aspects))
     wall, cpu = time.perf_counter() - t0, _cpu_s() - cpu0
     head_name = str(args.miles_src or head)
     md = gate.summary_markdown(

@@ -80,6 +80,7 @@ class CaseVerdict:
     fixed: list[str] = field(default_factory=list)  # checks BASE breaks and HEAD does not
     old: list[str] = field(default_factory=list)  # checks both break
     first_change: str | None = None  # the first aspect where the two runs differ
+    aspects: list[str] = field(default_factory=list)  # every observable aspect in which the two runs differ
     details: list[str] = field(default_factory=list)  # HEAD's violation messages for the new ones
     log: str = ""  # HEAD's captured log (its end), for a failing case
 
@@ -126,6 +127,25 @@ def _pair(a: Any, b: Any, limit: int = 160) -> tuple[str, str]:
         return lead + part + ("..." if start + limit < len(text) else "")
 
     return cut(ta), cut(tb)
+
+
+def changed_aspects(head: CaseRecord, base: CaseRecord) -> list[str]:
+    """Every observable aspect (``observables.ASPECTS``: generate calls, weight updates,
+    trained batches, ages, weight versions, data-source takes, recycles, pauses, metrics,
+    the end) in which HEAD's run differs from BASE's, in that order."""
+    from harness.upstream.observables import ASPECTS
+
+    a, b = base.get("observables") or {}, head.get("observables") or {}
+    return [k for k in ASPECTS if a.get(k) != b.get(k)]
+
+
+def aspect_counts(verdicts: list[CaseVerdict]) -> list[tuple[str, int]]:
+    """How many cases differ in each aspect: what a change of behaviour reads as, a list
+    rather than a diff of traces (the aspects' order)."""
+    from harness.upstream.observables import ASPECTS
+
+    counts = Counter(k for v in verdicts for k in v.aspects)
+    return [(k, counts[k]) for k in ASPECTS if counts[k]]
 
 
 def first_change(head: CaseRecord, base: CaseRecord) -> str | None:
@@ -314,6 +334,7 @@ def classify(
     old = [k for k in h if k in b]
     base_note = ""
     change = first_change(head, base)
+    differ = changed_aspects(head, base)
     if new:
         return CaseVerdict(
             name,
@@ -323,6 +344,7 @@ def classify(
             fixed=fixed,
             old=old,
             first_change=change,
+            aspects=differ,
             details=[h[k] for k in new],
             log=head.get("log", ""),
         )
@@ -335,6 +357,7 @@ def classify(
             fixed=fixed,
             old=old,
             first_change=change,
+            aspects=differ,
         )
     holds = _holds(head) if not old else f"breaks only what BASE breaks too: {', '.join(old)} (old)"
     if elsewhere:
@@ -346,7 +369,13 @@ def classify(
     if change is None:
         return CaseVerdict(name, "unchanged", holds, old=old, elsewhere=elsewhere)
     return CaseVerdict(
-        name, "changed", f"{holds}{base_note}; first change {change}", old=old, first_change=change, elsewhere=elsewhere
+        name,
+        "changed",
+        f"{holds}{base_note}; first change {change}",
+        old=old,
+        first_change=change,
+        aspects=differ,
+        elsewhere=elsewhere,
     )
 
 
@@ -519,6 +548,7 @@ def summary_json(
         "wall_s": round(wall_s, 3),
         "cpu_s": round(cpu_s, 3),
         "counts": dict(Counter(v.verdict for v in verdicts)),
+        "aspects": dict(aspect_counts(verdicts)),
         "trees": trees,
         "cases": [{k: val for k, val in asdict(v).items() if k != "log"} for v in verdicts],
     }
@@ -530,8 +560,10 @@ __all__ = [
     "TITLES",
     "VERDICTS",
     "CaseVerdict",
+    "aspect_counts",
     "base_kinds",
     "broken",
+    "changed_aspects",
     "classify",
     "classify_all",
     "counts_line",

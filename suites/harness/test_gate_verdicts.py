@@ -316,3 +316,15 @@ def test_the_gates_resume_cases_stop_each_driver_after_a_save_and_between_the_tw
         assert {label for s, label in picked if s == setting} == set(gate_run.RESUME_STOPS)
     names = [n for n, _ in gate_run.cases(["sync"], 0, resume=True)]
     assert names[0] == "sync" and all(n.startswith(gate_run.RESUME_PREFIX) for n in names[1:]) and len(names) == 7
+
+
+def test_a_change_of_behaviour_reads_as_the_list_of_aspects_that_differ():
+    head, base = ran("a"), ran("a")
+    head["observables"] = {
+        **base.get("observables", {}),
+        "end": [[123.0, [123.0, "X"]]],
+        "pauses": [[1.0, ["retract", 0]]],
+    }
+    v = gate.classify(head, base)
+    assert v.aspects == [k for k in ("pauses", "end")], v.aspects
+    assert gate.aspect_counts([v, gate.classify(ran("b"), ran("b"))]) == [("pauses", 1), ("end", 1)]
