@@ -23,6 +23,7 @@ code (e.g. only a comment) raises too.
 from __future__ import annotations
 
 import builtins
+import importlib
 import sys
 import types
 from contextlib import contextmanager
@@ -156,6 +157,16 @@ def applied(mutant: UpstreamMutant, tree: Path | None = None) -> Iterator[None]:
                 continue
             name = _module_name(patch.path)
             mod = sys.modules.get(name)
+            if mod is None and tree == source.active():
+                # a module upstream imports only when a run needs it (the actor group): import it now,
+                # as a run would (under the in-process Ray), so the patch reaches what the run will use
+                from harness.upstream import vray
+
+                with vray.installed():
+                    try:
+                        mod = importlib.import_module(name)
+                    except ImportError as exc:
+                        raise PatchDoesNotApply(f"{where}: module {name} does not import: {exc}") from None
             if mod is None:
                 raise PatchDoesNotApply(f"{where}: module {name} is not imported (activate the tree first)")
             ns: dict[str, Any] = {
