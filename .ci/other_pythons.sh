@@ -9,16 +9,21 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export HYPOTHESIS_PROFILE=miles-harness-ci PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 PACKAGES="pytest>=8 hypothesis>=6.100 pytest-timeout>=2.2 numpy>=1.26 pyyaml>=6 nvidia-ml-py>=12.535 matplotlib>=3.8
-  check-jsonschema>=0.29 zizmor>=1.0"
+  check-jsonschema>=0.29 zizmor>=1.0 coverage>=7"
 NEEDS_TORCH=(
   suites/properties/test_mutant_zoo.py suites/harness/test_gap_decomposition.py
   suites/harness/test_gap_metrics.py suites/harness/test_kernel_ablation.py
   suites/harness/test_nested_group_checkers.py suites/harness/test_overlap.py
   suites/harness/test_overlap_loss.py suites/harness/test_realrun.py suites/harness/test_run_cli.py
   suites/harness/test_resume.py  # its seeded bugs come from fixtures.mutants, whose engine mutants subclass the torch engine
-  # and one test of suites/harness/test_cpu_use.py (deselected below)
+  # and single tests deselected below
 )
 ignore=(--deselect suites/harness/test_cpu_use.py::test_run_prints_the_cores_per_mode_with_the_hosts_count_as_a_whole_number)
+# `run` imports the torch engine; the main job's host record comes from a run
+ignore+=(--deselect "suites/harness/test_cli_inputs.py::test_every_generated_command_line_exits_with_a_documented_code_and_one_clear_first_line[run]")
+ignore+=(--deselect suites/harness/test_host_load.py::test_the_main_jobs_record_names_each_run_by_mode_and_repeat)
+# the install closure is read from the full install (`make test`'s venv), which this tier does not have
+ignore+=(--deselect suites/harness/test_gate_workflow_runs.py::test_the_install_names_every_installed_package_the_miles_trees_import)
 for f in "${NEEDS_TORCH[@]}"; do ignore+=(--ignore "$f"); done
 
 find_python() {  # $1 = 3.12: a pyenv build, else python3.12 on PATH (one that runs: not a bare shim)
