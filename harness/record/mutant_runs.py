@@ -78,7 +78,7 @@ REAL_TIME_CASES: dict[str, tuple[E2EConfig, Mapping[str, float]]] = {
     "update_during_generate": (ONE_STEP, {}),
 }
 # bugs whose run holds the forced window (module docstring)
-FORCED_WINDOW = frozenset({"consumed_staleness_not_reset"})
+FORCED_WINDOW = frozenset({"consumed_staleness_not_reset", "unused_handler_swapped"})
 WINDOW_TIMEOUT_S = 120.0
 NOT_IN_REAL_TIME: dict[str, str] = {
     "drain_drops_version": "the staleness filter is off, but in these runs no group gets older than the age bound "
