@@ -357,6 +357,32 @@ def call_rollout_function_on_loop(fn: Any, input: Any) -> Any:
     return fn(input)
 
 
+def rollout_rebinds(seam: str, module: Callable[[], Any], run: Any, observed_load: Callable) -> list:
+    """The rollout-thread leaf and the observation of the rollout function, in the module
+    that runs it (``RolloutManager``'s, or ``RolloutExecutor``'s on the refactored shape),
+    with its outside services left off."""
+    from harness.upstream.host import Rebind
+
+    return [
+        Rebind(seam, module, "asyncio", lambda _: OnLoopAsyncio()),
+        Rebind(seam, module, "call_rollout_function", lambda _: run.call_rollout_function),
+        Rebind(seam, module, "load_rollout_function", lambda f: observed_load(f, run)),
+        Rebind(seam, module, "configure_logger", lambda _: noop),
+        Rebind(seam, module, "init_tracking", lambda _: noop),
+    ]
+
+
+def object_store_rebinds(store: Callable[[], Any]) -> list:
+    """One object-store client for the run, shared by every in-process Ray process."""
+    from harness.upstream.host import Rebind
+
+    shared = SharedObjectStore(store())
+    return [
+        Rebind("object_store", store, "init_instance", lambda _: shared.init_instance),
+        Rebind("object_store", store, "get_instance", lambda _: shared.get_instance),
+    ]
+
+
 def noop(*args: Any, **kwargs: Any) -> None:
     return None
 
@@ -370,7 +396,9 @@ __all__ = [
     "SimTrainActor",
     "call_rollout_function_on_loop",
     "noop",
+    "object_store_rebinds",
     "read_checkpoint",
+    "rollout_rebinds",
     "trainer_backend_modules",
     "write_checkpoint",
 ]

@@ -462,7 +462,6 @@ def refactor_rebinds(run: Any, observed_load: Any) -> list[Rebind]:
     rollout function it makes observed (``orchestration._observed_load_rollout_function``)."""
     ex, wm, ou = host.module(EXECUTOR_MOD), host.module(WORKER_MANAGER_MOD), host.module(ORCHESTRATION_UTILS_MOD)
     store, misc = host.module(OBJECT_STORE_MOD), host.module("miles.utils.misc")
-    shared = leaves.SharedObjectStore(store())
     client = SimHttpClient(run)
     clock = VirtualClock()
     return [
@@ -503,14 +502,9 @@ def refactor_rebinds(run: Any, observed_load: Any) -> list[Rebind]:
         Rebind("worker_manager", misc, "get_current_node_ip", lambda _: node_ip),
         Rebind("worker_manager", misc, "get_free_port", lambda _: free_port),
         Rebind("worker_manager", misc, "is_port_available", lambda _: port_available),
-        Rebind("rollout_executor", ex, "asyncio", lambda _: leaves.OnLoopAsyncio()),
-        Rebind("rollout_executor", ex, "call_rollout_function", lambda _: run.call_rollout_function),
-        Rebind("rollout_executor", ex, "load_rollout_function", lambda f: observed_load(f, run)),
-        Rebind("rollout_executor", ex, "configure_logger", lambda _: leaves.noop),
-        Rebind("rollout_executor", ex, "init_tracking", lambda _: leaves.noop),
+        *leaves.rollout_rebinds("rollout_executor", ex, run, observed_load),
         Rebind("worker_manager", wm, "configure_logger", lambda _: leaves.noop),
-        Rebind("object_store", store, "init_instance", lambda _: shared.init_instance),
-        Rebind("object_store", store, "get_instance", lambda _: shared.get_instance),
+        *leaves.object_store_rebinds(store),
     ] + (
         # trees whose drivers start the outside services themselves (before init_orchestration_script)
         # have them turned off in the driver module (orchestration.driver_services_off)

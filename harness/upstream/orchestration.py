@@ -102,16 +102,10 @@ def orchestration_rebinds(run: Any) -> list[Rebind]:
 
         return refactor_rebinds(run, _observed_load_rollout_function)
     rm, group, store = host.module(RM_MOD), host.module(SERVER_GROUP_MOD), host.module(OBJECT_STORE_MOD)
-    shared = leaves.SharedObjectStore(store())
     return [
         Rebind("engine_actor", group, "SGLangEngine", lambda _: leaves.SimEngineActor),
-        Rebind("rollout_manager", rm, "asyncio", lambda _: leaves.OnLoopAsyncio()),
-        Rebind("rollout_manager", rm, "call_rollout_function", lambda _: run.call_rollout_function),
-        Rebind("rollout_manager", rm, "load_rollout_function", lambda f: _observed_load_rollout_function(f, run)),
-        Rebind("rollout_manager", rm, "configure_logger", lambda _: leaves.noop),
-        Rebind("rollout_manager", rm, "init_tracking", lambda _: leaves.noop),
-        Rebind("object_store", store, "init_instance", lambda _: shared.init_instance),
-        Rebind("object_store", store, "get_instance", lambda _: shared.get_instance),
+        *leaves.rollout_rebinds("rollout_manager", rm, run, _observed_load_rollout_function),
+        *leaves.object_store_rebinds(store),
     ]
 
 

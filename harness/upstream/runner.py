@@ -880,6 +880,21 @@ class UpstreamRunner:
             return fn(input)
         return self._rollout(fn, input)
 
+    def _rollout_returned(self, out: Any, rollout_id: int, *, fully: bool) -> None:
+        """What a rollout function's return settles: its groups are trained; a drain ends
+        (fully async), or what the one-step rollout took and did not return is dropped."""
+        returned = {g[0][0].group_index if isinstance(g[0], list) else g[0].group_index for g in out.samples}
+        self.accounting.trained(returned, rollout_id, self.now())
+        if fully:
+            self._emit(ev.DRAIN_END, rollout_id=rollout_id)
+            return
+        # what upstream discards by design: failed groups (logged), the pending ones at
+        # the abort without --partial-rollout, finished ones beyond B; one whose group
+        # task still runs is not discarded but unaccounted (abort awaits them all)
+        running = self.accounting.running(self._finished())
+        for gi in self.accounting.not_returned(self.taken_this_generate, returned, running):
+            self._emit(ev.DROPPED, group_index=gi, reason="not_returned")
+
     async def _rollout(self, fn: Any, input: Any) -> Any:
         fully = self.scenario.config.fully_async
         rollout_id = input.rollout_id
@@ -891,17 +906,7 @@ class UpstreamRunner:
         out = fn(input)
         if asyncio.iscoroutine(out):
             out = await out
-        returned = {g[0][0].group_index if isinstance(g[0], list) else g[0].group_index for g in out.samples}
-        self.accounting.trained(returned, rollout_id, self.now())
-        if fully:
-            self._emit(ev.DRAIN_END, rollout_id=rollout_id)
-        else:
-            # what upstream discards by design: failed groups (logged), the pending ones at
-            # the abort without --partial-rollout, finished ones beyond B; one whose group
-            # task still runs is not discarded but unaccounted (abort awaits them all)
-            running = self.accounting.running(self._finished())
-            for gi in self.accounting.not_returned(self.taken_this_generate, returned, running):
-                self._emit(ev.DROPPED, group_index=gi, reason="not_returned")
+        self._rollout_returned(out, rollout_id, fully=fully)
         self.unaccounted()
         data = self.convert(out.samples)
         for group in data:
@@ -985,17 +990,7 @@ class UpstreamRunner:
         # runs only drivers that do not read it (one-step, sync)
         passed = {"weight_version": version} if source.report().found("weight_version_source") else {}
         out = await self.rollout_fn(RolloutFnTrainInput(rollout_id=rollout_id, **passed))
-        returned = {g[0][0].group_index if isinstance(g[0], list) else g[0].group_index for g in out.samples}
-        self.accounting.trained(returned, rollout_id, self.now())
-        if fully:
-            self._emit(ev.DRAIN_END, rollout_id=rollout_id)
-        else:
-            # what upstream discards by design: failed groups (logged), the pending ones at
-            # the abort without --partial-rollout, finished ones beyond B; one whose group
-            # task still runs is not discarded but unaccounted (abort awaits them all)
-            running = self.accounting.running(self._finished())
-            for gi in self.accounting.not_returned(self.taken_this_generate, returned, running):
-                self._emit(ev.DROPPED, group_index=gi, reason="not_returned")
+        self._rollout_returned(out, rollout_id, fully=fully)
         self.unaccounted()
         return self.convert(out.samples), dict(out.metrics or {})
 
