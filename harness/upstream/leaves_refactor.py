@@ -77,6 +77,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import hashlib
 import importlib.util
 import inspect
 import json
@@ -285,6 +286,9 @@ class SimResponse:
         return self
 
 
+_RESET_TENSORS = object()  # parameters overwritten by the weights checker: equal to no load
+
+
 class SimHttpClient(leaves._Leaf):
     """The client ``GeneralHttpClientProvider.client()`` returns (``miles/utils/http_utils.py:L223-L230``),
     serving the engines' and router's HTTP API on the run's ``SimEngine``: what
@@ -297,6 +301,11 @@ class SimHttpClient(leaves._Leaf):
     def __init__(self, run: Any) -> None:
         self.run = run
         self.workers: list[dict] = []  # the router's workers, as ServerCell registers them
+        # What the engine's parameters hold, for SGLang's weights checker: it launches from
+        # ``--hf-checkpoint``, the untrained weights the simulated trainer's step count 0 stands for;
+        # every load replaces them with the payload it carries (the trainer's ``get_weights()``).
+        self.weights: Any = 0
+        self.snapshot: Any = None
 
     async def get(self, url: str, **_: Any) -> SimResponse:
         return await self._serve("GET", url, {})
@@ -306,6 +315,33 @@ class SimHttpClient(leaves._Leaf):
 
     async def delete(self, url: str, **_: Any) -> SimResponse:
         return await self._serve("DELETE", url, {})
+
+    def _check_weights(self, url: str, payload: dict) -> SimResponse:
+        """SGLang's ``/weights_checker`` (``CheckWeightsReqInput``) on what the engine's parameters
+        hold: ``snapshot`` copies them, ``reset_tensors`` overwrites them (SGLang fills them with
+        noise), ``compare`` fails unless a load since put back exactly the snapshot, and ``checksum``
+        reports one rank's digest in the shape ``flatten_inference_engine_checksums`` reads
+        (``miles/utils/audit_utils/checksum_utils.py:L6-L33``). Upstream calls it under
+        ``--check-weight-update-equal``: snapshot and reset as an engine comes up
+        (``server_cell.py:L177-L192``), compare after the first weight update (``train_async.py:L43-L49``)."""
+        action = payload.get("action")
+        if action == "snapshot":
+            self.snapshot = self.weights
+        elif action == "reset_tensors":
+            self.weights = _RESET_TENSORS
+        elif action == "compare":
+            if self.snapshot is None or self.weights != self.snapshot:
+                held = "reset tensors" if self.weights is _RESET_TENSORS else repr(self.weights)
+                message = f"weights_checker compare: the engine holds {held}, the snapshot {self.snapshot!r}"
+                return SimResponse(url, {"success": False, "message": message}, status_code=400)
+        elif action == "checksum":
+            digest = hashlib.sha256(repr(self.weights).encode()).hexdigest()
+            rank = {"parallelism_info": [{"rank": 0}], "checksums": {"model": digest}}
+            return SimResponse(url, {"success": True, "ranks": [rank]})
+        else:
+            message = f"weights_checker: action={action!r} is not one of snapshot, reset_tensors, compare, checksum"
+            return SimResponse(url, {"success": False, "message": message}, status_code=400)
+        return SimResponse(url, {"success": True, "message": ""})
 
     async def _serve(self, method: str, url: str, payload: dict) -> SimResponse:
         path = "/" + url.split("://", 1)[-1].split("/", 1)[-1].split("?", 1)[0]
@@ -327,9 +363,7 @@ class SimHttpClient(leaves._Leaf):
         if path in ("/release_memory_occupation", "/resume_memory_occupation"):
             return SimResponse(url)  # the simulated engine holds no GPU memory to offload or bring back
         if path == "/weights_checker":
-            # SGLang's check of its tensors against a snapshot (snapshot, reset_tensors, compare): the
-            # simulated engine's weights are the ones the trainer's update handed it, so they compare equal
-            return SimResponse(url, {"success": True, "message": "sim engine: weights as loaded"})
+            return self._check_weights(url, payload)
         if path == "/server_info":
             # SGLang's server info as the engine-env audit and external engines read it: one GPU per engine
             # (the runner's wiring), nothing else to report (miles/ray/rollout/engine_env_reporter.py:L33-L45)
@@ -346,12 +380,14 @@ class SimHttpClient(leaves._Leaf):
             version = int(payload["weight_version"])
             [weights] = payload["serialized_named_tensors"]
             await eng.update_weights(version, weights)
+            self.weights = weights
             run.engine_loaded(version)
             return SimResponse(url, {"success": True, "message": ""})
         if path == "/update_weights_from_disk":
             # the engine reloads the checkpoint at model_path under the version given (else the one it has)
             version = int(payload.get("weight_version") or eng.weight_version)
             await eng.update_weights(version, payload["model_path"])
+            self.weights = ("disk", payload["model_path"])
             run.engine_loaded(version)
             return SimResponse(url, {"success": True, "message": ""})
         if path == "/update_weight_version":

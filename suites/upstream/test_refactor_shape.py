@@ -196,14 +196,34 @@ def test_the_engine_http_leaf_serves_a_weight_update_on_the_engine_and_names_an_
         assert (await client.get(f"{url}/model_info")).json() == {"weight_version": "3"}
         for path in ("/release_memory_occupation", "/resume_memory_occupation"):  # colocate's offload
             assert (await client.post(f"{url}{path}", json={"tags": None})).status_code == 200
-        checked = await client.post(f"{url}/weights_checker", json={"action": "compare"})
-        assert checked.json()["success"] is True
+        checked = await client.post(f"{url}/weights_checker", json={"action": "checksum"})
+        assert checked.json()["success"] is True and len(checked.json()["ranks"]) == 1
         with pytest.raises(Exception, match="POST /load_lora_adapter"):
             await client.post(f"{url}/load_lora_adapter", json={})
 
     run_virtual(update())
     assert run.engine.calls == [("pause", "in_place"), ("load", 3, "w"), ("continue",)]
     assert run.loaded == [3]
+
+
+def test_the_weights_checker_leaf_passes_only_a_load_that_puts_back_the_snapshot():
+    """``--check-weight-update-equal``: snapshot the launch weights, reset them, and the first
+    update must load the same weights again; a load of other weights, or none, fails compare."""
+
+    async def check(loads: list[object]) -> int:
+        client = leaves_refactor.SimHttpClient(_Run())
+        url = "http://127.0.0.1:20004"
+        for action in ("snapshot", "reset_tensors"):
+            assert (await client.post(f"{url}/weights_checker", json={"action": action})).status_code == 200
+        for weights in loads:
+            await client.post(f"{url}/pause_generation", json={"mode": "abort"})
+            payload = {"serialized_named_tensors": [weights], "weight_version": "1"}
+            await client.post(f"{url}/update_weights_from_tensor", json=payload)
+        return (await client.post(f"{url}/weights_checker", json={"action": "compare"})).status_code
+
+    assert run_virtual(check([0])) == 200  # the trainer's weights at step 0 are the launch checkpoint's
+    assert run_virtual(check([])) == 400  # no update after the reset
+    assert run_virtual(check([3])) == 400  # an update of other weights
 
 
 def test_the_clock_leaf_reads_the_virtual_time_loop():
