@@ -63,6 +63,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="print upstream's captured log under every case (default: only under a failing one)",
     )
     p.add_argument(
+        "--json",
+        metavar="PATH",
+        default=None,
+        help="also write each case's outcome and the totals as one JSON document (schema, tree, machine, commit)",
+    )
+    p.add_argument(
         "--log",
         metavar="PATH",
         default=None,
@@ -99,7 +105,40 @@ def main(args: argparse.Namespace) -> int:
     log.add("(importing the tree)", import_log.getvalue())
     print(f"orchestration: {args.orchestration}")
     run = functools.partial(run_case, orchestration=args.orchestration)
-    return _run_cases(cases, run, log=log, verbose=bool(getattr(args, "verbose", False)))
+    rows: list[dict] = []
+    code = _run_cases(cases, run, log=log, verbose=bool(getattr(args, "verbose", False)), rows=rows)
+    if getattr(args, "json", None):
+        _write_json(args.json, rows, tree=how, orchestration=args.orchestration, exit_code=int(code))
+    return code
+
+
+def _write_json(where: str, rows: list[dict], *, tree: str, orchestration: str, exit_code: int) -> None:
+    """One document per run: every case's outcome (``identical``, ``differs`` with its first
+    divergence, ``not_run``, ``harness_error``), whether upstream's own trace breaks an
+    invariant, and the totals, with the tree, the machine and the harness' commit."""
+    import collections
+    import json
+    from pathlib import Path
+
+    from harness.results.schema import git_info, machine_info, utc_now
+
+    totals = collections.Counter(r["outcome"] for r in rows)
+    totals["breaks_invariant"] = sum(1 for r in rows if r.get("broken"))
+    doc = {
+        "schema": "miles-harness/diff-upstream/1",
+        "created_utc": utc_now(),
+        "tree": tree,
+        "orchestration": orchestration,
+        "exit": exit_code,
+        "totals": dict(sorted(totals.items())),
+        "cases": rows,
+        "git": git_info(),
+        "machine": machine_info(),
+    }
+    path = Path(where)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"wrote {path}")
 
 
 def _log_file(where: str | None):
@@ -117,7 +156,7 @@ def _log_file(where: str | None):
     return CaseLogFile(Path(where))
 
 
-def _run_cases(cases: list, run_case, *, log=None, verbose: bool = False) -> int:
+def _run_cases(cases: list, run_case, *, log=None, verbose: bool = False, rows: list[dict] | None = None) -> int:
     from harness.upstream import source
     from harness.upstream.case_log import captured, indent, tail
     from harness.upstream.harness_errors import HarnessError
@@ -145,15 +184,24 @@ def _run_cases(cases: list, run_case, *, log=None, verbose: bool = False) -> int
             line = f"{case.name}: NOT RUN: missing seam {', '.join(key)}"
             print(line + ("" if key in told else f"\n  {report}"))
             told.add(key)
+            row = {"case": case.name, "outcome": "not_run", "why": f"missing seam {', '.join(key)}"}
         elif isinstance(report, HarnessError):
             broken.append(case.name)
             line = f"{case.name}: HARNESS ERROR (not an upstream finding): {report}"
             print(line)
+            row = {"case": case.name, "outcome": "harness_error", "why": str(report)}
             failing = True
         else:
             line = report.format()
             print(line)
             verdict = judge(report.upstream_result, case.scenario().config)
+            row = {
+                "case": case.name,
+                "outcome": "identical" if report.identical else "differs",
+                "first_divergence": None if report.first is None else list(report.first),
+                "known": case.known,
+                "broken": verdict.broken,
+            }
             if not verdict.holds or not report.identical:
                 print(f"  upstream on its own trace: {verdict.verdict()}")
             if not verdict.holds:
@@ -171,6 +219,8 @@ def _run_cases(cases: list, run_case, *, log=None, verbose: bool = False) -> int
                 if not report.identical and verdict.holds:
                     changed_holding += 1
             line = line.splitlines()[0]
+        if rows is not None:
+            rows.append(row)
         if log is not None:
             log.add(case.name, text, line)
         if text.strip() and (verbose or failing):
