@@ -79,12 +79,8 @@ class LivesResult:
         ]
 
 
-def run_lives(scenario: Scenario, stops: Sequence[StopPoint], host: LifeHost | None = None) -> LivesResult:
-    """Run ``scenario`` as ``len(stops) + 1`` lives on ``host`` (default: the core's)."""
-    if host is None:
-        from harness.lives.core import CoreHost
-
-        host = CoreHost()
+def run_lives(scenario: Scenario, stops: Sequence[StopPoint], host: LifeHost) -> LivesResult:
+    """Run ``scenario`` as ``len(stops) + 1`` lives on ``host``."""
     stops = tuple(stops)
     if scenario.config.save_interval is None and not any(s.how == "planned" for s in stops):
         raise ConfigError(

@@ -23,6 +23,7 @@ from typing import Any
 
 from harness.checking.invariants import check_all
 from harness.checking.invariants.resume import resume_report
+from harness.lives.core import CoreHost
 from harness.lives.run import LifeHost, run_lives
 from harness.lives.stops import Stop, StopPoint
 from harness.sim.engine import LengthDist, SimEngineConfig
@@ -174,14 +175,8 @@ class SweepRow:
         }
 
 
-def core_host() -> LifeHost:
-    from harness.lives.core import CoreHost
-
-    return CoreHost()
-
-
 def run_case(case: ResumeCase, host: LifeHost | None = None) -> SweepRow:
-    host = host if host is not None else core_host()
+    host = host if host is not None else CoreHost()
     row = SweepRow(case, host.name)
     row.refused = host.refuses(case.scenario, case.stops)
     if row.refused:
@@ -211,7 +206,7 @@ def run_case(case: ResumeCase, host: LifeHost | None = None) -> SweepRow:
 
 
 def sweep(all_cases: Iterable[ResumeCase], host: LifeHost | None = None) -> list[SweepRow]:
-    host = host if host is not None else core_host()
+    host = host if host is not None else CoreHost()
     return [run_case(c, host) for c in all_cases]
 
 

@@ -82,7 +82,7 @@ def test_resume_checkers_do_not_apply_to_a_single_life_trace() -> None:
 
 def test_a_crash_between_the_model_and_the_data_source_leaves_a_half_written_checkpoint() -> None:
     scenario = dict(settings(False))["sync"]
-    events = run_lives(scenario, [StopPoint(Stop.BETWEEN_SAVES, 3)]).events
+    events = run_lives(scenario, [StopPoint(Stop.BETWEEN_SAVES, 3)], CoreHost()).events
     saved = [(e["rollout_id"], e["part"]) for e in events if e.kind == "checkpoint_saved" and e["life"] == 0]
     assert saved[-1] == (3, "model")
     loaded = [(e["rollout_id"], e["part"]) for e in events if e.kind == "checkpoint_loaded"]
@@ -102,7 +102,7 @@ def test_check_trace_runs_the_resume_checkers_on_a_stored_trace_with_lives(tmp_p
 
     case = next(c for c in cases(False, only=["one-step/retract"]) if c.label == "after_save@1")
     trace = tmp_path / "lives.jsonl"
-    write_jsonl(run_lives(case.scenario, case.stops).events, trace)
+    write_jsonl(run_lives(case.scenario, case.stops, CoreHost()).events, trace)
     config_path(trace).write_text(json.dumps({"config": case.scenario.config.to_dict(), "complete": True}))
     assert main(["check-trace", str(trace)]) == 1
     out = capsys.readouterr().out
@@ -121,7 +121,7 @@ def test_exactly_once_holds_across_three_stops_in_one_run() -> None:
     for name, scenario in settings(True):
         if name not in FAST:
             continue
-        result = run_lives(scenario, stops)
+        result = run_lives(scenario, stops, CoreHost())
         report = resume_report(result.events, scenario.config)
         assert result.error is None and all(result.reached) and report is not None
         assert len(report.resumes) == 3 and not report.lost and not report.duplicated, (name, report.to_dict())
@@ -144,7 +144,7 @@ def test_a_stop_spelled_as_before_names_its_new_name_and_a_bad_one_the_allowed_o
 def test_the_core_host_refuses_a_torn_state_file_and_the_sweep_lists_it_not_run() -> None:
     scenario = dict(settings(False))["sync"]
     with pytest.raises(ConfigError, match="mid_data_save.*upstream host"):
-        run_lives(scenario, [StopPoint(Stop.MID_DATA_SAVE, 3)])
+        run_lives(scenario, [StopPoint(Stop.MID_DATA_SAVE, 3)], CoreHost())
     [case] = [c for c in cases(False, only=["sync"]) if c.label == "mid_data_save@5"]
     row = run_case(case)
     assert row.host == "core" and row.refused and "in memory" in row.refused
