@@ -87,7 +87,6 @@ class _Life:
 
     def __init__(self, number: int, ckpt: Path, stop: StopPoint | None, save_interval: int | None) -> None:
         self.number, self.ckpt, self.stop, self.save_interval = number, ckpt, stop, save_interval
-        self.ended = "completed"
         self.runner: UpstreamRunner | None = None
         self.main: asyncio.Task | None = None
         self.loaded_version: int | None = None
@@ -193,14 +192,11 @@ class _Life:
         data = path.read_bytes()
         path.write_bytes(data[: len(data) // 2])  # the write the crash cut short
         assert self.crash is not None and self.stop is not None
-        self.ended = f"crash:{self.stop.label}"
         self.crash.now()
         self._die()
         raise asyncio.CancelledError(self.stop.label)
 
     def _die(self) -> None:
-        if self.stop is not None:
-            self.ended = f"crash:{self.stop.label}"
         if self.main is not None and not self.main.done():
             self.main.cancel()
 
