@@ -7,7 +7,10 @@ the next. A life starts as Miles starts after a failure (``start_life``: the tra
 state and steps, ``start_rollout_id`` and the data source's state from the checkpoint, the
 engines serving the checkpoint's weights). A crash follows ``harness.lives.stops.Crash``:
 at the loop's next step the sink records ``life_end``, marks the folder ``crashed`` (the
-dead process's later writes never reach it) and stops the loop. A planned stop saves at
+dead process's later writes never reach it) and stops the loop. ``mid_data_save`` dies
+where ``between_saves`` does, inside the data source's write, which it leaves torn
+(``TornState``): the next life's load of it raises, as upstream's ``torch.load`` does on a
+half-written state file. A planned stop saves at
 its rollout (``--save-trigger-sentinel``) and exits after it
 (``--debug-exit-after-rollout``). Every life runs under the scenario's watchdog.
 """
@@ -35,7 +38,6 @@ from miles_async_core.checkpoint import CheckpointDir
 from miles_async_core.data_source import RolloutDataSourceWithBuffer
 from miles_async_core.drivers import make_context, run
 from miles_async_core.drivers.common import RunContext, start_life
-from miles_async_core.errors import ConfigError
 from miles_async_core.types import SamplingParams
 
 
@@ -43,6 +45,30 @@ class DataSourceFactory(Protocol):
     """Makes a life's data source, as ``RolloutDataSourceWithBuffer(n, prompt_fn, sink=sink)``."""
 
     def __call__(self, n_samples_per_prompt: int, prompt_fn: Callable[[int], Any], /, *, sink: Any) -> Any: ...
+
+
+class TornCheckpoint(RuntimeError):
+    """A resumed life read a checkpoint part whose write a crash cut short."""
+
+
+class TornState(dict):
+    """The data source's part of rollout ``rollout_id``'s checkpoint, its write cut short by a
+    crash (``mid_data_save``): reading it raises ``TornCheckpoint``, as upstream's
+    ``torch.load`` raises on a half-written ``global_dataset_state_dict_<N>.pt``
+    (``data_source.py:L150``). The checkpoint is not complete, so the exactly-once
+    extension never loads it."""
+
+    def __init__(self, rollout_id: int) -> None:
+        super().__init__()
+        self.rollout_id = rollout_id
+
+    def get(self, key: str, default: Any = None) -> Any:
+        raise TornCheckpoint(
+            f"the data source's state of rollout {self.rollout_id} is half-written (a crash cut its write short) "
+            "and does not load"
+        )
+
+    __getitem__ = get
 
 
 class LifeSink:
@@ -57,7 +83,11 @@ class LifeSink:
         self.life = life
         self.stop = stop
         self.ckpt = ckpt
-        self.crash = Crash(stop, config, self._crash)
+        # inside the data source's write: where the first part's save ends (the core saves the model first)
+        torn = stop is not None and stop.at is Stop.MID_DATA_SAVE
+        self.crash = Crash(
+            StopPoint(Stop.BETWEEN_SAVES, stop.rollout_id) if torn and stop else stop, config, self._crash
+        )
         self.loop: asyncio.AbstractEventLoop | None = None
 
     @property
@@ -73,6 +103,8 @@ class LifeSink:
     def _crash(self) -> None:
         assert self.stop is not None and self.loop is not None
         self.recorder.emit(ev.LIFE_END, life=self.life, how="crash", at=self.stop.at.value)
+        if self.stop.at is Stop.MID_DATA_SAVE:
+            self.ckpt.data_sources[self.stop.rollout_id] = TornState(self.stop.rollout_id)
         self.ckpt.crashed = True  # the dying process's later work is neither recorded nor written
         self.loop.stop()
 
@@ -93,12 +125,7 @@ class CoreHost:
         self.hooks = hooks
 
     def refuses(self, scenario: Scenario, stops: Sequence[StopPoint]) -> str | None:
-        if any(s.at is Stop.MID_DATA_SAVE for s in stops):
-            return (
-                "mid_data_save: the core's checkpoint folder is in memory and writes each part whole, so there is "
-                "no half-written file to load (the upstream host makes this stop)"
-            )
-        return None
+        return None  # the core runs every setting and makes every stop
 
     @contextmanager
     def lives(self, scenario: Scenario) -> Iterator[_CoreLives]:
@@ -122,9 +149,6 @@ class _CoreLives:
         return self.offset + self.loop.time()
 
     def life(self, number: int, stop: StopPoint | None) -> LifeEnd:
-        refused = self.host.refuses(self.scenario, [stop] if stop is not None else [])
-        if refused:
-            raise ConfigError(f"the core host: {refused}. Fix: run this stop on the upstream host")
         self.ckpt.crashed = False
         sink, error = self._run(number, stop)
         self.offset = self.events[-1].t if self.events else self.offset

@@ -8,9 +8,8 @@ one moment on either host, relative to rollout ``rollout_id``:
   ``checkpoint_saved``; the pinned tree's second is the data source's): a save boundary;
 * ``between_saves``: the first of the rollout's two saves written (the pinned tree saves
   the model first), the other not: a half-written checkpoint;
-* ``mid_data_save``: the data source's state file of the rollout half-written (only a
-  host whose checkpoint is a file can tear it: the upstream host; the core's folder
-  writes each part whole and refuses this stop);
+* ``mid_data_save``: the data source's state of the rollout half-written (upstream: its
+  ``.pt`` file cut in half; the core: a ``TornState`` part), the crash inside that write;
 * ``mid_generation``: half the rollout's samples finished (``max(1, B*n // 2)``
   ``finished`` after its ``generate_start``, fully async its ``drain_start``);
 * ``mid_drain``: the rollout's drain took its first group (``got``, fully async);

@@ -141,13 +141,21 @@ def test_a_stop_spelled_as_before_names_its_new_name_and_a_bad_one_the_allowed_o
     )
 
 
-def test_the_core_host_refuses_a_torn_state_file_and_the_sweep_lists_it_not_run() -> None:
-    scenario = dict(settings(False))["sync"]
-    with pytest.raises(ConfigError, match="mid_data_save.*upstream host"):
-        run_lives(scenario, [StopPoint(Stop.MID_DATA_SAVE, 3)], CoreHost())
-    [case] = [c for c in cases(False, only=["sync"]) if c.label == "mid_data_save@5"]
+def test_a_crash_inside_the_data_sources_save_fails_the_resume_unless_the_extension_skips_the_torn_checkpoint() -> None:
+    """``mid_data_save`` on the core: the model's part of rollout 5 written, the data source's
+    torn; upstream's semantics load the newest model and fail on its data part (as
+    ``torch.load`` does on a half-written file); the exactly-once extension loads the last
+    complete checkpoint (3) and loses nothing."""
+    [case] = [c for c in cases(False, only=["one-step/retract"]) if c.label == "mid_data_save@5"]
+    result = run_lives(case.scenario, case.stops, CoreHost())
+    assert result.ended[0] == "crash:mid_data_save@5" and result.ended[1].startswith("error:TornCheckpoint")
     row = run_case(case)
-    assert row.host == "core" and row.refused and "in memory" in row.refused
+    assert row.resume_failed and row.error is None and row.resumes[0].lost is None
+    [safe] = [c for c in cases(True, only=["one-step/retract"]) if c.label == "mid_data_save@5"]
+    result = run_lives(safe.scenario, safe.stops, CoreHost())
+    report = resume_report(result.events, safe.scenario.config)
+    assert result.error is None and report is not None and report.resumes[0].loaded_rollout_id == 3
+    assert not report.lost and not report.duplicated
 
 
 def test_the_sweep_resumes_three_times_in_one_run_and_counts_each_resume_at_its_stop() -> None:
