@@ -9,7 +9,7 @@ training step (drain), ``version`` an engine weight version. With several engine
 ``ray`` layout) every engine event and every request event also carries ``engine``, the
 engine's index; events without it are the driver's (or a single engine's).
 
-Lives (a run that stops and resumes from a checkpoint, ``harness.sim.lives``): a run is
+Lives (a run that stops and resumes from a checkpoint, ``harness.lives``): a run is
 a sequence of lives; in a run with lives every event carries ``life`` (an int, 0 first)
 and a trace without the field is one life (life 0). Only runs with lives add these
 fields and events, so a single-life trace is unchanged.
@@ -21,7 +21,7 @@ fields and events, so a single-life trace is unchanged.
 * ``life_end``: ``life``, ``how`` (``crash``: the process is gone, only what was saved
   survives; ``planned``: ``--debug-exit-after-rollout`` or a stop after a
   ``--save-trigger-sentinel`` save; ``completed``: ``--num-rollout`` reached) and ``at``
-  (a label of the stop point, e.g. ``mid_generation``, ``between_model_and_data_source``).
+  (the stop, e.g. ``mid_generation``, ``between_saves``; ``num_rollout`` when completed).
 * ``checkpoint_saved``: ``rollout_id``, ``part`` (``model`` or ``data_source``, saved in
   that order, ``train.py:L77-L91``); a ``model`` part carries ``version`` (the weight
   version its weights are served as), ``optimizer_step`` and ``lr_step``; a

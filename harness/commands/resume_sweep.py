@@ -1,22 +1,24 @@
 """`miles-harness resume-sweep`: stop and resume every setting, count what a resume loses.
 
-    miles-harness resume-sweep [--host core|upstream] [--miles-src PATH] [--exactly-once] [--fast]
-                               [--setting NAME ...] [--json PATH]
+    miles-harness resume-sweep [--host core|upstream|core,upstream] [--miles-src PATH] [--exactly-once]
+                               [--fast] [--setting NAME ...] [--json PATH]
 
-Runs ``harness.sim.resume_sweep``: each setting (driver, pause mode, unused-samples
-handler, over-sampling, ``--partial-rollout``) crashed right after each save and at the
-seeded points between saves, then resumed from its checkpoint, one case per stop, each
-under the watchdog. ``--host core`` runs the core's drivers in virtual time (with
-``--exactly-once``, the harness extension ``exactly_once_resume``); ``--host upstream`` runs
-upstream Miles' own drivers from the tree ``--miles-src`` (or ``$MILES_SRC``) names, with
-upstream's own save and load code on a checkpoint folder (``harness.upstream.lives``). Prints one line per
-setting: resumes, groups lost and duplicated (total and per resume), the mechanism of each
-loss, the response-length bias of lost against trained groups, and the checkers that
-failed; then one line per driver and stop point. ``--json`` writes both summaries and
-every case's row. The first line names the host (and the Miles tree it reads); a
-``--miles-src`` without ``--host upstream`` is an error, not a tree silently ignored.
-Exit 0 when every case ran
-and every stop was reached (losses are findings, not errors), 1 otherwise.
+Runs ``harness.lives.sweep``: each setting (driver, pause mode, unused-samples handler,
+over-sampling, ``--partial-rollout``) stopped right after each save, three times in one
+run, and at the seeded points between saves, then resumed from its checkpoint, each run
+under the watchdog, on each host asked: ``core`` runs the core's drivers in virtual time
+(with ``--exactly-once``, the harness extension ``exactly_once_resume``); ``upstream`` runs
+upstream Miles' own drivers from the tree ``--miles-src`` (or ``$MILES_SRC``, else the
+pinned tree) names, with upstream's own start-up, save and load code on a checkpoint
+folder (``harness.upstream.lives``). The same cases run on every host, so the table's
+rows (one per setting and host) compare cell by cell: resumes, groups lost and
+duplicated (total and per resume), per stop the groups lost and duplicated per resume, the
+mechanism of each loss, the response-length bias of lost against trained groups, and the
+checkers that failed. Below the table: what a host did not run and why, and resumes that
+failed. The first line names the hosts (and the Miles tree). ``--json`` writes the
+summary and every case's row. A ``--miles-src`` without the upstream host is an error,
+not a tree silently ignored. Exit 0 when every case a host ran ran and reached its stops
+(losses and failed resumes are findings, not errors), 1 otherwise.
 """
 
 from __future__ import annotations
@@ -29,14 +31,18 @@ from typing import TYPE_CHECKING
 from miles_async_core.errors import ConfigError
 
 if TYPE_CHECKING:
-    from harness.sim.resume_sweep import Host
+    from harness.lives.run import LifeHost
 
 HOSTS = ("core", "upstream")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--host", default="core", help=f"who runs each case: {', '.join(HOSTS)}")
-    p.add_argument("--miles-src", default=None, help="--host upstream: the Miles tree (default: $MILES_SRC)")
+    p.add_argument(
+        "--host",
+        default="core",
+        help=f"who runs each case: {', '.join(HOSTS)}, or both as a comma list (core,upstream)",
+    )
+    p.add_argument("--miles-src", default=None, help="the upstream host's Miles tree (default: $MILES_SRC)")
     p.add_argument(
         "--exactly-once", action="store_true", help="switch on the harness extension exactly_once_resume (core host)"
     )
@@ -47,95 +53,92 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--orchestration",
         choices=("upstream", "stand-ins"),
         default="upstream",
-        help="--host upstream: upstream's rollout manager, placement groups and train actors as upstream wrote "
+        help="the upstream host: upstream's rollout manager, placement groups and train actors as upstream wrote "
         "them over faked leaves, with upstream's own save and load (default), or the harness' stand-ins",
     )
 
 
-def host_of(
-    name: str, miles_src: str | None = None, exactly_once: bool = False, orchestration: str = "upstream"
-) -> Host:
-    from harness.sim.resume_sweep import core_host
+def hosts_of(
+    names: str, miles_src: str | None = None, exactly_once: bool = False, orchestration: str = "upstream"
+) -> list[LifeHost]:
+    """The hosts ``--host`` names (a comma list), in that order."""
+    wanted = [n.strip() for n in names.split(",") if n.strip()]
+    bad = [n for n in wanted if n not in HOSTS]
+    if not wanted or bad or len(set(wanted)) != len(wanted):
+        raise ConfigError(
+            f"--host {names!r}: allowed {', '.join(HOSTS)}, each once, as a comma list. "
+            "Fix: pass --host core, --host upstream or --host core,upstream"
+        )
+    if miles_src is not None and "upstream" not in wanted:
+        raise ConfigError(
+            f"--miles-src {miles_src} with --host {names}: the core host runs this project's drivers and reads "
+            "no Miles tree, so the tree would be ignored. Fix: pass --host upstream (or --host core,upstream) "
+            "to run that tree's drivers, or drop --miles-src"
+        )
+    if exactly_once and "upstream" in wanted:
+        raise ConfigError(
+            "--exactly-once with the upstream host: exactly_once_resume is a harness extension of the "
+            "core; upstream Miles has none. Fix: drop --exactly-once or pass --host core"
+        )
+    return [_host(n, miles_src, orchestration) for n in wanted]
 
+
+def _host(name: str, miles_src: str | None, orchestration: str) -> LifeHost:
     if name == "core":
-        if miles_src is not None:
-            raise ConfigError(
-                f"--miles-src {miles_src} with --host core: the core host runs this project's drivers and reads "
-                "no Miles tree, so the tree would be ignored. Fix: add --host upstream to run that tree's "
-                "drivers, or drop --miles-src"
-            )
-        return core_host
-    if name == "upstream":
-        if exactly_once:
-            raise ConfigError(
-                "--exactly-once with --host upstream: exactly_once_resume is a harness extension of the "
-                "core; upstream Miles has none. Fix: drop --exactly-once or pass --host core"
-            )
-        from harness.upstream.lives import upstream_host
-        from harness.upstream.source import UpstreamUnavailable
+        from harness.lives.core import CoreHost
 
-        try:
-            return upstream_host(miles_src, orchestration=orchestration)
-        except UpstreamUnavailable as exc:
-            fix = "" if "Fix:" in str(exc) else ". Fix: pass --miles-src PATH (a Miles checkout) or set MILES_SRC"
-            raise ConfigError(f"--host upstream: {exc}{fix}") from None
-    raise ConfigError(f"--host {name!r} is not one of {', '.join(HOSTS)}. Fix: pass --host core or --host upstream")
+        return CoreHost()
+    from harness.upstream.lives import upstream_host
+    from harness.upstream.source import UpstreamUnavailable
+
+    try:
+        return upstream_host(miles_src, orchestration=orchestration)
+    except UpstreamUnavailable as exc:
+        fix = "" if "Fix:" in str(exc) else ". Fix: pass --miles-src PATH (a Miles checkout) or set MILES_SRC"
+        raise ConfigError(f"--host upstream: {exc}{fix}") from None
+
+
+def _describe(host: LifeHost, orchestration: str, exactly_once: bool) -> str:
+    if host.name == "upstream":
+        tree = getattr(host, "miles_tree", None)
+        return f"upstream (upstream Miles' drivers and save/load code from {tree}, orchestration: {orchestration})"
+    return "core (the core's drivers" + (", with the harness extension exactly_once_resume)" if exactly_once else ")")
 
 
 def main(args: argparse.Namespace) -> int:
-    from harness.sim.resume_sweep import (
-        FAST,
-        cases,
-        format_by_stop,
-        format_table,
-        summarize,
-        summarize_by_stop,
-        sweep,
-    )
+    from harness.lives.sweep import FAST, cases, format_notes, format_table, summarize, sweep
 
-    host = host_of(args.host, args.miles_src, args.exactly_once, getattr(args, "orchestration", "upstream"))
+    orchestration = getattr(args, "orchestration", "upstream")
+    hosts = hosts_of(args.host, args.miles_src, args.exactly_once, orchestration)
     only = args.setting if args.setting else (FAST if args.fast else None)
     todo = cases(args.exactly_once, only=only)
     if not todo:
         raise ConfigError(
             f"--setting {args.setting}: no such setting. Fix: pass a name the sweep lists "
-            "(harness.sim.resume_sweep.settings), e.g. one-step/retract"
+            "(harness.lives.sweep.settings), e.g. one-step/retract"
         )
-    refuses = getattr(host, "refuses", None)  # the upstream host: settings upstream refuses to start
-    refused = {c.setting: why for c in todo if refuses is not None and (why := refuses(c))}
-    todo = [c for c in todo if c.setting not in refused]
-    tree = getattr(host, "miles_tree", None)
-    print(
-        f"host: {args.host} ("
-        + (
-            f"upstream Miles' drivers and save/load code from {tree}, orchestration: {getattr(args, 'orchestration', 'upstream')}"
-            if args.host == "upstream"
-            else "the core's drivers"
-        )
-        + (", with the harness extension exactly_once_resume" if args.exactly_once else "")
-        + ")"
-    )
-    rows = sweep(todo, host)
-    summary, by_stop = summarize(rows), summarize_by_stop(rows)
+    print("hosts: " + "; ".join(_describe(h, orchestration, args.exactly_once) for h in hosts))
+    by_host = {h.name: sweep(todo, h) for h in hosts}
+    # one row per setting and host, the hosts of a setting next to each other
+    rows = [r for i in range(len(todo)) for h in hosts for r in by_host[h.name][i : i + 1]]
+    summary = summarize(rows)
     print(format_table(summary))
-    print()
-    print(format_by_stop(by_stop))
-    for setting, why in refused.items():
-        print(f"{setting}: not run, {why}")
-    failed = [r for r in rows if r.error or not r.reached]
+    notes = format_notes(summary)
+    if notes:
+        print()
+        print(notes)
+    failed = [r for r in rows if r.refused is None and (r.error or not r.reached)]
     if args.json:
         doc = {
-            "host": args.host,
+            "hosts": [h.name for h in hosts],
+            "miles_tree": next((getattr(h, "miles_tree", None) for h in hosts if h.name == "upstream"), None),
+            "orchestration": orchestration if any(h.name == "upstream" for h in hosts) else None,
             "exactly_once_resume": args.exactly_once,
             "summary": summary,
-            "by_stop": by_stop,
-            **(
-                {"miles_tree": getattr(host, "miles_tree", None), "refused": refused} if args.host == "upstream" else {}
-            ),
             "cases": [r.to_dict() for r in rows],
         }
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
     for r in failed:
-        print(f"case {r.case.name}: {'error ' + r.error if r.error else 'stop never reached'}")
+        print(f"case {r.case.name} ({r.host}): {'error ' + r.error if r.error else 'stop never reached'}")
     return 1 if failed else 0

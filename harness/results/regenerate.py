@@ -42,6 +42,7 @@ SIM_BASELINE = "d7779bb"
 SIM_ALL_TRICKS = "4329a67"
 # the orchestration refactor's tip, beside the checkout as the pinned tree is (../shared/third_party)
 REFACTOR_TIP = "../shared/third_party/miles-pr2542-688cf82b9"
+PR2661 = "../shared/third_party/miles-pr2661-01cdd291b"
 
 
 def _diff_upstream(name: str, out: str, *flags: str) -> Step:
@@ -436,19 +437,6 @@ STEPS: list[Step] = [
         "--orchestration",
         "upstream",
     ),
-    # the resume sweep on upstream's own drivers (the core's settings and stop points, upstream host)
-    Step(
-        "resume_sweep_upstream",
-        CLI + ["resume-sweep", "--host", "upstream", "--json", "results/resume/upstream.json"],
-        ["results/resume/upstream.json", "results/resume/upstream.txt"],
-        stdout="results/resume/upstream.txt",
-    ),
-    # upstream's drivers stopped and resumed, per stop: several resumes in one run, a half-written state file
-    Step(
-        "upstream_resume_sweep",
-        [PY, "-m", "harness.upstream.resume_sweep", "--out", "results/upstream/resume_sweep"],
-        ["results/upstream/resume_sweep.json", "results/upstream/resume_sweep.md"],
-    ),
     Step(
         "serve_upstream_e2e",
         [PY, "-m", "harness.serve.upstream_e2e", "--out", "results/serve/upstream_e2e.json"],
@@ -462,13 +450,32 @@ STEPS: list[Step] = [
     ),
     # the recorder's cost: upstream's loop on the CPU servers with and without it, in pairs
     Step("record_cost", BENCH + ["suites/bench/test_record_cost.py"], ["results/bench/record_cost.json"], WRITE),
-    # the resume sweep on the core: upstream's save/resume semantics, then the exactly-once extension
+    # the resume sweep on a tree that repairs upstream's resume (Miles pull request 2661: the data source is
+    # snapshotted when rollout N's generation returns and saved under N), against the pinned tree's rows
     Step(
-        "resume_sweep_core",
-        CLI + ["resume-sweep", "--json", "results/resume/core.json"],
-        ["results/resume/core.json", "results/resume/core.txt"],
-        stdout="results/resume/core.txt",
+        "resume_sweep_pr2661",
+        CLI
+        + ["resume-sweep", "--host", "upstream", "--miles-src", PR2661, "--fast"]
+        + ["--json", "results/resume/pr2661_fast.json"],
+        ["results/resume/pr2661_fast.json", "results/resume/pr2661_fast.txt"],
+        stdout="results/resume/pr2661_fast.txt",
+        optional=True,
     ),
+    Step(
+        "resume_sweep_pinned_fast",
+        CLI + ["resume-sweep", "--host", "upstream", "--fast", "--json", "results/resume/pinned_fast.json"],
+        ["results/resume/pinned_fast.json", "results/resume/pinned_fast.txt"],
+        stdout="results/resume/pinned_fast.txt",
+        optional=True,
+    ),
+    # the resume sweep, one table: the core's drivers and upstream's own (pinned tree), same cases, row by row
+    Step(
+        "resume_sweep",
+        CLI + ["resume-sweep", "--host", "core,upstream", "--json", "results/resume/sweep.json"],
+        ["results/resume/sweep.json", "results/resume/sweep.txt"],
+        stdout="results/resume/sweep.txt",
+    ),
+    # the core with the harness extension exactly_once_resume
     Step(
         "resume_sweep_core_exactly_once",
         CLI + ["resume-sweep", "--exactly-once", "--json", "results/resume/core_exactly_once.json"],
@@ -550,7 +557,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _merge_manifest(manifest: dict, path: Path = ROOT / "results" / "MANIFEST.json") -> None:
-    """Keep earlier entries for steps not rerun (``--only``), so the file covers every output.
+    """Keep earlier entries for steps not rerun (``--only``) that are still steps, so the file
+    covers every output and names no output a removed step made.
     Each step records the commit and the machine it ran at (``git``, ``machine``); the
     top-level ``git`` and ``machine`` are those of the latest run. A kept step without its
     own ``git`` takes the earlier top-level one; one without ``machine`` (recorded before
@@ -561,7 +569,7 @@ def _merge_manifest(manifest: dict, path: Path = ROOT / "results" / "MANIFEST.js
     kept = [
         dict(s, git=earlier.get("git")) if "git" not in s else s
         for s in earlier.get("steps", [])
-        if s["name"] not in ran
+        if s["name"] not in ran and s["name"] in {step.name for step in STEPS}
     ]
     for s in manifest["steps"]:
         s["git"], s["machine"] = manifest["git"], manifest["machine"]

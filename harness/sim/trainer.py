@@ -2,7 +2,7 @@
 time (longer under contention, ``harness.sim.contention``); its "weights" are the number
 of optimizer steps taken, so a weight version's provenance is exact. ``fail_at_step``
 injects a trainer exception. ``state_dict`` / ``load_state_dict`` are its checkpoint (a
-run with lives, ``harness.sim.lives``): the optimizer steps, which are its weights."""
+run with lives, ``harness.lives``): the optimizer steps, which are its weights."""
 
 from __future__ import annotations
 

@@ -199,27 +199,27 @@ class ResumeRun:
 
 
 # the resume sweep's settings the gate runs (one per driver) and its stops there: right after
-# the first save, and between the two saves of a rollout (harness.sim.resume_sweep)
+# the first save, and between the two saves of a rollout (harness.lives.sweep)
 RESUME_SETTINGS = ("sync", "one-step/retract", "fully-async/retract/retry")
-RESUME_STOPS = ("save_boundary@1", "between_model_and_data_source@5")
+RESUME_STOPS = ("after_save@1", "between_saves@5")
 RESUME_PREFIX = "resume:"
 
 
 def resume_cases() -> list[Any]:
     """The resume sweep's cases the gate runs on both trees, judged by the resume checkers."""
-    from harness.sim.resume_sweep import cases as sweep_cases
+    from harness.lives.sweep import cases as sweep_cases
 
-    return [c for c in sweep_cases(only=RESUME_SETTINGS) if c.stops[0].label in RESUME_STOPS]
+    return [c for c in sweep_cases(only=RESUME_SETTINGS) if c.label in RESUME_STOPS]
 
 
 def _resume_run(case: Any, orchestration: str = "upstream") -> CaseRun:
     """A crash at ``case``'s stop and the resume through upstream's own save and load
     (``harness.upstream.lives``): the lives' joined trace is the case's run."""
-    from harness.upstream.lives import run_points
+    from harness.lives import run_lives
+    from harness.upstream.lives import UpstreamHost
 
-    res = run_points(case.scenario, case.stops, orchestration=orchestration)
-    lives = getattr(res, "lives", None) or []
-    history = [h for life in lives for h in getattr(life, "history", [])]
+    res = run_lives(case.scenario, case.stops, UpstreamHost(orchestration=orchestration))
+    history = [h for life in res.runs for h in getattr(life, "history", [])]
     end = res.events[-1].t if res.events else 0.0
     return CaseRun(ResumeRun(res.events, history, res.error, res.error is None), case.scenario.config, end)
 

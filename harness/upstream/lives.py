@@ -27,21 +27,23 @@ stand-ins this module puts on the driver module (``UpstreamRunner.hooks``):
   starts again at 0 in a new process, as upstream's does
   (``update_weight_from_tensor.py:L103``, ``update_weight_from_distributed/broadcast.py:L44``).
 
-A life ends at its ``Stop``: a crash (the life's event loop is cancelled where the stop
-fires and nothing it would record afterwards is kept; ``mid_data_save`` leaves the data
-source's file half-written first) or a planned stop (``--save-trigger-sentinel``: the
-sentinel file is created while rollout N trains, so upstream's loop saves at N and
-removes it; ``--debug-exit-after-rollout`` ends the loop after N). The last life runs to
-``num_rollout``.
+A life ends at its ``harness.lives.stops.StopPoint`` by the one crash rule
+(``harness.lives.stops.Crash``: the life's main task is cancelled at the loop step after
+the stop's event and nothing it would record or write afterwards is kept;
+``mid_data_save`` cuts the data source's file in half inside the save and dies there), or
+at a planned stop (``--save-trigger-sentinel``: the sentinel file is created while rollout
+N trains, so upstream's loop saves at N and removes it; ``--debug-exit-after-rollout``
+ends the loop after N). ``UpstreamHost`` is the ``harness.lives.run.LifeHost`` that runs
+these lives for ``harness.lives.run.run_lives`` and the resume sweep
+(``harness.lives.sweep``).
 
-``run_lives(scenario, stops, save_interval=...)`` returns the joined trace: each event
-carries ``life``, times run on across lives, each life opens with ``life_start`` and
-ends with ``life_end`` (the last one with upstream's ``run_end``), and the checkpoint
-calls are recorded as ``checkpoint_saved`` / ``checkpoint_loaded``. ``taken`` carries
-the group's ``source_index`` (its line in the prompt file) and ``epoch`` (upstream's
-``epoch_id`` when the line was read). At every data-source save the groups taken and
-not yet trained are listed with where upstream holds them (``held``), which is what
-names the mechanism of a loss (``harness.upstream.resume_sweep``).
+The joined trace: each event carries ``life``, times run on across lives, each life opens
+with ``life_start`` and ends with ``life_end`` (the last one with upstream's ``run_end``),
+and the checkpoint calls are recorded as ``checkpoint_saved`` / ``checkpoint_loaded``.
+``taken`` carries the group's ``source_index`` (its line in the prompt file) and
+``epoch`` (upstream's ``epoch_id`` when the line was read). At every data-source save the
+groups taken and not yet trained are listed with where upstream holds them (``held``), a
+second observation of what names the mechanism of a loss.
 """
 
 from __future__ import annotations
@@ -50,81 +52,22 @@ import asyncio
 import json
 import shutil
 import tempfile
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from harness.lives.run import LifeEnd
+from harness.lives.stops import Crash, Stop, StopPoint
 from harness.sim.scenario import Scenario
 from harness.trace import Event
-from harness.upstream.runner import UpstreamRunner, UpstreamRunResult
+from harness.upstream.runner import UpstreamRunner
 from miles_async_core import events as ev
 from miles_async_core.drivers.common import RunContext
-from miles_async_core.errors import ConfigError
 
 TRACKER = "latest_checkpointed_iteration.txt"  # Megatron's tracker file
 LIFE_START, LIFE_END = ev.LIFE_START, ev.LIFE_END
 CHECKPOINT_SAVED, CHECKPOINT_LOADED = ev.CHECKPOINT_SAVED, ev.CHECKPOINT_LOADED
-# where a crash can come between two save boundaries: the first ``nth`` event of the kind
-# after the checkpoint of rollout ``after`` was saved
-BETWEEN = {
-    "mid_generation": ev.GROUP_DONE,
-    "mid_drain": ev.GOT,
-    "during_pause": ev.ENGINE_PAUSE,
-    "mid_update": ev.PHASE_START,
-    "after_train": ev.TRAINED,
-}
-AT_SAVE = ("save", "between_saves", "mid_data_save")
-
-
-@dataclass(frozen=True)
-class Stop:
-    """Where a life ends. ``after``: the rollout whose checkpoint the next life loads
-    (for a planned stop, the rollout after which upstream saves and exits).
-    ``at`` (crash only): ``save`` (right after ``rollout_manager.save(after)`` returned:
-    a save boundary), ``between_saves`` (the model of ``after`` saved, the data source
-    not), ``mid_data_save`` (the data source's file of ``after`` half-written), or one of
-    ``BETWEEN`` (the ``nth`` such event after that checkpoint: ``mid_generation`` a
-    finished group, ``mid_drain`` a buffer get, ``during_pause`` an engine pause,
-    ``mid_update`` a weight sync starting, ``after_train`` a training step recorded)."""
-
-    after: int
-    at: str = "save"
-    nth: int = 1
-    planned: bool = False
-    # a stop point of the resume sweep (``harness.sim.lives.StopPoint``, ``at="watched"``):
-    # the life ends where that module's ``StopWatcher`` says, on this life's trace
-    point: Any = None
-
-    def __post_init__(self) -> None:
-        if self.after < 0:
-            raise ConfigError(
-                f"Stop.after = {self.after}: must be a rollout id >= 0; fix: name the rollout whose "
-                "checkpoint the next life loads"
-            )
-        if not self.planned and self.at not in AT_SAVE and self.at not in BETWEEN and self.point is None:
-            raise ConfigError(f"Stop.at = {self.at!r}; allowed: {', '.join((*AT_SAVE, *BETWEEN))}. Fix: use one")
-        if self.nth < 1:
-            raise ConfigError(f"Stop.nth = {self.nth}: must be >= 1")
-
-    @property
-    def label(self) -> str:
-        if self.planned:
-            return f"planned@{self.after}"
-        if self.point is not None:
-            return str(self.point.label)
-        return f"{self.at}@{self.after}" + (f"#{self.nth}" if self.at in BETWEEN and self.nth != 1 else "")
-
-
-@dataclass
-class LivesResult:
-    scenario: Scenario
-    stops: list[Stop]
-    events: list[Event]
-    lives: list[UpstreamRunResult]
-    ended: list[str]  # per life: "crash:<where>", "planned", "completed" or "error:<what>"
-    save_interval: int | None = None
-    error: BaseException | None = None  # a life that raised what no stop explains (e.g. a resume that fails)
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class _ResumedContext(RunContext):
@@ -142,20 +85,24 @@ class _ResumedContext(RunContext):
 class _Life:
     """The hooks of one life: checkpointing stand-ins, the stop, the recorded extras."""
 
-    def __init__(self, number: int, ckpt: Path, stop: Stop | None, save_interval: int | None) -> None:
+    def __init__(self, number: int, ckpt: Path, stop: StopPoint | None, save_interval: int | None) -> None:
         self.number, self.ckpt, self.stop, self.save_interval = number, ckpt, stop, save_interval
-        self.dead = False
-        self.ended = "completed"
-        self.saved_data: set[int] = set()  # rollouts whose data source this life saved
         self.runner: UpstreamRunner | None = None
         self.main: asyncio.Task | None = None
-        self.between_seen = 0
         self.loaded_version: int | None = None
-        self.watcher: Any = None
+        self.crash: Crash | None = None  # the one crash rule (harness.lives.stops), set with the runner
         self.open: set[int] = set()
         self.drained: set[int] = set()
-        self.parts: dict[int, set[str]] = {}  # rollout id -> the checkpoint parts saved for it
         self.last_trained: int | None = None  # the rollout a save after training is for
+
+    @property
+    def dead(self) -> bool:
+        return self.crash is not None and self.crash.dead
+
+    def _tears(self, rollout_id: int) -> bool:
+        """Whether this life's stop is inside the data source's save of ``rollout_id``."""
+        stop = self.stop
+        return stop is not None and stop.at is Stop.MID_DATA_SAVE and stop.rollout_id == rollout_id
 
     # --- the hook the runner calls inside its run, before upstream's train(args) ---------
     def __call__(self, runner: UpstreamRunner) -> None:
@@ -164,7 +111,7 @@ class _Life:
         args.save, args.load = str(self.ckpt), str(self.ckpt)
         args.save_interval, args.start_rollout_id = self.save_interval, None
         stop = self.stop
-        if stop is not None and stop.planned:
+        if stop is not None and stop.how == "planned":
             args.save_trigger_sentinel = str(self.ckpt / f"save-now-life{self.number}")
         self._observe(runner)
         if runner.orchestration == "upstream":
@@ -180,11 +127,7 @@ class _Life:
         self.runner.sink.emit(kind, **fields)
 
     def _observe(self, runner: UpstreamRunner) -> None:
-        stop = self.stop
-        if stop is not None and stop.point is not None:
-            from harness.sim.lives import StopWatcher
-
-            self.watcher = StopWatcher(stop.point, runner.scenario.config)
+        self.crash = Crash(self.stop, runner.scenario.config, self._die)
         sink = runner.sink
         emit = sink.emit
 
@@ -198,12 +141,11 @@ class _Life:
                 fields.setdefault("lr_step", fields["trainer_steps"])
             emit(kind, **fields)
             self._follow(kind, fields)
-            if self.watcher is not None and self.watcher.see(kind, fields):
-                self._crash_at_next_step(self.watcher.stop.at)
+            assert self.crash is not None
+            if self.crash.see(kind, fields):
                 return
             if kind == ev.TRAINED:
                 self._on_trained(fields["rollout_id"])
-            self._maybe_crash_between(kind, fields)
 
         sink.emit = observed
 
@@ -238,36 +180,23 @@ class _Life:
     def _on_trained(self, rollout_id: int) -> None:
         self.last_trained = rollout_id
         stop = self.stop
-        if stop is not None and stop.planned and rollout_id == stop.after:
+        if stop is not None and stop.how == "planned" and rollout_id == stop.rollout_id:
             runner = self.runner
             assert runner is not None
             Path(runner.args.save_trigger_sentinel).write_text("save")  # upstream removes it after saving
             runner.args.debug_exit_after_rollout = rollout_id - runner.args.start_rollout_id + 1
 
-    def _maybe_crash_between(self, kind: str, fields: dict[str, Any]) -> None:
-        stop = self.stop
-        if stop is None or stop.planned or stop.at not in BETWEEN or stop.after not in self.saved_data:
-            return
-        if kind != BETWEEN[stop.at] or (stop.at == "mid_update" and fields.get("phase") != "weight_sync"):
-            return
-        self.between_seen += 1
-        if self.between_seen == stop.nth:
-            self._crash_at_next_step(stop.label)
-
-    def _crash(self, where: str) -> None:
-        """The process dies here: nothing later is recorded or written."""
-        self.ended = f"crash:{where}"
+    def _tear(self, path: Path) -> None:
+        """``mid_data_save``: the data source's file half-written, and the process dies in the
+        write (the one stop inside a step: ``harness.lives.stops``)."""
+        data = path.read_bytes()
+        path.write_bytes(data[: len(data) // 2])  # the write the crash cut short
+        assert self.crash is not None and self.stop is not None
+        self.crash.now()
         self._die()
-
-    def _crash_at_next_step(self, where: str) -> None:
-        """The process dies at the event loop's next step: what the current step does
-        synchronously still happens (and is recorded), nothing after it (the sweep's rule
-        for a stop at an event, ``harness.sim.lives``)."""
-        self.ended, self.watcher = f"crash:{where}", None
-        asyncio.get_running_loop().call_soon(self._die)
+        raise asyncio.CancelledError(self.stop.label)
 
     def _die(self) -> None:
-        self.dead = True
         if self.main is not None and not self.main.done():
             self.main.cancel()
 
@@ -299,7 +228,6 @@ class _Life:
         if self.dead:  # a save the driver started after the crash: the process is gone
             raise asyncio.CancelledError("the life crashed")
         self._emit(CHECKPOINT_SAVED, part="model", rollout_id=rollout_id, **state)
-        self._part_saved(rollout_id, "model")
 
     def follow_data_source(self, ds: Any) -> None:
         """Upstream's data source, with its ``save`` and ``load`` followed (as upstream's
@@ -312,26 +240,15 @@ class _Life:
                 raise asyncio.CancelledError("the life crashed")
             held = life._held()
             save(rollout_id)
-            stop = life.stop
             # a stop is at the save of the rollout just trained, whatever rollout id upstream
             # passes down (a save under the wrong name is what a resume then shows)
             saving = life.last_trained if life.last_trained is not None else rollout_id
-            crash_here = stop is not None and not stop.planned and stop.after == saving
-            if crash_here and stop is not None and stop.at == "mid_data_save":
+            if life._tears(saving):
                 runner = life.runner
                 assert runner is not None
-                path = Path(runner.args.save) / f"rollout/global_dataset_state_dict_{rollout_id}.pt"
-                data = path.read_bytes()
-                path.write_bytes(data[: len(data) // 2])  # the write the crash cut short
-                life._crash(stop.label)
-                raise asyncio.CancelledError(stop.label)
-            life.saved_data.add(saving)
+                life._tear(Path(runner.args.save) / f"rollout/global_dataset_state_dict_{rollout_id}.pt")
             named = {} if saving == rollout_id else {"saved_as": rollout_id}  # the name upstream wrote it under
             life._emit(CHECKPOINT_SAVED, rollout_id=saving, part="data_source", state=_cursor(ds), held=held, **named)
-            life._part_saved(saving, "data_source")
-            if crash_here and stop is not None and stop.at == "save":
-                life._crash(stop.label)
-                raise asyncio.CancelledError(stop.label)
 
         def loaded(rollout_id: int | None = None) -> None:
             runner = life.runner
@@ -343,18 +260,6 @@ class _Life:
                 life._emit(CHECKPOINT_LOADED, rollout_id=rollout_id, part="data_source", state=_cursor(ds))
 
         ds.save, ds.load = saved, loaded
-
-    def _part_saved(self, rollout_id: int, part: str) -> None:
-        """A crash ``between_saves`` of rollout N fires after the first of its two saves,
-        whichever upstream makes first (the pinned drivers save the model first,
-        ``train_async.py:L99-L103``; others the data source)."""
-        self.parts.setdefault(rollout_id, set()).add(part)
-        stop = self.stop
-        if stop is None or stop.planned or stop.after != rollout_id or stop.at != "between_saves":
-            return
-        if len(self.parts[rollout_id]) == 1:
-            self._crash(stop.label)
-            raise asyncio.CancelledError(stop.label)
 
     # --- the Ray stand-ins that reach upstream's checkpoint code --------------------------
     def _rebind(self, runner: UpstreamRunner) -> None:
@@ -397,10 +302,6 @@ class _Life:
         (it / "trainer.json").write_text(json.dumps(state))
         (self.ckpt / TRACKER).write_text(str(rollout_id))
         self._emit(CHECKPOINT_SAVED, part="model", **state)
-        stop = self.stop
-        if stop is not None and not stop.planned and stop.after == rollout_id and stop.at == "between_saves":
-            self._crash(stop.label)
-            raise asyncio.CancelledError(stop.label)
 
     async def save_data_source(self, rollout_id: int) -> None:
         """``RolloutManager.save`` (``rollout_manager.py:L275-L278``) on upstream's data source."""
@@ -409,22 +310,12 @@ class _Life:
         runner = self.runner
         assert runner is not None
         args, ds = runner.args, runner.data_source
-        stop = self.stop
-        crash_here = stop is not None and not stop.planned and stop.after == rollout_id
         held = self._held()
         if args.rollout_global_dataset:
             ds.save(rollout_id)
-        if crash_here and stop is not None and stop.at == "mid_data_save":
-            path = Path(args.save) / f"rollout/global_dataset_state_dict_{rollout_id}.pt"
-            data = path.read_bytes()
-            path.write_bytes(data[: len(data) // 2])  # the write the crash cut short
-            self._crash(stop.label)
-            raise asyncio.CancelledError(stop.label)
-        self.saved_data.add(rollout_id)
+        if self._tears(rollout_id):
+            self._tear(Path(args.save) / f"rollout/global_dataset_state_dict_{rollout_id}.pt")
         self._emit(CHECKPOINT_SAVED, rollout_id=rollout_id, part="data_source", state=_cursor(ds), held=held)
-        if crash_here and stop is not None and stop.at == "save":
-            self._crash(stop.label)
-            raise asyncio.CancelledError(stop.label)
 
     def _held(self) -> dict[str, list[int]]:
         """Where upstream holds each group it has taken and not yet handed to training, at
@@ -501,75 +392,95 @@ def _cursor(ds: Any) -> dict[str, int]:
     }
 
 
-def run_lives(
-    scenario: Scenario,
-    stops: list[Stop],
-    *,
-    save_interval: int | None = 1,
-    ckpt_dir: str | Path | None = None,
-    **runner_kwargs: Any,
-) -> LivesResult:
-    """Run ``scenario`` on upstream's code (the tree must be activated) as ``len(stops) + 1``
-    lives; life ``i`` ends at ``stops[i]``. ``save_interval``: upstream's ``--save-interval``
-    in every life. The checkpoint folder is a fresh temporary one unless ``ckpt_dir``."""
-    own = ckpt_dir is None
-    ckpt = Path(tempfile.mkdtemp(prefix="miles-harness-lives-")) if own else Path(ckpt_dir)  # type: ignore[arg-type]
-    ckpt.mkdir(parents=True, exist_ok=True)
-    joined: list[Event] = []
-    results: list[UpstreamRunResult] = []
-    ended: list[str] = []
-    error: BaseException | None = None
-    offset = 0.0
-    try:
-        for number in range(len(stops) + 1):
-            stop = stops[number] if number < len(stops) else None
-            life = _Life(number, ckpt, stop, save_interval)
-            res = UpstreamRunner(scenario, hooks=life, **runner_kwargs).run()
-            results.append(res)
-            if isinstance(res.error, asyncio.CancelledError) and life.dead:
-                how = life.ended
-            elif res.error is not None:
-                how, error = f"error:{type(res.error).__name__}: {res.error}", res.error
-            elif stop is not None and stop.planned:
-                how = "planned"
-            elif stop is not None:  # the run ended before its stop fired
-                how = "completed"
-            else:
-                how = "completed"
-            ended.append(how)
-            last = stop is None or how.startswith("error") or how == "completed"
-            start = getattr(getattr(life.runner, "args", None), "start_rollout_id", None)
-            offset = _join(
-                joined,
-                res.events,
-                number,
-                how,
-                offset,
-                last=last,
-                start={"start_rollout_id": start, "loaded_version": life.loaded_version},
-            )
-            if last:
-                break
-    finally:
-        if own:
-            shutil.rmtree(ckpt, ignore_errors=True)
-    return LivesResult(
-        scenario=scenario,
-        stops=list(stops),
-        events=joined,
-        lives=results,
-        ended=ended,
-        save_interval=save_interval,
-        error=error,
-    )
+class UpstreamHost:
+    """``harness.lives.run.LifeHost`` on upstream's code (the tree must be activated:
+    ``upstream_host``). Each life is one ``UpstreamRunner`` run with this module's hooks, on
+    a checkpoint folder the run's lives share (a fresh temporary one unless ``ckpt_dir``);
+    ``--save-interval`` is the scenario's. ``orchestration``:
+    ``harness.upstream.runner.ORCHESTRATIONS``."""
+
+    name = "upstream"
+
+    def __init__(self, *, orchestration: str = "upstream", ckpt_dir: str | Path | None = None, **runner_kwargs: Any):
+        self.orchestration, self.ckpt_dir, self.runner_kwargs = orchestration, ckpt_dir, runner_kwargs
+        self.miles_tree: str | None = None
+
+    def refuses(self, scenario: Scenario, stops: Sequence[StopPoint]) -> str | None:
+        """Why upstream does not run this case: a setting it refuses at start-up (the project's
+        rule messages first, as they carry the fix, then Miles' own argument checks in this
+        tree), or a driver the tree lacks a seam for."""
+        from harness.upstream import source
+        from harness.upstream.runner import upstream_refusal
+        from miles_async_core import rules
+
+        cfg = scenario.config
+        checks = (rules.miles_fully_async_no_abort, rules.miles_colocate_not_async, rules.miles_fully_async_no_colocate)
+        return (
+            source.refused_reason(cfg, self.orchestration)
+            or next((msg for r in checks if (msg := r.check(cfg))), None)
+            or upstream_refusal(scenario)
+        )
+
+    @contextmanager
+    def lives(self, scenario: Scenario) -> Iterator[_UpstreamLives]:
+        own = self.ckpt_dir is None
+        ckpt = Path(tempfile.mkdtemp(prefix="miles-harness-lives-")) if own else Path(self.ckpt_dir)  # type: ignore[arg-type]
+        ckpt.mkdir(parents=True, exist_ok=True)
+        try:
+            yield _UpstreamLives(self, scenario, ckpt)
+        finally:
+            if own:
+                shutil.rmtree(ckpt, ignore_errors=True)
+
+
+class _UpstreamLives:
+    def __init__(self, host: UpstreamHost, scenario: Scenario, ckpt: Path) -> None:
+        self.host, self.scenario, self.ckpt = host, scenario, ckpt
+        self.events: list[Event] = []
+        self.offset = 0.0
+
+    def life(self, number: int, stop: StopPoint | None) -> LifeEnd:
+        life = _Life(number, self.ckpt, stop, self.scenario.config.save_interval)
+        kwargs = {"orchestration": self.host.orchestration, **self.host.runner_kwargs}
+        res = UpstreamRunner(self.scenario, hooks=life, **kwargs).run()
+        if isinstance(res.error, asyncio.CancelledError) and life.dead:
+            end = LifeEnd("crash", run=res)
+        elif res.error is not None:
+            end = LifeEnd("error", res.error, res)
+        elif stop is not None and stop.how == "planned":
+            end = LifeEnd("planned", run=res)
+        else:  # the last life, or one that ran to its end before its stop fired
+            end = LifeEnd("completed", run=res)
+        start = getattr(getattr(life.runner, "args", None), "start_rollout_id", None)
+        at = {"crash": stop.at.value if stop else "", "planned": Stop.PLANNED_EXIT.value, "completed": "num_rollout"}
+        self.offset = _join(
+            self.events,
+            res.events,
+            number,
+            end.how if end.how != "error" else "crash",
+            at.get(end.how) or f"error: {type(res.error).__name__}: {res.error}",
+            self.offset,
+            last=end.how != "crash" and end.how != "planned",
+            start={"start_rollout_id": start, "loaded_version": life.loaded_version},
+        )
+        return end
 
 
 def _join(
-    out: list[Event], events: list[Event], life: int, how: str, offset: float, *, last: bool, start: dict[str, Any]
+    out: list[Event],
+    events: list[Event],
+    life: int,
+    how: str,
+    at: str,
+    offset: float,
+    *,
+    last: bool,
+    start: dict[str, Any],
 ) -> float:
     """Append one life's events with its number, its times moved past the previous life's
     end; a life that does not end the run ends with ``life_end`` instead of ``run_end``
-    (``how``: crash, planned or completed; a life that raised is a crash ``at`` its error)."""
+    (``how``: crash, planned or completed, ``at``: the stop; a life that raised is a crash
+    ``at`` its error)."""
 
     def add(t: float, kind: str, fields: dict[str, Any]) -> None:
         out.append(Event(len(out), t, kind, {**fields, "life": life}))
@@ -584,87 +495,20 @@ def _join(
             if not last:
                 continue
         add(t_end, e.kind, dict(e.fields))
-    kind, _, where = how.partition(":")
-    if kind == "error":
-        kind, where = "crash", f"error: {where.strip()}"
-    add(t_end, LIFE_END, {"how": kind, "at": where, "pending_groups": pending})
+    add(t_end, LIFE_END, {"how": how, "at": at, "pending_groups": pending})
     return t_end
 
 
-def run_points(scenario: Scenario, points: Any, **kwargs: Any) -> Any:
-    """The resume sweep's host for upstream (``harness.sim.resume_sweep``): ``scenario`` as
-    lives on upstream's drivers, each crash ``StopPoint`` watched on the life's trace by the
-    sweep's ``StopWatcher`` (the core host's rule), a planned one as upstream's sentinel
-    save and ``--debug-exit-after-rollout``; ``--save-interval`` from the scenario's config.
-    Returns the sweep's ``LivesResult``."""
-    from harness.sim.lives import LivesResult as SweepResult
-
-    stops = [
-        Stop(after=p.rollout_id, planned=True)
-        if p.how == "planned"
-        else Stop(after=p.rollout_id, at="watched", point=p)
-        for p in points
-    ]
-    res = run_lives(scenario, stops, save_interval=scenario.config.save_interval, **kwargs)
-    reached = [
-        i < len(res.ended) and (res.ended[i].startswith("crash:") or res.ended[i] == "planned")
-        for i in range(len(stops))
-    ]
-    return SweepResult(scenario=scenario, stops=tuple(points), events=res.events, reached=reached, error=res.error)
-
-
-def upstream_host(miles_src: str | None = None, *, orchestration: str = "upstream") -> Any:
-    """The sweep's host on the Miles tree ``miles_src`` (else ``$MILES_SRC``, else the pinned
-    tree beside the repository): activates it and returns ``host(case) -> LivesResult``;
-    ``host.miles_tree`` names the tree. ``UpstreamUnavailable`` (the reason) without one."""
+def upstream_host(miles_src: str | None = None, *, orchestration: str = "upstream") -> UpstreamHost:
+    """The host on the Miles tree ``miles_src`` (else ``$MILES_SRC``, else the pinned tree
+    beside the repository), activated; ``host.miles_tree`` names the tree.
+    ``UpstreamUnavailable`` (the reason) without one."""
     from harness.upstream import source
 
     path, how = source.find_miles_src(miles_src)
     if path is None:
         raise source.UpstreamUnavailable(how)
     source.activate(path)
-
-    from miles_async_core import rules
-
-    def refuses(case: Any) -> str | None:
-        """Why upstream does not run this case: a setting it refuses at start-up (its
-        argument checks), or a driver the tree lacks a seam for."""
-        cfg = case.scenario.config
-        from harness.upstream.runner import upstream_refusal
-
-        # the project's rule messages first (they carry the fix), then whatever else Miles'
-        # own argument checks refuse in this tree
-        return (
-            source.refused_reason(cfg, orchestration)
-            or next(
-                (
-                    msg
-                    for r in (
-                        rules.miles_fully_async_no_abort,
-                        rules.miles_colocate_not_async,
-                        rules.miles_fully_async_no_colocate,
-                    )
-                    if (msg := r.check(cfg))
-                ),
-                None,
-            )
-            or upstream_refusal(case.scenario)
-        )
-
-    def host(case: Any) -> Any:
-        reason = refuses(case)
-        if reason:
-            from harness.sim.lives import LivesResult as SweepResult
-
-            return SweepResult(
-                scenario=case.scenario,
-                stops=tuple(case.stops),
-                events=[],
-                reached=[False] * len(case.stops),
-                error=source.UpstreamUnavailable(reason),
-            )
-        return run_points(case.scenario, case.stops, orchestration=orchestration)
-
-    host.miles_tree = path.name  # type: ignore[attr-defined]
-    host.refuses = refuses  # type: ignore[attr-defined]
+    host = UpstreamHost(orchestration=orchestration)
+    host.miles_tree = path.name
     return host

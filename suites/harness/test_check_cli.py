@@ -159,14 +159,14 @@ def test_colocated_fully_async_passes_the_manual_but_names_the_extension_a_run_n
 
 def test_resume_sweep_refuses_a_miles_tree_it_would_ignore_and_names_its_host(capsys, monkeypatch):
     from harness.cli import main as cli
-    import harness.sim.resume_sweep as resume_sweep
+    import harness.lives.sweep as resume_sweep
 
     assert cli(["resume-sweep", "--miles-src", "/no/such/tree"]) == 2
     first = capsys.readouterr().err.splitlines()[0]
     assert "--miles-src /no/such/tree with --host core" in first and "--host upstream" in first
     monkeypatch.setattr(resume_sweep, "sweep", lambda todo, host: [])
     assert cli(["resume-sweep", "--fast"]) == 0
-    assert capsys.readouterr().out.splitlines()[0] == "host: core (the core's drivers)"
+    assert capsys.readouterr().out.splitlines()[0] == "hosts: core (the core's drivers)"
 
 
 def test_compare_names_a_trace_it_was_given_instead_of_a_results_file(capsys, tmp_path):

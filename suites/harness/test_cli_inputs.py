@@ -111,7 +111,7 @@ def leaves(monkeypatch):
     import harness.commands.gap as gap
     import harness.commands.run as run
     import harness.commands.serve as serve
-    import harness.sim.resume_sweep as resume_sweep
+    import harness.lives.sweep as resume_sweep
     import harness.upstream.gate_trees as gate_trees
     import harness.upstream.source as source
 

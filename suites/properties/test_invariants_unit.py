@@ -21,7 +21,8 @@ from harness.checking.invariants import ALL_CHECKS, Violation, check_all
 from harness.sim.scenario import Scenario
 from harness.sim.engine import LengthDist, SimEngine, SimEngineConfig
 from harness.sim.trainer import SimTrainerConfig
-from harness.sim.lives import StopPoint, run_lives
+from harness.lives import Stop, StopPoint, run_lives
+from harness.lives.core import CoreHost
 from harness.sim.run_scenario import simulate
 from harness.trace import Event, read_jsonl
 
@@ -119,7 +120,11 @@ def trace(scenario: Scenario) -> list[Event]:
     if scenario.name in RECORDED:
         return read_jsonl(RECORDED[scenario.name])
     if scenario.name + repr(scenario.config) not in _traces:
-        result = run_lives(scenario, [StopPoint("save_boundary", 3)]) if scenario is LIVES else simulate(scenario)
+        result = (
+            run_lives(scenario, [StopPoint(Stop.AFTER_SAVE, 3)], CoreHost())
+            if scenario is LIVES
+            else simulate(scenario)
+        )
         assert result.error is None, result.error
         _traces[scenario.name + repr(scenario.config)] = result.events
     return copy.deepcopy(_traces[scenario.name + repr(scenario.config)])

@@ -117,12 +117,12 @@ def _resume_failures(orchestration: str, mutant=None) -> set[str]:
     upstream's own save and load (``harness.upstream.lives``)."""
     from contextlib import nullcontext
 
-    from harness.sim.resume_sweep import cases, run_case
+    from harness.lives.sweep import cases, run_case
     from harness.upstream.lives import upstream_host
     from harness.upstream.patching import applied
 
     host = upstream_host(orchestration=orchestration)
-    todo = [c for c in cases(only=["sync"]) if c.stops[0].label.startswith("save_boundary")]
+    todo = [c for c in cases(only=["sync"]) if len(c.stops) == 1 and c.stops[0].at == "after_save"]
     assert todo, "the sync setting has stops at a save"
     with applied(mutant) if mutant is not None else nullcontext():
         rows = [run_case(c, host) for c in todo]
