@@ -32,7 +32,9 @@ The leaves (``LEAVES`` names each with the boundary it sits on; ``doctor`` lists
 * **the rollout thread**: ``RolloutManager`` runs the rollout function through
   ``asyncio.to_thread(call_rollout_function, ...)``, which bridges into Miles' background
   loop (``rollout_manager.py:L226-L231``, ``compatibility.py:L42-L48``); here the
-  function's coroutine is awaited on the one virtual-time loop.
+  function's coroutine is awaited on the one virtual-time loop. A manager that submits
+  coroutines to that background loop itself (``get_async_loop().loop``, the lifecycle
+  calls of trees with train admission holds) gets the same loop (``BackgroundLoopOnLoop``).
 """
 
 from __future__ import annotations
@@ -78,14 +80,21 @@ LEAVES: tuple[Leaf, ...] = (
         "Megatron/FSDP training on GPUs; SimTrainer's step times, a small checkpoint of its own",
     ),
     Leaf(
+        "memory_saver",
+        "torch_memory_saver.utils.get_binary_path_from_package (miles/ray/train/actor_factory.py, "
+        "--offload-train with Megatron: the train process' LD_PRELOAD hook)",
+        "a CUDA allocator hook for the train process, which is the train actor leaf here",
+    ),
+    Leaf(
         "object_store_client",
         "miles/utils/object_store.py: init_instance (once per process)",
         "one process hosts every Ray process: one client per run, shared",
     ),
     Leaf(
         "rollout_thread",
-        "miles/ray/rollout/rollout_manager.py: asyncio.to_thread(call_rollout_function, ...)",
-        "Miles' background-loop thread; the rollout coroutine runs on the one virtual-time loop",
+        "miles/ray/rollout/rollout_manager.py: asyncio.to_thread(call_rollout_function, ...), get_async_loop()",
+        "Miles' background-loop thread; the rollout coroutine and what the manager submits to that loop run "
+        "on the one virtual-time loop",
     ),
     Leaf(
         "outside_services",
@@ -300,11 +309,32 @@ def _stand_in_module(name: str, **attrs: Any) -> types.ModuleType:
     return mod
 
 
+MEMORY_SAVER_HOOK = "torch_memory_saver_hook_mode_preload"
+# what allocate_gpus_for_actor checks the hook for before --offload-train-target disk
+MEMORY_SAVER_DISK_MARK = b"TMS_INIT_ENABLE_DISK_BACKUP"
+
+
+def memory_saver_binary_path(name: str) -> Path:
+    """``torch_memory_saver.utils.get_binary_path_from_package``: the hook library the train
+    process preloads (``allocate_gpus_for_actor`` puts it in the actor's ``LD_PRELOAD``). No
+    process starts here, so it is a small file naming both backends, made once."""
+    import tempfile
+
+    path = Path(tempfile.gettempdir()) / f"miles-harness-{name}.so"
+    if not path.is_file():
+        path.write_bytes(b"miles-harness leaf: TMS_INIT_ENABLE_CPU_BACKUP " + MEMORY_SAVER_DISK_MARK + b"\n")
+    return path
+
+
 def trainer_backend_modules(actor: type = SimTrainActor) -> dict[str, types.ModuleType]:
     """The train actor classes upstream imports (``allocate_gpus_for_actor``; the trainer pool's
     ``worker_class`` path on the controller-executor shape, ``miles/ray/specs/train.py:L36-L39``),
-    as ``actor``."""
+    as ``actor``, and the memory saver's hook path it reads with ``--offload-train``
+    (``miles/ray/train/actor_factory.py:L44-L46``; ``--use-critic`` and ``--colocate`` set it)."""
+    utils = _stand_in_module("torch_memory_saver.utils", get_binary_path_from_package=memory_saver_binary_path)
     return {
+        "torch_memory_saver": _stand_in_module("torch_memory_saver", utils=utils),
+        "torch_memory_saver.utils": utils,
         "miles.backends.megatron_utils.actor": _stand_in_module(
             "miles.backends.megatron_utils.actor", MegatronTrainRayActor=actor
         ),
@@ -351,6 +381,27 @@ class OnLoopAsyncio:
         return run()
 
 
+class BackgroundLoopOnLoop(_Leaf):
+    """Miles' background loop (``miles.utils.async_utils.get_async_loop()``, an
+    ``AsyncLoopThread``) as the module that runs the rollout function sees it: the loop the
+    rollout coroutine runs on, which here is the one virtual-time loop. On a cluster the
+    rollout function and every coroutine the manager submits to that loop
+    (``asyncio.run_coroutine_threadsafe(coro, get_async_loop().loop)``) share Miles' one
+    background thread; a real thread here would run them on a real clock beside the
+    virtual one, where the virtual loop cannot wait for it."""
+
+    role = "rollout_thread"
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        return asyncio.get_running_loop()
+
+
+def background_loop_on_loop() -> BackgroundLoopOnLoop:
+    """``get_async_loop`` for the rollout-thread leaf."""
+    return BackgroundLoopOnLoop()
+
+
 def call_rollout_function_on_loop(fn: Any, input: Any) -> Any:
     """``compatibility.call_rollout_function`` with the coroutine returned, not run on
     Miles' background loop (``OnLoopAsyncio.to_thread`` awaits it)."""
@@ -366,6 +417,9 @@ def rollout_rebinds(seam: str, module: Callable[[], Any], run: Any, observed_loa
     return [
         Rebind(seam, module, "asyncio", lambda _: OnLoopAsyncio()),
         Rebind(seam, module, "call_rollout_function", lambda _: run.call_rollout_function),
+        # trees whose manager submits the rollout function's lifecycle calls to Miles'
+        # background loop itself (``rollout_manager.py`` importing ``get_async_loop``)
+        Rebind(seam, module, "get_async_loop", lambda _: background_loop_on_loop),
         Rebind(seam, module, "load_rollout_function", lambda f: observed_load(f, run)),
         Rebind(seam, module, "configure_logger", lambda _: noop),
         Rebind(seam, module, "init_tracking", lambda _: noop),
@@ -389,11 +443,13 @@ def noop(*args: Any, **kwargs: Any) -> None:
 
 __all__ = [
     "LEAVES",
+    "BackgroundLoopOnLoop",
     "Leaf",
     "OnLoopAsyncio",
     "SharedObjectStore",
     "SimEngineActor",
     "SimTrainActor",
+    "background_loop_on_loop",
     "call_rollout_function_on_loop",
     "noop",
     "object_store_rebinds",
