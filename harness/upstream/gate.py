@@ -17,7 +17,10 @@
   that did not start is no prefix to judge);
 * ``neither_started``: both runs ended with an error before their first generate call
   (the same error or not): nothing of the case ran on either tree, so nothing was
-  checked. Never a pass: the gate exits 4, "unchecked", where it would exit 0;
+  checked. Never a pass: the gate exits 4, "unchecked", where it would exit 0. A case
+  that checks a start-up refusal (``refusal``: the matrix's ``DiffCase.refused``) is the
+  exception: both trees refusing it is the behaviour it checks, unchanged (or changed
+  when the refusals differ);
 * ``new_violation``: HEAD breaks an invariant (or shows a fault-sweep finding: a hang, an
   unexplained error, an orphaned task, a silent drop) that BASE does not break in the
   same case. A bug both trees have is old, not new: a matrix case's invariants are
@@ -332,6 +335,17 @@ def classify(
     if _not_started(base) and not _not_started(head):
         return CaseVerdict(
             name, "no_base", f"BASE's run ended before its first generate call ({_error(base)}); {_alone(head)}"
+        )
+    if _not_started(head) and head.get("refusal") and base.get("refusal"):
+        # the case checks a start-up refusal (``DiffCase.refused``): the refusal is what ran
+        if str(head.get("error_message")) == str(base.get("error_message")):
+            return CaseVerdict(
+                name, "unchanged", f"both trees refuse it at start-up, as the case expects: {_cut(_error(head))}"
+            )
+        return CaseVerdict(
+            name,
+            "changed",
+            f"both trees refuse it at start-up, differently: HEAD {_cut(_error(head))}, BASE {_cut(_error(base))}",
         )
     if _not_started(head):
         # nothing of the case ran on either tree: the same error is no evidence that HEAD

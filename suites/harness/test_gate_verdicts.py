@@ -154,6 +154,23 @@ def test_a_case_neither_tree_started_is_unchecked_never_a_pass():
     assert "### Runs that started on neither tree" in md and "`case`: neither tree's run started" in md
 
 
+def test_a_refusal_case_both_trees_refuse_is_unchanged_the_refusal_being_what_it_checks():
+    refused = dead(error="AssertionError: Colocation is not supported for async training.")
+    v = gate.classify(dict(refused, refusal=True), dict(refused, refusal=True))
+    assert v.verdict == "unchanged" and v.message.startswith("both trees refuse it at start-up, as the case expects")
+    other = gate.classify(dict(refused, refusal=True), dict(dead(), refusal=True))
+    assert other.verdict == "changed" and "refuse it at start-up, differently" in other.message
+    assert gate.exit_code([v]) == 0
+    from harness.upstream.diff import matrix
+
+    assert {c.name for c in matrix() if c.refused} == {
+        "one-step-colocate",
+        "fa-colocate",
+        "one-step-critic-no-correction",
+        "fa-critic-no-correction",
+    }
+
+
 def test_the_first_screen_lists_cases_neither_tree_started(capsys):
     from harness.commands.gate import _print_verdicts
 
