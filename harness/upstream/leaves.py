@@ -370,14 +370,33 @@ class OnLoopAsyncio:
 
     @staticmethod
     def to_thread(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        """The call's coroutine runs as a task of its own that cancelling the caller does
+        not cancel: a thread cannot be cancelled, and Miles' ``call_rollout_function``
+        blocks it until the rollout coroutine ends on the background loop
+        (``compatibility.py``), so a cancelled ``await asyncio.to_thread(...)`` leaves the
+        rollout running, as it does on a cluster."""
+        name = f"asyncio.to_thread({getattr(fn, '__qualname__', fn)})"
+
         async def run() -> Any:
             out = fn(*args, **kwargs)
-            if inspect.isawaitable(out):
-                out = await out
-            return out
+            if not inspect.isawaitable(out):
+                return out
+            if not inspect.iscoroutine(out):
+                out = _awaited(out)
+            # its first step runs now, as it ran when awaited inline: the thread starts at once
+            try:
+                first = out.send(None)
+            except StopIteration as done:
+                return done.value
 
-        # a task made of it is named by what it runs (the fault sweep lists orphaned tasks)
-        run.__qualname__ = f"asyncio.to_thread({getattr(fn, '__qualname__', fn)})"
+            async def thread() -> Any:
+                return await _resumed(out, first)
+
+            # a task is named by what it runs (the fault sweep lists orphaned tasks)
+            thread.__qualname__ = name
+            return await asyncio.shield(asyncio.ensure_future(thread()))
+
+        run.__qualname__ = name  # the thread and what awaits it: one orphan, the rollout still running
         return run()
 
 
@@ -400,6 +419,31 @@ class BackgroundLoopOnLoop(_Leaf):
 def background_loop_on_loop() -> BackgroundLoopOnLoop:
     """``get_async_loop`` for the rollout-thread leaf."""
     return BackgroundLoopOnLoop()
+
+
+async def _awaited(out: Any) -> Any:
+    return await out
+
+
+@types.coroutine
+def _resumed(coro: Any, first: Any) -> Any:
+    """``coro`` (whose first step already ran and yielded ``first``) driven on by the task
+    that awaits this: what it yields goes to the task, what the task sends or throws goes
+    to it."""
+    value = first
+    while True:
+        try:
+            sent = yield value
+        except BaseException as exc:  # noqa: BLE001 - thrown in by the task: the coroutine's to handle
+            try:
+                value = coro.throw(exc)
+            except StopIteration as done:
+                return done.value
+        else:
+            try:
+                value = coro.send(sent)
+            except StopIteration as done:
+                return done.value
 
 
 def call_rollout_function_on_loop(fn: Any, input: Any) -> Any:

@@ -166,3 +166,39 @@ def test_the_memory_saver_hook_the_train_process_preloads_is_a_leaf():
     path = mods["torch_memory_saver.utils"].get_binary_path_from_package("torch_memory_saver_hook_mode_preload")
     assert b"TMS_INIT_ENABLE_DISK_BACKUP" in path.read_bytes()
     assert mods["torch_memory_saver"].utils is mods["torch_memory_saver.utils"]
+
+
+def test_the_rollout_thread_starts_at_once_and_outlives_a_cancelled_caller_as_a_thread_does():
+    """``asyncio.to_thread(call_rollout_function, ...)`` as the leaf runs it: the rollout
+    coroutine's first step runs in the caller's step (the thread starts at once, as it ran
+    when awaited inline), and cancelling the caller does not cancel it: a thread cannot be
+    cancelled, and Miles' ``call_rollout_function`` blocks it until the rollout ends."""
+    import asyncio
+
+    from harness.sim.vtime import run_virtual
+
+    seen: list[tuple[str, float]] = []
+
+    async def rollout() -> str:
+        seen.append(("start", asyncio.get_running_loop().time()))
+        await asyncio.sleep(5.0)
+        seen.append(("end", asyncio.get_running_loop().time()))
+        return "data"
+
+    async def main() -> tuple[bool, list]:
+        caller = asyncio.ensure_future(leaves.OnLoopAsyncio.to_thread(rollout))
+        await asyncio.sleep(0)  # the caller's first step
+        started = list(seen)
+        await asyncio.sleep(1.0)
+        caller.cancel()
+        await asyncio.sleep(10.0)
+        return caller.cancelled(), started
+
+    cancelled, started = run_virtual(main())
+    assert cancelled and started == [("start", 0.0)]
+    assert seen == [("start", 0.0), ("end", 5.0)]
+
+    async def inline() -> str:
+        return await leaves.OnLoopAsyncio.to_thread(rollout)
+
+    assert run_virtual(inline()) == "data"
