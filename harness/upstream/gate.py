@@ -22,8 +22,9 @@
   exception: both trees refusing it is the behaviour it checks, unchanged (or changed
   when the refusals differ);
 * ``new_violation``: HEAD breaks an invariant (or shows a fault-sweep finding: a hang, an
-  unexplained error, an orphaned task, a silent drop) that BASE does not break in the
-  same case. A bug both trees have is old, not new: a matrix case's invariants are
+  unexplained error, an orphaned task, a silent drop; or, outside the drawn fault
+  schedules, its run ends with an error where BASE's ran to its end, ``run_error:TYPE``)
+  that BASE does not break in the same case. A bug both trees have is old, not new: a matrix case's invariants are
   compared case by case; in a drawn fault schedule (``fault-seed-N``) an invariant or a
   fault-sweep finding kind that BASE breaks under any drawn schedule of the same driver
   is old too, since a behaviour change moves a drawn schedule's faults and timing onto
@@ -285,6 +286,17 @@ def _error(rec: CaseRecord) -> str:
     return f"{rec.get('error_message') or rec.get('error')}" + (f" at {at}" if at else "")
 
 
+def _new_error(head: CaseRecord, base: CaseRecord) -> dict[str, str]:
+    """HEAD's run ended with an error where BASE's ran to its end, in a case that is not a
+    drawn fault schedule (there the fault sweep says which errors no injected fault
+    explains, ``run_error``): ``run_error:TYPE`` with the error and its line. Judged as a
+    prefix, such a run holds every invariant up to the error; without this the case would
+    read "changed, every invariant holds" on a run that stopped early."""
+    if head.get("mode") or head.get("error") is None or base.get("error") is not None:
+        return {}
+    return {f"run_error:{head['error']}": f"HEAD's run ended with {_error(head)}; BASE's ran to its end"}
+
+
 def _alone(rec: CaseRecord) -> str:
     """HEAD judged on its own trace, for a case with nothing to compare with."""
     if _not_started(rec):
@@ -364,6 +376,7 @@ def classify(
             log=head.get("log", ""),
         )
     h, b = broken(head), broken(base)
+    h.update(_new_error(head, base))
     sweep = _drawn_kinds(head)
     known = known or {}
     elsewhere = [k for k in h if k not in b and sweep.get(k) in known]

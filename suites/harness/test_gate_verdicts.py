@@ -129,6 +129,28 @@ def test_a_run_that_did_not_start_is_no_prefix_to_judge():
     assert gate.classify(dict(ran(), started=True), dead()).verdict == "no_base"
 
 
+def test_a_run_that_ends_with_an_error_where_base_ran_to_its_end_is_a_new_violation():
+    """Judged as a prefix, HEAD's run holds every invariant up to its error; the error
+    itself is what is new (a matrix case: a drawn schedule's errors are the sweep's)."""
+    crashed = dict(
+        ran(trained=(0, 1), complete=False),
+        error="RuntimeError",
+        error_message="RuntimeError: does not support durable source reservations",
+        error_at="miles/rollout/data_source.py:L619",
+        started=True,
+    )
+    v = gate.classify(crashed, dict(ran(), started=True))
+    assert v.verdict == "new_violation" and v.new == ["run_error:RuntimeError"], v
+    assert v.details == [
+        "HEAD's run ended with RuntimeError: does not support durable source reservations at "
+        "miles/rollout/data_source.py:L619; BASE's ran to its end"
+    ]
+    both = gate.classify(crashed, dict(crashed, trained=(0, 1)))
+    assert both.verdict in ("unchanged", "changed") and not both.new
+    drawn = gate.classify(dict(crashed, mode="fully_async"), dict(ran(), started=True, mode="fully_async"))
+    assert "run_error:RuntimeError" not in drawn.new  # the fault sweep's findings say it there
+
+
 def test_a_case_neither_tree_started_is_unchecked_never_a_pass():
     """Both runs die at start-up with the same error: nothing of the case ran on either
     tree, so it is neither unchanged nor changed, and the gate cannot exit 0 on it."""

@@ -236,12 +236,13 @@ def test_a_flag_the_pull_request_adds_gets_a_case_with_it_set_on_head_while_base
     reads = "        if getattr(self.args, 'gate_test_flag', False):\n            raise RuntimeError('gate-test-flag read')\n"
     source_py.write_text(source_py.read_text().replace(header, header + reads, 1))
     args = ["gate", "--miles-src", str(head), "--base", str(tree), "--scenario", "sync", "--fault-seeds", "0"]
-    assert cli.main([*args, "--out", str(tmp_path / "out")]) == Exit.OK
+    assert cli.main([*args, "--out", str(tmp_path / "out")]) == Exit.FINDING
     out = capsys.readouterr().out
     assert "  --gate-test-flag (new): set to true on HEAD; BASE, which lacks it, runs each case without it" in out, out
-    # HEAD's run reads the flag and stops in the data source; BASE's, without it, goes on
-    line = next(x for x in out.splitlines() if x.startswith("flag--gate-test-flag=true@sync: changed: "))
-    assert "first change get_samples[0]: base t=0.000 [[0, False]" in line and "head (none: 0 items)" in line
+    # HEAD's run reads the flag and stops in the data source; BASE's, without it, runs to its end
+    line = next(x for x in out.splitlines() if x.startswith("flag--gate-test-flag=true@sync: new violation: "))
+    assert "run_error:RuntimeError: HEAD's run ended with RuntimeError: gate-test-flag read at " in line, line
+    assert "reproduce: python -m harness.upstream.gate_run --tree" in line
     doc = json.loads((tmp_path / "out" / "gate.json").read_text())
     assert [f["flag"] for f in doc["flags"]] == ["--gate-test-flag"]
 
