@@ -287,14 +287,16 @@ def _error(rec: CaseRecord) -> str:
 
 
 def _new_error(head: CaseRecord, base: CaseRecord) -> dict[str, str]:
-    """HEAD's run ended with an error where BASE's ran to its end, in a case that is not a
+    """HEAD's run ended with an error where BASE's ran to its end (or ended with an error of
+    another type: an injected fault's, which HEAD's error came before), in a case that is not a
     drawn fault schedule (there the fault sweep says which errors no injected fault
     explains, ``run_error``): ``run_error:TYPE`` with the error and its line. Judged as a
     prefix, such a run holds every invariant up to the error; without this the case would
     read "changed, every invariant holds" on a run that stopped early."""
-    if head.get("mode") or head.get("error") is None or base.get("error") is not None:
+    if head.get("mode") or head.get("error") is None or base.get("error") == head.get("error"):
         return {}
-    return {f"run_error:{head['error']}": f"HEAD's run ended with {_error(head)}; BASE's ran to its end"}
+    other = f"BASE's ended with {_error(base)}" if base.get("error") else "BASE's ran to its end"
+    return {f"run_error:{head['error']}": f"HEAD's run ended with {_error(head)}; {other}"}
 
 
 def _alone(rec: CaseRecord) -> str:

@@ -145,6 +145,11 @@ def test_a_run_that_ends_with_an_error_where_base_ran_to_its_end_is_a_new_violat
         "HEAD's run ended with RuntimeError: does not support durable source reservations at "
         "miles/rollout/data_source.py:L619; BASE's ran to its end"
     ]
+    injected = dict(crashed, error="TrainerStepError", error_message="TrainerStepError: injected", error_at=None)
+    before = gate.classify(crashed, injected)
+    assert (
+        before.new == ["run_error:RuntimeError"] and "BASE's ended with TrainerStepError: injected" in before.details[0]
+    )
     both = gate.classify(crashed, dict(crashed, trained=(0, 1)))
     assert both.verdict in ("unchanged", "changed") and not both.new
     drawn = gate.classify(dict(crashed, mode="fully_async"), dict(ran(), started=True, mode="fully_async"))
