@@ -15,7 +15,9 @@ The leaves (``LEAVES`` names each with the boundary it sits on; ``doctor`` lists
   upstream creates per engine in ``server_group.py``): its control calls (pause,
   continue, weight loads, version, memory occupation) go to the run's ``SimEngine``;
   ``/generate`` and ``/abort_request`` are served by the runner behind ``post``.
-* **the trainer** (``SimTrainActor`` in place of ``MegatronTrainRayActor``): ``init``
+* **the trainer** (``SimTrainActor`` in place of ``MegatronTrainRayActor``, a subclass of
+  the tree's own ``TrainRayActor``, ``train_actor_class``: upstream's constructor,
+  ``set_rollout_manager`` and every member it does not fake run as written): ``init``
   loads its own checkpoint (Megatron's ``start_rollout_id = loaded_rollout_id + 1``,
   ``megatron_utils/actor.py:L212``), ``train`` trains the shard upstream's object store
   hands it on ``SimTrainer``, ``save_model`` writes its state and Megatron's tracker
@@ -42,9 +44,12 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import os
+import random
 import sys
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,6 +58,10 @@ from harness.upstream.stand_ins import StandInMissing
 
 TRACKER = "latest_checkpointed_iteration.txt"  # Megatron's tracker file
 NODE_IP = "127.0.0.1"
+MASTER_PORT = 29500  # the train group's rendezvous port (rank 0 picks it)
+TRAIN_ACTOR_MOD = "miles.ray.train_actor"
+# what TrainRayActor.__init__ writes into its process' environment (train_actor.py:L66-L73)
+PROCESS_ENV = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK")
 
 
 @dataclass(frozen=True)
@@ -76,8 +85,10 @@ LEAVES: tuple[Leaf, ...] = (
     ),
     Leaf(
         "train_actor",
-        "miles/ray/train/actor_factory.py: MegatronTrainRayActor / FSDPTrainRayActor",
-        "Megatron/FSDP training on GPUs; SimTrainer's step times, a small checkpoint of its own",
+        "miles/ray/train/actor_factory.py: MegatronTrainRayActor / FSDPTrainRayActor (a subclass of the tree's own "
+        "TrainRayActor, miles/ray/train_actor.py)",
+        "Megatron/FSDP training on GPUs (init's process group and checkpoint load, train, save, weight update); "
+        "SimTrainer's step times, a small checkpoint of its own",
     ),
     Leaf(
         "memory_saver",
@@ -185,8 +196,12 @@ class SimEngineActor(_Leaf):
 
 
 class SimTrainActor(_Leaf):
-    """Megatron's train actor (``miles/backends/megatron_utils/actor.py``) on ``SimTrainer``,
-    one per rank of upstream's ``RayTrainGroup``; the actor's rank 0 records for the run."""
+    """The kernels of Megatron's train actor (``miles/backends/megatron_utils/actor.py``) on
+    ``SimTrainer``, one per rank of upstream's ``RayTrainGroup``; the actor's rank 0 records
+    for the run. On the rollout-manager shape the actor is ``train_actor_class()``: these
+    kernels over the active tree's own ``TrainRayActor``, whose constructor,
+    ``set_rollout_manager`` and other members run as upstream wrote them. Standing alone
+    (the controller-executor shape's ``SimCellTrainActor``) its constructor is its own."""
 
     role = "train_actor"
 
@@ -206,9 +221,22 @@ class SimTrainActor(_Leaf):
         self.run = host.current("train_actor")
         self.args, self._world_size, self._rank, self.role = args, world_size, rank, role
         self.master_addr: str = master_addr or NODE_IP
-        self.master_port: int = master_port if master_addr else 29500
+        self.master_port: int = master_port if master_addr else MASTER_PORT
+        self._attach()
+
+    def _attach(self) -> None:
+        """What the leaf keeps beside upstream's state: the run it records for, its weight
+        updater's counter, the manager (until ``set_rollout_manager``)."""
+        from harness.upstream import host
+
+        self.run = host.current("train_actor")
         self.rollout_manager: Any = None
         self.weight_version = 0  # the updater's counter: 0 in a new process (update_weight_from_tensor.py:L103)
+
+    # RayActor's helper (miles/ray/ray_actor.py) reads the node's ip and binds a free port:
+    # here the node is one address and the port fixed, so every run starts the same
+    def _get_current_node_ip_and_free_port(self, start_port: int = 10000, consecutive: int = 1) -> tuple[str, int]:
+        return NODE_IP, MASTER_PORT
 
     @property
     def records(self) -> bool:
@@ -220,23 +248,22 @@ class SimTrainActor(_Leaf):
         return self.master_addr, self.master_port
 
     def init(self, args: Any, role: str, with_ref: bool = False, with_opd_teacher: bool = False, **_: Any) -> int:
-        """Megatron's init: load the checkpoint under ``--load`` (the tracker names the
-        rollout), ``start_rollout_id = loaded + 1``; none: 0 (``megatron_utils/actor.py:L205-L218``)."""
+        """Megatron's init: the process group (``TrainRayActor.init``: one rank per actor of
+        the group), then the checkpoint under ``--load`` (the tracker names the rollout),
+        ``start_rollout_id = loaded + 1``; none: 0 (``megatron_utils/actor.py:L205-L218``)."""
         self.args, self.role = args, role
+        self.with_ref, self.with_opd_teacher = with_ref, with_opd_teacher
         args.rank, args.world_size = self._rank, self._world_size
         self.train_parallel_config = {"dp_size": self._world_size}
         loaded = read_checkpoint(args.load)
         if self.records:
             self.run.trainer_loaded(loaded)
+        if "_heartbeat" in self.__dict__:  # upstream's heartbeat, bumped at the end of its init
+            self._heartbeat.bump()
         return 0 if loaded is None else int(loaded["rollout_id"]) + 1
 
-    def set_rollout_manager(self, rollout_manager: Any) -> None:
-        """``TrainRayActor.set_rollout_manager`` (``miles/ray/train_actor.py:L181-L184``)."""
-        import ray
-
-        self.rollout_manager = rollout_manager
-        if self.args.rank == 0:
-            ray.get(self.rollout_manager.set_train_parallel_config.remote(self.train_parallel_config))
+    def _get_parallel_config(self) -> dict[str, Any]:
+        return self.train_parallel_config
 
     async def train(self, rollout_id: int, rollout_data_ref: Any, external_data: Any = None, **_: Any) -> None:
         from miles.utils.data import process_rollout_data
@@ -275,6 +302,61 @@ class SimTrainActor(_Leaf):
 
     def clear_memory(self) -> None:
         return None
+
+
+@contextmanager
+def _own_process() -> Iterator[None]:
+    """The block runs as in a Ray actor's own process: what it writes into the process'
+    environment (``PROCESS_ENV``) and the global ``random`` stream it draws from
+    (``random.randint`` for a master port) are put back after, so that the one process
+    hosting every actor is not changed by one of them."""
+    env = {k: os.environ.get(k) for k in PROCESS_ENV}
+    state = random.getstate()
+    try:
+        yield
+    finally:
+        random.setstate(state)
+        for k, v in env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def train_actor_class(kernels: type = SimTrainActor) -> type:
+    """The train actor leaf on the rollout-manager shape: ``kernels`` (the faked Megatron
+    kernels: init's checkpoint load, train, save, weight update, sleep and wake-up) over
+    the active tree's own ``TrainRayActor`` (``miles/ray/train_actor.py``), imported now,
+    under the in-process Ray. Its constructor runs upstream's (``_own_process``; the logger
+    it configures is the leaf ``outside_services``), then attaches the leaf's state; every
+    member the kernels do not define (``set_rollout_manager``, a pull request's new
+    admission or heartbeat members) is upstream's."""
+    import importlib
+
+    base = importlib.import_module(TRAIN_ACTOR_MOD).TrainRayActor
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        with _own_process():
+            base.__init__(self, *args, **kwargs)
+        self._attach()
+
+    return type(
+        kernels.__name__,
+        (kernels, base),
+        {
+            "__init__": __init__,
+            "__module__": __name__,
+            "__qualname__": kernels.__qualname__,
+            "__doc__": kernels.__doc__,
+        },
+    )
+
+
+def train_actor_rebinds() -> list:
+    """The outside service ``TrainRayActor.__init__`` starts (``configure_logger``), left off."""
+    from harness.upstream.host import Rebind, module
+
+    return [Rebind("train_actor", module(TRAIN_ACTOR_MOD), "configure_logger", lambda _: noop)]
 
 
 def read_checkpoint(load: str | None) -> dict | None:
@@ -499,6 +581,8 @@ __all__ = [
     "object_store_rebinds",
     "read_checkpoint",
     "rollout_rebinds",
+    "train_actor_class",
+    "train_actor_rebinds",
     "trainer_backend_modules",
     "write_checkpoint",
 ]
