@@ -12,7 +12,8 @@ temporary tree, removed afterwards. The cases (``harness.upstream.gate_run``): t
 differential's matrix and ``--fault-seeds`` drawn fault schedules, each run on both
 trees, in one process per tree (``--jobs 2``: both at once). Each case gets a verdict
 (``harness.upstream.gate``): unchanged, changed (every invariant holding), new violation,
-violation fixed, harness error, or not run (missing seam).
+did not start (on HEAD only), neither started (nothing checked), violation fixed, harness
+error, no base, or not run (missing seam).
 
 Written to ``--out DIR`` (default: a new directory in the system's temp dir, printed):
 ``summary.md`` (a pull-request comment), ``gate.json`` (every case's verdict),
@@ -26,8 +27,9 @@ the pull request adds or gives another default gets cases with it set
 
 Exit 0 when nothing new is violated; 1 on a new violation (with ``--strict`` also on a
 behaviour change); 2 on a harness error (a new violation wins); 3 refused (a tree no
-driver can run faithfully, ``miles-harness doctor``); 4 where it would be 0 but changed
-lines of the async code never ran in any case (``--accept-unrun``: 0).
+driver can run faithfully, ``miles-harness doctor``; or no case compared); 4 where it
+would be 0 but changed lines of the async code never ran in any case, or a case started
+on neither tree (``--accept-unrun``: 0).
 """
 
 from __future__ import annotations
@@ -97,7 +99,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--accept-unrun",
         action="store_true",
-        help="pass (exit 0) although changed lines of the async code never ran in any case (default: exit 4)",
+        help="pass (exit 0) although changed lines of the async code never ran in any case, or a case started on "
+        "neither tree (default: exit 4)",
     )
     p.add_argument("--jobs", type=int, default=2, choices=(1, 2), help="run the two trees at once (2) or in turn (1)")
     p.add_argument(
@@ -114,14 +117,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _print_verdicts(verdicts: list, *, verbose: bool) -> None:
     """The first screen: one line per case that is not unchanged (every case with
     ``verbose``): its verdict, for a finding the invariant, its message with its slice of
-    the trace and the command that reproduces it; harness errors, cases without a base and
-    cases not run that share a message once, with the cases. Upstream's log is in the log
+    the trace and the command that reproduces it; cases neither tree started, harness
+    errors, cases without a base and cases not run that share a message once, with the
+    cases. Upstream's log is in the log
     files; ``verbose`` prints it under each case."""
     from harness.upstream.case_log import indent
 
     grouped: dict[tuple[str, str], list] = {}
     for v in verdicts:
-        if v.verdict in ("harness_error", "not_run", "no_base") and not verbose:
+        if v.verdict in LABEL_CAPS and not verbose:
             grouped.setdefault((v.verdict, v.message), []).append(v)
             continue
         if v.verdict != "unchanged" or verbose:
@@ -134,7 +138,12 @@ def _print_verdicts(verdicts: list, *, verbose: bool) -> None:
         print(f"{LABEL_CAPS[kind]} in {len(names)} case(s) ({shown}): {message}")
 
 
-LABEL_CAPS = {"harness_error": "HARNESS ERROR", "not_run": "NOT RUN", "no_base": "NO BASE"}
+LABEL_CAPS = {
+    "neither_started": "NEITHER STARTED",
+    "harness_error": "HARNESS ERROR",
+    "not_run": "NOT RUN",
+    "no_base": "NO BASE",
+}
 
 
 def _cpu_s() -> float:
@@ -324,11 +333,22 @@ def _main(args: argparse.Namespace) -> int:
             v.reproduce = (
                 gate.reproduce(v.name, str(head)) if spec is None else _flag_reproduce(head, {**spec, "set": True})
             )
-    code = gate.exit_code(verdicts, strict=args.strict)
-    if code == Exit.OK and cov.unchecked and not args.accept_unrun:
+    code = gate.exit_code(verdicts, strict=args.strict, accept_unrun=args.accept_unrun)
+    lines_unrun = bool(cov.unchecked) and not args.accept_unrun
+    if code == Exit.OK and lines_unrun:
         code = Exit.UNCHECKED
     accepted = bool(cov.unchecked) and args.accept_unrun
-    lead = cov.lines() + (["  accepted with --accept-unrun"] if accepted else []) + flag_lines(flags)
+    neither = sum(v.verdict in gate.UNCHECKED for v in verdicts)
+    lead = (
+        cov.lines()
+        + (["  accepted with --accept-unrun"] if accepted else [])
+        + (
+            [f"{neither} case(s) started on neither tree: accepted with --accept-unrun"]
+            if neither and args.accept_unrun
+            else []
+        )
+        + flag_lines(flags)
+    )
     print("\n".join(lead))
     _print_verdicts(verdicts, verbose=args.verbose)
     aspects = gate.aspect_counts(verdicts)
@@ -337,7 +357,15 @@ def _main(args: argparse.Namespace) -> int:
     wall, cpu = time.perf_counter() - t0, _cpu_s() - cpu0
     head_name = str(args.miles_src or head)
     md = gate.summary_markdown(
-        verdicts, head=head_name, base=args.base, code=code, wall_s=wall, cpu_s=cpu, strict=args.strict, lead=lead
+        verdicts,
+        head=head_name,
+        base=args.base,
+        code=code,
+        wall_s=wall,
+        cpu_s=cpu,
+        strict=args.strict,
+        lead=lead,
+        lines_unrun=lines_unrun,
     )
     doc = gate.summary_json(
         verdicts,
@@ -358,7 +386,7 @@ def _main(args: argparse.Namespace) -> int:
         if (out / f"{side}.stderr").is_file() and not (out / f"{side}.stderr").read_text().strip():
             (out / f"{side}.stderr").unlink()
     print(
-        f"\n{gate.counts_line(verdicts)}\n{gate.headline(verdicts, code, args.strict)} "
+        f"\n{gate.counts_line(verdicts)}\n{gate.headline(verdicts, code, args.strict, lines_unrun=lines_unrun)} "
         f"({wall:.1f} s wall, {cpu:.1f} s CPU)\nsummary: {out / 'summary.md'}  json: {out / 'gate.json'}  "
         f"upstream's logs: {out / 'head.log'}, {out / 'base.log'}"
     )

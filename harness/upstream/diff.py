@@ -40,6 +40,9 @@ class DiffCase:
     generate_function: str | None = None  # a name in harness.upstream.generate_fns.FORMS (nested groups)
     faults: FaultSchedule | None = None
     known: str | None = None
+    # upstream refuses the case at start-up by design: the refusal is what it checks (the
+    # gate reads the same refusal on both trees as unchanged, not as a case neither started)
+    refused: bool = False
 
     def scenario(self) -> Scenario:
         cfg = AsyncConfig(
@@ -273,10 +276,10 @@ def matrix() -> list[DiffCase]:
             faults=FaultSchedule(request_failure_rate=0.15, seed=1),
         ),
         # async-refusals: train_async.py:L23-L24 refuses these before anything runs
-        _c("one-step-colocate", config={"colocate": True}),
-        _c("fa-colocate", config={**FA, **G, "colocate": True}),
-        _c("one-step-critic-no-correction", config={"use_critic": True}),
-        _c("fa-critic-no-correction", config={**FA, **G, "use_critic": True}),
+        _c("one-step-colocate", config={"colocate": True}, refused=True),
+        _c("fa-colocate", config={**FA, **G, "colocate": True}, refused=True),
+        _c("one-step-critic-no-correction", config={"use_critic": True}, refused=True),
+        _c("fa-critic-no-correction", config={**FA, **G, "use_critic": True}, refused=True),
         # nested-groups: A generate function (--custom-generate-function-path) returns a
         # list of samples per prompt sample (harness.upstream.generate_fns.multi_sample: 1-3
         # turns), so a group is n trajectories: len(group) == n at the top level

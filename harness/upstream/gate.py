@@ -15,9 +15,16 @@
 * ``not_started``: HEAD's run ended with an error before its first generate call where
   BASE's started: a finding about the pull request, naming the error and its line (a run
   that did not start is no prefix to judge);
+* ``neither_started``: both runs ended with an error before their first generate call
+  (the same error or not): nothing of the case ran on either tree, so nothing was
+  checked. Never a pass: the gate exits 4, "unchecked", where it would exit 0. A case
+  that checks a start-up refusal (``refusal``: the matrix's ``DiffCase.refused``) is the
+  exception: both trees refusing it is the behaviour it checks, unchanged (or changed
+  when the refusals differ);
 * ``new_violation``: HEAD breaks an invariant (or shows a fault-sweep finding: a hang, an
-  unexplained error, an orphaned task, a silent drop) that BASE does not break in the
-  same case. A bug both trees have is old, not new: a matrix case's invariants are
+  unexplained error, an orphaned task, a silent drop; or, outside the drawn fault
+  schedules, its run ends with an error where BASE's ran to its end, ``run_error:TYPE``)
+  that BASE does not break in the same case. A bug both trees have is old, not new: a matrix case's invariants are
   compared case by case; in a drawn fault schedule (``fault-seed-N``) an invariant or a
   fault-sweep finding kind that BASE breaks under any drawn schedule of the same driver
   is old too, since a behaviour change moves a drawn schedule's faults and timing onto
@@ -28,10 +35,12 @@
 * ``changed``: the runs differ, and HEAD breaks nothing BASE does not (the sentence says
   whether every invariant holds or which old ones remain).
 
-``exit_code(verdicts, strict)`` (``harness.upstream.exit_codes.Exit``): 1 on a new
-violation or a run that did not start (and, with ``strict``, on a behaviour change), else
-2 on a harness error, else 3 when no case was compared, else 0. A finding about the pull
-request wins over a harness error in another case.
+``exit_code(verdicts, strict, accept_unrun)`` (``harness.upstream.exit_codes.Exit``): 1
+on a new violation or a run that did not start (and, with ``strict``, on a behaviour
+change), else 2 on a harness error, else 3 when no case was compared (a case neither
+tree started is not compared), else 4 when a case neither tree started (unless
+``accept_unrun``), else 0. A finding about the pull request wins over a harness error in
+another case.
 ``summary_markdown`` / ``summary_json`` are the pull-request comment and the JSON file.
 """
 
@@ -46,11 +55,24 @@ from harness.upstream.exit_codes import Exit
 from harness.upstream.gate_record import CaseRecord
 
 ARGUMENTS_FILE = "miles/utils/arguments.py"  # Miles' argument checks (miles_validate_args)
-VERDICTS = ("new_violation", "not_started", "harness_error", "changed", "fixed", "no_base", "not_run", "unchanged")
+VERDICTS = (
+    "new_violation",
+    "not_started",
+    "neither_started",
+    "harness_error",
+    "changed",
+    "fixed",
+    "no_base",
+    "not_run",
+    "unchanged",
+)
 FINDINGS = frozenset({"new_violation", "not_started"})  # about the pull request: exit 1
+UNCHECKED = frozenset({"neither_started"})  # nothing of the case ran on either tree: exit 4, never 0
+NOT_COMPARED = frozenset({"not_run", "no_base", "neither_started"})  # every case one of these: exit 3
 LABELS = {
     "new_violation": "new violation",
     "not_started": "did not start",
+    "neither_started": "neither started",
     "harness_error": "harness error",
     "changed": "changed",
     "fixed": "violation fixed",
@@ -264,6 +286,19 @@ def _error(rec: CaseRecord) -> str:
     return f"{rec.get('error_message') or rec.get('error')}" + (f" at {at}" if at else "")
 
 
+def _new_error(head: CaseRecord, base: CaseRecord) -> dict[str, str]:
+    """HEAD's run ended with an error where BASE's ran to its end (or ended with an error of
+    another type: an injected fault's, which HEAD's error came before), in a case that is not a
+    drawn fault schedule (there the fault sweep says which errors no injected fault
+    explains, ``run_error``): ``run_error:TYPE`` with the error and its line. Judged as a
+    prefix, such a run holds every invariant up to the error; without this the case would
+    read "changed, every invariant holds" on a run that stopped early."""
+    if head.get("mode") or head.get("error") is None or base.get("error") == head.get("error"):
+        return {}
+    other = f"BASE's ended with {_error(base)}" if base.get("error") else "BASE's ran to its end"
+    return {f"run_error:{head['error']}": f"HEAD's run ended with {_error(head)}; {other}"}
+
+
 def _alone(rec: CaseRecord) -> str:
     """HEAD judged on its own trace, for a case with nothing to compare with."""
     if _not_started(rec):
@@ -315,15 +350,35 @@ def classify(
         return CaseVerdict(
             name, "no_base", f"BASE's run ended before its first generate call ({_error(base)}); {_alone(head)}"
         )
+    if _not_started(head) and head.get("refusal") and base.get("refusal"):
+        # the case checks a start-up refusal (``DiffCase.refused``): the refusal is what ran
+        if str(head.get("error_message")) == str(base.get("error_message")):
+            return CaseVerdict(
+                name, "unchanged", f"both trees refuse it at start-up, as the case expects: {_cut(_error(head))}"
+            )
+        return CaseVerdict(
+            name,
+            "changed",
+            f"both trees refuse it at start-up, differently: HEAD {_cut(_error(head))}, BASE {_cut(_error(base))}",
+        )
     if _not_started(head):
+        # nothing of the case ran on either tree: the same error is no evidence that HEAD
+        # works, only that both stop before any of the async code the case is for
         raised = {str(r.get("error_message") or r.get("error")) for r in (head, base)}
         if len(raised) == 1:  # the same error, wherever the line moved to
             where = f" (HEAD at {head.get('error_at')}, BASE at {base.get('error_at')})"
-            return CaseVerdict(name, "unchanged", f"neither tree's run started: both raise {_cut(raised.pop())}{where}")
+            said = f"both raise {_cut(raised.pop())}{where}"
+        else:
+            said = f"HEAD {_cut(_error(head))}, BASE {_cut(_error(base))}"
         return CaseVerdict(
-            name, "changed", f"neither tree's run started: HEAD {_cut(_error(head))}, BASE {_cut(_error(base))}"
+            name,
+            "neither_started",
+            f"neither tree's run started, nothing was checked: {said}",
+            details=[_error(head)],
+            log=head.get("log", ""),
         )
     h, b = broken(head), broken(base)
+    h.update(_new_error(head, base))
     sweep = _drawn_kinds(head)
     known = known or {}
     elsewhere = [k for k in h if k not in b and sweep.get(k) in known]
@@ -402,22 +457,30 @@ def classify_all(head: list[CaseRecord], base: list[CaseRecord]) -> list[CaseVer
     return out
 
 
-def exit_code(verdicts: list[CaseVerdict], *, strict: bool = False) -> Exit:
+def exit_code(verdicts: list[CaseVerdict], *, strict: bool = False, accept_unrun: bool = False) -> Exit:
     """1 on a finding (and, with ``strict``, a change), else 2 on a harness error, else 3
-    when no case was compared (every case not run or without a base), else 0."""
+    when no case was compared (every case not run, without a base, or started by neither
+    tree), else 4 when some case was started by neither tree (``accept_unrun``: 0), else 0."""
     kinds = {v.verdict for v in verdicts}
     if kinds & FINDINGS or (strict and "changed" in kinds):
         return Exit.FINDING
     if "harness_error" in kinds:
         return Exit.HARNESS_ERROR
-    if not kinds - {"not_run", "no_base"}:
+    if not kinds - NOT_COMPARED:
         return Exit.REFUSED
+    if kinds & UNCHECKED and not accept_unrun:
+        return Exit.UNCHECKED
     return Exit.OK
 
 
-def headline(verdicts: list[CaseVerdict], code: Exit, strict: bool = False) -> str:
-    """The exit line: the code and what it means for this run."""
+def headline(verdicts: list[CaseVerdict], code: Exit, strict: bool = False, *, lines_unrun: bool = False) -> str:
+    """The exit line: the code and what it means for this run (``lines_unrun``: changed
+    lines of the async code never ran in any case, and that was not accepted)."""
     counts = Counter(v.verdict for v in verdicts)
+    unchecked = [
+        *([f"in {counts['neither_started']} case(s) neither tree's run started"] if counts["neither_started"] else []),
+        *(["changed lines of the async code never ran in any case"] if lines_unrun else []),
+    ]
     finding = (
         "a new invariant violation"
         if counts["new_violation"]
@@ -430,7 +493,8 @@ def headline(verdicts: list[CaseVerdict], code: Exit, strict: bool = False) -> s
         Exit.FINDING: finding,
         Exit.HARNESS_ERROR: "the harness could not run every case faithfully",
         Exit.REFUSED: "no case could be compared (each not run, or without a base)",
-        Exit.UNCHECKED: "nothing new is violated, but changed lines of the async code never ran in any case (unchecked)",
+        Exit.UNCHECKED: f"nothing new is violated, but {' and '.join(unchecked) or 'part of the work never ran'} "
+        "(unchecked)",
     }[Exit(code)]
     return f"exit {int(code)}: {what}"
 
@@ -465,6 +529,7 @@ def summary_markdown(
     strict: bool = False,
     log_lines: int = 40,
     lead: list[str] | None = None,
+    lines_unrun: bool = False,
 ) -> str:
     """The pull-request comment: the verdict, ``lead`` (the diff coverage), the counts,
     then every case that is not unchanged (grouped by message), with HEAD's log for a new
@@ -476,7 +541,7 @@ def summary_markdown(
         out += ["```", *lead, "```", ""]
     out += [
         (
-            f"{headline(verdicts, code, strict)}. HEAD `{head}` against BASE `{base}`: {len(verdicts)} cases in "
+            f"{headline(verdicts, code, strict, lines_unrun=lines_unrun)}. HEAD `{head}` against BASE `{base}`: {len(verdicts)} cases in "
             f"{wall_s:.0f} s wall, {cpu_s:.0f} s CPU. Each case runs on both trees and each run is judged by every "
             "applicable invariant checker on its own trace."
         ),
@@ -488,6 +553,10 @@ def summary_markdown(
     for kind, title in (
         ("new_violation", "New violations (HEAD breaks, BASE does not)"),
         ("not_started", "Runs that did not start on HEAD (they did on BASE)"),
+        (
+            "neither_started",
+            "Runs that started on neither tree (nothing of these cases ran: unchecked, not a pass)",
+        ),
         (
             "harness_error",
             ("Harness errors (the harness could not run these faithfully; not a finding about the pull request)"),
@@ -557,7 +626,9 @@ def summary_json(
 __all__ = [
     "FINDINGS",
     "LABELS",
+    "NOT_COMPARED",
     "TITLES",
+    "UNCHECKED",
     "VERDICTS",
     "CaseVerdict",
     "aspect_counts",

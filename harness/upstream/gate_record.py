@@ -18,6 +18,7 @@ class CaseRun:
     end_s: float  # the run's virtual end
     findings: list[dict[str, str]] = field(default_factory=list)  # the fault sweep's other findings
     mode: str | None = None  # a drawn fault schedule's driver, as the fault sweep spells its finding kinds
+    refusal: bool = False  # upstream refuses the case at start-up by design (``DiffCase.refused``)
 
 
 class CaseRecord(TypedDict, total=False):
@@ -35,6 +36,7 @@ class CaseRecord(TypedDict, total=False):
     error_at: str | None  # ``FILE:LN`` of the tree it was raised at
     error_message: str
     started: bool  # at least one generate call: a run that did not start is no prefix to judge
+    refusal: bool  # the case checks a start-up refusal (``CaseRun.refusal``): not starting is its point
     judgement: dict[str, Any]  # ``judge.Verdict.to_json``
     findings: list[dict[str, str]]  # ``kind``, ``sweep_kind``, ``message``
     observables: dict[str, Any]  # ``harness.upstream.observables.observables`` as JSON

@@ -103,7 +103,7 @@ def _matrix_run(case: Any, orchestration: str = "upstream") -> CaseRun:
 
     sc = case.scenario()
     res = upstream_run(case, sc, orchestration=orchestration)
-    return CaseRun(res, sc.config, res.wall_s)
+    return CaseRun(res, sc.config, res.wall_s, refusal=case.refused)
 
 
 def _fault_run(seed: int, orchestration: str = "upstream") -> CaseRun:
@@ -156,6 +156,8 @@ def case_record(name: str, run: Callable[[], CaseRun], tree: Path) -> CaseRecord
                 rec["error_at"] = f"{at[0]}:L{at[1]}" if at else None
                 rec["error_message"] = f"{type(result.error).__name__}: {result.error}"[:300]
             rec["started"] = bool(obs.get("generate"))
+            if ran.refusal:
+                rec["refusal"] = True
             rec.update(
                 {
                     "status": "ran",

@@ -15,7 +15,9 @@ The leaves (``LEAVES`` names each with the boundary it sits on; ``doctor`` lists
   upstream creates per engine in ``server_group.py``): its control calls (pause,
   continue, weight loads, version, memory occupation) go to the run's ``SimEngine``;
   ``/generate`` and ``/abort_request`` are served by the runner behind ``post``.
-* **the trainer** (``SimTrainActor`` in place of ``MegatronTrainRayActor``): ``init``
+* **the trainer** (``SimTrainActor`` in place of ``MegatronTrainRayActor``, a subclass of
+  the tree's own ``TrainRayActor``, ``train_actor_class``: upstream's constructor,
+  ``set_rollout_manager`` and every member it does not fake run as written): ``init``
   loads its own checkpoint (Megatron's ``start_rollout_id = loaded_rollout_id + 1``,
   ``megatron_utils/actor.py:L212``), ``train`` trains the shard upstream's object store
   hands it on ``SimTrainer``, ``save_model`` writes its state and Megatron's tracker
@@ -32,7 +34,9 @@ The leaves (``LEAVES`` names each with the boundary it sits on; ``doctor`` lists
 * **the rollout thread**: ``RolloutManager`` runs the rollout function through
   ``asyncio.to_thread(call_rollout_function, ...)``, which bridges into Miles' background
   loop (``rollout_manager.py:L226-L231``, ``compatibility.py:L42-L48``); here the
-  function's coroutine is awaited on the one virtual-time loop.
+  function's coroutine is awaited on the one virtual-time loop. A manager that submits
+  coroutines to that background loop itself (``get_async_loop().loop``, the lifecycle
+  calls of trees with train admission holds) gets the same loop (``BackgroundLoopOnLoop``).
 """
 
 from __future__ import annotations
@@ -40,9 +44,12 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import os
+import random
 import sys
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,6 +58,10 @@ from harness.upstream.stand_ins import StandInMissing
 
 TRACKER = "latest_checkpointed_iteration.txt"  # Megatron's tracker file
 NODE_IP = "127.0.0.1"
+MASTER_PORT = 29500  # the train group's rendezvous port (rank 0 picks it)
+TRAIN_ACTOR_MOD = "miles.ray.train_actor"
+# what TrainRayActor.__init__ writes into its process' environment (train_actor.py:L66-L73)
+PROCESS_ENV = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK")
 
 
 @dataclass(frozen=True)
@@ -74,8 +85,16 @@ LEAVES: tuple[Leaf, ...] = (
     ),
     Leaf(
         "train_actor",
-        "miles/ray/train/actor_factory.py: MegatronTrainRayActor / FSDPTrainRayActor",
-        "Megatron/FSDP training on GPUs; SimTrainer's step times, a small checkpoint of its own",
+        "miles/ray/train/actor_factory.py: MegatronTrainRayActor / FSDPTrainRayActor (a subclass of the tree's own "
+        "TrainRayActor, miles/ray/train_actor.py)",
+        "Megatron/FSDP training on GPUs (init's process group and checkpoint load, train, save, weight update); "
+        "SimTrainer's step times, a small checkpoint of its own",
+    ),
+    Leaf(
+        "memory_saver",
+        "torch_memory_saver.utils.get_binary_path_from_package (miles/ray/train/actor_factory.py, "
+        "--offload-train with Megatron: the train process' LD_PRELOAD hook)",
+        "a CUDA allocator hook for the train process, which is the train actor leaf here",
     ),
     Leaf(
         "object_store_client",
@@ -84,8 +103,9 @@ LEAVES: tuple[Leaf, ...] = (
     ),
     Leaf(
         "rollout_thread",
-        "miles/ray/rollout/rollout_manager.py: asyncio.to_thread(call_rollout_function, ...)",
-        "Miles' background-loop thread; the rollout coroutine runs on the one virtual-time loop",
+        "miles/ray/rollout/rollout_manager.py: asyncio.to_thread(call_rollout_function, ...), get_async_loop()",
+        "Miles' background-loop thread; the rollout coroutine and what the manager submits to that loop run "
+        "on the one virtual-time loop",
     ),
     Leaf(
         "outside_services",
@@ -176,8 +196,12 @@ class SimEngineActor(_Leaf):
 
 
 class SimTrainActor(_Leaf):
-    """Megatron's train actor (``miles/backends/megatron_utils/actor.py``) on ``SimTrainer``,
-    one per rank of upstream's ``RayTrainGroup``; the actor's rank 0 records for the run."""
+    """The kernels of Megatron's train actor (``miles/backends/megatron_utils/actor.py``) on
+    ``SimTrainer``, one per rank of upstream's ``RayTrainGroup``; the actor's rank 0 records
+    for the run. On the rollout-manager shape the actor is ``train_actor_class()``: these
+    kernels over the active tree's own ``TrainRayActor``, whose constructor,
+    ``set_rollout_manager`` and other members run as upstream wrote them. Standing alone
+    (the controller-executor shape's ``SimCellTrainActor``) its constructor is its own."""
 
     role = "train_actor"
 
@@ -197,9 +221,22 @@ class SimTrainActor(_Leaf):
         self.run = host.current("train_actor")
         self.args, self._world_size, self._rank, self.role = args, world_size, rank, role
         self.master_addr: str = master_addr or NODE_IP
-        self.master_port: int = master_port if master_addr else 29500
+        self.master_port: int = master_port if master_addr else MASTER_PORT
+        self._attach()
+
+    def _attach(self) -> None:
+        """What the leaf keeps beside upstream's state: the run it records for, its weight
+        updater's counter, the manager (until ``set_rollout_manager``)."""
+        from harness.upstream import host
+
+        self.run = host.current("train_actor")
         self.rollout_manager: Any = None
         self.weight_version = 0  # the updater's counter: 0 in a new process (update_weight_from_tensor.py:L103)
+
+    # RayActor's helper (miles/ray/ray_actor.py) reads the node's ip and binds a free port:
+    # here the node is one address and the port fixed, so every run starts the same
+    def _get_current_node_ip_and_free_port(self, start_port: int = 10000, consecutive: int = 1) -> tuple[str, int]:
+        return NODE_IP, MASTER_PORT
 
     @property
     def records(self) -> bool:
@@ -211,23 +248,22 @@ class SimTrainActor(_Leaf):
         return self.master_addr, self.master_port
 
     def init(self, args: Any, role: str, with_ref: bool = False, with_opd_teacher: bool = False, **_: Any) -> int:
-        """Megatron's init: load the checkpoint under ``--load`` (the tracker names the
-        rollout), ``start_rollout_id = loaded + 1``; none: 0 (``megatron_utils/actor.py:L205-L218``)."""
+        """Megatron's init: the process group (``TrainRayActor.init``: one rank per actor of
+        the group), then the checkpoint under ``--load`` (the tracker names the rollout),
+        ``start_rollout_id = loaded + 1``; none: 0 (``megatron_utils/actor.py:L205-L218``)."""
         self.args, self.role = args, role
+        self.with_ref, self.with_opd_teacher = with_ref, with_opd_teacher
         args.rank, args.world_size = self._rank, self._world_size
         self.train_parallel_config = {"dp_size": self._world_size}
         loaded = read_checkpoint(args.load)
         if self.records:
             self.run.trainer_loaded(loaded)
+        if "_heartbeat" in self.__dict__:  # upstream's heartbeat, bumped at the end of its init
+            self._heartbeat.bump()
         return 0 if loaded is None else int(loaded["rollout_id"]) + 1
 
-    def set_rollout_manager(self, rollout_manager: Any) -> None:
-        """``TrainRayActor.set_rollout_manager`` (``miles/ray/train_actor.py:L181-L184``)."""
-        import ray
-
-        self.rollout_manager = rollout_manager
-        if self.args.rank == 0:
-            ray.get(self.rollout_manager.set_train_parallel_config.remote(self.train_parallel_config))
+    def _get_parallel_config(self) -> dict[str, Any]:
+        return self.train_parallel_config
 
     async def train(self, rollout_id: int, rollout_data_ref: Any, external_data: Any = None, **_: Any) -> None:
         from miles.utils.data import process_rollout_data
@@ -268,6 +304,61 @@ class SimTrainActor(_Leaf):
         return None
 
 
+@contextmanager
+def _own_process() -> Iterator[None]:
+    """The block runs as in a Ray actor's own process: what it writes into the process'
+    environment (``PROCESS_ENV``) and the global ``random`` stream it draws from
+    (``random.randint`` for a master port) are put back after, so that the one process
+    hosting every actor is not changed by one of them."""
+    env = {k: os.environ.get(k) for k in PROCESS_ENV}
+    state = random.getstate()
+    try:
+        yield
+    finally:
+        random.setstate(state)
+        for k, v in env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def train_actor_class(kernels: type = SimTrainActor) -> type:
+    """The train actor leaf on the rollout-manager shape: ``kernels`` (the faked Megatron
+    kernels: init's checkpoint load, train, save, weight update, sleep and wake-up) over
+    the active tree's own ``TrainRayActor`` (``miles/ray/train_actor.py``), imported now,
+    under the in-process Ray. Its constructor runs upstream's (``_own_process``; the logger
+    it configures is the leaf ``outside_services``), then attaches the leaf's state; every
+    member the kernels do not define (``set_rollout_manager``, a pull request's new
+    admission or heartbeat members) is upstream's."""
+    import importlib
+
+    base = importlib.import_module(TRAIN_ACTOR_MOD).TrainRayActor
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        with _own_process():
+            base.__init__(self, *args, **kwargs)
+        self._attach()
+
+    return type(
+        kernels.__name__,
+        (kernels, base),
+        {
+            "__init__": __init__,
+            "__module__": __name__,
+            "__qualname__": kernels.__qualname__,
+            "__doc__": kernels.__doc__,
+        },
+    )
+
+
+def train_actor_rebinds() -> list:
+    """The outside service ``TrainRayActor.__init__`` starts (``configure_logger``), left off."""
+    from harness.upstream.host import Rebind, module
+
+    return [Rebind("train_actor", module(TRAIN_ACTOR_MOD), "configure_logger", lambda _: noop)]
+
+
 def read_checkpoint(load: str | None) -> dict | None:
     """What ``SimTrainActor.save_model`` wrote under ``load``: the tracker names the rollout,
     ``iter_<N>/trainer.json`` holds the state; no tracker: nothing to load."""
@@ -300,11 +391,32 @@ def _stand_in_module(name: str, **attrs: Any) -> types.ModuleType:
     return mod
 
 
+MEMORY_SAVER_HOOK = "torch_memory_saver_hook_mode_preload"
+# what allocate_gpus_for_actor checks the hook for before --offload-train-target disk
+MEMORY_SAVER_DISK_MARK = b"TMS_INIT_ENABLE_DISK_BACKUP"
+
+
+def memory_saver_binary_path(name: str) -> Path:
+    """``torch_memory_saver.utils.get_binary_path_from_package``: the hook library the train
+    process preloads (``allocate_gpus_for_actor`` puts it in the actor's ``LD_PRELOAD``). No
+    process starts here, so it is a small file naming both backends, made once."""
+    import tempfile
+
+    path = Path(tempfile.gettempdir()) / f"miles-harness-{name}.so"
+    if not path.is_file():
+        path.write_bytes(b"miles-harness leaf: TMS_INIT_ENABLE_CPU_BACKUP " + MEMORY_SAVER_DISK_MARK + b"\n")
+    return path
+
+
 def trainer_backend_modules(actor: type = SimTrainActor) -> dict[str, types.ModuleType]:
     """The train actor classes upstream imports (``allocate_gpus_for_actor``; the trainer pool's
     ``worker_class`` path on the controller-executor shape, ``miles/ray/specs/train.py:L36-L39``),
-    as ``actor``."""
+    as ``actor``, and the memory saver's hook path it reads with ``--offload-train``
+    (``miles/ray/train/actor_factory.py:L44-L46``; ``--use-critic`` and ``--colocate`` set it)."""
+    utils = _stand_in_module("torch_memory_saver.utils", get_binary_path_from_package=memory_saver_binary_path)
     return {
+        "torch_memory_saver": _stand_in_module("torch_memory_saver", utils=utils),
+        "torch_memory_saver.utils": utils,
         "miles.backends.megatron_utils.actor": _stand_in_module(
             "miles.backends.megatron_utils.actor", MegatronTrainRayActor=actor
         ),
@@ -340,15 +452,80 @@ class OnLoopAsyncio:
 
     @staticmethod
     def to_thread(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        """The call's coroutine runs as a task of its own that cancelling the caller does
+        not cancel: a thread cannot be cancelled, and Miles' ``call_rollout_function``
+        blocks it until the rollout coroutine ends on the background loop
+        (``compatibility.py``), so a cancelled ``await asyncio.to_thread(...)`` leaves the
+        rollout running, as it does on a cluster."""
+        name = f"asyncio.to_thread({getattr(fn, '__qualname__', fn)})"
+
         async def run() -> Any:
             out = fn(*args, **kwargs)
-            if inspect.isawaitable(out):
-                out = await out
-            return out
+            if not inspect.isawaitable(out):
+                return out
+            if not inspect.iscoroutine(out):
+                out = _awaited(out)
+            # its first step runs now, as it ran when awaited inline: the thread starts at once
+            try:
+                first = out.send(None)
+            except StopIteration as done:
+                return done.value
 
-        # a task made of it is named by what it runs (the fault sweep lists orphaned tasks)
-        run.__qualname__ = f"asyncio.to_thread({getattr(fn, '__qualname__', fn)})"
+            async def thread() -> Any:
+                return await _resumed(out, first)
+
+            # a task is named by what it runs (the fault sweep lists orphaned tasks)
+            thread.__qualname__ = name
+            return await asyncio.shield(asyncio.ensure_future(thread()))
+
+        run.__qualname__ = name  # the thread and what awaits it: one orphan, the rollout still running
         return run()
+
+
+class BackgroundLoopOnLoop(_Leaf):
+    """Miles' background loop (``miles.utils.async_utils.get_async_loop()``, an
+    ``AsyncLoopThread``) as the module that runs the rollout function sees it: the loop the
+    rollout coroutine runs on, which here is the one virtual-time loop. On a cluster the
+    rollout function and every coroutine the manager submits to that loop
+    (``asyncio.run_coroutine_threadsafe(coro, get_async_loop().loop)``) share Miles' one
+    background thread; a real thread here would run them on a real clock beside the
+    virtual one, where the virtual loop cannot wait for it."""
+
+    role = "rollout_thread"
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        return asyncio.get_running_loop()
+
+
+def background_loop_on_loop() -> BackgroundLoopOnLoop:
+    """``get_async_loop`` for the rollout-thread leaf."""
+    return BackgroundLoopOnLoop()
+
+
+async def _awaited(out: Any) -> Any:
+    return await out
+
+
+@types.coroutine
+def _resumed(coro: Any, first: Any) -> Any:
+    """``coro`` (whose first step already ran and yielded ``first``) driven on by the task
+    that awaits this: what it yields goes to the task, what the task sends or throws goes
+    to it."""
+    value = first
+    while True:
+        try:
+            sent = yield value
+        except BaseException as exc:  # noqa: BLE001 - thrown in by the task: the coroutine's to handle
+            try:
+                value = coro.throw(exc)
+            except StopIteration as done:
+                return done.value
+        else:
+            try:
+                value = coro.send(sent)
+            except StopIteration as done:
+                return done.value
 
 
 def call_rollout_function_on_loop(fn: Any, input: Any) -> Any:
@@ -366,6 +543,9 @@ def rollout_rebinds(seam: str, module: Callable[[], Any], run: Any, observed_loa
     return [
         Rebind(seam, module, "asyncio", lambda _: OnLoopAsyncio()),
         Rebind(seam, module, "call_rollout_function", lambda _: run.call_rollout_function),
+        # trees whose manager submits the rollout function's lifecycle calls to Miles'
+        # background loop itself (``rollout_manager.py`` importing ``get_async_loop``)
+        Rebind(seam, module, "get_async_loop", lambda _: background_loop_on_loop),
         Rebind(seam, module, "load_rollout_function", lambda f: observed_load(f, run)),
         Rebind(seam, module, "configure_logger", lambda _: noop),
         Rebind(seam, module, "init_tracking", lambda _: noop),
@@ -389,16 +569,20 @@ def noop(*args: Any, **kwargs: Any) -> None:
 
 __all__ = [
     "LEAVES",
+    "BackgroundLoopOnLoop",
     "Leaf",
     "OnLoopAsyncio",
     "SharedObjectStore",
     "SimEngineActor",
     "SimTrainActor",
+    "background_loop_on_loop",
     "call_rollout_function_on_loop",
     "noop",
     "object_store_rebinds",
     "read_checkpoint",
     "rollout_rebinds",
+    "train_actor_class",
+    "train_actor_rebinds",
     "trainer_backend_modules",
     "write_checkpoint",
 ]

@@ -59,17 +59,20 @@ def rollout_environment() -> Any:
 
 @contextmanager
 def hosted() -> Iterator[None]:
-    """vray as ``ray``, the train actor leaf as the trainer backend and the class-based
-    rollout selected, fresh for the run."""
+    """vray as ``ray``, the train actor leaf as the trainer backend (on the rollout-manager
+    shape over the tree's own ``TrainRayActor``, ``leaves.train_actor_class``) and the
+    class-based rollout selected, fresh for the run."""
     from harness.upstream import source
     from harness.upstream.seams import CONTROLLER_EXECUTOR
 
-    actor: type = leaves.SimTrainActor
-    if source.report().shape == CONTROLLER_EXECUTOR:
-        from harness.upstream.leaves_refactor import SimCellTrainActor
-
-        actor = SimCellTrainActor
     vray.reset(num_gpus=CLUSTER_GPUS, num_cpus=CLUSTER_CPUS)
+    with vray.installed():  # upstream's TrainRayActor is imported under the in-process Ray
+        if source.report().shape == CONTROLLER_EXECUTOR:
+            from harness.upstream.leaves_refactor import SimCellTrainActor
+
+            actor: type = SimCellTrainActor
+        else:
+            actor = leaves.train_actor_class()
     with vray.installed(leaves.trainer_backend_modules(actor)), _environment(ROLLOUT_ENV):
         try:
             yield
@@ -106,6 +109,7 @@ def orchestration_rebinds(run: Any) -> list[Rebind]:
         Rebind("engine_actor", group, "SGLangEngine", lambda _: leaves.SimEngineActor),
         *leaves.rollout_rebinds("rollout_manager", rm, run, _observed_load_rollout_function),
         *leaves.object_store_rebinds(store),
+        *leaves.train_actor_rebinds(),
     ]
 
 

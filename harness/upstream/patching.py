@@ -209,7 +209,9 @@ def _check(
 ) -> tuple[list[str], str]:
     """One matrix case on upstream (with ``mutant`` applied, if any): what caught it.
     ``orchestration``: ``harness.upstream.runner.ORCHESTRATIONS`` (with ``upstream`` the
-    differential is not consulted: the core has no orchestration layer to differ from)."""
+    differential is not consulted: the core has no orchestration layer to differ from; a
+    run that ends with an error where the case injects no fault and expects no refusal is
+    ``run_error:TYPE`` instead)."""
     from contextlib import nullcontext
 
     from harness.checking.invariants import check_all
@@ -242,6 +244,17 @@ def _check(
         )
     caught = ["hang"] if hang else []
     caught += sorted({v.invariant for v in check_all(up.events, sc.config, complete=up.error is None and hang is None)})
+    if (
+        orchestration == "upstream"
+        and up.error is not None
+        and hang is None
+        and case.faults is None
+        and not case.refused
+    ):
+        # an error no injected fault explains, in a case that runs to its end unmutated: with
+        # no differential to consult, the run judged as a prefix would hide it (the fault
+        # sweep's run_error)
+        caught.append(f"run_error:{type(up.error).__name__}")
     detail = hang or (f"upstream error {up.error!r}"[:200] if up.error is not None else "")
     if case.known is None and orchestration == "stand-ins":  # where core and upstream agree unmutated
         first = first_divergence(core_obs, observables(up.events, up.history, up.wall_s, up.error))

@@ -48,6 +48,7 @@ LIFECYCLE = "miles/utils/lifecycle.py"
 FILTERS = "miles/rollout/filter_hub/base_types.py"
 RM_MOD = "miles/ray/rollout/rollout_manager.py"
 SERVER_GROUP_MOD = "miles/ray/rollout/server_group.py"
+TRAIN_ACTOR_MOD = "miles/ray/train_actor.py"
 OBJECT_STORE_MOD = "miles/utils/object_store.py"
 EXECUTOR_MOD = "miles/ray/rollout/rollout_executor.py"
 CONTROLLER_MOD = "miles/ray/rollout/inference_controller.py"
@@ -434,6 +435,18 @@ SEAMS: tuple[Seam, ...] = (
         "the engine fleet would start real SGLang servers: refused",
         ROLLING,
         lambda t: t.name(SERVER_GROUP_MOD, "SGLangEngine", depth=0),
+        shapes=frozenset({ROLLOUT_MANAGER}),
+    ),
+    Seam(
+        "train_actor",
+        TRAIN_ACTOR_MOD,
+        "class `TrainRayActor` (`set_rollout_manager`), the base of Megatron's and FSDP's train actors",
+        "the base of the train actor leaf: its constructor, `set_rollout_manager` and every member the leaf does "
+        "not fake run as upstream wrote them; the leaf fakes the kernels (init's checkpoint load and process "
+        "group, train, save, weight update) and the constructor's logger",
+        "the train actor group would start Megatron on GPUs: refused",
+        ROLLING,
+        lambda t: t.method(TRAIN_ACTOR_MOD, "TrainRayActor", "set_rollout_manager"),
         shapes=frozenset({ROLLOUT_MANAGER}),
     ),
     Seam(

@@ -127,9 +127,84 @@ def test_a_run_that_did_not_start_is_no_prefix_to_judge():
     assert "RuntimeError: dies at start-up at train_async.py:L27" in v.message
     assert gate.exit_code([v]) == 1
     assert gate.classify(dict(ran(), started=True), dead()).verdict == "no_base"
+
+
+def test_a_run_that_ends_with_an_error_where_base_ran_to_its_end_is_a_new_violation():
+    """Judged as a prefix, HEAD's run holds every invariant up to its error; the error
+    itself is what is new (a matrix case: a drawn schedule's errors are the sweep's)."""
+    crashed = dict(
+        ran(trained=(0, 1), complete=False),
+        error="RuntimeError",
+        error_message="RuntimeError: does not support durable source reservations",
+        error_at="miles/rollout/data_source.py:L619",
+        started=True,
+    )
+    v = gate.classify(crashed, dict(ran(), started=True))
+    assert v.verdict == "new_violation" and v.new == ["run_error:RuntimeError"], v
+    assert v.details == [
+        "HEAD's run ended with RuntimeError: does not support durable source reservations at "
+        "miles/rollout/data_source.py:L619; BASE's ran to its end"
+    ]
+    injected = dict(crashed, error="TrainerStepError", error_message="TrainerStepError: injected", error_at=None)
+    before = gate.classify(crashed, injected)
+    assert (
+        before.new == ["run_error:RuntimeError"] and "BASE's ended with TrainerStepError: injected" in before.details[0]
+    )
+    both = gate.classify(crashed, dict(crashed, trained=(0, 1)))
+    assert both.verdict in ("unchanged", "changed") and not both.new
+    drawn = gate.classify(dict(crashed, mode="fully_async"), dict(ran(), started=True, mode="fully_async"))
+    assert "run_error:RuntimeError" not in drawn.new  # the fault sweep's findings say it there
+
+
+def test_a_case_neither_tree_started_is_unchecked_never_a_pass():
+    """Both runs die at start-up with the same error: nothing of the case ran on either
+    tree, so it is neither unchanged nor changed, and the gate cannot exit 0 on it."""
     both = gate.classify(dead(), dead())
-    assert both.verdict == "unchanged" and both.message.startswith("neither tree's run started")
-    assert gate.classify(dead(), dead(error="NameError: x")).verdict == "changed"
+    assert both.verdict == "neither_started", both
+    assert both.message.startswith("neither tree's run started, nothing was checked: both raise RuntimeError")
+    other = gate.classify(dead(), dead(error="NameError: x"))
+    assert other.verdict == "neither_started" and "HEAD RuntimeError: dies at start-up" in other.message
+    fine = gate.classify(dict(ran(), started=True), dict(ran(), started=True))
+    assert fine.verdict == "unchanged"
+    assert gate.exit_code([fine, both]) == gate.Exit.UNCHECKED == 4
+    assert gate.exit_code([fine, both], accept_unrun=True) == 0
+    assert gate.exit_code([both]) == 3  # no case compared at all
+    assert gate.exit_code([both, gate.classify(dead(), dict(ran(), started=True))]) == 1  # a finding wins
+    assert gate.counts_line([fine, both]) == (
+        "2 cases: 0 new violation, 0 did not start, 1 neither started, 0 harness error, 0 changed, "
+        "0 violation fixed, 0 no base, 0 not run, 1 unchanged"
+    )
+    line = gate.headline([fine, both], gate.Exit.UNCHECKED)
+    assert line == "exit 4: nothing new is violated, but in 1 case(s) neither tree's run started (unchecked)"
+    md = gate.summary_markdown([fine, both], head="h", base="b", code=gate.Exit.UNCHECKED, wall_s=1, cpu_s=1)
+    assert md.startswith("## Miles async gate: UNCHECKED") and "| neither started | 1 |" in md
+    assert "### Runs that started on neither tree" in md and "`case`: neither tree's run started" in md
+
+
+def test_a_refusal_case_both_trees_refuse_is_unchanged_the_refusal_being_what_it_checks():
+    refused = dead(error="AssertionError: Colocation is not supported for async training.")
+    v = gate.classify(dict(refused, refusal=True), dict(refused, refusal=True))
+    assert v.verdict == "unchanged" and v.message.startswith("both trees refuse it at start-up, as the case expects")
+    other = gate.classify(dict(refused, refusal=True), dict(dead(), refusal=True))
+    assert other.verdict == "changed" and "refuse it at start-up, differently" in other.message
+    assert gate.exit_code([v]) == 0
+    from harness.upstream.diff import matrix
+
+    assert {c.name for c in matrix() if c.refused} == {
+        "one-step-colocate",
+        "fa-colocate",
+        "one-step-critic-no-correction",
+        "fa-critic-no-correction",
+    }
+
+
+def test_the_first_screen_lists_cases_neither_tree_started(capsys):
+    from harness.commands.gate import _print_verdicts
+
+    both = [gate.classify(dead(n), dead(n)) for n in ("a", "b")]
+    _print_verdicts([gate.classify(ran("c"), ran("c")), *both], verbose=False)
+    out = capsys.readouterr().out
+    assert out.startswith("NEITHER STARTED in 2 case(s) (a, b): neither tree's run started, nothing was checked")
 
 
 def test_zero_cases_compared_never_exits_0():

@@ -154,6 +154,33 @@ def test_a_driver_that_dies_at_start_up_did_not_start_and_one_that_fails_to_impo
     assert "HEAD does not import: train_async.py:L" in out and "NameError" in out
 
 
+def test_a_case_both_trees_fail_to_start_identically_is_neither_started_and_unchecked(tree, tmp_path, capsys):
+    """HEAD and BASE both die in ``train_async.py`` before the first generate call, with the
+    same error: the one-step case ran nothing on either tree, so it is no pass (once it
+    read ``unchanged`` and the gate exited 0); the sync case beside it is compared."""
+    dies = ("async def train(args):\n", "async def train(args):\n    raise RuntimeError('dies')\n")
+    base = _copy(tree, tmp_path / "base", seeded=False)
+    _edit_driver(base, *dies)
+    head = _copy(tree, tmp_path / "head", seeded=False)
+    _edit_driver(head, *dies)
+    with (head / "miles" / "__init__.py").open("a") as f:
+        f.write("# HEAD differs from BASE in this comment alone\n")  # identical trees would run no case
+    args = ["gate", "--miles-src", str(head), "--base", str(base), "--scenario", "sync", "--scenario", "one-step-k1"]
+    assert cli.main([*args, "--out", str(tmp_path / "out")]) == Exit.UNCHECKED
+    out = capsys.readouterr().out
+    said = "NEITHER STARTED in 1 case(s) (one-step-k1): neither tree's run started, nothing was checked: both raise"
+    assert said in out and "RuntimeError: dies" in out, out
+    assert "1 neither started" in out and "1 unchanged" in out
+    assert "exit 4: nothing new is violated, but in 1 case(s) neither tree's run started (unchecked)" in out
+    doc = json.loads((tmp_path / "out" / "gate.json").read_text())
+    assert doc["exit"] == 4 and doc["counts"] == {"unchanged": 1, "neither_started": 1}
+    assert (tmp_path / "out" / "summary.md").read_text().startswith("## Miles async gate: UNCHECKED")
+
+    assert cli.main([*args, "--accept-unrun"]) == Exit.OK
+    assert "1 case(s) started on neither tree: accepted with --accept-unrun" in capsys.readouterr().out
+    assert cli.main(["gate", "--miles-src", str(head), "--base", str(base), "--scenario", "one-step-k1"]) == 3
+
+
 UNCALLED = """
 
 def gate_test_helper_no_case_calls(samples):
@@ -209,12 +236,13 @@ def test_a_flag_the_pull_request_adds_gets_a_case_with_it_set_on_head_while_base
     reads = "        if getattr(self.args, 'gate_test_flag', False):\n            raise RuntimeError('gate-test-flag read')\n"
     source_py.write_text(source_py.read_text().replace(header, header + reads, 1))
     args = ["gate", "--miles-src", str(head), "--base", str(tree), "--scenario", "sync", "--fault-seeds", "0"]
-    assert cli.main([*args, "--out", str(tmp_path / "out")]) == Exit.OK
+    assert cli.main([*args, "--out", str(tmp_path / "out")]) == Exit.FINDING
     out = capsys.readouterr().out
     assert "  --gate-test-flag (new): set to true on HEAD; BASE, which lacks it, runs each case without it" in out, out
-    # HEAD's run reads the flag and stops in the data source; BASE's, without it, goes on
-    line = next(x for x in out.splitlines() if x.startswith("flag--gate-test-flag=true@sync: changed: "))
-    assert "first change get_samples[0]: base t=0.000 [[0, False]" in line and "head (none: 0 items)" in line
+    # HEAD's run reads the flag and stops in the data source; BASE's, without it, runs to its end
+    line = next(x for x in out.splitlines() if x.startswith("flag--gate-test-flag=true@sync: new violation: "))
+    assert "run_error:RuntimeError: HEAD's run ended with RuntimeError: gate-test-flag read at " in line, line
+    assert "reproduce: python -m harness.upstream.gate_run --tree" in line
     doc = json.loads((tmp_path / "out" / "gate.json").read_text())
     assert [f["flag"] for f in doc["flags"]] == ["--gate-test-flag"]
 

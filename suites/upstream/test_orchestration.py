@@ -134,3 +134,71 @@ def test_a_bug_seeded_in_upstreams_save_or_load_is_caught_by_the_resume_checkers
     clean = _resume_failures("upstream")
     seeded = _resume_failures("upstream", mutant)
     assert mutant.expected <= seeded - clean, (mutant.name, sorted(clean), sorted(seeded))
+
+
+def test_miles_background_loop_is_the_virtual_time_loop_so_a_submitted_coroutine_settles_there():
+    """The rollout-thread leaf's ``get_async_loop``: a coroutine submitted to Miles'
+    background loop with ``run_coroutine_threadsafe`` and awaited through ``wrap_future``
+    (as #2289's ``RolloutManager._submit_lifecycle_coroutine`` does) runs on the one
+    virtual-time loop, at the instant it was submitted: no real thread, no deadlock."""
+    import asyncio
+
+    from harness.sim.vtime import run_virtual
+
+    async def lifecycle_call() -> float:
+        await asyncio.sleep(2.0)
+        return asyncio.get_running_loop().time()
+
+    async def main() -> tuple[float, bool]:
+        background = leaves.background_loop_on_loop()
+        done = asyncio.wrap_future(asyncio.run_coroutine_threadsafe(lifecycle_call(), background.loop))
+        return await done, background.loop is asyncio.get_running_loop()
+
+    assert run_virtual(main()) == (2.0, True)
+    assert "get_async_loop" in {r.attr for r in leaves.rollout_rebinds("rollout_manager", object, None, None)}
+
+
+def test_the_memory_saver_hook_the_train_process_preloads_is_a_leaf():
+    """``--offload-train`` with Megatron reads the hook's path from ``torch_memory_saver``
+    and, for the disk target, checks the library names its disk backend
+    (``miles/ray/train/actor_factory.py:L44-L53``)."""
+    mods = leaves.trainer_backend_modules()
+    path = mods["torch_memory_saver.utils"].get_binary_path_from_package("torch_memory_saver_hook_mode_preload")
+    assert b"TMS_INIT_ENABLE_DISK_BACKUP" in path.read_bytes()
+    assert mods["torch_memory_saver"].utils is mods["torch_memory_saver.utils"]
+
+
+def test_the_rollout_thread_starts_at_once_and_outlives_a_cancelled_caller_as_a_thread_does():
+    """``asyncio.to_thread(call_rollout_function, ...)`` as the leaf runs it: the rollout
+    coroutine's first step runs in the caller's step (the thread starts at once, as it ran
+    when awaited inline), and cancelling the caller does not cancel it: a thread cannot be
+    cancelled, and Miles' ``call_rollout_function`` blocks it until the rollout ends."""
+    import asyncio
+
+    from harness.sim.vtime import run_virtual
+
+    seen: list[tuple[str, float]] = []
+
+    async def rollout() -> str:
+        seen.append(("start", asyncio.get_running_loop().time()))
+        await asyncio.sleep(5.0)
+        seen.append(("end", asyncio.get_running_loop().time()))
+        return "data"
+
+    async def main() -> tuple[bool, list]:
+        caller = asyncio.ensure_future(leaves.OnLoopAsyncio.to_thread(rollout))
+        await asyncio.sleep(0)  # the caller's first step
+        started = list(seen)
+        await asyncio.sleep(1.0)
+        caller.cancel()
+        await asyncio.sleep(10.0)
+        return caller.cancelled(), started
+
+    cancelled, started = run_virtual(main())
+    assert cancelled and started == [("start", 0.0)]
+    assert seen == [("start", 0.0), ("end", 5.0)]
+
+    async def inline() -> str:
+        return await leaves.OnLoopAsyncio.to_thread(rollout)
+
+    assert run_virtual(inline()) == "data"
