@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -57,15 +58,38 @@ def rollout_environment() -> Any:
     return _environment(ROLLOUT_ENV)
 
 
+# upstream's per-process singletons a hosted run starts without, as a new process would:
+# (module, the setter upstream resets it with). The audit event logger is set by the first
+# ``configure_logger`` of a process and never replaced (``miles/utils/logging_utils.py:L22-L24``,
+# ``if not is_event_logger_initialized()``); it writes to ``--save-debug-event-data``, which
+# defaults to ``<save>/events`` (``miles/utils/arguments.py:L3561-L3562``): one run's logger
+# kept in the next would write into the previous run's (removed) checkpoint folder.
+PROCESS_SINGLETONS = (("miles.utils.audit_utils.event_logger.logger", "set_event_logger"),)
+
+
+def fresh_process_singletons() -> None:
+    """Reset upstream's per-process singletons (``PROCESS_SINGLETONS``) with upstream's own
+    setter, where the tree has imported them: each run, and each life of a resume, is a
+    process of its own in a deployment. Within a run they stay process-wide (one process
+    hosts every actor here)."""
+
+    for module_name, setter in PROCESS_SINGLETONS:
+        mod = sys.modules.get(module_name)
+        if mod is not None:
+            getattr(mod, setter)(None)
+
+
 @contextmanager
 def hosted() -> Iterator[None]:
     """vray as ``ray``, the train actor leaf as the trainer backend (on the rollout-manager
     shape over the tree's own ``TrainRayActor``, ``leaves.train_actor_class``) and the
-    class-based rollout selected, fresh for the run."""
+    class-based rollout selected, fresh for the run, and upstream's per-process singletons
+    fresh (``fresh_process_singletons``)."""
     from harness.upstream import source
     from harness.upstream.seams import CONTROLLER_EXECUTOR
 
     vray.reset(num_gpus=CLUSTER_GPUS, num_cpus=CLUSTER_CPUS)
+    fresh_process_singletons()
     with vray.installed():  # upstream's TrainRayActor is imported under the in-process Ray
         if source.report().shape == CONTROLLER_EXECUTOR:
             from harness.upstream.leaves_refactor import SimCellTrainActor
@@ -77,6 +101,7 @@ def hosted() -> Iterator[None]:
         try:
             yield
         finally:
+            fresh_process_singletons()
             vray.reset(num_gpus=CLUSTER_GPUS, num_cpus=CLUSTER_CPUS)
 
 
@@ -131,4 +156,11 @@ def driver_services_off(mod: Any) -> Any:
     return mod
 
 
-__all__ = ["DRIVER_SERVICES", "driver_services_off", "hosted", "orchestration_rebinds"]
+__all__ = [
+    "DRIVER_SERVICES",
+    "PROCESS_SINGLETONS",
+    "driver_services_off",
+    "fresh_process_singletons",
+    "hosted",
+    "orchestration_rebinds",
+]
