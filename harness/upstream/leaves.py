@@ -534,6 +534,22 @@ def call_rollout_function_on_loop(fn: Any, input: Any) -> Any:
     return fn(input)
 
 
+def run_on_loop(coro: Any) -> Any:
+    """Miles' ``async_utils.run(coro)`` (``miles/utils/async_utils.py:L40-L63``: the calling
+    thread blocks while the coroutine runs on Miles' background loop, where
+    ``call_rollout_function`` ran the rollout function and its tasks) on the one loop that
+    runs them here: the coroutine runs as a task of the running loop and the caller blocks
+    on it as on a ``ray.get`` (vray steps the loop until it ends). So what the rollout
+    function started (the fully-async worker) is closed on the loop it runs on."""
+    from harness.upstream import vray
+
+    async def background_loop() -> Any:
+        return await coro
+
+    background_loop.__qualname__ = f"async_utils.run({getattr(coro, '__qualname__', coro)})"
+    return vray.get(vray.remote(background_loop).remote())
+
+
 def rollout_rebinds(seam: str, module: Callable[[], Any], run: Any, observed_load: Callable) -> list:
     """The rollout-thread leaf and the observation of the rollout function, in the module
     that runs it (``RolloutManager``'s, or ``RolloutExecutor``'s on the refactored shape),
@@ -581,6 +597,7 @@ __all__ = [
     "object_store_rebinds",
     "read_checkpoint",
     "rollout_rebinds",
+    "run_on_loop",
     "train_actor_class",
     "train_actor_rebinds",
     "trainer_backend_modules",

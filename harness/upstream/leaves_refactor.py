@@ -52,7 +52,10 @@ upstream reaches it at:
 * **the rollout thread**: ``RolloutExecutor._get_rollout_data`` runs the rollout function
   through ``asyncio.to_thread(call_rollout_function, ...)``
   (``miles/ray/rollout/rollout_executor.py:L281-L289``): awaited on the one loop, observed
-  as the runner observes ``RolloutManager``'s (``generate_start`` .. ``metrics``).
+  as the runner observes ``RolloutManager``'s (``generate_start`` .. ``metrics``). The
+  fully-async rollout's ``dispose`` closes its worker on Miles' background loop
+  (``fully_async_rollout.py:L309-L310``, ``run(self.aclose())``, where the worker runs):
+  on the one loop too (``leaves.run_on_loop``), the caller blocked as on a ``ray.get``.
 * **process-wide singletons**: the object-store client (``object_store.init_instance``,
   called by the driver at ``orchestration_utils.py:L18`` and by the executor at
   ``rollout_executor.py:L97``), one per run, shared.
@@ -99,6 +102,7 @@ OBJECT_STORE_MOD = "miles.utils.object_store"
 HTTP_UTILS_MOD = "miles.utils.http_utils"
 SERVER_CELL_MOD = "miles.ray.rollout.server_cell"
 CONTROLLER_MOD = "miles.ray.rollout.inference_controller"
+FULLY_ASYNC_MOD = "miles.rollout.fully_async_rollout"
 
 
 LEAVES: tuple[Leaf, ...] = (
@@ -133,8 +137,9 @@ LEAVES: tuple[Leaf, ...] = (
     ),
     Leaf(
         "rollout_thread",
-        "miles/ray/rollout/rollout_executor.py:L281: asyncio.to_thread(call_rollout_function, ...)",
-        "Miles' background-loop thread; the rollout coroutine runs on the one virtual-time loop",
+        "miles/ray/rollout/rollout_executor.py:L281: asyncio.to_thread(call_rollout_function, ...); "
+        "miles/rollout/fully_async_rollout.py:L310: run(self.aclose()) in dispose",
+        "Miles' background-loop thread; the rollout coroutine and its close run on the one virtual-time loop",
     ),
     Leaf(
         "object_store_client",
@@ -539,6 +544,15 @@ def refactor_rebinds(run: Any, observed_load: Any) -> list[Rebind]:
         Rebind("worker_manager", misc, "get_free_port", lambda _: free_port),
         Rebind("worker_manager", misc, "is_port_available", lambda _: port_available),
         *leaves.rollout_rebinds("rollout_executor", ex, run, observed_load),
+        # the rollout function's dispose runs its close on Miles' background loop, where its worker
+        # runs (fully_async_rollout.py:L309-L310, ``run(self.aclose())``): here the one loop
+        Rebind(
+            "rollout_executor",
+            host.module(FULLY_ASYNC_MOD),
+            "run",
+            lambda _: leaves.run_on_loop,
+            probe=lambda _: "run" in vars(importlib.import_module(FULLY_ASYNC_MOD)),
+        ),
         Rebind("worker_manager", wm, "configure_logger", lambda _: leaves.noop),
         *leaves.object_store_rebinds(store),
     ] + (

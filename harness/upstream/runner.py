@@ -581,6 +581,7 @@ class UpstreamRunner:
         self._get_version: int | None = None
         self.rollout_fn: Any = None
         self.data_source: Any = None
+        self.closed_groups: set[int] = set()  # live groups the rollout function's close ended with the run
         self.sample_group: dict[int, list] = {}  # sample index -> its group as last returned
         self.rollout_metrics: dict[int, dict] = {}  # rollout id -> metrics, until trained
         # hooks that follow upstream's save and load at the leaves (harness.upstream.lives)
@@ -715,8 +716,9 @@ class UpstreamRunner:
         return self.accounting.unaccounted(self._queued(), self._finished(), self.now())
 
     def _queued(self) -> set[int]:
-        """The groups in upstream's data source or buffer."""
-        out = {g[0].group_index for g in getattr(self.data_source, "buffer", ())}
+        """The groups in upstream's data source or buffer, and those the rollout function's
+        close ended with the run (``observe_close``)."""
+        out = {g[0].group_index for g in getattr(self.data_source, "buffer", ())} | self.closed_groups
         if self.buffer is not None:
             out |= {e.prompt_group[0].group_index for e in self.buffer._buffer}
         return out
@@ -977,6 +979,29 @@ class UpstreamRunner:
         if self.scenario.config.fully_async:
             self.observe_handler(fn)
             self.observe_submit(fn)
+            if hasattr(fn, "aclose"):
+                self.observe_close(fn)
+
+    def observe_close(self, fn: Any) -> None:
+        """The fully-async rollout's close (``aclose``, which ``dispose`` runs as the driver
+        ends: ``fully_async_rollout.py:L286-L310`` of the refactor's tip, ``train_async.py:L126``):
+        the worker is cancelled and cancels its group and publish tasks, so the live groups
+        not queued in the data source or the buffer go with the run's end. They are listed
+        as pending at ``run_end`` (``closed_groups``), as the groups a driver leaves live when
+        it returns on trees without the close: not trained, not dropped by a rule, and lost
+        to a resume like any group in flight at a stop. What was already held by nothing
+        before the close is declared lost first (``unaccounted``), so the close hides no loss."""
+        aclose = fn.aclose
+
+        async def observed() -> None:
+            self.unaccounted()
+            before = set(self.accounting.pending())
+            try:
+                await aclose()
+            finally:
+                self.closed_groups |= before - self._queued()
+
+        fn.aclose = observed
 
     # --- orchestration="stand-ins": the core's RolloutManager calls the rollout function ---
     async def call_rollout(self, rollout_id: int, version: int | None) -> tuple[list, dict]:

@@ -12,13 +12,14 @@ import shutil
 import subprocess
 import sys
 import time
+import types
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from harness import cli
-from harness.upstream import leaves_refactor, seams, source, vray
+from harness.upstream import leaves, leaves_refactor, orchestration, seams, source, vray
 from harness.upstream.leaves_refactor import SimCommandActor
 from harness.sim.vtime import run_virtual
 
@@ -268,3 +269,90 @@ def test_the_train_actor_leaf_answers_the_worker_managers_node_probes_for_the_on
         )
 
     assert run_virtual(main()) == ("127.0.0.1", 20000, True)
+
+
+def test_the_background_loop_leaf_runs_the_coroutine_on_the_one_loop_while_its_sync_caller_blocks():
+    """``async_utils.run`` from a sync actor method (the fully-async rollout's ``dispose``):
+    the coroutine can await a task made earlier on the same loop (the worker it closes),
+    virtual time passes while the caller blocks, and its value comes back."""
+    events: list[str] = []
+
+    async def worker() -> None:
+        try:
+            await asyncio.sleep(1000.0)
+        finally:
+            events.append("worker cancelled")
+
+    class Rollout:
+        def __init__(self) -> None:
+            self.worker = asyncio.get_running_loop().create_task(worker())
+
+        async def aclose(self) -> float:
+            self.worker.cancel()
+            await asyncio.gather(self.worker, return_exceptions=True)
+            await asyncio.sleep(2.0)
+            return asyncio.get_running_loop().time()
+
+        def dispose(self) -> float:
+            return leaves.run_on_loop(self.aclose())
+
+    async def main() -> tuple[float, float]:
+        rollout = Rollout()
+        await asyncio.sleep(0)
+        start = asyncio.get_running_loop().time()
+        return start, rollout.dispose()
+
+    start, closed_at = run_virtual(main())
+    assert closed_at - start == pytest.approx(2.0) and events == ["worker cancelled"]
+
+
+def test_a_hosted_run_starts_with_none_of_upstreams_per_process_singletons(monkeypatch):
+    """Each run (each life of a resume) is a process of its own: upstream's audit event
+    logger, set by the first ``configure_logger`` of a process and kept for good, is reset
+    with upstream's own setter; a module the tree has not imported is left alone."""
+    [(name, setter)] = orchestration.PROCESS_SINGLETONS
+    fake = types.ModuleType(name)
+    fake.logger = "the previous run's logger, in its removed checkpoint folder"
+
+    def set_event_logger(value: object) -> None:
+        fake.logger = value
+
+    setattr(fake, setter, set_event_logger)
+    monkeypatch.setitem(sys.modules, name, fake)
+    orchestration.fresh_process_singletons()
+    assert fake.logger is None
+    monkeypatch.delitem(sys.modules, name)
+    orchestration.fresh_process_singletons()  # not imported: nothing to reset
+
+
+@pytest.mark.slow
+@pytest.mark.process
+def test_every_resume_case_runs_on_the_tip_and_a_fully_async_run_ends_as_upstream_closes_it():
+    """The resume sweep's cases one after another in one process (each life a fresh event
+    logger, else every case after the first writes into the first one's removed folder), and
+    fully async through the rollout's close at the driver's end (``dispose``): no resume fails,
+    and a fully-async run ends without an error, holding every invariant (conservation included)."""
+    if not (TIP / source.MARKER).is_file():
+        pytest.skip(f"the refactored tree is not at {TIP}")
+    env = {**os.environ, "PYTHONPATH": str(source.REPO_ROOT)}
+    sweep = subprocess.run(
+        [sys.executable, "-m", "harness.upstream.resume_sweep", "--miles-src", str(TIP), "--fast"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=source.REPO_ROOT,
+        env=env,
+    )
+    rows = [line for line in sweep.stdout.splitlines() if line.startswith("| ") and "refused" not in line][1:]
+    assert len(rows) == 12 and not [r for r in rows if "error" in r or "n/a" in r], sweep.stdout[-3000:]
+    diff = subprocess.run(
+        [sys.executable, "-m", "harness.cli", "diff-upstream", "--miles-src", str(TIP)]
+        + ["--scenario", "fa-retract-group", "--orchestration", "upstream"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=source.REPO_ROOT,
+        env=env,
+    )
+    out = diff.stdout + diff.stderr
+    assert "upstream on its own trace: every invariant holds" in out and "'RuntimeError'" not in out, out[-3000:]
