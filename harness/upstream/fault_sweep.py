@@ -29,10 +29,16 @@ mode, message)``:
   ``hang`` (``harness.sim.watchdog``: virtual time went on with no trace event), or the run
   was still going at the virtual or real time limit;
 * ``runaway``: the progress watchdog's ``runaway`` (an event, memory or task budget passed);
-* ``orphaned_task``: the driver raised or was cancelled and upstream's rollout tasks
-  (group tasks, the fully-async worker, a launched generate) are still running; after a
-  normal end only the fully-async worker and its groups may be (upstream's design: the
-  worker lives as long as the rollout manager);
+* ``orphaned_task``: the driver raised or was cancelled and tasks of the driver's own
+  process (group tasks, the fully-async worker, a launched generate) are still running;
+  after a normal end only the fully-async worker and its groups may be (upstream's design:
+  the worker lives as long as the rollout manager). A task a Ray actor runs (with
+  ``--orchestration upstream``: the rollout manager's or executor's rollout, the worker
+  manager's liveness scans, the inference and trainer controllers' tickers and watch
+  loops) is that actor's process's, not the driver's: Ray ends a job's actors when its
+  driver exits (no actor of Miles' is detached), and upstream stops them itself at a
+  normal end (``dispose``, ``shutdown_worker_manager``). Such tasks are listed
+  (``actor_tasks``), never an orphan of the driver;
 * ``silent_drop``: a group whose generation failed was discarded with no retry and no
   metric (its prompt is gone from the run).
 
@@ -56,6 +62,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import functools
 import hashlib
 import json
 import random
@@ -105,6 +112,7 @@ TASK_ROLES = {
     "generate_and_rm": "group_tasks",
     "RolloutManager._generate": "launched_generate",
     "UpstreamRunner.observe_buffer.<locals>.observed_get": "buffer_get",
+    "UpstreamRunner.observe_buffer.<locals>.observed_put": "buffer_put",
 }
 # after a normal end these may still run: upstream's worker lives as long as the rollout manager
 AFTER_NORMAL_END = frozenset({"fully_async_worker", "scheduler_waiter", "group_tasks"})
@@ -198,10 +206,11 @@ class RunnerOutcome:
     events: list[Event]
     history: list[dict]
     error: BaseException | None
-    live_tasks: list[str]
+    live_tasks: list[str]  # the driver's own (harness.upstream.runner: actor_tasks are not in it)
     hang: str | None = None
     wall_s: float = 0.0
     mode: str | None = None  # the driver, where the gate (harness.upstream.gate_run) set it
+    actor_tasks: list[str] = field(default_factory=list)  # "Actor: task" still running in a Ray actor
 
     @property
     def complete(self) -> bool:
@@ -294,6 +303,7 @@ def runner_run_with_faults(
         history=res.history,
         error=res.error,
         live_tasks=list(res.extra.get("live_tasks", [])),
+        actor_tasks=list(res.extra.get("actor_tasks", [])),
         hang=hang,
         wall_s=time.perf_counter() - t0,
     )
@@ -430,30 +440,35 @@ def _quiet_upstream_logs() -> Iterator[None]:
             log.setLevel(level)
 
 
-def run_seed(seed: int, *, keep_log: list[str] | None = None) -> tuple[RunnerOutcome, list[Finding]]:
+def run_seed(
+    seed: int, *, keep_log: list[str] | None = None, orchestration: str = "stand-ins"
+) -> tuple[RunnerOutcome, list[Finding]]:
     """One drawn case on upstream; upstream's log is silenced, or captured into
     ``keep_log`` when given. A member missing on a stand-in of the harness raises
-    ``StandInMemberMissing`` (a harness error, never a finding)."""
+    ``StandInMemberMissing`` (a harness error, never a finding). ``orchestration``:
+    ``harness.upstream.runner.ORCHESTRATIONS`` (``upstream`` runs the tree's own rollout
+    manager or controller and executor, the only way a tree of the controller-executor
+    shape runs)."""
     from harness.upstream import source
     from harness.upstream.case_log import captured
     from harness.upstream.judge import check_stand_ins
 
     if keep_log is None:
         with _quiet_upstream_logs():
-            out = runner_run_with_faults(case_from_seed(seed), seed=seed)
+            out = runner_run_with_faults(case_from_seed(seed), seed=seed, orchestration=orchestration)
     else:
         with captured() as log:
-            out = runner_run_with_faults(case_from_seed(seed), seed=seed)
+            out = runner_run_with_faults(case_from_seed(seed), seed=seed, orchestration=orchestration)
         keep_log.append(log.getvalue())
     check_stand_ins(out, source.active())
     return out, findings(out)
 
 
-def _row(seed: int) -> dict:
+def _row(seed: int, orchestration: str = "stand-ins") -> dict:
     from harness.upstream.seams import SeamMissing
 
     try:
-        out, found = run_seed(seed)
+        out, found = run_seed(seed, orchestration=orchestration)
     except SeamMissing as exc:  # the tree lacks a seam this case's driver needs: not run
         c = case_from_seed(seed)
         return {"seed": seed, "mode": mode(c), "fault": fault_kind(c.faults), "refused": exc.seams}
@@ -481,13 +496,16 @@ def _row(seed: int) -> dict:
     }
 
 
-def sweep(seeds: Iterable[int], *, jobs: int = 1, progress: bool = False) -> list[dict]:
+def sweep(
+    seeds: Iterable[int], *, jobs: int = 1, progress: bool = False, orchestration: str = "stand-ins"
+) -> list[dict]:
     """One row per seed (see ``_row``); ``jobs`` > 1 forks worker processes."""
     seeds = list(seeds)
+    row = functools.partial(_row, orchestration=orchestration)
     if jobs <= 1:
         rows = []
         for i, s in enumerate(seeds):
-            rows.append(_row(s))
+            rows.append(row(s))
             if progress and (i + 1) % 500 == 0:
                 print(f"  {i + 1}/{len(seeds)}", file=sys.stderr, flush=True)
         return rows
@@ -495,7 +513,7 @@ def sweep(seeds: Iterable[int], *, jobs: int = 1, progress: bool = False) -> lis
 
     with mp.get_context("fork").Pool(jobs) as pool:
         rows = []
-        for i, r in enumerate(pool.imap(_row, seeds, chunksize=20)):
+        for i, r in enumerate(pool.imap(row, seeds, chunksize=20)):
             rows.append(r)
             if progress and (i + 1) % 500 == 0:
                 print(f"  {i + 1}/{len(seeds)}", file=sys.stderr, flush=True)
@@ -633,18 +651,18 @@ def load_known(path: Path = FINDINGS_FILE) -> dict:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
-def replay(seed: int, *, verbose: bool = False) -> str:
+def replay(seed: int, *, verbose: bool = False, orchestration: str = "stand-ins") -> str:
     """The case, outcome and findings of one seed; with ``verbose`` upstream's captured log too."""
     from harness.checking.invariants import format_violations
 
     log: list[str] = []
-    out, found = run_seed(seed, keep_log=log)
+    out, found = run_seed(seed, keep_log=log, orchestration=orchestration)
     c = out.case
     lines = [
         f"seed {seed}: {mode(c)}, fault {fault_kind(c.faults)}",
         c.describe(),
         f"error: {out.error!r}  hang: {out.hang}  trained steps: {len(out.history)}  "
-        f"live tasks at end: {out.live_tasks}",
+        f"live tasks at end: {out.live_tasks}  in actors: {out.actor_tasks}",
     ]
     if not found:
         lines.append("no findings")
@@ -678,6 +696,14 @@ def _activate(path: str | None) -> Path:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m harness.upstream.fault_sweep", description=__doc__.split("\n\n")[0])
     p.add_argument("--miles-src", default=None)
+    p.add_argument(
+        "--orchestration",
+        choices=("stand-ins", "upstream"),
+        default="stand-ins",
+        help="the harness' stand-ins for the rollout manager and actor group (default: the core's orchestration, "
+        "as the differential), or the tree's own orchestration over faked leaves (needed for a tree of the "
+        "controller-executor shape, which has no stand-ins)",
+    )
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("sweep", help="run seeds START..START+RUNS-1 and summarize the findings")
     s.add_argument("--runs", type=int, default=200)
@@ -692,10 +718,10 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     tree = _activate(a.miles_src)
     if a.cmd == "replay":
-        print(replay(a.seed, verbose=a.verbose))
+        print(replay(a.seed, verbose=a.verbose, orchestration=a.orchestration))
         return 0
     t0 = time.perf_counter()
-    rows = sweep(range(a.start, a.start + a.runs), jobs=a.jobs, progress=True)
+    rows = sweep(range(a.start, a.start + a.runs), jobs=a.jobs, progress=True, orchestration=a.orchestration)
     doc = summarize(rows, tree=tree, seeds=f"{a.start}..{a.start + a.runs - 1}", seconds=time.perf_counter() - t0)
     known = load_known()
     new = sorted(set(doc["kinds"]) - set(known.get("kinds", {})))

@@ -72,7 +72,7 @@ from harness.sim.trainer import SimTrainer
 from harness.sim.vtime import run_virtual
 from harness.sim.watchdog import for_scenario, install
 from harness.trace import Event, TraceRecorder
-from harness.upstream import host, source, stand_ins
+from harness.upstream import host, source, stand_ins, vray
 from harness.upstream.group_accounting import GroupAccounting
 from harness.upstream.harness_errors import HarnessError, RunnerSeamError
 from harness.upstream.host import Rebind, LifecycleSink
@@ -1116,12 +1116,14 @@ class UpstreamRunner:
                 me = asyncio.current_task()
                 # what upstream leaves running when its driver returns or raises (before
                 # run_virtual cancels it; tasks already being cancelled are not counted):
-                # the fault sweep (harness.upstream.fault_sweep) tells orphans from the worker
-                holder["live_tasks"] = sorted(
-                    getattr(t.get_coro(), "__qualname__", repr(t.get_coro()))
-                    for t in asyncio.all_tasks()
-                    if t is not me and not t.done() and not t.cancelling()
-                )
+                # the fault sweep (harness.upstream.fault_sweep) tells orphans from the worker.
+                # A task a Ray actor runs is that actor's process's, not the driver's (vray's
+                # task_owner): it ends with the job (no actor of Miles' is detached), so it is
+                # listed apart (actor_tasks) and never an orphan of the driver
+                live = [t for t in asyncio.all_tasks() if t is not me and not t.done() and not t.cancelling()]
+                owners = {t: vray.task_owner(t) for t in live}
+                holder["live_tasks"] = sorted(_task_name(t) for t in live if owners[t] is None)
+                holder["actor_tasks"] = sorted(f"{owners[t]}: {_task_name(t)}" for t in live if owners[t] is not None)
                 self.unaccounted()
                 self._emit(ev.RUN_END, pending_groups=self.accounting.pending())
                 # the driver is gone: what tasks that outlive it on the one loop do until it
@@ -1170,6 +1172,7 @@ class UpstreamRunner:
             extra={
                 "abort_posts": list(self.abort_posts),
                 "live_tasks": holder.get("live_tasks", []),
+                "actor_tasks": holder.get("actor_tasks", []),
                 "worker_error": worker_error,
             },
         )
@@ -1179,6 +1182,10 @@ class UpstreamRunner:
         if problems:
             raise RunnerAccountingError(problems, result)
         return result
+
+
+def _task_name(task: asyncio.Task) -> str:
+    return getattr(task.get_coro(), "__qualname__", repr(task.get_coro()))
 
 
 def run_upstream(scenario: Scenario, **kwargs: Any) -> UpstreamRunResult:

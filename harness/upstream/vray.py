@@ -965,6 +965,12 @@ def actors() -> list[ActorInfo]:
     ]
 
 
+def task_owner(task: Any) -> str | None:
+    """The class of the live actor whose process runs ``task`` (one of its calls, or a task
+    it started: ``_own_tasks``), or ``None``: a task of the driver's own process."""
+    return next((a.cls.__name__ for a in _state.actors if task in a.started), None)
+
+
 def free(object_refs: list[ObjectRef], local_only: bool = False) -> None:
     """Nothing to free: vray has no object store."""
 

@@ -174,6 +174,34 @@ def test_an_orphaned_task_after_a_failure_is_reported(miles_src):
     assert "orphaned_task:fully_async_worker@fully_async" in kinds
 
 
+def test_an_orphan_of_the_driver_is_reported_and_a_ray_actors_own_tasks_are_not(miles_src):
+    """Upstream's orchestration: the fully-async rollout runs in the rollout manager's Ray
+    actor, so after a trainer failure its worker still runs in that actor's process, which
+    Ray ends with the job: listed apart (``actor_tasks``), no orphan of the driver. A task
+    the driver's own process starts and leaves running (a seeded bug in ``train_async.py``)
+    is one, in the same run."""
+    from harness.upstream import patching
+    from harness.upstream.patching import Patch, UpstreamMutant
+
+    case = _fa_case(trainer_fail_at_step=1)
+    out = uf.runner_run_with_faults(case, orchestration="upstream")
+    assert type(out.error).__name__ == "TrainerStepError"
+    assert not [f.kind for f in uf.findings(out) if f.category == "orphaned_task"]
+    assert any(t.endswith("FullyAsyncRolloutFn._worker_loop") for t in out.actor_tasks), out.actor_tasks
+    line = "    rollout_data_next_future = rollout_manager.generate.remote(args.start_rollout_id)\n"
+    bug = UpstreamMutant(
+        name="driver_leaves_a_task_running",
+        area="driver",
+        doc="the driver starts a task of its own that it never awaits or cancels",
+        patches=(Patch("train_async.py", line, line + "    _left = asyncio.ensure_future(asyncio.sleep(1e9))\n"),),
+        expected=frozenset({"orphaned_task"}),
+    )
+    with patching.applied(bug):
+        out = uf.runner_run_with_faults(case, orchestration="upstream")
+    kinds = {f.kind for f in uf.findings(out) if f.category == "orphaned_task"}
+    assert kinds == {"orphaned_task:sleep@fully_async"}, kinds
+
+
 def test_an_unexplained_error_is_a_finding(miles_src, monkeypatch):
     """An error no injected fault explains (here the trainer raises ``ValueError`` in a
     fault-free schedule) is a ``run_error`` finding."""
