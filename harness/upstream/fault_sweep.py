@@ -378,11 +378,7 @@ def findings(out: RunnerOutcome) -> list[Finding]:
             seen.add(v.invariant)
             found.append(Finding("invariant", v.invariant, m, v.message))
     err = out.error
-    if (
-        out.hang is None
-        and err is not None
-        and (not isinstance(err, EXPECTED_ERRORS) or not out.case.faults.may_end_early)
-    ):
+    if out.hang is None and err is not None and not (out.case.faults.may_end_early and _explained(err, out)):
         found.append(Finding("run_error", type(err).__name__, m, repr(err)[:300]))
     ended_normally = out.error is None and out.hang is None
     roles: dict[str, list[str]] = {}
@@ -418,6 +414,25 @@ def findings(out: RunnerOutcome) -> list[Finding]:
             )
         )
     return found
+
+
+def _explained(err: BaseException, out: RunnerOutcome) -> bool:
+    """An injected fault ended the run: its own error, or the refactored trainer controller's
+    report of it. On the controller-executor shape a train step's error fails the trainer
+    cell, and with no cell left the controller raises its own ``All cells failed in this
+    training attempt`` (``miles/ray/train/group.py:L259-L267``, ``_make_all_cells_failed_error``:
+    ``NonRetryableError``, or ``RuntimeError`` while a cell could recover) without chaining the
+    cell's error: it is the injected trainer failure when the trainer took exactly the steps
+    before the failing one."""
+    if isinstance(err, EXPECTED_ERRORS):
+        return True
+    fail_at = out.case.faults.trainer_fail_at_step
+    return (
+        fail_at is not None
+        and type(err).__name__ in ("NonRetryableError", "RuntimeError")
+        and str(err).startswith("All cells failed")
+        and len(out.history) == fail_at
+    )
 
 
 # --------------------------------------------------------------------------- sweeps
