@@ -32,12 +32,13 @@ mode, message)``:
 * ``orphaned_task``: the driver raised or was cancelled and tasks of the driver's own
   process (group tasks, the fully-async worker, a launched generate) are still running;
   after a normal end only the fully-async worker and its groups may be (upstream's design:
-  the worker lives as long as the rollout manager). A task a Ray actor runs (with
-  ``--orchestration upstream``: the rollout manager's or executor's rollout, the worker
-  manager's liveness scans, the inference and trainer controllers' tickers and watch
-  loops) is that actor's process's, not the driver's: Ray ends a job's actors when its
-  driver exits (no actor of Miles' is detached), and upstream stops them itself at a
-  normal end (``dispose``, ``shutdown_worker_manager``). Such tasks are listed
+  the worker lives as long as the rollout manager). A call the driver made to a Ray actor
+  and left in flight is the driver's (a launched generate); a task an actor started
+  itself (with ``--orchestration upstream``: the rollout manager's or executor's worker and
+  group tasks, the worker manager's liveness scans, the inference and trainer controllers'
+  tickers and watch loops) is that actor's process's, not the driver's: Ray ends a job's
+  actors when its driver exits (no actor of Miles' is detached), and upstream stops them
+  itself at a normal end (``dispose``, ``shutdown_worker_manager``). Such tasks are listed
   (``actor_tasks``), never an orphan of the driver;
 * ``silent_drop``: a group whose generation failed was discarded with no retry and no
   metric (its prompt is gone from the run).
@@ -111,6 +112,12 @@ TASK_ROLES = {
     "generate_and_rm_group": "group_tasks",
     "generate_and_rm": "group_tasks",
     "RolloutManager._generate": "launched_generate",
+    # with --orchestration upstream: the driver's call of the rollout manager's actor, and on the
+    # controller-executor shape the driver's own task around its calls (train_async.py:L63-L68, L72)
+    "RolloutManager.generate": "launched_generate",
+    "train.<locals>.prepare_and_generate": "launched_generate",
+    "InferenceController.prepare_rollout": "launched_generate",
+    "RolloutExecutor.get": "launched_generate",
     "UpstreamRunner.observe_buffer.<locals>.observed_get": "buffer_get",
     "UpstreamRunner.observe_buffer.<locals>.observed_put": "buffer_put",
 }

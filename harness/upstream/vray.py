@@ -244,6 +244,7 @@ class ObjectRef:
 
     def __init__(self, label: str) -> None:
         self._id, self._label = _state.new_id(), label
+        self._caller: _Actor | None = _current.get()  # whose process made the call (None: the driver's)
         self._done = False
         self._value: Any = None
         self._error: BaseException | None = None
@@ -966,8 +967,14 @@ def actors() -> list[ActorInfo]:
 
 
 def task_owner(task: Any) -> str | None:
-    """The class of the live actor whose process runs ``task`` (one of its calls, or a task
-    it started: ``_own_tasks``), or ``None``: a task of the driver's own process."""
+    """The class of the live actor whose process ``task`` is the work of, or ``None``: the
+    driver's own. A call in flight is its caller's (a call the driver made and has not
+    awaited is the driver's loose end, whichever actor runs it); a task an actor started
+    itself (``_own_tasks``) is that actor's."""
+    for a in _state.actors:
+        for ref, t in a.inflight.items():
+            if t is task:
+                return None if ref._caller is None else ref._caller.cls.__name__
     return next((a.cls.__name__ for a in _state.actors if task in a.started), None)
 
 
