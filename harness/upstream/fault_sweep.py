@@ -604,8 +604,13 @@ def format_md(doc: dict) -> str:
     lines = [
         "# Fault schedules on upstream Miles: findings",
         "",
-        f"Upstream tree `{doc['upstream_tree']}` (digest `{doc['tree_digest']}` over the files listed in the JSON). "
-        f"Seeds `{doc['seeds']}`: {doc['runs']} runs"
+        f"Upstream tree `{doc['upstream_tree']}` (digest `{doc['tree_digest']}` over the files listed in the JSON)"
+        + (
+            f", its own orchestration (`--orchestration {doc['orchestration']}`). "
+            if doc.get("orchestration", "stand-ins") != "stand-ins"
+            else ". "
+        )
+        + f"Seeds `{doc['seeds']}`: {doc['runs']} runs"
         + (f" in {doc['real_seconds']} s" if doc.get("real_seconds") else "")
         + f", {doc['complete_runs']} complete, {doc['runs_with_findings']} with at least one finding"
         + (
@@ -734,6 +739,15 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument(
         "--write", action="store_true", help=f"write {FINDINGS_FILE.relative_to(RESULTS.parents[1])} and its .md"
     )
+    s.add_argument(
+        "--known",
+        type=Path,
+        default=FINDINGS_FILE,
+        help="the findings file whose kinds are accepted (default: the pinned tree's); a kind not in it exits 1",
+    )
+    s.add_argument(
+        "--out", type=Path, default=None, help="also write OUT.json and OUT.md (e.g. another tree's findings)"
+    )
     r = sub.add_parser("replay", help="run one seed and print its case, outcome and findings")
     r.add_argument("seed", type=int)
     r.add_argument("-v", "--verbose", action="store_true", help="print upstream's captured log of the run too")
@@ -745,11 +759,17 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     rows = sweep(range(a.start, a.start + a.runs), jobs=a.jobs, progress=True, orchestration=a.orchestration)
     doc = summarize(rows, tree=tree, seeds=f"{a.start}..{a.start + a.runs - 1}", seconds=time.perf_counter() - t0)
-    known = load_known()
+    doc["orchestration"] = a.orchestration
+    known = load_known(a.known)
     new = sorted(set(doc["kinds"]) - set(known.get("kinds", {})))
     print(format_md(doc))
     if new and known:
-        print(f"NEW finding kinds (not in {FINDINGS_FILE.name}): {new}")
+        print(f"NEW finding kinds (not in {a.known.name}): {new}")
+    if a.out is not None:
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        a.out.with_suffix(".json").write_text(json.dumps(doc, indent=1) + "\n")
+        a.out.with_suffix(".md").write_text(format_md(doc))
+        print(f"wrote {a.out.with_suffix('.json')} and its .md")
     if a.write:
         RESULTS.mkdir(parents=True, exist_ok=True)
         FINDINGS_FILE.write_text(json.dumps(doc, indent=1) + "\n")

@@ -236,3 +236,33 @@ def test_a_seam_failing_inside_upstream_is_a_harness_error_not_a_finding(miles_s
     assert "harness_error" in row and "findings" not in row, row
     assert "RunnerSeamError" in row["harness_error"]
     assert "lifecycle_sink" in row["harness_error"] or "generate_and_rm" in row["harness_error"]
+
+
+class NonRetryableError(Exception):
+    """The refactor's trainer controller's error type, by name (miles/utils/exceptions)."""
+
+
+def test_the_refactored_trainer_controllers_report_of_the_injected_failure_is_explained_and_only_that():
+    """On the controller-executor shape the injected trainer failure surfaces as the trainer
+    controller's own ``All cells failed in this training attempt``: explained when the trainer
+    took exactly the steps before the failing one; the same error a step early, another
+    message, or with no trainer failure drawn is a finding."""
+    from harness.checking.strategies import RunCase
+    from harness.upstream.diff import case_named
+
+    sc = case_named("one-step-k1").scenario()
+
+    def outcome(error: BaseException, *, fail_at: int | None, steps: int) -> uf.RunnerOutcome:
+        case = RunCase(sc, FaultSchedule(trainer_fail_at_step=fail_at))
+        return uf.RunnerOutcome(None, case, [], [{}] * steps, error, [])
+
+    def run_errors(out: uf.RunnerOutcome) -> list[str]:
+        return [f.kind for f in uf.findings(out) if f.category == "run_error"]
+
+    all_failed = NonRetryableError("All cells failed in this training attempt")
+    assert run_errors(outcome(all_failed, fail_at=2, steps=2)) == []
+    assert run_errors(outcome(all_failed, fail_at=2, steps=1)) == ["run_error:NonRetryableError@one_step"]
+    assert run_errors(outcome(NonRetryableError("weight update"), fail_at=2, steps=2)) == [
+        "run_error:NonRetryableError@one_step"
+    ]
+    assert run_errors(outcome(all_failed, fail_at=None, steps=2)) == ["run_error:NonRetryableError@one_step"]
