@@ -35,6 +35,14 @@ BENCH = [PY, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", "-m", "bench"
 # (harness.advise.validate_runs makes its fresh pairs with the same flags)
 RAY_RUN = ["run", "--layout", "ray", "--repeats", "4", "--no-plots", "--modes", "sync,one-step,fully-async"]
 WRITE = {"MILES_HARNESS_WRITE_RESULTS": "1"}
+# the trees of Miles' orchestration refactor beside the repository (../shared/third_party): its base,
+# step #2649 of the stack and the tip (#2542)
+REFACTOR = {
+    "1200fca8f": "../shared/third_party/miles-1200fca8f",
+    "pr2649": "../shared/third_party/miles-pr2649-48920692a",
+    "pr2542": "../shared/third_party/miles-pr2542-688cf82b9",
+}
+TIP = REFACTOR["pr2542"]
 # the simulator's baseline for the side-by-side files: the version before its speed work, so
 # sim_speed_ab and sim_instructions say what that work gains on the same host in one session
 SIM_BASELINE = "d7779bb"
@@ -436,6 +444,35 @@ STEPS: list[Step] = [
         REFACTOR_TIP,
         "--orchestration",
         "upstream",
+    ),
+    # the same two sweeps and the fault schedules on the tip of Miles' orchestration refactor (controller-executor
+    # shape, its own orchestration), and the gate across the refactor's stack
+    Step(
+        "resume_sweep_upstream_tip",
+        CLI + ["resume-sweep", "--host", "upstream", "--miles-src", TIP, "--json", "results/resume/upstream_tip.json"],
+        ["results/resume/upstream_tip.json", "results/resume/upstream_tip.txt"],
+        stdout="results/resume/upstream_tip.txt",
+    ),
+    Step(
+        "upstream_resume_sweep_tip",
+        [PY, "-m", "harness.upstream.resume_sweep", "--miles-src", TIP, "--out", "results/upstream/resume_sweep_tip"],
+        ["results/upstream/resume_sweep_tip.json", "results/upstream/resume_sweep_tip.md"],
+    ),
+    Step(
+        "upstream_faults_tip",
+        [PY, "-m", "harness.upstream.fault_sweep", "--miles-src", TIP, "--orchestration", "upstream", "sweep"]
+        + ["--runs", "1000", "--jobs", "2", "--known", "results/upstream/fault_findings_tip.json"]
+        + ["--out", "results/upstream/fault_findings_tip"],
+        ["results/upstream/fault_findings_tip.json", "results/upstream/fault_findings_tip.md"],
+    ),
+    *(
+        Step(
+            f"gate_{head}_{base}",
+            [PY, "-m", "harness.upstream.gate_digest", "--miles-src", REFACTOR[head], "--base", REFACTOR[base]]
+            + ["--out", f"results/upstream/gate_{head}_{base}"],
+            [f"results/upstream/gate_{head}_{base}.json", f"results/upstream/gate_{head}_{base}.md"],
+        )
+        for head, base in (("pr2649", "1200fca8f"), ("pr2542", "pr2649"), ("pr2542", "1200fca8f"))
     ),
     Step(
         "serve_upstream_e2e",
