@@ -20,7 +20,6 @@ import dis
 import importlib
 import sys
 import types
-from pathlib import Path
 from typing import Any
 
 
@@ -221,21 +220,7 @@ STAND_INS: dict[str, tuple[str, dict[str, Any]]] = {
         "engine processes",
         {"kill_process_tree": _raising},
     ),
-    # The refactored shape's trainer pool spec (`miles/ray/specs/train.py:L243-L248`, with
-    # --offload-train, which --colocate sets) puts torch_memory_saver's preload library in the
-    # train actor's LD_PRELOAD; the train actor is a leaf of the harness and loads nothing.
-    "torch_memory_saver.utils": (
-        "torch_memory_saver (GPU memory offload, a CUDA extension, not installed on CPU); only its preload "
-        "library's path is read, for the train actor's environment, which the train actor leaf ignores",
-        {"get_binary_path_from_package": lambda q, r: _preload_path},
-    ),
 }
-
-
-def _preload_path(name: str) -> Path:
-    """Where torch_memory_saver's preload library ``name`` would be: a path nothing loads here."""
-    return Path("/nonexistent/miles-harness-stand-in/torch_memory_saver") / f"{name}.so"
-
 
 APPLIED: dict[str, str] = {}
 
