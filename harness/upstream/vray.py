@@ -14,8 +14,18 @@ imports from. The contract, following Ray's documented behaviour, made determini
   an actor's tasks after its creation task). Outside a running loop it runs at
   ``.remote()``. One that raises leaves a dead handle.
 - A call of an ``async def`` method (an async actor's) is an asyncio task on the running
-  loop, concurrent with the others. Plain calls run one at a time in submission order: at
-  ``.remote()`` when no plain call of the actor is running, else queued behind it. So a sync
+  loop, concurrent with the others, started eagerly: its body runs inside ``.remote()`` up
+  to its first suspension (a body that never suspends returns a done ref). Its ref is done
+  in the step where the body returns, and an ``await`` of a pending ref waits on a future of
+  its own (``ObjectRef.future()``: cancelling it cancels the wait, not the call) whose
+  completion wakes the awaiter next, before anything else ready on the loop. So a call and
+  its return cost what a direct call costs (the callee runs when called, the caller resumes
+  when it returns): between two processes Ray delivers in some order, and this is the one
+  the core's direct calls have, so work falling on one virtual instant runs in the same
+  order on both. A ref already done when awaited does not suspend; what asyncio's own
+  plumbing around it costs (``gather``'s callbacks) is what it costs.
+- Plain calls run one at a time in submission order: at ``.remote()`` when no plain call
+  of the actor is running, else queued behind it. So a sync
   actor is sequential, and an async actor's plain method runs at once even while its
   coroutines are suspended (in Ray it runs on, and blocks, the actor's one loop thread).
   Top-level ``ObjectRef`` arguments are resolved, as Ray does.
@@ -239,8 +249,65 @@ def _caller() -> str:
     return f"{frame.f_code.co_filename}:{frame.f_lineno}"
 
 
+class _FrontHandle(asyncio.Handle):
+    """A handle vray put at the front of the loop's ready queue (``_call_soon_front``)."""
+
+
+def _call_soon_front(
+    loop: asyncio.AbstractEventLoop, callback: Callable[..., Any], *args: Any, context: Any = None
+) -> asyncio.Handle:
+    """``loop.call_soon`` while a return is delivered (``_front``): the handle runs next,
+    after the ones already put first and before everything else ready."""
+    handle = _FrontHandle(callback, args, loop, context)
+    ready = loop._ready  # type: ignore[attr-defined]
+    i = 0
+    while i < len(ready) and type(ready[i]) is _FrontHandle:
+        i += 1
+    ready.insert(i, handle)
+    return handle
+
+
+@contextlib.contextmanager
+def _call_soon_as(loop: asyncio.AbstractEventLoop, call_soon: Callable[..., Any]) -> Iterator[None]:
+    """``loop.call_soon`` is ``call_soon`` in the block: an instance attribute, which shadows
+    the loop's method for asyncio's futures and tasks (they look it up on their loop)."""
+    before = loop.__dict__.get("call_soon")
+    loop.__dict__["call_soon"] = call_soon
+    try:
+        yield
+    finally:
+        if before is None:
+            loop.__dict__.pop("call_soon", None)
+        else:
+            loop.__dict__["call_soon"] = before
+
+
+def _front(loop: asyncio.AbstractEventLoop) -> contextlib.AbstractContextManager[None]:
+    """What ``loop.call_soon`` schedules in the block runs next (``_call_soon_front``)."""
+    return _call_soon_as(loop, functools.partial(_call_soon_front, loop))
+
+
+class _Awaiting(asyncio.Future):
+    """What one await of a ref waits on (Ray's ``ObjectRef.as_future()``: a future per
+    awaiter, so cancelling it cancels the wait, not the call). Its completion wakes the
+    awaiter next, before anything else ready on the loop (``_front``), as a direct call's
+    caller resumes the moment the callee returns. A ref already done when it is awaited has
+    no return left to deliver: what asyncio's plumbing costs then (``gather``'s callbacks)
+    is what it costs."""
+
+    def _deliver(self, value: Any, error: BaseException | None) -> None:
+        if self.done():  # its awaiter was cancelled
+            return
+        with _front(self.get_loop()):
+            if error is not None:
+                self.set_exception(error)
+            else:
+                self.set_result(value)
+
+
 class ObjectRef:
-    """The result of a remote call: done at once (eager calls, ``put``) or when its task ends."""
+    """The result of a remote call: done at once (a call that ran to its end at ``.remote()``,
+    ``put``) or in the step where its task ends."""
 
     def __init__(self, label: str) -> None:
         self._id, self._label = _state.new_id(), label
@@ -248,7 +315,7 @@ class ObjectRef:
         self._done = False
         self._value: Any = None
         self._error: BaseException | None = None
-        self._waiters: list[asyncio.Future[Any]] = []
+        self._waiters: list[_Awaiting] = []
 
     def hex(self) -> str:
         return f"{self._id:056x}"
@@ -266,14 +333,9 @@ class ObjectRef:
         if self._done:
             return
         self._done, self._value, self._error = True, value, error
-        for fut in self._waiters:
-            if fut.done():  # its awaiter was cancelled
-                continue
-            if error is not None:
-                fut.set_exception(error)
-            else:
-                fut.set_result(value)
-        self._waiters.clear()
+        waiters, self._waiters = self._waiters, []
+        for fut in waiters:
+            fut._deliver(value, error)
 
     def _result(self) -> Any:
         if self._error is not None:
@@ -281,11 +343,11 @@ class ObjectRef:
         return self._value
 
     def future(self) -> asyncio.Future[Any]:
-        """An asyncio future of the running loop that completes with this ref."""
+        """An asyncio future of the running loop that completes with this ref (``_Awaiting``)."""
         loop = _running_loop()
         if loop is None:
             raise VRayNoLoop(f"{self!r}.future() at {_caller()} needs a running loop")
-        fut = loop.create_future()
+        fut = _Awaiting(loop=loop)
         if not self._done:
             self._waiters.append(fut)
         elif self._error is not None:
@@ -357,6 +419,26 @@ def _own_tasks(loop: asyncio.AbstractEventLoop) -> None:
     loop.set_task_factory(factory)
 
 
+def _eager_task(loop: asyncio.AbstractEventLoop, coro: Any, context: contextvars.Context, name: str) -> Any:
+    """A task of ``coro`` whose first step runs now, up to its first suspension, before the
+    caller goes on (asyncio's eager task start, ``eager_start=True`` from Python 3.12; on
+    3.11 the pure-Python task with its first step run here)."""
+    if sys.version_info >= (3, 12):
+        return asyncio.Task(coro, loop=loop, context=context, name=name, eager_start=True)  # type: ignore[call-arg]
+    steps: list[Callable[[], None]] = []
+    with _call_soon_as(loop, lambda callback, *a, context=None: steps.append(callback)):
+        task = asyncio.tasks._PyTask(coro, loop=loop, name=name, context=context)  # type: ignore[attr-defined]
+    caller = asyncio.current_task(loop)
+    if caller is not None:
+        asyncio.tasks._leave_task(loop, caller)
+    try:
+        context.run(steps[0])
+    finally:
+        if caller is not None:
+            asyncio.tasks._enter_task(loop, caller)
+    return task
+
+
 def _spawn(
     actor: _Actor | None, fn: Callable[..., Any], args: tuple, kwargs: dict, label: str, ref: ObjectRef | None = None
 ) -> ObjectRef:
@@ -368,18 +450,25 @@ def _spawn(
         )
     ref = ObjectRef(label) if ref is None else ref
 
-    async def body() -> Any:
+    async def body() -> None:
         _current.set(actor)  # the task's own context: the actor is current in the call
-        for dep in _pending_args(args, kwargs):
-            await dep
-        a, k = _resolved(args, kwargs)
-        return await fn(*a, **k)
+        try:
+            for dep in _pending_args(args, kwargs):
+                await dep
+            a, k = _resolved(args, kwargs)
+            value = await fn(*a, **k)
+        except Exception as e:
+            ref._resolve(error=e)
+        else:  # the return reaches the caller in this step, as a direct call's does
+            ref._resolve(value)
 
     body.__qualname__ = label  # the task is named by the call it runs (e.g. RolloutManager.generate)
     _own_tasks(loop)
     context = contextvars.copy_context()
     context.run(_current.set, actor)  # the call runs in the actor: what it starts is the actor's
-    task = loop.create_task(body(), context=context)
+    task = _eager_task(loop, body(), context, f"{label}#{ref._id:08d}")
+    if task.done():  # it ran to its end at .remote()
+        return ref
     if actor is not None:
         actor.inflight[ref] = task
 
@@ -388,10 +477,6 @@ def _spawn(
             actor.inflight.pop(ref, None)
         if t.cancelled():
             ref._resolve(error=TaskCancelledError(f"{label} was cancelled"))
-        elif (error := t.exception()) is not None:
-            ref._resolve(error=error)
-        else:
-            ref._resolve(t.result())
 
     task.add_done_callback(finished)
     return ref

@@ -425,6 +425,86 @@ def test_a_plain_call_an_async_actor_makes_to_itself_from_a_plain_method_runs_af
     assert log == ["inner done during outer: False", "inner"]
 
 
+def test_a_coroutine_call_runs_up_to_its_first_await_at_remote_in_a_task_of_its_own() -> None:
+    log: list[Any] = []
+
+    class Async:
+        async def work(self, caller: asyncio.Task) -> str:
+            log.append(("started in its own task", asyncio.current_task() is not caller))
+            await asyncio.sleep(1)
+            log.append("resumed")
+            return "worked"
+
+        async def at_once(self) -> int:
+            log.append("at once")
+            return 7
+
+    async def main() -> tuple[str, int]:
+        handle = vray.remote(Async).remote()
+        await handle.__ray_ready__.remote()
+        me = asyncio.current_task()
+        assert me is not None
+        ref = handle.work.remote(me)
+        log.append("remote returned")
+        quick = handle.at_once.remote()
+        assert quick._done  # it ran to its end inside .remote()
+        return await ref, await quick
+
+    assert run_virtual(main()) == ("worked", 7)
+    assert log == [("started in its own task", True), "remote returned", "at once", "resumed"]
+
+
+def test_a_return_reaches_the_caller_awaiting_it_before_anything_else_ready() -> None:
+    """As a direct call's caller resumes when the callee returns: the call's last step and
+    the caller's next one run back to back, ahead of work that became ready in between."""
+    log: list[str] = []
+
+    class Gated:
+        def __init__(self) -> None:
+            self.gate: asyncio.Future[None] | None = None
+
+        async def wait(self) -> str:
+            self.gate = asyncio.get_running_loop().create_future()
+            await self.gate
+            return "returned"
+
+        def open(self) -> None:
+            assert self.gate is not None
+            self.gate.set_result(None)  # the call's task is ready from here
+
+    async def bystander() -> None:
+        log.append("bystander")
+
+    async def main() -> None:
+        handle = vray.remote(Gated).remote()
+        await handle.__ray_ready__.remote()
+        ref = handle.wait.remote()
+
+        async def caller() -> None:
+            log.append(await ref)
+
+        waiting = asyncio.ensure_future(caller())
+        await asyncio.sleep(0)  # the caller waits on the ref
+        vray.get(handle.open.remote())
+        asyncio.ensure_future(bystander())  # ready after the call's task, before the caller
+        await waiting
+
+    run_virtual(main())
+    assert log == ["returned", "bystander"]
+
+
+def test_awaiting_a_ref_that_is_already_done_does_not_suspend_the_caller() -> None:
+    async def main() -> tuple[int, list[str]]:
+        handle = vray.remote(Counter).remote()
+        await handle.__ray_ready__.remote()
+        ran: list[str] = []
+        asyncio.get_running_loop().call_soon(ran.append, "other")
+        value = await handle.add.remote(2)  # a plain call: done at .remote()
+        return value, list(ran)  # a copy: the loop runs "other" once main() has returned
+
+    assert run_virtual(main()) == (2, [])
+
+
 def test_a_coroutine_method_called_outside_a_running_loop_raises_a_clear_error() -> None:
     handle = vray.remote(Sleeper).remote()
     with pytest.raises(VRayNoLoop, match=r"Sleeper\.nap\.remote\(\) at .*test_vray\.py.*inside run_virtual"):
