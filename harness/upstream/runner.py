@@ -936,10 +936,10 @@ class UpstreamRunner:
         trainer's weights, version, continue (``update_weight_from_tensor.py:L237-L320``)."""
         ctx = self.ctx
         self.weight_update_begins(version)
-        await asyncio.gather(*(e.pause_generation.remote(mode=mode) for e in engines))
+        await _each([e.pause_generation.remote(mode=mode) for e in engines])
         weights = ctx.trainer.get_weights()
-        await asyncio.gather(*(e.update_weights_from_tensor.remote(version, weights) for e in engines))
-        await asyncio.gather(*(e.continue_generation.remote() for e in engines))
+        await _each([e.update_weights_from_tensor.remote(version, weights) for e in engines])
+        await _each([e.continue_generation.remote() for e in engines])
 
     def weight_update_begins(self, version: int) -> None:
         """The train actor starts updating the engines to ``version`` (the weight sync opens)."""
@@ -1186,6 +1186,15 @@ class UpstreamRunner:
 
 def _task_name(task: asyncio.Task) -> str:
     return getattr(task.get_coro(), "__qualname__", repr(task.get_coro()))
+
+
+async def _each(refs: list) -> None:
+    """Wait for every ref as the updater's ``ray.get([...])`` does
+    (``update_weight_from_tensor.py:L257``, ``:L320``): a call done at ``.remote()`` costs no
+    step of the loop, a pending one the crossing of its return (``harness.upstream.vray``);
+    ``asyncio.gather`` would add its own callbacks' steps, which ``ray.get`` has not."""
+    for ref in refs:
+        await ref
 
 
 def run_upstream(scenario: Scenario, **kwargs: Any) -> UpstreamRunResult:

@@ -31,6 +31,27 @@ def test_upstream_orchestration_matches_the_core_and_holds_every_invariant(miles
     assert not violations, format_violations(violations)
 
 
+# fully-async cases where a weight update's pause takes effect at the engine step that also
+# finishes a request: the update (load, resume) and the worker's reaction to the request
+# (its next group) fall on one virtual instant, in the order a direct call gives them only
+# if a Ray call and its return cost what a direct call costs (harness.upstream.vray)
+SAME_INSTANT = (
+    "fa-retract-sample",
+    "fa-in_place-sample",
+    "fa-sample-staleness1-retry",
+    "fa-sample-fast-trainer",
+    "fa-group-abort-storm-retry",
+    "fa-group-request-fails",
+    "fa-pairwise-00",
+)
+
+
+@pytest.mark.parametrize("name", SAME_INSTANT)
+def test_a_weight_update_and_a_finished_request_at_one_engine_step_run_in_the_cores_order(miles_src, name):
+    report = run_case(case_named(name), orchestration="upstream")
+    assert report.identical, report.format()
+
+
 def test_upstream_rollout_manager_and_train_actors_are_hosted_on_the_in_process_ray(miles_src, monkeypatch):
     seen: list[list[str]] = []
     reset = vray.reset
