@@ -258,6 +258,7 @@ def _call_soon_front(
 ) -> asyncio.Handle:
     """``loop.call_soon`` while a return is delivered (``_front``): the handle runs next,
     after the ones already put first and before everything else ready."""
+    loop._check_closed()  # type: ignore[attr-defined]
     handle = _FrontHandle(callback, args, loop, context)
     ready = loop._ready  # type: ignore[attr-defined]
     i = 0
@@ -466,11 +467,6 @@ def _spawn(
     _own_tasks(loop)
     context = contextvars.copy_context()
     context.run(_current.set, actor)  # the call runs in the actor: what it starts is the actor's
-    task = _eager_task(loop, body(), context, f"{label}#{ref._id:08d}")
-    if task.done():  # it ran to its end at .remote()
-        return ref
-    if actor is not None:
-        actor.inflight[ref] = task
 
     def finished(t: asyncio.Task[Any]) -> None:
         if actor is not None:
@@ -478,6 +474,12 @@ def _spawn(
         if t.cancelled():
             ref._resolve(error=TaskCancelledError(f"{label} was cancelled"))
 
+    task = _eager_task(loop, body(), context, f"{label}#{ref._id:08d}")
+    if task.done():  # it ran to its end inside .remote()
+        finished(task)
+        return ref
+    if actor is not None:
+        actor.inflight[ref] = task
     task.add_done_callback(finished)
     return ref
 

@@ -454,6 +454,22 @@ def test_a_coroutine_call_runs_up_to_its_first_await_at_remote_in_a_task_of_its_
     assert log == [("started in its own task", True), "remote returned", "at once", "resumed"]
 
 
+def test_a_coroutine_call_cancelled_before_its_first_await_fails_its_ref() -> None:
+    class Quitter:
+        async def quit(self) -> None:
+            raise asyncio.CancelledError("gave up")
+
+    async def main() -> None:
+        handle = vray.remote(Quitter).remote()
+        await handle.__ray_ready__.remote()
+        ref = handle.quit.remote()
+        assert ref._done
+        with pytest.raises(vray.TaskCancelledError, match=r"Quitter\.quit was cancelled"):
+            await ref
+
+    run_virtual(main())
+
+
 def test_a_return_reaches_the_caller_awaiting_it_before_anything_else_ready() -> None:
     """As a direct call's caller resumes when the callee returns: the call's last step and
     the caller's next one run back to back, ahead of work that became ready in between."""
