@@ -22,8 +22,10 @@ imports from. The contract, following Ray's documented behaviour, made determini
   its return cost what a direct call costs (the callee runs when called, the caller resumes
   when it returns): between two processes Ray delivers in some order, and this is the one
   the core's direct calls have, so work falling on one virtual instant runs in the same
-  order on both. A ref already done when awaited does not suspend; what asyncio's own
-  plumbing around it costs (``gather``'s callbacks) is what it costs.
+  order on both. A ref given to ``gather`` or ``wait_for`` is waited on through the same
+  kind of future (not a task that awaits it). A ref already done when awaited does not
+  suspend; what asyncio's own plumbing around a future costs (``gather``'s callbacks) is
+  what it costs.
 - Plain calls run one at a time in submission order: at ``.remote()`` when no plain call
   of the actor is running, else queued behind it. So a sync
   actor is sequential, and an async actor's plain method runs at once even while its
@@ -296,6 +298,10 @@ class _Awaiting(asyncio.Future):
     no return left to deliver: what asyncio's plumbing costs then (``gather``'s callbacks)
     is what it costs."""
 
+    def set_name(self, name: object) -> None:
+        """``loop.create_task`` names what a task factory returns (Python 3.13); a wait has
+        no name to keep."""
+
     def _deliver(self, value: Any, error: BaseException | None) -> None:
         if self.done():  # its awaiter was cancelled
             return
@@ -399,15 +405,34 @@ def _run_now(actor: _Actor | None, ref: ObjectRef, fn: Callable[..., Any], args:
     ref._resolve(value, error)
 
 
+def _awaited_ref(coro: Any) -> ObjectRef | None:
+    """The ref that ``asyncio.ensure_future(ref)`` wraps in a coroutine of its own
+    (``_wrap_awaitable`` in ``asyncio/tasks.py``, what ``gather``, ``wait_for`` and ``shield``
+    make of an awaitable that is not a future), else None."""
+    code = getattr(coro, "gi_code", None) or getattr(coro, "cr_code", None)
+    if code is None or code.co_name != "_wrap_awaitable" or code.co_filename != asyncio.tasks.__file__:
+        return None
+    frame = getattr(coro, "gi_frame", None) or getattr(coro, "cr_frame", None)
+    ref = frame.f_locals.get("awaitable") if frame is not None else None
+    return ref if isinstance(ref, ObjectRef) else None
+
+
 def _own_tasks(loop: asyncio.AbstractEventLoop) -> None:
-    """Record each task started while an actor is current as that actor's (``_Actor.started``),
-    so that its death ends them, as a dead actor's process takes its tasks with it: a task
-    factory on ``loop``, wrapping the one it had, installed once."""
+    """A task factory on ``loop``, wrapping the one it had, installed once. It records each
+    task started while an actor is current as that actor's (``_Actor.started``), so that its
+    death ends them, as a dead actor's process takes its tasks with it. And a ref given to
+    ``asyncio.ensure_future`` (by ``gather``, ``wait_for``) is its own per-await future
+    (``ObjectRef.future()``), not a task that awaits it: an awaiter woken first
+    (``_Awaiting``) and no task step between the return and ``gather``'s callback, as for a
+    coroutine's direct ``await``; cancelling it cancels the wait, not the call."""
     previous = loop.get_task_factory()
     if getattr(previous, "__vray__", False):
         return
 
     def factory(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> Any:
+        if (ref := _awaited_ref(coro)) is not None:
+            coro.close()
+            return ref.future()
         task: Any = asyncio.Task(coro, loop=loop, **kwargs) if previous is None else previous(loop, coro, **kwargs)
         context = kwargs.get("context")
         owner = context.get(_current) if context is not None else _current.get()

@@ -509,6 +509,50 @@ def test_a_return_reaches_the_caller_awaiting_it_before_anything_else_ready() ->
     assert log == ["returned", "bystander"]
 
 
+def test_gather_waits_on_a_ref_through_its_own_future_and_resumes_a_step_after_the_return() -> None:
+    """``gather`` (``ensure_future``) takes a ref's per-await future, not a task awaiting the
+    ref: the gathering caller resumes one loop step after the return (gather's own
+    callback, as over any future), not two."""
+    steps: list[Any] = []
+
+    class Gated:
+        def __init__(self) -> None:
+            self.gate: asyncio.Future[None] | None = None
+
+        async def wait(self) -> str:
+            self.gate = asyncio.get_running_loop().create_future()
+            await self.gate
+            return "returned"
+
+        def open(self) -> None:
+            assert self.gate is not None
+            self.gate.set_result(None)
+
+    async def ticker() -> None:
+        for i in range(4):
+            steps.append(i)
+            await asyncio.sleep(0)
+
+    async def main() -> None:
+        handle = vray.remote(Gated).remote()
+        await handle.__ray_ready__.remote()
+        ref = handle.wait.remote()
+
+        async def caller() -> None:
+            steps.append(tuple(await asyncio.gather(ref)))
+
+        waiting = asyncio.ensure_future(caller())
+        await asyncio.sleep(0)  # the caller waits in gather
+        wrappers = [t for t in asyncio.all_tasks() if getattr(t.get_coro(), "__name__", "") == "_wrap_awaitable"]
+        assert wrappers == []
+        vray.get(handle.open.remote())
+        ticking = asyncio.ensure_future(ticker())
+        await asyncio.gather(waiting, ticking)
+
+    run_virtual(main())
+    assert steps == [0, ("returned",), 1, 2, 3]
+
+
 def test_awaiting_a_ref_that_is_already_done_does_not_suspend_the_caller() -> None:
     async def main() -> tuple[int, list[str]]:
         handle = vray.remote(Counter).remote()
