@@ -445,7 +445,11 @@ class SharedObjectStore:
 
 class OnLoopAsyncio:
     """``asyncio`` as ``rollout_manager.py`` sees it: ``to_thread`` runs the call on the
-    loop and awaits a coroutine it returns (Miles bridges it into its background loop)."""
+    loop and awaits a coroutine it returns (Miles bridges it into its background loop).
+    The work starts a loop step after the call, as the hand-off to a thread suspends the
+    caller of ``asyncio.to_thread`` before the thread runs anything; the call itself
+    (``call_rollout_function_on_loop``, the runner's ``call_rollout_function``) only
+    builds the coroutine, and records what the manager passed, in the manager's step."""
 
     def __getattr__(self, name: str) -> Any:
         return getattr(asyncio, name)
@@ -465,14 +469,9 @@ class OnLoopAsyncio:
                 return out
             if not inspect.iscoroutine(out):
                 out = _awaited(out)
-            # its first step runs now, as it ran when awaited inline: the thread starts at once
-            try:
-                first = out.send(None)
-            except StopIteration as done:
-                return done.value
 
-            async def thread() -> Any:
-                return await _resumed(out, first)
+            async def thread() -> Any:  # its first step is the task's: a loop step after the call
+                return await out
 
             # a task is named by what it runs (the fault sweep lists orphaned tasks)
             thread.__qualname__ = name
@@ -505,27 +504,6 @@ def background_loop_on_loop() -> BackgroundLoopOnLoop:
 
 async def _awaited(out: Any) -> Any:
     return await out
-
-
-@types.coroutine
-def _resumed(coro: Any, first: Any) -> Any:
-    """``coro`` (whose first step already ran and yielded ``first``) driven on by the task
-    that awaits this: what it yields goes to the task, what the task sends or throws goes
-    to it."""
-    value = first
-    while True:
-        try:
-            sent = yield value
-        except BaseException as exc:  # noqa: BLE001 - thrown in by the task: the coroutine's to handle
-            try:
-                value = coro.throw(exc)
-            except StopIteration as done:
-                return done.value
-        else:
-            try:
-                value = coro.send(sent)
-            except StopIteration as done:
-                return done.value
 
 
 def call_rollout_function_on_loop(fn: Any, input: Any) -> Any:

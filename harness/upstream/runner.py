@@ -880,6 +880,9 @@ class UpstreamRunner:
 
         if not isinstance(input, RolloutFnTrainInput):
             return fn(input)
+        # what the manager passes it read in its own step (rollout_manager.py:L249-L253),
+        # before the rollout thread runs the function (OnLoopAsyncio.to_thread)
+        self._emit(ev.GENERATE_START, rollout_id=input.rollout_id, version=getattr(input, "weight_version", None))
         return self._rollout(fn, input)
 
     def _rollout_returned(self, out: Any, rollout_id: int, *, fully: bool) -> None:
@@ -901,7 +904,6 @@ class UpstreamRunner:
         fully = self.scenario.config.fully_async
         rollout_id = input.rollout_id
         version = getattr(input, "weight_version", None)  # what upstream's manager passed
-        self._emit(ev.GENERATE_START, rollout_id=rollout_id, version=version)
         self.taken_this_generate = []
         if fully:
             self._emit(ev.DRAIN_START, rollout_id=rollout_id, current_version=version)
