@@ -189,11 +189,12 @@ def test_the_memory_saver_hook_the_train_process_preloads_is_a_leaf():
     assert mods["torch_memory_saver"].utils is mods["torch_memory_saver.utils"]
 
 
-def test_the_rollout_thread_starts_at_once_and_outlives_a_cancelled_caller_as_a_thread_does():
+def test_the_rollout_thread_starts_a_loop_step_after_its_caller_and_outlives_a_cancelled_caller():
     """``asyncio.to_thread(call_rollout_function, ...)`` as the leaf runs it: the rollout
-    coroutine's first step runs in the caller's step (the thread starts at once, as it ran
-    when awaited inline), and cancelling the caller does not cancel it: a thread cannot be
-    cancelled, and Miles' ``call_rollout_function`` blocks it until the rollout ends."""
+    coroutine's first step runs a loop step after the caller's (the hand-off to a thread
+    suspends the caller first), and cancelling the caller does not cancel it: a thread
+    cannot be cancelled, and Miles' ``call_rollout_function`` blocks it until the rollout
+    ends."""
     import asyncio
 
     from harness.sim.vtime import run_virtual
@@ -206,17 +207,19 @@ def test_the_rollout_thread_starts_at_once_and_outlives_a_cancelled_caller_as_a_
         seen.append(("end", asyncio.get_running_loop().time()))
         return "data"
 
-    async def main() -> tuple[bool, list]:
+    async def main() -> tuple[bool, list, list]:
         caller = asyncio.ensure_future(leaves.OnLoopAsyncio.to_thread(rollout))
-        await asyncio.sleep(0)  # the caller's first step
-        started = list(seen)
+        await asyncio.sleep(0)  # the caller's first step: it hands the call to the thread
+        in_the_callers_step = list(seen)
+        await asyncio.sleep(0)  # the thread's first step
+        after_the_hand_off = list(seen)
         await asyncio.sleep(1.0)
         caller.cancel()
         await asyncio.sleep(10.0)
-        return caller.cancelled(), started
+        return caller.cancelled(), in_the_callers_step, after_the_hand_off
 
-    cancelled, started = run_virtual(main())
-    assert cancelled and started == [("start", 0.0)]
+    cancelled, in_the_callers_step, after_the_hand_off = run_virtual(main())
+    assert cancelled and in_the_callers_step == [] and after_the_hand_off == [("start", 0.0)]
     assert seen == [("start", 0.0), ("end", 5.0)]
 
     async def inline() -> str:
