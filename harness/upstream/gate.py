@@ -439,6 +439,9 @@ def reproduce(name: str, head: str) -> str:
     violations with their slices of the trace."""
     if name.startswith("fault-seed-"):
         return f"MILES_SRC={head} python -m harness.upstream.fault_sweep replay {name.rsplit('-', 1)[1]}"
+    if name.startswith("resume:"):  # resume:SETTING:STOP@ROLLOUT, one stop of the sweep's setting
+        setting = name.split(":")[1]
+        return f"miles-harness resume-sweep --host upstream --miles-src {head} --setting {setting}"
     return f"miles-harness diff-upstream --miles-src {head} --scenario {name}"
 
 

@@ -403,3 +403,15 @@ def test_a_change_of_behaviour_reads_as_the_list_of_aspects_that_differ():
     v = gate.classify(head, base)
     assert v.aspects == [k for k in ("pauses", "end")], v.aspects
     assert gate.aspect_counts([v, gate.classify(ran("b"), ran("b"))]) == [("pauses", 1), ("end", 1)]
+
+
+def test_a_resume_case_is_reproduced_by_the_resume_sweep_on_heads_tree_for_its_setting():
+    from harness.lives.sweep import settings
+    from harness.upstream.gate_run import resume_cases
+
+    known = {name for name, _ in settings()}
+    for case in resume_cases():
+        name = f"resume:{case.setting}:{case.stops[0].label}"
+        command = gate.reproduce(name, "/trees/head")
+        assert command.startswith("miles-harness resume-sweep --host upstream --miles-src /trees/head --setting ")
+        assert command.rsplit("--setting ", 1)[1] in known, command
