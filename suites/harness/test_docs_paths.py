@@ -23,7 +23,9 @@ def stale_paths(text: str) -> list[str]:
         path = raw.rstrip(".,:;)")
         if "*" in path or "<" in path:
             continue
-        if not (ROOT / path).exists():
+        where = ROOT / path
+        # a command's output prefix (``--out results/x/findings`` writes findings.json, findings.md)
+        if not where.exists() and not any(where.parent.glob(where.name + ".*")):
             bad.append(path)
     return bad
 
