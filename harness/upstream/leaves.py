@@ -114,6 +114,12 @@ LEAVES: tuple[Leaf, ...] = (
         "logging set-up, tracking, profiling and fault-tolerance services, left off as their flags leave them",
     ),
     Leaf(
+        "api_server_socket",
+        "miles/utils/ft_utils/api_server/server.py: _start_api_server_raw (--api-server-port: uvicorn on 0.0.0.0)",
+        "a listening socket for the cluster's operators; upstream's cell registry and app are still built, "
+        "nothing listens",
+    ),
+    Leaf(
         "sglang_server_args",
         "sglang.srt.server_args.ServerArgs.add_cli_args (SGLang's own --sglang-* engine flags)",
         "sglang is not installable next to a CPU torch; its flags only configure the engine process",
@@ -559,6 +565,19 @@ def object_store_rebinds(store: Callable[[], Any]) -> list:
 
 def noop(*args: Any, **kwargs: Any) -> None:
     return None
+
+
+def api_server_unbound(start_raw: Any) -> Any:
+    """``_start_api_server_raw(registry, port)`` (leaf ``api_server_socket``): upstream's app is
+    built over the registry ``start_api_server`` made (``_create_api_app``), and returned
+    without a server thread or a socket: a run binds no port of the host, and a port that
+    would need privileges or is taken on this machine is no finding of the tree's."""
+    create_app = start_raw.__globals__["_create_api_app"]
+
+    def start(registry: Any, port: int) -> Any:
+        return create_app(registry)
+
+    return start
 
 
 __all__ = [

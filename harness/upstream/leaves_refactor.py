@@ -497,6 +497,16 @@ def _reported(set_weight_version: Any, run: Any) -> Any:
     return reported
 
 
+API_SERVER_MOD = "miles.utils.ft_utils.api_server.server"
+
+
+def _has_module(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:  # a parent package the tree lacks
+        return False
+
+
 def refactor_rebinds(run: Any, observed_load: Any) -> list[Rebind]:
     """The leaves put in upstream's modules for one run on the controller-executor shape;
     ``observed_load(load, run)``: ``load_rollout_function`` with the data source and the
@@ -554,6 +564,14 @@ def refactor_rebinds(run: Any, observed_load: Any) -> list[Rebind]:
             probe=lambda _: "run" in vars(importlib.import_module(FULLY_ASYNC_MOD)),
         ),
         Rebind("worker_manager", wm, "configure_logger", lambda _: leaves.noop),
+        # --api-server-port's listening socket (leaf api_server_socket): the app is built, nothing listens
+        Rebind(
+            "inference_controller",
+            host.module(API_SERVER_MOD),
+            "_start_api_server_raw",
+            leaves.api_server_unbound,
+            probe=lambda _: _has_module(API_SERVER_MOD),
+        ),
         *leaves.object_store_rebinds(store),
     ] + (
         # trees whose drivers start the outside services themselves (before init_orchestration_script)

@@ -361,3 +361,13 @@ def test_every_resume_case_runs_on_the_tip_and_a_fully_async_run_ends_as_upstrea
     )
     out = diff.stdout + diff.stderr
     assert "upstream on its own trace: every invariant holds" in out and "'RuntimeError'" not in out, out[-3000:]
+
+
+def test_the_api_server_leaf_builds_upstreams_app_over_its_registry_and_binds_no_port():
+    """``--api-server-port``: upstream's ``_start_api_server_raw`` would start uvicorn on the
+    port; the leaf builds the app with the module's own ``_create_api_app`` and listens nowhere."""
+    namespace: dict = {"_create_api_app": lambda registry: ("app", registry)}
+    exec("def _start_api_server_raw(registry, port):\n    raise AssertionError('bound port', port)", namespace)
+    start = leaves.api_server_unbound(namespace["_start_api_server_raw"])
+    assert start("the registry", 1) == ("app", "the registry")
+    assert "api_server_socket" in {leaf.name for leaf in leaves.LEAVES}
