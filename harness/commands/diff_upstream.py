@@ -120,7 +120,7 @@ def _write_json(where: str, rows: list[dict], *, tree: str, orchestration: str, 
     import json
     from pathlib import Path
 
-    from harness.results.schema import git_info, machine_info, utc_now
+    from harness.results.schema import git_info, machine_info, portable, utc_now
 
     totals = collections.Counter(r["outcome"] for r in rows)
     totals["breaks_invariant"] = sum(1 for r in rows if r.get("broken"))
@@ -137,7 +137,7 @@ def _write_json(where: str, rows: list[dict], *, tree: str, orchestration: str, 
     }
     path = Path(where)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc, indent=1) + "\n")
+    path.write_text(portable(json.dumps(doc, indent=1)) + "\n")
     print(f"wrote {path}")
 
 

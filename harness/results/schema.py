@@ -52,6 +52,7 @@ import math
 import os
 import platform
 import subprocess
+import tempfile
 import uuid
 from datetime import datetime, UTC
 from pathlib import Path
@@ -214,6 +215,14 @@ def git_info(repo_dir: Path = _REPO_DIR) -> GitInfo | None:
     commit = head.stdout.strip() if head is not None and head.returncode == 0 else None
     dirty = status is None or status.returncode != 0 or bool(status.stdout.strip())
     return {"commit": commit or None, "dirty": dirty}
+
+
+def portable(text: str) -> str:
+    """``text`` with this machine's paths as any reader of a committed file can follow them:
+    the checkout's own files relative to it, the folder beside it as ``..`` (where the Miles
+    trees live, ``../shared/third_party``), the temp dir as ``$TMPDIR``."""
+    text = text.replace(str(_REPO_DIR) + os.sep, "").replace(str(_REPO_DIR.parent) + os.sep, ".." + os.sep)
+    return text.replace(tempfile.gettempdir() + os.sep, "$TMPDIR" + os.sep)
 
 
 def utc_now() -> str:

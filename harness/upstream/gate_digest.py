@@ -23,7 +23,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from harness.results.schema import git_info, machine_info, utc_now
+from harness.results.schema import git_info, machine_info, portable, utc_now
 
 # the verdicts that are a case's headline (a finding, or a case the gate could not compare)
 LISTED = ("new_violation", "not_started", "harness_error", "no_base", "violation_fixed", "not_run")
@@ -100,8 +100,8 @@ def main(argv: list[str] | None = None) -> int:
         "digest": digest(gate),
     }
     a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.with_suffix(".json").write_text(json.dumps(doc, indent=1) + "\n")
-    a.out.with_suffix(".md").write_text(format_md(doc))
+    a.out.with_suffix(".json").write_text(portable(json.dumps(doc, indent=1)) + "\n")
+    a.out.with_suffix(".md").write_text(portable(format_md(doc)))
     print(format_md(doc))
     return 0
 
