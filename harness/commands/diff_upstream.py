@@ -100,7 +100,10 @@ def main(args: argparse.Namespace) -> int:
             raise ConfigError(str(exc)) from None
     from harness.upstream.diff import run_case
 
-    print(f"upstream Miles: {how}; host: upstream Miles' drivers in virtual time, beside the core")
+    from harness.results.schema import portable
+
+    # the tree as relative to the checkout: this line heads the committed differential files
+    print(f"upstream Miles: {portable(how)}; host: upstream Miles' drivers in virtual time, beside the core")
     log = _log_file(args.log)
     log.add("(importing the tree)", import_log.getvalue())
     print(f"orchestration: {args.orchestration}")
