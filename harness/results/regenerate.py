@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.results.schema import git_info, machine_info, utc_now
+from harness.results.schema import git_info, machine_info, portable, utc_now
 
 ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
@@ -586,6 +586,9 @@ def main(argv: list[str] | None = None) -> int:
                 rc = subprocess.run(
                     step.argv, cwd=ROOT, env={**os.environ, **step.env}, stdout=out, check=False
                 ).returncode
+            # a command's output quotes paths (the tree, upstream's log lines): written as a reader follows them
+            stdout = ROOT / step.stdout
+            stdout.write_text(portable(stdout.read_text()))
         else:
             rc = subprocess.run(step.argv, cwd=ROOT, env={**os.environ, **step.env}, check=False).returncode
         manifest["steps"].append(
