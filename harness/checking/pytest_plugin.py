@@ -155,7 +155,7 @@ def data_buffer_factory(pytestconfig: pytest.Config) -> Callable[..., object]:
 
 @pytest.fixture(scope="session")
 def miles_src(pytestconfig: pytest.Config) -> Path:
-    """The upstream Miles tree, activated (on ``sys.path``, stand-ins applied); skips the
+    """The upstream Miles tree, activated (on ``sys.path``, import fakes applied); skips the
     test with the reason when there is none or it does not import here."""
     from harness.upstream import source
 

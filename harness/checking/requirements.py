@@ -51,9 +51,9 @@ def cuda_missing_reason() -> str | None:
 
 def module_installed(name: str) -> bool:
     """Whether the real package ``name`` can be imported here. The upstream tier registers
-    import stand-ins for packages that are not installed (``harness.upstream.stand_ins``); such
+    import fakes for packages that are not installed (``harness.upstream.leaf_fakes``); such
     a module in ``sys.modules`` has no spec, so the search goes to ``sys.path`` instead."""
     mod = sys.modules.get(name)
-    if mod is not None and getattr(mod, "__miles_harness_stand_in__", False):
+    if mod is not None and getattr(mod, "__miles_harness_fake__", False):
         return importlib.machinery.PathFinder.find_spec(name) is not None
     return importlib.util.find_spec(name) is not None

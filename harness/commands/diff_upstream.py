@@ -7,8 +7,10 @@ With no ``--scenario`` every case of the matrix (``harness.upstream.diff.matrix`
 Each case prints ``identical`` or its first divergence with the items around it on both
 sides (``docs/upstream.md`` explains how to read it). The tree's seams are probed before
 any case runs (``harness.upstream.seams``); a case whose driver the tree lacks a seam for
-is not run, and says which seam; a stand-in or seam of the harness that fails inside
-upstream's code is a harness error naming the seam, never a divergence.
+is not run, and says which seam; a leaf fake or seam of the harness that fails inside
+upstream's code is a harness error naming the seam, never a divergence. Upstream runs its
+own orchestration (rollout manager, placement groups, train actor group) over the
+harness' leaves (``harness.upstream.leaves``).
 
 Every upstream run is also judged on its own trace by every applicable invariant checker
 (``harness.upstream.judge``): a case that differs from the core says "every invariant
@@ -20,7 +22,7 @@ case, under every case with ``-v``, and kept in ``--log PATH``.
 Exit 0 when every case is identical or shows exactly its known divergence and every
 invariant holds; 1 when upstream differs (an unexpected result) or breaks an invariant;
 2 when the harness could not run faithfully (no usable Miles tree, a missing seam, a
-harness error, such as upstream calling a member a stand-in of the harness lacks), which
+harness error, such as upstream calling a member a leaf fake of the harness lacks), which
 wins over 1. ``miles-harness gate`` judges a pull request by the invariants against its
 own base instead (``docs/gate.md``).
 """
@@ -28,7 +30,6 @@ own base instead (``docs/gate.md``).
 from __future__ import annotations
 
 import argparse
-import functools
 import time
 
 from harness.upstream.exit_codes import Exit
@@ -49,13 +50,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="a matrix case to run (repeatable); default: all",
     )
     p.add_argument("--list", action="store_true", help="list the matrix cases and exit")
-    p.add_argument(
-        "--orchestration",
-        choices=("stand-ins", "upstream"),
-        default="stand-ins",
-        help="upstream's rollout manager, placement groups and train actor group: the harness' stand-ins "
-        "(default) or upstream's own code over faked leaves (harness.upstream.leaves)",
-    )
+    from harness.upstream import source
+
+    source.add_orchestration_flag(p)
     p.add_argument(
         "-v",
         "--verbose",
@@ -106,16 +103,14 @@ def main(args: argparse.Namespace) -> int:
     print(f"upstream Miles: {portable(how)}; host: upstream Miles' drivers in virtual time, beside the core")
     log = _log_file(args.log)
     log.add("(importing the tree)", import_log.getvalue())
-    print(f"orchestration: {args.orchestration}")
-    run = functools.partial(run_case, orchestration=args.orchestration)
     rows: list[dict] = []
-    code = _run_cases(cases, run, log=log, verbose=bool(getattr(args, "verbose", False)), rows=rows)
+    code = _run_cases(cases, run_case, log=log, verbose=bool(getattr(args, "verbose", False)), rows=rows)
     if getattr(args, "json", None):
-        _write_json(args.json, rows, tree=how, orchestration=args.orchestration, exit_code=int(code))
+        _write_json(args.json, rows, tree=how, exit_code=int(code))
     return code
 
 
-def _write_json(where: str, rows: list[dict], *, tree: str, orchestration: str, exit_code: int) -> None:
+def _write_json(where: str, rows: list[dict], *, tree: str, exit_code: int) -> None:
     """One document per run: every case's outcome (``identical``, ``differs`` with its first
     divergence, ``not_run``, ``harness_error``), whether upstream's own trace breaks an
     invariant, and the totals, with the tree, the machine and the harness' commit."""
@@ -131,7 +126,7 @@ def _write_json(where: str, rows: list[dict], *, tree: str, orchestration: str, 
         "schema": "miles-harness/diff-upstream/1",
         "created_utc": utc_now(),
         "tree": tree,
-        "orchestration": orchestration,
+        "orchestration": "upstream",
         "exit": exit_code,
         "totals": dict(sorted(totals.items())),
         "cases": rows,
@@ -163,7 +158,7 @@ def _run_cases(cases: list, run_case, *, log=None, verbose: bool = False, rows: 
     from harness.upstream import source
     from harness.upstream.case_log import captured, indent, tail
     from harness.upstream.harness_errors import HarnessError
-    from harness.upstream.judge import check_stand_ins, judge
+    from harness.upstream.judge import check_leaves, judge
     from harness.upstream.seams import SeamMissing
 
     bad, broken_inv, refused, broken = 0, 0, [], []
@@ -175,7 +170,7 @@ def _run_cases(cases: list, run_case, *, log=None, verbose: bool = False, rows: 
         with captured() as out:
             try:
                 report = run_case(case)
-                check_stand_ins(report.upstream_result, source.active())
+                check_leaves(report.upstream_result, source.active())
             except SeamMissing as exc:
                 report = exc
             except HarnessError as exc:

@@ -6,11 +6,9 @@ Probes every seam where the harness touches upstream beyond its public flags
 (``harness.upstream.seams``: the lifecycle sink, the submission scheduler factory, the
 weight-version source, each function it wraps or rebinds, each private attribute it
 reads) by reading the tree's source, and prints the table: seam, found or missing,
-where it looked, what the harness does without it; then every member the drivers use on
-each object the harness stands in for (``harness.upstream.stand_in_uses``: the rollout
-manager, the actor and critic groups, the eval dispatcher, the object store), found or
-MISSING with the lines that read it (a missing one is a missing seam); then the verdict
-per driver. Nothing of the tree is imported, so a tree that does not import is still
+where it looked, what the harness does without it; then the verdict per driver; then
+the leaves the harness fakes (everything between them is upstream's own code, its
+orchestration included), each with its boundary and why. Nothing of the tree is imported, so a tree that does not import is still
 described.
 
 Exit 0: the harness runs the tree (``runs``, or ``runs partly``: the drivers it cannot
@@ -54,8 +52,7 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _leaves(shape: str | None = None) -> str:
-    """What ``--orchestration upstream`` still fakes on ``shape``: each a leaf, with its
-    boundary; on the controller-executor shape also the leaves not faked yet, with where a
+    """What the harness fakes on ``shape``: each a leaf, with its boundary; on the controller-executor shape also the leaves not faked yet, with where a
     run stops without them (``harness.upstream.leaves_refactor.UNHOSTED``)."""
     from harness.upstream import leaves, leaves_refactor
     from harness.upstream.seams import CONTROLLER_EXECUTOR
@@ -64,8 +61,8 @@ def _leaves(shape: str | None = None) -> str:
     table = leaves_refactor.LEAVES if refactor else leaves.LEAVES
     lines = [
         "",
-        f"faked with --orchestration upstream on the {shape or 'rollout-manager'} shape (the leaves; everything "
-        "between them runs as upstream wrote it):",
+        f"faked on the {shape or 'rollout-manager'} shape (the leaves; everything between them runs as "
+        "upstream wrote it):",
     ]
     for leaf in table:
         lines.append(f"  {leaf.name:<20} {leaf.boundary}")

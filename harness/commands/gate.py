@@ -103,14 +103,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "neither tree (default: exit 4)",
     )
     p.add_argument("--jobs", type=int, default=2, choices=(1, 2), help="run the two trees at once (2) or in turn (1)")
-    p.add_argument(
-        "--orchestration",
-        choices=("upstream", "stand-ins"),
-        default="upstream",
-        help="each tree's rollout manager, placement groups and train actors run as upstream wrote them over "
-        "faked leaves (upstream, the default: a pull request that changes them is judged on its own code) or as "
-        "the harness' stand-ins (stand-ins)",
-    )
+    from harness.upstream import source
+
+    source.add_orchestration_flag(p)
     p.add_argument("-v", "--verbose", action="store_true", help="print every case and its upstream log")
 
 
@@ -165,9 +160,7 @@ def _leave_summary(out: Path | None, text: str) -> None:
         (out / "summary.md").write_text(text)
 
 
-def _plan(
-    head: Path, base: Path, names: list[str], seeds: int, out: Path | None, orchestration: str = "upstream"
-) -> Exit | None:
+def _plan(head: Path, base: Path, names: list[str], seeds: int, out: Path | None) -> Exit | None:
     """What is decided before any case runs, from the trees' files: identical trees (exit
     0), a pull request that does not compile (1), a tree that can run none of the cases'
     drivers (3). ``None``: run the cases."""
@@ -188,8 +181,8 @@ def _plan(
     drivers = _drivers(names, seeds)
     for flag, tree in (("--miles-src", head), ("--base", base)):
         report = seams.probe(tree)
-        if not [d for d in drivers if not report.missing_for(d, orchestration)]:
-            return _refused(pre.refusal(report, drivers, flag, orchestration), out)
+        if not [d for d in drivers if not report.missing_for(d)]:
+            return _refused(pre.refusal(report, drivers, flag), out)
     return None
 
 
@@ -299,8 +292,7 @@ def _main(args: argparse.Namespace) -> int:
     with ExitStack() as stack:
         head, how, base, base_name = gate_trees.resolve_trees(args.miles_src, args.base, stack)
         print(f"HEAD: {how}\nBASE: {base_name}")
-        orchestration = getattr(args, "orchestration", "upstream")
-        decided = _plan(head, base, list(args.scenario), seeds, given, orchestration)
+        decided = _plan(head, base, list(args.scenario), seeds, given)
         if decided is not None:
             return decided
         changed = changed_files(head, base)
@@ -313,9 +305,7 @@ def _main(args: argparse.Namespace) -> int:
         out = given or Path(tempfile.mkdtemp(prefix="miles-gate-"))
         out.mkdir(parents=True, exist_ok=True)
         try:
-            docs = gate_trees.run_trees(
-                head, base, out, list(args.scenario), seeds, args.jobs, changed, specs, orchestration, resume
-            )
+            docs = gate_trees.run_trees(head, base, out, list(args.scenario), seeds, args.jobs, changed, specs, resume)
         except gate_trees.WorkerFailed as exc:
             print(f"HARNESS ERROR (exit 2): {exc}")
             return Exit.HARNESS_ERROR

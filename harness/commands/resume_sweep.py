@@ -49,18 +49,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fast", action="store_true", help="only the fast subset of settings (one per driver)")
     p.add_argument("--setting", action="append", default=None, help="only this setting (repeatable)")
     p.add_argument("--json", default=None, help="write the summary and every case's row to this file")
-    p.add_argument(
-        "--orchestration",
-        choices=("upstream", "stand-ins"),
-        default="upstream",
-        help="the upstream host: upstream's rollout manager, placement groups and train actors as upstream wrote "
-        "them over faked leaves, with upstream's own save and load (default), or the harness' stand-ins",
-    )
+    from harness.upstream import source
+
+    source.add_orchestration_flag(p)
 
 
-def hosts_of(
-    names: str, miles_src: str | None = None, exactly_once: bool = False, orchestration: str = "upstream"
-) -> list[LifeHost]:
+def hosts_of(names: str, miles_src: str | None = None, exactly_once: bool = False) -> list[LifeHost]:
     """The hosts ``--host`` names (a comma list), in that order."""
     wanted = [n.strip() for n in names.split(",") if n.strip()]
     bad = [n for n in wanted if n not in HOSTS]
@@ -80,10 +74,10 @@ def hosts_of(
             "--exactly-once with the upstream host: exactly_once_resume is a harness extension of the "
             "core; upstream Miles has none. Fix: drop --exactly-once or pass --host core"
         )
-    return [_host(n, miles_src, orchestration) for n in wanted]
+    return [_host(n, miles_src) for n in wanted]
 
 
-def _host(name: str, miles_src: str | None, orchestration: str) -> LifeHost:
+def _host(name: str, miles_src: str | None) -> LifeHost:
     if name == "core":
         from harness.lives.core import CoreHost
 
@@ -92,24 +86,23 @@ def _host(name: str, miles_src: str | None, orchestration: str) -> LifeHost:
     from harness.upstream.source import UpstreamUnavailable
 
     try:
-        return upstream_host(miles_src, orchestration=orchestration)
+        return upstream_host(miles_src)
     except UpstreamUnavailable as exc:
         fix = "" if "Fix:" in str(exc) else ". Fix: pass --miles-src PATH (a Miles checkout) or set MILES_SRC"
         raise ConfigError(f"--host upstream: {exc}{fix}") from None
 
 
-def _describe(host: LifeHost, orchestration: str, exactly_once: bool) -> str:
+def _describe(host: LifeHost, exactly_once: bool) -> str:
     if host.name == "upstream":
         tree = getattr(host, "miles_tree", None)
-        return f"upstream (upstream Miles' drivers and save/load code from {tree}, orchestration: {orchestration})"
+        return f"upstream (upstream Miles' drivers and save/load code from {tree}, its own orchestration over the harness' leaves)"
     return "core (the core's drivers" + (", with the harness extension exactly_once_resume)" if exactly_once else ")")
 
 
 def main(args: argparse.Namespace) -> int:
     from harness.lives.sweep import FAST, cases, format_notes, format_table, summarize, sweep
 
-    orchestration = getattr(args, "orchestration", "upstream")
-    hosts = hosts_of(args.host, args.miles_src, args.exactly_once, orchestration)
+    hosts = hosts_of(args.host, args.miles_src, args.exactly_once)
     only = args.setting if args.setting else (FAST if args.fast else None)
     todo = cases(args.exactly_once, only=only)
     if not todo:
@@ -117,7 +110,7 @@ def main(args: argparse.Namespace) -> int:
             f"--setting {args.setting}: no such setting. Fix: pass a name the sweep lists "
             "(harness.lives.sweep.settings), e.g. one-step/retract"
         )
-    print("hosts: " + "; ".join(_describe(h, orchestration, args.exactly_once) for h in hosts))
+    print("hosts: " + "; ".join(_describe(h, args.exactly_once) for h in hosts))
     by_host = {h.name: sweep(todo, h) for h in hosts}
     # one row per setting and host, the hosts of a setting next to each other
     rows = [r for i in range(len(todo)) for h in hosts for r in by_host[h.name][i : i + 1]]
@@ -132,7 +125,7 @@ def main(args: argparse.Namespace) -> int:
         doc = {
             "hosts": [h.name for h in hosts],
             "miles_tree": next((getattr(h, "miles_tree", None) for h in hosts if h.name == "upstream"), None),
-            "orchestration": orchestration if any(h.name == "upstream" for h in hosts) else None,
+            "orchestration": "upstream" if any(h.name == "upstream" for h in hosts) else None,
             "exactly_once_resume": args.exactly_once,
             "summary": summary,
             "cases": [r.to_dict() for r in rows],

@@ -23,8 +23,9 @@ thread, workers registered with ``POST /add_worker?url=...`` as ``SGLangEngine``
 * the harness's ``TorchTrainer`` (GRPO on the tiny model) producing each new version.
 
 What is not upstream's (and why): Ray (placement groups, the rollout-manager and
-training actors, the object store) is replaced by in-process objects as in
-``harness.upstream.runner``; ``SGLangEngine.init`` (which launches SGLang) is skipped and
+training actors, the object store) is replaced by in-process objects
+(``harness.serve.ray_names``: Ray's leaf in virtual time, ``harness.upstream.vray``, runs
+on the virtual-time loop, not on real threads); ``SGLangEngine.init`` (which launches SGLang) is skipped and
 the client's ``server_host`` / ``server_port`` / ``node_rank`` set to a served engine;
 the disk path writes the new weights straight into the directory the engine reloads
 (upstream's ``pull_weights`` copies a published delta there first, an endpoint of
@@ -63,7 +64,7 @@ from typing import Any
 
 from miles_async_core.errors import ConfigError
 from harness.upstream import host
-from harness.upstream.stand_ins import StandInCalled
+from harness.upstream.leaf_fakes import LeafCalled
 
 ONE_STEP_FN = "miles.rollout.inference_rollout.inference_rollout_common.InferenceRolloutFn"
 FULLY_ASYNC_FN = "miles.rollout.fully_async_rollout.FullyAsyncRolloutFn"
@@ -503,7 +504,7 @@ class _Run:
 
     # --- upstream's train_async.py with its Ray names rebound ----------------------------------
     def driver(self) -> Any:
-        from harness.upstream.ray_names import rebind_ray_names
+        from harness.serve.ray_names import rebind_ray_names
 
         mod = host.load_driver("train_async.py", "miles_harness_served_train_async")
 
@@ -575,7 +576,7 @@ class _Run:
                 )
                 try:
                     asyncio.run(self.driver().train(args))
-                except StandInCalled as exc:  # a stand-in upstream reached beyond what it has
+                except LeafCalled as exc:  # a fake upstream reached beyond what it has
                     self.result.error = f"harness_error: {type(exc).__name__}: {exc}"
                 except Exception as exc:  # reported, and the servers are still checked
                     self.result.error = f"{type(exc).__name__}: {exc}"

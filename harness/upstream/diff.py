@@ -128,7 +128,7 @@ def core_run(case: DiffCase, sc: Scenario) -> Any:
     return simulate(sc, buffer_factory=buffer_factory, engine_factory=engine, hooks=hooks)
 
 
-def upstream_run(case: DiffCase, sc: Scenario, *, set_order: str = "index", orchestration: str = "stand-ins") -> Any:
+def upstream_run(case: DiffCase, sc: Scenario, *, set_order: str = "index") -> Any:
     from harness.upstream.runner import run_upstream
 
     engine = fault_engine_class(SimEngine, case.faults) if case.faults is not None else SimEngine
@@ -144,17 +144,16 @@ def upstream_run(case: DiffCase, sc: Scenario, *, set_order: str = "index", orch
         dynamic_filter_path=path,
         generate_function_path=gen,
         set_order=set_order,
-        orchestration=orchestration,
     )
 
 
-def run_case(case: DiffCase, *, set_order: str = "index", orchestration: str = "stand-ins") -> DiffReport:
+def run_case(case: DiffCase, *, set_order: str = "index") -> DiffReport:
     """Both runs of ``case`` (the upstream tree must be activated first). ``set_order``:
     how the runner iterates upstream's ``done`` sets (divergence ``done-set-order``): ``index`` (the core's order) or
-    ``reverse``. ``orchestration``: ``harness.upstream.runner.ORCHESTRATIONS``."""
+    ``reverse``."""
     sc = case.scenario()
     core = core_run(case, sc)
-    up = upstream_run(case, sc, set_order=set_order, orchestration=orchestration)
+    up = upstream_run(case, sc, set_order=set_order)
     a = observables(core.events, core.history, core.wall_s, core.error)
     b = observables(up.events, up.history, up.wall_s, up.error)
     return DiffReport(case=case, core=a, upstream=b, first=first_divergence(a, b), core_result=core, upstream_result=up)

@@ -34,8 +34,7 @@ mode, message)``:
   after a normal end only the fully-async worker and its groups may be (upstream's design:
   the worker lives as long as the rollout manager). A call the driver made to a Ray actor
   and left in flight is the driver's (a launched generate); a task an actor started
-  itself (with ``--orchestration upstream``: the rollout manager's or executor's worker and
-  group tasks, the worker manager's liveness scans, the inference and trainer controllers'
+  itself (the rollout manager's or executor's worker and group tasks, the worker manager's liveness scans, the inference and trainer controllers'
   tickers and watch loops) is that actor's process's, not the driver's: Ray ends a job's
   actors when its driver exits (no actor of Miles' is detached), and upstream stops them
   itself at a normal end (``dispose``, ``shutdown_worker_manager``). Such tasks are listed
@@ -45,7 +44,7 @@ mode, message)``:
 
 A run the harness itself got wrong is no finding: its row carries ``harness_error``
 instead (``_row``), e.g. the runner's ``RunnerAccountingError`` (a group its accounting
-declared lost came back, ``harness.upstream.runner``) or ``RunnerSeamError`` (a stand-in or
+declared lost came back, ``harness.upstream.runner``) or ``RunnerSeamError`` (a leaf fake or
 seam of the harness raised inside upstream's code, which upstream may have logged as its
 own task error), and ``sweep`` exits 2. A case whose driver the tree lacks a seam for
 (``harness.upstream.seams``) is not run: its row carries ``refused`` with the seams.
@@ -63,7 +62,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import functools
 import hashlib
 import json
 import random
@@ -112,12 +110,15 @@ TASK_ROLES = {
     "generate_and_rm_group": "group_tasks",
     "generate_and_rm": "group_tasks",
     "RolloutManager._generate": "launched_generate",
-    # with --orchestration upstream: the driver's call of the rollout manager's actor, and on the
+    # the driver's call of the rollout manager's actor, and on the
     # controller-executor shape the driver's own task around its calls (train_async.py:L63-L68, L72)
     "RolloutManager.generate": "launched_generate",
     "train.<locals>.prepare_and_generate": "launched_generate",
     "InferenceController.prepare_rollout": "launched_generate",
     "RolloutExecutor.get": "launched_generate",
+    # the driver's train and weight-update calls of the train actor (train_async.py:L92, L50)
+    "SimTrainActor.train": "train_call",
+    "SimTrainActor.update_weights": "weight_update_call",
     "UpstreamRunner.observe_buffer.<locals>.observed_get": "buffer_get",
     "UpstreamRunner.observe_buffer.<locals>.observed_put": "buffer_put",
 }
@@ -269,10 +270,8 @@ def runner_run_with_faults(
     vtime_limit_s: float = VTIME_LIMIT_S,
     real_time_limit_s: float = REAL_TIME_LIMIT_S,
     set_order: str = "index",
-    orchestration: str = "stand-ins",
 ) -> RunnerOutcome:
-    """``case`` on upstream's code with its faults injected (the tree must be activated);
-    ``orchestration``: ``harness.upstream.runner.ORCHESTRATIONS``."""
+    """``case`` on upstream's code with its faults injected (the tree must be activated)."""
     faults = case.faults
     faults.check_applies(case.scenario.config)
     sc = dataclasses.replace(
@@ -300,7 +299,6 @@ def runner_run_with_faults(
         hooks=hooks,
         engine_factory=fault_engine_class(SimEngine, faults),
         set_order=set_order,
-        orchestration=orchestration,
         dynamic_filter_path="harness.upstream.fault_sweep.fault_filter" if faults.dynamic_filter_reject_rate else None,
     )
     return RunnerOutcome(
@@ -462,35 +460,30 @@ def _quiet_upstream_logs() -> Iterator[None]:
             log.setLevel(level)
 
 
-def run_seed(
-    seed: int, *, keep_log: list[str] | None = None, orchestration: str = "stand-ins"
-) -> tuple[RunnerOutcome, list[Finding]]:
+def run_seed(seed: int, *, keep_log: list[str] | None = None) -> tuple[RunnerOutcome, list[Finding]]:
     """One drawn case on upstream; upstream's log is silenced, or captured into
-    ``keep_log`` when given. A member missing on a stand-in of the harness raises
-    ``StandInMemberMissing`` (a harness error, never a finding). ``orchestration``:
-    ``harness.upstream.runner.ORCHESTRATIONS`` (``upstream`` runs the tree's own rollout
-    manager or controller and executor, the only way a tree of the controller-executor
-    shape runs)."""
+    ``keep_log`` when given. A member missing on a leaf fake of the harness raises
+    ``LeafMemberMissing`` (a harness error, never a finding)."""
     from harness.upstream import source
     from harness.upstream.case_log import captured
-    from harness.upstream.judge import check_stand_ins
+    from harness.upstream.judge import check_leaves
 
     if keep_log is None:
         with _quiet_upstream_logs():
-            out = runner_run_with_faults(case_from_seed(seed), seed=seed, orchestration=orchestration)
+            out = runner_run_with_faults(case_from_seed(seed), seed=seed)
     else:
         with captured() as log:
-            out = runner_run_with_faults(case_from_seed(seed), seed=seed, orchestration=orchestration)
+            out = runner_run_with_faults(case_from_seed(seed), seed=seed)
         keep_log.append(log.getvalue())
-    check_stand_ins(out, source.active())
+    check_leaves(out, source.active())
     return out, findings(out)
 
 
-def _row(seed: int, orchestration: str = "stand-ins") -> dict:
+def _row(seed: int) -> dict:
     from harness.upstream.seams import SeamMissing
 
     try:
-        out, found = run_seed(seed, orchestration=orchestration)
+        out, found = run_seed(seed)
     except SeamMissing as exc:  # the tree lacks a seam this case's driver needs: not run
         c = case_from_seed(seed)
         return {"seed": seed, "mode": mode(c), "fault": fault_kind(c.faults), "refused": exc.seams}
@@ -518,16 +511,14 @@ def _row(seed: int, orchestration: str = "stand-ins") -> dict:
     }
 
 
-def sweep(
-    seeds: Iterable[int], *, jobs: int = 1, progress: bool = False, orchestration: str = "stand-ins"
-) -> list[dict]:
+def sweep(seeds: Iterable[int], *, jobs: int = 1, progress: bool = False) -> list[dict]:
     """One row per seed (see ``_row``); ``jobs`` > 1 forks worker processes."""
     seeds = list(seeds)
-    row = functools.partial(_row, orchestration=orchestration)
+
     if jobs <= 1:
         rows = []
         for i, s in enumerate(seeds):
-            rows.append(row(s))
+            rows.append(_row(s))
             if progress and (i + 1) % 500 == 0:
                 print(f"  {i + 1}/{len(seeds)}", file=sys.stderr, flush=True)
         return rows
@@ -535,7 +526,7 @@ def sweep(
 
     with mp.get_context("fork").Pool(jobs) as pool:
         rows = []
-        for i, r in enumerate(pool.imap(row, seeds, chunksize=20)):
+        for i, r in enumerate(pool.imap(_row, seeds, chunksize=20)):
             rows.append(r)
             if progress and (i + 1) % 500 == 0:
                 print(f"  {i + 1}/{len(seeds)}", file=sys.stderr, flush=True)
@@ -605,11 +596,7 @@ def format_md(doc: dict) -> str:
         "# Fault schedules on upstream Miles: findings",
         "",
         f"Upstream tree `{doc['upstream_tree']}` (digest `{doc['tree_digest']}` over the files listed in the JSON)"
-        + (
-            f", its own orchestration (`--orchestration {doc['orchestration']}`). "
-            if doc.get("orchestration", "stand-ins") != "stand-ins"
-            else ". "
-        )
+        + ", its own orchestration over the harness' leaves. "
         + f"Seeds `{doc['seeds']}`: {doc['runs']} runs"
         + (f" in {doc['real_seconds']} s" if doc.get("real_seconds") else "")
         + f", {doc['complete_runs']} complete, {doc['runs_with_findings']} with at least one finding"
@@ -659,16 +646,23 @@ def format_md(doc: dict) -> str:
 
 
 READING = (
-    "`orphaned_task: launched_generate`: `train_async.py:L80` launches generate(N+1) before step N trains; when "
-    "the step raises or the driver is cancelled, that generate keeps running (a Ray call nobody cancels; next-generate-launched-early, "
+    "`orphaned_task: launched_generate`: `train_async.py:L81` launches generate(N+1) before step N trains (and "
+    "`train.py:L99` awaits generate(N), a Ray call); when the step raises or the driver is cancelled, that "
+    "generate keeps running in the rollout manager's actor (a Ray call nobody cancels; next-generate-launched-early, "
     "which the core now reproduces).",
-    "`orphaned_task: fully_async_worker` / `group_tasks` (fully_async): the worker (`fully_async_rollout.py`, "
-    "`_worker_loop`) has no stop path, so after the driver fails or is cancelled it keeps generating; after the "
-    "worker dies (request failure, worker crash) its sibling group tasks keep running (orphaned-group-tasks).",
-    "`orphaned_task: group_tasks` (sync, one_step): when `generate_rollout_async` (`inference_rollout_train.py`) "
-    "is cancelled, its pending group tasks are not: only the end-of-rollout abort stops them. "
-    "`scheduler_waiter`, `http_request`, `buffer_get`: the sample-backfill waiter, an `/abort_request` post, the "
-    "drain's buffer get left behind the same way.",
+    "`orphaned_task: train_call` / `weight_update_call`: the driver cancelled while it awaits "
+    "`actor_model.train(...)` or `update_weights()` (`train_async.py:L92`, `train.py:L118`; `update_weights` "
+    "after each training step): the train "
+    "actor's call keeps running (a Ray call nobody cancels).",
+    "Tasks a Ray actor started itself (the rollout manager's fully-async worker, its group tasks, the "
+    "sample-backfill waiter, an `/abort_request` post, the drain's buffer get) are that actor's process's: listed "
+    "as `actor_tasks`, never an orphan of the driver (Ray ends a job's actors with its driver).",
+    "`run_error: TypeError` (sync, one_step, under injected aborts and abort storms): an aborted sample keeps "
+    "`reward=None` and reaches the rollout manager's post-processing: the reward normalisation "
+    "(`miles/ray/rollout/train_data_conversion.py:L241`, `torch.tensor(shared_rewards)`: 'must be real number, "
+    "not NoneType', seed 11) or the zero-std metrics (`miles/ray/rollout/metrics.py:L183`, `round(None, 1)`, "
+    "seed 19); the generate call fails and the driver with it. Upstream's finding: the runner runs that "
+    "post-processing as upstream wrote it (`rollout_manager.py:L156-L157`).",
     "`silent_drop: failed_group_discarded` (sync, one_step): a group whose request failed is logged and skipped "
     "(`inference_rollout_train.py`, `except Exception: ... continue`): no retry, no metric, its prompt is gone.",
 )
@@ -678,12 +672,12 @@ def load_known(path: Path = FINDINGS_FILE) -> dict:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
-def replay(seed: int, *, verbose: bool = False, orchestration: str = "stand-ins") -> str:
+def replay(seed: int, *, verbose: bool = False) -> str:
     """The case, outcome and findings of one seed; with ``verbose`` upstream's captured log too."""
     from harness.checking.invariants import format_violations
 
     log: list[str] = []
-    out, found = run_seed(seed, keep_log=log, orchestration=orchestration)
+    out, found = run_seed(seed, keep_log=log)
     c = out.case
     lines = [
         f"seed {seed}: {mode(c)}, fault {fault_kind(c.faults)}",
@@ -723,14 +717,9 @@ def _activate(path: str | None) -> Path:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m harness.upstream.fault_sweep", description=__doc__.split("\n\n")[0])
     p.add_argument("--miles-src", default=None)
-    p.add_argument(
-        "--orchestration",
-        choices=("stand-ins", "upstream"),
-        default="stand-ins",
-        help="the harness' stand-ins for the rollout manager and actor group (default: the core's orchestration, "
-        "as the differential), or the tree's own orchestration over faked leaves (needed for a tree of the "
-        "controller-executor shape, which has no stand-ins)",
-    )
+    from harness.upstream import source
+
+    source.add_orchestration_flag(p)
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("sweep", help="run seeds START..START+RUNS-1 and summarize the findings")
     s.add_argument("--runs", type=int, default=200)
@@ -754,12 +743,11 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     tree = _activate(a.miles_src)
     if a.cmd == "replay":
-        print(replay(a.seed, verbose=a.verbose, orchestration=a.orchestration))
+        print(replay(a.seed, verbose=a.verbose))
         return 0
     t0 = time.perf_counter()
-    rows = sweep(range(a.start, a.start + a.runs), jobs=a.jobs, progress=True, orchestration=a.orchestration)
+    rows = sweep(range(a.start, a.start + a.runs), jobs=a.jobs, progress=True)
     doc = summarize(rows, tree=tree, seeds=f"{a.start}..{a.start + a.runs - 1}", seconds=time.perf_counter() - t0)
-    doc["orchestration"] = a.orchestration
     known = load_known(a.known)
     new = sorted(set(doc["kinds"]) - set(known.get("kinds", {})))
     print(format_md(doc))

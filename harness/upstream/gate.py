@@ -6,7 +6,7 @@
 ``CaseVerdict``:
 
 * ``harness_error``: the harness could not run the case faithfully on HEAD, or it cannot
-  host HEAD where it ran BASE (e.g. a member upstream now calls on a stand-in of the
+  host HEAD where it ran BASE (e.g. a member upstream now calls on a leaf fake of the
   harness): never a finding about upstream;
 * ``not_run``: neither tree has a seam the case's driver needs (``miles-harness doctor``);
 * ``no_base``: BASE could not run the case (a missing seam, a harness error, a run that
@@ -46,7 +46,6 @@ another case.
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -203,17 +202,6 @@ def first_change(head: CaseRecord, base: CaseRecord) -> str | None:
     return "the observed aspects differ"
 
 
-def _seams_with_lines(rec: CaseRecord) -> str:
-    """The seams a not-run record names, each with the upstream line that reads it when the
-    refusal's message gives one (``read at FILE:LNN``, as ``doctor`` reports a stand-in member)."""
-    lines = dict(re.findall(r"`([\w.]+)` read at ([\w/.]+:L\d+)", rec.get("message", "")))
-    out = []
-    for seam in rec.get("seams", []):
-        member = seam.split(" ", 1)[-1]
-        out.append(f"{seam} (read at {lines[member]})" if member in lines else seam)
-    return ", ".join(out)
-
-
 def _holds(rec: CaseRecord) -> str:
     j = rec.get("judgement") or {}
     n = len(j.get("checkers", {}))
@@ -242,19 +230,15 @@ def base_kinds(base: list[CaseRecord]) -> dict[str, str]:
 
 
 def _seam_text(rec: CaseRecord) -> str:
-    """The seams a not-run record names, each said once: a stand-in member as the harness'
-    lack, a seam whose file the tree does not have (``absent``: an older tree) as that file."""
+    """The seams a not-run record names, each said once: a seam whose file the tree does
+    not have (``absent``: an older tree) as that file."""
     from harness.upstream.gate_preflight import describe
-    from harness.upstream.seams import BY_NAME, STAND_IN_PREFIX
+    from harness.upstream.seams import BY_NAME
 
     out: list[str] = []
     absent = set(rec.get("absent", []))
     for seam in rec.get("seams", []):
-        if seam.startswith(STAND_IN_PREFIX):
-            role, member = seam[len(STAND_IN_PREFIX) :].split(".", 1)
-            where = _seams_with_lines({**rec, "seams": [seam]}).partition(" (read at ")[2].rstrip(")")
-            text = f"the harness' stand-in for `{role}` has no `{member}`" + (f" (read at {where})" if where else "")
-        elif seam in BY_NAME and BY_NAME[seam].file in absent:
+        if seam in BY_NAME and BY_NAME[seam].file in absent:
             text = f"{BY_NAME[seam].file} does not exist in this tree"
         else:
             text = describe(BY_NAME[seam]) if seam in BY_NAME else seam

@@ -14,7 +14,7 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.upstream.seams import STAND_IN_PREFIX, Seam, TreeReport
+from harness.upstream.seams import Seam, TreeReport
 from harness.upstream.source import DRIVER_FILES
 
 
@@ -69,31 +69,26 @@ def new_compile_errors(head: Path, base: Path) -> list[CompileError]:
 
 
 def describe(seam: Seam, tree: Path | None = None) -> str:
-    """One line for a missing seam: what was looked for and where. A stand-in member is
-    the harness' lack, not the tree's: the tree reads it, the harness' stand-in has none.
-    A seam whose whole file is absent from ``tree`` is said as that (an older tree)."""
-    if tree is not None and not seam.name.startswith(STAND_IN_PREFIX) and not (tree / seam.file).is_file():
+    """One line for a missing seam: what was looked for and where. A seam whose whole file
+    is absent from ``tree`` is said as that (an older tree)."""
+    if tree is not None and not (tree / seam.file).is_file():
         return f"{seam.file} does not exist in this tree"
-    if seam.name.startswith(STAND_IN_PREFIX):
-        role, member = seam.name[len(STAND_IN_PREFIX) :].split(".", 1)
-        at = seam.looks_for.split(" read at ", 1)[-1]
-        return f"the harness' stand-in for `{role}` has no `{member}`, which the tree reads at {at}"
     return f"{seam.file}: no {seam.looks_for}"
 
 
-def refusal(report: TreeReport, drivers: list[str], flag: str, orchestration: str = "upstream") -> list[str]:
+def refusal(report: TreeReport, drivers: list[str], flag: str) -> list[str]:
     """Why ``report``'s tree can run none of ``drivers``: a first line, then each missing
     seam once with the drivers it stops, then the fix."""
     stops: dict[str, tuple[Seam, list[str]]] = {}
     for d in drivers:
-        for s in report.missing_for(d, orchestration):
+        for s in report.missing_for(d):
             stops.setdefault(s.name, (s, []))[1].append(d)
     lines = [f"{flag} {report.tree}: the harness can run none of the drivers the cases need ({', '.join(drivers)}):"]
     said: dict[str, list[str]] = {}
     for s, ds in stops.values():
         said.setdefault(describe(s, report.tree), ds)
     lines += [f"  - {text} (stops {', '.join(ds)})" for text, ds in said.items()]
-    lines.append(f"Fix: `miles-harness doctor --miles-src {report.tree}` shows every seam and stand-in member.")
+    lines.append(f"Fix: `miles-harness doctor --miles-src {report.tree}` shows every seam.")
     return lines
 
 

@@ -27,7 +27,7 @@ class CaseRecord(TypedDict, total=False):
     name: str
     status: Literal["ran", "not_run", "harness_error"]
     # not_run / harness_error
-    seams: list[str]  # the seams missing (a stand-in member as ``stand_in:ROLE.MEMBER``)
+    seams: list[str]  # the seams missing
     absent: list[str]  # the seams' files the tree does not have (an older tree)
     message: str
     # ran

@@ -9,8 +9,8 @@ Cases: the differential's matrix (``harness.upstream.diff.matrix``, upstream sid
 and the fault sweep's drawn schedules ``fault-seed-0`` .. ``fault-seed-(N-1)``
 (``harness.upstream.fault_sweep.case_from_seed``). Per case (``case_record``): ``status``
 ``ran`` / ``not_run`` (the tree lacks a seam the case's driver needs) / ``harness_error``
-(the harness could not run it faithfully: a seam or stand-in failed inside upstream's
-code, or a member upstream calls is missing on a stand-in); for a run, the invariant
+(the harness could not run it faithfully: a seam or leaf fake failed inside upstream's
+code, or a member upstream calls is missing on a leaf fake); for a run, the invariant
 verdict on its own trace (``harness.upstream.judge``), the fault sweep's other findings
 (hangs, unexplained errors, orphaned tasks, silent drops: ``fault_sweep.findings``), and
 what the run observably did (``harness.upstream.observables``: the same aspects the differential
@@ -85,32 +85,32 @@ def import_failure(exc: BaseException, tree: Path) -> dict | None:
     """``{"file", "line", "error"}`` when importing the tree failed in the tree's own code
     (a module of the tree missing, a NameError at import), ``None`` when the cause lies
     outside it (a package not installed here)."""
-    from harness.upstream.judge import is_stand_in
+    from harness.upstream.judge import is_leaf_fake
 
     cause = exc.__cause__ or exc
     if isinstance(cause, ModuleNotFoundError) and not (cause.name or "").startswith("miles"):
         return None
-    if isinstance(cause, ImportError) and is_stand_in(sys.modules.get(cause.name or "")):
-        return None  # a name the harness' import stand-in lacks: the harness' gap, not the tree's
+    if isinstance(cause, ImportError) and is_leaf_fake(sys.modules.get(cause.name or "")):
+        return None  # a name the harness' import fake lacks: the harness' gap, not the tree's
     at = raised_at(cause, tree)
     if at is None:
         return None
     return {"file": at[0], "line": at[1], "error": f"{type(cause).__name__}: {cause}"}
 
 
-def _matrix_run(case: Any, orchestration: str = "upstream") -> CaseRun:
+def _matrix_run(case: Any) -> CaseRun:
     from harness.upstream.diff import upstream_run
 
     sc = case.scenario()
-    res = upstream_run(case, sc, orchestration=orchestration)
+    res = upstream_run(case, sc)
     return CaseRun(res, sc.config, res.wall_s, refusal=case.refused)
 
 
-def _fault_run(seed: int, orchestration: str = "upstream") -> CaseRun:
+def _fault_run(seed: int) -> CaseRun:
     from harness.upstream import fault_sweep
 
     case = fault_sweep.case_from_seed(seed)
-    out = fault_sweep.runner_run_with_faults(case, seed=seed, orchestration=orchestration)
+    out = fault_sweep.runner_run_with_faults(case, seed=seed)
     other = [
         {"kind": f"{f.category}:{f.detail}", "sweep_kind": f.kind, "message": f.message[:500]}
         for f in fault_sweep.findings(out)
@@ -126,7 +126,7 @@ def case_record(name: str, run: Callable[[], CaseRun], tree: Path) -> CaseRecord
     from harness.upstream.case_log import captured
     from harness.upstream.observables import observables
     from harness.upstream.harness_errors import HarnessError
-    from harness.upstream.judge import check_stand_ins, judge
+    from harness.upstream.judge import check_leaves, judge
     from harness.upstream.seams import SeamMissing
 
     t0 = time.perf_counter()
@@ -135,7 +135,7 @@ def case_record(name: str, run: Callable[[], CaseRun], tree: Path) -> CaseRecord
         try:
             ran = run()
             result = ran.result
-            check_stand_ins(result, tree)
+            check_leaves(result, tree)
         except SeamMissing as exc:
             from harness.upstream.seams import BY_NAME
 
@@ -176,7 +176,7 @@ def case_record(name: str, run: Callable[[], CaseRun], tree: Path) -> CaseRecord
     return rec
 
 
-def _flag_run(spec: dict, orchestration: str = "upstream") -> CaseRun:
+def _flag_run(spec: dict) -> CaseRun:
     """A matrix case with a flag the pull request adds or changes set (when this tree has
     it: ``spec["set"]``), ``harness.upstream.flag_cases``."""
     from harness.upstream.diff import case_named
@@ -184,9 +184,9 @@ def _flag_run(spec: dict, orchestration: str = "upstream") -> CaseRun:
 
     case = case_named(spec["scenario"])
     if not spec["set"]:
-        return _matrix_run(case, orchestration)
+        return _matrix_run(case)
     with flag_set(spec["dest"], spec["value"]):
-        return _matrix_run(case, orchestration)
+        return _matrix_run(case)
 
 
 @dataclass(frozen=True)
@@ -214,13 +214,13 @@ def resume_cases() -> list[Any]:
     return [c for c in sweep_cases(only=RESUME_SETTINGS) if c.label in RESUME_STOPS]
 
 
-def _resume_run(case: Any, orchestration: str = "upstream") -> CaseRun:
+def _resume_run(case: Any) -> CaseRun:
     """A crash at ``case``'s stop and the resume through upstream's own save and load
     (``harness.upstream.lives``): the lives' joined trace is the case's run."""
     from harness.lives import run_lives
     from harness.upstream.lives import UpstreamHost
 
-    res = run_lives(case.scenario, case.stops, UpstreamHost(orchestration=orchestration))
+    res = run_lives(case.scenario, case.stops, UpstreamHost())
     history = [h for life in res.runs for h in getattr(life, "history", [])]
     end = res.events[-1].t if res.events else 0.0
     return CaseRun(ResumeRun(res.events, history, res.error, res.error is None), case.scenario.config, end)
@@ -230,7 +230,6 @@ def cases(
     scenarios: list[str],
     fault_seeds: int,
     flag_cases: list[dict] | None = None,
-    orchestration: str = "upstream",
     resume: bool = False,
 ) -> list[tuple[str, Callable[[], CaseRun]]]:
     """(name, run) for every case asked: the named matrix cases (all when none is named
@@ -238,14 +237,11 @@ def cases(
     from harness.upstream.diff import case_named, matrix
 
     chosen = [case_named(n) for n in scenarios] if scenarios else matrix()
-    out: list[tuple[str, Callable[[], CaseRun]]] = [(c.name, partial(_matrix_run, c, orchestration)) for c in chosen]
-    out += [(spec["name"], partial(_flag_run, spec, orchestration)) for spec in flag_cases or []]
-    out += [(f"fault-seed-{s}", partial(_fault_run, s, orchestration)) for s in range(fault_seeds)]
+    out: list[tuple[str, Callable[[], CaseRun]]] = [(c.name, partial(_matrix_run, c)) for c in chosen]
+    out += [(spec["name"], partial(_flag_run, spec)) for spec in flag_cases or []]
+    out += [(f"fault-seed-{s}", partial(_fault_run, s)) for s in range(fault_seeds)]
     if resume:
-        out += [
-            (f"{RESUME_PREFIX}{c.setting}:{c.stops[0].label}", partial(_resume_run, c, orchestration))
-            for c in resume_cases()
-        ]
+        out += [(f"{RESUME_PREFIX}{c.setting}:{c.stops[0].label}", partial(_resume_run, c)) for c in resume_cases()]
     return out
 
 
@@ -276,7 +272,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fault-seeds", type=int, default=0)
     p.add_argument("--cover", action="append", default=[], metavar="FILE", help="a file of the tree to measure")
     p.add_argument("--flag-case", action="append", default=[], metavar="JSON", help="a flag case (flag_cases.specs)")
-    p.add_argument("--orchestration", choices=("upstream", "stand-ins"), default="upstream")
     p.add_argument("--resume-cases", action="store_true", help="also the resume cases (RESUME_SETTINGS x RESUME_STOPS)")
     a = p.parse_args(argv)
     from harness.upstream import source
@@ -315,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
         return Exit.REFUSED
     records = []
     flags = [json.loads(c) for c in a.flag_case]
-    for name, run in cases(a.scenario, a.fault_seeds, flags, a.orchestration, a.resume_cases):
+    for name, run in cases(a.scenario, a.fault_seeds, flags, a.resume_cases):
         if probe is not None:
             probe.case(name)
         rec = case_record(name, run, tree)

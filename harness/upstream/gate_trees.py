@@ -106,7 +106,6 @@ def worker_command(
     seeds: int,
     cover: list[str],
     flag_cases: list[dict],
-    orchestration: str = "upstream",
     resume: bool = False,
 ) -> list[str]:
     """The command line of one tree's process (``harness.upstream.gate_run``)."""
@@ -122,8 +121,6 @@ def worker_command(
         str(log),
         "--fault-seeds",
         str(seeds),
-        "--orchestration",
-        orchestration,
         *(["--resume-cases"] if resume else []),
     ]
     for s in scenarios:
@@ -148,11 +145,10 @@ def run_trees(
     jobs: int,
     cover: list[str] | None = None,
     flag_cases: list[dict] | None = None,
-    orchestration: str = "upstream",
     resume: bool = False,
 ) -> dict[str, dict]:
-    """Both trees' documents (``gate_run``), one process per tree, hosted with
-    ``orchestration`` (``harness.upstream.runner.ORCHESTRATIONS``); HEAD's measures which
+    """Both trees' documents (``gate_run``), one process per tree, each running upstream's
+    own orchestration over the harness' leaves; HEAD's measures which
     lines of ``cover`` (its changed files) run in each case; ``flag_cases``
     (``flag_cases.specs``) run on both, each tree setting the flag where it has it. A tree
     that is refused or does not import stops the other tree's process at once: nothing is
@@ -175,7 +171,6 @@ def run_trees(
                     seeds,
                     list(cover or []) if side == "head" else [],
                     [{**spec, "set": spec["set"][side]} for spec in flag_cases or []],
-                    orchestration,
                     resume,
                 ),
                 cwd=str(PROJECT_ROOT),

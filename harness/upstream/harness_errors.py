@@ -18,14 +18,14 @@ class HarnessError(RuntimeError):
 
 
 class RunnerSeamError(HarnessError):
-    """A stand-in or seam of the harness raised inside upstream's code during a run
-    (``StandInCalled``): upstream may have caught and logged it as its own task error,
+    """A leaf fake or seam of the harness raised inside upstream's code during a run
+    (``LeafCalled``): upstream may have caught and logged it as its own task error,
     but the failure is the harness'. Raised after the run with what the run left
     (``result``), so no finding is made of it."""
 
     def __init__(self, raised: list, result: object) -> None:
-        seams = sorted({getattr(e, "seam", "stand-in") for e in raised})
-        first = "; ".join(f"[{getattr(e, 'seam', 'stand-in')}] {e}" for e in raised[:3])
+        seams = sorted({getattr(e, "seam", "leaf") for e in raised})
+        first = "; ".join(f"[{getattr(e, 'seam', 'leaf')}] {e}" for e in raised[:3])
         super().__init__(
             f"harness_error: seam {', '.join(seams)} failed inside upstream's code ({len(raised)} time(s)): {first}",
             seams,

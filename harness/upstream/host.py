@@ -34,7 +34,7 @@ from typing import Any
 from harness.upstream import source
 from harness.upstream.harness_errors import HarnessError
 from harness.upstream.seams import BY_NAME, TreeReport
-from harness.upstream.stand_ins import StandInCalled
+from harness.upstream.leaf_fakes import LeafCalled
 
 # ``train.py`` / ``train_async.py`` source to run instead of the file's: set only while an
 # upstream mutant is applied (``harness.upstream.patching.applied``); each host reads it when
@@ -156,10 +156,10 @@ def _name(run: Any) -> str:
 
 
 def current(seam: str = "http_post(single_turn)") -> Any:
-    """The run that holds the host; ``StandInCalled`` (naming ``seam``) outside any run."""
+    """The run that holds the host; ``LeafCalled`` (naming ``seam``) outside any run."""
     run = _HOST
     if run is None:
-        raise StandInCalled(f"upstream reached the {seam} seam outside a hosted run", seam=seam)
+        raise LeafCalled(f"upstream reached the {seam} seam outside a hosted run", seam=seam)
     return run
 
 

@@ -8,12 +8,12 @@ complete run are left out, conservation is relaxed to ``conservation_prefix``), 
 ``miles-harness check-trace --incomplete`` does. ``Judgement.verdict()`` is the sentence
 a report prints: "every invariant holds (N checkers)" or which invariants it breaks.
 
-``stand_in_failure(exc)``: the run ended on an ``AttributeError`` raised on an object the
-harness put in upstream's place (the lifecycle sink, the engine, a module stand-in, the
-args): upstream called a member the stand-in lacks. That is the harness' blind spot,
-never upstream's error; the message names the member, the stand-in and the upstream line
-that called it. (The Ray stand-ins of ``harness.upstream.ray_names`` and the args raise
-``stand_ins.StandInMissing`` themselves, which stops the run with ``RunnerSeamError``;
+``leaf_failure(exc)``: the run ended on an ``AttributeError`` raised on an object the
+harness put in upstream's place (the lifecycle sink, the engine, an import fake, the
+args): upstream called a member the fake lacks. That is the harness' blind spot,
+never upstream's error; the message names the member, the fake and the upstream line
+that called it. (The leaf fakes of ``harness.upstream.leaves`` and the args raise
+``leaf_fakes.LeafMissing`` themselves, which stops the run with ``RunnerSeamError``;
 this catches a plain ``AttributeError`` on any other object of the harness.)
 """
 
@@ -103,14 +103,14 @@ def _slice(v: Any) -> str:
     return f"events #{a.seq}..#{b.seq}, t={a.t:.3f}..{b.t:.3f} s"
 
 
-def is_stand_in(obj: Any) -> bool:
+def is_leaf_fake(obj: Any) -> bool:
     """An object of the harness' own making in upstream's place: its class (or, for a class
-    or module, itself) is defined in ``harness``, an import stand-in module, or the
+    or module, itself) is defined in ``harness``, an import fake module, or the
     ``args`` namespace (the runner builds it, ``runner.upstream_args``; upstream's own
     parser never runs, so a flag upstream reads that the runner does not set is missing)."""
     if obj is None:
         return False
-    if getattr(obj, "__miles_harness_stand_in__", False) or isinstance(obj, argparse.Namespace):
+    if getattr(obj, "__miles_harness_fake__", False) or isinstance(obj, argparse.Namespace):
         return True
     kind = obj if isinstance(obj, type) else type(obj)
     module = getattr(kind, "__module__", "") or ""
@@ -131,14 +131,14 @@ def _upstream_line(exc: BaseException, tree: Path | None) -> str:
     return "an unknown line"
 
 
-def stand_in_failure(exc: BaseException | None, tree: Path | None = None) -> str | None:
-    """The message for an ``AttributeError`` raised on one of the harness' stand-ins (with
+def leaf_failure(exc: BaseException | None, tree: Path | None = None) -> str | None:
+    """The message for an ``AttributeError`` raised on one of the harness' fakes (with
     the upstream line that reached it), else ``None``. Follows ``__cause__`` / ``__context__``,
     since upstream may re-raise it wrapped."""
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
-        if isinstance(exc, AttributeError) and getattr(exc, "obj", None) is not None and is_stand_in(exc.obj):
+        if isinstance(exc, AttributeError) and getattr(exc, "obj", None) is not None and is_leaf_fake(exc.obj):
             at = _upstream_line(exc, tree)
             if isinstance(exc.obj, argparse.Namespace):
                 return (
@@ -150,25 +150,25 @@ def stand_in_failure(exc: BaseException | None, tree: Path | None = None) -> str
             name = exc.obj.__name__ if isinstance(exc.obj, types.ModuleType) else None
             what = name or f"{kind.__module__}.{kind.__qualname__}"
             return (
-                f"harness_error: upstream calls `{exc.name}` on the harness' stand-in {what}, which lacks it "
+                f"harness_error: upstream calls `{exc.name}` on the harness' fake {what}, which lacks it "
                 f"(at {at}): the runner does not host this tree's code faithfully. "
-                f"Fix: the stand-in must implement `{exc.name}` (see `miles-harness doctor`)"
+                f"Fix: the fake must implement `{exc.name}` (see `miles-harness doctor`)"
             )
         exc = exc.__cause__ or exc.__context__
     return None
 
 
-class StandInMemberMissing(HarnessError):
-    """Upstream called a member a stand-in of the harness lacks (``stand_in_failure``)."""
+class LeafMemberMissing(HarnessError):
+    """Upstream called a member a fake of the harness lacks (``leaf_failure``)."""
 
 
-def check_stand_ins(result: Any, tree: Path | None = None) -> None:
-    """Raise ``StandInMemberMissing`` when ``result`` (an upstream run) ended on, or its
-    fully-async worker died of, a member missing from a stand-in."""
+def check_leaves(result: Any, tree: Path | None = None) -> None:
+    """Raise ``LeafMemberMissing`` when ``result`` (an upstream run) ended on, or its
+    fully-async worker died of, a member missing from a fake."""
     for exc in (result.error, (getattr(result, "extra", None) or {}).get("worker_error")):
-        message = stand_in_failure(exc, tree)
+        message = leaf_failure(exc, tree)
         if message is not None:
-            raise StandInMemberMissing(message, ["stand-in"])
+            raise LeafMemberMissing(message, ["leaf"])
 
 
-__all__ = ["Judgement", "StandInMemberMissing", "check_stand_ins", "is_stand_in", "judge", "stand_in_failure"]
+__all__ = ["Judgement", "LeafMemberMissing", "check_leaves", "is_leaf_fake", "judge", "leaf_failure"]

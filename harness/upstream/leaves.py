@@ -54,7 +54,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.upstream.stand_ins import StandInMissing
+from harness.upstream.leaf_fakes import LeafMissing
 
 TRACKER = "latest_checkpointed_iteration.txt"  # Megatron's tracker file
 NODE_IP = "127.0.0.1"
@@ -128,7 +128,7 @@ LEAVES: tuple[Leaf, ...] = (
 
 
 class _Leaf:
-    """A member upstream reads that the fake lacks is ``StandInMissing`` naming it and the
+    """A member upstream reads that the fake lacks is ``LeafMissing`` naming it and the
     upstream line (a harness error, never upstream's AttributeError)."""
 
     role = ""
@@ -137,7 +137,7 @@ class _Leaf:
         if name.startswith("__"):
             raise AttributeError(name)
         frame = sys._getframe(1)
-        raise StandInMissing(self.role, name, frame.f_code.co_filename, frame.f_lineno)
+        raise LeafMissing(self.role, name, frame.f_code.co_filename, frame.f_lineno)
 
 
 # --------------------------------------------------------------------------- the engine
@@ -391,7 +391,7 @@ def write_checkpoint(save: str | None, rollout_id: int, state: dict) -> None:
 
 def _stand_in_module(name: str, **attrs: Any) -> types.ModuleType:
     mod = types.ModuleType(name, "miles-harness leaf: the trainer backend is faked at the train actor")
-    mod.__miles_harness_stand_in__ = True  # type: ignore[attr-defined]
+    mod.__miles_harness_fake__ = True  # type: ignore[attr-defined]
     for k, v in attrs.items():
         setattr(mod, k, v)
     return mod

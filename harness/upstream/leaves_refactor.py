@@ -92,7 +92,7 @@ from typing import Any
 from harness.upstream import host, leaves
 from harness.upstream.host import Rebind
 from harness.upstream.leaves import Leaf
-from harness.upstream.stand_ins import StandInMissing
+from harness.upstream.leaf_fakes import LeafMissing
 
 EXECUTOR_MOD = "miles.ray.rollout.rollout_executor"
 WORKER_MANAGER_MOD = "miles.utils.workers.ray_worker_manager"
@@ -162,7 +162,7 @@ LEAVES: tuple[Leaf, ...] = (
 # what this harness does not fake yet on the controller-executor shape: (leaf, what upstream
 # needs of it, where a run stops without it); doctor lists them. None is left for a run's
 # start-up, its weight updates and its train steps; what a case reaches beyond them (a member
-# a leaf fake lacks) is a harness error naming the member and the line (StandInMissing).
+# a leaf fake lacks) is a harness error naming the member and the line (LeafMissing).
 UNHOSTED: tuple[tuple[str, str, str], ...] = ()
 
 
@@ -299,7 +299,7 @@ class SimHttpClient(leaves._Leaf):
     serving the engines' and router's HTTP API on the run's ``SimEngine``: what
     ``SGLangApiClient`` (``miles/backends/sglang_utils/sglang_api_client.py``), the launch gate
     (``miles/utils/workers/launch_gate.py:L13-L27``) and the health probes ask. Every engine URL
-    is the one ``SimEngine``; an endpoint it does not serve is ``StandInMissing`` naming it."""
+    is the one ``SimEngine``; an endpoint it does not serve is ``LeafMissing`` naming it."""
 
     role = "engine_network"
 
@@ -407,7 +407,7 @@ class SimHttpClient(leaves._Leaf):
         frame = sys._getframe(1)
         while frame.f_back is not None and frame.f_code.co_filename == __file__:
             frame = frame.f_back
-        raise StandInMissing(self.role, f"{method} {path}", frame.f_code.co_filename, frame.f_lineno)
+        raise LeafMissing(self.role, f"{method} {path}", frame.f_code.co_filename, frame.f_lineno)
 
 
 class VirtualClock:

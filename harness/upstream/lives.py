@@ -4,17 +4,18 @@ from its last checkpoint, as a Miles job does after a failure or a planned resta
 A run is a sequence of lives, each one ``harness.upstream.runner`` run of the same
 scenario on fresh objects (a new data source, rollout function, buffer, engine,
 trainer, event loop): nothing in memory survives a stop, only the checkpoint folder.
-What each life does with that folder is upstream's own code, reached through the Ray
-stand-ins this module puts on the driver module (``UpstreamRunner.hooks``):
+What each life does with that folder is upstream's own code (its orchestration over the
+leaves, ``harness.upstream.orchestration``), followed at the leaves by this module's hooks
+(``UpstreamRunner.hooks``):
 
-* ``rollout_manager.save.remote(N)`` / ``load.remote(N)`` call upstream's
-  ``data_source.save(N)`` / ``load(N)`` as ``RolloutManager.save/load`` do
+* ``RolloutManager.save/load`` call upstream's ``data_source.save(N)`` / ``load(N)``
   (``miles/ray/rollout/rollout_manager.py:L275-L281``: save only with
   ``--rollout-global-dataset``), which write and read
   ``<--save>/rollout/global_dataset_state_dict_<N>.pt`` (``miles/rollout/data_source.py:L124-L160``);
-* ``actor_model.save_model(N)`` is the trainer stand-in's save: its step count,
-  learning-rate step and weight version into ``iter_<N>/trainer.json``, then the
-  tracker ``latest_checkpointed_iteration.txt`` = N, last, as Megatron writes it;
+  the hooks follow them on the data source (``follow_data_source``);
+* the train actor leaf's save writes its step count, learning-rate step and weight
+  version, then the tracker ``latest_checkpointed_iteration.txt`` = N, last, as Megatron
+  writes it (``harness.upstream.leaves.write_checkpoint``);
 * ``create_training_models`` starts a life as Miles does: without a tracker under
   ``--load`` the run starts at 0 and ``--load`` falls back to ``--ref-load`` (unset
   here: ``miles/utils/arguments.py:L3049-L3060``); with one, Megatron's
@@ -49,7 +50,6 @@ second observation of what names the mechanism of a loss.
 from __future__ import annotations
 
 import asyncio
-import json
 import shutil
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -83,7 +83,7 @@ class _ResumedContext(RunContext):
 
 
 class _Life:
-    """The hooks of one life: checkpointing stand-ins, the stop, the recorded extras."""
+    """The hooks of one life: what follows upstream's save and load, the stop, the recorded extras."""
 
     def __init__(self, number: int, ckpt: Path, stop: StopPoint | None, save_interval: int | None) -> None:
         self.number, self.ckpt, self.stop, self.save_interval = number, ckpt, stop, save_interval
@@ -114,13 +114,10 @@ class _Life:
         if stop is not None and stop.how == "planned":
             args.save_trigger_sentinel = str(self.ckpt / f"save-now-life{self.number}")
         self._observe(runner)
-        if runner.orchestration == "upstream":
-            # upstream's own save and load run; the life follows them at the leaves
-            runner.on_trainer_loaded = self.trainer_loaded
-            runner.on_trainer_saved = self.trainer_saved
-            runner.on_data_source = self.follow_data_source
-        else:
-            self._rebind(runner)
+        # upstream's own save and load run; the life follows them at the leaves
+        runner.on_trainer_loaded = self.trainer_loaded
+        runner.on_trainer_saved = self.trainer_saved
+        runner.on_data_source = self.follow_data_source
 
     def _emit(self, kind: str, **fields: Any) -> None:
         assert self.runner is not None
@@ -200,7 +197,7 @@ class _Life:
         if self.main is not None and not self.main.done():
             self.main.cancel()
 
-    # --- orchestration "upstream": upstream's save and load, followed at the leaves -------
+    # --- upstream's save and load, followed at the leaves ------------------------------
     def trainer_loaded(self, loaded: dict | None) -> None:
         """The train actor leaf loaded ``loaded`` from ``--load`` (``None``: Miles'
         validation found no tracker, ``--load`` fell back to ``--ref-load`` and the run
@@ -261,62 +258,6 @@ class _Life:
 
         ds.save, ds.load = saved, loaded
 
-    # --- the Ray stand-ins that reach upstream's checkpoint code --------------------------
-    def _rebind(self, runner: UpstreamRunner) -> None:
-        g = runner.driver_mod.__dict__
-        make_manager, make_models = g["create_rollout_manager"], g["create_training_models"]
-        life = self
-
-        def create_rollout_manager(args: Any, pg: Any) -> tuple[Any, Any]:
-            manager, per_epoch = make_manager(args, pg)
-            manager.save = _Remote(life.save_data_source)
-            manager.load = _Remote(life.load_data_source)
-            return manager, per_epoch
-
-        async def create_training_models(args: Any, pgs: Any, rollout_manager: Any) -> tuple[Any, Any]:
-            actor, critic = await make_models(args, pgs, rollout_manager)
-            actor.save_model = life.save_model
-            start = life.load_trainer(args)
-            if args.start_rollout_id is None:
-                args.start_rollout_id = start
-            if args.rollout_global_dataset:
-                await rollout_manager.load.remote(args.start_rollout_id - 1)
-            return actor, critic
-
-        g.update(create_rollout_manager=create_rollout_manager, create_training_models=create_training_models)
-
-    async def save_model(self, rollout_id: int, force_sync: bool = False) -> None:
-        if self.dead:  # a save the driver started after the crash: the process is gone
-            raise asyncio.CancelledError("the life crashed")
-        runner = self.runner
-        assert runner is not None
-        ctx = runner.ctx
-        state = {
-            "rollout_id": rollout_id,
-            "optimizer_step": ctx.trainer_steps,
-            "lr_step": ctx.trainer_steps,
-            "version": ctx.weight_version,
-        }
-        it = self.ckpt / f"iter_{rollout_id:07d}"
-        it.mkdir(parents=True, exist_ok=True)
-        (it / "trainer.json").write_text(json.dumps(state))
-        (self.ckpt / TRACKER).write_text(str(rollout_id))
-        self._emit(CHECKPOINT_SAVED, part="model", **state)
-
-    async def save_data_source(self, rollout_id: int) -> None:
-        """``RolloutManager.save`` (``rollout_manager.py:L275-L278``) on upstream's data source."""
-        if self.dead:
-            raise asyncio.CancelledError("the life crashed")
-        runner = self.runner
-        assert runner is not None
-        args, ds = runner.args, runner.data_source
-        held = self._held()
-        if args.rollout_global_dataset:
-            ds.save(rollout_id)
-        if self._tears(rollout_id):
-            self._tear(Path(args.save) / f"rollout/global_dataset_state_dict_{rollout_id}.pt")
-        self._emit(CHECKPOINT_SAVED, rollout_id=rollout_id, part="data_source", state=_cursor(ds), held=held)
-
     def _held(self) -> dict[str, list[int]]:
         """Where upstream holds each group it has taken and not yet handed to training, at
         a data-source save: in the data source's recycle buffer (``recycled``: a partial
@@ -338,49 +279,6 @@ class _Life:
             out["look_ahead" if not fully or gi in self.drained else "in_flight"].append(gi)
         return {k: sorted(v) for k, v in out.items()}
 
-    async def load_data_source(self, rollout_id: int | None = None) -> None:
-        """``RolloutManager.load`` (``rollout_manager.py:L280-L281``)."""
-        runner = self.runner
-        assert runner is not None
-        path = Path(runner.args.load or "") / f"rollout/global_dataset_state_dict_{rollout_id}.pt"
-        found = runner.args.load is not None and path.exists()
-        runner.data_source.load(rollout_id)
-        if found:  # a missing state is logged by upstream and loads nothing (data_source.py:L146-L149)
-            self._emit(CHECKPOINT_LOADED, rollout_id=rollout_id, part="data_source", state=_cursor(runner.data_source))
-
-    def load_trainer(self, args: Any) -> int:
-        """Where the life starts, from the trainer's checkpoint (Megatron's rule)."""
-        runner = self.runner
-        assert runner is not None
-        tracker = self.ckpt / TRACKER
-        if not tracker.exists():
-            args.load = None  # arguments.py:L3049-L3060: --load falls back to --ref-load (unset)
-            return 0
-        loaded = int(tracker.read_text())
-        state = json.loads((self.ckpt / f"iter_{loaded:07d}" / "trainer.json").read_text())
-        ctx = runner.ctx
-        ctx.__class__ = _ResumedContext
-        ctx.steps_base = state["optimizer_step"]
-        runner.ctx.trainer.steps = state["optimizer_step"]  # the weights the first update pushes
-        self.loaded_version = state["version"]
-        self._emit(
-            CHECKPOINT_LOADED,
-            rollout_id=loaded,
-            part="model",
-            optimizer_step=state["optimizer_step"],
-            lr_step=state["lr_step"],
-            version=state["version"],
-        )
-        return loaded + 1
-
-
-class _Remote:
-    def __init__(self, fn: Any) -> None:
-        self._fn = fn
-
-    def remote(self, *a: Any, **k: Any) -> Any:
-        return asyncio.ensure_future(self._fn(*a, **k))
-
 
 def _cursor(ds: Any) -> dict[str, int]:
     return {
@@ -396,13 +294,12 @@ class UpstreamHost:
     """``harness.lives.run.LifeHost`` on upstream's code (the tree must be activated:
     ``upstream_host``). Each life is one ``UpstreamRunner`` run with this module's hooks, on
     a checkpoint folder the run's lives share (a fresh temporary one unless ``ckpt_dir``);
-    ``--save-interval`` is the scenario's. ``orchestration``:
-    ``harness.upstream.runner.ORCHESTRATIONS``."""
+    ``--save-interval`` is the scenario's."""
 
     name = "upstream"
 
-    def __init__(self, *, orchestration: str = "upstream", ckpt_dir: str | Path | None = None, **runner_kwargs: Any):
-        self.orchestration, self.ckpt_dir, self.runner_kwargs = orchestration, ckpt_dir, runner_kwargs
+    def __init__(self, *, ckpt_dir: str | Path | None = None, **runner_kwargs: Any):
+        self.ckpt_dir, self.runner_kwargs = ckpt_dir, runner_kwargs
         self.miles_tree: str | None = None
 
     def refuses(self, scenario: Scenario, stops: Sequence[StopPoint]) -> str | None:
@@ -416,7 +313,7 @@ class UpstreamHost:
         cfg = scenario.config
         checks = (rules.miles_fully_async_no_abort, rules.miles_colocate_not_async, rules.miles_fully_async_no_colocate)
         return (
-            source.refused_reason(cfg, self.orchestration)
+            source.refused_reason(cfg)
             or next((msg for r in checks if (msg := r.check(cfg))), None)
             or upstream_refusal(scenario)
         )
@@ -441,8 +338,7 @@ class _UpstreamLives:
 
     def life(self, number: int, stop: StopPoint | None) -> LifeEnd:
         life = _Life(number, self.ckpt, stop, self.scenario.config.save_interval)
-        kwargs = {"orchestration": self.host.orchestration, **self.host.runner_kwargs}
-        res = UpstreamRunner(self.scenario, hooks=life, **kwargs).run()
+        res = UpstreamRunner(self.scenario, hooks=life, **self.host.runner_kwargs).run()
         if isinstance(res.error, asyncio.CancelledError) and life.dead:
             end = LifeEnd("crash", run=res)
         elif res.error is not None:
@@ -499,7 +395,7 @@ def _join(
     return t_end
 
 
-def upstream_host(miles_src: str | None = None, *, orchestration: str = "upstream") -> UpstreamHost:
+def upstream_host(miles_src: str | None = None) -> UpstreamHost:
     """The host on the Miles tree ``miles_src`` (else ``$MILES_SRC``, else the pinned tree
     beside the repository), activated; ``host.miles_tree`` names the tree.
     ``UpstreamUnavailable`` (the reason) without one."""
@@ -509,6 +405,6 @@ def upstream_host(miles_src: str | None = None, *, orchestration: str = "upstrea
     if path is None:
         raise source.UpstreamUnavailable(how)
     source.activate(path)
-    host = UpstreamHost(orchestration=orchestration)
+    host = UpstreamHost()
     host.miles_tree = path.name
     return host

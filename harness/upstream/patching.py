@@ -205,13 +205,12 @@ class Catch:
 
 
 def _check(
-    case: Any, core_cache: dict, mutant: UpstreamMutant | None, orchestration: str = "stand-ins"
+    case: Any, core_cache: dict, mutant: UpstreamMutant | None, *, differential: bool = True
 ) -> tuple[list[str], str]:
     """One matrix case on upstream (with ``mutant`` applied, if any): what caught it.
-    ``orchestration``: ``harness.upstream.runner.ORCHESTRATIONS`` (with ``upstream`` the
-    differential is not consulted: the core has no orchestration layer to differ from; a
-    run that ends with an error where the case injects no fault and expects no refusal is
-    ``run_error:TYPE`` instead)."""
+    A run that ends with an error where the case injects no fault and expects no refusal is
+    ``run_error:TYPE``: judged as a prefix, the checkers would not see it. ``differential``:
+    also compare with the core's run where the two agree unmutated."""
     from contextlib import nullcontext
 
     from harness.checking.invariants import check_all
@@ -240,23 +239,16 @@ def _check(
             engine_factory=engine,
             dynamic_filter_path=f"harness.upstream.filters.{case.dynamic_filter}" if case.dynamic_filter else None,
             generate_function_path=gen,
-            orchestration=orchestration,
         )
     caught = ["hang"] if hang else []
     caught += sorted({v.invariant for v in check_all(up.events, sc.config, complete=up.error is None and hang is None)})
-    if (
-        orchestration == "upstream"
-        and up.error is not None
-        and hang is None
-        and case.faults is None
-        and not case.refused
-    ):
+    if up.error is not None and hang is None and case.faults is None and not case.refused:
         # an error no injected fault explains, in a case that runs to its end unmutated: with
         # no differential to consult, the run judged as a prefix would hide it (the fault
         # sweep's run_error)
         caught.append(f"run_error:{type(up.error).__name__}")
     detail = hang or (f"upstream error {up.error!r}"[:200] if up.error is not None else "")
-    if case.known is None and orchestration == "stand-ins":  # where core and upstream agree unmutated
+    if differential and case.known is None:  # where core and upstream agree unmutated
         first = first_divergence(core_obs, observables(up.events, up.history, up.wall_s, up.error))
         if first is not None:
             caught.append(f"differential:{first[0]}")
@@ -264,19 +256,24 @@ def _check(
 
 
 def first_catch(
-    mutant: UpstreamMutant, cases: list | None = None, core_cache: dict | None = None, orchestration: str = "stand-ins"
+    mutant: UpstreamMutant,
+    cases: list | None = None,
+    core_cache: dict | None = None,
+    *,
+    differential: bool = True,
 ) -> Catch:
     """Run the differential matrix's cases (in order) on upstream with ``mutant`` applied
     until one is caught: a hang (the watchdog: 20x the core's virtual time, or
     ``REAL_TIME_LIMIT_S``), an invariant checker failing on the upstream run, or (on cases
     where core and upstream agree unmutated, ``known is None``) the run differing from the
-    core's. ``core_cache`` keeps the core's runs across mutants."""
+    core's (unless ``differential`` is off: the checkers on upstream's own run alone).
+    ``core_cache`` keeps the core's runs across mutants."""
     from harness.upstream.diff import matrix
 
     cases = matrix() if cases is None else cases
     core_cache = {} if core_cache is None else core_cache
     for i, case in enumerate(cases, start=1):
-        caught, detail = _check(case, core_cache, mutant, orchestration)
+        caught, detail = _check(case, core_cache, mutant, differential=differential)
         if caught:
             return Catch(mutant.name, i, case.name, caught, detail)
     return Catch(mutant.name, len(cases), None, [])

@@ -10,18 +10,12 @@ local tokenizer, ``generate_and_rm(_group)``, the single-turn ``generate`` and i
 sample update from SGLang's response fields, the reward dispatch (``async_rm`` with
 ``--custom-rm-path``) and the dynamic-filter call.
 
-What is stood in, and where (every stand-in is the harness' own code):
+What is faked, and where: only the leaves (``harness.upstream.leaves``: Ray in process,
+the SGLang engine actor, the Megatron/FSDP train actor, the object store, the rollout
+thread, the outside services), and upstream's orchestration (``create_rollout_manager``,
+``RolloutManager``, ``create_training_models``, the actor group) runs as written over them
+(``harness.upstream.orchestration``). Besides:
 
-* Ray: ``create_placement_groups`` / ``create_rollout_manager`` / ``create_training_models``
-  return in-process objects. ``rollout_manager.generate.remote(i)`` is the core's
-  ``RolloutManager.launch`` (version read once at launch, monotonic
-  ``set_weight_version``), which calls upstream's rollout function directly on the
-  virtual-time loop instead of on Miles' background loop thread; its post-processing
-  (``convert_samples_to_train_data``) becomes a snapshot of each upstream sample as a
-  core ``Sample``. The actor's ``update_weights`` is the core's weight updater
-  (pause -> load -> bump version -> continue -> ``set_weight_version``), its ``train``
-  the core's ``train_step`` on ``SimTrainer``. Eval, saving, logging, tracking,
-  control server and the object store are no-ops (the runner sets no eval or save interval).
 * HTTP: ``post`` in ``single_turn`` (``/generate``) and in ``inference_rollout_train``
   (``/abort_request``) and ``get`` (``/workers``) are served by ``SimEngine``. A
   ``/generate`` call returns what SGLang returns: ``text``, and in ``meta_info``
@@ -60,7 +54,7 @@ from typing import Any, Callable, Iterator
 from miles_async_core import events as ev
 from miles_async_core.config import HARNESS_EXTENSIONS
 from miles_async_core.contracts import NullSink
-from miles_async_core.drivers.common import RolloutManager, RunContext, train_step, update_weights
+from miles_async_core.drivers.common import RunContext, train_step
 from miles_async_core.drivers.common import weight_version_metrics
 from miles_async_core.types import Sample as CoreSample
 from miles_async_core.types import SamplingParams, Status
@@ -72,23 +66,17 @@ from harness.sim.trainer import SimTrainer
 from harness.sim.vtime import run_virtual
 from harness.sim.watchdog import for_scenario, install
 from harness.trace import Event, TraceRecorder
-from harness.upstream import host, source, stand_ins, vray
+from harness.upstream import host, leaf_fakes, source, vray
 from harness.upstream.group_accounting import GroupAccounting
 from harness.upstream.harness_errors import HarnessError, RunnerSeamError
 from harness.upstream.host import Rebind, LifecycleSink
 from harness.upstream import orchestration
 from harness.upstream.orchestration import driver_services_off, orchestration_rebinds
-from harness.upstream.ray_names import rebind_ray_names
 from harness.upstream.seams import CONTROLLER_EXECUTOR, driver_of
-from harness.upstream.stand_ins import StandInCalled
+from harness.upstream.leaf_fakes import LeafCalled
 
 WORKER_URL = "http://sim-engine"
 INFERENCE_ROLLOUT_FN = "miles.rollout.inference_rollout.inference_rollout_common.InferenceRolloutFn"
-# how upstream's orchestration layer runs: "stand-ins" (the harness' rollout manager and
-# actor group in place of upstream's, harness.upstream.ray_names) or "upstream" (upstream's
-# own RolloutManager, placement groups and train actor group over the leaves of
-# harness.upstream.leaves)
-ORCHESTRATIONS = ("stand-ins", "upstream")
 ROUTER = ("sim-router", 0)
 
 
@@ -145,13 +133,13 @@ def upstream_args(
     defines has the tree's default), the scenario's Miles flags, and the runner's wiring
     (a local tokenizer and prompt file, the reward and buffer hooks, the router address,
     one engine and one trainer GPU). An argument neither defines (Megatron's, read by the
-    trainer backend) is ``StandInMissing`` when upstream reads it."""
+    trainer backend) is ``LeafMissing`` when upstream reads it."""
     cfg = scenario.config
     tok, prompts = _local_assets()
     argv = ["--rollout-batch-size", str(cfg.rollout_batch_size)]
     if generate_function_path is not None:
         argv += ["--custom-generate-function-path", generate_function_path]
-    args = _upstream_parser(argv).parse_args(argv, namespace=stand_ins.ArgsStand())
+    args = _upstream_parser(argv).parse_args(argv, namespace=leaf_fakes.ArgsNamespace())
     flags = {k: v for k, v in cfg.to_dict().items() if k not in ("driver", "seed", *HARNESS_EXTENSIONS)}
     flags.update(
         over_sampling_batch_size=cfg.resolved_over_sampling_batch_size,
@@ -256,19 +244,19 @@ def _current() -> "UpstreamRunner":
     """The upstream run the host holds (for targets upstream loads by path from ``args``)."""
     run = host.current()
     if not isinstance(run, UpstreamRunner):
-        raise StandInCalled(
+        raise LeafCalled(
             f"a virtual-time target was called while {type(run).__name__} holds the host", seam="http_post(single_turn)"
         )
     return run
 
 
 async def http_get(url: str, *args: Any, **kwargs: Any) -> dict:
-    """Stand-in for ``miles.utils.http_utils.get``: the router's worker list."""
+    """The leaf for ``miles.utils.http_utils.get``: the router's worker list."""
     if url.endswith("/workers"):
         return {"workers": [{"url": WORKER_URL}]}
     if url.endswith("/list_workers"):
         return {"urls": [WORKER_URL]}
-    raise StandInCalled(f"GET {url}: the runner serves only the router's worker list", seam="http_post_get(one-step)")
+    raise LeafCalled(f"GET {url}: the runner serves only the router's worker list", seam="http_post_get(one-step)")
 
 
 def _announced(generate_and_rm: Callable, sink: LifecycleSink) -> Callable:
@@ -550,13 +538,7 @@ class UpstreamRunner:
         trace: bool = True,
         hooks: Callable[["UpstreamRunner"], None] | None = None,
         set_order: str = "index",
-        orchestration: str = "stand-ins",
     ) -> None:
-        if orchestration not in ORCHESTRATIONS:
-            raise ValueError(
-                f"orchestration={orchestration!r}: allowed {', '.join(ORCHESTRATIONS)}; fix: pass one of those"
-            )
-        self.orchestration = orchestration
         self.scenario = scenario
         self.engine_factory = engine_factory or SimEngine
         self.trainer_factory = trainer_factory or SimTrainer
@@ -595,12 +577,12 @@ class UpstreamRunner:
 
     # --- HTTP -------------------------------------------------------------------------
     async def http_post(self, url: str, payload: dict, *args: Any, **kwargs: Any) -> dict:
-        """Stand-in for ``miles.utils.http_utils.post`` on the runner's URLs."""
+        """The leaf for ``miles.utils.http_utils.post`` on the runner's URLs."""
         if url.endswith("/generate"):
             return await self.serve_generate(payload)
         if url.endswith("/abort_request"):
             return await self.serve_abort(payload)
-        raise StandInCalled(
+        raise LeafCalled(
             f"POST {url}: the runner serves only /generate and /abort_request", seam="http_post(single_turn)"
         )
 
@@ -609,7 +591,7 @@ class UpstreamRunner:
         usample = self.lifecycle.sample_of(task)
         if usample is None:
             seam = "lifecycle_sink" if source.report().found("lifecycle_sink") else "generate_and_rm"
-            raise StandInCalled(
+            raise LeafCalled(
                 f"/generate called from a task the {seam} seam did not announce "
                 f"(payload of {len(payload.get('input_ids') or [])} token ids)",
                 seam=seam,
@@ -1005,77 +987,21 @@ class UpstreamRunner:
 
         fn.aclose = observed
 
-    # --- orchestration="stand-ins": the core's RolloutManager calls the rollout function ---
-    async def call_rollout(self, rollout_id: int, version: int | None) -> tuple[list, dict]:
-        from miles.rollout.base_types import RolloutFnTrainInput
-
-        fully = self.scenario.config.fully_async
-        self.taken_this_generate = []
-        if fully:
-            self._emit(ev.DRAIN_START, rollout_id=rollout_id, current_version=version)
-        # a tree without the trainer-passed weight version (seam weight_version_source)
-        # runs only drivers that do not read it (one-step, sync)
-        passed = {"weight_version": version} if source.report().found("weight_version_source") else {}
-        out = await self.rollout_fn(RolloutFnTrainInput(rollout_id=rollout_id, **passed))
-        self._rollout_returned(out, rollout_id, fully=fully)
-        self.unaccounted()
-        return self.convert(out.samples), dict(out.metrics or {})
-
-    # --- Ray stand-ins for the driver module --------------------------------------------
-    def _make_rollout_fn(self, args: argparse.Namespace) -> Any:
-        from miles.rollout.base_types import RolloutFnConstructorInput
-        from miles.rollout.data_source import RolloutDataSourceWithBuffer
-
-        self.data_source = self.observe_data_source(RolloutDataSourceWithBuffer(args))
-        ci = RolloutFnConstructorInput(args=args, data_source=self.data_source)
-        if args.fully_async:
-            from miles.rollout.fully_async_rollout import FullyAsyncRolloutFn
-
-            fn = FullyAsyncRolloutFn(ci)
-            self.observe_handler(fn)
-            self.observe_submit(fn)
-        else:
-            from miles.rollout.inference_rollout.inference_rollout_common import InferenceRolloutFn
-
-            fn = InferenceRolloutFn(ci)
-        self.rollout_fn = fn
-        return fn
-
-    def _driver_module(self, args: argparse.Namespace, ctx: RunContext) -> Any:
-        name = "train_async" if self.scenario.config.driver == "train_async" else "train"
-        mod = host.load_driver(f"{name}.py", f"miles_harness_upstream_{name}")
-
-        async def _train(rollout_id: int, ref: Any) -> None:
-            data, metrics = ref
-            await train_step(ctx, rollout_id, data, metrics)
-
-        return rebind_ray_names(
-            mod,
-            generate=ctx.rollout_manager.launch,
-            update_weights=functools.partial(update_weights, ctx),
-            train=_train,
-        )
-
     # --- a run ------------------------------------------------------------------------
     def run(self) -> UpstreamRunResult:
         # SeamMissing, before anything runs
-        source.report().require(driver_of(self.scenario.config), self.orchestration)
-        rebinds = virtual_time_rebinds(self)
-        if self.orchestration == "upstream":
-            rebinds += orchestration_rebinds(self)
+        source.report().require(driver_of(self.scenario.config))
+        rebinds = virtual_time_rebinds(self) + orchestration_rebinds(self)
         with orchestration.hosted(), host.installed(self, rebinds):
             return self._run()
 
     def _run(self) -> UpstreamRunResult:
-        raised_before = len(stand_ins.RAISED)
+        raised_before = len(leaf_fakes.RAISED)
         args = upstream_args(
             self.scenario,
             dynamic_filter_path=self.dynamic_filter_path,
             generate_function_path=self.generate_function_path,
         )
-        # SeamMissing for this case alone, before anything runs: a stand-in member the drivers
-        # read only under a flag (``seams.Probe.guards``) is needed when these args set it
-        source.report().require(driver_of(self.scenario.config), self.orchestration, args)
         holder: dict[str, Any] = {}
         sc = self.scenario
 
@@ -1084,29 +1010,23 @@ class UpstreamRunner:
             self.sink = TraceRecorder(loop.time) if self.trace else NullSink()
             self.engine = self.engine_factory(sc.engine, sink=self.sink)
             install(for_scenario(sc, sink=self.sink, engine=self.engine))  # a hang or runaway: WatchdogTripped
-            hosted = self.orchestration == "upstream"
-            if not hosted:
-                self._make_rollout_fn(args)
-            # hosted: upstream's RolloutManager actor plays the core's rollout manager
+            # upstream's RolloutManager actor plays the core's rollout manager
             ctx = RunContext(
                 args=sc.config,
                 engine=self.engine,
                 trainer=self.trainer_factory(sc.trainer),
-                rollout_manager=None if hosted else RolloutManager(self.call_rollout, sink=self.sink),  # type: ignore[arg-type]
+                rollout_manager=None,  # type: ignore[arg-type]
                 sink=self.sink,
                 observer=AgeRecorder(),
             )
             holder["ctx"] = ctx
             me = asyncio.current_task()
             assert me is not None, "run_virtual runs main() as a task"
-            # a stand-in reached inside upstream's code: this run cannot be faithful, so
+            # a leaf fake reached past what it fakes inside upstream's code: this run cannot be faithful, so
             # it stops now (RunnerSeamError after it), whatever upstream does with the error
-            stand_ins.ON_RAISE = lambda exc: loop.call_soon(me.cancel) if not me.done() else None
-            if hosted:
-                name = "train_async" if sc.config.driver == "train_async" else "train"
-                mod = driver_services_off(host.load_driver(f"{name}.py", f"miles_harness_upstream_{name}"))
-            else:
-                mod = self._driver_module(args, ctx)
+            leaf_fakes.ON_RAISE = lambda exc: loop.call_soon(me.cancel) if not me.done() else None
+            name = "train_async" if sc.config.driver == "train_async" else "train"
+            mod = driver_services_off(host.load_driver(f"{name}.py", f"miles_harness_upstream_{name}"))
             self.args, self.ctx, self.driver_mod = args, ctx, mod  # for hooks (harness.upstream.lives)
             if self.hooks is not None:
                 self.hooks(self)
@@ -1143,7 +1063,7 @@ class UpstreamRunner:
         except (Exception, asyncio.CancelledError) as exc:
             error = exc
         finally:
-            stand_ins.ON_RAISE = None
+            leaf_fakes.ON_RAISE = None
             self.lifecycle.task_sample.clear()
             self.lifecycle.task_root.clear()
             self.task_key.clear()
@@ -1178,7 +1098,7 @@ class UpstreamRunner:
                 "worker_error": worker_error,
             },
         )
-        raised = stand_ins.RAISED[raised_before:]
+        raised = leaf_fakes.RAISED[raised_before:]
         if raised:
             raise RunnerSeamError(raised, result)
         if problems:

@@ -66,14 +66,10 @@ ROLLOUT_MANAGER = "rollout-manager"
 CONTROLLER_EXECUTOR = "controller-executor"
 SHAPES = (ROLLOUT_MANAGER, CONTROLLER_EXECUTOR)
 SHAPE_CALLS = {ROLLOUT_MANAGER: "create_rollout_manager", CONTROLLER_EXECUTOR: "create_rollout_components"}
-# the shapes the harness hosts, per orchestration: the stand-ins replace the rollout
-# manager's Ray names (harness.upstream.ray_names); --orchestration upstream hosts the
-# rollout-manager shape over harness.upstream.leaves and the controller-executor shape over
-# harness.upstream.leaves_refactor
-HOSTED: dict[str, tuple[str, ...]] = {
-    "stand-ins": (ROLLOUT_MANAGER,),
-    "upstream": (ROLLOUT_MANAGER, CONTROLLER_EXECUTOR),
-}
+# the shapes the harness hosts: upstream's own orchestration over the rollout-manager
+# shape's leaves (harness.upstream.leaves) and the controller-executor shape's
+# (harness.upstream.leaves_refactor)
+HOSTED: tuple[str, ...] = (ROLLOUT_MANAGER, CONTROLLER_EXECUTOR)
 
 
 class SeamMissing(HarnessError):
@@ -563,56 +559,28 @@ class Probe:
     found: bool
     needed: bool  # missing and nothing replaces it: the drivers it serves are refused
     detail: str = ""  # what the probe found and did not find (the seam's ``explain``)
-    # a stand-in member read only under these plain ``if args...`` tests (stand_in_uses.Guard):
-    # needed only by a case whose args make one hold; empty: needed by every case of its drivers
-    guards: tuple = ()
-
-    def needed_by(self, args: object | None) -> bool:
-        """Needed by a case with ``args`` (``None``: by the driver as a whole, before any
-        case's args are known: a guarded member is then not needed)."""
-        if not self.needed:
-            return False
-        if not self.guards:
-            return True
-        return args is not None and any(g.holds(args) for g in self.guards)
 
 
 @dataclass
 class TreeReport:
     tree: Path
     probes: list[Probe]
-    uses: list = field(default_factory=list)  # stand_in_uses.Use: members the drivers read on stand-ins
     shape: str | None = None  # ROLLOUT_MANAGER or CONTROLLER_EXECUTOR (None: neither entry point found)
 
     def found(self, name: str) -> bool:
         return next(p.found for p in self.probes if p.seam.name == name)
 
-    @property
-    def orchestration(self) -> str:
-        """The orchestration that hosts this tree's shape: the stand-ins where they can,
-        else upstream's own (the controller-executor shape has no stand-ins)."""
-        return "stand-ins" if self.shape in HOSTED["stand-ins"] or self.shape is None else "upstream"
-
-    def missing_for(self, driver: str, orchestration: str | None = None, args: object | None = None) -> list[Seam]:
+    def missing_for(self, driver: str) -> list[Seam]:
         """The seams without which ``driver`` cannot run faithfully on this tree (only the
-        seams of its shape count). With ``orchestration="upstream"`` upstream's own rollout
-        manager and actor group run, so the members the drivers read on the stand-ins are
-        not needed. ``None``: the orchestration that hosts the shape (``orchestration``).
-        A shape the orchestration does not host is a missing seam ``shape <name>``. A
-        stand-in member read only under a flag (``Probe.guards``) counts only for a case
-        whose ``args`` set it; without ``args`` (the driver as a whole) it does not."""
-        orchestration = orchestration or self.orchestration
+        seams of its shape count). A shape the harness does not host is a missing seam
+        ``shape <name>``."""
         out = [
             p.seam
             for p in self.probes
-            if p.needed_by(args)
-            and driver in p.seam.drivers
-            and (self.shape is None or self.shape in p.seam.shapes)
-            and not (orchestration == "upstream" and p.seam.name.startswith(STAND_IN_PREFIX))
-            and not (self.shape == CONTROLLER_EXECUTOR and p.seam.name.startswith(STAND_IN_PREFIX))
+            if p.needed and driver in p.seam.drivers and (self.shape is None or self.shape in p.seam.shapes)
         ]
-        if self.shape is not None and self.shape not in HOSTED.get(orchestration, ()):
-            out.append(_unhosted(self.shape, orchestration))
+        if self.shape is not None and self.shape not in HOSTED:
+            out.append(_unhosted(self.shape))
         return out
 
     @property
@@ -638,8 +606,6 @@ class TreeReport:
         other = []
         for p in self.probes:
             s = p.seam
-            if s.name.startswith(STAND_IN_PREFIX):
-                continue  # listed with the stand-ins below
             if self.shape is not None and self.shape not in s.shapes:
                 other.append(s.name)
                 continue
@@ -651,8 +617,6 @@ class TreeReport:
                 lines.append(f"{'':<{w}}  {'':<7}  without it: {s.without}")
         if other:
             lines.append(f"(not probed on the {self.shape} shape: {', '.join(other)})")
-        if self.shape != CONTROLLER_EXECUTOR:
-            lines += _format_stand_ins(self.uses)
         lines += ["", f"verdict: {self.verdict}"]
         for d in DRIVERS:
             miss = self.missing_for(d)
@@ -668,20 +632,17 @@ class TreeReport:
         """The files of ``driver``'s missing seams that the tree does not have at all, when
         every one of its missing seams is in such a file (a tree older than the driver's
         module), else ``[]``."""
-        miss = [s for s in self.missing_for(driver) if not s.name.startswith(STAND_IN_PREFIX)]
+        miss = self.missing_for(driver)
         files = sorted({s.file for s in miss})
         gone = [f for f in files if not (self.tree / f).is_file()]
         return gone if miss and len(miss) == len(self.missing_for(driver)) and gone == files else []
 
-    def refusal(
-        self, driver: str | None = None, orchestration: str | None = None, args: object | None = None
-    ) -> SeamMissing:
-        """``SeamMissing`` naming what ``driver`` lacks (``None``: every needed seam), for a
-        case with ``args`` when given (``missing_for``)."""
+    def refusal(self, driver: str | None = None) -> SeamMissing:
+        """``SeamMissing`` naming what ``driver`` lacks (``None``: every needed seam)."""
         if driver:
-            miss = self.missing_for(driver, orchestration, args)
+            miss = self.missing_for(driver)
         else:
-            miss = list({s.name: s for d in DRIVERS for s in self.missing_for(d, orchestration)}.values())
+            miss = list({s.name: s for d in DRIVERS for s in self.missing_for(d)}.values())
         details = {p.seam.name: p.detail for p in self.probes if p.detail}
         text = "; ".join(
             f"seam {s.name} missing in {self.tree / s.file} (looked for {s.looks_for}, following imports to where "
@@ -694,14 +655,12 @@ class TreeReport:
             list(dict.fromkeys(s.name for s in miss)),
         )
 
-    def require(self, driver: str, orchestration: str | None = None, args: object | None = None) -> None:
-        """Raise ``SeamMissing`` naming the seams ``driver`` lacks on this tree (for a case
-        with ``args`` when given: with the members read under a flag those args set)."""
-        if self.missing_for(driver, orchestration, args):
-            raise self.refusal(driver, orchestration, args)
+    def require(self, driver: str) -> None:
+        """Raise ``SeamMissing`` naming the seams ``driver`` lacks on this tree."""
+        if self.missing_for(driver):
+            raise self.refusal(driver)
 
 
-STAND_IN_PREFIX = "stand-in "
 SHAPE_PREFIX = "shape "
 
 
@@ -711,109 +670,32 @@ def _describe_shape(shape: str | None) -> str:
             "none found (the drivers call neither `create_rollout_manager` (rollout-manager) nor "
             "`create_rollout_components` (controller-executor))"
         )
-    hosted = [o for o, shapes in HOSTED.items() if shape in shapes]
-    how = f"hosted with --orchestration {' or '.join(hosted)}" if hosted else "not hosted by this harness yet"
+    how = (
+        "hosted: upstream's own orchestration over the leaves" if shape in HOSTED else "not hosted by this harness yet"
+    )
     return f"{shape} (the drivers call `{SHAPE_CALLS[shape]}`; {how})"
 
 
-def _unhosted(shape: str, orchestration: str) -> Seam:
-    """The seam a shape lacks under an orchestration that does not host it."""
-    hosted = [o for o, shapes in HOSTED.items() if shape in shapes]
+def _unhosted(shape: str) -> Seam:
+    """The seam a shape the harness does not host lacks."""
     return Seam(
         f"{SHAPE_PREFIX}{shape}",
         "train_async.py",
-        f"an orchestration shape --orchestration {orchestration} hosts ({', '.join(HOSTED.get(orchestration, ())) or 'none'})",
+        f"an orchestration shape the harness hosts ({', '.join(HOSTED)})",
         "",
-        f"the drivers call `{SHAPE_CALLS[shape]}`: the {shape} shape, which --orchestration {orchestration} does not "
-        + (
-            f"host (run it with --orchestration {' or '.join(hosted)})"
-            if hosted
-            else "host, nor does any other orchestration yet (doctor lists the leaves not faked yet)"
-        )
-        + "; refused",
+        f"the drivers call `{SHAPE_CALLS[shape]}`: the {shape} shape, which the harness does not host yet "
+        "(doctor lists the leaves not faked yet); refused",
         ROLLING,
         lambda t: False,
     )
 
 
 def _named(s: Seam) -> str:
-    if s.name.startswith(STAND_IN_PREFIX):
-        return f"{s.name} (read at {s.looks_for.split(' read at ', 1)[1]})"
     return f"{s.name} ({s.file})"
-
-
-def _stand_in_probes(uses: list) -> list[Probe]:
-    """A missing seam per member the drivers read on a stand-in that lacks it
-    (``harness.upstream.ray_names``): its drivers are refused, naming the member and the
-    first line that reads it. A member every read of which sits under a plain
-    ``if args...`` (``stand_in_uses.Guard``) refuses only the cases whose args make one of
-    those tests hold (``Probe.guards``). ``critic_model`` is ``None`` in every run (no
-    --use-critic)."""
-    from harness.upstream.ray_names import members
-    from harness.upstream.stand_in_uses import DRIVER_FILES
-
-    by_member: dict[tuple[str, str, str], list] = {}  # one seam per driver file, with that driver's lines
-    for u in uses:
-        if u.role != "critic_model" and u.member not in members(u.role):
-            by_member.setdefault((u.role, u.member, u.driver_file), []).append(u)
-    out = []
-    for (role, member, driver_file), us in sorted(by_member.items()):
-        drivers = DRIVER_FILES[driver_file]
-        places = ", ".join(u.where + (" (.remote)" if u.remote else "") for u in us[:4])
-        guards = () if any(u.guard is None for u in us) else tuple(dict.fromkeys(u.guard for u in us))
-        only = " or ".join(f"`{g.text}`" for g in guards)
-        seam = Seam(
-            f"{STAND_IN_PREFIX}{role}.{member}",
-            us[0].file,
-            f"`{role}.{member}` read at {places}" + (f" only under {only}" if guards else ""),
-            f"the harness' stand-in for `{role}` answers it",
-            f"the stand-in for `{role}` has no `{member}`: "
-            f"the run would stop at {us[0].where} with a harness error; refused"
-            + (f" in the cases where {only} holds" if guards else ""),
-            drivers,
-            lambda t: False,
-        )
-        out.append(Probe(seam=seam, found=False, needed=True, guards=guards))
-    return out
-
-
-def _format_stand_ins(uses: list) -> list[str]:
-    """Each member the drivers read on each stand-in: found, MISSING, or ``None`` (critic)."""
-    from harness.upstream.ray_names import members
-
-    if not uses:
-        return []
-    lines = [
-        "",
-        (
-            "stand-ins: members the drivers use on the objects the harness puts in their place "
-            "(harness/upstream/ray_names.py)"
-        ),
-    ]
-    by: dict[tuple[str, str], list] = {}
-    for u in uses:
-        by.setdefault((u.role, u.member), []).append(u)
-    w = max(len(f"{r}.{m}") for r, m in by)
-    for (role, member), us in sorted(by.items()):
-        state = "None" if role == "critic_model" else "found" if member in members(role) else "MISSING"
-        places = ", ".join(u.where for u in us[:3]) + (f" (+{len(us) - 3})" if len(us) > 3 else "")
-        if state == "MISSING" and all(u.guard is not None for u in us):
-            # needed only by the cases that set the flag: the driver's other cases run
-            tests = " or ".join(dict.fromkeys(f"`{u.guard.text}`" for u in us))
-            places += f" (only under {tests}: the cases that set it are refused)"
-        lines.append(f"{role + '.' + member:<{w}}  {state:<7}  {places}")
-    if any(u.role == "critic_model" for u in uses):
-        lines.append(
-            "(None: the harness passes `critic_model=None`, as Miles does without --use-critic, which "
-            "its runs never set)"
-        )
-    return lines
 
 
 def probe(tree: Path) -> TreeReport:
     """The seam table of ``tree`` (read from its source files; nothing is imported)."""
-    from harness.upstream.stand_in_uses import uses as stand_in_uses
-
     t = _Tree(Path(tree).resolve())
     found = {s.name: bool(s.probe(t)) for s in SEAMS}
     probes = []
@@ -826,8 +708,7 @@ def probe(tree: Path) -> TreeReport:
     for i, p in enumerate(probes):
         if p.seam.optional and not p.found and any(q.seam.fallback == p.seam.name and not q.found for q in probes):
             probes[i] = Probe(seam=p.seam, found=False, needed=True, detail=p.detail)
-    uses = stand_in_uses(t.root)
-    return TreeReport(tree=t.root, probes=probes + _stand_in_probes(uses), uses=uses, shape=shape_of(t.root))
+    return TreeReport(tree=t.root, probes=probes, shape=shape_of(t.root))
 
 
 def shape_of(tree: Path) -> str | None:

@@ -8,13 +8,14 @@ project never copies upstream code: the tree is only put on ``sys.path`` at run 
 ``find_miles_src()`` returns ``(path or None, how it was found or why there is none)``;
 ``activate(path)`` probes the tree's seams (``harness.upstream.seams``: refused with
 ``SeamMissing``, naming the seam and the file, when no driver can run faithfully),
-applies the import stand-ins and imports the upstream modules the runner runs, raising
+applies the import fakes and imports the upstream modules the runner runs, raising
 ``UpstreamUnavailable`` with the reason. ``report()`` is the active tree's seam table;
 the runner refuses a driver it lacks a seam for (``TreeReport.require``).
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import os
 import sys
@@ -78,7 +79,7 @@ _report: TreeReport | None = None
 
 
 def activate(path: Path) -> Path:
-    """Probe ``path``'s seams, put it on ``sys.path`` (first), apply the stand-ins, import
+    """Probe ``path``'s seams, put it on ``sys.path`` (first), apply the import fakes, import
     the runner's modules. A tree no driver can run on faithfully raises ``SeamMissing``."""
     global _active, _report
     path = Path(path).resolve()
@@ -98,9 +99,9 @@ def activate(path: Path) -> Path:
     if loaded is not None and not str(getattr(loaded, "__file__", "")).startswith(str(path)):
         raise UpstreamUnavailable(f"a different 'miles' package is already imported ({loaded.__file__})")
     sys.path.insert(0, str(path))
-    from harness.upstream import stand_ins
+    from harness.upstream import leaf_fakes
 
-    stand_ins.install()
+    leaf_fakes.install()
     # Ray is a leaf: upstream's modules bind the in-process Ray (harness.upstream.vray) at
     # import, so their @ray.remote classes are hosted on the run's loop; the real `ray` is
     # back in sys.modules afterwards for the rest of the process
@@ -135,19 +136,37 @@ def _import_orchestration() -> None:
             continue
 
 
-def refused_reason(config: object, orchestration: str | None = None) -> str | None:
+def refused_reason(config: object) -> str | None:
     """Why the active tree cannot run ``config``'s driver faithfully (the missing seams,
     with their files), or ``None`` when it can: the suites skip such a case, saying so."""
     from harness.upstream.seams import driver_of
 
     driver = driver_of(config)
-    miss = report().missing_for(driver, orchestration)
-    return str(report().refusal(driver, orchestration)) if miss else None
+    miss = report().missing_for(driver)
+    return str(report().refusal(driver)) if miss else None
+
+
+ORCHESTRATION_FLAG = "--orchestration"
+
+
+def _orchestration(value: str) -> str:
+    if value != "upstream":
+        raise argparse.ArgumentTypeError(
+            f"{value!r}: the harness' stand-ins were removed; upstream's own orchestration (over the "
+            "harness' leaves, `miles-harness doctor` lists them) is what runs. Fix: drop the flag"
+        )
+    return value
+
+
+def add_orchestration_flag(parser: argparse.ArgumentParser) -> None:
+    """``--orchestration``, kept so that ``--orchestration upstream`` (what always runs)
+    still parses; any other value exits 2 naming the flag, the value and the fix."""
+    parser.add_argument(ORCHESTRATION_FLAG, type=_orchestration, default="upstream", help=argparse.SUPPRESS)
 
 
 def refused_files() -> dict[str, str]:
     """Files of the active tree behind a missing, needed seam: ``{file: seam}``."""
-    return {p.seam.file: p.seam.name for p in report().probes if p.needed_by(None)}
+    return {p.seam.file: p.seam.name for p in report().probes if p.needed}
 
 
 def report() -> TreeReport:
@@ -176,6 +195,7 @@ __all__ = [
     "SeamMissing",
     "UpstreamUnavailable",
     "activate",
+    "add_orchestration_flag",
     "active",
     "find_miles_src",
     "is_miles_tree",

@@ -1,7 +1,7 @@
 """The gate's verdict on one case is a pure function of the case's two records (HEAD and
 BASE, as ``harness.upstream.gate_run`` writes them): these tests build the records by
 hand, so every verdict, the exit code and the summary are checked without a Miles tree.
-Also here: the per-case log capture and the stand-in attribute check the gate and
+Also here: the per-case log capture and the leaf-fake attribute check the gate and
 ``diff-upstream`` share."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import logging
 
 from harness.upstream import gate
 from harness.upstream.case_log import captured, tail
-from harness.upstream.judge import stand_in_failure
+from harness.upstream.judge import leaf_failure
 
 
 def obs(trained: tuple = (0, 1, 2, 3)) -> dict:
@@ -45,8 +45,8 @@ def ran(
     }
 
 
-def harness_error(name: str = "case", message: str = "harness_error: upstream calls `x` on a stand-in") -> dict:
-    return {"name": name, "status": "harness_error", "seams": ["stand-in"], "message": message, "log": ""}
+def harness_error(name: str = "case", message: str = "harness_error: upstream calls `x` on a leaf fake") -> dict:
+    return {"name": name, "status": "harness_error", "seams": ["leaf"], "message": message, "log": ""}
 
 
 def not_run(name: str = "case") -> dict:
@@ -95,15 +95,6 @@ def test_harness_errors_and_missing_seams_are_never_findings():
     assert lost.verdict == "harness_error" and "the harness cannot host HEAD here, though it ran BASE" in lost.message
     assert "make_submission_scheduler" in lost.message
     assert gate.classify(not_run(), not_run()).verdict == "not_run"
-    member = dict(
-        not_run(),
-        seams=["stand-in rollout_manager.acquire_train_admission_hold"],
-        message="seam ... missing (looked for `rollout_manager.acquire_train_admission_hold` read at "
-        "train_async.py:L84, following imports)",
-    )
-    said = gate.classify(member, ran()).message
-    assert "the harness' stand-in for `rollout_manager` has no `acquire_train_admission_hold`" in said
-    assert "(read at train_async.py:L84)" in said
 
 
 def test_a_case_base_could_not_run_is_no_base_and_never_a_finding():
@@ -278,7 +269,7 @@ def test_summary_groups_repeated_harness_errors_and_shows_a_new_violation_with_i
     md = gate.summary_markdown(verdicts, head="pr", base="main", code=code, wall_s=12.0, cpu_s=20.0)
     assert md.startswith("## Miles async gate: FAILED")
     assert "| new violation | 1 |" in md and "| harness error | 2 |" in md and "| unchanged | 1 |" in md
-    assert "`b`, `c`: on HEAD: harness_error: upstream calls `x` on a stand-in" in md
+    assert "`b`, `c`: on HEAD: harness_error: upstream calls `x` on a leaf fake" in md
     assert "`conservation`: conservation broken at t=3" in md and "a line of upstream's log" in md
     doc = gate.summary_json(
         verdicts, head="pr", base="main", code=code, wall_s=12.0, cpu_s=20.0, strict=False, trees={}
@@ -302,7 +293,7 @@ def test_tail_says_how_much_it_left_out():
     assert tail("\n".join(str(i) for i in range(50)), 5).splitlines()[0] == "... 45 earlier lines in the log file"
 
 
-class _StandIn:  # defined in this test module, not in harness: not a stand-in
+class _StandIn:  # defined in this test module, not in harness: not a leaf fake
     pass
 
 
@@ -315,7 +306,7 @@ def test_an_attribute_missing_on_a_harness_object_is_named_with_the_line():
     try:
         sink.trajectory_end(object())
     except AttributeError as exc:
-        message = stand_in_failure(exc)
+        message = leaf_failure(exc)
     assert message is not None and "`trajectory_end`" in message and "LifecycleSink" in message
     assert "test_gate_verdicts.py:L" in message  # the line that called it
 
@@ -324,13 +315,13 @@ def test_the_runners_args_missing_a_flag_is_a_harness_error_and_other_objects_ar
     try:
         argparse.Namespace(a=1).rollout_health_check_timeout  # noqa: B018
     except AttributeError as exc:
-        assert "`args.rollout_health_check_timeout`" in stand_in_failure(exc)
+        assert "`args.rollout_health_check_timeout`" in leaf_failure(exc)
     try:
         _StandIn().missing  # noqa: B018
     except AttributeError as exc:
-        assert stand_in_failure(exc) is None
-    assert stand_in_failure(None) is None
-    assert stand_in_failure(ValueError("x")) is None
+        assert leaf_failure(exc) is None
+    assert leaf_failure(None) is None
+    assert leaf_failure(ValueError("x")) is None
 
 
 def test_a_driver_whose_module_the_tree_lacks_is_not_run_naming_the_module():

@@ -144,7 +144,7 @@ def test_the_install_names_every_installed_package_the_miles_trees_import():
     for tree in trees:
         for module in _imports(tree):
             # a package not installed here (megatron, parts of sglang) is one the harness
-            # stands in for (harness/upstream/stand_ins.py), or a refusal the gate names
+            # stands in for (harness/upstream/leaf_fakes.py), or a refusal the gate names
             names = {canonicalize_name(d) for d in dists.get(module, [])}
             if names and not names & installed:
                 missing.setdefault(f"{module} ({', '.join(sorted(names))})", []).append(tree.name)

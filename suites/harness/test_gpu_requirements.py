@@ -112,7 +112,7 @@ def test_a_registered_import_stand_in_is_not_taken_for_the_installed_package(mon
 
     name = "miles_harness_not_installed_pkg"
     stand_in = types.ModuleType(name)
-    stand_in.__miles_harness_stand_in__ = True
+    stand_in.__miles_harness_fake__ = True
     monkeypatch.setitem(sys.modules, name, stand_in)
     with pytest.raises(ValueError):
         importlib.util.find_spec(name)

@@ -1,6 +1,6 @@
 """`miles-harness diff-upstream`: runs named matrix cases, prints identical or the first
 divergence, exits 1 on an unexpected result and 2 when the harness could not run
-faithfully (no Miles tree, a missing seam, a stand-in failing inside upstream's code).
+faithfully (no Miles tree, a missing seam, a leaf fake failing inside upstream's code).
 Every call passes the active tree (``--miles-src``), so the tier runs on whatever tree
 pytest was given."""
 
@@ -56,7 +56,7 @@ def test_an_identical_case_listed_as_divergent_fails(miles_src, capsys, monkeypa
 
 def test_a_seam_failing_inside_upstream_is_a_harness_error_not_a_divergence(miles_src, capsys, monkeypatch):
     """The sink stops announcing samples (as on a tree whose ``generate_and_rm`` does not
-    call it, before the runner learnt to wrap it): each /generate raises ``StandInCalled``
+    call it, before the runner learnt to wrap it): each /generate raises ``LeafCalled``
     inside upstream's group tasks, which upstream logs as its own task errors. The command
     reports a harness error naming the seam and exits 2; no divergence is claimed."""
     from harness.upstream import host

@@ -132,7 +132,7 @@ def test_a_tree_whose_drivers_call_create_rollout_components_is_probed_as_the_co
     assert report.shape == seams.CONTROLLER_EXECUTOR
     assert report.found("train_async.py") and report.found("train.py")
     for d in seams.DRIVERS:
-        names = {s.name for s in report.missing_for(d, "upstream")}
+        names = {s.name for s in report.missing_for(d)}
         assert not names & {"rollout_manager", "engine_actor", "train_async.py", "train.py"}, names
     cli.main(["doctor", "--miles-src", str(TIP)])
     out = capsys.readouterr().out

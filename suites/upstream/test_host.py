@@ -117,10 +117,10 @@ def test_a_rebind_names_a_registered_seam():
         host.Rebind("no-such-seam", lambda: None, "x", lambda _: None)
 
 
-def test_outside_a_run_a_path_loaded_target_is_a_stand_in_call():
-    from harness.upstream.stand_ins import StandInCalled
+def test_outside_a_run_a_path_loaded_target_is_a_leaf_call():
+    from harness.upstream.leaf_fakes import LeafCalled
 
-    with pytest.raises(StandInCalled, match="outside a hosted run"):
+    with pytest.raises(LeafCalled, match="outside a hosted run"):
         host.current()
 
 

@@ -1,5 +1,4 @@
-"""Upstream's own orchestration under the harness (``--orchestration upstream``): the
-driver, ``create_placement_groups`` / ``create_rollout_manager`` / ``create_training_models``,
+"""Upstream's own orchestration under the harness: the driver, ``create_placement_groups`` / ``create_rollout_manager`` / ``create_training_models``,
 the ``RolloutManager`` actor and the train actor group run as upstream wrote them over the
 leaves of ``harness.upstream.leaves`` on the in-process Ray.
 
@@ -23,7 +22,7 @@ HOSTED = ("sync", "one-step-k1", "one-step-k2", "one-step-over-sampling", "fa-gr
 def test_upstream_orchestration_matches_the_core_and_holds_every_invariant(miles_src, name):
     from harness.checking.invariants import check_all, format_violations
 
-    report = run_case(case_named(name), orchestration="upstream")
+    report = run_case(case_named(name))
     assert report.identical, report.format()
     up = report.upstream_result
     assert up.error is None, repr(up.error)
@@ -48,7 +47,7 @@ SAME_INSTANT = (
 
 @pytest.mark.parametrize("name", SAME_INSTANT)
 def test_a_weight_update_and_a_finished_request_at_one_engine_step_run_in_the_cores_order(miles_src, name):
-    report = run_case(case_named(name), orchestration="upstream")
+    report = run_case(case_named(name))
     assert report.identical, report.format()
 
 
@@ -61,7 +60,7 @@ def test_upstream_rollout_manager_and_train_actors_are_hosted_on_the_in_process_
         return reset(*a, **k)
 
     monkeypatch.setattr(vray, "reset", spy)
-    run_case(case_named("one-step-k1"), orchestration="upstream")
+    run_case(case_named("one-step-k1"))
     after_run = seen[-1]  # the actors alive when the run ended, before the cluster is reset
     assert "RolloutManager" in after_run
     assert "SimTrainActor" in after_run and "SimEngineActor" in after_run
@@ -69,19 +68,17 @@ def test_upstream_rollout_manager_and_train_actors_are_hosted_on_the_in_process_
 
 
 def test_a_bug_seeded_in_upstreams_rollout_manager_changes_what_the_harness_observes(miles_src, monkeypatch):
-    """A seeded bug in the layer the stand-ins replaced: ``RolloutManager.set_weight_version``
+    """A seeded bug in upstream's orchestration layer: ``RolloutManager.set_weight_version``
     drops the version, so the rollout function is passed none (``rollout_manager.py:L226``).
-    Hosted, the harness sees it; with the stand-ins it cannot."""
+    The harness runs that layer as written, so it sees it."""
     from miles.ray.rollout.rollout_manager import RolloutManager
 
     cls = RolloutManager._cls  # the class vray hosts (upstream decorates it with @ray.remote)
     monkeypatch.setattr(cls, "set_weight_version", lambda self, weight_version: None)
-    hosted = run_case(case_named("one-step-k2"), orchestration="upstream")
+    hosted = run_case(case_named("one-step-k2"))
     assert not hosted.identical
     versions = [fields[1] for _, fields in hosted.upstream["generate"]]
     assert set(versions) == {None}, versions
-    stand_ins = run_case(case_named("one-step-k2"), orchestration="stand-ins")
-    assert stand_ins.identical
 
 
 def test_every_leaf_names_its_boundary_and_why_it_is_faked():
@@ -93,10 +90,10 @@ def test_every_leaf_names_its_boundary_and_why_it_is_faked():
 
 
 def test_a_member_upstream_reads_on_a_leaf_fake_is_a_harness_error_naming_it():
-    from harness.upstream.stand_ins import StandInMissing
+    from harness.upstream.leaf_fakes import LeafMissing
 
     engine = object.__new__(leaves.SimEngineActor)
-    with pytest.raises(StandInMissing, match="sglang_engine.*no member `load_lora_adapter_from_tensors`"):
+    with pytest.raises(LeafMissing, match="sglang_engine.*no member `load_lora_adapter_from_tensors`"):
         engine.load_lora_adapter_from_tensors  # noqa: B018 - the read is the test
 
 
@@ -120,20 +117,13 @@ def _orchestration_mutants(run: str) -> list:
 def test_a_bug_seeded_in_the_orchestration_layer_is_caught_by_name_when_upstream_runs_it(miles_src, mutant):
     from harness.upstream.patching import first_catch
 
-    catch = first_catch(mutant, orchestration="upstream")
+    # by name: the checkers on upstream's own run, not the differential against the core
+    catch = first_catch(mutant, differential=False)
     assert catch.case is not None, f"{mutant.name}: no case caught it"
     assert mutant.expected & set(catch.caught_by), (mutant.name, catch.case, catch.caught_by)
 
 
-def test_the_stand_ins_cannot_see_a_bug_in_the_layer_they_replace(miles_src):
-    from harness.upstream.diff import matrix
-    from harness.upstream.patching import first_catch
-
-    mutant = next(p.values[0] for p in _orchestration_mutants("matrix"))
-    assert first_catch(mutant, cases=matrix()[:3], orchestration="stand-ins").case is None
-
-
-def _resume_failures(orchestration: str, mutant=None) -> set[str]:
+def _resume_failures(mutant=None) -> set[str]:
     """The checkers that fail on every stop after a save of the sync setting, resumed by
     upstream's own save and load (``harness.upstream.lives``)."""
     from contextlib import nullcontext
@@ -142,7 +132,7 @@ def _resume_failures(orchestration: str, mutant=None) -> set[str]:
     from harness.upstream.lives import upstream_host
     from harness.upstream.patching import applied
 
-    host = upstream_host(orchestration=orchestration)
+    host = upstream_host()
     todo = [c for c in cases(only=["sync"]) if len(c.stops) == 1 and c.stops[0].at == "after_save"]
     assert todo, "the sync setting has stops at a save"
     with applied(mutant) if mutant is not None else nullcontext():
@@ -152,8 +142,8 @@ def _resume_failures(orchestration: str, mutant=None) -> set[str]:
 
 @pytest.mark.parametrize("mutant", _orchestration_mutants("resume"))
 def test_a_bug_seeded_in_upstreams_save_or_load_is_caught_by_the_resume_checkers(miles_src, mutant):
-    clean = _resume_failures("upstream")
-    seeded = _resume_failures("upstream", mutant)
+    clean = _resume_failures()
+    seeded = _resume_failures(mutant)
     assert mutant.expected <= seeded - clean, (mutant.name, sorted(clean), sorted(seeded))
 
 

@@ -64,13 +64,15 @@ def test_doctor_runs_the_refactored_tree_under_upstreams_orchestration_and_lists
         pytest.skip(f"the refactored tree is not at {TIP}")
     assert cli.main(["doctor", "--miles-src", str(TIP)]) == 0
     out = capsys.readouterr().out
-    assert "orchestration shape: controller-executor" in out and "hosted with --orchestration upstream" in out
+    assert (
+        "orchestration shape: controller-executor" in out
+        and "hosted: upstream's own orchestration over the leaves" in out
+    )
     for leaf in leaves_refactor.LEAVES:
         assert f"  {leaf.name:<20} {leaf.boundary}" in out
     assert not leaves_refactor.UNHOSTED and "not faked yet" not in out
     report = seams.probe(TIP)
-    assert report.missing_for("sync", "upstream") == []
-    assert [s.name for s in report.missing_for("sync", "stand-ins")] == ["shape controller-executor"]
+    assert report.missing_for("sync") == []
 
 
 # --------------------------------------------------------------------------- seeded bugs on the refactored shape

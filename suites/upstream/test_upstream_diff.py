@@ -1,5 +1,5 @@
 """Upstream Miles under the harness: the differential matrix, the invariant
-checkers on upstream's own runs, set order (``done-set-order``), the stand-ins and the tree setting.
+checkers on upstream's own runs, set order (``done-set-order``), the import fakes and the tree setting.
 
 Every test needs an upstream Miles tree (``--miles-src``, ``$MILES_SRC``, or the pinned
 tree beside the repository); without one the ``miles_src`` fixture skips it, saying why.
@@ -14,7 +14,7 @@ import types
 
 import pytest
 
-from harness.upstream import source, stand_ins
+from harness.upstream import leaf_fakes, source
 from harness.upstream.diff import PAIRWISE_FLAGS, case_named, extension_cases, matrix, run_case
 
 CASES = matrix()
@@ -135,33 +135,33 @@ def test_upstream_run_fails_like_upstream_on_a_trainer_error(miles_src):
     assert report.identical, report.format()
 
 
-def test_stand_in_only_when_the_real_import_fails(monkeypatch):
-    monkeypatch.setattr(stand_ins, "APPLIED", {})
+def test_an_import_fake_only_when_the_real_import_fails(monkeypatch):
+    monkeypatch.setattr(leaf_fakes, "APPLIED", {})
     monkeypatch.setattr(
-        stand_ins,
-        "STAND_INS",
+        leaf_fakes,
+        "IMPORT_FAKES",
         {
-            "json": ("must not be used: json imports", {"loads": stand_ins._raising}),
-            "miles_harness_no_such_pkg.sub": ("test: this module does not exist", {"f": stand_ins._raising}),
+            "json": ("must not be used: json imports", {"loads": leaf_fakes._raising}),
+            "miles_harness_no_such_pkg.sub": ("test: this module does not exist", {"f": leaf_fakes._raising}),
         },
     )
     for name in ("miles_harness_no_such_pkg", "miles_harness_no_such_pkg.sub"):
         monkeypatch.delitem(sys.modules, name, raising=False)
-    applied = stand_ins.install()
+    applied = leaf_fakes.install()
     assert applied == {"miles_harness_no_such_pkg.sub": "test: this module does not exist"}
     import json
 
-    assert not getattr(json, "__miles_harness_stand_in__", False)
+    assert not getattr(json, "__miles_harness_fake__", False)
     mod = sys.modules["miles_harness_no_such_pkg.sub"]
     assert isinstance(mod, types.ModuleType)
-    with pytest.raises(stand_ins.StandInCalled, match="miles_harness_no_such_pkg.sub.f"):
+    with pytest.raises(leaf_fakes.LeafCalled, match="miles_harness_no_such_pkg.sub.f"):
         mod.f()
     for name in ("miles_harness_no_such_pkg", "miles_harness_no_such_pkg.sub"):
         monkeypatch.delitem(sys.modules, name, raising=False)
 
 
-def test_every_stand_in_names_its_reason():
-    for name, (reason, attrs) in stand_ins.STAND_INS.items():
+def test_every_import_fake_names_its_reason():
+    for name, (reason, attrs) in leaf_fakes.IMPORT_FAKES.items():
         assert name.startswith("sglang.") and len(reason) > 30 and attrs, name
 
 

@@ -166,26 +166,18 @@ def test_a_hang_is_reported_not_waited_for(miles_src):
     assert [f.category for f in uf.findings(out)][0] == "hang"
 
 
-def test_an_orphaned_task_after_a_failure_is_reported(miles_src):
-    """A trainer failure in fully-async: upstream's worker (a Ray actor's task) keeps running."""
-    out = uf.runner_run_with_faults(_fa_case(trainer_fail_at_step=1))
-    assert type(out.error).__name__ == "TrainerStepError"
-    kinds = {f.kind for f in uf.findings(out)}
-    assert "orphaned_task:fully_async_worker@fully_async" in kinds
-
-
 def test_an_orphan_of_the_driver_is_reported_and_a_ray_actors_own_tasks_are_not(miles_src):
     """Upstream's orchestration: the fully-async rollout runs in the rollout manager's Ray
     actor, so after a trainer failure its worker still runs in that actor's process, which
     Ray ends with the job: listed apart (``actor_tasks``), no orphan of the driver. The
-    generate the driver launched and left in flight is the driver's (as with the stand-ins),
+    generate the driver launched and left in flight is the driver's,
     and so is a task the driver's own process starts and leaves running (a seeded bug in
     ``train_async.py``), in the same run."""
     from harness.upstream import patching
     from harness.upstream.patching import Patch, UpstreamMutant
 
     case = _fa_case(trainer_fail_at_step=1)
-    out = uf.runner_run_with_faults(case, orchestration="upstream")
+    out = uf.runner_run_with_faults(case)
     assert type(out.error).__name__ == "TrainerStepError"
     orphans = {f.kind for f in uf.findings(out) if f.category == "orphaned_task"}
     assert orphans == {"orphaned_task:launched_generate@fully_async"}, orphans
@@ -199,7 +191,7 @@ def test_an_orphan_of_the_driver_is_reported_and_a_ray_actors_own_tasks_are_not(
         expected=frozenset({"orphaned_task"}),
     )
     with patching.applied(bug):
-        out = uf.runner_run_with_faults(case, orchestration="upstream")
+        out = uf.runner_run_with_faults(case)
     orphans = {f.kind for f in uf.findings(out) if f.category == "orphaned_task"}
     assert orphans == {"orphaned_task:launched_generate@fully_async", "orphaned_task:sleep@fully_async"}, orphans
 
@@ -227,7 +219,7 @@ def test_a_fault_free_run_has_no_findings_and_injected_aborts_reach_the_buffer(m
 
 def test_a_seam_failing_inside_upstream_is_a_harness_error_not_a_finding(miles_src, monkeypatch):
     """The lifecycle sink stops announcing samples: every /generate raises the runner's
-    ``StandInCalled`` inside upstream's group tasks, which upstream logs (or fails on) as
+    ``LeafCalled`` inside upstream's group tasks, which upstream logs (or fails on) as
     its own error. The seed's row is a harness error naming the seam, with no findings."""
     from harness.upstream import host
 
@@ -266,3 +258,12 @@ def test_the_refactored_trainer_controllers_report_of_the_injected_failure_is_ex
         "run_error:NonRetryableError@one_step"
     ]
     assert run_errors(outcome(all_failed, fail_at=None, steps=2)) == ["run_error:NonRetryableError@one_step"]
+
+
+def test_a_worker_that_dies_in_the_last_drains_instant_leaves_nothing_waiting(miles_src):
+    """Seed 5050: the worker crashes in the instant the last drain ends (its last put woke
+    that drain's get), and the driver then trains the last rollout: no drain waits on the
+    dead worker, so ``dead_worker_surfaces`` holds however long that training takes."""
+    out, found = uf.run_seed(5050)
+    assert any(e.kind == "drain_end" for e in out.events) and out.error is None
+    assert [f.kind for f in found if f.category == "invariant"] == []

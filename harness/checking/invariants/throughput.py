@@ -200,6 +200,15 @@ def check_dead_worker_surfaces(events: list[Event], config: AsyncConfig) -> list
     if draining is None:
         return out  # the worker died after the last drain: nothing waits on it
     surface, t_death = max(death, draining), events[death].t
+    # the drain in progress may end in the death's own instant (the worker's last put woke
+    # its get): then the next drain to start is the one that must see the dead worker
+    ended = next(
+        (p for p in range(surface + 1, end + 1) if events[p].t <= t_death and events[p].kind == ev.DRAIN_END), None
+    )
+    if ended is not None:
+        surface = next((p for p in range(ended + 1, end + 1) if events[p].kind == ev.DRAIN_START), -1)
+        if surface < 0:
+            return out  # that was the last drain: nothing waits on the worker
     gots = 0
     for p in range(surface + 1, end + 1):
         e = events[p]

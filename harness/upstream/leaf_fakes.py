@@ -1,15 +1,16 @@
-"""Import stand-ins for the upstream Miles tree: applied one by one, each only when the
-real import fails.
+"""The harness' fakes at upstream's leaves: the errors a fake raises when upstream reaches
+past what it fakes (``LeafCalled``, ``LeafMissing``), the ``args`` namespace, and import
+fakes for the upstream Miles tree, applied one by one, each only when the real import fails.
 
 Upstream's rollout package imports a few modules it never calls on the code paths the
 harness runs. Where the real package is small and installs on CPU it is installed
 instead (the ``upstream`` extra in ``pyproject.toml``: ``ray``, ``sglang-router``,
-``polars``, ``pybase64``, ``pylatexenc``, ``httpx``), and no stand-in is used for it.
-What is left is below, each with the reason it cannot be the real thing. A stand-in
-only satisfies the import: every callable in it raises ``StandInCalled`` naming itself,
+``polars``, ``pybase64``, ``pylatexenc``, ``httpx``), and no fake is used for it.
+What is left is below, each with the reason it cannot be the real thing. An import fake
+only satisfies the import: every callable in it raises ``LeafCalled`` naming itself,
 so a code path that does reach it fails loudly instead of computing something else.
 
-``install()`` returns ``{module name: reason}`` for the stand-ins it applied (an empty
+``install()`` returns ``{module name: reason}`` for the fakes it applied (an empty
 dict when every real import worked); ``APPLIED`` keeps the same record for reports.
 """
 
@@ -23,20 +24,20 @@ import types
 from typing import Any
 
 
-# every StandInCalled made since the process started; the runner reads the ones a run
+# every LeafCalled made since the process started; the runner reads the ones a run
 # made (``host.UpstreamRunner.run``) and reports them as a harness error, not a finding
-RAISED: list["StandInCalled"] = []
-# set by a running host: called with each StandInCalled made, to stop the run at once
+RAISED: list["LeafCalled"] = []
+# set by a running host: called with each LeafCalled made, to stop the run at once
 # (upstream may catch the error and go on, e.g. retrying a group forever)
 ON_RAISE: Any = None
 
 
-class StandInCalled(RuntimeError):
-    """Upstream code reached a stand-in: the run took a path the runner does not support.
-    ``seam`` names the seam or stand-in; each one made is recorded in ``RAISED``, since
+class LeafCalled(RuntimeError):
+    """Upstream code reached a fake at a leaf: the run took a path the runner does not
+    support. ``seam`` names the seam or fake; each one made is recorded in ``RAISED``, since
     upstream may catch it and log it as its own task error."""
 
-    def __init__(self, message: str, *, seam: str = "import stand-in") -> None:
+    def __init__(self, message: str, *, seam: str = "import fake") -> None:
         super().__init__(message)
         self.seam = seam
         RAISED.append(self)
@@ -44,8 +45,8 @@ class StandInCalled(RuntimeError):
             ON_RAISE(self)
 
 
-class StandInMissing(StandInCalled, AttributeError):
-    """Upstream read a member the harness' stand-in for ``role`` (``harness.upstream.ray_names``)
+class LeafMissing(LeafCalled, AttributeError):
+    """Upstream read a member the harness' fake for the leaf ``role`` (``harness.upstream.leaves``)
     does not have: the run cannot be faithful. Names the member and the upstream file:line
     that read it; an ``AttributeError`` too, so ``getattr(obj, name, default)`` in upstream
     still sees it as absent (the run is stopped all the same: it is recorded in ``RAISED``)."""
@@ -53,19 +54,19 @@ class StandInMissing(StandInCalled, AttributeError):
     def __init__(self, role: str, member: str, filename: str, lineno: int) -> None:
         self.role, self.member, self.where = role, member, f"{_tree_relative(filename)}:L{lineno}"
         super().__init__(
-            f"the harness' stand-in for `{role}` has no member `{member}`, which upstream reads at "
+            f"the harness' fake for `{role}` has no member `{member}`, which upstream reads at "
             f"{self.where}: the harness cannot run this code path faithfully (a harness error, not an "
             f"upstream finding{_DOCTOR if role != 'args' else ''})",
-            seam=f"stand-in {role}.{member}",
+            seam=f"leaf {role}.{member}",
         )
         self.name = member
 
 
-class ArgsStand(argparse.Namespace):
-    """The ``args`` the harness builds in place of Miles' parsed arguments
-    (``harness.upstream.runner.upstream_args``). Upstream reading an argument the harness
-    did not set (``args.name``) is ``StandInMissing`` naming it and the line: Miles' parser
-    would have given it a value the harness does not know. Read through
+class ArgsNamespace(argparse.Namespace):
+    """The namespace Miles' own parser fills for a run (``harness.upstream.runner.upstream_args``).
+    Upstream reading an argument neither that parser defines nor the runner sets
+    (``args.name``: Megatron's, whose parser the train actor leaf replaces) is
+    ``LeafMissing`` naming it and the line. Read through
     ``getattr(args, name, default)`` / ``hasattr``, it stays a plain ``AttributeError``:
     upstream's default applies, as it does for arguments Miles' parser may lack."""
 
@@ -73,10 +74,10 @@ class ArgsStand(argparse.Namespace):
         frame = sys._getframe(1)
         if name.startswith("__") or dis.opname[frame.f_code.co_code[frame.f_lasti]] not in ("LOAD_ATTR", "LOAD_METHOD"):
             raise AttributeError(name)
-        raise StandInMissing("args", name, frame.f_code.co_filename, frame.f_lineno)
+        raise LeafMissing("args", name, frame.f_code.co_filename, frame.f_lineno)
 
 
-_DOCTOR = "; `miles-harness doctor` lists every member the drivers use on each stand-in"
+_DOCTOR = "; `miles-harness doctor` lists each leaf the harness fakes"
 
 
 def _tree_relative(filename: str) -> str:
@@ -96,9 +97,8 @@ def _tree_relative(filename: str) -> str:
 
 def _raising(qualname: str, reason: str) -> Any:
     def call(*args: Any, **kwargs: Any) -> Any:
-        raise StandInCalled(
-            f"{qualname} is an import stand-in ({reason}); the harness runner does not support the "
-            "code path that called it"
+        raise LeafCalled(
+            f"{qualname} is an import fake ({reason}); the harness runner does not support the code path that called it"
         )
 
     call.__qualname__ = call.__name__ = qualname.rpartition(".")[2]
@@ -112,11 +112,11 @@ class _RaisingClass:
     _what = ""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        raise StandInCalled(f"{self._what} is an import stand-in")
+        raise LeafCalled(f"{self._what} is an import fake")
 
     @classmethod
     def model_validate(cls, *args: Any, **kwargs: Any) -> Any:
-        raise StandInCalled(f"{cls._what}.model_validate is an import stand-in")
+        raise LeafCalled(f"{cls._what}.model_validate is an import fake")
 
 
 def _dumper_config(qualname: str, reason: str) -> type:
@@ -127,7 +127,7 @@ def _dumper_config(qualname: str, reason: str) -> type:
     def kv_pairs_to_dict(raw: Any) -> dict:
         if not raw:
             return {}
-        raise StandInCalled(f"{qualname}._kv_pairs_to_dict({raw!r}): {reason}")
+        raise LeafCalled(f"{qualname}._kv_pairs_to_dict({raw!r}): {reason}")
 
     return type(
         "DumperConfig", (_RaisingClass,), {"_what": qualname, "_kv_pairs_to_dict": staticmethod(kv_pairs_to_dict)}
@@ -156,7 +156,7 @@ def _cls(qualname: str) -> type:
 
 
 # module -> (reason, {attribute: factory(qualified name, reason)})
-STAND_INS: dict[str, tuple[str, dict[str, Any]]] = {
+IMPORT_FAKES: dict[str, tuple[str, dict[str, Any]]] = {
     # `miles/utils/dumper_utils.py` imports SGLang's debug dumper at module level; it is used
     # only when --dumper-* flags enable the inference dump phase, which the runner never sets.
     # The real module lives in the `sglang` package, which pins its own CUDA torch and is
@@ -226,7 +226,7 @@ APPLIED: dict[str, str] = {}
 
 
 def _real_import_works(name: str) -> bool:
-    if name in sys.modules and not getattr(sys.modules[name], "__miles_harness_stand_in__", False):
+    if name in sys.modules and not getattr(sys.modules[name], "__miles_harness_fake__", False):
         return True
     try:
         importlib.import_module(name)
@@ -246,20 +246,20 @@ def _ensure_parents(name: str) -> None:
         except ImportError:
             mod = types.ModuleType(parent)
             mod.__path__ = []  # a namespace-like package, so children can be registered
-            mod.__miles_harness_stand_in__ = True  # type: ignore[attr-defined]
+            mod.__miles_harness_fake__ = True  # type: ignore[attr-defined]
             sys.modules[parent] = mod
         if i > 1:
             setattr(sys.modules[".".join(parts[: i - 1])], parts[i - 1], sys.modules[parent])
 
 
 def install() -> dict[str, str]:
-    """Apply every stand-in whose real module cannot be imported; idempotent."""
-    for name, (reason, attrs) in STAND_INS.items():
+    """Apply every import fake whose real module cannot be imported; idempotent."""
+    for name, (reason, attrs) in IMPORT_FAKES.items():
         if name in APPLIED or _real_import_works(name):
             continue
         _ensure_parents(name)
-        mod = types.ModuleType(name, f"miles-harness import stand-in: {reason}")
-        mod.__miles_harness_stand_in__ = True  # type: ignore[attr-defined]
+        mod = types.ModuleType(name, f"miles-harness import fake: {reason}")
+        mod.__miles_harness_fake__ = True  # type: ignore[attr-defined]
         for attr, make in attrs.items():
             setattr(mod, attr, make(f"{name}.{attr}", reason))
         sys.modules[name] = mod

@@ -1,19 +1,17 @@
-"""Upstream's driver module (``train_async.py`` / ``train.py``) with its Ray names rebound
-to in-process objects, so the driver loop runs as upstream wrote it in one process.
+"""Upstream's driver module (``train_async.py``) with its Ray names rebound to in-process
+objects, for the served end-to-end runs (``harness.serve.upstream_e2e``, ``harness.record``):
+real HTTP to real CPU engines on real threads, where the virtual-time Ray
+(``harness.upstream.vray``) does not apply. The virtual-time runner runs upstream's own
+orchestration over its leaves instead (``harness.upstream.orchestration``).
 
 ``rebind_ray_names(mod, generate=..., update_weights=..., train=...)`` replaces the
 placement groups, the rollout manager actor, the training actors, the object store,
 tracking, logging and control-server hooks. ``generate(rollout_id)`` is what
 ``rollout_manager.generate.remote(rollout_id)`` returns: it must start the work at once
-and return an awaitable, as a Ray call does. Used by the virtual-time runner
-(``harness.upstream.runner``) and by the served end-to-end run (``harness.serve.upstream_e2e``).
-
-The objects put in upstream's hands are the stand-ins below (``STAND_INS``: the role
-each plays, named as the drivers name it). A stand-in has exactly the members listed on
-its class; anything else upstream reads on it raises ``StandInMissing`` naming the
-member and the upstream file:line that read it (a harness error, never upstream's
-error). ``harness.upstream.stand_in_uses`` reads the drivers for the members they use on
-each role and ``doctor`` compares them with ``members(role)``.
+and return an awaitable, as a Ray call does. Each object put in upstream's hands has
+exactly the members listed on its class; anything else upstream reads on it raises
+``LeafMissing`` naming the member and the upstream file:line that read it (a harness
+error, never upstream's error).
 """
 
 from __future__ import annotations
@@ -23,7 +21,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from harness.upstream.stand_ins import StandInCalled, StandInMissing
+from harness.upstream.leaf_fakes import LeafCalled, LeafMissing
 
 
 class _Remote:
@@ -43,7 +41,7 @@ def _noop_remote(*a: Any, **k: Any) -> Any:
 
 
 class _StandIn:
-    """A member the class does not define is missing: ``StandInMissing`` names it, the
+    """A member the class does not define is missing: ``LeafMissing`` names it, the
     role and the caller's file:line (the frame that read it: upstream's code)."""
 
     role = ""
@@ -52,7 +50,7 @@ class _StandIn:
         if name.startswith("__"):  # Python's own protocol probes (copy, pickle, inspect)
             raise AttributeError(name)
         frame = sys._getframe(1)
-        raise StandInMissing(self.role, name, frame.f_code.co_filename, frame.f_lineno)
+        raise LeafMissing(self.role, name, frame.f_code.co_filename, frame.f_lineno)
 
 
 class RolloutManagerStand(_StandIn):
@@ -97,7 +95,7 @@ class EvalDispatcherStand(_StandIn):
         pass
 
     async def dispatch(self, *a: Any, **k: Any) -> None:
-        raise StandInCalled("eval is not hosted (the harness sets no --eval-interval)", seam="train_async.py")
+        raise LeafCalled("eval is not hosted (the harness sets no --eval-interval)", seam="train_async.py")
 
     drain = staticmethod(_noop)
 
@@ -108,38 +106,6 @@ class ObjectStoreStand(_StandIn):
     @staticmethod
     def init_instance(*a: Any, **k: Any) -> None:
         return None
-
-
-# role -> the stand-in class; ``critic_model`` is ``None`` (the runs set no --use-critic)
-STAND_INS: dict[str, type | None] = {
-    "rollout_manager": RolloutManagerStand,
-    "actor_model": ActorModelStand,
-    "critic_model": None,
-    "eval_dispatcher": EvalDispatcherStand,
-    "object_store": ObjectStoreStand,
-}
-# the driver module's names the harness rebinds (the real ones never run)
-REBOUND = (
-    "create_placement_groups",
-    "create_rollout_manager",
-    "create_training_models",
-    "object_store",
-    "init_tracking",
-    "configure_logger",
-    "maybe_start_periodic_pyspy_dump",
-    "start_control_server",
-    "maybe_start_mini_ft_controller",
-    "remove_rollout_data_refs",
-    "EvalDispatcher",
-)
-
-
-def members(role: str) -> frozenset[str]:
-    """The members the stand-in for ``role`` has (empty for ``critic_model``: ``None``)."""
-    cls = STAND_INS.get(role)
-    if cls is None:
-        return frozenset()
-    return frozenset(n for n in dir(cls) if not n.startswith("_") and n != "role")
 
 
 def rebind_ray_names(
@@ -174,12 +140,9 @@ def rebind_ray_names(
 
 
 __all__ = [
-    "REBOUND",
-    "STAND_INS",
     "ActorModelStand",
     "EvalDispatcherStand",
     "ObjectStoreStand",
     "RolloutManagerStand",
-    "members",
     "rebind_ray_names",
 ]
