@@ -434,17 +434,9 @@ STEPS: list[Step] = [
         ],
         ["results/record/kill_resume_fully_async.json"],
     ),
-    # the differential on the pinned tree, in both orchestrations, and on the refactor's tip
-    _diff_upstream("diff_pinned_stand_ins", "results/upstream/diff_pinned_stand_ins", "--orchestration", "stand-ins"),
-    _diff_upstream("diff_pinned_upstream", "results/upstream/diff_pinned_upstream", "--orchestration", "upstream"),
-    _diff_upstream(
-        "diff_tip_upstream",
-        "results/upstream/diff_tip_upstream",
-        "--miles-src",
-        REFACTOR_TIP,
-        "--orchestration",
-        "upstream",
-    ),
+    # the differential on the pinned tree and on the refactor's tip
+    _diff_upstream("diff_pinned_upstream", "results/upstream/diff_pinned_upstream"),
+    _diff_upstream("diff_tip_upstream", "results/upstream/diff_tip_upstream", "--miles-src", REFACTOR_TIP),
     # the tip of Miles' orchestration refactor (controller-executor shape, its own orchestration): the resume
     # sweep (fast, beside the pinned tree's, and whole) and the fault schedules; and the gate across its stack
     Step(
@@ -473,7 +465,7 @@ STEPS: list[Step] = [
     ),
     Step(
         "upstream_faults_tip",
-        [PY, "-m", "harness.upstream.fault_sweep", "--miles-src", TIP, "--orchestration", "upstream", "sweep"]
+        [PY, "-m", "harness.upstream.fault_sweep", "--miles-src", TIP, "sweep"]
         + ["--runs", "1000", "--jobs", "2", "--known", "results/upstream/fault_findings_tip.json"]
         + ["--out", "results/upstream/fault_findings_tip"],
         ["results/upstream/fault_findings_tip.json", "results/upstream/fault_findings_tip.md"],

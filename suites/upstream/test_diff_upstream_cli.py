@@ -93,3 +93,30 @@ def test_upstreams_log_is_kept_per_case_and_printed_only_with_v(miles_src, tmp_p
         assert "EngineRequestError" not in out
     assert cli.main(["diff-upstream", "--miles-src", str(miles_src), "--scenario", case, "--log", str(log), "-v"]) == rc
     assert f"upstream's log for {case}:" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["diff-upstream", "--list"],
+        ["gate", "--base", "x"],
+        ["resume-sweep", "--host", "upstream"],
+    ],
+    ids=["diff-upstream", "gate", "resume-sweep"],
+)
+def test_the_removed_stand_ins_are_refused_naming_the_flag_and_the_fix(argv, capsys):
+    """``--orchestration stand-ins`` exits 2 with one line naming the flag, the value, that
+    the stand-ins were removed and what runs; ``--orchestration upstream`` still parses."""
+    assert cli.main([*argv, "--orchestration", "stand-ins"]) == 2
+    [line] = [x for x in capsys.readouterr().err.splitlines() if "error:" in x]
+    assert "argument --orchestration: 'stand-ins': the harness' stand-ins were removed" in line
+    assert "upstream's own orchestration" in line and "Fix: drop the flag" in line
+
+
+def test_the_fault_sweep_refuses_the_removed_stand_ins_too(capsys):
+    from harness.upstream import fault_sweep
+
+    with pytest.raises(SystemExit) as exc:
+        fault_sweep.main(["--orchestration", "stand-ins", "replay", "1"])
+    assert exc.value.code == 2
+    assert "the harness' stand-ins were removed" in capsys.readouterr().err
