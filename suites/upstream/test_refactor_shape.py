@@ -123,7 +123,7 @@ def _tree_copy(dest: Path, file: str | None = None, old: str = "", new: str = ""
 def _diff_one_step(tree: Path) -> str:
     out = subprocess.run(
         [sys.executable, "-m", "harness.cli", "diff-upstream", "--miles-src", str(tree)]
-        + ["--scenario", "one-step-k1", "--orchestration", "upstream"],
+        + ["--scenario", "one-step-k1"],
         capture_output=True,
         text=True,
         timeout=300,
@@ -354,7 +354,7 @@ def test_every_resume_case_runs_on_the_tip_and_a_fully_async_run_ends_as_upstrea
     assert failed and all("mid_data_save" in line and "PytorchStreamReader" in line for line in failed), failed
     diff = subprocess.run(
         [sys.executable, "-m", "harness.cli", "diff-upstream", "--miles-src", str(TIP)]
-        + ["--scenario", "fa-retract-group", "--orchestration", "upstream"],
+        + ["--scenario", "fa-retract-group"],
         capture_output=True,
         text=True,
         timeout=300,
