@@ -389,7 +389,7 @@ def write_checkpoint(save: str | None, rollout_id: int, state: dict) -> None:
 # --------------------------------------------------------------------------- module-level leaves
 
 
-def _stand_in_module(name: str, **attrs: Any) -> types.ModuleType:
+def _fake_module(name: str, **attrs: Any) -> types.ModuleType:
     mod = types.ModuleType(name, "miles-harness leaf: the trainer backend is faked at the train actor")
     mod.__miles_harness_fake__ = True  # type: ignore[attr-defined]
     for k, v in attrs.items():
@@ -419,15 +419,15 @@ def trainer_backend_modules(actor: type = SimTrainActor) -> dict[str, types.Modu
     ``worker_class`` path on the controller-executor shape, ``miles/ray/specs/train.py:L36-L39``),
     as ``actor``, and the memory saver's hook path it reads with ``--offload-train``
     (``miles/ray/train/actor_factory.py:L44-L46``; ``--use-critic`` and ``--colocate`` set it)."""
-    utils = _stand_in_module("torch_memory_saver.utils", get_binary_path_from_package=memory_saver_binary_path)
+    utils = _fake_module("torch_memory_saver.utils", get_binary_path_from_package=memory_saver_binary_path)
     return {
-        "torch_memory_saver": _stand_in_module("torch_memory_saver", utils=utils),
+        "torch_memory_saver": _fake_module("torch_memory_saver", utils=utils),
         "torch_memory_saver.utils": utils,
-        "miles.backends.megatron_utils.actor": _stand_in_module(
+        "miles.backends.megatron_utils.actor": _fake_module(
             "miles.backends.megatron_utils.actor", MegatronTrainRayActor=actor
         ),
-        "miles.backends.fsdp_utils": _stand_in_module("miles.backends.fsdp_utils", FSDPTrainRayActor=actor),
-        "miles.backends.fsdp_utils.actor": _stand_in_module("miles.backends.fsdp_utils.actor", FSDPTrainRayActor=actor),
+        "miles.backends.fsdp_utils": _fake_module("miles.backends.fsdp_utils", FSDPTrainRayActor=actor),
+        "miles.backends.fsdp_utils.actor": _fake_module("miles.backends.fsdp_utils.actor", FSDPTrainRayActor=actor),
     }
 
 
