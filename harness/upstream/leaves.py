@@ -139,6 +139,13 @@ class _Leaf:
         frame = sys._getframe(1)
         raise LeafMissing(self.role, name, frame.f_code.co_filename, frame.f_lineno)
 
+    @classmethod
+    def vray_missing_method(cls, name: str, frame: Any) -> LeafMissing:
+        """What an actor handle of this leaf raises for a method it lacks (``vray.ActorHandle``):
+        upstream's ``handle.NAME.remote(...)`` at ``frame`` is a harness error naming the member,
+        not the ``AttributeError`` Ray gives for a class of upstream's own."""
+        return LeafMissing(cls.role, name, frame.f_code.co_filename, frame.f_lineno)
+
 
 # --------------------------------------------------------------------------- the engine
 

@@ -657,6 +657,10 @@ class ActorHandle:
         actor = self._vray_actor
         if name == "__ray_ready__" or (not name.startswith("__") and callable(getattr(actor.cls, name, None))):
             return ActorMethod(actor, name, {})
+        # a class that fakes one of upstream's actors names what it lacks in its own terms (leaves._Leaf)
+        missing = getattr(actor.cls, "vray_missing_method", None)
+        if missing is not None and not name.startswith("__"):
+            raise missing(name, sys._getframe(1))
         raise AttributeError(f"actor class {actor.cls.__name__!r} has no method {name!r}")
 
     def __repr__(self) -> str:

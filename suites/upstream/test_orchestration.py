@@ -97,6 +97,22 @@ def test_a_member_upstream_reads_on_a_leaf_fake_is_a_harness_error_naming_it():
         engine.load_lora_adapter_from_tensors  # noqa: B018 - the read is the test
 
 
+def test_a_method_upstream_calls_on_a_leaf_actor_that_lacks_it_is_a_harness_error_naming_it_and_the_line(
+    miles_src, monkeypatch
+):
+    """``engine.init.remote(...)`` (``server_group.py``) on an engine leaf without ``init``: the
+    in-process Ray's handle raises the leaf's ``LeafMissing``, so the run is a harness error
+    naming the member and upstream's line, not an upstream run that died of an AttributeError."""
+    from harness.upstream import source
+    from harness.upstream.harness_errors import HarnessError
+    from harness.upstream.judge import check_leaves
+
+    monkeypatch.delattr(leaves.SimEngineActor, "init")
+    with pytest.raises(HarnessError, match=r"sglang_engine\.init.*server_group\.py:L\d+"):
+        report = run_case(case_named("one-step-k1"))
+        check_leaves(report.upstream_result, source.active())
+
+
 def test_the_train_actor_leaf_resumes_from_the_checkpoint_it_wrote(tmp_path):
     assert leaves.read_checkpoint(str(tmp_path)) is None
     leaves.write_checkpoint(str(tmp_path), 3, {"optimizer_step": 4, "lr_step": 4, "version": 4})
