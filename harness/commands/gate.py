@@ -346,25 +346,11 @@ def _main(args: argparse.Namespace) -> int:
         print("what differs, by aspect (cases): " + ", ".join(f"{k} {n}" for k, n in aspects))
     wall, cpu = time.perf_counter() - t0, _cpu_s() - cpu0
     head_name = str(args.miles_src or head)
-    md = gate.summary_markdown(
-        verdicts,
-        head=head_name,
-        base=args.base,
-        code=code,
-        wall_s=wall,
-        cpu_s=cpu,
-        strict=args.strict,
-        lead=lead,
-        lines_unrun=lines_unrun,
-    )
+    run = dict(head=head_name, base=args.base, code=code, wall_s=wall, cpu_s=cpu, strict=args.strict)
+    md = gate.summary_markdown(verdicts, **run, lead=lead, lines_unrun=lines_unrun)
     doc = gate.summary_json(
         verdicts,
-        head=head_name,
-        base=args.base,
-        code=code,
-        wall_s=wall,
-        cpu_s=cpu,
-        strict=args.strict,
+        **run,
         trees={s: {k: docs[s].get(k) for k in ("tree", "wall_s", "cpu_s")} for s in docs},
     )
     doc["coverage"] = {**cov.to_json(), "accepted": accepted}

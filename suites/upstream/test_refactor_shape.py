@@ -120,16 +120,20 @@ def _tree_copy(dest: Path, file: str | None = None, old: str = "", new: str = ""
     return dest
 
 
-def _diff_one_step(tree: Path) -> str:
-    out = subprocess.run(
-        [sys.executable, "-m", "harness.cli", "diff-upstream", "--miles-src", str(tree)]
-        + ["--scenario", "one-step-k1"],
+def _cli(*argv: str) -> subprocess.CompletedProcess:
+    """``miles-harness ARGV`` in a process of its own, from the repository root."""
+    return subprocess.run(
+        [sys.executable, "-m", "harness.cli", *argv],
         capture_output=True,
         text=True,
         timeout=300,
         cwd=source.REPO_ROOT,
         env={**os.environ, "PYTHONPATH": str(source.REPO_ROOT)},
     )
+
+
+def _diff_one_step(tree: Path) -> str:
+    out = _cli("diff-upstream", "--miles-src", str(tree), "--scenario", "one-step-k1")
     return out.stdout + out.stderr
 
 
@@ -337,30 +341,14 @@ def test_every_resume_case_runs_on_the_tip_and_a_fully_async_run_ends_as_upstrea
     error, holding every invariant (conservation included)."""
     if not (TIP / source.MARKER).is_file():
         pytest.skip(f"the refactored tree is not at {TIP}")
-    env = {**os.environ, "PYTHONPATH": str(source.REPO_ROOT)}
-    sweep = subprocess.run(
-        [sys.executable, "-m", "harness.cli", "resume-sweep", "--host", "upstream", "--miles-src", str(TIP), "--fast"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=source.REPO_ROOT,
-        env=env,
-    )
+    sweep = _cli("resume-sweep", "--host", "upstream", "--miles-src", str(TIP), "--fast")
     # a row: setting, host, resumes, ...
     rows = [p[0] for p in map(str.split, sweep.stdout.splitlines()) if p[1:2] == ["upstream"] and p[2].isdigit()]
     assert rows == ["sync", "one-step/retract", "fully-async/retract/retry"], sweep.stdout[-3000:]
     # the only failed resume is the one the stop makes fail: a half-written state file (torch.load)
     failed = [line for line in sweep.stdout.splitlines() if "resume failed" in line]
     assert failed and all("mid_data_save" in line and "PytorchStreamReader" in line for line in failed), failed
-    diff = subprocess.run(
-        [sys.executable, "-m", "harness.cli", "diff-upstream", "--miles-src", str(TIP)]
-        + ["--scenario", "fa-retract-group"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=source.REPO_ROOT,
-        env=env,
-    )
+    diff = _cli("diff-upstream", "--miles-src", str(TIP), "--scenario", "fa-retract-group")
     out = diff.stdout + diff.stderr
     assert "upstream on its own trace: every invariant holds" in out and "'RuntimeError'" not in out, out[-3000:]
 

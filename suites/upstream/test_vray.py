@@ -470,29 +470,32 @@ def test_a_coroutine_call_cancelled_before_its_first_await_fails_its_ref() -> No
     run_virtual(main())
 
 
+class _Gated:
+    """An actor whose ``wait`` call stays pending until ``open`` is called."""
+
+    def __init__(self) -> None:
+        self.gate: asyncio.Future[None] | None = None
+
+    async def wait(self) -> str:
+        self.gate = asyncio.get_running_loop().create_future()
+        await self.gate
+        return "returned"
+
+    def open(self) -> None:
+        assert self.gate is not None
+        self.gate.set_result(None)  # the call's task is ready from here
+
+
 def test_a_return_reaches_the_caller_awaiting_it_before_anything_else_ready() -> None:
     """As a direct call's caller resumes when the callee returns: the call's last step and
     the caller's next one run back to back, ahead of work that became ready in between."""
     log: list[str] = []
 
-    class Gated:
-        def __init__(self) -> None:
-            self.gate: asyncio.Future[None] | None = None
-
-        async def wait(self) -> str:
-            self.gate = asyncio.get_running_loop().create_future()
-            await self.gate
-            return "returned"
-
-        def open(self) -> None:
-            assert self.gate is not None
-            self.gate.set_result(None)  # the call's task is ready from here
-
     async def bystander() -> None:
         log.append("bystander")
 
     async def main() -> None:
-        handle = vray.remote(Gated).remote()
+        handle = vray.remote(_Gated).remote()
         await handle.__ray_ready__.remote()
         ref = handle.wait.remote()
 
@@ -515,26 +518,13 @@ def test_gather_waits_on_a_ref_through_its_own_future_and_resumes_a_step_after_t
     callback, as over any future), not two."""
     steps: list[Any] = []
 
-    class Gated:
-        def __init__(self) -> None:
-            self.gate: asyncio.Future[None] | None = None
-
-        async def wait(self) -> str:
-            self.gate = asyncio.get_running_loop().create_future()
-            await self.gate
-            return "returned"
-
-        def open(self) -> None:
-            assert self.gate is not None
-            self.gate.set_result(None)
-
     async def ticker() -> None:
         for i in range(4):
             steps.append(i)
             await asyncio.sleep(0)
 
     async def main() -> None:
-        handle = vray.remote(Gated).remote()
+        handle = vray.remote(_Gated).remote()
         await handle.__ray_ready__.remote()
         ref = handle.wait.remote()
 
