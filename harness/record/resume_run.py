@@ -3,20 +3,18 @@ a run that is killed and resumed through upstream's own ``--load`` path.
 
 ``python -m harness.record.resume_run --record-dir DIR --ckpt CKPT [...]`` is one life (one
 process): the recorded served run of ``harness.record.served_run`` with ``--save CKPT
---load CKPT --save-interval K`` and
+--load CKPT --save-interval K``, all of it upstream's but the leaves:
 
-* ``rollout_manager.save.remote(N)`` / ``load.remote(N)`` calling the data source's
-  ``save(N)`` / ``load(N)`` as ``RolloutManager`` does (``rollout_manager.py:L275-L281``):
-  the recorder's data source (``harness.record.RecordingDataSource``) records them and
-  upstream's ``RolloutDataSourceWithBuffer`` writes and reads
-  ``CKPT/rollout/global_dataset_state_dict_<N>.pt``;
-* ``actor_model.save_model(N)``: the torch trainer's weights, optimizer and step count
-  into ``CKPT/iter_<N>/trainer.pt``, then Megatron's tracker
-  ``latest_checkpointed_iteration.txt`` (recorded as the model part of the checkpoint,
-  with its optimizer and learning-rate steps and the version its weights were served as);
-* ``create_training_models``: with a tracker under ``CKPT`` the trainer loads it and the
-  life starts at ``start_rollout_id = loaded + 1`` (Megatron, ``actor.py:L212``), then
-  ``rollout_manager.load.remote(start_rollout_id - 1)`` (``placement_group.py:L174-L182``);
+* the driver saves the model (``actor_model.save_model(N)``: the train actor leaf writes
+  the torch trainer's weights, optimizer and step count into ``CKPT/iter_<N>/trainer.pt``,
+  then Megatron's tracker ``latest_checkpointed_iteration.txt``, recorded as the model
+  part of the checkpoint with the version its weights were served as) and then
+  ``rollout_manager.save.remote(N)``, which saves the data source (the recorder's
+  ``RecordingDataSource`` records it; upstream's ``RolloutDataSourceWithBuffer`` writes
+  ``CKPT/rollout/global_dataset_state_dict_<N>.pt``);
+* at start-up ``create_training_models`` (``placement_group.py``) initialises the train
+  actors (the leaf loads the checkpoint the tracker names: ``start_rollout_id = loaded +
+  1``, Megatron, ``actor.py:L212``) and calls ``rollout_manager.load.remote(start - 1)``;
   the driver's first ``update_weights`` pushes the loaded weights to the new servers.
 
 Run it, SIGKILL it mid-way, run the same command again: the second life resumes from the
@@ -27,7 +25,6 @@ last checkpoint, and ``miles-harness check-trace --merge DIR`` joins the lives
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 from pathlib import Path
@@ -36,111 +33,23 @@ from typing import Any, TypedDict
 from harness.serve import upstream_e2e
 
 from . import served_run
-from .writer import emit
 
 TRACKER = "latest_checkpointed_iteration.txt"
 
 
-class _Remote:
-    def __init__(self, fn: Any) -> None:
-        self._fn = fn
-
-    def remote(self, *a: Any, **k: Any) -> Any:
-        async def call() -> Any:
-            return self._fn(*a, **k)
-
-        return asyncio.ensure_future(call())
-
-
 class ResumableRun(served_run._RecordedRun):
-    """The recorded served run with upstream's checkpoint calls reaching a folder."""
+    """The recorded served run with ``--save CKPT --load CKPT --save-interval K`` on
+    upstream's ``args``: what a user adds to the command line. Upstream's validation turns
+    ``--load`` without Megatron's tracker into a fresh start (``arguments.py:L3046-L3057``)."""
 
     ckpt: Path
     save_interval: int = 1
 
-    def driver(self) -> Any:
-        from miles.rollout.base_types import RolloutFnConstructorInput
-        from miles.rollout.inference_rollout.compatibility import load_rollout_function
-        from miles.utils.misc import load_function
-
-        from . import recorder_flags
-
-        args = getattr(self.rollout_fn, "args", None) or self.rollout_fn.state.args
-        vars(args).update(recorder_flags(fully_async=bool(args.fully_async)), **self.extra_flags)
+    def configure_args(self, args: Any) -> None:
+        super().configure_args(args)
         vars(args).update(
             save=str(self.ckpt), load=str(self.ckpt), save_interval=self.save_interval, start_rollout_id=None
         )
-        self.args = args
-        self.data_source = load_function(args.data_source_path)(args)
-        self.rollout_fn = load_rollout_function(
-            RolloutFnConstructorInput(args=args, data_source=self.data_source), args.rollout_function_path
-        )
-        mod = self._driver_module()
-        self._rebind(mod)
-        return mod
-
-    def _rebind(self, mod: Any) -> None:
-        g = mod.__dict__
-        make_manager, make_models = g["create_rollout_manager"], g["create_training_models"]
-        run = self
-
-        def create_rollout_manager(args: Any, pg: Any) -> tuple[Any, Any]:
-            manager, per_epoch = make_manager(args, pg)
-            manager.save = _Remote(lambda n: run.data_source.save(n) if args.rollout_global_dataset else None)
-            manager.load = _Remote(lambda n=None: run.data_source.load(n))
-            return manager, per_epoch
-
-        async def create_training_models(args: Any, pgs: Any, rollout_manager: Any) -> tuple[Any, Any]:
-            actor, critic = await make_models(args, pgs, rollout_manager)
-            actor.save_model = run.save_model
-            start = await asyncio.to_thread(run.load_trainer, args)
-            if args.start_rollout_id is None:
-                args.start_rollout_id = start
-            if args.rollout_global_dataset:
-                await rollout_manager.load.remote(args.start_rollout_id - 1)
-            return actor, critic
-
-        g.update(create_rollout_manager=create_rollout_manager, create_training_models=create_training_models)
-
-    async def save_model(self, rollout_id: int, force_sync: bool = False) -> None:
-        import torch
-
-        trainer = self.trainer
-        steps = trainer.optimizer_steps
-        it = self.ckpt / f"iter_{rollout_id:07d}"
-        it.mkdir(parents=True, exist_ok=True)
-        state = {
-            "model": trainer.model.module.state_dict(),
-            "optimizer": trainer.optimizer.state_dict(),
-            "optimizer_step": steps,
-            "version": self.weight_version,
-        }
-        await asyncio.to_thread(torch.save, state, it / "trainer.pt")
-        (self.ckpt / TRACKER).write_text(str(rollout_id))
-        emit(
-            "checkpoint_saved",
-            rollout_id=rollout_id,
-            part="model",
-            optimizer_step=steps,
-            lr_step=steps,
-            version=self.weight_version,
-        )
-
-    def load_trainer(self, args: argparse.Namespace) -> int:
-        """Where this life starts: 0 without a tracker (``--load`` then falls back to the
-        unset ``--ref-load``, ``arguments.py:L3049-L3060``), else the tracker's rollout + 1."""
-        import torch
-
-        tracker = self.ckpt / TRACKER
-        if not tracker.exists():
-            args.load = None
-            return 0
-        loaded = int(tracker.read_text())
-        state = torch.load(self.ckpt / f"iter_{loaded:07d}" / "trainer.pt", weights_only=False)
-        self.trainer.model.module.load_state_dict(state["model"])
-        self.trainer.optimizer.load_state_dict(state["optimizer"])
-        self.trainer.optimizer_steps = state["optimizer_step"]
-        return loaded + 1
 
 
 def _life_argv(ns: argparse.Namespace) -> list[str]:

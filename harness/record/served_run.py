@@ -1,18 +1,12 @@
 """Upstream Miles end to end on the CPU servers with the recorder installed by its flags.
 
 ``run_recorded(E2EConfig(...), record_dir)`` is ``harness.serve.upstream_e2e``'s run
-(upstream's ``train_async.py`` loop, real HTTP through ``MilesRouter`` to the CPU
-servers, the torch trainer) with two changes, both what a Miles user would do:
-
-* the recorder's flags are set on ``args`` (``harness.record.recorder_flags``), and the
-  data source and rollout function are built from them as upstream's rollout manager
-  builds them (``load_function(args.data_source_path)(args)`` and
-  ``load_rollout_function(..., args.rollout_function_path)``,
-  ``ray/rollout/rollout_manager.py:L69-L79``);
-* after each rollout, the rollout manager's two calls that read flags:
-  ``log_rollout_data`` (``--custom-rollout-log-function-path``, ``rollout_manager.py:L156``)
-  and ``convert_samples_to_train_data`` (``--custom-convert-samples-to-train-data-path``,
-  ``L157``); training itself is the harness's ``TorchTrainer``, as in the served run.
+(upstream's ``train_async.py`` and orchestration, real HTTP through ``MilesRouter`` to the
+CPU servers, the torch trainer as the train actor's leaf) with the recorder's flags set on
+upstream's ``args`` (``harness.record.recorder_flags``), what a Miles user would do:
+upstream's ``RolloutManager`` builds the data source and rollout function from them
+(``rollout_manager.py:L69-L80``) and calls the log and conversion functions they name
+after each rollout (``L156-L163``).
 
 Each server's trace is written into the record directory as a process file of role
 ``server-N`` when the servers stop (what ``miles-harness serve --trace`` writes, on the
@@ -32,16 +26,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from harness.serve import upstream_e2e
-from miles_async_core.errors import ConfigError
 
 from . import recorder_flags
+from miles_async_core.errors import ConfigError
+
 from .writer import DIR_ENV, close_all, write_foreign_trace
 
 if TYPE_CHECKING:
     from miles_async_core.config import AsyncConfig
 
     from .merge import Merged, Verdict
-    from .miles_shapes import Sample
 
 
 def async_config(cfg: upstream_e2e.E2EConfig) -> AsyncConfig:
@@ -63,85 +57,23 @@ def async_config(cfg: upstream_e2e.E2EConfig) -> AsyncConfig:
 
 
 class _RecordedRun(upstream_e2e._Run):
+    """The served run with the recorder's flags on upstream's ``args``: upstream's own
+    ``RolloutManager`` builds the data source and rollout function from them and calls the
+    log and conversion functions they name, as on a cluster."""
+
     record_dir: Path
     extra_flags: dict[str, object] = {}
     install_recorder = True  # False: only extra_flags (a command line's) name the recorder's wrappers
 
-    def driver(self) -> Any:
-        from miles.rollout.base_types import RolloutFnConstructorInput
-        from miles.rollout.inference_rollout.compatibility import load_rollout_function
-        from miles.utils.misc import load_function
-
-        args = getattr(self.rollout_fn, "args", None) or self.rollout_fn.state.args
+    def configure_args(self, args: Any) -> None:
         flags = recorder_flags(fully_async=bool(args.fully_async)) if self.install_recorder else {}
         vars(args).update(flags, **self.extra_flags)
-        self.args = args
-        data_source = load_function(args.data_source_path)(args)
-        self.rollout_fn = load_rollout_function(
-            RolloutFnConstructorInput(args=args, data_source=data_source), args.rollout_function_path
-        )
-        return self._driver_module()
-
-    def _driver_module(self) -> Any:
-        """Upstream's ``train_async.py`` as the served run loads it (``host.load_driver``: the
-        tree's file, or the patched text a seeded driver bug put in ``host.DRIVER_SOURCES``),
-        with its Ray names rebound to this run."""
-        return super().driver()
-
-    async def generate(self, rollout_id: int) -> dict[str, Any]:
-        import asyncio
-
-        from miles.ray.rollout.metrics import log_rollout_data
-        from miles.ray.rollout.train_data_conversion import convert_samples_to_train_data
-        from miles.rollout.base_types import RolloutFnTrainInput
-        from miles.rollout.inference_rollout.compatibility import call_rollout_function
-        from miles.utils.misc import load_function
-
-        t0 = time.time()
-        version = self.manager_version
-        out = await asyncio.to_thread(
-            call_rollout_function, self.rollout_fn, RolloutFnTrainInput(rollout_id=rollout_id, weight_version=version)
-        )
-        args = self.args
-        log_rollout_data(rollout_id, args, out.samples, out.metrics, time.time() - t0)
-        flat = [s for g in out.samples for s in (g if isinstance(g, list) else [g])]
-        convert_samples_to_train_data(
-            args,
-            flat,
-            metadata={},
-            custom_reward_post_process_func=None,
-            custom_convert_samples_to_train_data_func=load_function(args.custom_convert_samples_to_train_data_path),
-        )
-        groups = [[upstream_e2e._core_sample(s) for s in g] for g in out.samples]
-        for g in out.samples:
-            for s in g:
-                self.trained_rows.append(self._row(rollout_id, version, s))
-        return {"groups": groups, "metrics": dict(out.metrics or {})}
 
     def _check(self) -> None:
         offset = time.time() - time.monotonic()
         for n, s in enumerate(self.served):
             write_foreign_trace(self.record_dir, f"server-{n}", list(s.trace.events), mono_to_wall=offset)
         super()._check()
-
-
-def skip_default_logging(
-    rollout_id: int, args: argparse.Namespace, samples: object, metrics: object, rollout_time: float
-) -> bool:
-    """A user's ``--custom-rollout-log-function-path`` that turns upstream's logging off."""
-    return True
-
-
-def copy_to_train_data(args: argparse.Namespace, samples: list[Sample]) -> dict[str, list[object]]:
-    """A user's ``--custom-convert-samples-to-train-data-path``: tokens, response lengths,
-    rollout log-probs and rewards, copied."""
-    return {
-        "tokens": [list(s.tokens) for s in samples],
-        "response_lengths": [s.response_length for s in samples],
-        "rollout_log_probs": [list(s.rollout_log_probs or []) for s in samples],
-        "rewards": [s.reward for s in samples],
-        "sample_indices": [s.index for s in samples],
-    }
 
 
 @dataclass
@@ -184,15 +116,6 @@ def run_recorded(
     if path is None:
         raise source.UpstreamUnavailable(how)
     source.activate(path)
-    # upstream's default rollout logging reads Miles' full argument set, which the served
-    # run's args do not carry: the run keeps a user log function of its own, one that skips it
-    # (and the same for the default conversion: the served run's conversion copies tokens,
-    # log-probs and rewards, as harness.serve.upstream_e2e does)
-    inner = {
-        "log": "harness.record.served_run.skip_default_logging",
-        "convert": "harness.record.served_run.copy_to_train_data",
-        **(inner or {}),
-    }
     env = {DIR_ENV: str(record_dir), **{f"MILES_HARNESS_RECORD_INNER_{k.upper()}": v for k, v in (inner or {}).items()}}
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)

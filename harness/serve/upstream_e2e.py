@@ -1,41 +1,35 @@
 """Upstream Miles end to end through the served CPU engine: real HTTP, real asyncio.
 
-``run_upstream_e2e(E2EConfig(...))`` starts one or two ``serve_in_thread`` servers (the
-tiny model), upstream's ``MilesRouter`` in front of them (its FastAPI app on uvicorn in a
-thread, workers registered with ``POST /add_worker?url=...`` as ``SGLangEngine`` does with
-``--use-miles-router``), and runs upstream's own ``train_async.py`` loop with:
+``run_upstream_e2e(E2EConfig(...))`` starts upstream's ``MilesRouter`` (its FastAPI app on
+uvicorn in a thread, given to Miles by address: ``--sglang-router-ip/--sglang-router-port``,
+so ``start_router`` returns it, ``router_manager.py:L24-L25``) and runs upstream's own
+``train_async.py`` with upstream's own orchestration (``harness.serve.served_leaves``):
+``create_placement_groups``, ``create_rollout_manager`` and ``create_training_models``, the
+``RolloutManager`` actor with its data source (``RolloutDataSourceWithBuffer`` over a
+generated JSONL of copy-task prompts), rollout function (one-step ``InferenceRolloutFn``,
+``FullyAsyncRolloutFn`` with upstream's ``DefaultDataBuffer``) on Miles' own background
+loop thread, post-processing and train-data conversion, the engine fleet's start-up with
+upstream's ``SGLangEngine`` actors (ports allocated by ``addr_allocator.py``, each server
+registered with the router by ``SGLangEngine._init_normal``), every engine control call
+made by ``SGLangEngine``'s HTTP client methods, and the train actor group over the tree's
+own ``TrainRayActor``. ``args`` is upstream's parser's, validated by ``miles_validate_args``.
 
-* the rollout function ``InferenceRolloutFn`` (one-step) or ``FullyAsyncRolloutFn``
-  (fully async), built by upstream's ``load_rollout_function`` and called the way
-  upstream's ``RolloutManager.generate`` calls it (``asyncio.to_thread(
-  call_rollout_function, ...)``, so the coroutine runs on Miles' own background event
-  loop thread); ``RolloutDataSourceWithBuffer`` reads a generated JSONL of copy-task
-  prompts, upstream's ``DefaultDataBuffer`` holds fully-async groups; every ``/generate``
-  and ``/abort_request`` goes through upstream's ``http_utils`` httpx client, to the
-  router, to a server;
-* the weight updates as upstream's Megatron updaters order them
-  (``update_weight_from_distributed/mixin.py:L309-L331`` for tensors: pause(mode) ->
-  flush unless in_place -> begin -> buckets -> update_weight_version -> end -> continue;
-  ``delta.py:L252-L266`` for disk: pause(mode) -> flush unless in_place ->
-  update_weights_from_disk(weight_version) -> continue), each call made through upstream's
-  ``SGLangEngine`` HTTP client methods, one thread per engine as Ray would;
-  ``get_weight_version`` is read back after every update;
-* the harness's ``TorchTrainer`` (GRPO on the tiny model) producing each new version.
-
-What is not upstream's (and why): Ray (placement groups, the rollout-manager and
-training actors, the object store) is replaced by in-process objects
-(``harness.serve.ray_names``: Ray's leaf in virtual time, ``harness.upstream.vray``, runs
-on the virtual-time loop, not on real threads); ``SGLangEngine.init`` (which launches SGLang) is skipped and
-the client's ``server_host`` / ``server_port`` / ``node_rank`` set to a served engine;
-the disk path writes the new weights straight into the directory the engine reloads
-(upstream's ``pull_weights`` copies a published delta there first, an endpoint of
-Miles' SGLang fork); the train-data conversion is a copy of each sample's tokens,
-log-probs and reward into the harness's ``Sample``. Upstream's trajectory-lifecycle seam
-(``TrajectoryLifecycle().sink``) and a wrapper around ``single_turn.post`` *observe*
-each ``/generate`` call (which sample, and the server's per-token versions in the
-response); they return upstream's values unchanged. They are this run's
-``harness.upstream.host`` rebinds (``e2e_rebinds``), installed for the run and restored
-after it, as every hosted run of upstream's code.
+The leaves, and only they, are the harness': Ray (``harness.upstream.vray`` in its
+real-time mode), the SGLang server process (a CPU server with the tiny model on the host
+and port upstream allocated), the trainer (``TorchTrainer``, GRPO on the tiny model,
+behind the train actor's ``init``/``train``/``save_model``/``update_weights``; its weight
+updates follow Megatron's updaters: ``update_weight_from_distributed/mixin.py:L309-L331``
+for tensors, pause(mode) -> flush unless in_place -> begin -> buckets ->
+update_weight_version -> end -> continue; ``delta.py:L252-L266`` for disk, pause(mode) ->
+flush unless in_place -> update_weights_from_disk(weight_version) -> continue; the disk
+path writes the new weights straight into the directory the engine reloads, where
+upstream's ``pull_weights`` copies a published delta first, an endpoint of Miles' SGLang
+fork), the object-store client and the outside services. Upstream's
+trajectory-lifecycle seam (``TrajectoryLifecycle().sink``), a wrapper around
+``single_turn.post`` and one around the manager's ``call_rollout_function`` *observe* each
+``/generate`` call and each rollout (which sample, the server's per-token versions, the
+version the manager passed); they return upstream's values unchanged. All are installed
+for the run and restored after it (``host.installed``), as for every hosted run.
 
 Checks (``E2EResult``): ``check_report`` on each server's trace, the update order of
 each server's request log (``harness.serve.order``), per-token truth next to Miles'
@@ -64,10 +58,8 @@ from typing import Any
 
 from miles_async_core.errors import ConfigError
 from harness.upstream import host
-from harness.upstream.leaf_fakes import LeafCalled
+from harness.upstream import leaf_fakes
 
-ONE_STEP_FN = "miles.rollout.inference_rollout.inference_rollout_common.InferenceRolloutFn"
-FULLY_ASYNC_FN = "miles.rollout.fully_async_rollout.FullyAsyncRolloutFn"
 TRANSFERS = ("tensor", "disk")
 N_SYMBOLS = 3  # copy-task symbols a, b, c
 
@@ -324,6 +316,10 @@ class E2EResult:
 
 
 def _args(cfg: E2EConfig, hf_dir: Path, prompts: Path, router_port: int) -> argparse.Namespace:
+    """Upstream's parser's ``args`` for the run (``harness.upstream.runner.upstream_args``:
+    every flag the tree defines has its default), with the served run's wiring: the local
+    model and prompts, the reward, the router given by address (``start_router`` returns it,
+    ``router_manager.py:L24-L25``), one engine per server and one trainer GPU."""
     from miles_async_core.config import AsyncConfig
     from harness.sim.scenario import Scenario
     from harness.upstream.runner import upstream_args
@@ -354,15 +350,10 @@ def _args(cfg: E2EConfig, hf_dir: Path, prompts: Path, router_port: int) -> argp
         sglang_server_concurrency=64,
         rollout_num_gpus=cfg.servers,
         rollout_num_gpus_per_engine=1,
-        eval_num_gpus=0,
-        use_distributed_post=False,
-        miles_router_max_connections=None,
-        miles_router_timeout=None,
-        rollout_health_check_interval=5.0,
-        miles_router_health_check_failure_threshold=3,
-        rollout_function_path=FULLY_ASYNC_FN if cfg.fully_async else ONE_STEP_FN,
-        rollout_external=True,
         update_weight_local_checkpoint_dir=None,
+        # Megatron's flags that upstream's engine start-up reads (the trainer's parser is the
+        # train actor leaf's): Megatron's defaults
+        fp16=False,
     )
     return args
 
@@ -385,77 +376,203 @@ def _core_sample(us: Any) -> Any:
     )
 
 
+def _ints(xs: Any) -> list[int]:
+    return [int(x) for x in (xs.tolist() if hasattr(xs, "tolist") else xs)]
+
+
+def train_groups(data: dict[str, Any], n_samples_per_prompt: int) -> list[list[Any]]:
+    """The shard upstream's object store hands a train actor (``process_rollout_data``) as
+    the trainer's groups: each sample's prompt and response tokens, rollout log-probs and
+    raw reward (upstream's ``rewards`` are already normalized per group), grouped as upstream
+    lays them out (``n_samples_per_prompt`` consecutive samples per prompt)."""
+    from miles_async_core.types import Sample
+
+    rewards = data.get("raw_reward") or data["rewards"]
+    log_probs = data.get("rollout_log_probs") or [[] for _ in data["tokens"]]
+    indices = data.get("sample_indices") or list(range(len(data["tokens"])))
+    samples = []
+    for tokens, n, reward, lp, index in zip(data["tokens"], data["response_lengths"], rewards, log_probs, indices):
+        tokens, n = _ints(tokens), int(n)
+        samples.append(
+            Sample(
+                prompt_tokens=tokens[: len(tokens) - n],
+                response_tokens=tokens[len(tokens) - n :],
+                rollout_log_probs=[float(x) for x in (lp.tolist() if hasattr(lp, "tolist") else lp)],
+                reward=float(reward),
+                index=int(index),
+            )
+        )
+    k = max(1, int(n_samples_per_prompt))
+    return [samples[i : i + k] for i in range(0, len(samples), k)]
+
+
 class _Run:
+    """One served run: the leaves' state (``harness.serve.served_leaves``: the servers the
+    engine actors launch, the trainer) and what the run observes."""
+
     def __init__(self, cfg: E2EConfig, workdir: Path) -> None:
         self.cfg = cfg
         self.name = cfg.name  # named by HostBusy
         self.workdir = workdir
         self.result = E2EResult(config=cfg)
-        self.weight_version = 0  # the updater's counter, as upstream's (first update sends "1")
-        self.manager_version: int | None = None  # what the rollout manager passes to the rollout fn
         self.version_weights: dict[int, dict[str, Any]] = {}  # what each update sent
         self.router_counts: dict[str, int] = {}
+        self.served: list[Any] = []  # the CPU servers upstream's engine actors launched
+        self.trained_rows: list[dict[str, Any]] = []
+        self.trainer: Any = None
+        self.weight_version = 0  # the train actor's counter, as its updater's
+        self.lock = threading.Lock()
 
-    # --- weight updates, in upstream's order, through SGLangEngine ----------------------------
-    async def update_weights(self) -> None:
-        cfg, engines = self.cfg, self.engines
-        self.weight_version += 1
-        label = str(self.weight_version)
+    # --- leaf sglang_server: what SGLangEngine._init_normal launches ------------------------------
+    def launch_engine(self, server_args: Any) -> Any:
+        from harness.backends.tasks import TINY_TOKENIZER
+
+        from .served_leaves import ServedProcess
+        from .server import serve_in_thread
+
+        eos: dict[str, Any] = {} if self.cfg.stop_at_eos else {"eos_token_id": None}
+        server = serve_in_thread(
+            "tiny",
+            bind=server_args.host.strip("[]"),
+            port=int(server_args.port),
+            seed=self.cfg.seed,
+            tokenizer=TINY_TOKENIZER,
+            **eos,
+        )
+        with self.lock:
+            self.served.append(server)
+        return ServedProcess(server)
+
+    # --- leaf train_actor: the kernels ServedTrainActor calls ---------------------------------------
+    def trainer_init(self, args: Any, *, load: bool) -> int | None:
+        """The trainer, and the checkpoint under ``--load`` when Megatron's tracker names one
+        (returns that rollout, else ``None``)."""
+        from .served_leaves import read_tracker
+
+        folder = Path(args.load) if args.load else None
+        loaded = read_tracker(folder)
+        if load:
+            self.trainer = self.make_trainer()
+            if loaded is not None and folder is not None:
+                self.load_trainer(folder / f"iter_{loaded:07d}" / "trainer.pt")
+        return loaded
+
+    def make_trainer(self) -> Any:
+        from harness.backends.tasks import TINY_TOKENIZER
+        from harness.backends.torch_models import TinyLMConfig, build_tiny_lm
+        from harness.backends.torch_trainer import TorchTrainer, TrainerConfig
+
+        model = build_tiny_lm(TinyLMConfig(vocab_size=TINY_TOKENIZER.vocab_size, seed=self.cfg.seed))
+        return TorchTrainer(model, TrainerConfig(lr=self.cfg.lr))
+
+    def load_trainer(self, path: Path) -> None:
+        import torch
+
+        state = torch.load(path, weights_only=False)
+        self.trainer.model.module.load_state_dict(state["model"])
+        self.trainer.optimizer.load_state_dict(state["optimizer"])
+        self.trainer.optimizer_steps = state["optimizer_step"]
+
+    def save_trainer(self, folder: Path, rollout_id: int, version: int) -> None:
+        """The trainer into ``iter_<N>/trainer.pt``, then Megatron's tracker, last (a crash
+        before it leaves the previous checkpoint)."""
+        import torch
+
+        from harness.record.writer import emit
+
+        trainer = self.trainer
+        steps = trainer.optimizer_steps
+        it = folder / f"iter_{rollout_id:07d}"
+        it.mkdir(parents=True, exist_ok=True)
+        state = {
+            "model": trainer.model.module.state_dict(),
+            "optimizer": trainer.optimizer.state_dict(),
+            "optimizer_step": steps,
+            "version": version,
+        }
+        torch.save(state, it / "trainer.pt")
+        (folder / "latest_checkpointed_iteration.txt").write_text(str(rollout_id))
+        # the model part of the checkpoint, for a recorded run (a no-op without a record directory)
+        emit(
+            "checkpoint_saved",
+            rollout_id=rollout_id,
+            part="model",
+            optimizer_step=steps,
+            lr_step=steps,
+            version=version,
+        )
+
+    async def train_data(self, rollout_id: int, data: dict[str, Any]) -> None:
+        groups = train_groups(data, self.args.n_samples_per_prompt)
+        metrics = await self.trainer.train(rollout_id, groups)
+        if self.cfg.train_extra_s:
+            await asyncio.sleep(self.cfg.train_extra_s)
+        self.result.train_metrics.append(metrics)
+        self.result.steps_trained += 1
+
+    async def weight_update(self, version: int, engines: list[Any]) -> None:
+        """Megatron's updater with the engine handles upstream passed: each call through
+        upstream's ``SGLangEngine`` actor, on every engine at once, in the updater's order."""
+        from .served_leaves import each_engine
+
+        cfg = self.cfg
+        self.weight_version = version
+        label = str(version)
+        mode = self.args.pause_generation_mode
         weights = await asyncio.to_thread(self.trainer.get_weights)
-        previous = self.version_weights.get(self.weight_version - 1)
+        previous = self.version_weights.get(version - 1)
         change = max(float((weights[k] - previous[k]).abs().max()) for k in weights) if previous else None
-        self.version_weights[self.weight_version] = weights
-
-        async def each(method: str, *a: Any, **k: Any) -> list[Any]:
-            return await asyncio.gather(*[asyncio.to_thread(getattr(e, method), *a, **k) for e in engines])
-
+        self.version_weights[version] = weights
         t0 = time.monotonic()
-        await each("pause_generation", mode=cfg.pause_mode)
-        if cfg.pause_mode != "in_place":
-            await each("flush_cache")
+        await each_engine(engines, "pause_generation", mode=mode)
+        if mode != "in_place":
+            await each_engine(engines, "flush_cache")
         if cfg.transfer == "disk":
             from .weights import save_weights_dir
 
             target = self.workdir / "weights" / label
             await asyncio.to_thread(save_weights_dir, weights, target)
-            results = await each("update_weights_from_disk", model_path=str(target), weight_version=label)
+            results = await each_engine(
+                engines, "update_weights_from_disk", model_path=str(target), weight_version=label
+            )
         else:
             from .weights import encode_named_tensors
 
-            await each("begin_weight_update", selector="all")
+            await each_engine(engines, "begin_weight_update", selector="all")
             names = list(weights)
             size = -(-len(names) // cfg.buckets)
             results = []
             for i in range(0, len(names), size):
                 payload = [encode_named_tensors({k: weights[k] for k in names[i : i + size]})]
-                results += await each(
-                    "update_weights_from_tensor", serialized_named_tensors=payload, load_format=None, flush_cache=False
+                results += await each_engine(
+                    engines,
+                    "update_weights_from_tensor",
+                    serialized_named_tensors=payload,
+                    load_format=None,
+                    flush_cache=False,
                 )
-            await each("update_weight_version", weight_version=label)
-            await each("end_weight_update")
-        await each("continue_generation")
-        read_back = await each("get_weight_version")
+            await each_engine(engines, "update_weight_version", weight_version=label)
+            await each_engine(engines, "end_weight_update")
+        await each_engine(engines, "continue_generation")
+        read_back = await each_engine(engines, "get_weight_version")
         if any(not r.get("success", False) for r in results if isinstance(r, dict)):
             raise RuntimeError(f"a weight update was refused: {results}")
-        self.manager_version = self.weight_version
         self.result.updates.append(
             {"version": label, "read_back": read_back, "max_abs_weight_change": change, "wall_s": time.monotonic() - t0}
         )
 
-    # --- the rollout manager's generate --------------------------------------------------------
-    async def generate(self, rollout_id: int) -> dict[str, Any]:
-        from miles.rollout.base_types import RolloutFnTrainInput
-        from miles.rollout.inference_rollout.compatibility import call_rollout_function
+    # --- observation: upstream's call_rollout_function, its input and output recorded ---------------
+    def observe_rollout(self, real: Any) -> Any:
+        @functools.wraps(real)
+        def call(fn: Any, input: Any) -> Any:
+            out = real(fn, input)
+            if getattr(input, "rollout_id", None) is not None and hasattr(out, "samples"):
+                rows = [self._row(input.rollout_id, input.weight_version, s) for g in out.samples for s in g]
+                with self.lock:
+                    self.trained_rows += rows
+            return out
 
-        version = self.manager_version
-        out = await asyncio.to_thread(
-            call_rollout_function, self.rollout_fn, RolloutFnTrainInput(rollout_id=rollout_id, weight_version=version)
-        )
-        groups = [[_core_sample(s) for s in g] for g in out.samples]
-        for g in out.samples:
-            for s in g:
-                self.trained_rows.append(self._row(rollout_id, version, s))
-        return {"groups": groups, "metrics": dict(out.metrics or {})}
+        return call
 
     def _row(self, rollout_id: int, version: int | None, s: Any) -> dict[str, Any]:
         n = int(s.response_length)
@@ -495,54 +612,48 @@ class _Run:
             and [c["weight_version"] for c in calls] == list(s.weight_versions),
         }
 
-    async def train(self, rollout_id: int, ref: Any) -> None:
-        metrics = await self.trainer.train(rollout_id, ref["groups"])
-        if self.cfg.train_extra_s:
-            await asyncio.sleep(self.cfg.train_extra_s)
-        self.result.train_metrics.append(metrics)
-        self.result.steps_trained += 1
+    # --- upstream's train_async.py over the leaves ------------------------------------------------
+    def configure_args(self, args: Any) -> None:
+        """Flags a subclass sets on upstream's ``args`` before the driver runs (the recorder's,
+        a checkpoint folder): what a user would add to the command line."""
 
-    # --- upstream's train_async.py with its Ray names rebound ----------------------------------
-    def driver(self) -> Any:
-        from harness.serve.ray_names import rebind_ray_names
+    def driver_module(self) -> Any:
+        """Upstream's ``train_async.py`` as a fresh module (``host.load_driver``: the tree's
+        file, or the text a seeded driver bug put in ``host.DRIVER_SOURCES``), its outside
+        services off."""
+        from harness.upstream.orchestration import driver_services_off
 
-        mod = host.load_driver("train_async.py", "miles_harness_served_train_async")
+        return driver_services_off(host.load_driver("train_async.py", "miles_harness_served_train_async"))
 
-        # generate starts at once and returns a future, as a Ray call does
-        return rebind_ray_names(
-            mod,
-            generate=lambda *a, **k: asyncio.ensure_future(self.generate(*a, **k)),
-            update_weights=self.update_weights,
-            train=self.train,
-        )
+    async def _main(self, driver: Any, args: Any) -> None:
+        """Miles' start-up validation (``miles_validate_args``, as ``parse_args`` runs it),
+        then the driver. A leaf fake reached past what it fakes stops the run at once,
+        whatever upstream does with the error (it may catch it and retry)."""
+        from harness.upstream.runner import validate_upstream_args
+
+        me, loop = asyncio.current_task(), asyncio.get_running_loop()
+        assert me is not None
+        leaf_fakes.ON_RAISE = lambda exc: loop.call_soon_threadsafe(me.cancel)
+        try:
+            validate_upstream_args(args)
+            await driver.train(args)
+        finally:
+            leaf_fakes.ON_RAISE = None
 
     # --- set-up and tear-down --------------------------------------------------------------------
     def execute(self) -> E2EResult:
-        import requests
-        from miles.backends.sglang_utils.sglang_engine import SGLangEngine
-        from miles.rollout.base_types import RolloutFnConstructorInput
-        from miles.rollout.data_source import RolloutDataSourceWithBuffer
-        from miles.rollout.inference_rollout.compatibility import load_rollout_function
         from miles.router.router import MilesRouter
-        from miles.utils.http_utils import init_http_client
         import miles.utils.http_utils as http_utils
 
-        from harness.backends.tasks import TINY_TOKENIZER
-        from harness.backends.torch_models import TinyLMConfig, build_tiny_lm
-        from harness.backends.torch_trainer import TorchTrainer, TrainerConfig
+        from harness.upstream import orchestration
 
-        from .server import serve_in_thread
+        from .served_leaves import ServedTrainActor, served_rebinds
         from .uvicorn_thread import UvicornThread
 
         cfg = self.cfg
         t0 = time.monotonic()
         hf_dir, prompts = write_tiny_assets(self.workdir, seed=cfg.seed)
-        eos: dict[str, Any] = {} if cfg.stop_at_eos else {"eos_token_id": None}
-        self.served = [
-            serve_in_thread("tiny", seed=cfg.seed, tokenizer=TINY_TOKENIZER, **eos) for _ in range(cfg.servers)
-        ]
         router = None
-        self.trained_rows: list[dict[str, Any]] = []
         try:
             router_args = argparse.Namespace(
                 sglang_server_concurrency=64,
@@ -557,37 +668,30 @@ class _Run:
             router = UvicornThread(miles_router.app, name="miles-router").start()
             assert router.port is not None, "the router thread binds its port on start()"
             args = _args(cfg, hf_dir, prompts, router.port)
-            for s in self.served:  # what SGLangEngine._init_normal posts with --use-miles-router
-                requests.post(f"http://127.0.0.1:{router.port}/add_worker?url={s.url}", timeout=10).raise_for_status()
-            self.engines = []
-            for rank, s in enumerate(self.served):
-                e = SGLangEngine(args, rank=rank)  # init() would launch SGLang: its fields are set here
-                e.server_host, e.server_port, e.node_rank = "127.0.0.1", s.port, 0
-                e.router_ip, e.router_port = "127.0.0.1", router.port
-                self.engines.append(e)
-            model = build_tiny_lm(TinyLMConfig(vocab_size=TINY_TOKENIZER.vocab_size, seed=cfg.seed))
-            self.trainer = TorchTrainer(model, TrainerConfig(lr=cfg.lr))
-            init_http_client(args)
+            self.configure_args(args)
+            self.args = args
             self.observer = _Observer(http_utils.post)
-            with host.installed(self, e2e_rebinds(self.observer)):
-                data_source = RolloutDataSourceWithBuffer(args)
-                self.rollout_fn = load_rollout_function(
-                    RolloutFnConstructorInput(args=args, data_source=data_source), args.rollout_function_path
-                )
+            driver = self.driver_module()
+            rebinds = [*e2e_rebinds(self.observer), *served_rebinds(self)]
+            raised = len(leaf_fakes.RAISED)
+            with orchestration.hosted(ServedTrainActor, real_time=True), host.installed(self, rebinds):
                 try:
-                    asyncio.run(self.driver().train(args))
-                except LeafCalled as exc:  # a fake upstream reached beyond what it has
-                    self.result.error = f"harness_error: {type(exc).__name__}: {exc}"
-                except Exception as exc:  # reported, and the servers are still checked
+                    asyncio.run(self._main(driver, args))
+                except (Exception, asyncio.CancelledError) as exc:  # reported, and the servers are still checked
                     self.result.error = f"{type(exc).__name__}: {exc}"
                 finally:
                     _cancel_rollout_tasks()
+            # a fake upstream reached beyond what it has, wherever upstream caught it (an actor's
+            # constructor, a task): the harness' error, not upstream's
+            if leaked := leaf_fakes.RAISED[raised:]:
+                self.result.error = f"harness_error: {type(leaked[0]).__name__}: {leaked[0]}"
         finally:
             if router is not None:  # first, gracefully: what it still forwards finishes (nothing is paused)
                 router.stop()
                 # MilesRouter.do_proxy counts a request before reading its body, outside its
                 # try/finally (router.py:L142-L162): a client gone mid-body leaks one count
                 self.router_counts = {u.rsplit(":", 1)[-1]: c for u, c in miles_router.worker_request_counts.items()}
+            self.served.sort(key=lambda s: s.port)  # by engine rank: upstream allocates ports in rank order
             for s in self.served:
                 s.stop()
         self.result.wall_s = time.monotonic() - t0

@@ -80,23 +80,24 @@ def fresh_process_singletons() -> None:
 
 
 @contextmanager
-def hosted() -> Iterator[None]:
+def hosted(kernels: type | None = None, *, real_time: bool = False) -> Iterator[None]:
     """vray as ``ray``, the train actor leaf as the trainer backend (on the rollout-manager
-    shape over the tree's own ``TrainRayActor``, ``leaves.train_actor_class``) and the
-    class-based rollout selected, fresh for the run, and upstream's per-process singletons
-    fresh (``fresh_process_singletons``)."""
+    shape over the tree's own ``TrainRayActor``, ``leaves.train_actor_class``; ``kernels``:
+    the faked Megatron kernels, ``leaves.SimTrainActor`` by default) and the class-based
+    rollout selected, fresh for the run, and upstream's per-process singletons fresh
+    (``fresh_process_singletons``). ``real_time``: vray's real-time mode (the served run)."""
     from harness.upstream import source
     from harness.upstream.seams import CONTROLLER_EXECUTOR
 
-    vray.reset(num_gpus=CLUSTER_GPUS, num_cpus=CLUSTER_CPUS)
+    vray.reset(num_gpus=CLUSTER_GPUS, num_cpus=CLUSTER_CPUS, real_time=real_time)
     fresh_process_singletons()
     with vray.installed():  # upstream's TrainRayActor is imported under the in-process Ray
-        if source.report().shape == CONTROLLER_EXECUTOR:
+        if kernels is None and source.report().shape == CONTROLLER_EXECUTOR:
             from harness.upstream.leaves_refactor import SimCellTrainActor
 
             actor: type = SimCellTrainActor
         else:
-            actor = leaves.train_actor_class()
+            actor = leaves.train_actor_class(kernels or leaves.SimTrainActor)
     with vray.installed(leaves.trainer_backend_modules(actor)), _environment(ROLLOUT_ENV):
         try:
             yield

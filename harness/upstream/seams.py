@@ -56,6 +56,7 @@ PLACEMENT_MOD = "miles/ray/placement_group.py"
 WORKER_MANAGER_MOD = "miles/utils/workers/ray_worker_manager.py"
 COMMAND_ACTOR_MOD = "miles/utils/workers/command_actor.py"
 HTTP_UTILS = "miles/utils/http_utils.py"
+SGLANG_ENGINE_MOD = "miles/backends/sglang_utils/sglang_engine.py"
 
 # The two shapes of upstream's orchestration layer, told apart by what the drivers call:
 # ``create_rollout_manager`` (one ``RolloutManager`` actor runs the data source, the rollout
@@ -510,6 +511,23 @@ SEAMS: tuple[Seam, ...] = (
         ROLLING,
         lambda t: t.method(HTTP_UTILS, "GeneralHttpClientProvider", "client"),
         shapes=frozenset({CONTROLLER_EXECUTOR}),
+    ),
+    Seam(
+        "engine_launch",
+        SGLANG_ENGINE_MOD,
+        "module-level `launch_server_process` and `ServerArgs`, called by `SGLangEngine._init_normal`",
+        "the served run (harness.serve.upstream_e2e) keeps upstream's `SGLangEngine` actor and fakes only the "
+        "server process it launches: a CPU server on the host and port upstream allocated (leaf sglang_server)",
+        "the served run cannot start its engines through upstream's engine actor: refused (virtual-time runs "
+        "replace the engine actor and do not need it)",
+        ROLLING,
+        _all(
+            lambda t: t.name(SGLANG_ENGINE_MOD, "launch_server_process", depth=0),
+            lambda t: t.name(SGLANG_ENGINE_MOD, "ServerArgs", depth=0),
+            lambda t: t.method(SGLANG_ENGINE_MOD, "SGLangEngine", "_init_normal"),
+        ),
+        optional=True,
+        shapes=frozenset({ROLLOUT_MANAGER}),
     ),
     Seam(
         "object_store",

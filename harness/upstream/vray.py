@@ -44,6 +44,16 @@ imports from. The contract, following Ray's documented behaviour, made determini
   ``ActorDiedError`` (a ``RayActorError``), its async calls are cancelled, its resources
   and name are freed.
 
+Real time (``reset(real_time=True)``, the served run): the loop is an ordinary asyncio loop
+and other threads do real work beside it (servers, Miles' background loop). There a sync
+actor (a class with no ``async def`` method: ``SGLangEngine``) runs its calls on a thread
+of its own, one at a time in submission order, as a Ray actor process runs them beside the
+caller: a blocking HTTP call of one engine does not hold the driver or another engine.
+Its ref is resolved on the loop (``call_soon_threadsafe``). A call made from another
+thread (an engine's thread, Miles' background loop) is handed to the loop the same way,
+``ray.get`` there blocks that thread until the ref is done, and an ``await`` of a ref on
+another thread's loop is woken on that loop. Async actors keep running on the one loop.
+
 Not modelled: processes and their isolation (actors share this interpreter; arguments are
 not copied or serialized), the object store and spilling, retries and restarts
 (``max_restarts`` and the like are accepted and ignored), ``max_concurrency`` and
@@ -61,8 +71,10 @@ import contextvars
 import functools
 import inspect
 import sys
+import threading
 import types
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -207,8 +219,11 @@ def _ask(options: dict[str, Any], what: str) -> dict[str, float]:
 
 
 class _State:
-    def __init__(self, cluster: Cluster) -> None:
+    def __init__(self, cluster: Cluster, real_time: bool = False) -> None:
         self.cluster = cluster
+        self.real_time = real_time
+        self.home: asyncio.AbstractEventLoop | None = None  # real time: the loop actors run on
+        self.home_thread: int | None = None
         self.pool = _Pool(
             f"node {cluster.node_id}",
             {"CPU": float(cluster.num_cpus), **cluster.resources},
@@ -238,9 +253,17 @@ _current: contextvars.ContextVar[_Actor | None] = contextvars.ContextVar("vray_c
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:
     try:
-        return asyncio.get_running_loop()
+        loop = asyncio.get_running_loop()
     except RuntimeError:
         return None
+    if _state.real_time and _state.home is None:
+        _state.home, _state.home_thread = loop, threading.get_ident()
+    return loop
+
+
+def _foreign_thread() -> bool:
+    """Real time: the caller is a thread other than the one running the home loop."""
+    return _state.real_time and _state.home is not None and threading.get_ident() != _state.home_thread
 
 
 def _caller() -> str:
@@ -303,9 +326,13 @@ class _Awaiting(asyncio.Future):
         no name to keep."""
 
     def _deliver(self, value: Any, error: BaseException | None) -> None:
+        loop = self.get_loop()
+        if _state.real_time and _running_loop() is not loop:  # an awaiter on another thread's loop
+            loop.call_soon_threadsafe(self._deliver, value, error)
+            return
         if self.done():  # its awaiter was cancelled
             return
-        with _front(self.get_loop()):
+        with _front(loop):
             if error is not None:
                 self.set_exception(error)
             else:
@@ -323,6 +350,7 @@ class ObjectRef:
         self._value: Any = None
         self._error: BaseException | None = None
         self._waiters: list[_Awaiting] = []
+        self._event: threading.Event | None = None  # real time: a thread blocked in ray.get
 
     def hex(self) -> str:
         return f"{self._id:056x}"
@@ -343,6 +371,15 @@ class ObjectRef:
         waiters, self._waiters = self._waiters, []
         for fut in waiters:
             fut._deliver(value, error)
+        if self._event is not None:
+            self._event.set()
+
+    def _wait_on_thread(self) -> None:
+        """Real time, off the home loop: block this thread until the ref is done."""
+        if self._event is None:
+            self._event = threading.Event()
+        if not self._done:  # _resolve sets _done before it reads _event
+            self._event.wait()
 
     def _result(self) -> Any:
         if self._error is not None:
@@ -357,6 +394,9 @@ class ObjectRef:
         fut = _Awaiting(loop=loop)
         if not self._done:
             self._waiters.append(fut)
+            if self._done and fut in self._waiters:  # resolved on the home thread meanwhile (real time)
+                self._waiters.remove(fut)
+                fut._deliver(self._value, self._error)
         elif self._error is not None:
             fut.set_exception(self._error)
         else:
@@ -524,6 +564,10 @@ class _Actor:
         # tasks it started itself and not yet done, in the order it started them
         self.started: dict[Any, None] = {}
         self.handle = ActorHandle(self)
+        # real time: a sync actor's own thread (its process' one executing thread in Ray)
+        self.thread: ThreadPoolExecutor | None = None
+        if _state.real_time and not any(inspect.iscoroutinefunction(f) for _, f in inspect.getmembers(cls)):
+            self.thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"vray-{cls.__name__}")
 
     def died_error(self, label: str) -> ActorDiedError:
         err = ActorDiedError(f"the actor {self.cls.__name__} ({self.id}) is dead: {self.dead}; {label} did not run")
@@ -560,6 +604,13 @@ class _Actor:
             return ref
         return self._dispatch(name, args, kwargs, None)
 
+    def call_into(self, name: str, args: tuple, kwargs: dict, ref: ObjectRef) -> None:
+        """``call`` with the ref made by a caller on another thread (real time)."""
+        if self.dead is not None or self.born:
+            self._dispatch(name, args, kwargs, ref)
+        else:
+            self.unborn_calls.append((ref, name, args, kwargs))
+
     def _dispatch(self, name: str, args: tuple, kwargs: dict, ref: ObjectRef | None) -> ObjectRef:
         label = f"{self.cls.__name__}.{name}"
         if self.dead is not None:
@@ -578,6 +629,8 @@ class _Actor:
             return _spawn(self, fn, args, kwargs, label, ref)
         _check_args_done(label, args, kwargs)
         ref = ObjectRef(label) if ref is None else ref
+        if self.thread is not None:
+            return self._on_thread(ref, fn, args, kwargs)
         # Plain calls run one at a time (an async actor's too: Ray runs them on its loop's one thread).
         self.queue.append((ref, functools.partial(_run_now, self, ref, fn, args, kwargs)))
         if not self.busy:
@@ -587,6 +640,35 @@ class _Actor:
                     self.queue.popleft()[1]()
             finally:
                 self.busy = False
+        return ref
+
+    def _on_thread(self, ref: ObjectRef, fn: Callable[..., Any], args: tuple, kwargs: dict) -> ObjectRef:
+        """Real time: the call runs on the actor's thread, after the ones submitted before
+        it; its ref is resolved on the home loop."""
+        home = _state.home
+        assert home is not None and self.thread is not None
+
+        def finish(value: Any, error: BaseException | None) -> None:
+            if self.dead is not None:
+                ref._resolve(error=self.died_error(ref._label))
+            else:
+                ref._resolve(value, error)
+
+        def work() -> None:
+            if self.dead is not None:
+                home.call_soon_threadsafe(finish, None, None)
+                return
+            token = _current.set(self)
+            try:
+                a, k = _resolved(args, kwargs)
+                value, error = fn(*a, **k), None
+            except Exception as e:
+                value, error = None, e
+            finally:
+                _current.reset(token)
+            home.call_soon_threadsafe(finish, value, error)
+
+        self.thread.submit(work)
         return ref
 
 
@@ -641,6 +723,8 @@ def _die(actor: _Actor, cause: str, error: BaseException | None = None) -> None:
     actor.inflight.clear()
     for task in list(actor.started):  # its process is gone, and its own tasks with it
         task.cancel()
+    if actor.thread is not None:  # a call running on it ends; its ref reads the death (_on_thread)
+        actor.thread.shutdown(wait=False, cancel_futures=True)
 
 
 class ActorHandle:
@@ -678,6 +762,11 @@ class ActorMethod:
         self._actor, self._name, self._options = actor, name, options
 
     def remote(self, *args: Any, **kwargs: Any) -> ObjectRef:
+        if _foreign_thread():  # real time: the call is handed to the home loop, as to Ray's transport
+            assert _state.home is not None
+            ref = ObjectRef(f"{self._actor.cls.__name__}.{self._name}")
+            _state.home.call_soon_threadsafe(self._actor.call_into, self._name, args, kwargs, ref)
+            return ref
         return self._actor.call(self._name, args, kwargs)
 
     def options(self, **options: Any) -> ActorMethod:
@@ -710,6 +799,7 @@ class RemoteFunction:
         return RemoteFunction(self._fn, {**self._options, **options})
 
     def remote(self, *args: Any, **kwargs: Any) -> ObjectRef:
+        _refuse_foreign(f"{self._fn.__qualname__}.remote()")
         _state.initialized = True
         if inspect.iscoroutinefunction(self._fn):
             return _spawn(None, self._fn, args, kwargs, self._fn.__qualname__)
@@ -836,7 +926,16 @@ def remove_placement_group(pg: PlacementGroup) -> None:
     _state.pgs.remove(pg)
 
 
+def _refuse_foreign(what: str) -> None:
+    if _foreign_thread():
+        raise VRayError(
+            f"{what} at {_caller()} from a thread other than the loop's: vray's real-time host hands "
+            "actor method calls across threads, not actor creation or remote functions"
+        )
+
+
 def _create_actor(cls: type, options: dict[str, Any], args: tuple, kwargs: dict) -> ActorHandle:
+    _refuse_foreign(f"{cls.__name__}.remote()")
     _state.initialized = True
     name, namespace = options.get("name"), options.get("namespace") or _state.namespace
     if name and (existing := _state.named.get((namespace, name))) is not None:
@@ -941,7 +1040,11 @@ def get(object_refs: ObjectRef | list[ObjectRef], *, timeout: float | None = Non
     refs = [object_refs] if isinstance(object_refs, ObjectRef) else object_refs
     if not isinstance(refs, list) or not all(isinstance(r, ObjectRef) for r in refs):
         raise ValueError(f"ray.get takes an ObjectRef or a list of ObjectRefs, got {object_refs!r}")
-    if pending := [r for r in refs if not r._done]:
+    if (pending := [r for r in refs if not r._done]) and _foreign_thread():
+        for r in pending:  # real time, off the home loop: this thread blocks, as Ray's caller does
+            r._wait_on_thread()
+        pending = []
+    if pending:
         if timeout is not None:
             raise GetTimeoutError(f"ray.get timed out after {timeout} s waiting for {pending[0]!r}")
         _block_until_done("ray.get", pending)
@@ -1035,7 +1138,8 @@ def init(
             raise VRayError("vray.init: the node cannot be reshaped while actors or placement groups exist")
         c = _state.cluster
         reset(
-            **{"num_gpus": c.num_gpus, "num_cpus": c.num_cpus, "resources": c.resources, "node_ip": c.node_ip, **shape}
+            real_time=_state.real_time,
+            **{"num_gpus": c.num_gpus, "num_cpus": c.num_cpus, "resources": c.resources, "node_ip": c.node_ip, **shape},
         )
     _state.initialized = True
     _state.namespace = namespace or _state.namespace
@@ -1050,11 +1154,18 @@ def shutdown() -> None:
     _state.initialized, _state.namespace = False, ""
 
 
-def reset(num_gpus: int = DEFAULT_NUM_GPUS, num_cpus: float = DEFAULT_NUM_CPUS, **cluster: Any) -> Cluster:
+def reset(
+    num_gpus: int = DEFAULT_NUM_GPUS, num_cpus: float = DEFAULT_NUM_CPUS, *, real_time: bool = False, **cluster: Any
+) -> Cluster:
     """Forget every actor, name and placement group, and start a fresh node (``Cluster``'s
-    fields). Tasks of a finished run belong to its loop: nothing is cancelled here."""
+    fields); ``real_time``: the host of the module docstring's real-time mode. Tasks of a
+    finished run belong to its loop: nothing is cancelled here; a sync actor's thread of
+    the forgotten state ends once its queued calls have run."""
     global _state
-    _state = _State(Cluster(num_gpus, num_cpus, **cluster))
+    for actor in _state.actors:
+        if actor.thread is not None:
+            actor.thread.shutdown(wait=False)
+    _state = _State(Cluster(num_gpus, num_cpus, **cluster), real_time=real_time)
     return _state.cluster
 
 
