@@ -67,6 +67,17 @@ def _leaves(shape: str | None = None) -> str:
     for leaf in table:
         lines.append(f"  {leaf.name:<20} {leaf.boundary}")
         lines.append(f"  {'':<20} why: {leaf.why}")
+    if not refactor:
+        from harness.serve.served_leaves import SERVED_LEAVES
+
+        lines += [
+            "",
+            "faked in the served run (harness.serve.upstream_e2e: real time, real HTTP to CPU servers; "
+            "the same orchestration runs as upstream wrote it):",
+        ]
+        for leaf in SERVED_LEAVES:
+            lines.append(f"  {leaf.name:<20} {leaf.boundary}")
+            lines.append(f"  {'':<20} why: {leaf.why}")
     if refactor and leaves_refactor.UNHOSTED:
         lines += ["", "not faked yet on the controller-executor shape (the shape is refused until they are):"]
         for name, needs, stops in leaves_refactor.UNHOSTED:

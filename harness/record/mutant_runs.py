@@ -1,4 +1,7 @@
-"""The project's seeded upstream bugs (``fixtures/upstream_mutants.py``) in real time:
+"""The project's seeded upstream bugs (``fixtures/upstream_mutants.py``, and the
+orchestration layer's, ``fixtures/upstream_orchestration_mutants.py``, in
+``ORCHESTRATION_CASES``: the served run runs upstream's rollout manager, actor group and
+train actor base, so a bug there runs) in real time:
 each applied in memory (``harness.upstream.patching.applied``) to the served run with the
 recorder (``harness.record.served_run``), and the merged trace checked. A bug is caught
 when a checker it is expected to trip fails; ``REAL_TIME_CASES`` names, per bug, the run
@@ -77,6 +80,15 @@ REAL_TIME_CASES: dict[str, tuple[E2EConfig, Mapping[str, float]]] = {
     "group_budget_off_by_one": (ONE_STEP_NO_OVERSAMPLING, {}),
     "update_during_generate": (ONE_STEP, {}),
 }
+# bugs seeded in upstream's orchestration layer (fixtures/upstream_orchestration_mutants.py):
+# the served run runs upstream's RolloutManager, actor group and train actor base, so a bug
+# there runs; each named with the checkers a record shows it by (the record has no run_end,
+# so a group trained twice shows as a batch of the wrong shape, not as conservation)
+ORCHESTRATION_CASES: dict[str, tuple[E2EConfig, Mapping[str, float], frozenset[str]]] = {
+    "rm_generate_trains_first_group_twice": (ONE_STEP, {}, frozenset({"trained_batch_shape"})),
+    "actor_group_skips_later_weight_updates": (ONE_STEP, {}, frozenset({"batch_single_version"})),
+    "train_actor_reports_twice_its_dp_size": (ONE_STEP, {}, frozenset({"run_error:AssertionError"})),
+}
 # bugs whose run holds the forced window (module docstring)
 FORCED_WINDOW = frozenset({"consumed_staleness_not_reset", "unused_handler_swapped"})
 WINDOW_TIMEOUT_S = 120.0
@@ -88,6 +100,9 @@ NOT_IN_REAL_TIME: dict[str, str] = {
     "aborted_group_lost_in_worker": "fully async never aborts (upstream refuses --pause-generation-mode abort there)",
     "recycled_newest_first": "needs two groups recycled at once; these runs recycle at most one at a time",
     "update_interval_off_by_one": "a change of schedule only a side-by-side comparison shows (no checker)",
+    "rm_ignores_weight_version": "the drain's staleness reference stays at version 1, but in these runs no group "
+    "gets older than the age bound before it is trained (measured: 0 violations in one-step and fully-async "
+    "retract runs with the bug)",
 }
 
 
@@ -96,15 +111,16 @@ def _activate(mutant: UpstreamMutant, miles_src: str | None) -> None:
     patches live modules)."""
     import importlib
 
-    from harness.upstream import source
+    from harness.upstream import source, vray
 
     path, how = source.find_miles_src(miles_src)
     if path is None:
         raise source.UpstreamUnavailable(how)
     source.activate(path)
-    for patch in mutant.patches:
-        if "/" in patch.path:
-            importlib.import_module(patch.path[:-3].replace("/", "."))
+    with vray.installed():  # as source.activate imports upstream: its `ray` is the in-process one
+        for patch in mutant.patches:
+            if "/" in patch.path:
+                importlib.import_module(patch.path[:-3].replace("/", "."))
 
 
 class CaseReport(TypedDict):
@@ -140,14 +156,27 @@ class CleanReport(TypedDict):
     samples_trained: int
 
 
-def run_case(name: str, *, steps: int = 3, miles_src: str | None = None, work: Path | None = None) -> CaseReport:
+def _mutant(name: str) -> tuple[UpstreamMutant, E2EConfig, Mapping[str, float], frozenset[str]]:
+    """The seeded bug, its run, its extra flags and the checkers it is expected to trip."""
     from fixtures.upstream_mutants import UPSTREAM_MUTANTS
+    from fixtures.upstream_orchestration_mutants import ORCHESTRATION_MUTANTS
+
+    if name in ORCHESTRATION_CASES:
+        base, extra, expected = ORCHESTRATION_CASES[name]
+        return next(m.mutant for m in ORCHESTRATION_MUTANTS if m.mutant.name == name), base, extra, expected
+    mutant = next(m for m in UPSTREAM_MUTANTS if m.name == name)
+    base, extra = REAL_TIME_CASES[name]
+    return mutant, base, extra, frozenset(mutant.expected - {"differential"})
+
+
+def run_case(name: str, *, steps: int = 3, miles_src: str | None = None, work: Path | None = None) -> CaseReport:
+    """One seeded bug's recorded run. A run that ends with an error where the clean run
+    trains every step is the finding ``run_error:TYPE``."""
     from harness.upstream.patching import applied
 
     from .served_run import run_recorded
 
-    mutant = next(m for m in UPSTREAM_MUTANTS if m.name == name)
-    base, extra = REAL_TIME_CASES[name]
+    mutant, base, extra, expected = _mutant(name)
     from harness.measure.host_load import Meter
 
     cfg = E2EConfig(**{**asdict(base), "steps": steps})
@@ -160,16 +189,19 @@ def run_case(name: str, *, steps: int = 3, miles_src: str | None = None, work: P
         res = run_recorded(cfg, directory, miles_src=miles_src, extra_flags=extra, run_class=run_class)
     host = meter.stop()
     failed = sorted(k for k, v in res.verdict["violations"].items() if v)
+    error = res.e2e.error
+    if error and not error.startswith("harness_error"):
+        failed.append(f"run_error:{error.split(':', 1)[0]}")
     return {
         "bug": name,
         "run": base.name,
         "extra_flags": extra,
-        "error": res.e2e.error,
+        "error": error,
         "steps_trained": res.e2e.steps_trained,
         "checkers_failed": failed,
-        "expected": sorted(mutant.expected - {"differential"}),
+        "expected": sorted(expected),
         "caught": bool(failed),
-        "caught_as_expected": bool(set(failed) & mutant.expected),
+        "caught_as_expected": bool(set(failed) & expected),
         "lacking": res.verdict["lacking"],
         "window": window,
         "host": host,
@@ -242,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
             f"clean {c['run']}: failed={[k for k, n in c['checkers'].items() if n]} lacking={c['lacking']}", flush=True
         )
     bugs = []
-    for name in ns.only or REAL_TIME_CASES:
+    for name in ns.only or [*REAL_TIME_CASES, *ORCHESTRATION_CASES]:
         row = run_case(name, steps=ns.steps, miles_src=ns.miles_src)
         bugs.append(row)
         print(f"{name}: caught={row['caught']} failed={row['checkers_failed']} expected={row['expected']}", flush=True)

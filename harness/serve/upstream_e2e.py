@@ -840,6 +840,26 @@ def _cancel_rollout_tasks(timeout_s: float = 30.0) -> None:
     asyncio.run_coroutine_threadsafe(sweep(), loop).result(timeout_s)
 
 
+SERVED_SEAMS = ("engine_launch", "rollout_manager", "train_actor", "object_store")
+
+
+def require_served_seams() -> None:
+    """``SeamMissing`` naming each seam the served run rebinds (``served_leaves``) that the
+    active tree lacks: without it the run would not be upstream's orchestration over the
+    leaves, and its result would be the harness' blind spot read as upstream's."""
+    from harness.upstream import seams, source
+
+    report = source.report()
+    missing = [p.seam for p in report.probes if p.seam.name in SERVED_SEAMS and not p.found]
+    if missing:
+        raise seams.SeamMissing(
+            "the served run cannot host this tree: "
+            + "; ".join(f"seam {s.name} missing in {report.tree / s.file} (looked for {s.looks_for})" for s in missing)
+            + ". Fix: run the virtual-time commands (diff-upstream, gate) on it, or a tree that has them",
+            [s.name for s in missing],
+        )
+
+
 def run_upstream_e2e(cfg: E2EConfig, *, miles_src: str | None = None) -> E2EResult:
     """One run (activates the upstream tree first; raises ``UpstreamUnavailable`` without one)."""
     from harness.upstream import source
@@ -848,6 +868,7 @@ def run_upstream_e2e(cfg: E2EConfig, *, miles_src: str | None = None) -> E2EResu
     if path is None:
         raise source.UpstreamUnavailable(how)
     source.activate(path)
+    require_served_seams()
     workdir = Path(tempfile.mkdtemp(prefix="miles-harness-served-"))
     try:
         return _Run(cfg, workdir).execute()

@@ -566,6 +566,7 @@ class _Actor:
         self.handle = ActorHandle(self)
         # real time: a sync actor's own thread (its process' one executing thread in Ray)
         self.thread: ThreadPoolExecutor | None = None
+        self.on_thread: dict[ObjectRef, None] = {}  # its calls submitted there and not yet returned
         if _state.real_time and not any(inspect.iscoroutinefunction(f) for _, f in inspect.getmembers(cls)):
             self.thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"vray-{cls.__name__}")
 
@@ -649,6 +650,7 @@ class _Actor:
         assert home is not None and self.thread is not None
 
         def finish(value: Any, error: BaseException | None) -> None:
+            self.on_thread.pop(ref, None)
             if self.dead is not None:
                 ref._resolve(error=self.died_error(ref._label))
             else:
@@ -668,6 +670,7 @@ class _Actor:
                 _current.reset(token)
             home.call_soon_threadsafe(finish, value, error)
 
+        self.on_thread[ref] = None
         self.thread.submit(work)
         return ref
 
@@ -723,8 +726,11 @@ def _die(actor: _Actor, cause: str, error: BaseException | None = None) -> None:
     actor.inflight.clear()
     for task in list(actor.started):  # its process is gone, and its own tasks with it
         task.cancel()
-    if actor.thread is not None:  # a call running on it ends; its ref reads the death (_on_thread)
+    if actor.thread is not None:  # the call running there finishes unheard; the rest never run
         actor.thread.shutdown(wait=False, cancel_futures=True)
+    for ref in list(actor.on_thread):
+        ref._resolve(error=actor.died_error(ref._label))
+    actor.on_thread.clear()
 
 
 class ActorHandle:

@@ -19,7 +19,7 @@ from dataclasses import asdict
 import pytest
 
 from harness.record.merge import NOT_IN_A_RECORD
-from harness.record.mutant_runs import REAL_TIME_CASES, WINDOW_TIMEOUT_S
+from harness.record.mutant_runs import ORCHESTRATION_CASES, REAL_TIME_CASES, WINDOW_TIMEOUT_S
 from harness.serve.upstream_e2e import STANDARD_RUNS, E2EConfig
 
 pytestmark = pytest.mark.slow
@@ -94,6 +94,21 @@ def test_a_seeded_upstream_bug_is_caught_in_real_time(bug, miles_src):
             f"1-minute load {host['load1_after']})"
         )
     assert row["checkers_failed"], f"{bug}: every checker passed on the run with the bug ({row})"
+
+
+@pytest.mark.parametrize("bug", sorted(ORCHESTRATION_CASES))
+def test_a_bug_seeded_in_upstreams_orchestration_is_caught_by_name_in_the_served_run(bug, miles_src):
+    """The served run runs upstream's RolloutManager, actor group and TrainRayActor, so a bug
+    seeded there runs and the checker the case names catches it (with stand-ins in their
+    place, these runs were clean)."""
+    import torch
+
+    from harness.record.mutant_runs import run_case
+
+    torch.set_num_threads(1)
+    row = run_case(bug, steps=3, miles_src=str(miles_src))
+    assert row["caught_as_expected"], row
+    assert not (row["error"] or "").startswith("harness_error"), row["error"]
 
 
 KILLED_RUN = """

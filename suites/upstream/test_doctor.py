@@ -137,7 +137,10 @@ def test_a_tree_whose_drivers_call_create_rollout_components_is_probed_as_the_co
     cli.main(["doctor", "--miles-src", str(TIP)])
     out = capsys.readouterr().out
     assert "orchestration shape: controller-executor (the drivers call `create_rollout_components`" in out
-    assert "(not probed on the controller-executor shape: rollout_manager, engine_actor, train_actor)" in out
+    assert (
+        "(not probed on the controller-executor shape: rollout_manager, engine_actor, train_actor, engine_launch)"
+        in out
+    )
 
 
 def test_a_driver_calling_neither_entry_point_is_refused_saying_what_was_found_and_what_was_not(tree, tmp_path):

@@ -1050,3 +1050,99 @@ def test_a_killed_actor_takes_the_tasks_it_started_itself_with_it_and_others_kee
     alive, kept_ticks, only_the_kept = run_virtual(main())
     assert alive == 1 and only_the_kept
     assert kept_ticks == 4
+
+
+# --------------------------------------------------------------------------- real time (the served run)
+
+
+@vray.remote
+class _Engine:
+    """A sync actor (no ``async def``): in real time its calls run on a thread of its own."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, str]] = []
+
+    def work(self, n: int, gate: Any = None) -> int:
+        import threading
+
+        if gate is not None:
+            assert gate.wait(30), "the caller never opened the gate"
+        self.calls.append((n, threading.current_thread().name))
+        return n
+
+    def made(self) -> list[tuple[int, str]]:
+        return list(self.calls)
+
+
+@vray.remote
+class _Manager:
+    async def version(self) -> int:
+        return 7
+
+
+def test_real_time_a_sync_actors_calls_run_in_order_on_its_own_thread_while_the_caller_goes_on():
+    import threading
+
+    vray.reset(real_time=True)
+    gate = threading.Event()
+
+    async def main() -> tuple[list[int], list[tuple[int, str]], bool]:
+        e = _Engine.remote()
+        refs = [e.work.remote(n, gate) for n in range(3)]
+        await asyncio.sleep(0)  # the constructor runs; the calls reach the actor's thread
+        waiting = not any(r._done for r in refs)  # blocked on the gate there, not on this loop
+        gate.set()
+        return list(await asyncio.gather(*refs)), await e.made.remote(), waiting
+
+    values, made, waiting = asyncio.run(main())
+    assert waiting and values == [0, 1, 2]
+    assert [n for n, _ in made] == [0, 1, 2]
+    assert all(name.startswith("vray-_Engine") for _, name in made)
+
+
+def test_real_time_a_call_from_another_thread_is_handed_to_the_loop_and_ray_get_blocks_that_thread():
+    vray.reset(real_time=True)
+
+    async def main() -> tuple[int, int]:
+        m = _Manager.remote()
+        assert await m.version.remote() == 7  # the loop is the home loop from here on
+        blocked = await asyncio.to_thread(lambda: vray.get(m.version.remote()))
+
+        def on_its_own_loop() -> int:  # e.g. Miles' background loop awaiting a ref
+            async def inner() -> int:
+                return await m.version.remote()
+
+            return asyncio.run(inner())
+
+        return blocked, await asyncio.to_thread(on_its_own_loop)
+
+    assert asyncio.run(main()) == (7, 7)
+
+
+def test_real_time_a_kill_fails_the_call_running_on_the_actors_thread_and_those_after_it():
+    import threading
+
+    vray.reset(real_time=True)
+    gate = threading.Event()
+
+    async def main() -> list[BaseException | int]:
+        e = _Engine.remote()
+        assert await e.made.remote() == []
+        running, queued = e.work.remote(1, gate), e.work.remote(2)
+        vray.kill_actor(e)
+        gate.set()
+        return list(await asyncio.gather(running, queued, e.work.remote(3), return_exceptions=True))
+
+    out = asyncio.run(main())
+    assert all(isinstance(x, ActorDiedError) for x in out), out
+
+
+def test_real_time_creating_an_actor_from_another_thread_is_refused_by_name():
+    vray.reset(real_time=True)
+
+    async def main() -> None:
+        await _Manager.remote().version.remote()
+        await asyncio.to_thread(_Engine.remote)
+
+    with pytest.raises(VRayError, match=r"_Engine.remote\(\) at .* from a thread other than the loop's"):
+        asyncio.run(main())
