@@ -115,6 +115,47 @@ def test_age_summary_counts_a_request_spanning_an_update_as_recorded_younger():
     assert (out["groups_trained"], out["groups_truly_staler_than_limit"]) == (2, 1)
 
 
+def test_the_shard_upstream_hands_the_train_actor_becomes_the_trainers_groups_with_raw_rewards():
+    from harness.serve.upstream_e2e import train_groups
+
+    data = {  # what process_rollout_data gives a train actor: per sample, flat, groups consecutive
+        "tokens": [[5, 6, 7, 8], [5, 6, 9], [4, 7], [4, 8, 8]],
+        "response_lengths": [2, 1, 1, 2],
+        "rewards": [1.0, -1.0, -1.0, 1.0],  # upstream's, normalized per group
+        "raw_reward": [0.75, 0.25, 0.0, 0.5],
+        "rollout_log_probs": [[-0.1, -0.2], [-0.3], [-0.4], [-0.5, -0.6]],
+        "sample_indices": [10, 11, 12, 13],
+    }
+    groups = train_groups(data, 2)
+    assert [[s.index for s in g] for g in groups] == [[10, 11], [12, 13]]
+    first = groups[0][0]
+    assert (first.prompt_tokens, first.response_tokens, first.reward) == ([5, 6], [7, 8], 0.75)
+    assert first.rollout_log_probs == [-0.1, -0.2]
+    del data["raw_reward"]  # a custom conversion may give only its rewards: those are trained on
+    assert [s.reward for g in train_groups(data, 2) for s in g] == [1.0, -1.0, -1.0, 1.0]
+
+
+@pytest.mark.slow  # starts the router and upstream's orchestration up to the engines' start
+def test_a_leaf_gap_inside_an_upstream_actors_constructor_is_a_harness_error_naming_it(miles_src, monkeypatch):
+    """Upstream reading a Megatron flag the served run's ``args`` lack (the trainer's parser is
+    a leaf) inside ``RolloutManager.__init__``: Ray reports the actor dead, the run reports
+    the harness' gap by name and line, not upstream's failure."""
+    from harness.serve import upstream_e2e
+
+    real_args = upstream_e2e._args
+
+    def args_without_fp16(*a, **k):
+        args = real_args(*a, **k)
+        del args.fp16
+        return args
+
+    monkeypatch.setattr(upstream_e2e, "_args", args_without_fp16)
+    res = upstream_e2e.run_upstream_e2e(E2EConfig(steps=1, servers=1), miles_src=str(miles_src))
+    assert res.error is not None and res.error.startswith("harness_error: LeafMissing"), res.error
+    assert "`fp16`" in res.error and "sglang_engine.py:L" in res.error
+    assert res.steps_trained == 0
+
+
 @pytest.mark.slow  # upstream training through two HTTP servers
 @pytest.mark.parametrize("name", list(RUNS))
 def test_upstream_trains_five_steps_through_the_servers(runs, name):
