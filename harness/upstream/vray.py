@@ -51,8 +51,10 @@ of its own, one at a time in submission order, as a Ray actor process runs them 
 caller: a blocking HTTP call of one engine does not hold the driver or another engine.
 Its ref is resolved on the loop (``call_soon_threadsafe``). A call made from another
 thread (an engine's thread, Miles' background loop) is handed to the loop the same way,
-``ray.get`` there blocks that thread until the ref is done, and an ``await`` of a ref on
-another thread's loop is woken on that loop. Async actors keep running on the one loop.
+and an ``await`` of a ref on another thread's loop is woken on that loop. ``ray.get`` and
+``ray.wait`` block their caller for real, up to their ``timeout``: a thread off the loop
+waits, the loop's own thread steps the loop meanwhile. Async actors keep running on the
+one loop.
 
 Not modelled: processes and their isolation (actors share this interpreter; arguments are
 not copied or serialized), the object store and spilling, retries and restarts
@@ -72,6 +74,7 @@ import functools
 import inspect
 import sys
 import threading
+import time
 import types
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -350,7 +353,7 @@ class ObjectRef:
         self._value: Any = None
         self._error: BaseException | None = None
         self._waiters: list[_Awaiting] = []
-        self._event: threading.Event | None = None  # real time: a thread blocked in ray.get
+        self._events: list[threading.Event] = []  # real time: threads blocked in ray.get / ray.wait
 
     def hex(self) -> str:
         return f"{self._id:056x}"
@@ -371,15 +374,14 @@ class ObjectRef:
         waiters, self._waiters = self._waiters, []
         for fut in waiters:
             fut._deliver(value, error)
-        if self._event is not None:
-            self._event.set()
+        for event in list(self._events):
+            event.set()
 
-    def _wait_on_thread(self) -> None:
-        """Real time, off the home loop: block this thread until the ref is done."""
-        if self._event is None:
-            self._event = threading.Event()
-        if not self._done:  # _resolve sets _done before it reads _event
-            self._event.wait()
+    def _wake(self, event: threading.Event) -> None:
+        """Real time: ``event`` is set when the ref is done (at once if it is)."""
+        self._events.append(event)
+        if self._done:  # _resolve sets _done before it reads _events
+            event.set()
 
     def _result(self) -> Any:
         if self._error is not None:
@@ -1013,43 +1015,68 @@ def _noop() -> None:
     return None
 
 
-def _block_until_done(what: str, refs: list[ObjectRef]) -> None:
+def _block_until_done(what: str, refs: list[ObjectRef], count: int | None = None, timeout: float | None = None) -> None:
     """A blocking ``ray.get`` from code running in a task of the loop (a driver's or an
     actor's synchronous call): as Ray's caller thread blocks while the work goes on
-    elsewhere, the loop is stepped here, the calling task set aside, until every ref is
-    done. Nothing can step the calling task meanwhile (it is running, not awaiting). A ref
-    that cannot finish (it waits on the caller, or on nothing) is ``VRayBlockingGet``."""
+    elsewhere, the loop is stepped here, the calling task set aside, until ``count`` of the
+    refs (default: every one) are done, or, in real time, ``timeout`` seconds have passed.
+    Nothing can step the calling task meanwhile (it is running, not awaiting). A ref that
+    cannot finish (it waits on the caller, or on nothing) is ``VRayBlockingGet``."""
     loop = _running_loop()
     if loop is None:
         raise _blocked(what, refs)
+    want = len(refs) if count is None else count
     me = asyncio.current_task(loop)
     ready = loop._ready  # type: ignore[attr-defined]
     # the iteration that runs this call pops a count of handles fixed when it began: what the
     # nested steps run of them is made up with no-ops, so it never pops an empty queue
     expected = len(ready)
+    deadline = None if timeout is None else loop.time() + timeout
+    wake = None if deadline is None else loop.call_at(deadline, _noop)  # so the step's select returns by then
     if me is not None:
         asyncio.tasks._leave_task(loop, me)
     try:
-        while not all(r._done for r in refs):
+        while sum(r._done for r in refs) < want and (deadline is None or loop.time() < deadline):
             try:
                 loop._run_once()  # type: ignore[attr-defined]
             except RuntimeError as exc:  # the virtual clock found nothing left to run
                 raise _blocked(what, [r for r in refs if not r._done]) from exc
     finally:
+        if wake is not None:
+            wake.cancel()
         if me is not None:
             asyncio.tasks._enter_task(loop, me)
         for _ in range(expected - len(ready)):
             loop.call_soon(_noop)
 
 
+def _wait_real_time(what: str, refs: list[ObjectRef], count: int, timeout: float | None) -> None:
+    """Real time: block the caller until ``count`` of ``refs`` are done or ``timeout``
+    seconds have passed: a thread off the home loop waits (its calls are the loop's to
+    run), the home loop's own thread steps the loop (``_block_until_done``)."""
+    if not _foreign_thread():
+        _block_until_done(what, refs, count, timeout)
+        return
+    event = threading.Event()
+    for r in refs:
+        r._wake(event)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while sum(r._done for r in refs) < count:
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            return
+        event.wait(left)
+        event.clear()
+
+
 def get(object_refs: ObjectRef | list[ObjectRef], *, timeout: float | None = None) -> Any:
     refs = [object_refs] if isinstance(object_refs, ObjectRef) else object_refs
     if not isinstance(refs, list) or not all(isinstance(r, ObjectRef) for r in refs):
         raise ValueError(f"ray.get takes an ObjectRef or a list of ObjectRefs, got {object_refs!r}")
-    if (pending := [r for r in refs if not r._done]) and _foreign_thread():
-        for r in pending:  # real time, off the home loop: this thread blocks, as Ray's caller does
-            r._wait_on_thread()
-        pending = []
+    if (pending := [r for r in refs if not r._done]) and _state.real_time:
+        _wait_real_time("ray.get", pending, len(pending), timeout)  # the caller blocks, as Ray's does
+        if pending := [r for r in pending if not r._done]:
+            raise GetTimeoutError(f"ray.get timed out after {timeout} s waiting for {pending[0]!r}")
     if pending:
         if timeout is not None:
             raise GetTimeoutError(f"ray.get timed out after {timeout} s waiting for {pending[0]!r}")
@@ -1065,6 +1092,8 @@ def wait(
         raise TypeError(f"ray.wait takes a list of ObjectRefs, got {object_refs!r}")
     if not 0 < num_returns <= len(object_refs):
         raise ValueError(f"ray.wait: num_returns={num_returns} for {len(object_refs)} refs")
+    if _state.real_time and sum(r._done for r in object_refs) < num_returns:
+        _wait_real_time("ray.wait", object_refs, num_returns, timeout)
     ready = [r for r in object_refs if r._done][:num_returns]
     if len(ready) < num_returns and timeout is None:
         raise _blocked("ray.wait", [r for r in object_refs if not r._done])

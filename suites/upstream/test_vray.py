@@ -1146,3 +1146,26 @@ def test_real_time_creating_an_actor_from_another_thread_is_refused_by_name():
 
     with pytest.raises(VRayError, match=r"_Engine.remote\(\) at .* from a thread other than the loop's"):
         asyncio.run(main())
+
+
+def test_real_time_ray_get_and_wait_block_for_real_up_to_their_timeout():
+    import threading
+
+    vray.reset(real_time=True)
+    gate = threading.Event()
+
+    async def main() -> None:
+        e = _Engine.remote()
+        assert await e.made.remote() == []
+        slow = e.work.remote(1, gate)
+        with pytest.raises(GetTimeoutError):  # nothing can finish it in no time: the timeout is what happens
+            vray.get(slow, timeout=0)
+        assert vray.wait([slow], timeout=0) == ([], [slow])
+        gate.set()
+        # a call that ends on the actor's thread while the caller waits: the waits see it
+        assert vray.get(slow, timeout=30) == 1
+        fast = e.work.remote(2)
+        assert vray.wait([fast], num_returns=1, timeout=30) == ([fast], [])
+        assert await asyncio.to_thread(lambda: vray.get(e.work.remote(3), timeout=30)) == 3
+
+    asyncio.run(main())
