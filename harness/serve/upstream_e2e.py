@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import copy
 import functools
 import json
 import os
@@ -420,7 +421,6 @@ class _Run:
         self.served: list[Any] = []  # the CPU servers upstream's engine actors launched
         self.trained_rows: list[dict[str, Any]] = []
         self.trainer: Any = None
-        self.weight_version = 0  # the train actor's counter, as its updater's
         self.lock = threading.Lock()
 
     # --- leaf sglang_server: what SGLangEngine._init_normal launches ------------------------------
@@ -516,7 +516,6 @@ class _Run:
         from .served_leaves import each_engine
 
         cfg = self.cfg
-        self.weight_version = version
         label = str(version)
         mode = self.args.pause_generation_mode
         weights = await asyncio.to_thread(self.trainer.get_weights)
@@ -655,21 +654,16 @@ class _Run:
         hf_dir, prompts = write_tiny_assets(self.workdir, seed=cfg.seed)
         router = None
         try:
-            router_args = argparse.Namespace(
-                sglang_server_concurrency=64,
-                rollout_num_gpus=cfg.servers,
-                rollout_num_gpus_per_engine=1,
-                miles_router_max_connections=None,
-                miles_router_timeout=None,
-                rollout_health_check_interval=5.0,
-                miles_router_health_check_failure_threshold=3,
-            )
+            args = _args(cfg, hf_dir, prompts, 0)
+            self.configure_args(args)
+            self.args = args
+            # the router as start_router launches it, on a copy of upstream's args
+            # (router_manager.py:L39-L41), in a thread here, not a spawned process
+            router_args = copy.copy(args)
             miles_router = MilesRouter(router_args)
             router = UvicornThread(miles_router.app, name="miles-router").start()
             assert router.port is not None, "the router thread binds its port on start()"
-            args = _args(cfg, hf_dir, prompts, router.port)
-            self.configure_args(args)
-            self.args = args
+            args.sglang_router_port = router_args.sglang_router_port = router.port
             self.observer = _Observer(http_utils.post)
             driver = self.driver_module()
             rebinds = [*e2e_rebinds(self.observer), *served_rebinds(self)]
