@@ -15,7 +15,11 @@ a group, so that at every weight update a group generated under the old weights 
 the buffer and the next drain consumes it one version stale. The first two drains
 (before any update) consume only staleness 0, so from the third on a drain's staleness
 differs from the run's so far, whatever the host's load: a window that never resets is
-certain to report the wrong mean. The wait is bounded (``WINDOW_TIMEOUT_S``); the report
+certain to report the wrong mean. A bug in the buffer's order needs a choice at a get: its
+window waits for two groups in the buffer, so the drain after the step opens on two (the
+one-group drains of a run where each group reaches the buffer alone give it none, and how
+often groups arrive together depends on the host's load). The wait is bounded
+(``WINDOW_TIMEOUT_S``); the report
 says how many steps held the window and the share of the host the run had
 (``harness.measure.host_load``), so a run that could not hold it says why.
 
@@ -89,8 +93,8 @@ ORCHESTRATION_CASES: dict[str, tuple[E2EConfig, Mapping[str, float], frozenset[s
     "actor_group_skips_later_weight_updates": (ONE_STEP, {}, frozenset({"batch_single_version"})),
     "train_actor_reports_twice_its_dp_size": (ONE_STEP, {}, frozenset({"run_error:AssertionError"})),
 }
-# bugs whose run holds the forced window (module docstring)
-FORCED_WINDOW = frozenset({"consumed_staleness_not_reset", "unused_handler_swapped"})
+# bugs whose run holds the forced window (module docstring): the groups the buffer must hold
+FORCED_WINDOW: dict[str, int] = {"consumed_staleness_not_reset": 1, "unused_handler_swapped": 1, "buffer_lifo": 2}
 WINDOW_TIMEOUT_S = 120.0
 NOT_IN_REAL_TIME: dict[str, str] = {
     "drain_drops_version": "the staleness filter is off, but in these runs no group gets older than the age bound "
@@ -183,7 +187,7 @@ def run_case(name: str, *, steps: int = 3, miles_src: str | None = None, work: P
     _activate(mutant, miles_src)
     directory = Path(tempfile.mkdtemp(prefix=f"record-{name}-", dir=work))
     window = {"held": 0, "timed_out": 0} if name in FORCED_WINDOW else None
-    run_class = _forced_window_run(window) if window is not None else None
+    run_class = _forced_window_run(window, FORCED_WINDOW[name]) if window is not None else None
     meter = Meter().start()
     with applied(mutant):
         res = run_recorded(cfg, directory, miles_src=miles_src, extra_flags=extra, run_class=run_class)
@@ -208,9 +212,10 @@ def run_case(name: str, *, steps: int = 3, miles_src: str | None = None, work: P
     }
 
 
-def _forced_window_run(counts: dict[str, int]) -> type:
-    """The recorded run whose training steps hold the forced window (module docstring),
-    counting in ``counts`` the steps that held it and those that gave up waiting."""
+def _forced_window_run(counts: dict[str, int], groups: int = 1) -> type:
+    """The recorded run whose training steps hold the forced window (module docstring: the
+    next drain closed and ``groups`` groups in the buffer), counting in ``counts`` the steps
+    that held it and those that gave up waiting."""
     import asyncio
     import time
 
@@ -226,7 +231,7 @@ def _forced_window_run(counts: dict[str, int]) -> type:
             def held() -> bool:
                 state = wrappers.STATE  # read each time: reset_state replaces it
                 queued = state.buffer.queued() if state.buffer is not None else None
-                return state.drains_closed >= rollout_id + 2 and bool(queued)
+                return state.drains_closed >= rollout_id + 2 and (queued or 0) >= groups
 
             deadline = time.monotonic() + WINDOW_TIMEOUT_S
             while not held() and time.monotonic() < deadline:
