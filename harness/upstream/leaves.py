@@ -214,7 +214,7 @@ class SimTrainActor(_Leaf):
     for the run. On the rollout-manager shape the actor is ``train_actor_class()``: these
     kernels over the active tree's own ``TrainRayActor``, whose constructor,
     ``set_rollout_manager`` and other members run as upstream wrote them. Standing alone
-    (the controller-executor shape's ``SimCellTrainActor``) its constructor is its own."""
+    (a test's bare actor) its constructor is its own."""
 
     role = "train_actor"
 
@@ -237,9 +237,10 @@ class SimTrainActor(_Leaf):
         self.master_port: int = master_port if master_addr else MASTER_PORT
         self._attach()
 
-    def _attach(self) -> None:
+    def _attach(self, *args: Any, **kwargs: Any) -> None:
         """What the leaf keeps beside upstream's state: the run it records for, its weight
-        updater's counter, the manager (until ``set_rollout_manager``)."""
+        updater's counter, the manager (until ``set_rollout_manager``). Given the
+        constructor's arguments (``train_actor_class``), which this shape's leaf needs not."""
         from harness.upstream import host
 
         self.run = host.current("train_actor")
@@ -351,7 +352,7 @@ def train_actor_class(kernels: type = SimTrainActor) -> type:
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         with _own_process():
             base.__init__(self, *args, **kwargs)
-        self._attach()
+        self._attach(*args, **kwargs)
 
     return type(
         kernels.__name__,

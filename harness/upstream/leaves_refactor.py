@@ -133,7 +133,8 @@ LEAVES: tuple[Leaf, ...] = (
     Leaf(
         "train_actor",
         "miles/ray/specs/train.py:L36-L39: the trainer pool's worker_class (MegatronTrainRayActor / FSDPTrainRayActor)",
-        "Megatron/FSDP training on GPUs",
+        "Megatron/FSDP training on GPUs: the kernels (init's checkpoint load, train, save, weight update) over "
+        "the tree's own TrainRayActor, whose constructor runs as written",
     ),
     Leaf(
         "rollout_thread",
@@ -186,10 +187,13 @@ class SimNodeProbe:
 
 
 class SimCellTrainActor(SimNodeProbe, leaves.SimTrainActor):
-    """The trainer pool's worker on this shape (``TrainRayActor``, ``miles/ray/train_actor.py:L47-L222``,
-    built by ``ServeWorkerSpec.ctor_kwargs`` with ``(args, world_size, rank, role, cell_index)``,
-    ``miles/ray/specs/train.py:L214-L220``) on ``SimTrainer``: what ``TrainerCell.execute``
-    calls (``miles/ray/train/cell.py:L61-L113``, ``miles/ray/train/group.py:L360-L430``).
+    """The kernels of the trainer pool's worker on this shape (``TrainRayActor``,
+    ``miles/ray/train_actor.py:L47-L222``, built by ``ServeWorkerSpec.ctor_kwargs`` with
+    ``(args, world_size, rank, role, cell_index)``, ``miles/ray/specs/train.py:L214-L220``) on
+    ``SimTrainer``: what ``TrainerCell.execute`` calls (``miles/ray/train/cell.py:L61-L113``,
+    ``miles/ray/train/group.py:L360-L430``). A run hosts it over the tree's own
+    ``TrainRayActor`` (``leaves.train_actor_class``): upstream's constructor and every member
+    these kernels do not define run as written.
     Rank 0 of the actor records for the run, as ``SimTrainActor``. Its node probes are
     ``SimNodeProbe``'s: upstream's ``TrainRayActor`` is a ``NodeProbeMixin``
     (``train_actor.py:L48``), which trees before the tip's ``BootstrappedWorker`` added it
@@ -197,6 +201,15 @@ class SimCellTrainActor(SimNodeProbe, leaves.SimTrainActor):
 
     def __init__(self, *, args: Any, world_size: int, rank: int, role: str, cell_index: int) -> None:
         super().__init__(args, world_size, rank, None, None, role=role, cell_index=cell_index)
+
+    def _attach(self, *args: Any, role: str = "actor", cell_index: int = 0, **kwargs: Any) -> None:
+        """Beside upstream's constructor (``train_actor.py:L49-L82``: its heartbeat, ranks,
+        environment, logger and object-store client), what the leaf keeps: its role, and the
+        rendezvous address it proposes (``propose_master_addr_and_port``), fixed here so
+        that every run starts the same."""
+        super()._attach()
+        self.role, self.cell_index = role, cell_index
+        self.master_addr, self.master_port = leaves.NODE_IP, leaves.MASTER_PORT
 
     def propose_master_addr_and_port(self) -> tuple[str, int]:
         return self.master_addr, self.master_port
@@ -564,6 +577,8 @@ def refactor_rebinds(run: Any, observed_load: Any) -> list[Rebind]:
             probe=lambda _: "run" in vars(importlib.import_module(FULLY_ASYNC_MOD)),
         ),
         Rebind("worker_manager", wm, "configure_logger", lambda _: leaves.noop),
+        # the logger TrainRayActor's constructor configures (train_actor.py:L71-L79): an outside service
+        Rebind("worker_manager", host.module(leaves.TRAIN_ACTOR_MOD), "configure_logger", lambda _: leaves.noop),
         # --api-server-port's listening socket (leaf api_server_socket): the app is built, nothing listens
         Rebind(
             "inference_controller",

@@ -81,9 +81,9 @@ def fresh_process_singletons() -> None:
 
 @contextmanager
 def hosted(kernels: type | None = None, *, real_time: bool = False) -> Iterator[None]:
-    """vray as ``ray``, the train actor leaf as the trainer backend (on the rollout-manager
-    shape over the tree's own ``TrainRayActor``, ``leaves.train_actor_class``; ``kernels``:
-    the faked Megatron kernels, ``leaves.SimTrainActor`` by default) and the class-based
+    """vray as ``ray``, the train actor leaf as the trainer backend (over the tree's own
+    ``TrainRayActor``, ``leaves.train_actor_class``; ``kernels``: the faked Megatron kernels,
+    by default ``leaves.SimTrainActor``, or the controller-executor shape's ``SimCellTrainActor``) and the class-based
     rollout selected, fresh for the run, and upstream's per-process singletons fresh
     (``fresh_process_singletons``). ``real_time``: vray's real-time mode (the served run)."""
     from harness.upstream import source
@@ -95,9 +95,8 @@ def hosted(kernels: type | None = None, *, real_time: bool = False) -> Iterator[
         if kernels is None and source.report().shape == CONTROLLER_EXECUTOR:
             from harness.upstream.leaves_refactor import SimCellTrainActor
 
-            actor: type = SimCellTrainActor
-        else:
-            actor = leaves.train_actor_class(kernels or leaves.SimTrainActor)
+            kernels = SimCellTrainActor
+        actor = leaves.train_actor_class(kernels or leaves.SimTrainActor)
     with vray.installed(leaves.trainer_backend_modules(actor)), _environment(ROLLOUT_ENV):
         try:
             yield

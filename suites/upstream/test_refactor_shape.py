@@ -97,6 +97,14 @@ SEEDED = {
         "            rollout_engines=srv.api_clients[:0],\n",
         ("batch_single_version", "version_steps"),
     ),
+    # TrainRayActor's constructor keeps the next rank for its own: the train actor leaf runs over the
+    # tree's own class, so rank 0's shard goes untrained and the run ends early
+    "the_train_actor_constructor_takes_the_next_rank": (
+        "miles/ray/train_actor.py",
+        "        self._rank = rank\n",
+        "        self._rank = rank + 1\n",
+        ("version_steps",),
+    ),
     # update_weights reports the version before the one the engines now serve to the rollout executor
     "update_weights_reports_the_previous_version": (
         "miles/ray/placement_group.py",
