@@ -223,8 +223,8 @@ def _forced_window_run(counts: dict[str, int], groups: int = 1) -> type:
     from .served_run import _RecordedRun
 
     class ForcedWindowRun(_RecordedRun):
-        async def train_data(self, rollout_id: int, data: dict[str, Any]) -> None:
-            await super().train_data(rollout_id, data)
+        async def train_shard(self, rollout_id: int, data: dict[str, Any]) -> None:
+            await super().train_shard(rollout_id, data)
             if rollout_id + 1 >= self.cfg.steps:
                 return  # no next drain: the run ends after this step
 

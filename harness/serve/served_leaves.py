@@ -114,44 +114,19 @@ class ServedProcess:
 
 class ServedTrainActor(SimTrainActor):
     """The kernels of Megatron's train actor on the served run's ``TorchTrainer``
-    (``host.current``: the run holds the host). Its constructor, ``_attach``, node helpers
-    and no-op memory calls are ``SimTrainActor``'s; ``train_actor_class`` puts the tree's
-    own ``TrainRayActor`` under it."""
+    (``host.current``: the run holds the host). All but the checkpoint are
+    ``SimTrainActor``'s, calling the run's ``train_shard`` and ``weight_update``;
+    ``train_actor_class`` puts the tree's own ``TrainRayActor`` under it."""
 
     role = "train_actor"
 
-    def init(self, args: Any, role: str, with_ref: bool = False, with_opd_teacher: bool = False, **_: Any) -> int:
-        """Megatron's init: one rank per actor, then the checkpoint under ``--load`` (the
-        tracker names the rollout), ``start_rollout_id = loaded + 1``; none: 0."""
-        self.args, self.role = args, role
-        self.with_ref, self.with_opd_teacher = with_ref, with_opd_teacher
-        args.rank, args.world_size = self._rank, self._world_size
-        self.train_parallel_config = {"dp_size": self._world_size}
-        loaded = self.run.trainer_init(args, load=self.records)
-        if "_heartbeat" in self.__dict__:  # upstream's heartbeat, bumped at the end of its init
-            self._heartbeat.bump()
-        return 0 if loaded is None else loaded + 1
-
-    async def train(self, rollout_id: int, rollout_data_ref: Any, external_data: Any = None, **_: Any) -> None:
-        from miles.utils.data import process_rollout_data
-
-        data, _got = process_rollout_data(self.args, rollout_data_ref, self._rank, self._world_size, None)
-        if self.records:
-            await self.run.train_data(rollout_id, data)
+    def _load_checkpoint(self, args: Any) -> int | None:
+        """The trainer, and the checkpoint under ``--load`` the tracker names (rank 0 loads it)."""
+        return self.run.trainer_init(args, load=self.records)
 
     def save_model(self, rollout_id: int, force_sync: bool = False) -> None:
         if self.records and self.args.save:
             self.run.save_trainer(Path(self.args.save), rollout_id, self.weight_version)
-
-    async def update_weights(self, info: Any) -> None:
-        import ray
-
-        if not self.records:
-            return
-        self.weight_version += 1
-        await self.run.weight_update(self.weight_version, [e for e in info.rollout_engines if e is not None])
-        if hasattr(self.rollout_manager, "set_weight_version"):
-            ray.get(self.rollout_manager.set_weight_version.remote(self.weight_version))
 
 
 def read_tracker(folder: Path | None) -> int | None:

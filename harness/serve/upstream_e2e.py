@@ -502,7 +502,7 @@ class _Run:
             version=version,
         )
 
-    async def train_data(self, rollout_id: int, data: dict[str, Any]) -> None:
+    async def train_shard(self, rollout_id: int, data: dict[str, Any]) -> None:
         groups = train_groups(data, self.args.n_samples_per_prompt)
         metrics = await self.trainer.train(rollout_id, groups)
         if self.cfg.train_extra_s:
@@ -510,14 +510,15 @@ class _Run:
         self.result.train_metrics.append(metrics)
         self.result.steps_trained += 1
 
-    async def weight_update(self, version: int, engines: list[Any]) -> None:
-        """Megatron's updater with the engine handles upstream passed: each call through
-        upstream's ``SGLangEngine`` actor, on every engine at once, in the updater's order."""
+    async def weight_update(self, version: int, engines: list[Any], mode: str) -> None:
+        """Megatron's updater with the engine handles upstream passed, pausing in ``mode``:
+        each call through upstream's ``SGLangEngine`` actor, on every engine at once, in
+        the updater's order."""
         from .served_leaves import each_engine
 
         cfg = self.cfg
         label = str(version)
-        mode = self.args.pause_generation_mode
+        engines = [e for e in engines if e is not None]
         weights = await asyncio.to_thread(self.trainer.get_weights)
         previous = self.version_weights.get(version - 1)
         change = max(float((weights[k] - previous[k]).abs().max()) for k in weights) if previous else None
@@ -559,6 +560,10 @@ class _Run:
         self.result.updates.append(
             {"version": label, "read_back": read_back, "max_abs_weight_change": change, "wall_s": time.monotonic() - t0}
         )
+
+    def weight_update_reported(self, version: int) -> None:
+        """The train actor reported ``version`` to the manager (upstream's own
+        ``set_weight_version``): the update is recorded in ``weight_update`` already."""
 
     # --- observation: upstream's call_rollout_function, its input and output recorded ---------------
     def observe_rollout(self, real: Any) -> Any:

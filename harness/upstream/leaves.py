@@ -269,12 +269,18 @@ class SimTrainActor(_Leaf):
         self.with_ref, self.with_opd_teacher = with_ref, with_opd_teacher
         args.rank, args.world_size = self._rank, self._world_size
         self.train_parallel_config = {"dp_size": self._world_size}
+        loaded = self._load_checkpoint(args)
+        if "_heartbeat" in self.__dict__:  # upstream's heartbeat, bumped at the end of its init
+            self._heartbeat.bump()
+        return 0 if loaded is None else loaded + 1
+
+    def _load_checkpoint(self, args: Any) -> int | None:
+        """The checkpoint ``save_model`` wrote under ``--load``: the rollout its tracker names
+        (``None``: none); rank 0 hands its state to the run."""
         loaded = read_checkpoint(args.load)
         if self.records:
             self.run.trainer_loaded(loaded)
-        if "_heartbeat" in self.__dict__:  # upstream's heartbeat, bumped at the end of its init
-            self._heartbeat.bump()
-        return 0 if loaded is None else int(loaded["rollout_id"]) + 1
+        return None if loaded is None else int(loaded["rollout_id"])
 
     def _get_parallel_config(self) -> dict[str, Any]:
         return self.train_parallel_config

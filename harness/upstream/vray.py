@@ -433,15 +433,20 @@ def _check_args_done(label: str, args: tuple, kwargs: dict) -> None:
         )
 
 
-def _run_now(actor: _Actor | None, ref: ObjectRef, fn: Callable[..., Any], args: tuple, kwargs: dict) -> None:
+def _call_as(actor: _Actor | None, fn: Callable[..., Any], args: tuple, kwargs: dict) -> tuple[Any, Exception | None]:
+    """``fn`` called with its ref arguments resolved, ``actor`` current: (value, error)."""
     token = _current.set(actor)
     try:
         a, k = _resolved(args, kwargs)
-        value, error = fn(*a, **k), None
+        return fn(*a, **k), None
     except Exception as e:
-        value, error = None, e
+        return None, e
     finally:
         _current.reset(token)
+
+
+def _run_now(actor: _Actor | None, ref: ObjectRef, fn: Callable[..., Any], args: tuple, kwargs: dict) -> None:
+    value, error = _call_as(actor, fn, args, kwargs)
     if actor is not None and actor.dead is not None:  # it died while running the call
         value, error = None, actor.died_error(ref._label)
     ref._resolve(value, error)
@@ -662,15 +667,7 @@ class _Actor:
             if self.dead is not None:
                 home.call_soon_threadsafe(finish, None, None)
                 return
-            token = _current.set(self)
-            try:
-                a, k = _resolved(args, kwargs)
-                value, error = fn(*a, **k), None
-            except Exception as e:
-                value, error = None, e
-            finally:
-                _current.reset(token)
-            home.call_soon_threadsafe(finish, value, error)
+            home.call_soon_threadsafe(finish, *_call_as(self, fn, args, kwargs))
 
         self.on_thread[ref] = None
         self.thread.submit(work)

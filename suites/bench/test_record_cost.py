@@ -93,13 +93,13 @@ def test_recorder_share_of_step_time_and_bytes_per_sample(miles_src, monkeypatch
 
     monkeypatch.setattr(writer.ProcessRecord, "emit", timed_emit)
     ends: list[float] = []  # when each training step of the current run ended
-    real_train = upstream_e2e._Run.train_data
+    real_train = upstream_e2e._Run.train_shard
 
     async def timed_train(self, rollout_id, data):
         await real_train(self, rollout_id, data)
         ends.append(time.monotonic())
 
-    monkeypatch.setattr(upstream_e2e._Run, "train_data", timed_train)
+    monkeypatch.setattr(upstream_e2e._Run, "train_shard", timed_train)
 
     def step_s() -> float:
         """The steady step time: from the first step's end to the last's, per step (the
