@@ -297,7 +297,9 @@ def main(argv: list[str] | None = None) -> int:
         }
         Path(ns.out).parent.mkdir(parents=True, exist_ok=True)
         Path(ns.out).write_text(json.dumps(doc, indent=1, default=str) + "\n")
-    return 0 if all(r["caught"] for r in bugs) and all(not any(c["checkers"].values()) for c in clean) else 1
+    # a clean run that stopped early has run too little to count as clean
+    ran = all(c["error"] is None and c["steps_trained"] == ns.steps for c in clean)
+    return 0 if all(r["caught"] for r in bugs) and ran and all(not any(c["checkers"].values()) for c in clean) else 1
 
 
 if __name__ == "__main__":

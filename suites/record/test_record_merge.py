@@ -314,3 +314,27 @@ def test_several_servers_carry_engine_and_an_update_counts_when_all_loaded(tmp_p
         (ev.ENGINE_VERSION, None),
         (ev.SET_WEIGHT_VERSION, None),
     ]
+
+
+@pytest.mark.parametrize(("error", "steps", "exit_code"), [(None, 4, 0), ("RuntimeError: boom", 0, 1), (None, 2, 1)])
+def test_mutant_runs_counts_a_clean_run_as_clean_only_when_it_trained_every_step(monkeypatch, error, steps, exit_code):
+    """A clean run that stopped early shows no violation because little ran: not clean."""
+    from harness.record import mutant_runs
+
+    def clean(base, *, steps: int, miles_src=None):
+        return {
+            "run": base.name,
+            "error": error,
+            "steps_trained": trained,
+            "checkers": {"conservation_prefix": 0},
+            "lacking": {},
+        }
+
+    trained = steps
+    monkeypatch.setattr(mutant_runs, "run_clean", clean)
+    monkeypatch.setattr(
+        mutant_runs, "run_case", lambda name, **_: {"caught": True, "checkers_failed": ["x"], "expected": []}
+    )
+    monkeypatch.setattr(mutant_runs, "REAL_TIME_CASES", {"one": None})
+    monkeypatch.setattr(mutant_runs, "ORCHESTRATION_CASES", {})
+    assert mutant_runs.main(["--steps", "4"]) == exit_code
