@@ -68,3 +68,42 @@ def test_a_killed_run_resumes_through_load_and_the_lives_are_checked(tmp_path, m
     save_pos = next(i for i, e in enumerate(events) if e is saved)
     taken_before = {(e["source_index"], e["epoch"]) for e in events[:save_pos] if e.kind == ev.TAKEN}
     assert {g.source for g in report.lost} <= taken_before
+
+
+def _lost_at_resume(tmp_path, tree: str) -> int:
+    from harness.record.merge import MERGED_NAME
+    from harness.checking.invariants.resume import resume_report
+    from harness.record.resume_run import kill_and_resume
+    from harness.trace import read_jsonl
+
+    ns = argparse.Namespace(
+        record_dir=tmp_path / "rec",
+        ckpt=tmp_path / "ckpt",
+        miles_src=tree,
+        steps=6,
+        save_interval=2,
+        fully_async=False,
+        servers=1,
+        train_extra_s=0.3,
+        seed=0,
+        kill_after=1,
+    )
+    out = kill_and_resume(ns)
+    assert out["killed"] and out["life1_returncode"] == 0, out["life1_stderr"]
+    report = resume_report(read_jsonl(ns.record_dir / MERGED_NAME))
+    assert report is not None
+    return len(report.lost)
+
+
+def test_the_killed_run_tells_a_repaired_resume_from_a_broken_one_on_upstreams_own_save_and_load(tmp_path, miles_src):
+    """Miles #2661 snapshots the data source when a rollout's generation returns and saves
+    that snapshot: a one-step run killed after a checkpoint loses nothing on resume, where
+    the pinned tree loses the look-ahead rollout's groups (the served run resumes through
+    upstream's own ``save``, ``load`` and ``create_training_models``)."""
+    from harness.upstream.source import REPO_ROOT
+
+    pr2661 = REPO_ROOT.parent / "shared" / "third_party" / "miles-pr2661-01cdd291b"
+    if not pr2661.is_dir():
+        pytest.skip(f"the tree of Miles #2661 is not at {pr2661}")
+    assert _lost_at_resume(tmp_path / "pr2661", str(pr2661)) == 0
+    assert _lost_at_resume(tmp_path / "pinned", str(miles_src)) > 0
